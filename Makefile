@@ -1,0 +1,17 @@
+# The two commands of the README, plus the slow tests and the benchmarks.
+# Everything goes through scripts/setup.sh, which is idempotent.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-slow bench
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/dynrag demo
+
+test: setup
+	$(PY) -m pytest
+
+test-slow: setup
+	$(PY) -m pytest -m slow

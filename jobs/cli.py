@@ -1,0 +1,76 @@
+"""The `dynrag` command: one subcommand per job; each job module adds its own parser."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from pipeline.config import DynragConfig, load_config
+from pipeline.errors import DynragError
+
+log = logging.getLogger("dynrag")
+
+# Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
+JOB_MODULES = ["jobs.models"]
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The options every job shares: a YAML config file and `section.key=value` overrides."""
+    group = parser.add_argument_group("configuration")
+    group.add_argument("--config", metavar="FILE", help="YAML configuration file (see README, 'Configuration')")
+    group.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override one value, e.g. --set generation.max_new_tokens=64 (repeatable)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> DynragConfig:
+    return load_config(getattr(args, "config", None), getattr(args, "overrides", []))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dynrag",
+        description="Batch retrieval-augmented question answering over Wikipedia: "
+        "build indexes, answer datasets with adaptive RAG methods, evaluate.",
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in JOB_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+    for noisy in ("httpx", "urllib3", "filelock", "huggingface_hub", "datasets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except DynragError as exc:
+        print(f"dynrag: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"dynrag: error: file not found: {exc.filename or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dynrag: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

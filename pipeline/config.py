@@ -1,0 +1,157 @@
+"""Typed configuration: one YAML file, validated by pydantic, every value overridable.
+
+A run is configured by `DynragConfig`. Values come, in increasing priority, from the defaults
+below, a YAML file (`--config FILE`) and `--set section.key=value` overrides on the command line.
+The resolved configuration is written beside every output (`save_resolved`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pipeline.errors import DynragError
+
+
+class ConfigError(DynragError, ValueError):
+    """A configuration value is missing, unknown or invalid; the message names the field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("DYNRAG_CACHE", str(Path.home() / ".cache" / "dynrag"))
+
+
+def default_data_dir() -> str:
+    """The benchmark kit beside the repository (../shared/data), or $DYNRAG_DATA."""
+    here = Path(__file__).resolve().parent.parent
+    return os.environ.get("DYNRAG_DATA", str(here.parent / "shared" / "data"))
+
+
+class PathsConfig(Section):
+    cache_dir: str = Field(default_factory=default_cache_dir, description="models, downloaded packages, embedded data")
+    data_dir: str = Field(default_factory=default_data_dir, description="benchmark data kit (../shared/data)")
+
+
+class EmbeddingConfig(Section):
+    model: str = Field("all-minilm-l6-v2", description="known model name (dynrag models list), local path or hub name")
+    batch_size: int = Field(128, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    max_seq_length: int = Field(256, ge=8)
+
+
+class IndexConfig(Section):
+    shard_size: int = Field(50_000, ge=1, description="passages per shard")
+    faiss_factory: str = Field("Flat", description="FAISS index factory string, e.g. Flat, HNSW32, IVF1024,PQ64")
+    passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
+    bm25_k1: float = Field(0.9, gt=0)
+    bm25_b: float = Field(0.4, ge=0, le=1)
+    threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
+
+
+class GenerationConfig(Section):
+    model: str = Field("smollm2-135m-instruct", description="known model name, local path or hub name")
+    backend: Literal["vllm", "transformers"] = "vllm"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    temperature: float = Field(0.0, ge=0.0, description="0 is greedy, as the papers do")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(32, ge=1)
+    max_model_len: int = Field(2048, ge=64)
+    batch_size: int = Field(64, ge=1, description="prompts per backend call")
+    kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
+    seed: int = 0
+    trust_remote_code: bool = Field(False, description="run code shipped with a model repo (explicit opt-in only)")
+
+
+class RetrievalConfig(Section):
+    retriever: Literal["bm25", "dense"] = "bm25"
+    k: int = Field(5, ge=1, le=1000)
+
+
+class RuntimeConfig(Section):
+    mode: Literal["local", "ray"] = "local"
+    ray_address: str | None = Field(None, description="Ray address for mode=ray; None starts a local instance")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class DynragConfig(Section):
+    paths: PathsConfig = Field(default_factory=PathsConfig)
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        got = e.get("input")
+        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        parts.append(f"{field}: {msg}{shown}")
+    return "; ".join(parts)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b=value` -> (['a', 'b'], value), the value read as a YAML scalar (1, 0.5, true, null, text)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def _merge(base: dict, path: list[str], value: Any) -> None:
+    node = base
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> DynragConfig:
+    """Defaults, then the YAML file, then `section.key=value` overrides; validated once."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of sections, not {type(data).__name__}")
+    for item in overrides:
+        keys, value = parse_override(item)
+        _merge(data, keys, value)
+    try:
+        return DynragConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"invalid configuration: {_describe(err)}") from None
+
+
+def save_resolved(cfg: BaseModel, out_dir: str | os.PathLike, name: str = "config.resolved.yaml") -> Path:
+    """Write the resolved configuration beside an output (atomically)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / name
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    tmp.replace(target)
+    return target

