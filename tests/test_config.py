@@ -1,0 +1,98 @@
+"""Configuration: defaults, YAML file, --set overrides, validation messages that name the field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from pipeline.config import ConfigError, DynragConfig, load_config, parse_override, save_resolved
+
+
+def test_defaults_are_valid_and_deterministic():
+    cfg = load_config()
+    assert isinstance(cfg, DynragConfig)
+    assert cfg.generation.temperature == 0.0
+    assert cfg.index.passage_words == 100
+
+
+def test_file_then_overrides_take_priority(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("generation:\n  max_new_tokens: 64\n  temperature: 0.5\nretrieval:\n  k: 7\n")
+    cfg = load_config(f, ["generation.temperature=0", "retrieval.retriever=dense"])
+    assert cfg.generation.max_new_tokens == 64  # from the file
+    assert cfg.generation.temperature == 0.0  # the override wins over the file
+    assert cfg.retrieval.k == 7
+    assert cfg.retrieval.retriever == "dense"
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("generation.temperature=-1", "generation.temperature"),
+        ("retrieval.k=0", "retrieval.k"),
+        ("retrieval.retriever=google", "retrieval.retriever"),
+        ("index.shard_size=many", "index.shard_size"),
+        ("generation.temprature=0.1", "generation.temprature"),
+        ("nosuchsection.x=1", "nosuchsection"),
+    ],
+)
+def test_bad_values_are_rejected_naming_the_field(override, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert field in str(err.value)
+
+
+def test_unknown_field_is_called_unknown():
+    with pytest.raises(ConfigError, match="generation.temprature: unknown field"):
+        load_config(None, ["generation.temprature=0.1"])
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("generation: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(listy)
+
+
+def test_override_syntax():
+    assert parse_override("a.b=1") == (["a", "b"], 1)
+    assert parse_override("a.b=true") == (["a", "b"], True)
+    assert parse_override("a.b=Flat") == (["a", "b"], "Flat")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("novalue")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["generation.max_new_tokens=48", "index.faiss_factory=HNSW32"])
+    path = save_resolved(cfg, tmp_path / "out")
+    again = load_config(path)
+    assert again == cfg
+    assert yaml.safe_load(path.read_text())["index"]["faiss_factory"] == "HNSW32"
+
+
+def test_cli_bad_config_value_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "models", "list", "--set", "retrieval.k=-3"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "retrieval.k" in lines[0], proc.stderr
+
+
+def test_cli_missing_config_file(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "models", "list", "--config", str(tmp_path / "nope.yaml")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert "config file not found" in proc.stderr
