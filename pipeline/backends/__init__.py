@@ -1,0 +1,99 @@
+"""Backends behind small interfaces, created lazily on first use by `Backends`.
+
+- generation: `generate(prompts, samplings, chats) -> list[Completion | Exception]` (vLLM or transformers)
+- retrieval:  `search(queries, k, retriever) -> list[list[Hit]]` (an index from `indexing.open_index`)
+- scoring:    `score(items, classifier) -> list[float]` (cross-encoders)
+- embedding:  `embed(texts, model) -> ndarray` (sentence-transformers)
+
+A run that never retrieves never opens an index; one that never generates never loads a model.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pipeline.config import DynragConfig
+from pipeline.errors import DynragError
+from pipeline.requests import Retrieve
+
+log = logging.getLogger(__name__)
+
+
+class BackendError(DynragError, RuntimeError):
+    """A backend cannot be built from the configuration (missing index, model, package)."""
+
+
+class Backends:
+    def __init__(self, cfg: DynragConfig, index_dir: str | None = None, *, generator: Any = None,
+                 retriever: Any = None, scorer: Any = None, embedder: Any = None):
+        self.cfg = cfg
+        self.index_dir = index_dir
+        self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
+
+    # -- lazily built parts ------------------------------------------------------------------
+    @property
+    def generator(self):
+        if self._generator is None:
+            self._generator = make_generator(self.cfg)
+        return self._generator
+
+    @property
+    def retriever(self):
+        if self._retriever is None:
+            from pipeline.backends.retrieval import IndexRetriever
+
+            if not self.index_dir:
+                raise BackendError("this method retrieves: pass --index DIR")
+            self._retriever = IndexRetriever(self.index_dir, self.cfg)
+        return self._retriever
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from pipeline.backends.embedding import SentenceEmbedder
+
+            self._embedder = SentenceEmbedder(self.cfg)
+        return self._embedder
+
+    @property
+    def scorer(self):
+        if self._scorer is None:
+            from pipeline.backends.scoring import CrossEncoderScorer
+
+            self._scorer = CrossEncoderScorer(self.cfg)
+        return self._scorer
+
+    # -- the calls the engine makes ----------------------------------------------------------
+    def defaults(self, req: Retrieve) -> tuple[int, str]:
+        return (req.k or self.cfg.retrieval.k, req.retriever or self.cfg.retrieval.retriever)
+
+    def generate(self, prompts, samplings, chats):
+        return self.generator.generate(prompts, samplings, chats)
+
+    def search(self, queries, k, retriever):
+        return self.retriever.search(queries, k, retriever)
+
+    def score(self, items, classifier):
+        return self.scorer.score(items, classifier)
+
+    def embed(self, texts, model):
+        return self.embedder.embed(texts, model)
+
+    def close(self) -> None:
+        for part in (self._generator, self._retriever, self._scorer, self._embedder):
+            if part is not None and hasattr(part, "close"):
+                try:
+                    part.close()
+                except Exception:  # closing is best effort
+                    log.debug("closing %s failed", type(part).__name__, exc_info=True)
+
+
+def make_generator(cfg: DynragConfig):
+    if cfg.generation.backend == "vllm":
+        from pipeline.backends.vllm_gen import VllmGenerator
+
+        return VllmGenerator(cfg)
+    from pipeline.backends.hf_gen import HfGenerator
+
+    return HfGenerator(cfg)

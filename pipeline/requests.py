@@ -1,0 +1,115 @@
+"""What a method program yields to the engine, and what it gets back.
+
+A method never calls a model or an index itself. For one question it yields a request
+(`Generate`, `Retrieve`, `Score`, `Embed`), the engine batches it with every other question's
+pending request of the same kind, and sends back the result:
+
+- `Generate`  -> `list[Completion]`, one per prompt
+- `Retrieve`  -> `list[list[Hit]]`, one ranked list per query
+- `Score`     -> `list[float]`, one score per item
+- `Embed`     -> `numpy.ndarray` of shape (len(texts), dim)
+
+When the program returns, its return value is an `Answer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from indexing.hits import Hit
+
+# A prompt is a plain user message (str, the chat template is applied) or a list of chat messages.
+Prompt = Union[str, list[dict[str, str]]]
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling for one Generate request; None means the run's `generation` config value."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # top-k logprobs per generated token
+    prompt_logprobs: int | None = None
+
+
+@dataclass
+class Generate:
+    prompts: list[Prompt]
+    sampling: SamplingSpec = field(default_factory=SamplingSpec)
+    chat: bool = True  # False: a str prompt is raw text, no chat template
+    stage: str = "generate"  # label in the row (e.g. "answer", "pseudo-doc")
+
+
+@dataclass
+class Retrieve:
+    queries: list[str]
+    k: int | None = None  # None: retrieval.k
+    retriever: str | None = None  # "bm25" | "dense"; None: retrieval.retriever
+    step: str = ""  # label recorded with each retrieved document ("" -> "retrieve-<n>")
+    path: str = ""  # which path found them (e.g. "query", "pseudo-context")
+
+
+@dataclass
+class Score:
+    items: list[tuple[str, ...]]  # pairs (q, d) or triples (q, d1, d2)
+    classifier: str = "default"
+
+
+@dataclass
+class Embed:
+    texts: list[str]
+    model: str | None = None  # None: embedding.model
+
+
+Request = Union[Generate, Retrieve, Score, Embed]
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Answer:
+    """What a method program returns for its question."""
+
+    prediction: str
+    raw_output: str = ""
+    used_docs: list[Hit] = field(default_factory=list)  # documents in the final prompt (marked kept)
+    retrieval_triggered: bool | None = None  # None: true when any retrieval ran
+    extra: dict[str, Any] = field(default_factory=dict)  # method-specific details, stored as JSON
+
+
+@dataclass
+class Question:
+    id: str
+    question: str
+    answers: list[str] = field(default_factory=list)
+    dataset: str = ""
+    supporting_titles: list[str] = field(default_factory=list)
+    error: str | None = None  # set by a loader for a row that cannot be answered
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "question": self.question, "answers": list(self.answers), "dataset": self.dataset,
+                "supporting_titles": list(self.supporting_titles), "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Question":
+        return cls(id=str(d["id"]), question=d.get("question") or "", answers=list(d.get("answers") or []),
+                   dataset=d.get("dataset") or "", supporting_titles=list(d.get("supporting_titles") or []),
+                   error=d.get("error"))

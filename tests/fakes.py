@@ -1,0 +1,58 @@
+"""Test doubles: a generation backend that records its calls, and a tiny in-memory BM25 retriever."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+
+from indexing.hits import Hit
+from pipeline.requests import Completion
+
+
+class RecordingGenerator:
+    """Answers every prompt with a fixed function of it and records the size of every call."""
+
+    def __init__(self, reply=lambda prompt: "fake answer", fail_on: str | None = None):
+        self.calls: list[int] = []
+        self.reply = reply
+        self.fail_on = fail_on
+
+    def generate(self, prompts, samplings, chats):
+        self.calls.append(len(prompts))
+        if self.fail_on and any(self.fail_on in str(p) for p in prompts):
+            raise RuntimeError(f"cannot generate for a prompt containing {self.fail_on!r}")
+        return [Completion(self.reply(p), prompt_tokens=len(str(p).split()), completion_tokens=2) for p in prompts]
+
+
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+class MemoryRetriever:
+    """BM25 over a list of (id, title, text) passages, with `search(queries, k, retriever)`."""
+
+    def __init__(self, passages: list[tuple[str, str, str]], k1: float = 0.9, b: float = 0.4):
+        self.passages = passages
+        self.docs = [Counter(_tokens(f"{t} {x}")) for _, t, x in passages]
+        self.lens = [sum(d.values()) for d in self.docs]
+        self.avg = sum(self.lens) / max(len(self.lens), 1)
+        df = Counter(w for d in self.docs for w in d)
+        n = len(self.docs)
+        self.idf = {w: math.log(1 + (n - c + 0.5) / (c + 0.5)) for w, c in df.items()}
+        self.k1, self.b = k1, b
+        self.calls: list[int] = []
+
+    def search(self, queries, k, retriever="bm25"):
+        self.calls.append(len(queries))
+        out = []
+        for q in queries:
+            qt = _tokens(q)
+            scores = []
+            for i, (d, ln) in enumerate(zip(self.docs, self.lens)):
+                s = sum(self.idf.get(w, 0) * d[w] * (self.k1 + 1) / (d[w] + self.k1 * (1 - self.b + self.b * ln / self.avg))
+                        for w in qt if w in d)
+                scores.append((s, i))
+            scores.sort(key=lambda t: (-t[0], t[1]))
+            out.append([Hit(*self.passages[i], score=s) for s, i in scores[:k]])
+        return out

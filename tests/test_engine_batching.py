@@ -1,0 +1,70 @@
+"""The engine batches every pending request of one kind into one backend call, and isolates errors."""
+
+from pipeline.backends import Backends
+from pipeline.config import DynragConfig
+from pipeline.engine import Engine
+from pipeline.methods import get_method
+from pipeline.requests import Answer, Generate, Question, Retrieve
+from fakes import MemoryRetriever, RecordingGenerator
+
+PASSAGES = [("p1", "Paris", "Paris is the capital of France."),
+            ("p2", "Berlin", "Berlin is the capital of Germany."),
+            ("p3", "Rome", "Rome is the capital of Italy.")]
+
+
+def two_round(q: Question, params):
+    """Generate a pseudo document, retrieve with it, then answer: two generate rounds."""
+    if "explode" in q.question:
+        raise ValueError("this question's program fails")
+    draft = (yield Generate([f"write about: {q.question}"], stage="draft"))[0]
+    hits = (yield Retrieve([q.question, draft.text], k=2, step="retrieve"))
+    final = (yield Generate([f"answer {q.question} with {hits[0][0].title}", "second prompt"], stage="answer"))
+    return Answer(final[0].text, final[0].text, used_docs=hits[0][:1])
+
+
+def make(questions, **gen_kw):
+    gen = RecordingGenerator(**gen_kw)
+    ret = MemoryRetriever(PASSAGES)
+    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret))
+    return engine, gen, ret
+
+
+def test_two_round_method_makes_one_call_per_round():
+    qs = [Question(str(i), f"capital of {c}?") for i, c in enumerate(["France", "Germany", "Italy"] * 3)]
+    engine, gen, ret = make(qs)
+    out = engine.run(qs, two_round, None)
+    # round 1: 9 prompts in one call; round 2: 2 prompts x 9 questions in one call
+    assert gen.calls == [9, 18]
+    assert ret.calls == [18]  # one search over every waiting query (2 per question)
+    assert all(o.error is None for o in out)
+    t = out[0].trace
+    assert (t.llm_calls, t.retrieval_calls, t.retrieve_rounds) == (3, 2, 1)
+    assert t.completion_tokens == 6 and t.prompt_tokens > 0
+    assert t.time["generation"] > 0 and t.time["retrieval"] > 0
+    assert {d["step"] for d in t.retrieved} == {"retrieve"} and len(t.retrieved) == 4
+    assert dict(engine.batch_calls) == {"generate": 2, "retrieve": 1}
+
+
+def test_errors_stay_in_their_rows():
+    qs = [Question("a", "capital of France?"), Question("b", "please explode"),
+          Question("c", "poison capital of Italy?"), Question("d", "bad", error="no question text")]
+    engine, gen, _ = make(qs, fail_on="poison")
+    out = engine.run(qs, two_round, None)
+    assert out[0].error is None and out[0].answer.prediction == "fake answer"
+    assert "ValueError" in out[1].error
+    assert "poison" in out[2].error  # its batch failed, the retry alone isolated it
+    assert out[3].error == "no question text"
+    assert gen.calls[0] == 2  # the first batch held both remaining questions
+
+
+def test_registered_baselines_run_on_the_engine():
+    qs = [Question(str(i), f"capital of {c}?", answers=["x"]) for i, c in enumerate(["France", "Italy"])]
+    engine, gen, ret = make(qs)
+    spec = get_method("sr-rag")
+    out = engine.run(qs, spec.program, spec.params({"k": 2}))
+    assert gen.calls == [2] and ret.calls == [2]
+    assert [d["title"] for d in out[0].trace.retrieved][:1] == ["Paris"]
+    assert len(out[0].answer.used_docs) == 2
+    spec = get_method("no-retrieval")
+    out = engine.run(qs, spec.program, spec.params())
+    assert out[0].trace.retrieval_calls == 0 and out[0].answer.retrieval_triggered is False
