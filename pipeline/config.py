@@ -55,6 +55,12 @@ class IndexConfig(Section):
     bm25_k1: float = Field(0.9, gt=0)
     bm25_b: float = Field(0.4, ge=0, le=1)
     threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
+    embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: embedding actors (one GPU each when CUDA is present)")
+    faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
+    faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
+    keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
+    verify: Literal["checksum", "size"] = Field(
+        "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
 
 
 class GenerationConfig(Section):
@@ -76,10 +82,71 @@ class RetrievalConfig(Section):
     k: int = Field(5, ge=1, le=1000)
 
 
+class ClassifierConfig(Section):
+    """The DR-RAG classifier C(q, d1, d2) (paper Sec. 2.2.2, Eq. 2; App. A.1) and its training job."""
+
+    path: str | None = Field(None, description="trained classifier folder: written by `dynrag train-classifier --out`, "
+                             "loaded by the DR-RAG methods (CIS, CFS)")
+    base_model: str = Field("all-minilm-l6-v2", description="encoder to fine-tune: known model name, local folder or "
+                            "hub name (the paper used google/bigbird-roberta-base, App. A.1)")
+    max_length: int = Field(384, ge=16, le=8192, description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "
+                            "longer inputs are truncated, documents sharing the room fairly")
+    max_query_tokens: int = Field(64, ge=4, description="at most this many tokens of the question are kept")
+    datasets: list[str] = Field(["hotpotqa", "2wiki", "musique"], min_length=1,
+                                description="multi-hop training files whose supporting labels give the examples")
+    max_examples_per_dataset: int | None = Field(2300, ge=2, description="cap per dataset, whole questions at a time "
+                                                 "(the paper samples about 2300 per dataset, App. A.1); null: no cap")
+    max_examples: int | None = Field(None, ge=2, description="cap on all examples (train + dev), whole questions")
+    mixed_negative_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of negatives that pair a supporting "
+                                           "with a non-supporting document (the rest pair two non-supporting ones)")
+    dev_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="questions held out for evaluation (split by question)")
+    epochs: float = Field(2.0, gt=0.0, le=100.0, description="passes over the training examples (fractions allowed)")
+    learning_rate: float = Field(5e-5, gt=0.0, lt=1.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="linear warm-up share of the steps, then linear decay")
+    batch_size: int = Field(16, ge=1, description="training examples per optimizer step")
+    eval_batch_size: int = Field(64, ge=1, description="inputs per forward pass when scoring")
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(positive) at or above this is positive "
+                             "(the paper's 'predefined threshold', value not given)")
+    seed: int = Field(0, description="seeds example sampling, the dev split, initialisation and shuffling")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 leaves torch's default")
+    log_every: int = Field(20, ge=1, description="log loss and examples/s every this many steps")
+
+
 class RuntimeConfig(Section):
     mode: Literal["local", "ray"] = "local"
     ray_address: str | None = Field(None, description="Ray address for mode=ray; None starts a local instance")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class MethodConfig(Section):
+    name: str = Field("sr-rag", description="method to run (dynrag methods lists them)")
+    params: dict[str, Any] = Field(default_factory=dict, description="method parameters, validated by the method")
+
+
+class DatasetConfig(Section):
+    format: Literal["auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "musique", "qa", "triviaqa", "strategyqa",
+                    "dpr-topics", "generic"] = Field("auto", description="question file format; auto detects it")
+    name: str | None = Field(None, description="dataset name written in rows (default: from the format or file)")
+    id_field: str = Field("id", description="generic format: field holding the question id")
+    question_field: str = Field("question", description="generic format: field holding the question")
+    answers_field: str = Field("answers", description="generic format: field holding the gold answer(s)")
+    supporting_field: str | None = Field(None, description="generic format: field holding gold supporting titles")
+    max_question_chars: int = Field(2000, ge=10, description="longer questions become error rows")
+
+
+class AnswerConfig(Section):
+    batch_questions: int = Field(256, ge=1, description="questions per engine batch (and per Parquet part file)")
+    progress: bool = Field(True, description="show a progress bar with questions/s")
+
+
+class RayConfig(Section):
+    num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray instance (None: Ray's default)")
+    actors: int = Field(1, ge=1, description="engine actors (data-parallel replicas, each holding a generator and index)")
+    actor_num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per engine actor")
+    actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per engine actor (1 on a GPU cluster)")
+    batch_questions: int | None = Field(None, ge=1, description="questions per actor batch (None: answer.batch_questions)")
 
 
 class DynragConfig(Section):
@@ -88,7 +155,12 @@ class DynragConfig(Section):
     index: IndexConfig = Field(default_factory=IndexConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    classifier: ClassifierConfig = Field(default_factory=ClassifierConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    answer: AnswerConfig = Field(default_factory=AnswerConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
 
 def _describe(err: ValidationError) -> str:

@@ -57,7 +57,8 @@ class MethodSpec:
         """(name, type, default, description) of every parameter."""
         rows = []
         for name, f in self.params_model.model_fields.items():
-            ann = getattr(f.annotation, "__name__", None) or str(f.annotation).replace("typing.", "")
+            a = f.annotation
+            ann = a.__name__ if isinstance(a, type) else str(a).replace("typing.", "")
             rows.append((name, ann, f.default, f.description or ""))
         return rows
 

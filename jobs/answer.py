@@ -1,0 +1,62 @@
+"""`dynrag answer`: answer a dataset with a method; one Parquet row per question under --out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
+
+    p = sub.add_parser("answer", help="answer a dataset with a RAG method, one Parquet row per question",
+                       description="Answer every question of a dataset with a method. Rows go to OUT/parts/*.parquet; "
+                       "rerunning the same command resumes (questions that have a row are skipped).")
+    io = p.add_argument_group("input / output")
+    io.add_argument("--dataset", required=True, metavar="FILE_OR_URI",
+                    help="question file (JSONL/JSON/Parquet, local or fsspec URI) or dpr:<set>, e.g. dpr:nq-test")
+    io.add_argument("--dataset-format", default=None, metavar="FORMAT",
+                    help="auto (default), hotpotqa, hotpotqa-ircot, 2wiki, musique, qa, triviaqa, strategyqa, "
+                    "dpr-topics, generic")
+    io.add_argument("--index", metavar="DIR", help="index folder built by `dynrag index` (needed by methods that retrieve)")
+    io.add_argument("--out", required=True, metavar="DIR", help="output folder (local path or fsspec URI)")
+    io.add_argument("--limit", type=int, metavar="N", help="answer only the first N questions of the dataset")
+    p.add_argument("--method", metavar="NAME", help="method name (dynrag methods); default: method.name of the config")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.cli import config_from_args
+    from pipeline.answer import run_answer
+
+    cfg = config_from_args(args)
+    summary = run_answer(args.dataset, args.out, index=args.index, method=args.method, limit=args.limit, cfg=cfg,
+                         dataset_format=args.dataset_format, progress=False if args.no_progress else None)
+    print(format_summary(summary))
+    return 0
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def format_summary(s: dict) -> str:
+    t = s["time_per_question_s"]
+    lines = [
+        f"method {s['method']} {json.dumps(s['method_params'])}  model {s['model']}  runtime {s['runtime']}",
+        f"rows {s['rows']} (answered {s['answered']}, errors {s['errors']}, new {s.get('new_rows')}, "
+        f"resumed past {s['skipped_already_answered']})  -> {s['out']}",
+        f"EM {_fmt(s['em'])}  F1 {_fmt(s['f1'])}  acc {_fmt(s['acc'])}  "
+        f"token P {_fmt(s['precision'])} R {_fmt(s['recall'])}  gold-doc recall {_fmt(s['support_recall'])}",
+        f"per question: LLM calls {_fmt(s['llm_calls_per_question'])}  retrieval calls "
+        f"{_fmt(s['retrieval_calls_per_question'])}  classifier calls {_fmt(s['classifier_calls_per_question'])}  "
+        f"tokens in/out {_fmt(s['prompt_tokens_per_question'])}/{_fmt(s['completion_tokens_per_question'])}",
+        "time per question (s): " + "  ".join(f"{k} {v:.4f}" for k, v in t.items() if v is not None),
+        f"wall {_fmt(s.get('wall_time_s'))} s, {_fmt(s.get('questions_per_s'))} questions/s (this run, incl. startup)",
+    ]
+    return "\n".join(lines)

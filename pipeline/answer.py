@@ -1,0 +1,126 @@
+"""Answer a dataset with a method: the function behind `dynrag answer` and the README demo.
+
+    from pipeline.answer import run_answer
+    summary = run_answer("../shared/data/hotpotqa/dev_400.jsonl", "runs/hotpot-sr", index="indexes/hotpot",
+                         method="sr-rag", limit=20)
+    summary["em"], summary["f1"], summary["time_per_question_s"]["total"]
+
+Questions already answered under `out` (by id) are skipped, so rerunning after a kill resumes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import uuid
+from typing import Any, Iterable, Iterator
+
+from pipeline.config import DynragConfig
+from pipeline.datasets import load_questions
+from pipeline.methods import config_hash, get_method
+from pipeline.output import answered_ids, make_row, summarize, write_json, write_part
+from pipeline.requests import Question
+
+log = logging.getLogger(__name__)
+
+# generation settings that change what a method outputs (batching and cache sizes do not)
+_OUTPUT_FIELDS = ("model", "backend", "dtype", "temperature", "top_p", "max_new_tokens", "max_model_len", "seed")
+
+
+def run_config_hash(cfg: DynragConfig, params: Any) -> str:
+    gen = {k: getattr(cfg.generation, k) for k in _OUTPUT_FIELDS}
+    return config_hash(cfg.method.name, params.model_dump(mode="json"), gen, cfg.retrieval.model_dump(mode="json"))
+
+
+def batched(items: Iterable, n: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
+
+
+def pending_questions(dataset: str, out: str, cfg: DynragConfig, limit: int | None, fmt: str | None) -> tuple[list[Question], int]:
+    """The first `limit` questions of the dataset that have no row under `out` yet, and how many had one."""
+    done = answered_ids(out)
+    todo, skipped = [], 0
+    for q in itertools.islice(load_questions(dataset, cfg, fmt=fmt), limit):
+        if q.id in done:
+            skipped += 1
+        else:
+            todo.append(q)
+    return todo, skipped
+
+
+def run_answer(dataset: str, out: str, *, index: str | None = None, method: str | None = None,
+               limit: int | None = None, cfg: DynragConfig | None = None, dataset_format: str | None = None,
+               backends: Any = None, progress: bool | None = None) -> dict[str, Any]:
+    """Answer `dataset` into Parquet rows under `out`; returns the run summary (also in out/summary.json).
+
+    The summary holds rows/answered/errors, mean em/f1/acc/precision/recall, support_recall, calls and
+    tokens per question, `time_per_question_s` per stage, wall_time_s and questions_per_s of this run.
+    """
+    cfg = (cfg or DynragConfig()).model_copy(deep=True)
+    if method:
+        cfg.method.name = method
+    if dataset_format:
+        cfg.dataset.format = dataset_format
+    spec = get_method(cfg.method.name)
+    params = spec.params(cfg.method.params)
+    chash = run_config_hash(cfg, params)
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    show = cfg.answer.progress if progress is None else progress
+
+    t0 = time.perf_counter()
+    todo, skipped = pending_questions(dataset, out, cfg, limit, None)
+    if skipped:
+        log.info("resuming: %d questions already have a row under %s; %d to answer", skipped, out, len(todo))
+    write_json(out, "config.resolved.json", cfg.model_dump(mode="json"))
+    row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
+                    model=cfg.generation.model)
+
+    bar = None
+    if show and todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), unit="q", desc=f"{spec.name}", dynamic_ncols=True)
+    written = 0
+    batch_calls: dict[str, int] = {}
+    try:
+        if cfg.runtime.mode == "ray":
+            from pipeline.ray_runner import answer_with_ray
+
+            batches = answer_with_ray(todo, cfg, index, row_args)
+        else:
+            batches = _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls)
+        for rows in batches:
+            write_part(out, rows)
+            written += len(rows)
+            if bar is not None:
+                bar.update(len(rows))
+    finally:
+        if bar is not None:
+            bar.close()
+    wall = time.perf_counter() - t0
+    summary = {"run_id": run_id, "out": out, "dataset": dataset, "method": spec.name,
+               "method_params": params.model_dump(mode="json"), "config_hash": chash, "model": cfg.generation.model,
+               "runtime": cfg.runtime.mode, "skipped_already_answered": skipped, "backend_batch_calls": batch_calls,
+               **summarize(out, wall_time_s=wall, new_rows=written)}
+    write_json(out, "summary.json", summary)
+    return summary
+
+
+def _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls) -> Iterator[list[dict]]:
+    from pipeline.backends import Backends
+    from pipeline.engine import Engine
+
+    own = backends is None
+    backends = backends or Backends(cfg, index)
+    engine = Engine(backends)
+    try:
+        for batch in batched(todo, cfg.answer.batch_questions):
+            outcomes = engine.run(batch, spec.program, params)
+            batch_calls.update(engine.batch_calls)
+            yield [make_row(o, **row_args) for o in outcomes]
+    finally:
+        if own:
+            backends.close()

