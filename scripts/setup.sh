@@ -10,6 +10,11 @@ cd "$(dirname "$0")/.."
 venv=${DYNRAG_VENV:-.venv}
 python=${PYTHON:-python3}
 say() { printf '[setup] %s\n' "$*"; }
+# pip, minus the notices this machine's pip configuration prints for every package
+pip_install() {
+  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -q "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
 
 [ -d /opt/wheels ] && export PIP_FIND_LINKS="${PIP_FIND_LINKS:-/opt/wheels}"  # the local CPU torch wheel
 if [ ! -x "$venv/bin/python" ]; then
@@ -20,8 +25,8 @@ stamp="$venv/.dynrag-installed"
 want=$(cat requirements/cpu.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing the locked CPU stack ($(wc -l < requirements/cpu.lock) packages; first time takes a few minutes)"
-  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -q --no-deps -r requirements/cpu.lock
-  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -q --no-deps -e .
+  pip_install --no-deps -r requirements/cpu.lock
+  pip_install --no-deps -e .
   bad=$("$venv/bin/python" -c "import importlib.util as u; print(' '.join(m for m in ('torchvision','torchaudio','torchcodec','triton') if u.find_spec(m)))")
   if [ -n "$bad" ]; then
     echo "[setup] error: $bad must not be installed (CUDA builds that break transformers); remove $venv and rerun" >&2
