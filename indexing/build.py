@@ -1,0 +1,386 @@
+"""`build_index`: corpus files in, a published index version out; incremental and resumable.
+
+Stages, each visible in the log (and as progress bars on a terminal):
+
+1. read + split + shard: stream the sources (readers.py) into passages (passages.py), cut them into
+   content-defined shards (shards.py) and write every shard that does not exist yet to
+   `staging/<key>/passages.parquet`. Shards whose key exists under `shards/` are reused untouched.
+2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
+   previous version (same model settings) are copied from it; only the rest go through the
+   embedding stage (embed.py: Ray Data actors, or in-process). A shard's `vectors.npy` is saved as
+   soon as its last batch arrives.
+3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
+   staging directory is renamed into `shards/` (Ray tasks in parallel with runtime.mode=ray).
+4. publish: a new manifest version, then `CURRENT` (manifest.py); old versions are pruned.
+
+A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
+passages and vectors are reused from `staging/`, and nothing is published before stage 4.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from indexing.embed import EncoderSpec, embed_batches, embed_input
+from indexing.manifest import (
+    FORMAT_VERSION,
+    IndexError_,
+    build_lock,
+    collect_garbage,
+    current_version,
+    publish,
+    read_manifest,
+    write_checksums,
+)
+from indexing.passages import PassageStats, passages_of
+from indexing.readers import CorpusError, ReadStats, read_corpus
+from indexing.shards import content_hash, read_passages, shard_key, shard_stream, write_passages
+
+log = logging.getLogger(__name__)
+
+
+class BuildError(IndexError_):
+    """The build cannot proceed (no sources, an empty corpus, ...)."""
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _ehash(title: str, text: str) -> bytes:
+    return hashlib.blake2b(embed_input(title, text).encode("utf-8"), digest_size=12).digest()
+
+
+def _settings(cfg) -> dict:
+    e, i = cfg.embedding, cfg.index
+    embedding = {"model": e.model, "dtype": e.dtype, "max_seq_length": e.max_seq_length, "input": "title\\ntext"}
+    return {
+        "embedding": embedding,
+        "embedding_hash": _hash(embedding),
+        "faiss_factory": i.faiss_factory,
+        "passage_words": i.passage_words,
+        "shard_size": i.shard_size,
+        "lucene": {"collection": "JsonCollection", "contents": "title\\ntext"},
+    }
+
+
+def _progress(iterable, desc: str, unit: str, total: int | None = None):
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, unit=unit, total=total, disable=None, mininterval=1.0, leave=False)
+
+
+def build_index(
+    sources: list[str] | str,
+    index_dir: str | os.PathLike,
+    cfg,
+    *,
+    fmt: str = "auto",
+    fields: dict | None = None,
+    on_bad_line: str = "error",
+) -> dict:
+    """Build or incrementally refresh the index at `index_dir` from `sources`; return a report.
+
+    Example::
+
+        from pipeline.config import load_config
+        from indexing import build_index, open_index
+        cfg = load_config(overrides=["index.shard_size=2000"])
+        report = build_index(["../shared/data/hotpotqa/dev_400.jsonl"], "idx", cfg)
+        hits = open_index("idx", cfg).search(["who wrote Hamlet?"], k=5, retriever="bm25")
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [str(sources)]
+    sources = [str(s) for s in sources]
+    if not sources:
+        raise BuildError("no corpus sources given")
+    root = Path(index_dir)
+    with build_lock(root):
+        return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()
+
+
+class _Builder:
+    def __init__(self, sources, root: Path, cfg, fmt, fields, on_bad_line):
+        self.sources, self.root, self.cfg = sources, root, cfg
+        self.fmt, self.fields, self.on_bad_line = fmt, fields, on_bad_line
+        self.settings = _settings(cfg)
+        self.settings_hash = _hash({"e": self.settings["embedding_hash"], "f": self.settings["faiss_factory"],
+                                    "l": self.settings["lucene"], "format": FORMAT_VERSION})
+        self.shards_dir = root / "shards"
+        self.staging = root / "staging"
+        self.timings: dict[str, float] = {}
+        self.read_stats = ReadStats()
+        self.passage_stats = PassageStats()
+        self.embedded = 0
+        self.vectors_reused = 0
+        self.reembedded_shards: list[str] = []
+
+    # ---- stage 1 ----
+    def _stage_passages(self) -> list[dict]:
+        t = time.perf_counter()
+        self.shards_dir.mkdir(parents=True, exist_ok=True)
+        self.staging.mkdir(parents=True, exist_ok=True)
+        records = itertools.chain.from_iterable(
+            read_corpus(src, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats) for src in self.sources
+        )
+        passages = _progress(passages_of(records, self.cfg.index.passage_words, self.passage_stats), "passages", "psg")
+        metas = []
+        for group in shard_stream(passages, self.cfg.index.shard_size):
+            ch = content_hash(group)
+            key = shard_key(ch, self.settings_hash)
+            meta = {"key": key, "passages": len(group), "content_hash": ch,
+                    "first_id": group[0].id, "last_id": group[-1].id}
+            if not (self.shards_dir / key / "checksums.json").is_file():
+                target = self.staging / key / "passages.parquet"
+                if not target.is_file():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    write_passages(group, target)
+            metas.append(meta)
+        if self.read_stats.records == 0 or not metas:
+            raise BuildError(f"no passages in {', '.join(self.sources)}"
+                             + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else ""))
+        self.timings["passages_s"] = time.perf_counter() - t
+        log.info("stage passages: %d records -> %d passages (%d duplicates merged) in %d shards, %.1fs",
+                 self.read_stats.records, self.passage_stats.passages, self.passage_stats.duplicates,
+                 len(metas), self.timings["passages_s"])
+        return metas
+
+    # ---- stage 2 helpers ----
+    def _vector_cache(self, prev: dict | None, keep: set[str]) -> tuple[dict[bytes, tuple[str, int]], int | None]:
+        """Embedding-input hash -> (old shard, row), over the previous version's shards that this
+        build does not reuse (the passages of changed shards come from them)."""
+        if prev is None or prev["settings"]["embedding_hash"] != self.settings["embedding_hash"]:
+            return {}, None
+        cache: dict[bytes, tuple[str, int]] = {}
+        for s in prev["shards"]:
+            d = self.shards_dir / s["key"]
+            if s["key"] in keep or not (d / "vectors.npy").is_file():
+                continue
+            t = read_passages(d / "passages.parquet")
+            for row, (title, text) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist())):
+                cache.setdefault(_ehash(title, text), (s["key"], row))
+        return cache, prev.get("dim")
+
+    def _plan_embedding(self, todo: list[dict], cache: dict) -> tuple[list[str], dict[int, tuple]]:
+        """Per new shard: rows to embed (written to staging/<key>/to_embed.parquet) and cached rows."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        files, plans = [], {}
+        for i, meta in enumerate(todo):
+            d = self.staging / meta["key"]
+            if (d / "vectors.npy").is_file():
+                continue  # finished before an interruption
+            t = read_passages(d / "passages.parquet")
+            titles, texts = t.column("title").to_pylist(), t.column("text").to_pylist()
+            new_rows, cached = [], []
+            for row, (title, text) in enumerate(zip(titles, texts)):
+                hit = cache.get(_ehash(title, text))
+                if hit is None:
+                    new_rows.append(row)
+                else:
+                    cached.append((row, hit[0], hit[1]))
+            plans[i] = (new_rows, cached)
+            if new_rows:
+                f = d / "to_embed.parquet"
+                pq.write_table(pa.table({
+                    "shard": np.full(len(new_rows), i, dtype=np.int64),
+                    "row": np.asarray(new_rows, dtype=np.int64),
+                    "text": [embed_input(titles[r], texts[r]) for r in new_rows],
+                }), f)
+                files.append(str(f))
+        return files, plans
+
+    def _assemble(self, meta: dict, cached: list, new_rows: np.ndarray, new_vecs: np.ndarray | None, dim: int) -> None:
+        vecs = np.zeros((meta["passages"], dim), dtype=np.float32)
+        if new_vecs is not None and len(new_rows):
+            vecs[new_rows] = new_vecs
+        by_shard: dict[str, list[tuple[int, int]]] = {}
+        for row, old_key, old_row in cached:
+            by_shard.setdefault(old_key, []).append((row, old_row))
+        for old_key, pairs in by_shard.items():
+            old = np.load(self.shards_dir / old_key / "vectors.npy", mmap_mode="r")
+            rows, old_rows = zip(*pairs)
+            vecs[list(rows)] = old[list(old_rows)]
+        self.vectors_reused += len(cached)
+        d = self.staging / meta["key"]
+        tmp = d / ".vectors.npy.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, vecs)
+        os.replace(tmp, d / "vectors.npy")
+        (d / "to_embed.parquet").unlink(missing_ok=True)
+
+    # ---- stage 3 ----
+    def _finalize(self, metas: list[dict]) -> None:
+        if not metas:
+            return
+        cfg = self.cfg
+        args = [(str(self.staging / m["key"]), str(self.shards_dir / m["key"]), cfg.index.faiss_factory, cfg.index.threads)
+                for m in metas]
+        if cfg.runtime.mode == "ray" and len(args) > 1:
+            import ray
+
+            from indexing.raytools import ensure_ray
+
+            ensure_ray(cfg)
+            task = ray.remote(num_cpus=1)(finalize_shard)
+            ray.get([task.remote(*a) for a in args])
+        else:
+            for a in args:
+                finalize_shard(*a)
+
+    def _stage_embed_and_index(self, metas: list[dict], prev: dict | None) -> None:
+        keep = {m["key"] for m in metas}
+        todo = [m for m in metas if not (self.shards_dir / m["key"] / "checksums.json").is_file()]
+        if not todo:
+            return
+        t = time.perf_counter()
+        cache, dim = self._vector_cache(prev, keep)
+        files, plans = self._plan_embedding(todo, cache)
+        ready = [todo[i] for i in range(len(todo)) if i not in plans]  # vectors staged by an earlier attempt
+        for i, (new_rows, cached) in plans.items():
+            if not new_rows:  # every vector comes from the previous version
+                self._assemble(todo[i], cached, np.zeros(0, int), None, dim)
+                ready.append(todo[i])
+        self._finalize(ready)
+        n_embed = sum(len(p[0]) for p in plans.values())
+        spec = EncoderSpec.from_config(self.cfg)
+        log.info("stage embed: %d passages to embed in %d shards (%d vectors reused), mode=%s",
+                 n_embed, len(files), sum(len(p[1]) for p in plans.values()), self.cfg.runtime.mode)
+        t_embed = time.perf_counter()
+        bar = _progress(None, "embedding", "psg", total=n_embed)
+        current, rows, vecs = None, [], []
+
+        def flush(i: int) -> None:
+            new_rows = np.concatenate(rows)
+            new_vecs = np.concatenate(vecs)
+            order = np.argsort(new_rows, kind="stable")
+            self._assemble(todo[i], plans[i][1], new_rows[order], new_vecs[order], new_vecs.shape[1])
+            self.reembedded_shards.append(todo[i]["key"])
+            self._finalize([todo[i]])
+
+        for shard, row, vec in embed_batches(files, spec, self.cfg):
+            for i in np.unique(shard):  # batches are ordered; a batch may straddle two shards
+                m = shard == i
+                if current is not None and i != current:
+                    flush(current)
+                    rows, vecs = [], []
+                current = int(i)
+                rows.append(row[m])
+                vecs.append(vec[m])
+            self.embedded += len(row)
+            bar.update(len(row))
+        if current is not None:
+            flush(current)
+        bar.close()
+        self.timings["embed_s"] = time.perf_counter() - t_embed
+        self.timings["embed_and_index_s"] = time.perf_counter() - t
+        if self.embedded != n_embed:
+            raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
+
+    # ---- stage 4 ----
+    def run(self) -> dict:
+        t0 = time.perf_counter()
+        prev = read_manifest(self.root) if current_version(self.root) else None
+        metas = self._stage_passages()
+        n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
+        self._stage_embed_and_index(metas, prev)
+        dim = None
+        for m in metas:
+            d = self.shards_dir / m["key"]
+            m["files"] = json.loads((d / "checksums.json").read_text())
+            if dim is None:
+                dim = int(np.load(d / "vectors.npy", mmap_mode="r").shape[1])
+        keys = [m["key"] for m in metas]
+        unchanged = prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
+        if unchanged:
+            version = prev["version"]
+            log.info("corpus and settings unchanged: %s stays published", current_version(self.root))
+        else:
+            version = (prev["version"] + 1) if prev else 1
+            manifest = {
+                "format": FORMAT_VERSION,
+                "version": version,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "sources": self.sources,
+                "settings": self.settings,
+                "dim": dim,
+                "passages": sum(m["passages"] for m in metas),
+                "shards": metas,
+                "build": {
+                    "shards_reused": len(metas) - n_new,
+                    "shards_built": n_new,
+                    "shards_reembedded": len(self.reembedded_shards),
+                    "reembedded_shards": self.reembedded_shards,
+                    "passages_embedded": self.embedded,
+                    "vectors_reused": self.vectors_reused,
+                    "records": self.read_stats.records,
+                    "bad_lines_skipped": self.read_stats.bad_lines,
+                    "duplicates_merged": self.passage_stats.duplicates,
+                    "previous_version": prev["version"] if prev else None,
+                },
+            }
+            publish(self.root, manifest)
+            collect_garbage(self.root, self.cfg.index.keep_versions)
+        for stale in self.staging.iterdir():
+            shutil.rmtree(stale, ignore_errors=True)
+        seconds = time.perf_counter() - t0
+        report = {
+            "index_dir": str(self.root),
+            "version": version,
+            "published": not unchanged,
+            "records": self.read_stats.records,
+            "passages": sum(m["passages"] for m in metas),
+            "duplicates_merged": self.passage_stats.duplicates,
+            "conflicting_duplicates": self.passage_stats.conflicting_duplicates,
+            "bad_lines_skipped": self.read_stats.bad_lines,
+            "skipped_examples": list(self.read_stats.skipped),
+            "shards": len(metas),
+            "shards_reused": len(metas) - n_new,
+            "shards_built": n_new,
+            "shards_reembedded": len(self.reembedded_shards),
+            "passages_embedded": self.embedded,
+            "vectors_reused": self.vectors_reused,
+            "seconds": round(seconds, 3),
+            **{k: round(v, 3) for k, v in self.timings.items()},
+        }
+        log.info("build done: version %s, %d passages, %d shards (%d reused, %d built, %d re-embedded), "
+                 "%d passages embedded, %.1fs", version, report["passages"], report["shards"],
+                 report["shards_reused"], report["shards_built"], report["shards_reembedded"], self.embedded, seconds)
+        return report
+
+
+def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int) -> None:
+    """Build one shard's FAISS and Lucene indexes in staging, checksum, and move it into place."""
+    from indexing.dense import build_faiss
+    from indexing.sparse import build_lucene
+
+    src, dst = Path(staging_dir), Path(final_dir)
+    if (dst / "checksums.json").is_file():
+        shutil.rmtree(src, ignore_errors=True)
+        return
+    vectors = np.load(src / "vectors.npy")
+    build_faiss(vectors, factory, src / "faiss.index")
+    t = read_passages(src / "passages.parquet")
+    docs = ((i, embed_input(ti, tx)) for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(),
+                                                       t.column("text").to_pylist()))
+    build_lucene(docs, src / "lucene", threads)
+    for leftover in src.glob("*.tmp"):
+        leftover.unlink()
+    write_checksums(src)
+    if dst.exists():  # a half-moved directory cannot exist (rename is atomic); an incomplete one is stale
+        shutil.rmtree(dst)
+    os.rename(src, dst)
+    log.debug("shard %s ready", dst.name)
+
+
+__all__ = ["build_index", "BuildError", "CorpusError"]

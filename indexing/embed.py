@@ -1,0 +1,144 @@
+"""The embedding stage: one `Encoder` (sentence-transformers) used in-process and inside Ray actors.
+
+`embed_batches` is the stage: it takes an ordered list of Parquet files with columns
+(`shard`, `row`, `text`) and yields `(shard, rows, vectors)` in input order. With
+`runtime.mode=ray` the files go through Ray Data (`read_parquet` -> `map_batches(EmbedActor,
+compute=ActorPoolStrategy(size=index.embed_actors))`, one GPU per actor when CUDA is present);
+with `runtime.mode=local` the same `Encoder.encode` runs in this process. Vectors are float32 and
+L2-normalised, so inner product is cosine similarity.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def embed_input(title: str, text: str) -> str:
+    """What the embedder sees for one passage: title and text, as FlashRAG's `contents`."""
+    return f"{title}\n{text}" if title else text
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """Everything an encoder needs, picklable for Ray actors."""
+
+    model_path: str
+    model_name: str
+    device: str = "auto"
+    dtype: str = "float32"
+    batch_size: int = 128
+    max_seq_length: int = 256
+
+    @classmethod
+    def from_config(cls, cfg) -> "EncoderSpec":
+        from pipeline.models import resolve_model
+
+        e = cfg.embedding
+        return cls(
+            model_path=resolve_model(e.model, cfg.paths.cache_dir),
+            model_name=e.model,
+            device=e.device,
+            dtype=e.dtype,
+            batch_size=e.batch_size,
+            max_seq_length=e.max_seq_length,
+        )
+
+
+def resolve_device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Encoder:
+    """A SentenceTransformer with the configured device, dtype and max sequence length."""
+
+    def __init__(self, spec: EncoderSpec):
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        self.spec = spec
+        self.device = resolve_device(spec.device)
+        self.model = SentenceTransformer(spec.model_path, device=self.device)
+        self.model.max_seq_length = spec.max_seq_length
+        if spec.dtype != "float32":
+            self.model.to(getattr(torch, spec.dtype))
+        self.dim = int(self.model.get_sentence_embedding_dimension())
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model.encode(
+            list(texts),
+            batch_size=self.spec.batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return vecs.float().cpu().numpy().astype(np.float32, copy=False)
+
+
+class EmbedActor:
+    """Ray Data actor: holds one Encoder, embeds the `text` column of each batch."""
+
+    def __init__(self, spec: EncoderSpec):
+        import torch
+
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        self.encoder = Encoder(spec)
+
+    def __call__(self, batch: dict) -> dict:
+        vecs = self.encoder.encode([str(t) for t in batch["text"]])
+        return {"shard": batch["shard"], "row": batch["row"], "vector": vecs}
+
+
+def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    import pyarrow.parquet as pq
+
+    encoder = encoder or Encoder(spec)
+    for path in files:
+        pf = pq.ParquetFile(path)
+        for batch in pf.iter_batches(batch_size=spec.batch_size * 4, columns=["shard", "row", "text"]):
+            cols = batch.to_pydict()
+            vecs = encoder.encode(cols["text"])
+            yield np.asarray(cols["shard"]), np.asarray(cols["row"]), vecs
+
+
+def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    import ray
+
+    from indexing.raytools import ensure_ray
+
+    ensure_ray(cfg)
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True  # shards finish in order, so each is saved as soon as done
+    device = resolve_device(spec.device)
+    gpus = 1 if device.startswith("cuda") else 0
+    ds = ray.data.read_parquet(files, columns=["shard", "row", "text"])
+    ds = ds.map_batches(
+        EmbedActor,
+        fn_constructor_args=(spec,),
+        batch_size=spec.batch_size,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=cfg.index.embed_actors),
+        num_gpus=gpus,
+    )
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        yield batch["shard"], batch["row"], np.asarray(batch["vector"], dtype=np.float32)
+
+
+def embed_batches(files: list[str], spec: EncoderSpec, cfg, *, encoder: Encoder | None = None):
+    """Yield (shard, row, vectors) batches over `files`, in order, per `runtime.mode`."""
+    if not files:
+        return iter(())
+    if cfg.runtime.mode == "ray":
+        return _ray_batches(files, spec, cfg)
+    return _local_batches(files, spec, encoder)

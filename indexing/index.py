@@ -1,0 +1,157 @@
+"""`open_index`: a consistent, read-only view of one published version, searched in batches.
+
+The version is resolved from `CURRENT` once, at open; everything read afterwards is immutable, so
+a build publishing a newer version meanwhile does not change what this object returns. Shard files
+are checked against the manifest's checksums at open (`index.verify`), and a mismatch raises
+`CorruptIndexError` naming the file. FAISS indexes and passage tables are loaded at open; Lucene
+searchers and the query encoder are opened on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from indexing.hits import Hit
+from indexing.manifest import read_manifest, verify_shard
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+RETRIEVERS = ("bm25", "dense")
+
+
+class SearchError(DynragError, ValueError):
+    """A bad search request (unknown retriever, k < 1)."""
+
+
+class Index:
+    def __init__(self, root: Path, cfg, manifest: dict):
+        from indexing.dense import load_faiss
+        from indexing.shards import read_passages
+        from indexing.sparse import LuceneShard
+
+        self.root, self.cfg, self.manifest = root, cfg, manifest
+        self.version = manifest["version"]
+        self._dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
+        full = cfg.index.verify == "checksum"
+        for s, d in zip(manifest["shards"], self._dirs):
+            verify_shard(d, s["files"], full=full)
+        self._tables = [read_passages(d / "passages.parquet") for d in self._dirs]
+        self._faiss = [load_faiss(d / "faiss.index", cfg.index.faiss_nprobe, cfg.index.faiss_ef_search) for d in self._dirs]
+        self._lucene = [LuceneShard(d / "lucene", cfg.index.bm25_k1, cfg.index.bm25_b) for d in self._dirs]
+        self._rows: list[dict[str, int] | None] = [None] * len(self._dirs)
+        self._encoder = None
+        self._lock = threading.Lock()
+
+    # ---- lookups ----
+    def _hit(self, shard: int, row: int, score: float) -> Hit:
+        t = self._tables[shard]
+        return Hit(id=t.column("id")[row].as_py(), title=t.column("title")[row].as_py(),
+                   text=t.column("text")[row].as_py(), score=float(score))
+
+    def _row_of(self, shard: int, pid: str) -> int | None:
+        rows = self._rows[shard]
+        if rows is None:
+            ids = self._tables[shard].column("id").to_pylist()
+            rows = self._rows[shard] = {pid: i for i, pid in enumerate(ids)}
+        return rows.get(pid)
+
+    def passages(self, ids: list[str]) -> list[Hit | None]:
+        """Look passages up by id (score 0); None for an id this version does not hold."""
+        out: list[Hit | None] = []
+        for pid in ids:
+            found = None
+            for si in range(len(self._tables)):
+                row = self._row_of(si, pid)
+                if row is not None:
+                    found = self._hit(si, row, 0.0)
+                    break
+            out.append(found)
+        return out
+
+    # ---- search ----
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        with self._lock:
+            if self._encoder is None:
+                from indexing.embed import Encoder, EncoderSpec
+
+                spec = EncoderSpec.from_config(self.cfg)
+                want = self.manifest["settings"]["embedding"]
+                if spec.model_name != want["model"]:
+                    log.warning("index was embedded with %s but embedding.model is %s; using %s",
+                                want["model"], spec.model_name, want["model"])
+                    from pipeline.models import resolve_model
+
+                    spec = EncoderSpec(resolve_model(want["model"], self.cfg.paths.cache_dir), want["model"],
+                                       self.cfg.embedding.device, want["dtype"], self.cfg.embedding.batch_size,
+                                       want["max_seq_length"])
+                self._encoder = Encoder(spec)
+        return self._encoder.encode(queries)
+
+    def search(self, queries: list[str], k: int, retriever: str = "bm25") -> list[list[Hit]]:
+        """Top-k hits per query: one FAISS search per shard over all queries (dense), or one Lucene
+        batch_search per shard (bm25), merged across shards by score."""
+        if retriever not in RETRIEVERS:
+            raise SearchError(f"unknown retriever {retriever!r}; choose from {', '.join(RETRIEVERS)}")
+        if k < 1:
+            raise SearchError(f"k must be at least 1, got {k}")
+        queries = [str(q) for q in queries]
+        if not queries:
+            return []
+        if retriever == "dense":
+            from indexing.dense import search_shards
+
+            S, SH, R = search_shards(self._faiss, self.encode_queries(queries), k)
+            return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
+                    for i in range(len(queries))]
+        from indexing.sparse import search_shards
+
+        merged = search_shards(self._lucene, queries, k, self.cfg.index.threads)
+        out = []
+        for hits in merged:
+            row_hits = []
+            for score, si, docid in hits:
+                row = self._row_of(si, docid)
+                if row is None:
+                    raise DynragError(f"Lucene shard {self._dirs[si]} returned id {docid!r} missing from its passages")
+                row_hits.append(self._hit(si, row, score))
+            out.append(row_hits)
+        return out
+
+    def info(self) -> dict:
+        m = self.manifest
+        return {
+            "index_dir": str(self.root),
+            "version": m["version"],
+            "created": m["created"],
+            "passages": m["passages"],
+            "shards": len(m["shards"]),
+            "dim": m["dim"],
+            "settings": m["settings"],
+            "sources": m["sources"],
+            "build": m["build"],
+            "shard_sizes": [s["passages"] for s in m["shards"]],
+        }
+
+    def close(self) -> None:
+        for shard in self._lucene:
+            shard.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_index(index_dir, cfg, version: str | None = None) -> Index:
+    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002')."""
+    root = Path(index_dir)
+    manifest = read_manifest(root, version)
+    log.info("opened %s version %s: %d passages in %d shards", root, manifest["version"], manifest["passages"],
+             len(manifest["shards"]))
+    return Index(root, cfg, manifest)

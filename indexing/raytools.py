@@ -1,0 +1,23 @@
+"""Starting (or joining) Ray for the build, once per process."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def ensure_ray(cfg) -> None:
+    """Join `runtime.ray_address`, or start a local instance; no-op when Ray is already up."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    log.info("starting Ray (%s)", cfg.runtime.ray_address or "local instance")
+    ray.init(
+        address=cfg.runtime.ray_address,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        ignore_reinit_error=True,
+    )

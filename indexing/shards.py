@@ -1,0 +1,75 @@
+"""Passages -> shards, with boundaries chosen by content so that edits stay local.
+
+Shards follow the corpus order. A shard ends after a passage whose id hash hits a fixed residue
+(once the shard holds at least shard_size/4 passages; at most 4 x shard_size), so shards average
+`index.shard_size` passages and a boundary depends only on the ids near it, not on absolute
+positions (content-defined chunking, as in rsync or restic). Inserting, changing or deleting a
+passage therefore changes only the shard that holds it (and, when the passage was a boundary, its
+neighbour); passages appended at the end of the corpus make new shards. A rebuild over the same
+final corpus yields the same shards whatever the earlier versions were, so an incremental build
+equals a full one.
+
+Each shard is keyed by a hash of its passages (ids, titles, texts) and the build settings: a shard
+whose key already exists is reused as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from indexing.passages import Passage
+
+
+def id_hash(passage_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def shard_stream(passages: Iterable[Passage], shard_size: int) -> Iterator[list[Passage]]:
+    min_size = max(1, shard_size // 4)
+    span = max(1, shard_size - min_size)  # expected size = min_size + span = shard_size
+    max_size = 4 * shard_size
+    buf: list[Passage] = []
+    for p in passages:
+        buf.append(p)
+        if len(buf) >= max_size or (len(buf) >= min_size and id_hash(p.id) % span == 0):
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def content_hash(passages: list[Passage]) -> str:
+    h = hashlib.sha256()
+    for p in passages:
+        for part in (p.id, p.title, p.text):
+            b = part.encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    return h.hexdigest()
+
+
+def shard_key(content: str, settings_hash: str) -> str:
+    return hashlib.sha256(f"{content}:{settings_hash}".encode()).hexdigest()[:32]
+
+
+def write_passages(passages: list[Passage], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "id": [p.id for p in passages],
+        "title": [p.title for p in passages],
+        "text": [p.text for p in passages],
+    })
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def read_passages(path: Path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, columns=["id", "title", "text"])
