@@ -71,7 +71,8 @@ class Encoder:
         self.model.max_seq_length = spec.max_seq_length
         if spec.dtype != "float32":
             self.model.to(getattr(torch, spec.dtype))
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

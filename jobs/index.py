@@ -1,0 +1,118 @@
+"""`dynrag index build|search|info`: build or refresh an index, query it, describe it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("auto", "dpr-tsv", "flashrag-jsonl", "jsonl", "parquet", "hotpotqa", "2wiki", "musique", "wiki-lead-sections")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
+
+    p = sub.add_parser("index", help="build, refresh, search and describe BM25 + FAISS indexes",
+                       description="Corpus files in, a versioned BM25 (pyserini) + dense (FAISS) index out.")
+    isub = p.add_subparsers(dest="index_command", required=True, metavar="ACTION")
+
+    b = isub.add_parser("build", help="build an index, or refresh it incrementally when --index already holds one",
+                        description="Read corpus files or URIs (local, memory://, s3://, gs://), split them into "
+                        "passages, embed and index them in shards, and publish a new version atomically. "
+                        "Rerunning on a changed corpus re-embeds only what changed; an interrupted build resumes.")
+    g = b.add_argument_group("input")
+    g.add_argument("sources", nargs="+", metavar="SOURCE", help="corpus files or URIs, read in this order")
+    g.add_argument("--format", default="auto", choices=FORMATS, help="corpus format (default: detect)")
+    g.add_argument("--id-field", default=None, help="jsonl/parquet: field holding the id (default id; absent: ids from content)")
+    g.add_argument("--title-field", default=None, help="jsonl/parquet: field holding the title (default title)")
+    g.add_argument("--text-field", default=None, help="jsonl/parquet: field holding the text (default text)")
+    g.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip malformed records (counted and reported) instead of stopping at the first one")
+    o = b.add_argument_group("output")
+    o.add_argument("--index", required=True, metavar="DIR", help="index directory (created, or refreshed)")
+    add_config_args(b)
+    b.set_defaults(func=_build)
+
+    s = isub.add_parser("search", help="top-k passages for queries, with scores")
+    s.add_argument("queries", nargs="+", metavar="QUERY")
+    s.add_argument("--index", required=True, metavar="DIR")
+    s.add_argument("--retriever", default="both", choices=["bm25", "dense", "both"])
+    s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
+    s.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    add_config_args(s)
+    s.set_defaults(func=_search)
+
+    i = isub.add_parser("info", help="describe the published version of an index")
+    i.add_argument("index", metavar="DIR")
+    i.add_argument("--json", action="store_true", help="print the whole description as JSON")
+    add_config_args(i)
+    i.set_defaults(func=_info)
+
+
+def _quiet() -> None:
+    for name in ("faiss", "faiss.loader", "jnius"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from indexing import build_index
+    from jobs.cli import config_from_args
+
+    cfg = config_from_args(args)
+    _quiet()
+    fields = {k: v for k, v in (("id", args.id_field), ("title", args.title_field), ("text", args.text_field)) if v}
+    report = build_index(args.sources, args.index, cfg, fmt=args.format, fields=fields or None,
+                         on_bad_line="skip" if args.skip_bad_lines else "error")
+    state = "published" if report["published"] else "unchanged, still"
+    print(f"{args.index}: {state} version {report['version']}: {report['passages']} passages in {report['shards']} shards "
+          f"({report['shards_reused']} reused, {report['shards_built']} built, {report['shards_reembedded']} re-embedded); "
+          f"{report['passages_embedded']} passages embedded, {report['vectors_reused']} vectors reused; "
+          f"{report['duplicates_merged']} duplicates merged; {report['bad_lines_skipped']} bad lines skipped; "
+          f"{report['seconds']:.1f}s")
+    for where in report["skipped_examples"]:
+        print(f"  skipped {where}")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from indexing import open_index
+    from jobs.cli import config_from_args
+
+    cfg = config_from_args(args)
+    _quiet()
+    retrievers = ["bm25", "dense"] if args.retriever == "both" else [args.retriever]
+    with open_index(args.index, cfg) as index:
+        for retriever in retrievers:
+            results = index.search(args.queries, k=args.k, retriever=retriever)
+            for query, hits in zip(args.queries, results):
+                if args.json:
+                    print(json.dumps({"query": query, "retriever": retriever,
+                                      "hits": [h.__dict__ for h in hits]}, ensure_ascii=False))
+                    continue
+                print(f"[{retriever}] {query}")
+                for rank, h in enumerate(hits, 1):
+                    text = h.text if len(h.text) <= 160 else h.text[:157] + "..."
+                    print(f"  {rank:2d}. {h.score:8.4f}  {h.id}  {h.title}: {text}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    from indexing.manifest import read_manifest
+
+    m = read_manifest(__import__("pathlib").Path(args.index))
+    if args.json:
+        print(json.dumps(m, indent=1))
+        return 0
+    sizes = [s["passages"] for s in m["shards"]]
+    st, b = m["settings"], m["build"]
+    print(f"index {args.index}, version {m['version']} ({m['created']})")
+    print(f"  passages   {m['passages']} in {len(sizes)} shards (min {min(sizes)}, max {max(sizes)})")
+    print(f"  embedding  {st['embedding']['model']} ({st['embedding']['dtype']}, dim {m['dim']}); "
+          f"FAISS {st['faiss_factory']}; BM25 Lucene per shard")
+    print(f"  passages   {st['passage_words']} words max; shard_size {st['shard_size']}")
+    print(f"  sources    {', '.join(m['sources'])}")
+    print(f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "
+          f"{b['shards_reused']} reused; {b['passages_embedded']} passages embedded, {b['vectors_reused']} vectors reused")
+    return 0
