@@ -123,6 +123,8 @@ class _Builder:
         self.embedded = 0
         self.vectors_reused = 0
         self.reembedded_shards: list[str] = []
+        self._pending: list = []
+        self._remote = None
 
     # ---- stage 1 ----
     def _stage_passages(self) -> list[dict]:
@@ -221,22 +223,30 @@ class _Builder:
 
     # ---- stage 3 ----
     def _finalize(self, metas: list[dict]) -> None:
-        if not metas:
-            return
+        """Build the shards' FAISS + Lucene indexes: now, in this process (local mode), or as Ray
+        tasks running in parallel with the embedding stage (ray mode; awaited by `_wait`)."""
         cfg = self.cfg
-        args = [(str(self.staging / m["key"]), str(self.shards_dir / m["key"]), cfg.index.faiss_factory, cfg.index.threads)
-                for m in metas]
-        if cfg.runtime.mode == "ray" and len(args) > 1:
+        for m in metas:
+            args = (str(self.staging / m["key"]), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
+                    cfg.index.threads)
+            if cfg.runtime.mode == "ray":
+                import ray
+
+                from indexing.raytools import ensure_ray
+
+                ensure_ray(cfg)
+                if self._remote is None:
+                    self._remote = ray.remote(num_cpus=1)(finalize_shard)
+                self._pending.append(self._remote.remote(*args))
+            else:
+                finalize_shard(*args)
+
+    def _wait(self) -> None:
+        if self._pending:
             import ray
 
-            from indexing.raytools import ensure_ray
-
-            ensure_ray(cfg)
-            task = ray.remote(num_cpus=1)(finalize_shard)
-            ray.get([task.remote(*a) for a in args])
-        else:
-            for a in args:
-                finalize_shard(*a)
+            ray.get(self._pending)
+            self._pending = []
 
     def _stage_embed_and_index(self, metas: list[dict], prev: dict | None) -> None:
         keep = {m["key"] for m in metas}
@@ -252,6 +262,8 @@ class _Builder:
                 self._assemble(todo[i], cached, np.zeros(0, int), None, dim)
                 ready.append(todo[i])
         self._finalize(ready)
+        if not files:
+            self._wait()
         n_embed = sum(len(p[0]) for p in plans.values())
         spec = EncoderSpec.from_config(self.cfg)
         log.info("stage embed: %d passages to embed in %d shards (%d vectors reused), mode=%s",
@@ -282,6 +294,7 @@ class _Builder:
         if current is not None:
             flush(current)
         bar.close()
+        self._wait()
         self.timings["embed_s"] = time.perf_counter() - t_embed
         self.timings["embed_and_index_s"] = time.perf_counter() - t
         if self.embedded != n_embed:

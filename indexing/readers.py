@@ -147,6 +147,8 @@ def _context_pairs(ctx: Any) -> Iterator[Record]:
 def _title_text(obj: Any) -> Record:
     if not isinstance(obj, dict):
         raise _Bad("not a JSON object")
+    if "text" in obj and isinstance(obj["text"], list):  # HotpotQA's corpus dict: title -> sentences
+        return Record(title=_str(obj, "title"), text=_sentences(obj["text"]))
     return Record(title=_str(obj, "title"), text=_str(obj, "text"))
 
 
