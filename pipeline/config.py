@@ -89,7 +89,7 @@ class ClassifierConfig(Section):
                              "loaded by the DR-RAG methods (CIS, CFS)")
     base_model: str = Field("all-minilm-l6-v2", description="encoder to fine-tune: known model name, local folder or "
                             "hub name (the paper used google/bigbird-roberta-base, App. A.1)")
-    max_length: int = Field(384, ge=16, le=8192, description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "
+    max_length: int = Field(256, ge=16, le=8192, description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "
                             "longer inputs are truncated, documents sharing the room fairly")
     max_query_tokens: int = Field(64, ge=4, description="at most this many tokens of the question are kept")
     datasets: list[str] = Field(["hotpotqa", "2wiki", "musique"], min_length=1,

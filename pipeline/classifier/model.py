@@ -1,0 +1,238 @@
+"""The cross-encoder behind C(q, d1, d2) (DR-RAG Sec. 2.2.2) and the pair scorer C(q, d).
+
+Input: `[CLS] q [SEP] d1 [SEP] d2 [SEP]` (a triple) or `[CLS] q [SEP] d [SEP]` (a pair), with the
+special tokens of whatever encoder is used (RoBERTa's `<s> ... </s></s> ...` likewise). The question
+keeps at most `max_query_tokens`; the documents share the rest of `max_length` fairly (a short document
+keeps all of its tokens and leaves the remainder to the long one). Output: P(positive) from a 2-way head.
+
+A saved classifier is a folder: `model.safetensors` + config + tokenizer files + `dynrag-classifier.json`
+(base model, lengths, threshold, training summary, metrics). Weights are only ever read from safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+META = "dynrag-classifier.json"
+FORMAT_VERSION = 1
+
+
+class ClassifierError(DynragError, ValueError):
+    """A classifier folder is missing or incomplete, or an input is malformed."""
+
+
+@dataclass
+class ClassifierMeta:
+    base_model: str
+    max_length: int = 256
+    max_query_tokens: int = 64
+    threshold: float = 0.5
+    format_version: int = FORMAT_VERSION
+    input_format: str = "[CLS] q [SEP] d1 [SEP] d2 [SEP]; pairs [CLS] q [SEP] d [SEP]"
+    document_format: str = "title: text (pipeline.classifier.data.format_document)"
+    training: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+# -- input encoding ------------------------------------------------------------------------------
+
+def fair_share(lengths: Sequence[int], budget: int) -> list[int]:
+    """Split `budget` tokens among texts: short ones keep everything, long ones share what is left equally."""
+    keep = [0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    left = max(budget, 0)
+    for rank, i in enumerate(order):
+        share = left // (len(lengths) - rank)
+        keep[i] = min(lengths[i], share)
+        left -= keep[i]
+    return keep
+
+
+class InputEncoder:
+    """Builds token ids for pairs and triples with the tokenizer's own special tokens."""
+
+    def __init__(self, tokenizer, max_length: int, max_query_tokens: int):
+        self.tok = tokenizer
+        self.max_length = max_length
+        self.max_query_tokens = max_query_tokens
+        self._template()
+
+    def _template(self) -> None:
+        # Read the pair template (prefix, middle, suffix special tokens and token types) off a real
+        # encoding, so BERT-, RoBERTa- and BigBird-style tokenizers all work without special-casing.
+        a = self.tok("a", add_special_tokens=False)["input_ids"]
+        b = self.tok("b", add_special_tokens=False)["input_ids"]
+        enc = self.tok("a", "b", return_token_type_ids=True)
+        ids, types = enc["input_ids"], enc.get("token_type_ids") or [0] * len(enc["input_ids"])
+        ia = _find(ids, a, 0)
+        ib = _find(ids, b, ia + len(a))
+        self.prefix, self.middle, self.suffix = ids[:ia], ids[ia + len(a):ib], ids[ib + len(b):]
+        self.t_prefix, self.t_middle, self.t_suffix = types[:ia], types[ia + len(a):ib], types[ib + len(b):]
+        self.t_a, self.t_b = types[ia], types[ib]
+        sep = self.tok.sep_token_id if self.tok.sep_token_id is not None else self.tok.eos_token_id
+        self.doc_sep = [sep] if sep is not None else []  # between d1 and d2
+        self.n_special = len(self.prefix) + len(self.middle) + len(self.suffix)
+        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+
+    def encode_one(self, item: Sequence[str]) -> tuple[list[int], list[int]]:
+        if len(item) not in (2, 3) or not all(isinstance(x, str) for x in item):
+            raise ClassifierError(f"an item is (question, doc) or (question, doc1, doc2) strings, got {_show(item)}")
+        q, *docs = item
+        extra = self.n_special + (len(self.doc_sep) if len(docs) == 2 else 0)
+        q_room = min(self.max_query_tokens, max(self.max_length - extra, 0))
+        q_ids = self.tok(q, add_special_tokens=False)["input_ids"][:q_room]
+        d_ids = [self.tok(d, add_special_tokens=False)["input_ids"] for d in docs]
+        keep = fair_share([len(d) for d in d_ids], self.max_length - extra - len(q_ids))
+        seg_b: list[int] = []
+        for i, (d, k) in enumerate(zip(d_ids, keep)):
+            if i:
+                seg_b += self.doc_sep
+            seg_b += d[:k]
+        ids = self.prefix + q_ids + self.middle + seg_b + self.suffix
+        types = self.t_prefix + [self.t_a] * len(q_ids) + self.t_middle + [self.t_b] * len(seg_b) + self.t_suffix
+        return ids[: self.max_length], types[: self.max_length]
+
+    def batch(self, items: Sequence[Sequence[str]]):
+        """Padded tensors for a batch (dynamic padding to the longest input in the batch)."""
+        import torch
+
+        encoded = [self.encode_one(it) for it in items]
+        width = max(len(ids) for ids, _ in encoded)
+        input_ids = torch.full((len(encoded), width), self.pad_id, dtype=torch.long)
+        token_types = torch.zeros((len(encoded), width), dtype=torch.long)
+        mask = torch.zeros((len(encoded), width), dtype=torch.long)
+        for row, (ids, types) in enumerate(encoded):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            token_types[row, : len(types)] = torch.tensor(types)
+            mask[row, : len(ids)] = 1
+        out = {"input_ids": input_ids, "attention_mask": mask}
+        if "token_type_ids" in self.tok.model_input_names:
+            out["token_type_ids"] = token_types
+        return out
+
+
+def _find(seq: list[int], sub: list[int], start: int) -> int:
+    for i in range(start, len(seq) - len(sub) + 1):
+        if seq[i: i + len(sub)] == sub:
+            return i
+    raise ClassifierError("cannot read the tokenizer's pair template")
+
+
+def _show(item: Any) -> str:
+    text = repr(item)
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+# -- the classifier ----------------------------------------------------------------------------
+
+def pick_device(name: str = "auto") -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+class Classifier:
+    """C(q, d1, d2) -> P(positive); also C(q, d) for pairs. `score` is batched and gradient-free."""
+
+    def __init__(self, model, tokenizer, meta: ClassifierMeta, device: str = "cpu"):
+        self.model = model.to(device)
+        self.tokenizer = tokenizer
+        self.meta = meta
+        self.device = device
+        self.encoder = InputEncoder(tokenizer, meta.max_length, meta.max_query_tokens)
+
+    @property
+    def threshold(self) -> float:
+        return self.meta.threshold
+
+    @classmethod
+    def from_base(cls, base_folder: str, meta: ClassifierMeta, device: str = "auto") -> "Classifier":
+        """A fresh 2-way classification head on a pretrained encoder (the starting point of training)."""
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(base_folder)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            base_folder, num_labels=2, id2label={0: "negative", 1: "positive"},
+            label2id={"negative": 0, "positive": 1}, use_safetensors=_has_safetensors(base_folder))
+        max_pos = getattr(model.config, "max_position_embeddings", None)
+        if max_pos and meta.max_length > max_pos:
+            log.warning("max_length %d exceeds the encoder's %d positions; using %d", meta.max_length, max_pos, max_pos)
+            meta.max_length = max_pos
+        return cls(model, tok, meta, pick_device(device))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str = "auto") -> "Classifier":
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        folder = Path(path)
+        meta_file = folder / META
+        if not meta_file.is_file():
+            raise ClassifierError(f"{folder} is not a trained classifier folder (no {META}); "
+                                  "train one with `dynrag train-classifier --out DIR`")
+        if not _has_safetensors(folder):
+            raise ClassifierError(f"{folder} holds no model.safetensors (weights are only read from safetensors)")
+        raw = json.loads(meta_file.read_text(encoding="utf-8"))
+        if raw.get("format_version") != FORMAT_VERSION:
+            raise ClassifierError(f"{meta_file}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}")
+        known = {f for f in ClassifierMeta.__dataclass_fields__}
+        meta = ClassifierMeta(**{k: v for k, v in raw.items() if k in known})
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True)
+        model.eval()
+        return cls(model, tok, meta, pick_device(device))
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write weights (safetensors), tokenizer and the metadata JSON into `folder` (which must be new or empty)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        (folder / META).write_text(json.dumps(asdict(self.meta), indent=1, sort_keys=False), encoding="utf-8")
+        return folder
+
+    def logits(self, items: Sequence[Sequence[str]]):
+        batch = {k: v.to(self.device) for k, v in self.encoder.batch(items).items()}
+        return self.model(**batch).logits
+
+    def score(self, items: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:
+        """P(positive) for each (q, d) or (q, d1, d2), in input order; batches by similar length."""
+        import torch
+
+        if not items:
+            return np.zeros(0, dtype=np.float32)
+        order = sorted(range(len(items)), key=lambda i: sum(len(s) for s in items[i]))
+        out = np.empty(len(items), dtype=np.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(order), batch_size):
+                    idx = order[start: start + batch_size]
+                    probs = torch.softmax(self.logits([items[i] for i in idx]).float(), dim=-1)[:, 1]
+                    out[idx] = probs.cpu().numpy()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def predict(self, items: Sequence[Sequence[str]], threshold: float | None = None, batch_size: int = 64) -> np.ndarray:
+        """True where C(...) = positive, i.e. P(positive) >= threshold (the model's own threshold by default)."""
+        t = self.meta.threshold if threshold is None else threshold
+        return self.score(items, batch_size) >= t
+
+
+def _has_safetensors(folder: str | os.PathLike) -> bool:
+    folder = Path(folder)
+    return any(folder.glob("*.safetensors"))

@@ -1,0 +1,211 @@
+"""Fine-tune the DR-RAG classifier C (paper App. A.1: a small encoder fine-tuned on Eq. 2's examples).
+
+Plain torch: AdamW, linear warm-up then linear decay, gradient clipping, cross-entropy on a 2-way head.
+CPU here, the first GPU when there is one (`classifier.device`). The model folder is written to a
+temporary sibling and renamed into place at the end, so an interrupted run leaves no half-written model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.classifier.data import KINDS, Example, load_records, make_splits
+from pipeline.classifier.model import Classifier, ClassifierError, ClassifierMeta
+from pipeline.config import DynragConfig, save_resolved
+
+log = logging.getLogger(__name__)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+def binary_metrics(labels: np.ndarray, preds: np.ndarray) -> dict:
+    """Accuracy and precision / recall / F1 of the positive class."""
+    labels, preds = np.asarray(labels, dtype=bool), np.asarray(preds, dtype=bool)
+    tp = int(np.sum(labels & preds))
+    fp = int(np.sum(~labels & preds))
+    fn = int(np.sum(labels & ~preds))
+    n = len(labels)
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"n": n, "accuracy": float(np.mean(labels == preds)) if n else 0.0, "precision": precision,
+            "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn, "tn": n - tp - fp - fn}
+
+
+def evaluate(clf: Classifier, examples: list[Example], threshold: float, batch_size: int) -> dict:
+    """Overall metrics, the majority-class baseline, and accuracy per example kind and per dataset."""
+    scores = clf.score([e.item for e in examples], batch_size=batch_size)
+    labels = np.array([e.label for e in examples], dtype=bool)
+    preds = scores >= threshold
+    out = binary_metrics(labels, preds)
+    out["threshold"] = threshold
+    out["majority_baseline_accuracy"] = float(max(labels.mean(), 1 - labels.mean())) if len(labels) else 0.0
+    out["by_kind"] = {}
+    for kind in KINDS:
+        sel = np.array([e.kind == kind for e in examples])
+        if sel.any():  # positives: accuracy is recall; negatives: accuracy is the true-negative rate
+            out["by_kind"][kind] = {"n": int(sel.sum()), "accuracy": float(np.mean(preds[sel] == labels[sel]))}
+    out["by_dataset"] = {}
+    for name in sorted({e.dataset for e in examples}):
+        sel = np.array([e.dataset == name for e in examples])
+        m = binary_metrics(labels[sel], preds[sel])
+        out["by_dataset"][name] = {k: m[k] for k in ("n", "accuracy", "precision", "recall", "f1")}
+    return out
+
+
+# -- training ---------------------------------------------------------------------------------
+
+def _seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _lr_lambda(total: int, warmup: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+    return f
+
+
+def fit(clf: Classifier, train: list[Example], cc, *, seed: int) -> dict:
+    """Train in place; return a small log (steps, seconds, examples/s, last loss)."""
+    import torch
+
+    model = clf.model
+    model.train()
+    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": cc.weight_decay},
+        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=cc.learning_rate)
+    steps_per_epoch = math.ceil(len(train) / cc.batch_size)
+    total = max(1, math.ceil(steps_per_epoch * cc.epochs))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(total, int(total * cc.warmup_fraction)))
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    window_t, window_n, window_loss, seen, step, loss_ema = start, 0, [], 0, 0, None
+    log.info("training on %d examples: %d steps of %d (%.2f epochs), lr %g, device %s",
+             len(train), total, cc.batch_size, cc.epochs, cc.learning_rate, clf.device)
+    while step < total:
+        order = list(range(len(train)))
+        rng.shuffle(order)
+        for s in range(0, len(order), cc.batch_size):
+            if step >= total:
+                break
+            batch = [train[i] for i in order[s: s + cc.batch_size]]
+            labels = torch.tensor([e.label for e in batch], device=clf.device)
+            loss = torch.nn.functional.cross_entropy(clf.logits([e.item for e in batch]), labels)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            seen += len(batch)
+            window_n += len(batch)
+            value = loss.item()
+            window_loss.append(value)
+            loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
+            if step % cc.log_every == 0 or step == total:
+                now = time.perf_counter()
+                log.info("step %d/%d epoch %.2f loss %.4f (mean of last %d) lr %.2e %.1f examples/s",
+                         step, total, seen / len(train), sum(window_loss) / len(window_loss), len(window_loss),
+                         sched.get_last_lr()[0], window_n / max(now - window_t, 1e-9))
+                window_t, window_n, window_loss = now, 0, []
+    seconds = time.perf_counter() - start
+    model.eval()
+    return {"steps": total, "examples_seen": seen, "seconds": round(seconds, 1),
+            "examples_per_second": round(seen / max(seconds, 1e-9), 2), "final_loss_ema": loss_ema}
+
+
+def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+    """Build the examples, fine-tune, evaluate on the held-out questions, write the model folder.
+
+    The folder gets the model (safetensors + tokenizer + dynrag-classifier.json), metrics.json and
+    config.resolved.yaml. Returns the metrics.
+    """
+    import torch
+
+    from pipeline.models import resolve_model
+
+    cc = cfg.classifier
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ClassifierError(f"output folder {out} exists and is not empty (pass --overwrite to replace it)")
+    if cc.threads:
+        torch.set_num_threads(cc.threads)
+    _seed_everything(cc.seed)
+
+    t0 = time.perf_counter()
+    records = load_records(cfg.paths.data_dir, cc.datasets)
+    splits = make_splits(records, seed=cc.seed, dev_fraction=cc.dev_fraction, mixed_fraction=cc.mixed_negative_fraction,
+                         max_per_dataset=cc.max_examples_per_dataset, max_examples=cc.max_examples)
+    if not splits.train or not splits.dev:
+        raise ClassifierError(f"too few examples to train and evaluate (train {len(splits.train)}, dev {len(splits.dev)});"
+                              " raise --max-examples or add datasets")
+    log.info("examples: train %s", json.dumps(splits.summary["train"]))
+    log.info("examples: dev %s", json.dumps(splits.summary["dev"]))
+
+    base = resolve_model(cc.base_model, cfg.paths.cache_dir)
+    meta = ClassifierMeta(base_model=cc.base_model, max_length=cc.max_length, max_query_tokens=cc.max_query_tokens,
+                          threshold=cc.threshold)
+    clf = Classifier.from_base(base, meta, device=cc.device)
+    train_log = fit(clf, splits.train, cc, seed=cc.seed)
+    t_eval = time.perf_counter()
+    metrics = evaluate(clf, splits.dev, cc.threshold, cc.eval_batch_size)
+    metrics["eval_seconds"] = round(time.perf_counter() - t_eval, 1)
+    metrics["eval_examples_per_second"] = round(len(splits.dev) / max(metrics["eval_seconds"], 1e-9), 1)
+    log.info("dev: accuracy %.4f precision %.4f recall %.4f f1 %.4f (majority baseline %.4f, n=%d)",
+             metrics["accuracy"], metrics["precision"], metrics["recall"], metrics["f1"],
+             metrics["majority_baseline_accuracy"], metrics["n"])
+    result = {"dev": metrics, "training": train_log, "data": splits.summary,
+              "total_seconds": round(time.perf_counter() - t0, 1)}
+    clf.meta.training = {"data": splits.summary, **train_log, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    clf.meta.metrics = metrics
+
+    _write_atomically(out, overwrite, lambda tmp: _write_outputs(tmp, clf, result, cfg, out))
+    log.info("classifier written to %s", out)
+    return result
+
+
+def _write_outputs(folder: Path, clf: Classifier, result: dict, cfg: DynragConfig, final: Path) -> None:
+    clf.save(folder)
+    (folder / "metrics.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    resolved = cfg.model_copy(deep=True)
+    resolved.classifier.path = str(final.resolve())
+    save_resolved(resolved, folder)
+
+
+def _write_atomically(out: Path, overwrite: bool, write) -> None:
+    """Write into a temporary sibling folder, then rename it to `out` (replacing it only if allowed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is shared like any other output
+    try:
+        write(tmp)
+        if out.exists():
+            if not overwrite and any(out.iterdir()):
+                raise ClassifierError(f"output folder {out} appeared while training; not replacing it")
+            old = out.with_name(f".{out.name}.old-{int(time.time())}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
