@@ -14,8 +14,10 @@ def ensure_ray(cfg) -> None:
     if ray.is_initialized():
         return
     log.info("starting Ray (%s)", cfg.runtime.ray_address or "local instance")
+    local_cpus = getattr(getattr(cfg, "ray", None), "num_cpus", None)  # the engine's `ray` section, if present
     ray.init(
         address=cfg.runtime.ray_address,
+        num_cpus=local_cpus if cfg.runtime.ray_address is None else None,
         include_dashboard=False,
         log_to_driver=False,
         configure_logging=False,
