@@ -63,8 +63,10 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
         **{f"time_{s}_s": t.time[s] for s in STAGES}, "time_total_s": sum(t.time.values()),
         **metrics,
-        "support_recall": support_recall(final_titles, q.supporting_titles) if a else None,
-        "support_recall_retrieved": support_recall([d["title"] for d in t.retrieved], q.supporting_titles) if a else None,
+        # gold-document recall is defined for rows that retrieved (None otherwise, or without labels)
+        "support_recall": support_recall(final_titles, q.supporting_titles) if a and t.retrieve_rounds else None,
+        "support_recall_retrieved": support_recall([d["title"] for d in t.retrieved], q.supporting_titles)
+        if a and t.retrieve_rounds else None,
         "error": o.error, "extra": json.dumps(a.extra, default=str) if a and a.extra else None,
         "finished_at": time.time(),
     }

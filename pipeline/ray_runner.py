@@ -1,0 +1,85 @@
+"""`runtime.mode=ray`: question batches stream through a Ray Data pipeline of engine actors.
+
+Each actor holds the backends (a vLLM or transformers generator, the index, scorer, embedder) and
+runs the same `Engine` over each batch it receives, so predictions equal the in-process run. Actors
+are data-parallel replicas (`ray.actors`, one per GPU on a cluster: `ray.actor_num_gpus=1`); their
+resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`). Rows come back to the
+driver as they finish and are written there as Parquet parts, keyed by question id as in-process,
+so resume works the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Iterator
+
+from pipeline.config import DynragConfig
+from pipeline.requests import Question
+
+log = logging.getLogger(__name__)
+
+
+class EngineActor:
+    """A Ray Data actor: builds the backends once, answers one batch of questions per call."""
+
+    def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict):
+        from pipeline.backends import Backends
+        from pipeline.engine import Engine
+        from pipeline.methods import get_method
+
+        self.cfg = DynragConfig.model_validate(cfg_json)
+        self.spec = get_method(self.cfg.method.name)
+        self.params = self.spec.params(self.cfg.method.params)
+        self.backends = Backends(self.cfg, index_dir)
+        self.engine = Engine(self.backends)
+        self.row_args = row_args
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        from pipeline.output import make_row
+
+        questions = [Question.from_dict(json.loads(s)) for s in batch["q"]]
+        outcomes = self.engine.run(questions, self.spec.program, self.params)
+        return {"row": [json.dumps(make_row(o, **self.row_args)) for o in outcomes]}
+
+
+def init_ray(cfg: DynragConfig) -> bool:
+    """Connect to `runtime.ray_address` or start a local instance; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if cfg.runtime.ray_address:
+        ray.init(address=cfg.runtime.ray_address, **kwargs)
+    else:
+        ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return True
+
+
+def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | None, row_args: dict) -> Iterator[list[dict]]:
+    """Yield lists of finished rows as the actors return them."""
+    if not todo:
+        return
+    import ray
+
+    started = init_ray(cfg)
+    try:
+        batch = cfg.ray.batch_questions or cfg.answer.batch_questions
+        ds = ray.data.from_items([{"q": json.dumps(q.to_dict())} for q in todo])
+        ds = ds.map_batches(
+            EngineActor,
+            fn_constructor_args=(cfg.model_dump(mode="json"), os.path.abspath(index_dir) if index_dir else None, row_args),
+            batch_size=batch, batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
+            num_cpus=cfg.ray.actor_num_cpus, num_gpus=cfg.ray.actor_num_gpus or None,
+        )
+        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            yield [json.loads(s) for s in out["row"]]
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,46 @@
+"""Helpers shared by the engine tests: the tiny model (built once per session) and a small index
+over the context paragraphs of the first HotpotQA dev questions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tiny_model import build_tiny_model
+
+HOTPOT = "hotpotqa/dev_400.jsonl"
+
+
+def tiny_model_path(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.getbasetemp() / "tiny-model"
+    if not (folder / "model.safetensors").exists():
+        build_tiny_model(folder)
+    return folder
+
+
+def hotpot_subset(data_dir: Path, out: Path, n: int = 20) -> Path:
+    """The first n dev questions as a corpus file in a temp folder (read from ../shared/data)."""
+    lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:n]
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def build_hotpot_index(data_dir: Path, tmp_path_factory, n: int = 20) -> Path:
+    from indexing import build_index
+    from pipeline.config import DynragConfig
+
+    root = tmp_path_factory.getbasetemp() / f"hotpot-index-{n}"
+    if not (root / "done").exists():
+        corpus = hotpot_subset(data_dir, tmp_path_factory.mktemp("corpus") / "hotpot_dev_subset.jsonl", n)
+        build_index([str(corpus)], root, DynragConfig(), fmt="hotpotqa")
+        (root / "done").write_text("ok")
+    return root
+
+
+def supporting_titles_raw(data_dir: Path, n: int) -> list[set[str]]:
+    """Gold supporting titles read straight from the file, independently of the dataset loader."""
+    out = []
+    for line in (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:n]:
+        rec = json.loads(line)
+        out.append({c["title"] for c in rec["contexts"] if c["is_supporting"]})
+    return out
