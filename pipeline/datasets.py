@@ -48,6 +48,8 @@ def _as_list(value: Any) -> list:
         return []
     if isinstance(value, str):
         s = value.strip()
+        if s.startswith('"[') and s.endswith(']"'):  # a CSV-quoted list (seen in the DPR TriviaQA topics)
+            s = s[1:-1].replace('""', '"')
         if s.startswith("["):
             for parse in (json.loads, ast.literal_eval):
                 try:
@@ -74,7 +76,7 @@ def _answers(*values: Any) -> list[str]:
                 a = "yes" if a else "no"
             if a is None:
                 continue
-            a = str(a).strip()
+            a = str(a).strip().strip('"').strip()
             if a and a not in out:
                 out.append(a)
     return out
