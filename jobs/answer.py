@@ -59,4 +59,6 @@ def format_summary(s: dict) -> str:
         "time per question (s): " + "  ".join(f"{k} {v:.4f}" for k, v in t.items() if v is not None),
         f"wall {_fmt(s.get('wall_time_s'))} s, {_fmt(s.get('questions_per_s'))} questions/s (this run, incl. startup)",
     ]
+    if s.get("error_examples"):
+        lines.append("errors, e.g.: " + " | ".join(e[:160] for e in s["error_examples"]))
     return "\n".join(lines)

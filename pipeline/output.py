@@ -145,6 +145,8 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
     summary = {
         "rows": df.height, "answered": ok.height, "errors": df.height - ok.height,
         "duplicate_ids": df.height - df.select(pl.col("question_id").n_unique()).item() if df.height else 0,
+        "error_examples": (df.filter(pl.col("error").is_not_null())["error"].unique(maintain_order=True).head(3).to_list()
+                           if df.height else []),
         "methods": sorted(set(df["method"].to_list())) if df.height else [],
         "datasets": sorted(set(df["dataset"].to_list())) if df.height else [],
         "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "precision": mean("precision"), "recall": mean("recall"),

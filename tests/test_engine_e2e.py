@@ -87,7 +87,7 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
         assert summary["rows"] == N and summary["errors"] == 0 and summary["new_rows"] == N
         assert summary["backend_batch_calls"]["generate"] == 1  # 20 questions, one batched generate
         df = _check_rows(out, method, data_dir, retrieves)
-        assert (out / "summary.json").exists() and (out / "config.resolved.json").exists()
+        assert (out / "summary.json").exists() and (out / "config.resolved.yaml").exists()
         if retrieves:
             assert summary["backend_batch_calls"]["retrieve"] == 1
             # hand-computed over BM25 top-5 of these 20 questions' paragraphs:
@@ -127,3 +127,27 @@ def test_real_packaged_model(data_dir, hotpot_index, cache_dir, tmp_path):
     # a real model reads the retrieved paragraphs: it should not do worse with them than without
     assert results["sr-rag"]["f1"] >= results["no-retrieval"]["f1"]
     assert results["sr-rag"]["f1"] > 0
+
+
+def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
+    from pipeline.backends.chat import render
+    from pipeline.backends.hf_gen import HfGenerator
+    from pipeline.requests import SamplingSpec
+
+    msgs = [{"role": "system", "content": "Answer the question."}, {"role": "user", "content": "Question: who?\nAnswer:"}]
+    text, _ = render(tiny_vllm.tokenizer, msgs)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    plain, with_lp = tiny_vllm.generate([msgs, msgs], [SamplingSpec(max_tokens=6), SamplingSpec(max_tokens=6, logprobs=3)],
+                                        [True, True])
+    assert plain.prompt_tokens == len(tiny_vllm.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert plain.text == with_lp.text and plain.completion_tokens == 6  # greedy: logprobs change nothing
+    assert len(with_lp.logprobs) == 6 and all(len(t.top) >= 3 and t.logprob <= 0 for t in with_lp.logprobs)
+    assert all(t.logprob == max(t.top.values()) for t in with_lp.logprobs)  # greedy picks the top token
+    # a stop string taken from the greedy output cuts the text before it
+    stop = plain.text[2:4]
+    (cut,) = tiny_vllm.generate([msgs], [SamplingSpec(max_tokens=6, stop=(stop,))], [True])
+    assert cut.text == plain.text[:plain.text.index(stop)] and cut.finish_reason == "stop"
+    # the transformers fallback decodes the same greedy tokens from the same template
+    hf = HfGenerator(tiny_cfg)
+    (same,) = hf.generate([msgs], [SamplingSpec(max_tokens=6)], [True])
+    assert same.token_ids == plain.token_ids and same.prompt_tokens == plain.prompt_tokens

@@ -1,0 +1,122 @@
+"""`dynrag bench answer`: the whole sr-rag pipeline against a bare vLLM `generate` on the same prompts.
+
+Both run in one process on one vLLM engine (started once, not timed). The pipeline run is a full
+`run_answer` (load questions, retrieve, build prompts, generate, score, write Parquet); the bare run
+is one `LLM.generate` over the very prompts the pipeline sent (already tokenized, greedy, same
+max tokens). The figure is generated tokens/s of the pipeline / generated tokens/s of bare vLLM.
+Each repeat runs the pipeline, then bare vLLM on its prompts, because this machine's speed drifts
+between runs; the median ratio over repeats is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def register(bsub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
+
+    p = bsub.add_parser("answer", help="sr-rag pipeline tokens/s vs bare vLLM generate on the same prompts",
+                        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p.add_argument("--index", required=True, metavar="DIR", help="index over the dataset's paragraphs")
+    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
+    p.add_argument("--method", default="sr-rag")
+    p.add_argument("--limit", type=int, default=200, help="questions (default 200)")
+    p.add_argument("--repeats", type=int, default=1, help="alternating bare/pipeline pairs (default 1)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_config_args(p)
+    p.set_defaults(func=run)
+
+
+class _Recorder:
+    """Passes generate calls through to the real backend and keeps the prompts it was given."""
+
+    def __init__(self, gen):
+        self.gen = gen
+        self.calls: list[tuple[list, list, list]] = []
+
+    def generate(self, prompts, samplings, chats):
+        self.calls.append((list(prompts), list(samplings), list(chats)))
+        return self.gen.generate(prompts, samplings, chats)
+
+
+def bare_generate(gen, calls) -> tuple[int, float]:
+    """One `LLM.generate` over every recorded prompt, pre-tokenized; (generated tokens, seconds)."""
+    from vllm.inputs import TokensPrompt
+
+    prompts, params = [], []
+    for ps, ss, cs in calls:
+        for ids, spec in zip(gen.encode_all(ps, cs), ss):
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(gen.sampling_params(spec, len(ids)))
+    t0 = time.perf_counter()
+    outs = gen.llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return sum(len(o.outputs[0].token_ids) for o in outs), dt
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.cli import config_from_args
+    from pipeline.answer import run_answer
+    from pipeline.backends import Backends
+    from pipeline.backends.vllm_gen import VllmGenerator
+
+    cfg = config_from_args(args)
+    cfg.generation.backend = "vllm"
+    cfg.answer.progress = False
+    dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")
+    t0 = time.perf_counter()
+    gen = VllmGenerator(cfg)
+    startup = time.perf_counter() - t0
+    results = []
+    try:
+        for rep in range(args.repeats):
+            rec = _Recorder(gen)
+            backends = Backends(cfg, args.index, generator=rec)
+            with tempfile.TemporaryDirectory(prefix="dynrag-bench-") as out:
+                if rep == 0:  # warm the index and the engine once on a few questions (not timed)
+                    run_answer(dataset, f"{out}/warm", index=args.index, method=args.method, limit=4, cfg=cfg,
+                               backends=backends)
+                    rec.calls.clear()
+                t1 = time.perf_counter()
+                summary = run_answer(dataset, f"{out}/run", index=args.index, method=args.method, limit=args.limit,
+                                     cfg=cfg, backends=backends)
+                pipe_s = time.perf_counter() - t1
+            if not summary["answered"]:
+                from pipeline.errors import DynragError
+
+                raise DynragError(f"no question was answered; e.g. {summary['error_examples'][:1]}")
+            pipe_tokens = round(summary["completion_tokens_per_question"] * summary["answered"])
+            bare_tokens, bare_s = bare_generate(gen, rec.calls)
+            results.append({"pipeline_tokens": pipe_tokens, "pipeline_s": round(pipe_s, 2),
+                            "bare_tokens": bare_tokens, "bare_s": round(bare_s, 2),
+                            "pipeline_tok_s": round(pipe_tokens / pipe_s, 2), "bare_tok_s": round(bare_tokens / bare_s, 2),
+                            "ratio": round((pipe_tokens / pipe_s) / (bare_tokens / bare_s), 3),
+                            "time_per_question_s": summary["time_per_question_s"], "em": summary["em"],
+                            "f1": summary["f1"], "prompts": sum(len(c[0]) for c in rec.calls),
+                            "generate_calls": len(rec.calls)})
+            backends.close()
+    finally:
+        gen.close()
+    figures = {"method": args.method, "model": cfg.generation.model, "dtype": cfg.generation.dtype,
+               "questions": args.limit, "max_new_tokens": cfg.generation.max_new_tokens, "engine_startup_s": round(startup, 1),
+               "repeats": results, "ratio_median": statistics.median(r["ratio"] for r in results)}
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(f"{args.method} over {args.limit} questions, {cfg.generation.model} ({cfg.generation.dtype}), "
+              f"{cfg.generation.max_new_tokens} new tokens, vLLM startup {startup:.1f} s (not timed)")
+        for i, r in enumerate(results, 1):
+            print(f"  repeat {i}: pipeline {r['pipeline_tokens']} tok in {r['pipeline_s']} s = {r['pipeline_tok_s']} tok/s; "
+                  f"bare vLLM {r['bare_tokens']} tok in {r['bare_s']} s = {r['bare_tok_s']} tok/s; "
+                  f"ratio {r['ratio']} ({r['generate_calls']} generate call(s), {r['prompts']} prompts)")
+        print(f"pipeline / bare generated tokens/s: {figures['ratio_median']} (median of {len(results)}; goal >= 0.85)")
+    return 0
