@@ -301,6 +301,15 @@ class _Builder:
             raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
 
     # ---- stage 4 ----
+    def _merge_bm25(self, metas: list[dict]) -> Path:
+        from indexing.sparse import merge_lucene
+
+        t = time.perf_counter()
+        out = self.staging / ".bm25"
+        merge_lucene([self.shards_dir / m["key"] / "lucene" for m in metas], out)
+        self.timings["bm25_merge_s"] = time.perf_counter() - t
+        return out
+
     def run(self) -> dict:
         t0 = time.perf_counter()
         prev = read_manifest(self.root) if current_version(self.root) else None
@@ -342,7 +351,10 @@ class _Builder:
                     "previous_version": prev["version"] if prev else None,
                 },
             }
-            publish(self.root, manifest)
+            bm25 = self._merge_bm25(metas)
+            manifest["bm25"] = {"path": "lucene", "files": write_checksums(bm25)}
+            (bm25 / "checksums.json").unlink()
+            publish(self.root, manifest, {"lucene": bm25})
             collect_garbage(self.root, self.cfg.index.keep_versions)
         for stale in self.staging.iterdir():
             shutil.rmtree(stale, ignore_errors=True)

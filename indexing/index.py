@@ -40,10 +40,12 @@ class Index:
         full = cfg.index.verify == "checksum"
         for s, d in zip(manifest["shards"], self._dirs):
             verify_shard(d, s["files"], full=full)
+        version_dir = root / "versions" / f"v{self.version:06d}"
+        verify_shard(version_dir / manifest["bm25"]["path"], manifest["bm25"]["files"], full=full)
         self._tables = [read_passages(d / "passages.parquet") for d in self._dirs]
         self._faiss = [load_faiss(d / "faiss.index", cfg.index.faiss_nprobe, cfg.index.faiss_ef_search) for d in self._dirs]
-        self._lucene = [LuceneShard(d / "lucene", cfg.index.bm25_k1, cfg.index.bm25_b) for d in self._dirs]
-        self._rows: list[dict[str, int] | None] = [None] * len(self._dirs)
+        self._lucene = LuceneShard(version_dir / manifest["bm25"]["path"], cfg.index.bm25_k1, cfg.index.bm25_b)
+        self._where: dict[str, tuple[int, int]] | None = None
         self._encoder = None
         self._lock = threading.Lock()
 
@@ -53,24 +55,21 @@ class Index:
         return Hit(id=t.column("id")[row].as_py(), title=t.column("title")[row].as_py(),
                    text=t.column("text")[row].as_py(), score=float(score))
 
-    def _row_of(self, shard: int, pid: str) -> int | None:
-        rows = self._rows[shard]
-        if rows is None:
-            ids = self._tables[shard].column("id").to_pylist()
-            rows = self._rows[shard] = {pid: i for i, pid in enumerate(ids)}
-        return rows.get(pid)
+    def _locate(self, pid: str) -> tuple[int, int] | None:
+        """Passage id -> (shard, row); the map is built on first use."""
+        if self._where is None:
+            with self._lock:
+                if self._where is None:
+                    self._where = {pid: (si, row) for si, t in enumerate(self._tables)
+                                   for row, pid in enumerate(t.column("id").to_pylist())}
+        return self._where.get(pid)
 
     def passages(self, ids: list[str]) -> list[Hit | None]:
         """Look passages up by id (score 0); None for an id this version does not hold."""
         out: list[Hit | None] = []
         for pid in ids:
-            found = None
-            for si in range(len(self._tables)):
-                row = self._row_of(si, pid)
-                if row is not None:
-                    found = self._hit(si, row, 0.0)
-                    break
-            out.append(found)
+            where = self._locate(pid)
+            out.append(None if where is None else self._hit(where[0], where[1], 0.0))
         return out
 
     # ---- search ----
@@ -93,8 +92,8 @@ class Index:
         return self._encoder.encode(queries)
 
     def search(self, queries: list[str], k: int, retriever: str = "bm25") -> list[list[Hit]]:
-        """Top-k hits per query: one FAISS search per shard over all queries (dense), or one Lucene
-        batch_search per shard (bm25), merged across shards by score."""
+        """Top-k hits per query: one FAISS search per shard over all queries, merged exactly by score
+        (dense), or one pyserini batch_search over the version's Lucene index (bm25)."""
         if retriever not in RETRIEVERS:
             raise SearchError(f"unknown retriever {retriever!r}; choose from {', '.join(RETRIEVERS)}")
         if k < 1:
@@ -108,17 +107,16 @@ class Index:
             S, SH, R = search_shards(self._faiss, self.encode_queries(queries), k)
             return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
                     for i in range(len(queries))]
-        from indexing.sparse import search_shards
+        from indexing.sparse import batch_search
 
-        merged = search_shards(self._lucene, queries, k, self.cfg.index.threads)
         out = []
-        for hits in merged:
+        for hits in batch_search(self._lucene, queries, k, self.cfg.index.threads):
             row_hits = []
-            for score, si, docid in hits:
-                row = self._row_of(si, docid)
-                if row is None:
-                    raise DynragError(f"Lucene shard {self._dirs[si]} returned id {docid!r} missing from its passages")
-                row_hits.append(self._hit(si, row, score))
+            for docid, score in hits:
+                where = self._locate(docid)
+                if where is None:
+                    raise DynragError(f"Lucene index {self._lucene.path} returned id {docid!r} missing from the passages")
+                row_hits.append(self._hit(where[0], where[1], score))
             out.append(row_hits)
         return out
 
@@ -138,8 +136,7 @@ class Index:
         }
 
     def close(self) -> None:
-        for shard in self._lucene:
-            shard.close()
+        self._lucene.close()
 
     def __enter__(self):
         return self

@@ -3,6 +3,7 @@
     INDEX_DIR/
       CURRENT                      "v000003": the published version (replaced with os.replace)
       versions/v000003/manifest.json   immutable once renamed into place
+      versions/v000003/lucene/     the version's BM25 index: the union of its shards' Lucene segments
       shards/<key>/                immutable, content-addressed (key = hash of passages + settings)
         passages.parquet  vectors.npy  faiss.index  lucene/  checksums.json
       staging/<key>/               shards being built; a crash leaves them here, a rerun resumes
@@ -116,8 +117,9 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
     return manifest
 
 
-def publish(root: Path, manifest: dict) -> str:
-    """Write versions/<vN>/manifest.json via a temporary directory, then point CURRENT at it."""
+def publish(root: Path, manifest: dict, extra: dict[str, Path] | None = None) -> str:
+    """Write versions/<vN>/manifest.json (and move `extra` {name: dir} beside it) via a temporary
+    directory, then point CURRENT at it."""
     name = version_name(manifest["version"])
     versions = root / "versions"
     versions.mkdir(parents=True, exist_ok=True)
@@ -125,6 +127,8 @@ def publish(root: Path, manifest: dict) -> str:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    for sub, path in (extra or {}).items():
+        os.rename(path, tmp / sub)
     atomic_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
     final = versions / name
     if final.exists():  # an earlier attempt published the directory but crashed before CURRENT

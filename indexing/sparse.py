@@ -1,10 +1,14 @@
-"""Sparse shards: one pyserini Lucene index per shard, BM25 batch search, merged by score.
+"""Sparse shards: one pyserini Lucene index per shard, merged per version for BM25 batch search.
 
 Documents are indexed through pyserini's `LuceneIndexer` (Anserini's JsonCollection documents:
-`id` = passage id, `contents` = title + newline + text). BM25 scores use each shard's own term
-statistics, as in any sharded Lucene deployment without global statistics, so merging by score is
-exact only when the shards' statistics agree; with shards of tens of thousands of passages the
-difference is small (the tests compare against one index).
+`id` = passage id, `contents` = title + newline + text), one index per shard, so a rebuild
+re-analyses only new shards. Each published version then gets one Lucene index that is the
+segment-level union of its shards (`IndexWriter.addIndexes`: segment files are copied, nothing
+is re-analysed), searched with one pyserini `batch_search` over all queries. Unlike merging
+per-shard results by score, BM25 then uses the corpus-wide term statistics, so results equal
+those of one index built over all passages, and the per-query cost does not grow with the number
+of shards. The price is a copy of the Lucene segments per version (disk and I/O, no CPU-heavy
+analysis).
 """
 
 from __future__ import annotations
@@ -73,18 +77,40 @@ class LuceneShard:
             self._searcher = None
 
 
-def search_shards(shards: list[LuceneShard], queries: list[str], k: int, threads: int) -> list[list[tuple[float, int, str]]]:
-    """One Lucene batch_search per shard over all queries; per query the top-k (score, shard, docid)
-    by score, ties broken by shard order and then by rank within the shard."""
+def merge_lucene(shard_indexes: list[Path], out: Path) -> None:
+    """One Lucene index holding the segments of `shard_indexes`, in order (docids follow shard order)."""
+    ensure_java()
+    from jnius import cast
+    from pyserini.pyclass import autoclass  # configures the classpath before the first class
+
+    fs = autoclass("org.apache.lucene.store.FSDirectory")
+    paths = autoclass("java.nio.file.Paths")
+    config = autoclass("org.apache.lucene.index.IndexWriterConfig")(
+        autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance())
+    config.setOpenMode(autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode").CREATE)
+    if out.exists():
+        shutil.rmtree(out)
+    out_dir = fs.open(paths.get(str(out)))
+    writer = autoclass("org.apache.lucene.index.IndexWriter")(out_dir, config)
+    sources = [cast("org.apache.lucene.store.Directory", fs.open(paths.get(str(d)))) for d in shard_indexes]
+    try:
+        writer.addIndexes(*sources)
+        writer.commit()
+    finally:
+        writer.close()
+        for d in sources:
+            d.close()
+        out_dir.close()
+    lock = out / "write.lock"
+    if lock.exists():
+        lock.unlink()
+
+
+def batch_search(searcher: LuceneShard, queries: list[str], k: int, threads: int) -> list[list[tuple[str, float]]]:
+    """One pyserini batch_search over all non-empty queries; an empty query gets no hits."""
     live = [i for i, q in enumerate(queries) if q.strip()]
-    merged: list[list[tuple[float, int, int, str]]] = [[] for _ in queries]
+    out: list[list[tuple[str, float]]] = [[] for _ in queries]
     if live:
-        qs = [queries[i] for i in live]
-        for si, shard in enumerate(shards):
-            for qi, hits in zip(live, shard.batch_search(qs, k, threads)):
-                merged[qi].extend((score, si, rank, docid) for rank, (docid, score) in enumerate(hits))
-    out = []
-    for hits in merged:
-        hits.sort(key=lambda h: (-h[0], h[1], h[2]))
-        out.append([(s, si, d) for s, si, _, d in hits[:k]])
+        for i, hits in zip(live, searcher.batch_search([queries[i] for i in live], k, threads)):
+            out[i] = hits
     return out

@@ -79,7 +79,7 @@ def test_gold_recall_at_10(built, hotpot):
         dense = gold_recall(index, questions, "dense")
     print(f"recall@10 of gold supporting paragraphs, {N_QUESTIONS} questions: bm25={bm25:.3f} dense={dense:.3f}")
     # Measured here (first 60 questions, their 600 context paragraphs as the corpus):
-    # bm25 = 0.858, dense = 0.883 (all-MiniLM-L6-v2, fp32). Thresholds sit a little below.
+    # bm25 = 0.875, dense = 0.883 (all-MiniLM-L6-v2, fp32). Thresholds sit a little below.
     assert bm25 >= 0.80
     assert dense >= 0.83
 
@@ -95,9 +95,9 @@ def test_passages_lookup(built):
         assert index.search([], k=3) == [] and index.search([""], k=3, retriever="bm25") == [[]]
 
 
-def test_flat_shards_equal_single_index_and_readers_keep_their_version(built, hotpot, tmp_path):
-    """Re-sharding the same corpus into one shard reuses every vector (no embedding), and the
-    multi-shard Flat search equals the single-index search; a reader opened before keeps v1."""
+def test_shards_equal_single_index_and_readers_keep_their_version(built, hotpot, tmp_path):
+    """Re-sharding the same corpus into one shard reuses every vector (no embedding); multi-shard
+    Flat and BM25 searches equal the single-index ones; a reader opened before keeps v1."""
     root, cfg, _ = built
     _, questions = hotpot
     copy = tmp_path / "copy"
@@ -116,10 +116,10 @@ def test_flat_shards_equal_single_index_and_readers_keep_their_version(built, ho
     for a, b in zip(sharded_dense, single_dense):
         assert [h.id for h in a] == [h.id for h in b]
         np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-5, atol=1e-6)
-    # BM25 scores use per-shard statistics: the merged top-10 is close to, not equal to, one index's
-    overlap = np.mean([len({h.id for h in a} & {h.id for h in b}) / 10 for a, b in zip(sharded_bm25, single_bm25)])
-    print(f"bm25 top-10 overlap, {before.info()['shards']} shards vs one index: {overlap:.3f}")
-    assert overlap >= 0.7  # measured 0.832 with 9 shards
+    # BM25 searches the union of the shards' segments, so corpus-wide statistics: equal to one index
+    for a, b in zip(sharded_bm25, single_bm25):
+        assert [h.id for h in a] == [h.id for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], rtol=1e-6)
     # the reader opened on v1 still answers from v1
     again = before.search(queries[:5], k=10, retriever="dense")
     assert [[h.id for h in r] for r in again] == [[h.id for h in r] for r in sharded_dense[:5]]

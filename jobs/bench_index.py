@@ -1,0 +1,151 @@
+"""`dynrag bench index`: the indexing figures of the "Indexing" issue, measured in one run.
+
+1. embedding stage passages/s / raw `SentenceTransformer.encode` passages/s, same texts, same model
+   object settings, alternated (`--repeats`); the stage reads the same Parquet inputs a build writes.
+2. incremental rebuild time after appending 1% of passages / full build time (the full build is of
+   the first 99%, so the ratio slightly overstates the incremental cost).
+3. BM25 batch search q/s through `Index.search` / pyserini's own `LuceneSearcher.batch_search` over
+   one Lucene index of the same passages, same threads and k, alternated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def register(bsub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
+
+    p = bsub.add_parser("index", help="embedding stage, incremental rebuild and BM25 search figures",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("sources", nargs="*", metavar="SOURCE",
+                   help="corpus files (default: <data_dir>/hotpotqa/dev_400.jsonl)")
+    p.add_argument("--passages", type=int, default=2000, help="use the first N passages of the sources (default 2000)")
+    p.add_argument("--shard-size", type=int, default=500, help="index.shard_size for the builds (default 500)")
+    p.add_argument("--queries", type=int, default=400, help="BM25 queries (HotpotQA dev questions; default 400)")
+    p.add_argument("-k", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=2, help="alternated repeats of the embedding and BM25 timings")
+    p.add_argument("--workdir", default=None, help="where to build (default: a temporary directory, removed after)")
+    add_config_args(p)
+    p.set_defaults(func=run)
+
+
+def _queries(cfg, n: int) -> list[str]:
+    path = Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl"
+    qs = [json.loads(line)["question_text"] for line in path.read_text(encoding="utf-8").splitlines()]
+    return (qs * (n // len(qs) + 1))[:n]
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.cli import config_from_args
+
+    cfg = config_from_args(args)
+    cfg.index.shard_size = args.shard_size
+    for name in ("faiss", "faiss.loader", "ray.data", "sentence_transformers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    sources = args.sources or [str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")]
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        return _run(args, cfg, sources, Path(args.workdir))
+    with tempfile.TemporaryDirectory(prefix="dynrag-bench-index-") as tmp:
+        return _run(args, cfg, sources, Path(tmp))
+
+
+def _run(args, cfg, sources: list[str], work: Path) -> int:
+    import itertools
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from indexing import build_index, open_index
+    from indexing.embed import Encoder, EncoderSpec, embed_batches, embed_input
+    from indexing.java import ensure_java
+    from indexing.passages import passages_of
+    from indexing.readers import read_corpus
+    from indexing.sparse import build_lucene
+
+    # corpus: the first N passages, as generic JSONL (99% and 100%)
+    records = itertools.chain.from_iterable(read_corpus(s) for s in sources)
+    passages = list(itertools.islice(passages_of(records, cfg.index.passage_words), args.passages))
+    n, n99 = len(passages), int(round(len(passages) * 0.99))
+    rows = [{"id": p.id, "title": p.title, "text": p.text} for p in passages]
+    for name, part in (("corpus_99.jsonl", rows[:n99]), ("corpus_100.jsonl", rows)):
+        (work / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+    texts = [embed_input(p.title, p.text) for p in passages]
+    stage_file = work / "to_embed.parquet"
+    pq.write_table(pa.table({"shard": np.zeros(n, dtype=np.int64), "row": np.arange(n, dtype=np.int64), "text": texts}),
+                   stage_file)
+    print(f"corpus: {n} passages from {', '.join(sources)}; mode={cfg.runtime.mode}, model={cfg.embedding.model}, "
+          f"dtype={cfg.embedding.dtype}, batch={cfg.embedding.batch_size}, shard_size={cfg.index.shard_size}, "
+          f"threads={cfg.index.threads}", flush=True)
+
+    # 1. embedding stage vs raw encode, alternated
+    spec = EncoderSpec.from_config(cfg)
+    encoder = Encoder(spec)  # warm-up load; the raw side uses the very same SentenceTransformer object
+    encoder.model.encode(texts[:16], batch_size=spec.batch_size)
+    raw_rates, stage_rates = [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        encoder.model.encode(texts, batch_size=spec.batch_size, normalize_embeddings=True, show_progress_bar=False)
+        raw_rates.append(n / (time.perf_counter() - t))
+        t = time.perf_counter()
+        got = sum(len(r) for _, r, _ in embed_batches([str(stage_file)], spec, cfg,
+                                                     encoder=encoder if cfg.runtime.mode == "local" else None))
+        stage_rates.append(got / (time.perf_counter() - t))
+        print(f"  embed: raw {raw_rates[-1]:.1f} psg/s, stage {stage_rates[-1]:.1f} psg/s", flush=True)
+    embed_ratio = statistics.median(stage_rates) / statistics.median(raw_rates)
+    del encoder
+
+    # 2. full build (99%) then incremental (+1%)
+    ensure_java()
+    from pyserini.search.lucene import LuceneSearcher  # start the JVM before timing either build
+
+    index_dir = work / "index"
+    t = time.perf_counter()
+    full = build_index([str(work / "corpus_99.jsonl")], str(index_dir), cfg)
+    t_full = time.perf_counter() - t
+    t = time.perf_counter()
+    inc = build_index([str(work / "corpus_100.jsonl")], str(index_dir), cfg)
+    t_inc = time.perf_counter() - t
+    print(f"  full build ({n99} passages, {full['shards']} shards): {t_full:.1f}s; incremental (+{n - n99} passages): "
+          f"{t_inc:.2f}s, {inc['shards_reused']}/{inc['shards']} shards reused, {inc['shards_reembedded']} re-embedded, "
+          f"{inc['passages_embedded']} passages embedded", flush=True)
+
+    # 3. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
+    queries = _queries(cfg, args.queries)
+    single = work / "lucene_single"
+    build_lucene(((p.id, embed_input(p.title, p.text)) for p in passages), single, cfg.index.threads)
+    searcher = LuceneSearcher(str(single))
+    searcher.set_bm25(cfg.index.bm25_k1, cfg.index.bm25_b)
+    qids = [str(i) for i in range(len(queries))]
+    ours_rates, theirs_rates = [], []
+    with open_index(index_dir, cfg) as index:
+        index.search(queries[:8], k=args.k, retriever="bm25")  # open the shard searchers
+        searcher.batch_search(queries[:8], qids[:8], k=args.k, threads=cfg.index.threads)
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            index.search(queries, k=args.k, retriever="bm25")
+            ours_rates.append(len(queries) / (time.perf_counter() - t))
+            t = time.perf_counter()
+            searcher.batch_search(queries, qids, k=args.k, threads=cfg.index.threads)
+            theirs_rates.append(len(queries) / (time.perf_counter() - t))
+            print(f"  bm25: dynrag {ours_rates[-1]:.0f} q/s ({index.info()['shards']} shards), "
+                  f"pyserini {theirs_rates[-1]:.0f} q/s (1 index)", flush=True)
+    searcher.close()
+    bm25_ratio = statistics.median(ours_rates) / statistics.median(theirs_rates)
+
+    print(f"embedding stage / raw encode:           {embed_ratio:.3f}  (goal >= 0.9; medians "
+          f"{statistics.median(stage_rates):.1f} / {statistics.median(raw_rates):.1f} psg/s)")
+    print(f"incremental (+1%) / full build time:    {t_inc / t_full:.3f}  (goal <= 0.05; {t_inc:.2f}s / {t_full:.1f}s)")
+    print(f"BM25 batch search / pyserini, {cfg.index.threads} thr:  {bm25_ratio:.3f}  (medians "
+          f"{statistics.median(ours_rates):.0f} / {statistics.median(theirs_rates):.0f} q/s, k={args.k})")
+    return 0
