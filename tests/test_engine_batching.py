@@ -1,5 +1,7 @@
 """The engine batches every pending request of one kind into one backend call, and isolates errors."""
 
+import pytest
+
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine import Engine
@@ -68,3 +70,48 @@ def test_registered_baselines_run_on_the_engine():
     spec = get_method("no-retrieval")
     out = engine.run(qs, spec.program, spec.params())
     assert out[0].trace.retrieval_calls == 0 and out[0].answer.retrieval_triggered is False
+
+
+class FakeScorerEmbedder:
+    def __init__(self):
+        self.score_calls, self.embed_calls = [], []
+
+    def score(self, items, classifier="default"):
+        self.score_calls.append((classifier, len(items)))
+        return [float(len(" ".join(it))) for it in items]
+
+    def embed(self, texts, model=None):
+        import numpy as np
+
+        self.embed_calls.append(len(texts))
+        return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
+
+
+def score_and_embed(q: Question, params):
+    from pipeline.requests import Embed, Score
+
+    vecs = yield Embed([q.question, "pseudo " + q.question])
+    scores = yield Score([(q.question, "d1"), (q.question, "d1", "d2")], classifier="c")
+    return Answer(f"{vecs.shape[0]}:{scores[1] - scores[0]:.0f}")
+
+
+def test_score_and_embed_requests_are_batched():
+    fake = FakeScorerEmbedder()
+    engine = Engine(Backends(DynragConfig(), generator=RecordingGenerator(), scorer=fake, embedder=fake))
+    qs = [Question(str(i), "q" * (i + 1)) for i in range(5)]
+    out = engine.run(qs, score_and_embed, None)
+    assert fake.embed_calls == [10] and fake.score_calls == [("c", 10)]
+    assert [o.answer.prediction for o in out] == ["2:3"] * 5
+    assert out[0].trace.classifier_calls == 2 and out[0].trace.embedding_calls == 2
+
+
+def test_sentence_embedder_on_packaged_minilm(cache_dir):
+    from pipeline.models import is_prepared
+
+    if not is_prepared("all-minilm-l6-v2", cache_dir):
+        pytest.skip("all-minilm-l6-v2 not prepared")
+    from pipeline.backends.embedding import SentenceEmbedder
+
+    vecs = SentenceEmbedder(DynragConfig()).embed(["Paris is in France.", "The capital of France is Paris.", "Bananas."])
+    assert vecs.shape == (3, 384)
+    assert float(vecs[0] @ vecs[1]) > float(vecs[0] @ vecs[2])
