@@ -150,10 +150,11 @@ class Engine:
         except Exception as err:
             return self._per_question(states, self._do_generate, err)
         weights = [(o.prompt_tokens + o.completion_tokens) if not isinstance(o, BaseException) else 0 for o in outs]
-        total = sum(weights) or 1
+        total = sum(weights)
         results: dict[int, list] = defaultdict(list)
         for st, out, w in zip(owner, outs, weights):
-            st.trace.time["generation"] += dt * (w / total if sum(weights) else 1 / len(outs))
+            # the batch's time, shared by tokens processed (equally when nothing was generated)
+            st.trace.time["generation"] += dt * (w / total if total else 1 / len(outs))
             st.trace.llm_calls += 1
             if not isinstance(out, BaseException):
                 st.trace.prompt_tokens += out.prompt_tokens
