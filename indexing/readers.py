@@ -75,7 +75,8 @@ def _open(path: str, mode: str = "rt"):
     try:
         if "b" in mode:
             return fsspec.open(path, mode).open()
-        return fsspec.open(path, mode, encoding="utf-8", newline="" if path.endswith(".tsv") else None).open()
+        tsv = ".tsv" in path.rsplit("/", 1)[-1]
+        return fsspec.open(path, mode, compression="infer", encoding="utf-8", newline="" if tsv else None).open()
     except FileNotFoundError:
         raise CorpusError(f"{path}: file not found") from None
     except (OSError, ValueError) as exc:
