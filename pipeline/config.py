@@ -91,6 +91,8 @@ class ClassifierConfig(Section):
                             "hub name (the paper used google/bigbird-roberta-base, App. A.1)")
     max_length: int = Field(256, ge=16, le=8192, description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "
                             "longer inputs are truncated, documents sharing the room fairly")
+    pooling: Literal["mean", "cls"] = Field("mean", description="how the encoder's token states become one vector "
+                                            "for the head (mean suits sentence-transformers encoders)")
     max_query_tokens: int = Field(64, ge=4, description="at most this many tokens of the question are kept")
     datasets: list[str] = Field(["hotpotqa", "2wiki", "musique"], min_length=1,
                                 description="multi-hop training files whose supporting labels give the examples")
@@ -101,7 +103,9 @@ class ClassifierConfig(Section):
                                            "with a non-supporting document (the rest pair two non-supporting ones)")
     dev_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="questions held out for evaluation (split by question)")
     epochs: float = Field(2.0, gt=0.0, le=100.0, description="passes over the training examples (fractions allowed)")
-    learning_rate: float = Field(5e-5, gt=0.0, lt=1.0)
+    learning_rate: float = Field(1e-4, gt=0.0, lt=1.0, description="AdamW peak learning rate (not given by the paper)")
+    head_lr_multiplier: float = Field(1.0, gt=0.0, description="the fresh classification head's learning rate "
+                                      "is learning_rate times this")
     weight_decay: float = Field(0.01, ge=0.0)
     warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="linear warm-up share of the steps, then linear decay")
     batch_size: int = Field(16, ge=1, description="training examples per optimizer step")

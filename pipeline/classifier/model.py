@@ -25,6 +25,7 @@ from pipeline.errors import DynragError
 log = logging.getLogger(__name__)
 
 META = "dynrag-classifier.json"
+HEAD = "head.safetensors"
 FORMAT_VERSION = 1
 
 
@@ -38,6 +39,7 @@ class ClassifierMeta:
     max_length: int = 256
     max_query_tokens: int = 64
     threshold: float = 0.5
+    pooling: str = "mean"
     format_version: int = FORMAT_VERSION
     input_format: str = "[CLS] q [SEP] d1 [SEP] d2 [SEP]; pairs [CLS] q [SEP] d [SEP]"
     document_format: str = "title: text (pipeline.classifier.data.format_document)"
@@ -85,14 +87,18 @@ class InputEncoder:
         self.n_special = len(self.prefix) + len(self.middle) + len(self.suffix)
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
 
+    def _ids(self, text: str) -> list[int]:
+        # whole text first (truncated below by our own rule), so no "longer than the maximum" warning
+        return self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+
     def encode_one(self, item: Sequence[str]) -> tuple[list[int], list[int]]:
         if len(item) not in (2, 3) or not all(isinstance(x, str) for x in item):
             raise ClassifierError(f"an item is (question, doc) or (question, doc1, doc2) strings, got {_show(item)}")
         q, *docs = item
         extra = self.n_special + (len(self.doc_sep) if len(docs) == 2 else 0)
         q_room = min(self.max_query_tokens, max(self.max_length - extra, 0))
-        q_ids = self.tok(q, add_special_tokens=False)["input_ids"][:q_room]
-        d_ids = [self.tok(d, add_special_tokens=False)["input_ids"] for d in docs]
+        q_ids = self._ids(q)[:q_room]
+        d_ids = [self._ids(d) for d in docs]
         keep = fair_share([len(d) for d in d_ids], self.max_length - extra - len(q_ids))
         seg_b: list[int] = []
         for i, (d, k) in enumerate(zip(d_ids, keep)):
@@ -134,7 +140,40 @@ def _show(item: Any) -> str:
     return text if len(text) < 80 else text[:77] + "..."
 
 
-# -- the classifier ----------------------------------------------------------------------------
+# -- the classifier ---------------------------------------------------------------------------
+
+def CrossEncoder(encoder, pooling: str = "mean"):
+    """Encoder + pooling + dropout + linear 2-way head. Mean pooling suits sentence-transformers
+    encoders such as all-MiniLM-L6-v2, whose training made the mean (not [CLS]) meaningful."""
+    import torch
+
+    class _CrossEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = encoder
+            self.pooling = pooling
+            hidden = encoder.config.hidden_size
+            self.dropout = torch.nn.Dropout(getattr(encoder.config, "hidden_dropout_prob", 0.1) or 0.1)
+            self.head = torch.nn.Linear(hidden, 2)
+            torch.nn.init.normal_(self.head.weight, std=0.02)
+            torch.nn.init.zeros_(self.head.bias)
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **kwargs).last_hidden_state
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+            return self.head(self.dropout(pooled))
+
+    if pooling not in ("mean", "cls"):
+        raise ClassifierError(f"pooling must be mean or cls, not {pooling!r}")
+    return _CrossEncoder()
+
+
+# -- the classifier (API) ----------------------------------------------------------------------------
 
 def pick_device(name: str = "auto") -> str:
     import torch
@@ -160,52 +199,55 @@ class Classifier:
 
     @classmethod
     def from_base(cls, base_folder: str, meta: ClassifierMeta, device: str = "auto") -> "Classifier":
-        """A fresh 2-way classification head on a pretrained encoder (the starting point of training)."""
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        """A fresh 2-way head on a pretrained encoder (the starting point of training)."""
+        from transformers import AutoModel, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(base_folder)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            base_folder, num_labels=2, id2label={0: "negative", 1: "positive"},
-            label2id={"negative": 0, "positive": 1}, use_safetensors=_has_safetensors(base_folder))
-        max_pos = getattr(model.config, "max_position_embeddings", None)
+        encoder = AutoModel.from_pretrained(base_folder, use_safetensors=_has_safetensors(base_folder))
+        max_pos = getattr(encoder.config, "max_position_embeddings", None)
         if max_pos and meta.max_length > max_pos:
             log.warning("max_length %d exceeds the encoder's %d positions; using %d", meta.max_length, max_pos, max_pos)
             meta.max_length = max_pos
-        return cls(model, tok, meta, pick_device(device))
+        return cls(CrossEncoder(encoder, meta.pooling), tok, meta, pick_device(device))
 
     @classmethod
     def load(cls, path: str | os.PathLike, device: str = "auto") -> "Classifier":
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from safetensors.torch import load_file
+        from transformers import AutoModel, AutoTokenizer
 
         folder = Path(path)
         meta_file = folder / META
         if not meta_file.is_file():
             raise ClassifierError(f"{folder} is not a trained classifier folder (no {META}); "
                                   "train one with `dynrag train-classifier --out DIR`")
-        if not _has_safetensors(folder):
-            raise ClassifierError(f"{folder} holds no model.safetensors (weights are only read from safetensors)")
+        if not (folder / "model.safetensors").is_file() or not (folder / HEAD).is_file():
+            raise ClassifierError(f"{folder} lacks model.safetensors or {HEAD} (weights are only read from safetensors)")
         raw = json.loads(meta_file.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
             raise ClassifierError(f"{meta_file}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}")
-        known = {f for f in ClassifierMeta.__dataclass_fields__}
+        known = set(ClassifierMeta.__dataclass_fields__)
         meta = ClassifierMeta(**{k: v for k, v in raw.items() if k in known})
         tok = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForSequenceClassification.from_pretrained(folder, use_safetensors=True)
+        model = CrossEncoder(AutoModel.from_pretrained(folder, use_safetensors=True), meta.pooling)
+        model.head.load_state_dict(load_file(str(folder / HEAD)))
         model.eval()
         return cls(model, tok, meta, pick_device(device))
 
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write weights (safetensors), tokenizer and the metadata JSON into `folder` (which must be new or empty)."""
+        """Write encoder (safetensors), head (safetensors), tokenizer and the metadata JSON into `folder`."""
+        from safetensors.torch import save_file
+
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(folder, safe_serialization=True)
+        self.model.encoder.save_pretrained(folder, safe_serialization=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}, str(folder / HEAD))
         self.tokenizer.save_pretrained(folder)
-        (folder / META).write_text(json.dumps(asdict(self.meta), indent=1, sort_keys=False), encoding="utf-8")
+        (folder / META).write_text(json.dumps(asdict(self.meta), indent=1), encoding="utf-8")
         return folder
 
     def logits(self, items: Sequence[Sequence[str]]):
         batch = {k: v.to(self.device) for k, v in self.encoder.batch(items).items()}
-        return self.model(**batch).logits
+        return self.model(**batch)
 
     def score(self, items: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:
         """P(positive) for each (q, d) or (q, d1, d2), in input order; batches by similar length."""

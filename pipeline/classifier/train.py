@@ -87,9 +87,12 @@ def fit(clf: Classifier, train: list[Example], cc, *, seed: int) -> dict:
     model = clf.model
     model.train()
     no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+    enc = [(n, p) for n, p in model.named_parameters() if not n.startswith("head.")]
     groups = [
-        {"params": [p for n, p in model.named_parameters() if not n.endswith(no_decay)], "weight_decay": cc.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if n.endswith(no_decay)], "weight_decay": 0.0},
+        {"params": [p for n, p in enc if not n.endswith(no_decay)], "weight_decay": cc.weight_decay},
+        {"params": [p for n, p in enc if n.endswith(no_decay)], "weight_decay": 0.0},
+        # the fresh head learns faster than the pretrained encoder it sits on
+        {"params": list(model.head.parameters()), "weight_decay": 0.0, "lr": cc.learning_rate * cc.head_lr_multiplier},
     ]
     opt = torch.optim.AdamW(groups, lr=cc.learning_rate)
     steps_per_epoch = math.ceil(len(train) / cc.batch_size)
@@ -162,7 +165,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
 
     base = resolve_model(cc.base_model, cfg.paths.cache_dir)
     meta = ClassifierMeta(base_model=cc.base_model, max_length=cc.max_length, max_query_tokens=cc.max_query_tokens,
-                          threshold=cc.threshold)
+                          threshold=cc.threshold, pooling=cc.pooling)
     clf = Classifier.from_base(base, meta, device=cc.device)
     train_log = fit(clf, splits.train, cc, seed=cc.seed)
     t_eval = time.perf_counter()

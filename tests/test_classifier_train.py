@@ -1,0 +1,109 @@
+"""A short real training run of the DR-RAG classifier on ../shared/data, its model folder, and CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jobs.cli import main
+from pipeline.config import load_config
+
+# Small and fast on 2 shared cores: about 280 training examples, short inputs, 2 epochs.
+QUICK = [
+    "classifier.max_examples=400", "classifier.dev_fraction=0.3", "classifier.epochs=2",
+    "classifier.max_length=64", "classifier.max_query_tokens=24", "classifier.batch_size=8",
+    "classifier.learning_rate=1e-4", "classifier.log_every=10", "classifier.threads=2",
+]
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, cache_dir, tmp_path_factory):
+    from pipeline.classifier.train import train_classifier
+    from pipeline.models import is_prepared
+
+    if not is_prepared("all-minilm-l6-v2", cache_dir):
+        pytest.skip("all-minilm-l6-v2 is not prepared (dynrag models prepare all-minilm-l6-v2)")
+    cfg = load_config(None, QUICK + [f"paths.data_dir={data_dir}", f"paths.cache_dir={cache_dir}"])
+    out = tmp_path_factory.mktemp("clf") / "model"
+    result = train_classifier(cfg, out)
+    return out, result
+
+
+def test_beats_majority_on_held_out_questions(trained):
+    out, result = trained
+    dev = result["dev"]
+    assert dev["n"] >= 100
+    assert dev["majority_baseline_accuracy"] == 0.5  # sampled 1:1 (App. A.1)
+    assert dev["accuracy"] > dev["majority_baseline_accuracy"] + 0.05, dev
+    assert set(dev["by_kind"]) == {"gold+gold", "gold+distractor", "distractor+gold", "distractor+distractor"}
+    train_q = result["data"]["train"]["questions"]
+    assert train_q > 0 and result["data"]["dev"]["questions"] > 0
+
+
+def test_model_folder_and_round_trip(trained, tmp_path):
+    from pipeline.classifier.data import load_records, make_splits
+    from pipeline.classifier.model import Classifier
+    from pipeline.classifier.train import evaluate
+
+    out, result = trained
+    files = set(os.listdir(out))
+    assert {"model.safetensors", "head.safetensors", "config.json", "dynrag-classifier.json", "metrics.json",
+            "config.resolved.yaml"} <= files
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+    meta = json.loads((out / "dynrag-classifier.json").read_text())
+    assert meta["max_length"] == 64 and meta["threshold"] == 0.5 and meta["metrics"]["accuracy"] == result["dev"]["accuracy"]
+
+    clf = Classifier.load(out, device="cpu")
+    # the same dev split, rebuilt from the saved config, scores exactly as it did before saving
+    cfg = load_config(out / "config.resolved.yaml")
+    cc = cfg.classifier
+    splits = make_splits(load_records(cfg.paths.data_dir, cc.datasets), seed=cc.seed, dev_fraction=cc.dev_fraction,
+                         mixed_fraction=cc.mixed_negative_fraction, max_per_dataset=cc.max_examples_per_dataset,
+                         max_examples=cc.max_examples)
+    again = evaluate(clf, splits.dev, cc.threshold, 64)
+    assert again["accuracy"] == result["dev"]["accuracy"] and again["tp"] == result["dev"]["tp"]
+
+    items = [e.item for e in splits.dev[:12]] + [(splits.dev[0].question, splits.dev[0].doc1)]  # pairs work too
+    scores = clf.score(items, batch_size=5)
+    assert scores.shape == (13,) and ((scores >= 0) & (scores <= 1)).all()
+    clf.save(tmp_path / "copy")  # identical scores after another save/load (same batching: padding changes floats)
+    assert np.array_equal(Classifier.load(tmp_path / "copy", device="cpu").score(items, batch_size=5), scores)
+    assert list(clf.predict(items)) == list(scores >= 0.5)
+    assert list(clf.predict(items, threshold=0.0)) == [True] * 13
+
+
+def test_refuses_to_overwrite(trained, data_dir):
+    from pipeline.classifier.model import ClassifierError
+    from pipeline.classifier.train import train_classifier
+
+    out, _ = trained
+    with pytest.raises(ClassifierError, match="exists and is not empty"):
+        train_classifier(load_config(None, [f"paths.data_dir={data_dir}"]), out)
+
+
+def test_load_rejects_non_model_folders(tmp_path):
+    from pipeline.classifier.model import Classifier, ClassifierError
+
+    with pytest.raises(ClassifierError, match="not a trained classifier folder"):
+        Classifier.load(tmp_path)
+    (tmp_path / "dynrag-classifier.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ClassifierError, match="only read from safetensors"):
+        Classifier.load(tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--datasets", "hotpotqa,nq"], "unknown training dataset 'nq'"),
+    (["--data-dir", "/nonexistent/data"], "data folder not found: /nonexistent/data"),
+    (["--set", "classifier.epochs=0"], "classifier.epochs"),
+])
+def test_cli_errors_are_one_line(args, message, tmp_path, capsys):
+    code = main(["train-classifier", "--out", str(tmp_path / "m"), *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("dynrag: error:") and message in err[0], err
+    assert not (tmp_path / "m").exists()
