@@ -271,6 +271,7 @@ class _Builder:
         t_embed = time.perf_counter()
         bar = _progress(None, "embedding", "psg", total=n_embed)
         current, rows, vecs = None, [], []
+        last_log = t_embed
 
         def flush(i: int) -> None:
             new_rows = np.concatenate(rows)
@@ -291,6 +292,11 @@ class _Builder:
                 vecs.append(vec[m])
             self.embedded += len(row)
             bar.update(len(row))
+            if time.perf_counter() - last_log > 15:
+                last_log = time.perf_counter()
+                rate = self.embedded / (last_log - t_embed)
+                log.info("embedded %d/%d passages (%.1f/s), %d shards done", self.embedded, n_embed, rate,
+                         len(self.reembedded_shards))
         if current is not None:
             flush(current)
         bar.close()

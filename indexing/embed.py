@@ -87,6 +87,17 @@ class Encoder:
         return vecs.float().cpu().numpy().astype(np.float32, copy=False)
 
 
+_LOADED: dict[EncoderSpec, Encoder] = {}
+
+
+def get_encoder(spec: EncoderSpec) -> Encoder:
+    """The process's Encoder for `spec`, loaded once (a refresh in a long-lived process, or the
+    queries of an open index, do not reload the model)."""
+    if spec not in _LOADED:
+        _LOADED[spec] = Encoder(spec)
+    return _LOADED[spec]
+
+
 class EmbedActor:
     """Ray Data actor: holds one Encoder, embeds the `text` column of each batch."""
 
@@ -104,7 +115,7 @@ class EmbedActor:
 def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     import pyarrow.parquet as pq
 
-    encoder = encoder or Encoder(spec)
+    encoder = encoder or get_encoder(spec)
     for path in files:
         pf = pq.ParquetFile(path)
         for batch in pf.iter_batches(batch_size=spec.batch_size * 4, columns=["shard", "row", "text"]):

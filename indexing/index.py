@@ -76,7 +76,7 @@ class Index:
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         with self._lock:
             if self._encoder is None:
-                from indexing.embed import Encoder, EncoderSpec
+                from indexing.embed import EncoderSpec, get_encoder
 
                 spec = EncoderSpec.from_config(self.cfg)
                 want = self.manifest["settings"]["embedding"]
@@ -88,7 +88,7 @@ class Index:
                     spec = EncoderSpec(resolve_model(want["model"], self.cfg.paths.cache_dir), want["model"],
                                        self.cfg.embedding.device, want["dtype"], self.cfg.embedding.batch_size,
                                        want["max_seq_length"])
-                self._encoder = Encoder(spec)
+                self._encoder = get_encoder(spec)
         return self._encoder.encode(queries)
 
     def search(self, queries: list[str], k: int, retriever: str = "bm25") -> list[list[Hit]]:

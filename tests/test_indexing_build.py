@@ -157,3 +157,7 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert main(["index", "build", str(bad), "--index", str(idx), "--set", "runtime.mode=local"]) == 2
     assert f"{bad}:2: invalid JSON" in capsys.readouterr().err
     assert not (idx / "CURRENT").exists()
+    # the documented flag skips and counts it instead
+    assert main(["index", "build", str(bad), "--index", str(idx), "--skip-bad-lines", "--set", "runtime.mode=local"]) == 0
+    out = capsys.readouterr().out
+    assert "published version 1: 1 passages" in out and "1 bad lines skipped" in out and f"skipped {bad}:2" in out
