@@ -99,9 +99,11 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from indexing.manifest import read_manifest
 
-    m = read_manifest(__import__("pathlib").Path(args.index))
+    m = read_manifest(Path(args.index))
     if args.json:
         print(json.dumps(m, indent=1))
         return 0
