@@ -112,7 +112,7 @@ def _info(args: argparse.Namespace) -> int:
     print(f"index {args.index}, version {m['version']} ({m['created']})")
     print(f"  passages   {m['passages']} in {len(sizes)} shards (min {min(sizes)}, max {max(sizes)})")
     print(f"  embedding  {st['embedding']['model']} ({st['embedding']['dtype']}, dim {m['dim']}); "
-          f"FAISS {st['faiss_factory']}; BM25 Lucene per shard")
+          f"FAISS {st['faiss_factory']}; BM25 Lucene per shard, merged per version")
     print(f"  passages   {st['passage_words']} words max; shard_size {st['shard_size']}")
     print(f"  sources    {', '.join(m['sources'])}")
     print(f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "

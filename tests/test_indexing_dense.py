@@ -1,0 +1,53 @@
+"""FAISS shards: exact merge of Flat shards, other factory strings, bad settings (random vectors)."""
+
+from __future__ import annotations
+
+import faiss
+import numpy as np
+import pytest
+
+from indexing.dense import DenseIndexError, build_faiss, load_faiss, search_shards
+
+
+def unit(rng, n, d=32):
+    v = rng.standard_normal((n, d)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_flat_shards_merge_equals_one_index(tmp_path):
+    rng = np.random.default_rng(0)
+    parts = [unit(rng, n) for n in (50, 130, 7, 90)]
+    shards = []
+    for i, p in enumerate(parts):
+        build_faiss(p, "Flat", tmp_path / f"{i}.index")
+        shards.append(load_faiss(tmp_path / f"{i}.index", 1, 16))
+    queries = unit(rng, 25)
+    S, SH, R = search_shards(shards, queries, k=20)
+    one = faiss.IndexFlatIP(32)
+    one.add(np.vstack(parts))
+    D, I = one.search(queries, 20)
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    np.testing.assert_array_equal(offsets[SH] + R, I)
+    np.testing.assert_allclose(S, D, rtol=1e-6)
+    # k larger than the corpus: everything, once
+    S, SH, R = search_shards(shards, queries[:2], k=1000)
+    assert S.shape[1] == sum(len(p) for p in parts) and len(set(zip(SH[0], R[0]))) == S.shape[1]
+
+
+@pytest.mark.parametrize("factory", ["HNSW16", "IVF4,Flat", "IVF4,PQ8x4"])
+def test_other_factories_find_near_neighbours(tmp_path, factory):
+    rng = np.random.default_rng(1)
+    vecs = unit(rng, 600)
+    build_faiss(vecs, factory, tmp_path / "x.index")
+    index = load_faiss(tmp_path / "x.index", nprobe=4, ef_search=64)
+    S, SH, R = search_shards([index], vecs[:20], k=5)
+    hit = np.mean(R[:, 0] == np.arange(20))  # a stored vector finds itself first
+    assert hit >= (0.8 if "PQ" in factory else 0.95)
+
+
+def test_bad_factory_and_untrainable_shard(tmp_path):
+    rng = np.random.default_rng(2)
+    with pytest.raises(DenseIndexError, match="not a valid FAISS factory"):
+        build_faiss(unit(rng, 10), "NoSuchIndex", tmp_path / "a.index")
+    with pytest.raises(DenseIndexError, match="cannot train 'IVF64,Flat' on a shard of 10 vectors"):
+        build_faiss(unit(rng, 10), "IVF64,Flat", tmp_path / "b.index")
