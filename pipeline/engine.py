@@ -121,6 +121,7 @@ class Engine:
         except Exception as err:
             st.pending = None
             st.error = _describe(err)
+            st.gen.close()
             log.debug("question %d failed:\n%s", st.index, traceback.format_exc())
         finally:
             st.trace.time["method"] += time.perf_counter() - t0
@@ -129,10 +130,12 @@ class Engine:
         st.pending = None
         self._advance(st, value, exc)
 
-    def _call(self, kind: str, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def _call(self, kind: str, fn: Callable[[], Any], expected: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
         out = fn()
         self.batch_calls[kind] += 1
+        if len(out) != expected:
+            raise RuntimeError(f"the {kind} backend returned {len(out)} results for {expected} inputs")
         return out, time.perf_counter() - t0
 
     # ---- one batched call per kind -----------------------------------------------------------
@@ -146,7 +149,8 @@ class Engine:
                 chats.append(req.chat)
                 owner.append(st)
         try:
-            outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats))
+            outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats),
+                                  len(prompts))
         except Exception as err:
             return self._per_question(states, self._do_generate, err)
         weights = [(o.prompt_tokens + o.completion_tokens) if not isinstance(o, BaseException) else 0 for o in outs]
@@ -177,7 +181,7 @@ class Engine:
             queries = [q for st in group for q in st.pending.queries]
             kmax = max(resolved[id(st)][0] for st in group)
             try:
-                hits, dt = self._call("retrieve", lambda: self.backends.search(queries, kmax, retriever))
+                hits, dt = self._call("retrieve", lambda: self.backends.search(queries, kmax, retriever), len(queries))
             except Exception as err:
                 self._per_question(group, self._do_retrieve, err)
                 continue
@@ -206,7 +210,7 @@ class Engine:
         for name, group in groups.items():
             items = [it for st in group for it in st.pending.items]
             try:
-                scores, dt = self._call("score", lambda: self.backends.score(items, name))
+                scores, dt = self._call("score", lambda: self.backends.score(items, name), len(items))
             except Exception as err:
                 self._per_question(group, self._do_score, err)
                 continue
@@ -226,7 +230,7 @@ class Engine:
         for model, group in groups.items():
             texts = [t for st in group for t in st.pending.texts]
             try:
-                vecs, dt = self._call("embed", lambda: self.backends.embed(texts, model))
+                vecs, dt = self._call("embed", lambda: self.backends.embed(texts, model), len(texts))
             except Exception as err:
                 self._per_question(group, self._do_embed, err)
                 continue
