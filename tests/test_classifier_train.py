@@ -50,9 +50,10 @@ def test_model_folder_and_round_trip(trained, tmp_path):
 
     out, result = trained
     files = set(os.listdir(out))
-    assert {"model.safetensors", "head.safetensors", "config.json", "dynrag-classifier.json", "metrics.json",
-            "config.resolved.yaml"} <= files
-    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files)
+    assert {"encoder", "head.safetensors", "dynrag-classifier.json", "metrics.json", "config.resolved.yaml"} <= files
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(out / "encoder"))
+    assert not any(f.endswith((".bin", ".pt", ".pkl")) for f in files | set(os.listdir(out / "encoder")))
+    assert "config.json" not in files  # a plain AutoModelForSequenceClassification load fails instead of a random head
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
     meta = json.loads((out / "dynrag-classifier.json").read_text())
     assert meta["max_length"] == 64 and meta["threshold"] == 0.5 and meta["metrics"]["accuracy"] == result["dev"]["accuracy"]
@@ -107,3 +108,17 @@ def test_cli_errors_are_one_line(args, message, tmp_path, capsys):
     assert code == 2
     assert len(err) == 1 and err[0].startswith("dynrag: error:") and message in err[0], err
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_full_run_all_three_train_files(data_dir, cache_dir, tmp_path):
+    """The job's defaults on all three train files (App. A.1's ~2300 per dataset cap), one epoch.
+
+    Measured here: see the report in metrics.json; on 2 busy shared cores this takes most of an hour."""
+    from pipeline.classifier.train import train_classifier
+
+    cfg = load_config(None, [f"paths.data_dir={data_dir}", f"paths.cache_dir={cache_dir}", "classifier.epochs=1"])
+    result = train_classifier(cfg, tmp_path / "model")
+    dev = result["dev"]
+    assert dev["n"] > 500 and dev["accuracy"] > 0.6, dev
+    assert (tmp_path / "model" / "metrics.json").is_file()

@@ -5,8 +5,11 @@ special tokens of whatever encoder is used (RoBERTa's `<s> ... </s></s> ...` lik
 keeps at most `max_query_tokens`; the documents share the rest of `max_length` fairly (a short document
 keeps all of its tokens and leaves the remainder to the long one). Output: P(positive) from a 2-way head.
 
-A saved classifier is a folder: `model.safetensors` + config + tokenizer files + `dynrag-classifier.json`
-(base model, lengths, threshold, training summary, metrics). Weights are only ever read from safetensors.
+A saved classifier is a folder: `encoder/` (the fine-tuned encoder's safetensors, config and tokenizer),
+`head.safetensors` (pooling is mean or [CLS], then a linear 2-way head) and `dynrag-classifier.json` (base
+model, lengths, pooling, threshold, training summary, metrics). Load it with `Classifier.load`; the encoder
+sits in a subfolder on purpose, so that a plain `AutoModelForSequenceClassification.from_pretrained(folder)`
+fails instead of silently attaching a random head. Weights are only ever read from safetensors.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 META = "dynrag-classifier.json"
 HEAD = "head.safetensors"
+ENCODER = "encoder"
 FORMAT_VERSION = 1
 
 
@@ -220,28 +224,30 @@ class Classifier:
         if not meta_file.is_file():
             raise ClassifierError(f"{folder} is not a trained classifier folder (no {META}); "
                                   "train one with `dynrag train-classifier --out DIR`")
-        if not (folder / "model.safetensors").is_file() or not (folder / HEAD).is_file():
-            raise ClassifierError(f"{folder} lacks model.safetensors or {HEAD} (weights are only read from safetensors)")
+        enc_dir = folder / ENCODER if (folder / ENCODER).is_dir() else folder  # early folders kept it at the top
+        if not (enc_dir / "model.safetensors").is_file() or not (folder / HEAD).is_file():
+            raise ClassifierError(f"{folder} lacks {ENCODER}/model.safetensors or {HEAD} "
+                                  "(weights are only read from safetensors)")
         raw = json.loads(meta_file.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
             raise ClassifierError(f"{meta_file}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}")
         known = set(ClassifierMeta.__dataclass_fields__)
         meta = ClassifierMeta(**{k: v for k, v in raw.items() if k in known})
-        tok = AutoTokenizer.from_pretrained(folder)
-        model = CrossEncoder(AutoModel.from_pretrained(folder, use_safetensors=True), meta.pooling)
+        tok = AutoTokenizer.from_pretrained(enc_dir)
+        model = CrossEncoder(AutoModel.from_pretrained(enc_dir, use_safetensors=True), meta.pooling)
         model.head.load_state_dict(load_file(str(folder / HEAD)))
         model.eval()
         return cls(model, tok, meta, pick_device(device))
 
     def save(self, folder: str | os.PathLike) -> Path:
-        """Write encoder (safetensors), head (safetensors), tokenizer and the metadata JSON into `folder`."""
+        """Write encoder/ (safetensors, config, tokenizer), head.safetensors and the metadata JSON into `folder`."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.encoder.save_pretrained(folder, safe_serialization=True)
+        self.model.encoder.save_pretrained(folder / ENCODER, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder / ENCODER)
         save_file({k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}, str(folder / HEAD))
-        self.tokenizer.save_pretrained(folder)
         (folder / META).write_text(json.dumps(asdict(self.meta), indent=1), encoding="utf-8")
         return folder
 
