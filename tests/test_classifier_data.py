@@ -143,3 +143,12 @@ def test_real_train_files_give_balanced_examples(data_dir):
     assert not {(e.dataset, e.qid) for e in s.train} & {(e.dataset, e.qid) for e in s.dev}
     # App. A.1's ~2300 per dataset (train + dev)
     assert s.summary["train"]["by_dataset"]["2wiki"] + s.summary["dev"]["by_dataset"]["2wiki"] <= 2300
+
+
+def test_a_datasets_split_does_not_depend_on_the_others():
+    def recs(ds, n):
+        return [Record(f"{ds}{i}", ds, "Q?", tuple(f"{ds}{i}-{j}" for j in range(5)), (True, True, False, False, False))
+                for i in range(n)]
+    alone = make_splits(recs("a", 20), seed=1)
+    mixed = make_splits(recs("b", 30) + recs("a", 20), seed=1)
+    assert {e.qid for e in alone.dev} == {e.qid for e in mixed.dev if e.dataset == "a"}

@@ -208,7 +208,7 @@ def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0
     per_q: dict[str, list[list[Example]]] = {}
     for name, recs in by_dataset.items():
         order = sorted(recs, key=lambda r: r.qid)
-        rng.shuffle(order)
+        random.Random(f"{seed}:{name}").shuffle(order)  # a dataset's split does not depend on the others chosen
         chosen, total = [], 0
         for r in order:
             # each question gets its own generator, so its examples do not depend on the others
