@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                             "f1": summary["f1"], "prompts": sum(len(c[0]) for c in rec.calls),
                             "generate_calls": len(rec.calls)})
             backends.close()
+            log.warning("repeat %d: %s", rep + 1, json.dumps({k: v for k, v in results[-1].items()
+                                                              if k != "time_per_question_s"}))
     finally:
         gen.close()
     figures = {"method": args.method, "model": cfg.generation.model, "dtype": cfg.generation.dtype,
