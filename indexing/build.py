@@ -70,6 +70,7 @@ def _settings(cfg) -> dict:
         "passage_words": i.passage_words,
         "shard_size": i.shard_size,
         "lucene": {"collection": "JsonCollection", "contents": "title\\ntext"},
+        "bm25_segments": i.bm25_segments,
     }
 
 
@@ -312,7 +313,7 @@ class _Builder:
 
         t = time.perf_counter()
         out = self.staging / ".bm25"
-        merge_lucene([self.shards_dir / m["key"] / "lucene" for m in metas], out)
+        merge_lucene([self.shards_dir / m["key"] / "lucene" for m in metas], out, self.cfg.index.bm25_segments)
         self.timings["bm25_merge_s"] = time.perf_counter() - t
         return out
 

@@ -4,7 +4,8 @@ Documents are indexed through pyserini's `LuceneIndexer` (Anserini's JsonCollect
 `id` = passage id, `contents` = title + newline + text), one index per shard, so a rebuild
 re-analyses only new shards. Each published version then gets one Lucene index that is the
 segment-level union of its shards (`IndexWriter.addIndexes`: segment files are copied, nothing
-is re-analysed), searched with one pyserini `batch_search` over all queries. Unlike merging
+is re-analysed), merged down to `index.bm25_segments` segments (Lucene's per-query cost grows with
+the segment count), and searched with one pyserini `batch_search` over all queries. Unlike merging
 per-shard results by score, BM25 then uses the corpus-wide term statistics, so results equal
 those of one index built over all passages, and the per-query cost does not grow with the number
 of shards. The price is a copy of the Lucene segments per version (disk and I/O, no CPU-heavy
@@ -79,8 +80,9 @@ class LuceneShard:
             self._searcher = None
 
 
-def merge_lucene(shard_indexes: list[Path], out: Path) -> None:
-    """One Lucene index holding the segments of `shard_indexes`, in order (docids follow shard order)."""
+def merge_lucene(shard_indexes: list[Path], out: Path, max_segments: int = 0) -> None:
+    """One Lucene index holding the segments of `shard_indexes`, in order (docids follow shard order),
+    then force-merged down to `max_segments` segments when that is > 0 (fewer segments, faster search)."""
     ensure_java()
     from jnius import cast
     from pyserini.pyclass import autoclass  # configures the classpath before the first class
@@ -97,6 +99,8 @@ def merge_lucene(shard_indexes: list[Path], out: Path) -> None:
     sources = [cast("org.apache.lucene.store.Directory", fs.open(paths.get(str(d)))) for d in shard_indexes]
     try:
         writer.addIndexes(*sources)
+        if max_segments > 0:
+            writer.forceMerge(max_segments)
         writer.commit()
     finally:
         writer.close()

@@ -59,6 +59,10 @@ class IndexConfig(Section):
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
     keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
+    bm25_segments: int = Field(
+        1, ge=0, description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
+        "most this many segments: faster search for a re-merge per version; 0 keeps the shards' segments as they are "
+        "(the cheapest refresh for very large corpora)")
     verify: Literal["checksum", "size"] = Field(
         "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
 
