@@ -11,7 +11,9 @@ Stages, each visible in the log (and as progress bars on a terminal):
    soon as its last batch arrives.
 3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
    staging directory is renamed into `shards/` (Ray tasks in parallel with runtime.mode=ray).
-4. publish: a new manifest version, then `CURRENT` (manifest.py); old versions are pruned.
+4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
+   `index.bm25_segments`), a new manifest version, then `CURRENT` (manifest.py); old versions
+   are pruned.
 
 A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
 passages and vectors are reused from `staging/`, and nothing is published before stage 4.
