@@ -226,6 +226,7 @@ def _json_items(path: str) -> Iterator[tuple[str, Any]]:
 
 
 def _tsv_records(path: str, stats: ReadStats, skip: bool) -> Iterator[Record]:
+    csv.field_size_limit(1 << 26)  # long documents in user TSVs; the default caps a field at 128 KiB
     with _open(path) as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
         header = next(reader, None)
