@@ -11,7 +11,7 @@ demo: setup
 	$(VENV)/bin/dynrag demo
 
 test: setup
-	$(PY) -m pytest
+	bash scripts/run_tests.sh
 
 test-slow: setup
-	$(PY) -m pytest -m slow
+	bash scripts/run_tests.sh -m slow

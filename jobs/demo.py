@@ -55,13 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
     summary = run_answer(str(questions), str(out / "answers"), index=str(index_dir), method=args.method,
                          limit=args.limit, cfg=cfg, dataset_format="dpr-topics")
-    print(f"\nanswers: {out / 'answers'}")
-    print(_format_summary(summary))
+    from jobs.answer import format_summary
+
+    print(f"\nindex:   {index_dir}\nanswers: {out / 'answers'} (Parquet rows, summary.json, resolved config)")
+    print(format_summary(summary))
     return 0
-
-
-def _format_summary(summary: dict) -> str:
-    keys = ("questions", "errors", "em", "f1", "acc", "retrieval_calls_per_q", "llm_calls_per_q",
-            "seconds_per_question")
-    return "\n".join(f"  {k:24} {summary[k]}" for k in keys if k in summary)
 
