@@ -16,10 +16,10 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator
 
-from pipeline.config import DynragConfig, save_resolved
+from pipeline.config import DynragConfig, resolved_yaml
 from pipeline.datasets import load_questions
 from pipeline.methods import config_hash, get_method
-from pipeline.output import answered_ids, make_row, summarize, write_json, write_part
+from pipeline.output import answered_ids, make_row, summarize, write_json, write_part, write_text
 from pipeline.requests import Question
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,7 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
     todo, skipped = pending_questions(dataset, out, cfg, limit, None)
     if skipped:
         log.info("resuming: %d questions already have a row under %s; %d to answer", skipped, out, len(todo))
-    if "://" in out:
-        write_json(out, "config.resolved.json", cfg.model_dump(mode="json"))
-    else:
-        save_resolved(cfg, out)
+    write_text(out, "config.resolved.yaml", resolved_yaml(cfg))
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
 

@@ -233,12 +233,17 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         raise ConfigError(f"invalid configuration: {_describe(err)}") from None
 
 
+def resolved_yaml(cfg: BaseModel) -> str:
+    """The resolved configuration as the YAML text saved beside outputs (loadable by load_config)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
 def save_resolved(cfg: BaseModel, out_dir: str | os.PathLike, name: str = "config.resolved.yaml") -> Path:
-    """Write the resolved configuration beside an output (atomically)."""
+    """Write the resolved configuration beside a local output (atomically)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     target = out / name
     tmp = target.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    tmp.write_text(resolved_yaml(cfg), encoding="utf-8")
     tmp.replace(target)
     return target

@@ -169,10 +169,14 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
 
 
 def write_json(out: str, name: str, data: dict) -> str:
+    return write_text(out, name, json.dumps(data, indent=2, default=str))
+
+
+def write_text(out: str, name: str, text: str) -> str:
+    """Write one small file under `out` (a local folder or an fsspec URI); atomic where local."""
     fs, base = _fs(out)
     fs.makedirs(base, exist_ok=True)
     target = f"{base}/{name}"
-    text = json.dumps(data, indent=2, default=str)
     if _is_local(fs):
         tmp = f"{target}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
