@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
-from pipeline.requests import Answer, Embed, Generate, Question, Request, Retrieve, Score
+from pipeline.requests import Answer, Call, Embed, Generate, Question, Request, Retrieve, Score
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class Trace:
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     retrieved: list[dict[str, Any]] = field(default_factory=list)  # id, title, score, rank, step, path, round
     generations: list[dict[str, Any]] = field(default_factory=list)  # stage, text
+    backend_calls: dict[str, int] = field(default_factory=dict)  # Call items by "backend.op"
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Engine:
 
     `backends` needs: `generate(prompts, samplings, chats) -> list[Completion | Exception]`,
     `search(queries, k, retriever) -> list[list[Hit]]`, `score(items, classifier) -> list[float]`,
-    `embed(texts, model) -> ndarray`, and `defaults(req) -> (k, retriever)` for Retrieve requests.
+    `embed(texts, model) -> ndarray`, `call(backend, op, items) -> list` and `defaults(req) -> (k, retriever)`.
     """
 
     def __init__(self, backends: Any):
@@ -109,10 +110,12 @@ class Engine:
         t0 = time.perf_counter()
         try:
             req = st.gen.throw(exc) if exc is not None else st.gen.send(value)
-            if not isinstance(req, (Generate, Retrieve, Score, Embed)):
+            if not isinstance(req, (Generate, Retrieve, Score, Embed, Call)):
                 raise TypeError(f"a method yielded {type(req).__name__}, not a request")
             if not _size(req):
                 raise ValueError(f"a method yielded an empty {_kind(req)} request")
+            if isinstance(req, Call) and req.stage not in STAGES:
+                raise ValueError(f"Call stage {req.stage!r} is not one of {', '.join(STAGES)}")
             st.pending = req
         except StopIteration as stop:
             st.pending = None
@@ -243,6 +246,27 @@ class Engine:
                 pos += n
                 self._deliver(st, mine)
 
+    def _do_call(self, states: list[_State]) -> None:
+        groups: dict[tuple[str, str], list[_State]] = defaultdict(list)
+        for st in states:
+            groups[(st.pending.backend, st.pending.op)].append(st)
+        for (backend, op), group in groups.items():
+            items = [it for st in group for it in st.pending.items]
+            try:
+                results, dt = self._call(f"{backend}.{op}", lambda: self.backends.call(backend, op, items), len(items))
+            except Exception as err:
+                self._per_question(group, self._do_call, err)
+                continue
+            pos = 0
+            for st in group:
+                req: Call = st.pending
+                n = len(req.items)
+                st.trace.backend_calls[f"{backend}.{op}"] = st.trace.backend_calls.get(f"{backend}.{op}", 0) + n
+                st.trace.time[req.stage] += dt * n / max(len(items), 1)
+                mine = list(results[pos:pos + n])
+                pos += n
+                self._deliver(st, mine)
+
     def _per_question(self, states: list[_State], do: Callable[[list[_State]], None], err: BaseException) -> None:
         """A batched call failed: alone, the error is this question's; else retry each question alone."""
         if len(states) == 1:
@@ -261,7 +285,7 @@ def _size(req: Request | None) -> int:
         return len(req.prompts)
     if isinstance(req, Retrieve):
         return len(req.queries)
-    if isinstance(req, Score):
+    if isinstance(req, (Score, Call)):
         return len(req.items)
     return len(req.texts)
 

@@ -67,10 +67,17 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "support_recall": support_recall(final_titles, q.supporting_titles) if a and t.retrieve_rounds else None,
         "support_recall_retrieved": support_recall([d["title"] for d in t.retrieved], q.supporting_titles)
         if a and t.retrieve_rounds else None,
-        "error": o.error, "extra": json.dumps(a.extra, default=str) if a and a.extra else None,
+        "error": o.error, "extra": _extra(a, t),
         "finished_at": time.time(),
     }
     return row
+
+
+def _extra(a, t) -> str | None:
+    extra = dict(a.extra) if a and a.extra else {}
+    if t.backend_calls:
+        extra["backend_calls"] = dict(t.backend_calls)
+    return json.dumps(extra, default=str) if extra else None
 
 
 def _fs(out: str):

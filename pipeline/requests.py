@@ -8,6 +8,9 @@ pending request of the same kind, and sends back the result:
 - `Retrieve`  -> `list[list[Hit]]`, one ranked list per query
 - `Score`     -> `list[float]`, one score per item
 - `Embed`     -> `numpy.ndarray` of shape (len(texts), dim)
+- `Call`      -> `list`, one result per item, from a backend registered by name
+  (`pipeline.backends.register_backend`): the way a method reaches a model or store the four kinds above
+  do not cover (DRAGIN's attention pass, ERM4's knowledge reservoir), still batched across questions
 
 When the program returns, its return value is an `Answer`.
 """
@@ -64,7 +67,15 @@ class Embed:
     model: str | None = None  # None: embedding.model
 
 
-Request = Union[Generate, Retrieve, Score, Embed]
+@dataclass
+class Call:
+    backend: str  # a name registered with pipeline.backends.register_backend
+    op: str  # the backend method called as `op(items)`; one result per item
+    items: list[Any]
+    stage: str = "method"  # which per-stage time it counts under (engine.STAGES)
+
+
+Request = Union[Generate, Retrieve, Score, Embed, Call]
 
 
 @dataclass

@@ -115,3 +115,59 @@ def test_sentence_embedder_on_packaged_minilm(cache_dir):
     vecs = SentenceEmbedder(DynragConfig()).embed(["Paris is in France.", "The capital of France is Paris.", "Bananas."])
     assert vecs.shape == (3, 384)
     assert float(vecs[0] @ vecs[1]) > float(vecs[0] @ vecs[2])
+
+
+class Store:
+    """A named backend: records its batches; `lookup` returns each item's length, `boom` fails on 'x'."""
+
+    instances: list["Store"] = []
+
+    def __init__(self, cfg, backends):
+        self.batches: list[int] = []
+        Store.instances.append(self)
+
+    def lookup(self, items):
+        self.batches.append(len(items))
+        if "x" in items:
+            raise ValueError("cannot look up 'x'")
+        return [len(it) for it in items]
+
+
+def with_calls(q: Question, params):
+    from pipeline.requests import Call
+
+    first = yield Call("test-store", "lookup", [q.question, q.question * 2], stage="retrieval")
+    second = yield Call("test-store", "lookup", [q.question])
+    return Answer(f"{first[0]}+{first[1]}+{second[0]}")
+
+
+def test_call_requests_reach_a_registered_backend_batched_and_isolated():
+    from pipeline.backends import register_backend
+
+    register_backend("test-store")(Store)
+    Store.instances.clear()
+    engine = Engine(Backends(DynragConfig(), generator=RecordingGenerator()))
+    qs = [Question(str(i), "a" * (i + 1)) for i in range(4)] + [Question("bad", "x")]
+    out = engine.run(qs, with_calls, None)
+    assert len(Store.instances) == 1  # built once, on first use
+    # one batch of 10 items fails because of 'x' -> retried per question; then one batch of 4
+    assert Store.instances[0].batches == [10, 2, 2, 2, 2, 2, 4]
+    assert [o.answer.prediction for o in out[:4]] == ["1+2+1", "2+4+2", "3+6+3", "4+8+4"]
+    assert out[4].answer is None and "cannot look up" in out[4].error
+    assert out[0].trace.backend_calls == {"test-store.lookup": 3}
+    assert out[0].trace.time["retrieval"] > 0
+
+
+def test_call_to_an_unknown_backend_or_operation_is_that_question_error():
+    from pipeline.requests import Call
+
+    def prog(q, params):
+        yield Call("no-such-backend" if q.id == "a" else "test-store", "lookup" if q.id == "a" else "_private", ["i"])
+        return Answer("never")
+
+    from pipeline.backends import register_backend
+
+    register_backend("test-store")(Store)
+    out = Engine(Backends(DynragConfig())).run([Question("a", "q"), Question("b", "q")], prog, None)
+    assert "no backend 'no-such-backend'" in out[0].error
+    assert "no operation '_private'" in out[1].error

@@ -4,6 +4,9 @@
 - retrieval:  `search(queries, k, retriever) -> list[list[Hit]]` (an index from `indexing.open_index`)
 - scoring:    `score(items, classifier) -> list[float]` (cross-encoders)
 - embedding:  `embed(texts, model) -> ndarray` (sentence-transformers)
+- named backends for `Call` requests: `call(name, op, items) -> list`, each registered with
+  `@register_backend(name)` on a class built as `cls(cfg, backends)` on first use (DRAGIN's attention
+  pass, ERM4's knowledge reservoir); `cfg.runtime` may not know them, so they read their own settings
 
 A run that never retrieves never opens an index; one that never generates never loads a model.
 """
@@ -11,7 +14,7 @@ A run that never retrieves never opens an index; one that never generates never 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
@@ -24,12 +27,26 @@ class BackendError(DynragError, RuntimeError):
     """A backend cannot be built from the configuration (missing index, model, package)."""
 
 
+_NAMED: dict[str, Callable[..., Any]] = {}
+
+
+def register_backend(name: str):
+    """Register a factory `(cfg, backends) -> object` for `Call(backend=name, ...)` requests."""
+
+    def deco(factory):
+        _NAMED[name] = factory
+        return factory
+
+    return deco
+
+
 class Backends:
     def __init__(self, cfg: DynragConfig, index_dir: str | None = None, *, generator: Any = None,
-                 retriever: Any = None, scorer: Any = None, embedder: Any = None):
+                 retriever: Any = None, scorer: Any = None, embedder: Any = None, named: dict[str, Any] | None = None):
         self.cfg = cfg
         self.index_dir = index_dir
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
+        self._named: dict[str, Any] = dict(named or {})
 
     # -- lazily built parts ------------------------------------------------------------------
     @property
@@ -80,8 +97,22 @@ class Backends:
     def embed(self, texts, model):
         return self.embedder.embed(texts, model)
 
+    def named(self, name: str):
+        if name not in self._named:
+            if name not in _NAMED:
+                raise BackendError(f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})")
+            self._named[name] = _NAMED[name](self.cfg, self)
+        return self._named[name]
+
+    def call(self, name: str, op: str, items: list):
+        backend = self.named(name)
+        fn = getattr(backend, op, None)
+        if op.startswith("_") or not callable(fn):
+            raise BackendError(f"backend {name!r} has no operation {op!r}")
+        return fn(items)
+
     def close(self) -> None:
-        for part in (self._generator, self._retriever, self._scorer, self._embedder):
+        for part in (self._generator, self._retriever, self._scorer, self._embedder, *self._named.values()):
             if part is not None and hasattr(part, "close"):
                 try:
                     part.close()

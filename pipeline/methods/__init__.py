@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
@@ -24,8 +25,6 @@ from pipeline.requests import Answer, Question, Request
 
 Program = Callable[[Question, Any], Generator[Request, Any, Answer]]
 
-# Modules whose import registers methods (method issues add theirs here).
-METHOD_MODULES = ["pipeline.methods.baselines"]
 
 
 class MethodError(DynragError, ValueError):
@@ -77,8 +76,9 @@ def register_method(name: str, *, params: type[MethodParams] = MethodParams, des
 
 
 def _load_all() -> None:
-    for mod in METHOD_MODULES:
-        importlib.import_module(mod)
+    """Import every module of this package: each registers its methods."""
+    for mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+        importlib.import_module(f"{__name__}.{mod}")
 
 
 def all_methods() -> dict[str, MethodSpec]:
