@@ -1,0 +1,170 @@
+"""DR-RAG's selection rules (Eqs. 1, 3, 4; Algorithm 1) on hand-made cases, and the programs through the engine."""
+
+import pytest
+
+from indexing.hits import Hit
+from pipeline.backends import Backends
+from pipeline.config import DynragConfig
+from pipeline.engine import Engine
+from pipeline.methods import get_method
+from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, final_answer, qdc_select
+from pipeline.requests import Completion, Question
+from fakes import RecordingGenerator
+
+
+# -- Eq. (1): QDC ------------------------------------------------------------------------------------
+
+def test_qdc_adds_the_first_id_not_already_in_the_context_from_each_list():
+    first = ["a", "b"]
+    # list of a: starts with a itself (in Cnt) -> c; list of b: b, then c (added by a's list) -> d
+    second = [["a", "c", "x"], ["b", "c", "d"]]
+    assert qdc_select(first, second, k=4) == ["a", "b", "c", "d"]
+
+
+def test_qdc_stops_at_k_and_skips_a_list_with_nothing_new():
+    assert qdc_select(["a", "b"], [["a", "c"], ["b", "d"]], k=3) == ["a", "b", "c"]
+    assert qdc_select(["a", "b"], [["a", "b"], ["b", "d"]], k=4) == ["a", "b", "d"]
+    assert qdc_select(["a", "b", "c"], [["z"], ["y"], ["x"]], k=2) == ["a", "b"]
+
+
+# -- Eq. (3): CIS --------------------------------------------------------------------------------------
+
+def test_cis_drops_second_stage_docs_negative_with_every_first_stage_doc():
+    first, selected = ["a", "b"], ["a", "b", "c", "d", "e"]
+    positive = {("c", "b"): True, ("d", "a"): False, ("d", "b"): False, ("e", "a"): True}
+    seen = []
+
+    def pos(d, di):
+        seen.append((d, di))
+        return positive.get((d, di), False)
+
+    assert cis_keep(first, selected, pos) == ["a", "b", "c", "e"]
+    # the first-stage documents themselves are never classified (Eq. 3 removes only d'_{i,j})
+    assert all(d not in first for d, _ in seen)
+    # argument order: C(q, d'_{i,j}, d_i)
+    assert ("c", "b") in seen and ("b", "c") not in seen
+
+
+# -- Eq. (4) / Algorithm 1: CFS ----------------------------------------------------------------------------
+
+def test_cfs_takes_the_first_positive_of_each_list_and_skips_docs_already_in_context():
+    first = ["a", "b"]
+    second = [["a", "x", "c", "y"], ["b", "c", "d", "z"]]
+    pos = {(0, "x"): False, (0, "c"): True, (0, "y"): True, (1, "d"): True, (1, "z"): True}
+    asked = []
+
+    def verdict(i, d):
+        asked.append((i, d))
+        return pos.get((i, d), False)
+
+    chosen, blocked = cfs_walk(first, second, k=6, verdict=verdict)
+    assert blocked is None
+    # list 0: x negative, c positive -> c (y never asked: early stop); list 1: c already in -> d
+    assert chosen == ["a", "b", "c", "d"]
+    assert asked == [(0, "x"), (0, "c"), (1, "d")]
+
+
+def test_cfs_may_end_with_fewer_than_k_and_never_exceeds_k():
+    chosen, _ = cfs_walk(["a", "b"], [["x", "y"], ["z"]], k=4, verdict=lambda i, d: False)
+    assert chosen == ["a", "b"]
+    chosen, _ = cfs_walk(["a", "b"], [["x"], ["y"]], k=3, verdict=lambda i, d: True)
+    assert chosen == ["a", "b", "x"]
+
+
+def test_cfs_reports_the_list_that_needs_a_verdict():
+    known = {(0, "x"): False}
+    chosen, blocked = cfs_walk(["a", "b"], [["x", "y"], ["z"]], k=4, verdict=lambda i, d: known.get((i, d)))
+    assert blocked == 0 and chosen == ["a", "b"]
+    known.update({(0, "y"): True})
+    chosen, blocked = cfs_walk(["a", "b"], [["x", "y"], ["z"]], k=4, verdict=lambda i, d: known.get((i, d)))
+    assert blocked == 1 and chosen == ["a", "b", "y"]
+
+
+def test_final_answer_reads_the_last_answer_line():
+    assert final_answer("Doc 1 says so.\nAnswer: Paris.") == "Paris"
+    assert final_answer("The answer is: 1960\nmore") == "1960"
+    assert final_answer("Berlin") == "Berlin"
+
+
+# -- the programs through the engine -------------------------------------------------------------------
+
+DOCS = {i: Hit(i, f"T{i}", f"text {i}", 1.0) for i in "abcdexyz"}
+
+
+class ScriptedRetriever:
+    """The question alone retrieves a, b, c...; Concat(q, d_i) retrieves d_i first, then a fixed list."""
+
+    LISTS = {"a": ["a", "x", "c", "y"], "b": ["b", "c", "d", "z"]}
+
+    def __init__(self):
+        self.calls = []
+
+    def search(self, queries, k, retriever):
+        self.calls.append((len(queries), k, retriever))
+        out = []
+        for q in queries:
+            hit = next((d for d in "ab" if q.endswith(f"T{d}: text {d}")), None)
+            ids = self.LISTS[hit] if hit else ["a", "b", "c", "d", "e"]
+            out.append([DOCS[i] for i in ids[:k]])
+        return out
+
+
+class TripleScorer:
+    """P(positive) = 0.9 for triples listed in `positive` (by titles), else 0.1; records batch sizes."""
+
+    def __init__(self, positive):
+        self.positive = positive
+        self.calls = []
+
+    def score(self, items, classifier):
+        self.calls.append(len(items))
+        key = lambda it: tuple(s.split(":")[0] for s in it[1:])  # noqa: E731  ("Ta: text a" -> "Ta")
+        return [0.9 if key(it) in self.positive else 0.1 for it in items]
+
+
+def run(method, params, positive=()):
+    gen = RecordingGenerator(reply=lambda p: "Answer: T-answer")
+    ret, scorer = ScriptedRetriever(), TripleScorer(set(positive))
+    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret, scorer=scorer))
+    spec = get_method(method)
+    qs = [Question(str(i), f"question {i}") for i in range(5)]
+    out = engine.run(qs, spec.program, spec.params(params))
+    assert all(o.error is None for o in out), [o.error for o in out]
+    return out, gen, ret, scorer
+
+
+@pytest.mark.parametrize("method", ["bm25", "sm", "qdc", "cis", "cfs"])
+def test_every_drrag_method_makes_exactly_one_llm_call_per_question(method):
+    out, gen, ret, _ = run(method, {"k": 4}, positive={("Ta", "Tx")})
+    assert gen.calls == [5]  # one batched generate over the 5 questions
+    assert all(o.trace.llm_calls == 1 for o in out)
+    assert all(o.answer.prediction == "T-answer" for o in out)
+
+
+def test_qdc_cis_cfs_programs_select_as_the_equations_say():
+    # list a = [a, x, c, y] adds x; list b = [b, c, d, z] adds c
+    out, *_ = run("qdc", {"k": 4, "k1": 2})
+    assert [h.id for h in out[0].answer.used_docs] == ["a", "b", "x", "c"]
+    # CIS: c is positive with b (C(q, c, b)), x with nothing -> x dropped
+    out, _, _, scorer = run("cis", {"k": 4, "k1": 2}, positive={("Tc", "Tb")})
+    assert [h.id for h in out[0].answer.used_docs] == ["a", "b", "c"]
+    assert scorer.calls == [5 * 2 * 2]  # 2 second-stage docs x 2 first-stage docs, all questions in one call
+    # CFS: list a: x negative, c positive -> c; list b: c in context, d negative, z positive -> z
+    out, _, _, scorer = run("cfs", {"k": 4, "k1": 2, "score_window": 1}, positive={("Ta", "Tc"), ("Tb", "Tz")})
+    assert [h.id for h in out[0].answer.used_docs] == ["a", "b", "c", "z"]
+    assert out[0].answer.extra["strategy"] == "cfs"
+    assert out[0].trace.classifier_calls == out[0].answer.extra["classified"]
+
+
+def test_cfs_retrieves_second_stage_with_concatenated_queries_in_one_batch():
+    out, _, ret, _ = run("cfs", {"k": 4, "k1": 2, "depth": 4}, positive={("Ta", "Tx")})
+    # first stage: 5 questions in one search; second stage: 2 concatenated queries x 5 questions in one search
+    assert ret.calls == [(5, 2, "dense"), (10, 4, "dense")]
+    assert concat_query("q?", DOCS["a"]) == "q? Ta: text a"
+
+
+def test_k1_larger_than_k_is_refused():
+    from pipeline.methods import MethodError
+
+    with pytest.raises(MethodError, match="k1=5 exceeds k=3"):
+        get_method("qdc").params({"k": 3, "k1": 5})
