@@ -91,6 +91,9 @@ class ClassifierConfig(Section):
 
     path: str | None = Field(None, description="trained classifier folder: written by `dynrag train-classifier --out`, "
                              "loaded by the DR-RAG methods (CIS, CFS)")
+    task: Literal["triple", "pair"] = Field("triple", description="triple: C(q, d1, d2) of DR-RAG Eq. 2; pair: a "
+                                            "(q, d) -> relevant reranker (PAIRS Eq. 7), (q, supporting doc) positive, "
+                                            "(q, other doc) negative, 1:1")
     base_model: str = Field("all-minilm-l6-v2", description="encoder to fine-tune: known model name, local folder or "
                             "hub name (the paper used google/bigbird-roberta-base, App. A.1)")
     max_length: int = Field(256, ge=16, le=8192, description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "

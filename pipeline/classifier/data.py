@@ -30,7 +30,9 @@ POSITIVE = "gold+gold"
 GOLD_DISTRACTOR = "gold+distractor"
 DISTRACTOR_GOLD = "distractor+gold"
 DISTRACTOR_DISTRACTOR = "distractor+distractor"
-KINDS = (POSITIVE, GOLD_DISTRACTOR, DISTRACTOR_GOLD, DISTRACTOR_DISTRACTOR)
+PAIR_GOLD = "pair:gold"  # task "pair" (a reranker K(d, q), PAIRS Eq. 7): (q, supporting doc) = positive
+PAIR_DISTRACTOR = "pair:distractor"  # (q, non-supporting doc of the same question) = negative
+KINDS = (POSITIVE, GOLD_DISTRACTOR, DISTRACTOR_GOLD, DISTRACTOR_DISTRACTOR, PAIR_GOLD, PAIR_DISTRACTOR)
 
 
 class ClassifierDataError(DynragError, ValueError):
@@ -60,13 +62,13 @@ class Example:
     dataset: str
     question: str
     doc1: str
-    doc2: str
+    doc2: str | None  # None: a pair example (q, doc1)
     label: int  # 1 positive, 0 negative
     kind: str  # one of KINDS
 
     @property
-    def item(self) -> tuple[str, str, str]:
-        return (self.question, self.doc1, self.doc2)
+    def item(self) -> tuple[str, ...]:
+        return (self.question, self.doc1) if self.doc2 is None else (self.question, self.doc1, self.doc2)
 
 
 # -- readers -------------------------------------------------------------------------------------
@@ -187,6 +189,18 @@ def build_examples(record: Record, rng: random.Random, mixed_fraction: float = 0
     return positives + negatives
 
 
+def build_pair_examples(record: Record, rng: random.Random) -> list[Example]:
+    """Task "pair": (q, supporting doc) positive, as many (q, non-supporting doc) negatives, 1:1."""
+    gold = [d for d, g in zip(record.docs, record.gold) if g]
+    other = [d for d, g in zip(record.docs, record.gold) if not g]
+    n = min(len(gold), len(other))
+    if not n:
+        return []
+    pos = [Example(record.qid, record.dataset, record.question, d, None, 1, PAIR_GOLD) for d in rng.sample(gold, n)]
+    neg = [Example(record.qid, record.dataset, record.question, d, None, 0, PAIR_DISTRACTOR) for d in rng.sample(other, n)]
+    return pos + neg
+
+
 @dataclass
 class Splits:
     train: list[Example]
@@ -199,8 +213,9 @@ def _question_seed(seed: int, qid: str) -> int:
 
 
 def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0.2, mixed_fraction: float = 0.5,
-                max_per_dataset: int | None = None, max_examples: int | None = None) -> Splits:
-    """Examples per question, capped by whole questions, then split by question within each dataset."""
+                max_per_dataset: int | None = None, max_examples: int | None = None, task: str = "triple") -> Splits:
+    """Examples per question (triples of Eq. 2, or pairs for task "pair"), capped by whole questions, then
+    split by question within each dataset."""
     rng = random.Random(seed)
     by_dataset: dict[str, list[Record]] = {}
     for r in records:
@@ -212,7 +227,8 @@ def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0
         chosen, total = [], 0
         for r in order:
             # each question gets its own generator, so its examples do not depend on the others
-            exs = build_examples(r, random.Random(_question_seed(seed, r.qid)), mixed_fraction)
+            qrng = random.Random(_question_seed(seed, r.qid))
+            exs = build_pair_examples(r, qrng) if task == "pair" else build_examples(r, qrng, mixed_fraction)
             if not exs:
                 continue
             if max_per_dataset is not None and total + len(exs) > max_per_dataset:
@@ -233,7 +249,7 @@ def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0
     rng.shuffle(train)
     summary = {"train": describe(train), "dev": describe(dev), "seed": seed, "dev_fraction": dev_fraction,
                "mixed_negative_fraction": mixed_fraction, "max_examples_per_dataset": max_per_dataset,
-               "max_examples": max_examples}
+               "max_examples": max_examples, "task": task}
     return Splits(train, dev, summary)
 
 

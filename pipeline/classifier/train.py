@@ -156,7 +156,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     t0 = time.perf_counter()
     records = load_records(cfg.paths.data_dir, cc.datasets)
     splits = make_splits(records, seed=cc.seed, dev_fraction=cc.dev_fraction, mixed_fraction=cc.mixed_negative_fraction,
-                         max_per_dataset=cc.max_examples_per_dataset, max_examples=cc.max_examples)
+                         max_per_dataset=cc.max_examples_per_dataset, max_examples=cc.max_examples, task=cc.task)
     if not splits.train or not splits.dev:
         raise ClassifierError(f"too few examples to train and evaluate (train {len(splits.train)}, dev {len(splits.dev)});"
                               " raise --max-examples or add datasets")
