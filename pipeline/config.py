@@ -164,6 +164,13 @@ class RayConfig(Section):
     actor_num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per engine actor")
     actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per engine actor (1 on a GPU cluster)")
     batch_questions: int | None = Field(None, ge=1, description="questions per actor batch (None: answer.batch_questions)")
+    actor_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per engine actor, to place replicas on a node group "
+        "that advertises them (cluster/ launcher: e.g. {generation: 1} on the GPU workers)")
+    embed_actor_num_gpus: float | None = Field(
+        None, ge=0, description="GPUs per embedding actor of an index build (None: 1 when the driver sees CUDA)")
+    gpu_fallback: bool = Field(
+        True, description="on a cluster without GPUs, GPU requests become CPU-only, so a GPU config runs anywhere")
 
 
 class DynragConfig(Section):
