@@ -63,6 +63,9 @@ class IndexConfig(Section):
         1, ge=0, description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
         "most this many segments: faster search for a re-merge per version; 0 keeps the shards' segments as they are "
         "(the cheapest refresh for very large corpora)")
+    remote_cache_dir: str | None = Field(
+        None, description="where a remote index (s3://, gs://, az://) is pulled to on each machine, once per version "
+        "(None: <paths.cache_dir>/index-cache)")
     verify: Literal["checksum", "size"] = Field(
         "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
 
