@@ -1,0 +1,135 @@
+"""The `attention` backend: a transformers forward pass over (prompt, generated text) pairs that
+returns what DRAGIN's RIND and QFS need (Su et al., 2024, Sec. 3) — vLLM never returns attention.
+
+    Call("attention", "stats", [{"prompt": str, "generated": str, "context": [(start, end), ...]}, ...])
+
+`context` are character spans of the prompt whose tokens QFS may pick (the question, the answer so
+far); every generated token may be picked too. One result per item (a dict):
+
+- `offsets`   (start, end) of each generated token in `generated`
+- `entropy`   exact Eq. 1 entropy of the full next-token distribution that produced each token (nats)
+- `prob`      that distribution's probability of the token itself
+- `amax`      Eq. 3: max attention a later generated token pays it (last layer, mean over heads)
+- `cand_words`, `cand_order`: each QFS candidate token's word (None: punctuation) and text position
+- `cand_attn` [n_generated, n_candidates]: attention each generated token pays each candidate before it
+
+All items of one call share forward passes: sorted by length, right-padded, cut into batches whose
+last-layer attention fits `max_attention_bytes`. The model runs with eager attention; a forward hook
+keeps the last layer's weights only (output_attentions=True would hold every layer's L x L maps).
+With generation.backend=transformers the generator's model is reused, otherwise it is loaded here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from pipeline.backends import register_backend
+from pipeline.dragin_math import entropy, max_later_attention, word_spans
+
+log = logging.getLogger(__name__)
+
+
+@register_backend("attention")
+class AttentionPass:
+    def __init__(self, cfg, backends=None, *, model_path: str | None = None, max_attention_bytes: float = 1.5e9):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from pipeline.models import resolve_model
+
+        self.max_attention_bytes = max_attention_bytes
+        self.forward_batches: list[int] = []  # items per forward pass, for tests and benchmarks
+        gen = backends.generator if backends is not None and cfg.generation.backend == "transformers" else None
+        if gen is not None and hasattr(gen, "model"):
+            self.model, self.tokenizer = gen.model, gen.tokenizer
+        else:
+            path = model_path or resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.generation.trust_remote_code)
+            self.model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation="eager",
+                trust_remote_code=cfg.generation.trust_remote_code).eval()
+        if self.model.config._attn_implementation != "eager":
+            raise ValueError("the attention backend needs a model loaded with attn_implementation='eager'")
+        self.device = next(self.model.parameters()).device
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.heads = self.model.config.num_attention_heads
+
+    # -- the operation -------------------------------------------------------------------------
+    def stats(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        enc = [self._encode(it) for it in items]
+        order = sorted(range(len(items)), key=lambda k: len(enc[k]["ids"]))
+        results: list[Any] = [None] * len(items)
+        batch: list[int] = []
+        for k in order:
+            width = len(enc[k]["ids"])
+            if batch and (len(batch) + 1) * self.heads * width * width * 4 > self.max_attention_bytes:
+                self._forward([enc[b] for b in batch], batch, results)
+                batch = []
+            batch.append(k)
+        if batch:
+            self._forward([enc[b] for b in batch], batch, results)
+        return results
+
+    # -- internals -------------------------------------------------------------------------------
+    def _encode(self, item: dict[str, Any]) -> dict[str, Any]:
+        prompt, generated = item["prompt"], item["generated"]
+        p = self.tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)
+        g = self.tokenizer(generated, add_special_tokens=False, return_offsets_mapping=True)
+        shift = len(prompt)
+        offsets = [tuple(o) for o in p["offset_mapping"]] + [(s + shift, e + shift) for s, e in g["offset_mapping"]]
+        n_prompt = len(p["input_ids"])
+        full = prompt + generated
+        spans = word_spans(full, offsets)
+        context = [tuple(c) for c in item.get("context", [])]
+        cand = [j for j in range(n_prompt) if any(offsets[j][0] < ce and cs < offsets[j][1] for cs, ce in context)]
+        cand += list(range(n_prompt, len(offsets)))
+        return {"ids": list(p["input_ids"]) + list(g["input_ids"]), "n_prompt": n_prompt,
+                "gen_offsets": [(s, e) for s, e in g["offset_mapping"]], "cand": cand,
+                "cand_words": [None if spans[j] is None else full[spans[j][0]:spans[j][1]] for j in cand],
+                "cand_order": [-1 if spans[j] is None else spans[j][0] for j in cand]}
+
+    def _forward(self, encs: list[dict], slots: list[int], results: list) -> None:
+        import torch
+
+        width = max(len(e["ids"]) for e in encs)
+        ids = torch.full((len(encs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(encs), width), dtype=torch.long)
+        for r, e in enumerate(encs):
+            ids[r, :len(e["ids"])] = torch.tensor(e["ids"])
+            mask[r, :len(e["ids"])] = 1
+        captured: dict[str, Any] = {}
+        decoder = self.model.get_decoder()
+        hook = decoder.layers[-1].self_attn.register_forward_hook(
+            lambda _m, _inp, out: captured.__setitem__("w", out[1].float().mean(dim=1)))
+        try:
+            with torch.no_grad():
+                hidden = decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+                head = self.model.get_output_embeddings()
+                for r, (e, slot) in enumerate(zip(encs, slots)):
+                    results[slot] = self._item_stats(e, hidden[r], captured["w"][r], head)
+        finally:
+            hook.remove()
+        self.forward_batches.append(len(encs))
+
+    @staticmethod
+    def _item_stats(e: dict, hidden, attn, head) -> dict[str, Any]:
+        n_prompt, length = e["n_prompt"], len(e["ids"])
+        gen = np.arange(n_prompt, length)
+        if gen.size == 0:
+            return {"offsets": [], "entropy": np.zeros(0), "prob": np.zeros(0), "amax": np.zeros(0),
+                    "cand_words": e["cand_words"], "cand_order": e["cand_order"],
+                    "cand_attn": np.zeros((0, len(e["cand"])), dtype=np.float32)}
+        # the distribution that produced token i sits at position i - 1
+        logits = head(hidden[gen - 1]).float().cpu().numpy()
+        tok = np.asarray(e["ids"])[gen]
+        z = logits - logits.max(axis=-1, keepdims=True)
+        prob = np.exp(z[np.arange(len(gen)), tok]) / np.exp(z).sum(axis=-1)
+        a = attn[:length, :length].cpu().numpy()
+        cand = np.asarray(e["cand"])
+        cand_attn = a[np.ix_(gen, cand)] * (cand[None, :] < gen[:, None])  # only tokens before i (Sec. 3.2)
+        return {"offsets": e["gen_offsets"], "entropy": entropy(logits), "prob": prob,
+                "amax": max_later_attention(a, gen, length), "cand_words": e["cand_words"],
+                "cand_order": e["cand_order"], "cand_attn": cand_attn.astype(np.float32)}

@@ -1,0 +1,127 @@
+"""DRAGIN's equations on plain arrays (Su et al., ACL 2024, Section 3), shared by the attention backend
+and the `dragin`/`flare` methods, and unit-tested on hand-made numbers.
+
+- RIND (Sec. 3.1): S(t_i) = H_i * a_max(i) * s_i (Eq. 5), with H_i the entropy of the next-token
+  distribution that produced t_i (Eq. 1), a_max(i) = max over later tokens j > i of the last-layer
+  attention A[j, i] that t_j pays to t_i (Eqs. 2-3), s_i = 0 for stop words (Eq. 4).
+- QFS (Sec. 3.2): the top-n tokens by the attention the triggering token pays to the preceding
+  context, mapped back to their words and kept in text order.
+- Truncation (Sec. 3.3, Eq. 6): the output before the triggering token (cut at its word's start).
+
+Tokens are mapped to words through character offsets: a token belongs to the `\\w+` word its span
+overlaps; a token with no word (punctuation, whitespace) counts as a stop word (s_i = 0).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+WORD = re.compile(r"\w+")
+
+
+@lru_cache(maxsize=1)
+def stop_words() -> frozenset[str]:
+    """spaCy's English stop-word list (the paper's choice, Sec. 4.5); needs no spaCy model."""
+    from spacy.lang.en.stop_words import STOP_WORDS
+
+    return frozenset(w.lower() for w in STOP_WORDS)
+
+
+def entropy(logits: np.ndarray) -> np.ndarray:
+    """Eq. 1 for each row of logits [n, V]: -sum_v p(v) log p(v), natural log, exact over the vocabulary."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+    return -(np.exp(logp) * logp).sum(axis=-1)
+
+
+def max_later_attention(attn: np.ndarray, positions: np.ndarray, length: int) -> np.ndarray:
+    """Eq. 3: for each position i, max_{i < j < length} attn[j, i] (0 for the last token: nothing follows)."""
+    out = np.zeros(len(positions))
+    for k, i in enumerate(positions):
+        if i + 1 < length:
+            out[k] = float(attn[i + 1:length, i].max())
+    return out
+
+
+def word_spans(text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+    """For each token's (start, end) in `text`, the span of the `\\w+` word it overlaps (None: no word)."""
+    words = [m.span() for m in WORD.finditer(text)]
+    out: list[tuple[int, int] | None] = []
+    w = 0
+    for s, e in offsets:
+        while w < len(words) and words[w][1] <= s:
+            w += 1
+        out.append(words[w] if w < len(words) and words[w][0] < e and s < words[w][1] else None)
+    return out
+
+
+def semantic_mask(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
+    """Eq. 4: s_i = 0 when token i's word is a stop word (or the token has no word), else 1."""
+    stops = stop_words()
+    return np.array([0.0 if sp is None or text[sp[0]:sp[1]].lower() in stops else 1.0
+                     for sp in word_spans(text, offsets)])
+
+
+def rind(entropies: np.ndarray, amax: np.ndarray, semantic: np.ndarray) -> np.ndarray:
+    """Eq. 5: S_RIND(t_i) = H_i * a_max(i) * s_i."""
+    return np.asarray(entropies, float) * np.asarray(amax, float) * np.asarray(semantic, float)
+
+
+def first_above(scores: np.ndarray, threshold: float) -> int | None:
+    """The first token whose score exceeds the threshold (RIND triggers retrieval there), or None."""
+    hit = np.flatnonzero(np.asarray(scores) > threshold)
+    return int(hit[0]) if hit.size else None
+
+
+def truncate(text: str, offsets: list[tuple[int, int]], i: int) -> str:
+    """Eq. 6: the output before token i, cut at the start of token i's word, trailing blanks dropped."""
+    start = offsets[i][0]
+    span = word_spans(text, [offsets[i]])[0]
+    if span is not None:
+        start = min(start, span[0])
+    return text[:start].rstrip()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A token QFS may pick: its word (None: punctuation) and its position in the text order."""
+
+    word: str | None
+    order: int  # order of the word in the context (words of one token sequence share it)
+
+
+def qfs_query(weights: np.ndarray, candidates: list[Candidate], n: int, skip_stop_words: bool = True) -> str:
+    """Sec. 3.2: sort the candidates by the attention `weights` the triggering token pays them, keep
+    the top n tokens, map them to their words and join the words in their original text order."""
+    stops = stop_words() if skip_stop_words else frozenset()
+    ok = [k for k, c in enumerate(candidates) if c.word and c.word.lower() not in stops]
+    ranked = sorted(ok, key=lambda k: (-float(weights[k]), k))[:n]
+    chosen: dict[int, str] = {}
+    for k in ranked:
+        chosen.setdefault(candidates[k].order, candidates[k].word)
+    return " ".join(chosen[o] for o in sorted(chosen))
+
+
+def candidates_for(text: str, offsets: list[tuple[int, int]], base_order: int = 0) -> list[Candidate]:
+    """Candidates for the tokens of `text` (orders start at base_order; one order per word)."""
+    out = []
+    for sp in word_spans(text, offsets):
+        out.append(Candidate(None, -1) if sp is None else Candidate(text[sp[0]:sp[1]], base_order + sp[0]))
+    return out
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each sentence: text up to '.', '!' or '?' followed by a blank or the end."""
+    spans, pos = [], 0
+    while pos < len(text):
+        m = re.search(r"[.!?]+(?=\s|$)", text[pos:])
+        end = len(text) if m is None else pos + m.end()
+        if text[pos:end].strip():
+            spans.append((pos, end))
+        pos = end
+    return spans

@@ -1,0 +1,318 @@
+"""DRAGIN (Su et al., ACL 2024) and the multi-round baselines of its Table 1, in one shared setting.
+
+All four methods answer with few-shot chain-of-thought in raw-text prompts (exemplars end with
+"So the answer is ..."), generate at most `max_tokens` tokens of reasoning (Table 9's "generate
+length"), put the top-k (Table 8: 3) BM25 documents of the latest retrieval in the prompt (the
+"Answer in the same format as before." template of Appendix D), and continue from where the kept
+output ends. They differ only in when and what they retrieve (Table 1):
+
+- `dragin`: RIND (Eq. 5) over each generated chunk; at the first token above theta, truncate before it
+  (Eq. 6), query with QFS (top-n attended words in text order), continue with the documents.
+- `flare`: at the first sentence holding a token with probability below `prob_threshold`, truncate
+  before that sentence; query = the sentence without its low-probability words.
+- `fl-rag`: retrieve every `window` tokens; query = the last window (the question at first).
+- `fs-rag`: retrieve every sentence; query = the last sentence (the question at first).
+
+The final answer follows Appendix B: the words after "So the answer is"; if the output lacks it,
+" So the answer is" is appended and the model generates again. Entropy and attention come from the
+`attention` backend (a transformers forward pass; the entropy is exact over the whole vocabulary:
+rows record `entropy: "exact"`); generation is the run's generation backend (vLLM by default).
+Rows' `extra` hold retrievals, generated tokens, hallucination points (triggers), queries.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Generator, Sequence
+
+import numpy as np
+from pydantic import Field
+
+import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
+from indexing.hits import Hit
+from pipeline.dragin_math import (Candidate, first_above, qfs_query, rind, semantic_mask, sentence_spans, truncate,
+                                  word_spans)
+from pipeline.methods import MethodParams, register_method
+from pipeline.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
+
+PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"
+
+# Our own exemplars in the style of the paper's CoT prompts (App. A, D): reasoning, then the answer.
+EXEMPLARS = [
+    ("Who was born earlier, the composer of the opera Tosca or the author of Dracula?",
+     "The opera Tosca was composed by Giacomo Puccini, born on 22 December 1858. Dracula was written by "
+     "Bram Stoker, born on 8 November 1847. Thus, Bram Stoker was born earlier. So the answer is Bram Stoker."),
+    ("In which country is the university where the inventor of the World Wide Web studied?",
+     "The World Wide Web was invented by Tim Berners-Lee. Tim Berners-Lee studied at the University of "
+     "Oxford. The University of Oxford is in England. So the answer is England."),
+    ("Are the rivers Danube and Volga both in Europe?",
+     "The Danube flows through central and eastern Europe. The Volga flows through Russia in Europe. "
+     "Thus, both are in Europe. So the answer is yes."),
+    ("What is the capital of the country where the film Amelie was made?",
+     "The film Amelie was made in France. The capital of France is Paris. So the answer is Paris."),
+]
+
+# Table 9 (Llama2-7b-chat row, the smallest LLM of the paper): (generate length, theta, top n tokens)
+TABLE9 = {"2wiki": (64, 1.2, 40), "hotpot": (100, 1.3, 35), "iirc": (128, 1.3, 35), "strategy": (100, 0.75, 35)}
+TABLE9_OTHER = (100, 1.2, 35)
+
+ANSWER_IS = re.compile(r"so the answer is\s*:?\s*", re.IGNORECASE)
+
+
+def table9(dataset: str) -> tuple[int, float, int]:
+    key = dataset.lower().replace("_", "")
+    return next((v for k, v in TABLE9.items() if k in key), TABLE9_OTHER)
+
+
+class MultiRoundParams(MethodParams):
+    k: int = Field(3, ge=1, le=20, description="documents per retrieval (Table 8: 3)")
+    max_tokens: int | None = Field(None, ge=8, le=1024,
+                                   description="generate length (None: Table 9 for the question's dataset)")
+    max_retrievals: int = Field(8, ge=0, le=50, description="retrievals per question at most")
+    doc_words: int = Field(120, ge=10, description="each document is cut to this many words in the prompt")
+    retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
+
+
+class DraginParams(MultiRoundParams):
+    theta: float | None = Field(None, gt=0, description="RIND threshold (None: Table 9 for the dataset)")
+    top_n: int | None = Field(None, ge=1, le=200, description="QFS query tokens (None: Table 9 for the dataset)")
+    qfs_skip_stop_words: bool = Field(True, description="QFS never picks stop words (as the official code)")
+
+
+class FlareParams(MultiRoundParams):
+    prob_threshold: float = Field(0.4, gt=0, lt=1, description="a token below this probability triggers retrieval")
+
+
+class FlRagParams(MultiRoundParams):
+    window: int = Field(25, ge=1, description="tokens between retrievals (Sec. 5.4: 25)")
+
+
+class FsRagParams(MultiRoundParams):
+    pass
+
+
+# -- prompts and answers ---------------------------------------------------------------------------
+def cot_prompt(question: str, docs: Sequence[Hit], answer_so_far: str, doc_words: int) -> tuple[str, list[tuple[int, int]]]:
+    """(raw prompt, character spans QFS may read: the question and the answer so far)."""
+    parts = [f"Question: {q}\nAnswer: {a}\n\n" for q, a in EXEMPLARS]
+    if docs:
+        lines = [f"[{i}] {h.title}: {' '.join(h.text.split()[:doc_words])}" for i, h in enumerate(docs, 1)]
+        parts.append("Context:\n" + "\n".join(lines) + "\nAnswer in the same format as before.\n\n")
+    head = "".join(parts) + "Question: "
+    q_span = (len(head), len(head) + len(question))
+    prompt = f"{head}{question}\nAnswer:"
+    spans = [q_span]
+    if answer_so_far:
+        spans.append((len(prompt), len(prompt) + len(answer_so_far)))
+        prompt += answer_so_far
+    return prompt, spans
+
+
+def final_answer(text: str) -> str | None:
+    """Appendix B: the words after the last "So the answer is", up to the line end, without a final period."""
+    found = list(ANSWER_IS.finditer(text))
+    if not found:
+        return None
+    ans = text[found[-1].end():].strip().splitlines()[0] if text[found[-1].end():].strip() else ""
+    return ans.strip().rstrip(".").strip().strip('"').strip()
+
+
+def complete(text: str) -> bool:
+    """The reasoning has reached its answer sentence."""
+    m = list(ANSWER_IS.finditer(text))
+    return bool(m) and bool(re.search(r"\S.*?[.!?](\s|$)", text[m[-1].end():]))
+
+
+# -- the shared loop ---------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One question's multi-round generation state."""
+
+    q: Question
+    p: MultiRoundParams
+    budget: int
+    text: str = ""  # the accepted output
+    used: int = 0  # tokens accepted
+    docs: list[Hit] = field(default_factory=list)
+    retrievals: int = 0
+    triggers: int = 0
+    generated: int = 0  # every token generated, accepted or not
+    queries: list[str] = field(default_factory=list)
+    seen_docs: dict[str, Hit] = field(default_factory=dict)
+
+    def prompt(self) -> tuple[str, list[tuple[int, int]]]:
+        return cot_prompt(self.q.question, self.docs, self.text, self.p.doc_words)
+
+    def generate(self, max_tokens: int, logprobs: int | None = None):
+        prompt, spans = self.prompt()
+        spec = SamplingSpec(max_tokens=max(1, max_tokens), temperature=0.0, stop=("\n",), logprobs=logprobs)
+        out = (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
+        self.generated += out.completion_tokens
+        return prompt, spans, out
+
+    def retrieve(self, query: str):
+        hits = (yield Retrieve([query], k=self.p.k, retriever=self.p.retriever, step=f"round-{self.retrievals + 1}",
+                               path="query"))[0]
+        self.retrievals += 1
+        self.queries.append(query)
+        self.docs = list(hits)
+        for h in hits:
+            self.seen_docs.setdefault(h.id, h)
+
+    def accept(self, piece: str, tokens: int) -> None:
+        self.text += piece
+        self.used += tokens
+
+    def can_retrieve(self) -> bool:
+        return self.retrievals < self.p.max_retrievals
+
+    def left(self) -> int:
+        return self.budget - self.used
+
+    def finish(self, extra: dict[str, Any]):
+        """Appendix B: read the answer after "So the answer is", generating it when absent."""
+        raw = self.text
+        ans = final_answer(raw)
+        forced = ans is None or not ans
+        if forced:
+            self.text = raw.rstrip() + " So the answer is"
+            _, _, out = yield from self.generate(24)
+            raw = self.text + out.text
+            ans = final_answer(raw) or ""
+        extra = {"retrievals": self.retrievals, "generated_tokens": self.generated, "hallucination_points": self.triggers,
+                 "queries": self.queries, "answer_forced": forced, **extra}
+        return Answer(ans, raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0, extra=extra)
+
+
+def _token_offsets(pieces: Sequence[str], text: str) -> list[tuple[int, int]]:
+    """Character spans of generated token strings laid end to end, clipped to the text."""
+    out, pos = [], 0
+    for s in pieces:
+        end = min(pos + len(s), len(text))
+        out.append((pos, end))
+        pos = end
+    return out
+
+
+def sentence_of(text: str, pos: int) -> tuple[int, int]:
+    """The (start, end) of the sentence holding character `pos`."""
+    spans = sentence_spans(text)
+    return next((sp for sp in spans if pos < sp[1]), spans[-1] if spans else (0, len(text)))
+
+
+# -- dragin -------------------------------------------------------------------------------------------
+def qfs(stats: dict, i: int, n: int, skip_stop_words: bool) -> str:
+    cands = [Candidate(w, o) for w, o in zip(stats["cand_words"], stats["cand_order"])]
+    return qfs_query(np.asarray(stats["cand_attn"][i]), cands, n, skip_stop_words)
+
+
+@register_method("dragin", params=DraginParams,
+                 description="RIND (entropy x max later attention x stop-word mask) decides when, QFS what to retrieve",
+                 paper=PAPER)
+def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
+    length, theta, top_n = table9(q.dataset)
+    theta = p.theta or theta
+    top_n = p.top_n or top_n
+    run = Run(q, p, p.max_tokens or length)
+    while run.left() > 0:
+        prompt, spans, out = yield from run.generate(run.left())
+        new = out.text
+        if not new.strip():
+            break
+        if run.can_retrieve():
+            st = (yield Call("attention", "stats", [{"prompt": prompt, "generated": new, "context": spans}],
+                             stage="method"))[0]
+            offsets = [tuple(o) for o in st["offsets"]]
+            scores = rind(st["entropy"], st["amax"], semantic_mask(new, offsets))
+            i = first_above(scores, theta)
+            if i is not None:
+                query = qfs(st, i, top_n, p.qfs_skip_stop_words)
+                if query and query not in run.queries[-1:]:
+                    run.triggers += 1
+                    kept = truncate(new, offsets, i)
+                    run.accept(kept, sum(1 for s, e in offsets if e <= len(kept)))
+                    yield from run.retrieve(query)
+                    continue
+        run.accept(new, out.completion_tokens)
+        if complete(run.text) or out.finish_reason not in ("length", ""):
+            break
+    return (yield from run.finish({"entropy": "exact", "theta": theta, "top_n": top_n, "max_tokens": run.budget}))
+
+
+# -- flare ----------------------------------------------------------------------------------------------
+@register_method("flare", params=FlareParams,
+                 description="retrieve before a sentence with a low-probability token; query = the sentence without them",
+                 paper=f"FLARE (Jiang et al., 2023) as set in {PAPER}")
+def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
+    length = table9(q.dataset)[0]
+    run = Run(q, p, p.max_tokens or length)
+    while run.left() > 0:
+        _, _, out = yield from run.generate(run.left(), logprobs=1)
+        new = out.text
+        if not new.strip():
+            break
+        if run.can_retrieve() and out.logprobs:
+            offsets = _token_offsets([t.token for t in out.logprobs], new)
+            low = [k for k, t in enumerate(out.logprobs) if np.exp(t.logprob) < p.prob_threshold and offsets[k][1] > offsets[k][0]]
+            low = [k for k in low if word_spans(new, [offsets[k]])[0] is not None]  # punctuation never triggers
+            if low:
+                s0, s1 = sentence_of(new, offsets[low[0]][1] - 1)
+                masked = {word_spans(new, [offsets[k]])[0] for k in low}
+                words = [m for m in re.finditer(r"\w+", new[s0:s1]) if (s0 + m.start(), s0 + m.end()) not in masked]
+                query = " ".join(m.group() for m in words) or q.question
+                if query not in run.queries[-1:]:
+                    run.triggers += 1
+                    kept = new[:s0].rstrip()
+                    run.accept(kept, sum(1 for s, e in offsets if e <= len(kept)))
+                    yield from run.retrieve(query)
+                    continue
+        run.accept(new, out.completion_tokens)
+        if complete(run.text) or out.finish_reason not in ("length", ""):
+            break
+    return (yield from run.finish({"entropy": "none (token probabilities from generation logprobs)",
+                                   "prob_threshold": p.prob_threshold, "max_tokens": run.budget}))
+
+
+# -- fixed-rule baselines ------------------------------------------------------------------------------
+@register_method("fl-rag", params=FlRagParams,
+                 description="retrieve every n tokens with the last n tokens as the query (the question first)",
+                 paper=f"FL-RAG (Khandelwal et al., 2019; Ram et al., 2023) as set in {PAPER}")
+def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
+    run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
+    query = q.question
+    while run.left() > 0:
+        if run.can_retrieve():
+            yield from run.retrieve(query)
+        _, _, out = yield from run.generate(min(p.window, run.left()))
+        if not out.text.strip():
+            break
+        run.accept(out.text, out.completion_tokens)
+        query = out.text.strip()
+        if complete(run.text) or out.finish_reason not in ("length", ""):
+            break
+    return (yield from run.finish({"entropy": "none", "window": p.window, "max_tokens": run.budget}))
+
+
+@register_method("fs-rag", params=FsRagParams,
+                 description="retrieve every sentence with the last sentence as the query (the question first)",
+                 paper=f"FS-RAG (Trivedi et al., 2022) as set in {PAPER}")
+def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
+    run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
+    query = q.question
+    while run.left() > 0:
+        if run.can_retrieve():
+            yield from run.retrieve(query)
+        _, _, out = yield from run.generate(run.left(), logprobs=1)
+        new = out.text
+        if not new.strip():
+            break
+        spans = sentence_spans(new)
+        end = spans[0][1] if spans else len(new)
+        offsets = _token_offsets([t.token for t in out.logprobs or []], new)
+        tokens = sum(1 for s, e in offsets if e <= end) if offsets else out.completion_tokens
+        run.accept(new[:end], tokens)
+        query = new[:end].strip()
+        if complete(run.text) or (end >= len(new.rstrip()) and out.finish_reason not in ("length", "")):
+            break
+    return (yield from run.finish({"entropy": "none", "max_tokens": run.budget}))
