@@ -106,6 +106,10 @@ def build_index(
     sources = [str(s) for s in sources]
     if not sources:
         raise BuildError("no corpus sources given")
+    from indexing.remote import build_remote_index, is_remote
+
+    if is_remote(index_dir):  # s3://, gs://, az://: built locally, then uploaded (remote.py)
+        return build_remote_index(sources, str(index_dir), cfg, fmt=fmt, fields=fields, on_bad_line=on_bad_line)
     root = Path(index_dir)
     with build_lock(root):
         return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()

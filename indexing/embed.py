@@ -133,7 +133,9 @@ def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # shards finish in order, so each is saved as soon as done
     device = resolve_device(spec.device)
-    gpus = 1 if device.startswith("cuda") else 0
+    from pipeline.ray_resources import embed_actor_gpus
+
+    gpus = embed_actor_gpus(cfg, device)
     ds = ray.data.read_parquet(files, columns=["shard", "row", "text"])
     ds = ds.map_batches(
         EmbedActor,

@@ -146,7 +146,12 @@ class Index:
 
 
 def open_index(index_dir, cfg, version: str | None = None) -> Index:
-    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002')."""
+    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002').
+    A remote `index_dir` (s3://, gs://, az://) is pulled into a local cache first (remote.py)."""
+    from indexing.remote import is_remote, open_remote_index
+
+    if is_remote(index_dir):
+        return open_remote_index(str(index_dir), cfg, version)
     root = Path(index_dir)
     manifest = read_manifest(root, version)
     log.info("opened %s version %s: %d passages in %d shards", root, manifest["version"], manifest["passages"],

@@ -103,7 +103,9 @@ def _info(args: argparse.Namespace) -> int:
 
     from indexing.manifest import read_manifest
 
-    m = read_manifest(Path(args.index))
+    from indexing.remote import is_remote, remote_manifest
+
+    m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))
     if args.json:
         print(json.dumps(m, indent=1))
         return 0

@@ -61,11 +61,20 @@ def init_ray(cfg: DynragConfig) -> bool:
     return True
 
 
+def _index_arg(index_dir: str | None) -> str | None:
+    """Local index paths made absolute for the actors; URIs (s3://...) as given (each node pulls a copy)."""
+    from indexing.remote import is_remote
+
+    return index_dir if not index_dir or is_remote(index_dir) else os.path.abspath(index_dir)
+
+
 def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | None, row_args: dict) -> Iterator[list[dict]]:
     """Yield lists of finished rows as the actors return them."""
     if not todo:
         return
     import ray
+
+    from pipeline.ray_resources import engine_actor_options
 
     started = init_ray(cfg)
     try:
@@ -73,10 +82,10 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
         ds = ray.data.from_items([{"q": json.dumps(q.to_dict())} for q in todo])
         ds = ds.map_batches(
             EngineActor,
-            fn_constructor_args=(cfg.model_dump(mode="json"), os.path.abspath(index_dir) if index_dir else None, row_args),
+            fn_constructor_args=(cfg.model_dump(mode="json"), _index_arg(index_dir), row_args),
             batch_size=batch, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
-            num_cpus=cfg.ray.actor_num_cpus, num_gpus=cfg.ray.actor_num_gpus or None,
+            **engine_actor_options(cfg),
         )
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
             yield [json.loads(s) for s in out["row"]]

@@ -1,0 +1,208 @@
+"""Index directories on object storage: `s3://`, `gs://`, `az://` (any fsspec URI with a scheme).
+
+The remote layout is the local one (manifest.py): `CURRENT`, `versions/vN/`, `shards/<key>/`.
+
+Build (`build_remote_index`): the published version is pulled into the local cache (below), a local
+working directory is seeded from it (hard links), so the build stays incremental, and `build_index`
+runs there. A newly published version is then uploaded in an order that keeps readers consistent:
+each new shard (content-addressed; shards already on the store are skipped) with its `checksums.json`
+last, then the version's BM25 files with `manifest.json` last, then `CURRENT`, last of all. Old
+versions beyond `index.keep_versions` and shards only they used are then removed from the store.
+Object stores have no lock: run one builder per remote index at a time.
+
+Open (`open_remote_index`): `CURRENT` and the manifest are read from the store; the version's shard
+and BM25 files are pulled once into `<index.remote_cache_dir>/<hash of the URI>/` (same layout;
+each directory is downloaded under a temporary name and renamed into place, so concurrent workers on
+one node share one copy) and reused by every later open of that version on this machine; shards are
+content-addressed, so a new version downloads only its new shards. The files are then checked against
+the manifest (`index.verify`) by `open_index`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from indexing.manifest import IndexError_, version_name
+
+log = logging.getLogger(__name__)
+
+
+def is_remote(path) -> bool:
+    """True for an fsspec URI whose scheme is not the local file system (s3://, gs://, az://, memory://)."""
+    text = str(path)
+    if "://" not in text:
+        return False
+    return text.split("://", 1)[0].lower() not in ("file", "local")
+
+
+def _store(uri: str):
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    return fs, root.rstrip("/")
+
+
+def remote_manifest(uri: str, version: str | None = None) -> dict:
+    """The manifest of the published version of the remote index at `uri` (or of a named version)."""
+    fs, root = _store(uri)
+    if version is None:
+        try:
+            version = fs.cat_file(f"{root}/CURRENT").decode().strip()
+        except FileNotFoundError:
+            raise IndexError_(f"no published index at {uri} (no CURRENT object); build one with `dynrag index build`") from None
+    try:
+        return json.loads(fs.cat_file(f"{root}/versions/{version}/manifest.json"))
+    except FileNotFoundError:
+        raise IndexError_(f"{uri}: version {version} has no manifest.json") from None
+
+
+def cache_root(uri: str, cfg) -> Path:
+    key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
+    base = cfg.index.remote_cache_dir or Path(cfg.paths.cache_dir) / "index-cache"
+    return Path(base).expanduser() / key
+
+
+def _pull_dir(fs, remote_dir: str, local_dir: Path, files: list[str]) -> bool:
+    """Download `files` (relative paths) of one immutable directory, unless it is cached; True if pulled."""
+    if local_dir.is_dir():
+        return False
+    tmp = local_dir.with_name(f".{local_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
+    try:
+        for rel in files:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(f"{remote_dir}/{rel}", str(tmp / rel))
+        try:
+            os.rename(tmp, local_dir)
+        except OSError:  # another worker on this node renamed its copy first
+            if not local_dir.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
+
+
+def pull_version(uri: str, cfg, version: str | None = None) -> tuple[Path, dict]:
+    """Make the version's files present in the local cache; returns (cache root, manifest)."""
+    fs, root = _store(uri)
+    manifest = remote_manifest(uri, version)
+    name = version_name(manifest["version"])
+    local = cache_root(uri, cfg)
+    (local / "shards").mkdir(parents=True, exist_ok=True)
+    (local / "versions").mkdir(parents=True, exist_ok=True)
+    t, pulled = time.perf_counter(), 0
+    for s in manifest["shards"]:
+        pulled += _pull_dir(fs, f"{root}/shards/{s['key']}", local / "shards" / s["key"], [*s["files"], "checksums.json"])
+    bm25 = manifest["bm25"]
+    vfiles = ["manifest.json", *(f"{bm25['path']}/{rel}" for rel in bm25["files"])]
+    vdir = local / "versions" / name
+    if vdir.is_dir() and json.loads((vdir / "manifest.json").read_text(encoding="utf-8")) != manifest:
+        # the store was rebuilt from scratch since: same version number, other content
+        stale = vdir.with_name(f".{name}.{uuid.uuid4().hex[:6]}.stale")
+        os.rename(vdir, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    pulled += _pull_dir(fs, f"{root}/versions/{name}", vdir, vfiles)
+    (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
+    log.info("index %s %s: %d of %d directories pulled into %s (%.1fs); the rest were cached",
+             uri, name, pulled, len(manifest["shards"]) + 1, local, time.perf_counter() - t)
+    return local, manifest
+
+
+def open_remote_index(uri: str, cfg, version: str | None = None):
+    """`open_index` for a remote index: pull the version into the local cache once, open it there."""
+    from indexing.index import open_index
+
+    local, manifest = pull_version(uri, cfg, version)
+    return open_index(local, cfg, version=version_name(manifest["version"]))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _seed(uri: str, cfg, work: Path) -> dict | None:
+    """Copy the remote's published version into `work` (from the cache) so the build is incremental."""
+    fs, root = _store(uri)
+    if not fs.exists(f"{root}/CURRENT"):
+        return None
+    local, manifest = pull_version(uri, cfg)
+    name = version_name(manifest["version"])
+    for s in manifest["shards"]:
+        if not (work / "shards" / s["key"]).exists():
+            shutil.copytree(local / "shards" / s["key"], work / "shards" / s["key"], copy_function=_link_or_copy)
+    shutil.copytree(local / "versions" / name, work / "versions" / name, copy_function=_link_or_copy)
+    (work / "CURRENT").write_text(name + "\n", encoding="utf-8")
+    return manifest
+
+
+def _upload_dir(fs, local_dir: Path, remote_dir: str, last: str) -> None:
+    """Upload every file under `local_dir`, the file named `last` after all others."""
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+    for p in sorted(files, key=lambda p: p.name == last):
+        fs.put_file(str(p), f"{remote_dir}/{p.relative_to(local_dir).as_posix()}")
+
+
+def upload_version(work: Path, uri: str, manifest: dict) -> int:
+    """Upload a version published in `work`: new shards, then the version, then CURRENT. Returns the
+    number of shards uploaded."""
+    fs, root = _store(uri)
+    uploaded = 0
+    for s in manifest["shards"]:
+        remote = f"{root}/shards/{s['key']}"
+        if fs.exists(f"{remote}/checksums.json"):
+            continue  # content-addressed: an identical shard is already there
+        _upload_dir(fs, work / "shards" / s["key"], remote, "checksums.json")
+        uploaded += 1
+    name = version_name(manifest["version"])
+    _upload_dir(fs, work / "versions" / name, f"{root}/versions/{name}", "manifest.json")
+    fs.pipe_file(f"{root}/CURRENT", (name + "\n").encode())
+    log.info("uploaded %s to %s (%d new shards of %d)", name, uri, uploaded, len(manifest["shards"]))
+    return uploaded
+
+
+def collect_remote_garbage(uri: str, keep_versions: int) -> None:
+    """Drop remote versions older than the newest `keep_versions`, and shards no kept version uses."""
+    fs, root = _store(uri)
+    current = fs.cat_file(f"{root}/CURRENT").decode().strip()
+    versions = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{root}/versions", detail=False))
+    versions = [v for v in versions if v.startswith("v")]
+    keep = set(versions[-keep_versions:]) | {current}
+    used = {s["key"] for v in keep for s in remote_manifest(uri, v)["shards"]}
+    for v in versions:
+        if v not in keep:
+            fs.rm(f"{root}/versions/{v}", recursive=True)
+            log.info("removed old version %s from %s", v, uri)
+    for shard in fs.ls(f"{root}/shards", detail=False):
+        if shard.rstrip("/").rsplit("/", 1)[-1] not in used:
+            fs.rm(shard, recursive=True)
+
+
+def build_remote_index(sources: list[str], uri: str, cfg, **kwargs) -> dict:
+    """`build_index` for a remote index directory: build locally, then upload (see the module doc)."""
+    from indexing.build import build_index
+    from indexing.manifest import read_manifest
+
+    scratch = cache_root(uri, cfg).with_name("builds")
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    try:
+        _seed(uri, cfg, work)
+        report = build_index(sources, work, cfg, **kwargs)
+        report["shards_uploaded"] = 0
+        if report["published"]:
+            report["shards_uploaded"] = upload_version(work, uri, read_manifest(work))
+            collect_remote_garbage(uri, cfg.index.keep_versions)
+        report["index_dir"] = uri
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
