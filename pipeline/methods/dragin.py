@@ -203,8 +203,10 @@ def sentence_of(text: str, pos: int) -> tuple[int, int]:
 
 # -- dragin -------------------------------------------------------------------------------------------
 def qfs(stats: dict, i: int, n: int, skip_stop_words: bool) -> str:
-    cands = [Candidate(w, o) for w, o in zip(stats["cand_words"], stats["cand_order"])]
-    return qfs_query(np.asarray(stats["cand_attn"][i]), cands, n, skip_stop_words)
+    """QFS for generated token i: candidates are the context tokens and the generated tokens before i."""
+    before = len(stats["cand_words"]) - len(stats["offsets"]) + i
+    cands = [Candidate(w, o) for w, o in zip(stats["cand_words"][:before], stats["cand_order"][:before])]
+    return qfs_query(np.asarray(stats["cand_attn"][i][:before]), cands, n, skip_stop_words)
 
 
 @register_method("dragin", params=DraginParams,

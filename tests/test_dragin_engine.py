@@ -1,0 +1,170 @@
+"""DRAGIN and its baselines on the engine: many questions' generations, attention passes and searches are
+batched into one backend call per round; the real attention backend does one padded forward pass for
+many items and its entropy / attention equal an unpadded single-sequence forward."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from engine_fixtures import tiny_model_path
+from fakes import MemoryRetriever
+from pipeline.backends import Backends
+from pipeline.config import DynragConfig
+from pipeline.dragin_math import candidates_for, word_spans
+from pipeline.engine import Engine
+from pipeline.methods import get_method
+from pipeline.requests import Completion, Question, TokenLogprob
+
+PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
+            ("p2", "Paris", "Paris is the capital of France."),
+            ("p3", "Rome", "Rome is the capital of Italy.")]
+GUESS = " The film was made by Zorblat Unknown. So the answer is Unknown."  # without documents
+INFORMED = " The film was made by Steven Spielberg. So the answer is Steven Spielberg."  # with documents
+PIECE = re.compile(r"\s*\S+")
+
+
+class ScriptedGenerator:
+    """Continues a fixed reasoning (INFORMED with documents in the prompt, GUESS without) from where the
+    prompt's answer ends; "Zorblat" has a low probability. Records the number of prompts per call."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def generate(self, prompts, samplings, chats):
+        self.calls.append(len(prompts))
+        out = []
+        for prompt, spec in zip(prompts, samplings):
+            target = INFORMED if "Context:" in prompt else GUESS
+            so_far = prompt.rsplit("\nAnswer:", 1)[1]
+            text = target[len(so_far):] if so_far and target.startswith(so_far) else target
+            if so_far.endswith("So the answer is"):
+                text = " Unknown."
+            pieces = PIECE.findall(text)
+            finish = "length" if len(pieces) > spec.max_tokens else "stop"
+            pieces = pieces[:spec.max_tokens]
+            text = "".join(pieces)
+            lps = [TokenLogprob(p, float(np.log(0.1 if "Zorblat" in p else 0.9))) for p in pieces] if spec.logprobs else None
+            out.append(Completion(text, prompt_tokens=len(prompt.split()), completion_tokens=len(pieces),
+                                  finish_reason=finish, logprobs=lps))
+        return out
+
+
+class FakeAttention:
+    """`stats` with word-level tokens: entropy 3 on "Zorblat" (0.5 elsewhere), a_max 0.5 (0 for the last
+    token); every generated token attends strongly to the question's words."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def stats(self, items):
+        self.calls.append(len(items))
+        out = []
+        for it in items:
+            gen = it["generated"]
+            offsets = [m.span() for m in PIECE.finditer(gen)]
+            n = len(offsets)
+            (qs, qe) = it["context"][0]
+            q_offsets = [m.span() for m in re.finditer(r"\S+", it["prompt"][qs:qe])]
+            q_offsets = [(qs + s, qs + e) for s, e in q_offsets]
+            full = it["prompt"] + gen
+            shifted = [(s + len(it["prompt"]), e + len(it["prompt"])) for s, e in offsets]
+            cands = candidates_for(full, q_offsets + shifted)
+            attn = np.zeros((n, len(cands)))
+            for i in range(n):
+                attn[i, :len(q_offsets)] = 1.0
+                attn[i, len(q_offsets):len(q_offsets) + i] = 0.1
+            out.append({"offsets": offsets, "entropy": np.array([3.0 if "Zorblat" in gen[s:e] else 0.5 for s, e in offsets]),
+                        "prob": np.full(n, 0.9), "amax": np.array([0.5] * (n - 1) + [0.0])[:n],
+                        "cand_words": [c.word for c in cands], "cand_order": [c.order for c in cands], "cand_attn": attn})
+        return out
+
+
+def run(method: str, n: int = 12, params=None):
+    qs = [Question(str(i), f"Who directed the film Jaws number {i}?", answers=["Steven Spielberg"], dataset="hotpotqa")
+          for i in range(n)]
+    gen, ret, att = ScriptedGenerator(), MemoryRetriever(PASSAGES), FakeAttention()
+    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret, named={"attention": att}))
+    spec = get_method(method)
+    return engine.run(qs, spec.program, spec.params(params or {})), gen, ret, att, engine
+
+
+def test_dragin_batches_generation_attention_and_retrieval_across_questions():
+    out, gen, ret, att, engine = run("dragin")
+    assert all(o.error is None for o in out), out[0].error
+    # round 1: 12 generations, 12 attention items, 12 queries; round 2 (with documents): 12 + 12
+    assert gen.calls == [12, 12]
+    assert att.calls == [12, 12]
+    assert ret.calls == [12]
+    assert engine.batch_calls["attention.stats"] == 2
+    a = out[0].answer
+    assert a.prediction == "Steven Spielberg"
+    assert a.extra["retrievals"] == 1 and a.extra["hallucination_points"] == 1 and a.extra["entropy"] == "exact"
+    assert a.extra["generated_tokens"] == len(PIECE.findall(GUESS)) + len(PIECE.findall(INFORMED)) - 5
+    # QFS: the question's content words (attended most), then earlier output words, in text order
+    assert a.extra["queries"][0] == "directed film Jaws number 0 film"
+    assert "The film was made by Steven Spielberg." in a.raw_output
+    assert out[0].trace.backend_calls == {"attention.stats": 2}
+
+
+def test_flare_truncates_before_the_low_probability_sentence_and_masks_it():
+    out, gen, ret, att, _ = run("flare")
+    assert gen.calls == [12, 12] and ret.calls == [12] and att.calls == []
+    a = out[3].answer
+    assert a.prediction == "Steven Spielberg" and a.extra["retrievals"] == 1
+    assert a.extra["queries"] == ["The film was made by Unknown"]
+
+
+def test_fixed_rule_baselines_retrieve_per_window_and_per_sentence():
+    out, gen, ret, _, _ = run("fs-rag")
+    # question first, then after each of the two sentences but the last: 2 retrieval rounds of 12
+    assert ret.calls == [12, 12] and gen.calls == [12, 12]
+    assert out[0].answer.extra["queries"] == ["Who directed the film Jaws number 0?", "The film was made by Steven Spielberg."]
+    out, gen, ret, _, _ = run("fl-rag", params={"window": 4})
+    assert ret.calls[0] == 12 and all(c == 12 for c in gen.calls) and len(gen.calls) == len(ret.calls)
+    assert out[0].answer.extra["queries"][1] == "The film was made"
+
+
+def test_dragin_without_retrieval_budget_never_calls_attention():
+    out, gen, ret, att, _ = run("dragin", params={"max_retrievals": 0})
+    assert att.calls == [] and ret.calls == []
+    assert out[0].answer.prediction == "Unknown" and out[0].answer.retrieval_triggered is False
+
+
+def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_factory):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.backends.attention import AttentionPass
+    from pipeline.dragin_math import entropy
+
+    path = tiny_model_path(tmp_path_factory)
+    backend = AttentionPass(DynragConfig(), None, model_path=str(path))
+    prompt = "Question: who wrote the novel?\nAnswer:"
+    items = [{"prompt": prompt, "generated": " the author of the book" + " was born in London" * (i % 3),
+              "context": [(10, 30)]} for i in range(9)]
+    res = backend.stats(items)
+    assert backend.forward_batches == [9]  # one forward pass for all nine items
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    for it, r in zip(items[:3], res[:3]):
+        p_ids = tok(it["prompt"])["input_ids"]
+        g_ids = tok(it["generated"], add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            o = model(torch.tensor([p_ids + g_ids]), output_attentions=True)
+        n, L = len(p_ids), len(p_ids) + len(g_ids)
+        logits = o.logits[0, n - 1:L - 1].numpy()
+        assert r["entropy"] == pytest.approx(entropy(logits), rel=1e-4, abs=1e-5)
+        a = o.attentions[-1][0].mean(0).numpy()
+        assert r["amax"] == pytest.approx([a[i + 1:, i].max() if i + 1 < L else 0.0 for i in range(n, L)], abs=1e-5)
+        probs = torch.softmax(o.logits[0, n - 1:L - 1], -1)[torch.arange(L - n), torch.tensor(g_ids)].numpy()
+        assert r["prob"] == pytest.approx(probs, rel=1e-4)
+        # QFS candidates: the question's tokens (the context span) then every generated token
+        words = [w for w in r["cand_words"] if w]
+        assert words[:5] == ["who", "wrote", "the", "novel", "the"] or words[0] == "who"
+        assert r["cand_attn"].shape == (L - n, len(r["cand_words"]))
+        assert np.allclose(np.triu(r["cand_attn"][:, -(L - n):]), 0)  # nothing at or after the token itself
+        assert len(r["offsets"]) == L - n and word_spans(it["generated"], r["offsets"])[0] is not None
