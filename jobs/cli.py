@@ -13,7 +13,8 @@ from pipeline.errors import DynragError
 log = logging.getLogger("dynrag")
 
 # Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
-JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench", "jobs.train_classifier", "jobs.index"]
+JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench", "jobs.train_classifier", "jobs.index",
+               "jobs.submit"]
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
