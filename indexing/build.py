@@ -242,8 +242,11 @@ class _Builder:
                 from indexing.raytools import ensure_ray
 
                 ensure_ray(cfg)
-                if self._remote is None:
-                    self._remote = ray.remote(num_cpus=1)(finalize_shard)
+                if self._remote is None:  # on this node: the shard directories are on its disk
+                    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+                    self._remote = ray.remote(num_cpus=1, scheduling_strategy=here)(finalize_shard)
                 self._pending.append(self._remote.remote(*args))
             else:
                 finalize_shard(*args)

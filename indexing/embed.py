@@ -11,6 +11,7 @@ L2-normalised, so inner product is cosine similarity.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -136,7 +137,8 @@ def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.
     from pipeline.ray_resources import embed_actor_gpus
 
     gpus = embed_actor_gpus(cfg, device)
-    ds = ray.data.read_parquet(files, columns=["shard", "row", "text"])
+    # local://: the staging files are on the driver's disk; read them there, whatever node embeds them
+    ds = ray.data.read_parquet([f"local://{os.path.abspath(f)}" for f in files], columns=["shard", "row", "text"])
     ds = ds.map_batches(
         EmbedActor,
         fn_constructor_args=(spec,),
