@@ -125,3 +125,23 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
             spans.append((pos, end))
         pos = end
     return spans
+
+
+def sentence_relative(values: np.ndarray, text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
+    """Each token's value divided by the mean value of its sentence's tokens (mean 1 per sentence).
+
+    The official DRAGIN code scales a_max this way before comparing with theta (attention share within
+    the sentence times its length), which is what makes Table 9's theta ~1 meaningful for any context
+    length; Eq. 5 as printed uses the raw a_max (`attention_norm="none"`)."""
+    values = np.asarray(values, float)
+    out = np.zeros_like(values)
+    sent = np.full(len(offsets), -1)
+    for k, (s, e) in enumerate(sentence_spans(text)):
+        for i, (ts, te) in enumerate(offsets):
+            if te > ts and s <= te - 1 < e:
+                sent[i] = k
+    for k in set(sent.tolist()) - {-1}:
+        idx = sent == k
+        m = values[idx].mean()
+        out[idx] = values[idx] / m if m > 0 else 0.0
+    return out

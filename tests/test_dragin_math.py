@@ -92,3 +92,13 @@ def test_sentences_answers_and_prompts():
     assert prompt.endswith("Question: Who directed Jaws?\nAnswer: It was")
     assert [prompt[s:e] for s, e in spans] == ["Who directed Jaws?", " It was"]
     assert table9("2wikimultihopqa") == (64, 1.2, 40) and table9("hotpotqa") == (100, 1.3, 35)
+
+
+def test_sentence_relative_attention_has_mean_one_per_sentence():
+    from pipeline.dragin_math import sentence_relative
+
+    text = "A b. C d e."
+    offs = [(0, 1), (1, 3), (3, 4), (4, 6), (6, 8), (8, 10), (10, 11)]  # "A"," b","."," C"," d"," e","."
+    rel = sentence_relative(np.array([0.2, 0.4, 0.0, 0.1, 0.1, 0.4, 0.0]), text, offs)
+    # sentence 1 mean 0.2 -> 1, 2, 0; sentence 2 mean 0.15 -> 2/3, 2/3, 8/3, 0
+    assert rel == pytest.approx([1.0, 2.0, 0.0, 2 / 3, 2 / 3, 8 / 3, 0.0])

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Literal, Sequence
 
 import numpy as np
 from pydantic import Field
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
-from pipeline.dragin_math import (Candidate, first_above, qfs_query, rind, semantic_mask, sentence_spans, truncate,
-                                  word_spans)
+from pipeline.dragin_math import (Candidate, first_above, qfs_query, rind, semantic_mask, sentence_relative,
+                                  sentence_spans, truncate, word_spans)
 from pipeline.methods import MethodParams, register_method
 from pipeline.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
@@ -78,6 +78,9 @@ class DraginParams(MultiRoundParams):
     theta: float | None = Field(None, gt=0, description="RIND threshold (None: Table 9 for the dataset)")
     top_n: int | None = Field(None, ge=1, le=200, description="QFS query tokens (None: Table 9 for the dataset)")
     qfs_skip_stop_words: bool = Field(True, description="QFS never picks stop words (as the official code)")
+    attention_norm: Literal["sentence", "none"] = Field(
+        "sentence", description="sentence: a_max relative to its sentence's mean, as the official code (theta ~1); "
+                                "none: the raw a_max of Eq. 3")
 
 
 class FlareParams(MultiRoundParams):
@@ -226,7 +229,8 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
             st = (yield Call("attention", "stats", [{"prompt": prompt, "generated": new, "context": spans}],
                              stage="method"))[0]
             offsets = [tuple(o) for o in st["offsets"]]
-            scores = rind(st["entropy"], st["amax"], semantic_mask(new, offsets))
+            amax = sentence_relative(st["amax"], new, offsets) if p.attention_norm == "sentence" else st["amax"]
+            scores = rind(st["entropy"], amax, semantic_mask(new, offsets))
             i = first_above(scores, theta)
             if i is not None:
                 query = qfs(st, i, top_n, p.qfs_skip_stop_words)
@@ -239,7 +243,7 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
         run.accept(new, out.completion_tokens)
         if complete(run.text) or out.finish_reason not in ("length", ""):
             break
-    return (yield from run.finish({"entropy": "exact", "theta": theta, "top_n": top_n, "max_tokens": run.budget}))
+    return (yield from run.finish({"entropy": "exact", "attention_norm": p.attention_norm, "theta": theta, "top_n": top_n, "max_tokens": run.budget}))
 
 
 # -- flare ----------------------------------------------------------------------------------------------
