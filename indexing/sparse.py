@@ -84,8 +84,8 @@ def merge_lucene(shard_indexes: list[Path], out: Path, max_segments: int = 0) ->
     """One Lucene index holding the segments of `shard_indexes`, in order (docids follow shard order),
     then force-merged down to `max_segments` segments when that is > 0 (fewer segments, faster search)."""
     ensure_java()
+    from pyserini.pyclass import autoclass  # configures the classpath; first: importing jnius starts the JVM
     from jnius import cast
-    from pyserini.pyclass import autoclass  # configures the classpath before the first class
 
     fs = autoclass("org.apache.lucene.store.FSDirectory")
     paths = autoclass("java.nio.file.Paths")
