@@ -192,3 +192,18 @@ def test_rerank_baseline_reorders_the_query_list():
     # K(d, q): b .9, f .8, c .5 ... -> b, f
     assert [h.id for h in o.answer.used_docs] == ["b", "f"] and row["classifier_calls"] == 6
     assert row["llm_calls"] == 1 and ret.queries == [Q]
+
+
+def test_short_prompt_style_uses_the_project_prompts():
+    seen = []
+
+    def reply(prompt):
+        seen.append(prompt)
+        return PSEUDO if "write a detailed passage" in str(prompt) else "Answer: Paris"
+
+    o, row, _, _ = _run("pairs", {"prompt_style": "short"}, reply=reply)
+    assert o.answer.prediction == "Paris" and row["retrieval_triggered"] is False
+    direct, pseudo, with_pseudo = seen
+    assert isinstance(direct, list) and "Only give me the answer" in direct[0]["content"]
+    assert isinstance(pseudo, str)  # Fig. 9 (a) in both styles
+    assert PSEUDO in with_pseudo[1]["content"] and "based on the given documents" in with_pseudo[0]["content"]

@@ -13,7 +13,8 @@ Efficient RAG"), Methodology and Algorithm 1; the math lives in `pipeline.ais`.
   `selection=fixed-2q1p|fixed-1q2p` (fixed shares, no AIS).
 
 Prompts are the paper's Fig. 9 templates (a) pseudo-context, (b) direct answer, (c) answer with context;
-answers are read from <answer>...</answer>.
+answers are read from <answer>...</answer>. `prompt_style=short` swaps (b) and (c) for the project's
+short-answer prompts (a 135M model answers Fig. 9 (b) with whole sentences, which never match).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from pipeline.ais import (
 )
 from pipeline.classifier.data import format_document
 from pipeline.methods import MethodParams, register_method
-from pipeline.prompts import format_docs, short_answer
-from pipeline.requests import Answer, Embed, Generate, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.prompts import direct_prompt, format_docs, rag_prompt, short_answer
+from pipeline.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
+
+PromptStyle = Literal["fig9", "short"]
 
 PAPER = "PAIRS (Chen et al., 2025), Methodology, Eqs. 1-8, Algorithm 1, Fig. 9"
 
@@ -73,6 +76,17 @@ def tagged_answer(text: str) -> str:
 ANSWER_STOP = ("</answer>",)
 
 
+def answer_prompt(question: str, style: PromptStyle, docs: Sequence[Hit] | None = None,
+                  context: str | None = None) -> Prompt:
+    """The direct answer prompt (no docs, no context), or the answer-with-context prompt over retrieved
+    docs or a pseudo-context: Fig. 9 (b) / (c), or the project's short-answer prompts (pipeline.prompts)."""
+    if docs is None and context is None:
+        return direct_answer_prompt(question) if style == "fig9" else direct_prompt(question)
+    if style == "fig9":
+        return context_answer_prompt(question, context if context is not None else (format_docs(docs) or "(none)"))
+    return rag_prompt(question, docs if context is None else [Hit("pseudo-context", "", context, 0.0)])
+
+
 def doc_text(h: Hit) -> str:
     """A document as the reranker was trained to read it (title: text)."""
     return format_document(h.title, h.text)
@@ -88,6 +102,9 @@ class GenerationParams(MethodParams):
     pseudo_max_tokens: int = Field(128, ge=8, le=2048, description="tokens of the generated pseudo-context "
                                                                     "(not stated in the paper)")
     answer_max_tokens: int | None = Field(None, ge=1, description="tokens of an answer (None: generation.max_new_tokens)")
+    prompt_style: PromptStyle = Field("fig9", description="answer prompts: fig9, the paper's Fig. 9 (b), (c) with "
+                                      "<answer> tags; short, the project's short-answer prompts (no-retrieval, "
+                                      "sr-rag), which small models follow better")
 
 
 Selection = Literal["ais", "dynamic", "rerank", "fixed-2q1p", "fixed-1q2p"]
@@ -134,8 +151,7 @@ def pseudo_context(question: str, p: GenerationParams, stage: str = "pseudo-cont
 
 def answer_from_docs(question: str, docs: Sequence[Hit], p: GenerationParams) -> Generator[Request, Any, tuple[str, str]]:
     """Fig. 9 (c) with the documents as the Context; returns (answer, raw output)."""
-    prompt = context_answer_prompt(question, format_docs(docs) if docs else "(none)")
-    out = (yield Generate([prompt], SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP), stage="answer"))[0]
+    out = (yield Generate([answer_prompt(question, p.prompt_style, docs=docs)], SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP), stage="answer"))[0]
     return tagged_answer(out.text), out.text
 
 
@@ -205,12 +221,12 @@ register_method("dpr-ais-rerank", params=DprAisRerankParams, paper=PAPER,
                  description="parametric verification: answer directly when G(P(q)) and G(P(q, p)) agree, "
                              "else DPR-AIS")
 def pairs(q: Question, p: PairsParams) -> Generator[Request, Any, Answer]:
-    direct = (yield Generate([direct_answer_prompt(q.question)],
+    direct = (yield Generate([answer_prompt(q.question, p.prompt_style)],
                              SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP), stage="direct-answer"))[0]
     pseudo = yield from pseudo_context(q.question, p)
     a1, a2 = tagged_answer(direct.text), ""  # no pseudo-context: nothing verifies â1
     if pseudo:
-        second = (yield Generate([context_answer_prompt(q.question, pseudo)],
+        second = (yield Generate([answer_prompt(q.question, p.prompt_style, context=pseudo)],
                                  SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP),
                                  stage="pseudo-context-answer"))[0]
         a2 = tagged_answer(second.text)
