@@ -1,0 +1,173 @@
+"""cluster/: the launcher config, the KubeRay manifests, the runtime env and the dynrag configs hold what
+the guide (cluster/README.md) and the code rely on, and every command of the guide parses."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER = REPO / "cluster"
+
+
+def _yaml(rel: str):
+    return yaml.safe_load((CLUSTER / rel).read_text(encoding="utf-8"))
+
+
+def _extras() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+
+def _guide_commands() -> list[str]:
+    """The commands of the guide's bash blocks, one per line."""
+    text = (CLUSTER / "README.md").read_text(encoding="utf-8")
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        lines += [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    return lines
+
+
+def test_launcher_config_is_valid_for_ray_and_maps_the_groups():
+    import ray
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = _yaml("ray-cluster.yaml")
+    validate_config(prepare_config(cfg))  # Ray's own schema (no unknown keys, integer resources, ...)
+    types = cfg["available_node_types"]
+    assert set(types) == {"head", "cpu-workers", "gpu-workers"} and cfg["head_node_type"] == "head"
+    assert "GPU" not in types["cpu-workers"]["resources"] and types["gpu-workers"]["resources"]["GPU"] >= 1
+    for group in ("cpu-workers", "gpu-workers"):
+        assert 0 <= types[group]["min_workers"] <= types[group]["max_workers"] <= cfg["max_workers"]
+    assert types["gpu-workers"]["min_workers"] >= 1  # the guide's advice for ray.gpu_fallback
+    assert types["head"]["resources"]["CPU"] >= 1  # index builds finalize shards on the driver's node
+    # the image's Ray is the Ray of the environment; the checkout is installed with existing extras
+    assert f"ray:{ray.__version__}-" in cfg["docker"]["image"]
+    assert cfg["file_mounts"] == {"/home/ray/dynrag": "."}
+    install = " ".join(cfg["setup_commands"])
+    extras = re.search(r'/home/ray/dynrag\[([a-z,]+)\]', install).group(1).split(",")
+    assert set(extras) <= set(_extras()) and {"gpu", "cloud"} <= set(extras)
+    assert any("--head" in c and "--dashboard-host=0.0.0.0" in c for c in cfg["head_start_ray_commands"])
+    assert any("$RAY_HEAD_IP:6379" in c for c in cfg["worker_start_ray_commands"])
+
+
+def test_runtime_env_matches_the_rayjobs():
+    env = _yaml("runtime_env.yaml")
+    assert set(env) == {"env_vars"}  # packages come with the image / setup commands, not per job
+    assert {"DYNRAG_CACHE", "HF_HOME", "VLLM_WORKER_MULTIPROC_METHOD"} <= set(env["env_vars"])
+    assert all(isinstance(v, str) for v in env["env_vars"].values())  # Ray accepts string values only
+    for job in ("rayjob-index.yaml", "rayjob-answer.yaml"):
+        assert yaml.safe_load(_yaml(f"kuberay/{job}")["spec"]["runtimeEnvYAML"]) == env
+
+
+def test_kuberay_cluster_and_jobs():
+    import ray
+
+    from jobs.cli import build_parser
+
+    rc = _yaml("kuberay/raycluster.yaml")
+    assert (rc["apiVersion"], rc["kind"]) == ("ray.io/v1", "RayCluster")
+    spec = rc["spec"]
+    assert spec["rayVersion"] == ray.__version__ and spec["enableInTreeAutoscaling"] is True
+    groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+    assert set(groups) == {"cpu-workers", "gpu-workers"}
+    for g in groups.values():
+        assert 0 <= g["minReplicas"] <= g["replicas"] <= g["maxReplicas"]
+    gpu = groups["gpu-workers"]
+    limits = gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == int(gpu["rayStartParams"]["num-gpus"]) >= 1
+    assert "nvidia.com/gpu" not in groups["cpu-workers"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    images = {c["image"] for g in [spec["headGroupSpec"], *groups.values()] for c in g["template"]["spec"]["containers"]}
+    assert len(images) == 1
+    dockerfile = (CLUSTER / "Dockerfile").read_text()
+    assert f"rayproject/ray:{ray.__version__}-" in dockerfile and "/home/ray/dynrag[gpu,cloud]" in dockerfile
+
+    parser = build_parser()
+    for name, command in (("rayjob-index.yaml", "index"), ("rayjob-answer.yaml", "answer")):
+        job = _yaml(f"kuberay/{name}")
+        assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+        assert job["spec"]["clusterSelector"] == {"ray.io/cluster": rc["metadata"]["name"]}
+        assert {c["image"] for c in job["spec"]["submitterPodTemplate"]["spec"]["containers"]} == images
+        argv = shlex.split(job["spec"]["entrypoint"])
+        assert argv[0] == "dynrag" and argv[1] == command
+        args = parser.parse_args(argv[1:])  # the real CLI accepts the entry point
+        assert args.config == "/home/ray/dynrag/cluster/dynrag.yaml"  # where the Dockerfile puts the checkout
+        assert "COPY --chown=ray:users . /home/ray/dynrag" in dockerfile
+
+
+def _flat(d: dict, prefix: str = "") -> set[str]:
+    return set().union(*[_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k} for k, v in d.items()])
+
+
+def test_dynrag_configs_map_resources_to_the_cluster():
+    cluster, local = load_config(CLUSTER / "dynrag.yaml"), load_config(CLUSTER / "dynrag-local.yaml")
+    assert _flat(_yaml("dynrag.yaml")) == _flat(_yaml("dynrag-local.yaml"))  # only the values differ
+    gpus = _yaml("ray-cluster.yaml")["available_node_types"]["gpu-workers"]
+    k8s_gpu = {g["groupName"]: g for g in _yaml("kuberay/raycluster.yaml")["spec"]["workerGroupSpecs"]}["gpu-workers"]
+    # one generation replica and one embedding actor per GPU of the largest GPU group
+    assert cluster.ray.actors == cluster.index.embed_actors == gpus["max_workers"] * gpus["resources"]["GPU"]
+    assert k8s_gpu["maxReplicas"] * int(k8s_gpu["rayStartParams"]["num-gpus"]) == cluster.ray.actors
+    assert cluster.ray.actor_num_gpus == cluster.ray.embed_actor_num_gpus == 1
+    assert cluster.ray.actor_num_cpus <= gpus["resources"]["CPU"]
+    assert cluster.generation.backend == "vllm" and cluster.runtime.mode == local.runtime.mode == "ray"
+    # the one-machine file keeps the GPU requests and relies on the fallback
+    assert local.ray.actor_num_gpus == 1 and local.ray.gpu_fallback
+
+
+def test_guide_commands_parse_and_match_the_tests():
+    from jobs.cli import build_parser
+    from test_cluster_ray import RAY_START
+
+    parser = build_parser()
+    commands = _guide_commands()
+    submits = [c for c in commands if c.startswith("dynrag submit")]
+    assert len(submits) >= 4
+    for line in [c for c in commands if c.startswith("dynrag ")]:
+        args = parser.parse_args(shlex.split(line)[1:])
+        for path in (getattr(args, "config", None), getattr(args, "runtime_env", None)):
+            assert path is None or (REPO / path).is_file(), path
+        if args.command == "submit":
+            inner = [a for a in args.job if a != "--"]
+            parser.parse_args([*inner, "--config", "x.yaml"])  # what jobs.submit runs on the cluster
+    # the one-machine section: the same `ray start` flags and `dynrag submit` form as tests/test_cluster_ray.py
+    ray_start = next(c for c in commands if c.startswith("ray start"))
+    assert set(RAY_START) <= set(ray_start.split())
+    local = [c for c in submits if "--config cluster/dynrag-local.yaml -- " in c]
+    assert {c.split(" -- ")[1].split()[0] for c in local} == {"index", "answer"}
+    for c in commands:
+        for f in re.findall(r"(?:-f|up|dashboard|down) (cluster/\S+)", c):
+            assert (REPO / f).is_file(), f
+
+
+def test_submit_job_spec_ships_the_resolved_config(tmp_path):
+    """`dynrag submit`'s job: entry point `python -m jobs.submit ARGS`, the working dir, the runtime env
+    merged, and the validated configuration with the job defaults (no cluster needed)."""
+    from jobs.cli import build_parser
+    from jobs.submit import CONFIG_ENV, job_spec
+    from pipeline.config import ConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(["submit", "--working-dir", str(REPO), "--runtime-env", "cluster/runtime_env.yaml",
+                              "--config", "cluster/dynrag.yaml", "--set", "ray.actors=3", "--job-id", "j1", "--",
+                              "answer", "--dataset", "s3://b/q.jsonl", "--out", "s3://b/o"])
+    spec = job_spec(args)
+    assert spec["entrypoint"] == "python -m jobs.submit answer --dataset s3://b/q.jsonl --out s3://b/o"
+    assert spec["submission_id"] == "j1" and spec["runtime_env"]["working_dir"] == str(REPO)
+    env = spec["runtime_env"]["env_vars"]
+    assert env["HF_HOME"] == _yaml("runtime_env.yaml")["env_vars"]["HF_HOME"]
+    shipped = yaml.safe_load(env[CONFIG_ENV])
+    assert shipped["ray"]["actors"] == 3 and shipped["runtime"] == {**shipped["runtime"], "mode": "ray", "ray_address": "auto"}
+    assert shipped["generation"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    with pytest.raises(ConfigError, match="ray.actors"):
+        job_spec(parser.parse_args(["submit", "--set", "ray.actors=0", "--", "index", "info", "x"]))
+    with pytest.raises(ConfigError, match="no command"):
+        job_spec(parser.parse_args(["submit"]))
+    with pytest.raises(ConfigError, match="before `--`"):
+        job_spec(parser.parse_args(["submit", "--", "index", "info", "x", "--config", "a.yaml"]))
