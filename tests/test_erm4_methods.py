@@ -196,3 +196,46 @@ def test_bad_params_are_refused():
         get_method("erm4").params({"theta": 0})
     with pytest.raises(MethodError, match="filter"):
         get_method("erm4").params({"filter": "maybe"})
+
+
+class FakeScorer:
+    def __init__(self):
+        self.items = []
+
+    def score(self, items, classifier="default"):
+        self.items.append((classifier, list(items)))
+        return [0.9 if "Cameron" in d else 0.1 for _, d in items]
+
+
+def test_erm4_classifier_filter_scores_rewritten_question_knowledge_pairs(tmp_path):
+    cfg = DynragConfig()
+    scorer = FakeScorer()
+    engine = Engine(Backends(cfg, generator=RecordingGenerator(reply), retriever=MemoryRetriever(PASSAGES),
+                             embedder=WordEmbedder(), scorer=scorer))
+    o = run(engine, "erm4", {"k": 2, "reservoir": False, "filter": "classifier", "classifier": "clf", "threshold": 0.5},
+            [Question("1", Q)])[0]
+    (name, items), = scorer.items  # one batched Score request
+    assert name == "clf" and all(q == "Who directed Titanic, the 1998 Best Picture?" for q, _ in items)
+    assert [h.title for h in o.answer.used_docs] == ["James Cameron"]
+    assert o.answer.extra["irrelevant_knowledge"] == len(items) - 1
+
+
+def test_a_rewriter_model_folder_serves_the_rewrite_prompts(tmp_path, monkeypatch):
+    built = {}
+
+    def fake_make_generator(cfg):
+        built[cfg.generation.model] = RecordingGenerator(lambda p: "Rewritten?**only query")
+        return built[cfg.generation.model]
+
+    monkeypatch.setattr("pipeline.methods.erm4.make_generator", fake_make_generator)
+    engine, gen, ret = engine_for(tmp_path)
+    o = run(engine, "erm4-rewriter", {"k": 1, "rewriter_model": str(tmp_path / "lora-merged")}, [Question("1", Q)])[0]
+    assert list(built) == [str(tmp_path / "lora-merged")]
+    assert o.answer.extra["queries"] == ["only query"] and o.answer.extra["rewritten"] == "Rewritten?"
+    assert all("search-friendly" not in str(p) for p in gen.prompts)  # the run's generator only read
+    assert o.trace.backend_calls == {"erm4-model.generate": 1}
+
+
+def test_words_like_query_or_rewritten_inside_a_part_are_kept():
+    s, qs, ok = parse_rewriter_plus("Rewritten? yes**Query languages history**[Query 2]: SQL inventor", Q)
+    assert (s, qs, ok) == ("Rewritten? yes", ["Query languages history", "SQL inventor"], True)

@@ -65,8 +65,9 @@ def rewriter_plus_prompt(question: str) -> list[dict[str, str]]:
                                         f"[Original Question]: {question}\n"}]
 
 
-_LABEL = re.compile(r"^\s*(?:\[?\s*(?:rewritten\s+question|rewritten|search\s+quer(?:y|ies)|quer(?:y|ies))"
-                    r"\s*\d*\s*\]?\s*[:.)\-]?\s*)", re.IGNORECASE)
+# a label ends with ':' or the part itself: "Rewritten Question:", "[Query 2]:", "Queries"
+_LABEL = re.compile(r"^\s*\[?\s*(?:rewritten(?:\s+question)?|(?:search\s+)?quer(?:y|ies))\s*\d*\s*\]?\s*(?::\s*|$)",
+                    re.IGNORECASE)
 _BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
 _MAX_CHARS = 300
 
