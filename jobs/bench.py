@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 # Each module adds one benchmark with `register(bench_subparsers)`.
-BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer"]
+BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer", "jobs.bench_dragin"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
