@@ -174,6 +174,13 @@ class RayConfig(Section):
         None, ge=0, description="GPUs per embedding actor of an index build (None: 1 when the driver sees CUDA)")
     gpu_fallback: bool = Field(
         True, description="on a cluster without GPUs, GPU requests become CPU-only, so a GPU config runs anywhere")
+    retrieval_actors: int = Field(
+        0, ge=0, description="CPU retrieval actors holding the index, shared by all engine actors "
+        "(0: each engine actor opens the index itself)")
+    retrieval_actor_num_cpus: float = Field(2.0, gt=0, description="CPUs per retrieval actor (BM25 uses index.threads)")
+    retrieval_actor_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per retrieval actor, to place them on a node group "
+        "that advertises them (cluster/: {retrieval: 1} on the CPU workers)")
 
 
 class DynragConfig(Section):
