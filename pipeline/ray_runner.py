@@ -24,15 +24,17 @@ log = logging.getLogger(__name__)
 class EngineActor:
     """A Ray Data actor: builds the backends once, answers one batch of questions per call."""
 
-    def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict):
+    def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, retrieval_actors: list | None = None):
         from pipeline.backends import Backends
         from pipeline.engine import Engine
         from pipeline.methods import get_method
+        from pipeline.retrieval_actors import RemoteRetriever
 
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
         self.params = self.spec.params(self.cfg.method.params)
-        self.backends = Backends(self.cfg, index_dir)
+        remote = RemoteRetriever(retrieval_actors) if retrieval_actors else None  # else the index is opened here
+        self.backends = Backends(self.cfg, index_dir, retriever=remote)
         self.engine = Engine(self.backends)
         self.row_args = row_args
 
@@ -77,12 +79,17 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
     from pipeline.ray_resources import engine_actor_options
 
     started = init_ray(cfg)
+    retrieval_actors = []
     try:
+        if cfg.ray.retrieval_actors and index_dir:
+            from pipeline.retrieval_actors import start_retrieval_actors
+
+            retrieval_actors = start_retrieval_actors(cfg, _index_arg(index_dir))
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = ray.data.from_items([{"q": json.dumps(q.to_dict())} for q in todo])
         ds = ds.map_batches(
             EngineActor,
-            fn_constructor_args=(cfg.model_dump(mode="json"), _index_arg(index_dir), row_args),
+            fn_constructor_args=(cfg.model_dump(mode="json"), _index_arg(index_dir), row_args, retrieval_actors),
             batch_size=batch, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
             **engine_actor_options(cfg),
@@ -90,5 +97,7 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
             yield [json.loads(s) for s in out["row"]]
     finally:
+        for actor in retrieval_actors:
+            ray.kill(actor)
         if started:
             ray.shutdown()

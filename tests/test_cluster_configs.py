@@ -3,6 +3,7 @@ the guide (cluster/README.md) and the code rely on, and every command of the gui
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -103,7 +104,9 @@ def test_kuberay_cluster_and_jobs():
 
 
 def _flat(d: dict, prefix: str = "") -> set[str]:
-    return set().union(*[_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k} for k, v in d.items()])
+    """Dotted keys of the config sections (a `*resources` mapping is one value)."""
+    return set().union(*[_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and not k.endswith("resources")
+                         else {prefix + k} for k, v in d.items()])
 
 
 def test_dynrag_configs_map_resources_to_the_cluster():
@@ -117,6 +120,15 @@ def test_dynrag_configs_map_resources_to_the_cluster():
     assert cluster.ray.actor_num_gpus == cluster.ray.embed_actor_num_gpus == 1
     assert cluster.ray.actor_num_cpus <= gpus["resources"]["CPU"]
     assert cluster.generation.backend == "vllm" and cluster.runtime.mode == local.runtime.mode == "ray"
+    # retrieval actors fit the CPU group, which offers the custom resource they ask for
+    cpus = _yaml("ray-cluster.yaml")["available_node_types"]["cpu-workers"]
+    k8s_cpu = {g["groupName"]: g for g in _yaml("kuberay/raycluster.yaml")["spec"]["workerGroupSpecs"]}["cpu-workers"]
+    k8s_offer = json.loads(json.loads(k8s_cpu["rayStartParams"]["resources"]))  # KubeRay's quoted JSON
+    for name, per_actor in cluster.ray.retrieval_actor_resources.items():
+        assert cluster.ray.retrieval_actors * per_actor <= cpus["max_workers"] * cpus["resources"][name]
+        assert k8s_offer[name] == cpus["resources"][name]
+        assert "GPU" not in cpus["resources"]
+    assert cluster.ray.retrieval_actors >= 1 and cluster.ray.retrieval_actor_num_cpus <= cpus["resources"]["CPU"]
     # the one-machine file keeps the GPU requests and relies on the fallback
     assert local.ray.actor_num_gpus == 1 and local.ray.gpu_fallback
 

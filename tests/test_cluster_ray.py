@@ -126,7 +126,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     t = time.perf_counter()
     answered = _submit(ray_head, tmp_path, "answer", "--dataset", str(data_dir / HOTPOT), "--index", str(index),
                        "--out", str(out), "--method", "sr-rag", "--limit", str(N_ANSWER), "--no-progress",
-                       overrides=tiny)
+                       overrides=[*tiny, "ray.retrieval_actors=2", "ray.retrieval_actor_num_cpus=0.25"])
     assert answered.returncode == 0, answered.stdout[-3000:] + answered.stderr[-3000:]
     answer_s = time.perf_counter() - t
     rows = read_rows(str(out)).to_pylist()
@@ -135,7 +135,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     resolved = (out / "config.resolved.yaml").read_text()
     assert "mode: ray" in resolved and "ray_address: auto" in resolved
     cfg = load_config(str(REPO / "cluster/dynrag-local.yaml"))
-    with open_index(index, cfg) as idx:  # the job retrieved what the built index returns
+    with open_index(index, cfg) as idx:  # the retrieval actors returned what the built index returns, in order
         hits = idx.search([r["question"] for r in rows], k=cfg.retrieval.k, retriever=cfg.retrieval.retriever)
     assert [[d["id"] for d in r["retrieved"]] for r in rows] == [[h.id for h in hs] for hs in hits]
     print(f"index job {build_s:.1f}s, answer job {answer_s:.1f}s")
