@@ -135,7 +135,7 @@ def test_dynrag_configs_map_resources_to_the_cluster():
 
 def test_guide_commands_parse_and_match_the_tests():
     from jobs.cli import build_parser
-    from test_cluster_ray import RAY_START
+    from test_cluster_ray import RAY_ENV, RAY_START
 
     parser = build_parser()
     commands = _guide_commands()
@@ -151,6 +151,8 @@ def test_guide_commands_parse_and_match_the_tests():
     # the one-machine section: the same `ray start` flags and `dynrag submit` form as tests/test_cluster_ray.py
     ray_start = next(c for c in commands if c.startswith("ray start"))
     assert set(RAY_START) <= set(ray_start.split())
+    export = next(c for c in commands if c.startswith("export RAY_"))
+    assert {f"{k}={v}" for k, v in RAY_ENV.items()} == set(export.split()[1:])
     local = [c for c in submits if "--config cluster/dynrag-local.yaml -- " in c]
     assert {c.split(" -- ")[1].split()[0] for c in local} == {"index", "answer"}
     for c in commands:

@@ -27,7 +27,9 @@ BIN = Path(sys.executable).parent
 # the flags of the guide's `ray start` (ports and temp dir are added per test)
 RAY_START = ["--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
              "--num-cpus=2", "--disable-usage-stats"]
-RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}  # loopback only, no token auth
+# loopback only; no token auth; no worker killing by Ray's memory monitor, which counts the memory of the
+# whole (shared) machine and killed these jobs' workers for other users' processes
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
 N_CORPUS, N_ANSWER = 8, 4
 
 
@@ -42,13 +44,14 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _session_pids(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`."""
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if os.getsid(int(d.name)) == sid:
+                if os.getsid(int(d.name)) == sid and (d / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
                     pids.append(int(d.name))
-            except (ProcessLookupError, PermissionError):
+            except (ProcessLookupError, PermissionError, FileNotFoundError):
                 pass
     return pids
 
@@ -83,14 +86,17 @@ def ray_head():
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-        time.sleep(2)
-        for pid in _session_pids(proc.pid):  # anything of this session still alive
+        deadline = time.monotonic() + 30
+        while (left := _session_pids(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(1)
+        for pid in left:  # anything of this session still alive
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        time.sleep(1)
         log.close()
-        assert not _session_pids(proc.pid)
+        assert not _session_pids(proc.pid), [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in _session_pids(proc.pid)]
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -128,6 +134,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
                        "--out", str(out), "--method", "sr-rag", "--limit", str(N_ANSWER), "--no-progress",
                        overrides=[*tiny, "ray.retrieval_actors=2", "ray.retrieval_actor_num_cpus=0.25"])
     assert answered.returncode == 0, answered.stdout[-3000:] + answered.stderr[-3000:]
+    assert "2 retrieval actors opened" in answered.stdout  # the driver's log, streamed
     answer_s = time.perf_counter() - t
     rows = read_rows(str(out)).to_pylist()
     assert len(rows) == N_ANSWER and {r["question_id"] for r in rows} == {r["question_id"] for r in rows[:N_ANSWER]}
