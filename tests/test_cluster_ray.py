@@ -116,8 +116,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
 
     corpus = hotpot_subset(data_dir, tmp_path / "corpus.jsonl", N_CORPUS)
     index, out = tmp_path / "index", tmp_path / "sr-rag"
-    tiny = [f"generation.model={tiny_model_path(tmp_path_factory)}", "generation.backend=transformers",
-            "generation.max_new_tokens=8", "index.shard_size=40", "ray.batch_questions=2"]
+    tiny = [f"generation.model={tiny_model_path(tmp_path_factory)}", "generation.max_new_tokens=8", "index.shard_size=40", "ray.batch_questions=2"]
 
     t = time.perf_counter()
     built = _submit(ray_head, tmp_path, "index", "build", str(corpus), "--format", "hotpotqa", "--index", str(index),
