@@ -1,8 +1,9 @@
 """DRAGIN (Su et al., ACL 2024) and the multi-round baselines of its Table 1, in one shared setting.
 
 All four methods answer with few-shot chain-of-thought in raw-text prompts (exemplars end with
-"So the answer is ..."), generate at most `max_tokens` tokens of reasoning (Table 9's "generate
-length"), put the top-k (Table 8: 3) BM25 documents of the latest retrieval in the prompt (the
+"So the answer is ..."), generate up to `max_tokens` tokens per round (Table 9's "generate
+length"; one sampling setting for every question, so a transformers backend batches them too) and
+stop once the accepted output reaches that length, put the top-k (Table 8: 3) BM25 documents of the latest retrieval in the prompt (the
 "Answer in the same format as before." template of Appendix D), and continue from where the kept
 output ends. They differ only in when and what they retrieve (Table 1):
 
@@ -221,7 +222,7 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     top_n = p.top_n or top_n
     run = Run(q, p, p.max_tokens or length)
     while run.left() > 0:
-        prompt, spans, out = yield from run.generate(run.left())
+        prompt, spans, out = yield from run.generate(run.budget)
         new = out.text
         if not new.strip():
             break
@@ -254,7 +255,7 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     length = table9(q.dataset)[0]
     run = Run(q, p, p.max_tokens or length)
     while run.left() > 0:
-        _, _, out = yield from run.generate(run.left(), logprobs=1)
+        _, _, out = yield from run.generate(run.budget, logprobs=1)
         new = out.text
         if not new.strip():
             break
@@ -290,7 +291,7 @@ def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
     while run.left() > 0:
         if run.can_retrieve():
             yield from run.retrieve(query)
-        _, _, out = yield from run.generate(min(p.window, run.left()))
+        _, _, out = yield from run.generate(p.window)
         if not out.text.strip():
             break
         run.accept(out.text, out.completion_tokens)
@@ -309,7 +310,7 @@ def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
     while run.left() > 0:
         if run.can_retrieve():
             yield from run.retrieve(query)
-        _, _, out = yield from run.generate(run.left(), logprobs=1)
+        _, _, out = yield from run.generate(run.budget, logprobs=1)
         new = out.text
         if not new.strip():
             break
