@@ -153,11 +153,11 @@ def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float
 
 
 def render_table2(rows: list[dict]) -> str:
-    lines = ["| tau | Time Cost (s/q) | retrieval (s/q) | wall (s/q) | External Knowledge | Memory Knowledge "
-             "| Irrelevant Knowledge | Hit Rate (%) | F1 (%) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| tau | Time Cost (s/q) | retrieval (s/q) | wall (s/q) | LLM calls/q | External Knowledge "
+             "| Memory Knowledge | Irrelevant Knowledge | Hit Rate (%) | F1 (%) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows[1:]:
         lines.append(f"| {r['tau']} | {_fmt(r['time_s'])} | {_fmt(r['retrieval_s'], nd=4)} | {_fmt(r['wall_s'])} "
-                     f"| {_fmt(r['external'])} | {_fmt(r['memory'])} | {_fmt(r['irrelevant'])} "
+                     f"| {_fmt(r['llm_calls'])} | {_fmt(r['external'])} | {_fmt(r['memory'])} | {_fmt(r['irrelevant'])} "
                      f"| {_fmt(r['hit_rate'], True, 1)} | {_fmt(r['f1'], True, 1)} |")
     first = rows[0]
     lines.append(f"\nFirst set: {first['questions']} questions, {first['reservoir']} title-content pairs cached, "

@@ -25,7 +25,7 @@ def test_second_set_rephrases_each_first_set_question_keeping_answers(data_dir, 
 def test_table2_reports_the_saving_at_the_fastest_tau_against_tau_one():
     def row(tau, t, hit):
         return {"tau": tau, "time_s": t, "retrieval_s": 0.01, "wall_s": t, "external": 1.0, "memory": 2.0,
-                "irrelevant": 0.5, "hit_rate": hit, "f1": hit}
+                "irrelevant": 0.5, "hit_rate": hit, "f1": hit, "llm_calls": 5.0}
 
     first = {"questions": 3, "reservoir": 9, "time_s": 2.0, "hit_rate": 0.5}
     text = render_table2([first, row(0.2, 6.0, 0.4), row(0.6, 4.0, 0.5), row(1.0, 8.0, 0.5)])
