@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow bench
+.PHONY: setup demo test test-slow test-faults bench
 setup:
 	bash scripts/setup.sh
 
@@ -15,3 +15,6 @@ test: setup
 
 test-slow: setup
 	bash scripts/run_tests.sh -m slow
+
+test-faults: setup
+	TESTS="tests/test_faults_*.py" bash scripts/run_tests.sh -m faults

@@ -46,6 +46,7 @@ from indexing.manifest import (
 from indexing.passages import PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, read_corpus
 from indexing.shards import content_hash, read_passages, shard_key, shard_stream, write_passages
+from pipeline.faults import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +290,7 @@ class _Builder:
             order = np.argsort(new_rows, kind="stable")
             self._assemble(todo[i], plans[i][1], new_rows[order], new_vecs[order], new_vecs.shape[1])
             self.reembedded_shards.append(todo[i]["key"])
+            fault_point("build.shard_embedded")
             self._finalize([todo[i]])
 
         for shard, row, vec in embed_batches(files, spec, self.cfg):
@@ -330,6 +332,7 @@ class _Builder:
         t0 = time.perf_counter()
         prev = read_manifest(self.root) if current_version(self.root) else None
         metas = self._stage_passages()
+        fault_point("build.passages_staged")
         n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
         self._stage_embed_and_index(metas, prev)
         dim = None
@@ -368,6 +371,7 @@ class _Builder:
                 },
             }
             bm25 = self._merge_bm25(metas)
+            fault_point("build.bm25_merged")
             manifest["bm25"] = {"path": "lucene", "files": write_checksums(bm25)}
             (bm25 / "checksums.json").unlink()
             publish(self.root, manifest, {"lucene": bm25})
@@ -411,13 +415,16 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int)
         return
     vectors = np.load(src / "vectors.npy")
     build_faiss(vectors, factory, src / "faiss.index")
+    fault_point("shard.faiss_written")
     t = read_passages(src / "passages.parquet")
     docs = ((i, embed_input(ti, tx)) for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(),
                                                        t.column("text").to_pylist()))
     build_lucene(docs, src / "lucene", threads)
+    fault_point("shard.lucene_written")
     for leftover in src.glob("*.tmp"):
         leftover.unlink()
     write_checksums(src)
+    fault_point("shard.before_rename")
     if dst.exists():  # a half-moved directory cannot exist (rename is atomic); an incomplete one is stale
         shutil.rmtree(dst)
     os.rename(src, dst)

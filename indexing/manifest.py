@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import DynragError
+from pipeline.faults import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -130,12 +131,15 @@ def publish(root: Path, manifest: dict, extra: dict[str, Path] | None = None) ->
     for sub, path in (extra or {}).items():
         os.rename(path, tmp / sub)
     atomic_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
+    fault_point("publish.manifest_written")
     final = versions / name
     if final.exists():  # an earlier attempt published the directory but crashed before CURRENT
         shutil.rmtree(final)
     os.rename(tmp, final)
+    fault_point("publish.before_current")
     atomic_write(root / "CURRENT", name + "\n")
     _fsync_dir(root)
+    fault_point("publish.after_current")
     log.info("published %s at %s", name, root)
     return name
 

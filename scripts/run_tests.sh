@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run each test file in its own pytest process: the JVM (pyserini), vLLM's engine processes and
 # torch do not always share one long-lived interpreter well (a segfault was seen in one process).
-# Ends with the summed plain line "N passed, N failed, N skipped". Extra args go to every pytest.
+# TESTS=glob picks the files (default tests/test_*.py). Ends with the summed plain line "N passed, N failed, N skipped". Extra args go to every pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 passed=0; failed=0; skipped=0; status=0
-for f in tests/test_*.py; do
+for f in ${TESTS:-tests/test_*.py}; do
   echo "=== $f"
   out=$("$py" -m pytest -q -p no:cacheprovider "$f" "$@" 2>&1); rc=$?
   printf '%s\n' "$out" | tail -n 25
