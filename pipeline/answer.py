@@ -10,6 +10,7 @@ Questions already answered under `out` (by id) are skipped, so rerunning after a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -19,8 +20,11 @@ from typing import Any, Iterable, Iterator
 from pipeline.config import DynragConfig, resolved_yaml
 from pipeline.datasets import load_questions
 from pipeline.methods import config_hash, get_method
+from pipeline.faults import fault_point
 from pipeline.output import answered_ids, make_row, summarize, write_json, write_part, write_text
+from pipeline.output_lock import output_lock
 from pipeline.requests import Question
+from pipeline.signals import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +43,17 @@ def batched(items: Iterable, n: int) -> Iterator[list]:
         yield batch
 
 
-def pending_questions(dataset: str, out: str, cfg: DynragConfig, limit: int | None, fmt: str | None) -> tuple[list[Question], int]:
-    """The first `limit` questions of the dataset that have no row under `out` yet, and how many had one."""
+def pending_questions(dataset: str, out: str, cfg: DynragConfig, limit: int | None, fmt: str | None,
+                      counts: dict[str, int]) -> Iterator[Question]:
+    """The first `limit` questions of the dataset that have no row under `out` yet, streamed (the
+    dataset is never held in memory); `counts["skipped"]` counts those that had one."""
     done = answered_ids(out)
-    todo, skipped = [], 0
+    counts["skipped"] = 0
     for q in itertools.islice(load_questions(dataset, cfg, fmt=fmt), limit):
         if q.id in done:
-            skipped += 1
+            counts["skipped"] += 1
         else:
-            todo.append(q)
-    return todo, skipped
+            yield q
 
 
 def run_answer(dataset: str, out: str, *, index: str | None = None, method: str | None = None,
@@ -58,7 +63,15 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
 
     The summary holds rows/answered/errors, mean em/f1/acc/precision/recall, support_recall, calls and
     tokens per question, `time_per_question_s` per stage, wall_time_s and questions_per_s of this run.
+    One job at a time per `out` (output_lock.py); SIGTERM or Ctrl-C stops after the rows written so far
+    (signals.py), and a rerun answers the rest.
     """
+    with output_lock(out), stop_on_sigterm():
+        return _run_answer(dataset, out, index=index, method=method, limit=limit, cfg=cfg,
+                           dataset_format=dataset_format, backends=backends, progress=progress)
+
+
+def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, backends, progress) -> dict[str, Any]:
     cfg = (cfg or DynragConfig()).model_copy(deep=True)
     if method:
         cfg.method.name = method
@@ -71,35 +84,43 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
-    todo, skipped = pending_questions(dataset, out, cfg, limit, None)
-    if skipped:
-        log.info("resuming: %d questions already have a row under %s; %d to answer", skipped, out, len(todo))
+    counts: dict[str, int] = {}
+    todo = pending_questions(dataset, out, cfg, limit, None, counts)
     write_text(out, "config.resolved.yaml", resolved_yaml(cfg))
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
 
     bar = None
-    if show and todo:
+    if show:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), unit="q", desc=f"{spec.name}", dynamic_ncols=True)
+        bar = tqdm(total=limit, unit="q", desc=f"{spec.name}", dynamic_ncols=True)
     written = 0
     batch_calls: dict[str, int] = {}
     try:
         if cfg.runtime.mode == "ray":
             from pipeline.ray_runner import answer_with_ray
 
-            batches = answer_with_ray(todo, cfg, index, row_args)
+            batches = answer_with_ray(list(todo), cfg, index, row_args)
         else:
             batches = _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls)
-        for rows in batches:
-            write_part(out, rows)
-            written += len(rows)
-            if bar is not None:
-                bar.update(len(rows))
+        with contextlib.closing(batches):
+            for rows in batches:
+                write_part(out, rows)
+                written += len(rows)
+                fault_point("answer.part_written")
+                if bar is not None:
+                    bar.update(len(rows))
+    except KeyboardInterrupt as stop:
+        log.warning("%s: %d rows of this run are under %s; rerun the same command to answer the rest",
+                    stop or "interrupted", written, out)
+        raise
     finally:
         if bar is not None:
             bar.close()
+    skipped = counts.get("skipped", 0)
+    if skipped:
+        log.info("resumed: %d questions already had a row under %s", skipped, out)
     wall = time.perf_counter() - t0
     summary = {"run_id": run_id, "out": out, "dataset": dataset, "method": spec.name,
                "method_params": params.model_dump(mode="json"), "config_hash": chash, "model": cfg.generation.model,

@@ -152,30 +152,38 @@ def detect_format(record: dict) -> str:
 _NAMES = {"hotpotqa-ircot": "hotpotqa", "2wiki": "2wikimultihopqa", "dpr-topics": "dpr"}
 
 
-def _open_bytes(source: str) -> bytes:
+def _open_binary(source: str):
     if "://" in source:
         import fsspec
 
-        with fsspec.open(source, "rb") as f:
-            return f.read()
+        return fsspec.open(source, "rb").open()
     p = Path(source)
     if not p.is_file():
         raise DatasetError(f"dataset file not found: {source}")
-    return p.read_bytes()
+    return open(p, "rb")
 
 
-def _records(source: str, data: bytes) -> Iterator[tuple[int, dict | None, str | None]]:
-    """(line number, record or None, error) for JSONL, JSON list, Parquet and DPR TSV files."""
-    if source.endswith(".parquet") or data[:4] == b"PAR1":
+_SNIFF = 1 << 16
+
+
+def _records(source: str, f) -> Iterator[tuple[int, dict | None, str | None]]:
+    """(line number, record or None, error) for JSONL, JSON list, Parquet and DPR TSV files. JSONL and
+    TSV files are streamed line by line; a JSON list is parsed whole, Parquet read in batches."""
+    head = f.read(_SNIFF)
+    f.seek(0)
+    if source.endswith(".parquet") or head[:4] == b"PAR1":
         import pyarrow.parquet as pq
 
-        for i, rec in enumerate(pq.read_table(io.BytesIO(data)).to_pylist(), 1):
-            yield i, rec, None
+        i = 0
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=1024):
+            for rec in batch.to_pylist():
+                i += 1
+                yield i, rec, None
         return
-    head = data.lstrip()[:1]
-    if head == b"[":
+    first = head.lstrip()[:1]
+    if first == b"[":
         try:
-            items = json.loads(data.decode("utf-8"))
+            items = json.loads(f.read().decode("utf-8"))
         except UnicodeDecodeError as err:
             raise DatasetError(f"{source}: not UTF-8 text ({err}); JSON list files must be valid UTF-8") from None
         except json.JSONDecodeError as err:
@@ -183,9 +191,11 @@ def _records(source: str, data: bytes) -> Iterator[tuple[int, dict | None, str |
         for i, rec in enumerate(items, 1):
             yield (i, rec, None) if isinstance(rec, dict) else (i, None, "record is not an object")
         return
-    if head == b"{" and not data.lstrip().startswith(b'{"') and b"\n" not in data.strip():
+    whole = len(head) < _SNIFF
+    if first == b"{" and whole and not head.lstrip().startswith(b'{"') and b"\n" not in head.strip():
         raise DatasetError(f"{source}: a single JSON object is not a question list")
-    for i, raw in enumerate(data.splitlines(), 1):
+    for i, raw in enumerate(f, 1):
+        raw = raw.rstrip(b"\r\n")
         if not raw.strip():
             continue
         try:
@@ -221,11 +231,15 @@ def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | N
         default_name = f"dpr-{name}"
     else:
         default_name = None
-    data = _open_bytes(source)
+    with _open_binary(source) as f:
+        yield from _questions(source, f, dc, fmt, dc.name or default_name)
+
+
+def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Question]:
     seen: dict[str, int] = {}
     parser = None
-    name = dc.name or default_name
-    for lineno, rec, err in _records(source, data):
+    lineno = 0
+    for lineno, rec, err in _records(source, f):
         if parser is None and rec is not None:
             if fmt == "auto":
                 fmt = "dpr-topics" if rec.get("_dpr") else detect_format(rec)
@@ -244,7 +258,9 @@ def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | N
         qid = str(qid) if qid not in (None, "") else f"{name}-{lineno}"
         q = Question(id=qid, question=text.strip() if isinstance(text, str) else "", answers=answers,
                      dataset=name, supporting_titles=support)
-        if not q.question:
+        if text is not None and not isinstance(text, str):
+            q.error = f"the question is a {type(text).__name__}, not text"
+        elif not q.question:
             q.error = "record has no question text"
         elif len(q.question) > dc.max_question_chars:
             q.error = f"question is {len(q.question)} characters, over dataset.max_question_chars={dc.max_question_chars}"
@@ -257,8 +273,8 @@ def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | N
         else:
             seen[qid] = 1
         yield q
-    if parser is None and not seen:
-        log.warning("dataset %s holds no readable records", source)
+    if parser is None and not seen and lineno == 0:
+        raise DatasetError(f"dataset {source} holds no questions (the file is empty)")
 
 
 def _generic(dc):

@@ -3,9 +3,10 @@
     fault_point("publish.before_current")
 
 does nothing unless the environment variable DYNRAG_PAUSE_AT names that point (a comma-separated
-list). When it does, the process writes its pid to `$DYNRAG_PAUSE_DIR/<point>` and sleeps until
-a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), or for at most
-DYNRAG_PAUSE_SECONDS (default 600) before going on. Real runs never set the variable.
+list). When it does, the first process to get there writes its pid to `$DYNRAG_PAUSE_DIR/<point>`
+and sleeps until a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), or
+for at most DYNRAG_PAUSE_SECONDS (default 600) before going on. Once that file exists the point no
+longer pauses, so a restarted worker or a retried task runs through. Real runs never set the variable.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ def fault_point(name: str) -> None:
         return
     folder = Path(os.environ.get("DYNRAG_PAUSE_DIR", "."))
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / name).write_text(str(os.getpid()))
+    try:
+        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
     deadline = time.monotonic() + float(os.environ.get("DYNRAG_PAUSE_SECONDS", "600"))
     while time.monotonic() < deadline:
         time.sleep(0.05)

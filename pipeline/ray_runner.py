@@ -39,8 +39,10 @@ class EngineActor:
         self.row_args = row_args
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
+        from pipeline.faults import fault_point
         from pipeline.output import make_row
 
+        fault_point("ray.engine_batch")
         questions = [Question.from_dict(json.loads(s)) for s in batch["q"]]
         outcomes = self.engine.run(questions, self.spec.program, self.params)
         return {"row": [json.dumps(make_row(o, **self.row_args)) for o in outcomes]}

@@ -1,0 +1,66 @@
+"""One answer job per output folder: `output_lock(out)` holds an exclusive lock on `<out>/.dynrag.lock`.
+
+The lock is an `fcntl.flock` on the file, so the kernel releases it when its process dies however it
+dies (SIGKILL included): a lock file left by a dead process is stale and is taken over, with a log
+line naming the pid and host that left it, and the half-written part files such a process can leave
+(`parts/.part-*.tmp`, never read as rows) are removed. The file records the holder (pid, host, start time) so a
+refused job says who holds the folder. Remote outputs (s3://, gs://) cannot be locked this way: a
+warning says so, and two jobs writing there stay apart only in that part files never overwrite each
+other (each has a fresh name) and the rows are keyed by question id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import logging
+import os
+import socket
+import time
+
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".dynrag.lock"
+
+
+class OutputBusyError(DynragError):
+    """Another job is writing to the same output folder."""
+
+
+def _holder() -> str:
+    return f"pid {os.getpid()} on host {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
+
+
+@contextlib.contextmanager
+def output_lock(out: str):
+    if "://" in out and not out.startswith("file://"):
+        log.warning("%s is remote: it cannot be locked; do not run two jobs on it at once", out)
+        yield
+        return
+    folder = out.removeprefix("file://")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
+            raise OutputBusyError(f"{out} is in use by another answer job ({holder}); wait for it to end or "
+                                  "choose another --out") from None
+        stale = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        if stale:
+            log.info("taking over the stale lock of %s: %s is no longer running", out, stale)
+        for partial in glob.glob(os.path.join(folder, "parts", ".part-*.tmp")):
+            os.unlink(partial)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _holder().encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # released cleanly: nothing stale to report next time
+    finally:
+        os.close(fd)

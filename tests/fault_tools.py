@@ -1,0 +1,109 @@
+"""Helpers of the fault-injection tests: run the real `dynrag` CLI in a subprocess, let it pause at a
+named point (pipeline/faults.py), send it a real signal there, and poll an index as a reader would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from indexing.manifest import CorruptIndexError, IndexError_, read_manifest, verify_shard, version_name
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", *args]
+
+
+def env_for(pause_at: str | None = None, pause_dir: Path | None = None) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    env.pop("DYNRAG_PAUSE_AT", None)
+    if pause_at:
+        env.update(DYNRAG_PAUSE_AT=pause_at, DYNRAG_PAUSE_DIR=str(pause_dir))
+    return env
+
+
+def start(cmd: list[str], env: dict) -> subprocess.Popen:
+    """A CLI process in its own session (so a kill of its group also ends its helpers)."""
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=env or env_for(), capture_output=True, text=True, timeout=timeout)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+
+
+def run_until_paused(cmd: list[str], point: str, pause_dir: Path, timeout: float = 600) -> subprocess.Popen:
+    """Start `cmd`, return once it sits paused at `point` (raises if it ends first)."""
+    marker = pause_dir / point
+    marker.unlink(missing_ok=True)
+    proc = start(cmd, env_for(point, pause_dir))
+    deadline = time.time() + timeout
+    while not (marker.exists() and marker.read_text()):
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"{point}: the process ended (rc {proc.returncode}) before pausing:\n{err[-3000:]}")
+        if time.time() > deadline:
+            kill_group(proc)
+            raise AssertionError(f"{point}: not reached in {timeout}s")
+        time.sleep(0.05)
+    return proc
+
+
+def kill_at(cmd: list[str], point: str, pause_dir: Path, sig: int = signal.SIGKILL) -> subprocess.CompletedProcess:
+    """Run `cmd` until it pauses at `point`, send it `sig` with os.kill, and return how it ended."""
+    proc = run_until_paused(cmd, point, pause_dir)
+    try:
+        os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def published_version(root: Path) -> int | None:
+    """What a reader opening the index sees now: None before the first publish, else the version
+    number, after checking that every file its manifest lists is present at its full size."""
+    if not (root / "CURRENT").exists():
+        return None
+    m = read_manifest(root)
+    for s in m["shards"]:
+        verify_shard(root / "shards" / s["key"], s["files"], full=False)
+    verify_shard(root / "versions" / version_name(m["version"]) / m["bm25"]["path"], m["bm25"]["files"], full=False)
+    return m["version"]
+
+
+class IndexReader(threading.Thread):
+    """Polls `published_version` until stopped; records the versions seen and any inconsistency."""
+
+    def __init__(self, root: Path):
+        super().__init__(daemon=True)
+        self.root, self.seen, self.failures, self.polls = root, set(), [], 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            try:
+                self.seen.add(published_version(self.root))
+            except (IndexError_, CorruptIndexError, OSError, ValueError) as exc:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+            self.polls += 1
+            time.sleep(0.002)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
