@@ -14,7 +14,8 @@ log = logging.getLogger("dynrag")
 
 # Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
 JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench", "jobs.train_classifier", "jobs.index",
-               "jobs.submit"]
+               "jobs.submit",
+               "jobs.evaluate", "jobs.experiment"]
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:

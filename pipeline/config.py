@@ -7,6 +7,7 @@ The resolved configuration is written beside every output (`save_resolved`).
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -244,6 +245,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file {p} must hold a mapping of sections, not {type(data).__name__}")
+    return config_from_data(data, overrides)
+
+
+def config_from_data(data: dict, overrides: list[str] | tuple[str, ...] = ()) -> DynragConfig:
+    """A configuration from a mapping of sections (e.g. part of a larger YAML file), then overrides."""
+    data = copy.deepcopy(data)
     for item in overrides:
         keys, value = parse_override(item)
         _merge(data, keys, value)

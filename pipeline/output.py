@@ -149,6 +149,10 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
         v = frame.select(pl.col(col).mean()).item() if frame.height else None
         return None if v is None else round(float(v), 4)
 
+    def quantile(col: str, q: float):
+        v = ok.select(pl.col(col).quantile(q, interpolation="linear")).item() if ok.height else None
+        return None if v is None else round(float(v), 4)
+
     summary = {
         "rows": df.height, "answered": ok.height, "errors": df.height - ok.height,
         "duplicate_ids": df.height - df.select(pl.col("question_id").n_unique()).item() if df.height else 0,
@@ -163,6 +167,8 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"), "completion_tokens_per_question": mean("completion_tokens"),
         "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
+        "time_total_quantiles_s": {f"p{q}": quantile("time_total_s", q / 100) for q in (50, 95)},
+        "tokens_per_question": mean("tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))),
     }
     if ok.height:
         summary["retrieval_triggered_rate"] = round(float(ok.select(pl.col("retrieval_triggered").cast(pl.Float64).mean()).item()), 4)

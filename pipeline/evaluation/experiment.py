@@ -1,0 +1,169 @@
+"""An experiment: datasets x methods x a params grid, run through the answer job, then evaluated and reported.
+
+    name: drrag-table5
+    limit: 50                          # first N questions of every dataset (omit: all)
+    datasets: [hotpotqa, 2wiki]        # kit dev sets, or {name: {file: ..., format: ..., corpus: ..., index: ...}}
+    grid: {k: [3, 4, 6]}               # every method that has the param runs once per value
+    methods:
+      - bm25
+      - {method: cfs, params: {classifier: models/drrag-clf}}
+      - {method: sr-rag, label: sr-dense, params: {retriever: dense}, grid: {k: [3, 5]}}
+    config: {generation: {backend: none}}   # dynrag configuration sections shared by every run
+
+Runs go to OUT/<dataset>/<label>[-<param><value>...] (OUT is `out:`, default runs/<name>). Each dataset's
+index is OUT/indexes/<dataset> (or `indexes:`), built once from the dataset's corpus, by default its own
+dev file's paragraphs. Every run resumes (`run_answer` skips questions that have a row), so a rerun of a
+finished experiment answers nothing. One set of backends (model, index, classifier) serves all runs of a
+dataset. Paths in `datasets` are relative to paths.data_dir (default ../shared/data, env DYNRAG_DATA).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.config import DynragConfig, config_from_data
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+# the benchmark kit's dev sets: question file (under paths.data_dir) and its corpus format (the corpus is the
+# union of its questions' paragraphs)
+KIT_DATASETS = {"hotpotqa": ("hotpotqa/dev_400.jsonl", "hotpotqa"), "2wiki": ("2wikimultihopqa/dev_124.jsonl", "2wiki"),
+                "musique": ("musique/dev_150.jsonl", "musique")}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetEntry(_Strict):
+    file: str = Field(description="question file, relative to paths.data_dir or absolute")
+    format: str | None = Field(None, description="question file format (default: auto)")
+    corpus: str | None = Field(None, description="corpus file for the index (default: the question file)")
+    corpus_format: str | None = Field(None, description="corpus format for the index build (default: auto)")
+    index: str | None = Field(None, description="a prebuilt index folder (default: <indexes>/<dataset>, built if absent)")
+
+
+class MethodRuns(_Strict):
+    method: str
+    label: str | None = Field(None, description="run folder prefix (default: the method name)")
+    params: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="param -> values, one run per combination")
+
+
+class Experiment(_Strict):
+    name: str
+    out: str | None = None
+    indexes: str | None = None
+    limit: int | None = Field(None, ge=1)
+    datasets: dict[str, DatasetEntry]
+    methods: list[MethodRuns] = Field(min_length=1)
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_forms(cls, data: Any) -> Any:
+        """`datasets: [hotpotqa]` names kit dev sets; `methods: [bm25]` names methods with no params."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        ds = data.get("datasets")
+        if isinstance(ds, list):
+            unknown = [d for d in ds if not isinstance(d, str) or d not in KIT_DATASETS]
+            if unknown:
+                raise ValueError(f"unknown dataset {unknown}; kit names: {', '.join(KIT_DATASETS)} (or give a mapping)")
+            data["datasets"] = {d: {"file": KIT_DATASETS[d][0], "corpus_format": KIT_DATASETS[d][1]} for d in ds}
+        data["methods"] = [{"method": m} if isinstance(m, str) else m for m in data.get("methods") or []]
+        return data
+
+
+def load_experiment(path: str) -> Experiment:
+    p = Path(path)
+    if not p.is_file():
+        raise DynragError(f"experiment file not found: {p}")
+    try:
+        return Experiment.model_validate(yaml.safe_load(p.read_text(encoding="utf-8")) or {})
+    except (yaml.YAMLError, ValidationError) as exc:
+        raise DynragError(f"experiment file {p}: {exc}") from None
+
+
+def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(label, params) of every run of one method: its params, times its grid and the shared grid's params
+    that the method accepts. Labels follow eval_drrag: `<label>-k<k>`."""
+    from pipeline.methods import get_method
+
+    accepted = get_method(spec.method).params_model.model_fields
+    grid = {**{k: v for k, v in shared_grid.items() if k in accepted}, **spec.grid}
+    runs = []
+    for values in itertools.product(*grid.values()):
+        chosen = dict(zip(grid, values))
+        suffix = "".join(f"-{name}{value}" for name, value in chosen.items())
+        runs.append(((spec.label or spec.method) + suffix, {**spec.params, **chosen}))
+    return runs
+
+
+def ensure_index(corpus: Path, fmt: str | None, index_dir: Path, cfg: DynragConfig) -> str:
+    """The index at `index_dir`, built there from `corpus` first if it has no published version."""
+    if not (index_dir / "CURRENT").is_file():
+        from indexing import build_index
+
+        log.info("building the index %s from %s", index_dir, corpus)
+        build_index([str(corpus)], str(index_dir), cfg, fmt=fmt or "auto")
+    return str(index_dir)
+
+
+def _data_path(cfg: DynragConfig, rel: str) -> Path:
+    path = Path(rel) if Path(rel).is_absolute() else Path(cfg.paths.data_dir) / rel
+    if not path.is_file():
+        raise DynragError(f"{path} not found (paths.data_dir={cfg.paths.data_dir}; set DYNRAG_DATA)")
+    return path
+
+
+def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig, out: Path) -> list[dict]:
+    """Every run of the grid on one dataset, sharing one set of backends; returns the run summaries."""
+    from pipeline.answer import run_answer
+    from pipeline.backends import Backends
+
+    questions = _data_path(cfg, ds.file)
+    corpus = _data_path(cfg, ds.corpus or ds.file)
+    index = ds.index or ensure_index(corpus, ds.corpus_format, Path(exp.indexes or out / "indexes") / name, cfg)
+    cfg = cfg.model_copy(deep=True)
+    cfg.dataset.name = cfg.dataset.name or name  # rows carry the experiment's dataset name
+    backends = Backends(cfg, index)
+    summaries = []
+    try:
+        for spec in exp.methods:
+            for label, params in grid_runs(spec, exp.grid):
+                run_cfg = cfg.model_copy(deep=True)
+                run_cfg.method.params = params
+                s = run_answer(str(questions), str(out / name / label), index=index, method=spec.method,
+                               limit=exp.limit, cfg=run_cfg, dataset_format=ds.format, backends=backends, progress=False)
+                log.info("%s %s: %d new rows (%d already there), F1 %s, gold-doc recall %s", name, label,
+                         s.get("new_rows") or 0, s["skipped_already_answered"], s["f1"], s["support_recall"])
+                summaries.append(s)
+    finally:
+        backends.close()
+    return summaries
+
+
+def run_experiment(path: str, overrides: list[str] = ()) -> dict[str, Any]:
+    """Run (or resume) the experiment file at `path`; returns the output folder, run summaries and report paths."""
+    from pipeline.evaluation.report import write_report
+    from pipeline.evaluation.table import evaluate
+
+    exp = load_experiment(path)
+    cfg = config_from_data(exp.config, list(overrides))
+    cfg.answer.progress = False
+    out = Path(exp.out or Path("runs") / exp.name)
+    summaries = [s for name, ds in exp.datasets.items() for s in run_dataset(exp, name, ds, cfg, out)]
+    run_dirs = [s["out"] for s in summaries]
+    text, tables = evaluate(run_dirs, str(out))
+    html = write_report(run_dirs, str(out / "report.html"), title=f"experiment {exp.name}")
+    return {"out": str(out), "summaries": summaries, "table": text, "files": [*tables, html]}

@@ -1,0 +1,84 @@
+"""Finished runs on disk: find the answer job's output folders and summarize each one.
+
+A run folder is what `dynrag answer --out DIR` (or `run_answer`) writes: `DIR/parts/*.parquet` and
+`DIR/config.resolved.yaml`. Given any folders, `load_runs` finds the run folders at or below them
+(e.g. `runs/drrag-table5` holds `<dataset>/<method>-k<k>` runs) and summarizes each with
+`pipeline.output.summarize`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import DynragError
+from pipeline.output import part_files, read_rows, summarize
+
+
+@dataclass
+class Run:
+    path: str
+    label: str  # the run's folder name (e.g. "cfs-k4"), unique within its dataset
+    dataset: str
+    method: str
+    params: dict[str, Any] = field(default_factory=dict)  # method params, k resolved from the config
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def find_run_folders(root: str) -> list[str]:
+    """`root` itself when it holds parts, else every folder below it (local paths) that does."""
+    if part_files(root):
+        return [root]
+    if "://" in root:
+        raise DynragError(f"{root}: no parts/*.parquet there (give the run folder itself for remote paths)")
+    base = Path(root)
+    if not base.is_dir():
+        raise DynragError(f"{root}: no such folder")
+    found = sorted(str(p.parent) for p in base.rglob("parts") if p.is_dir() and part_files(str(p.parent)))
+    if not found:
+        raise DynragError(f"{root}: no runs found (no parts/*.parquet at or below it)")
+    return found
+
+
+def resolved_config(run_dir: str) -> dict[str, Any]:
+    """The run's saved `config.resolved.yaml` as a dict ({} when absent)."""
+    import fsspec
+    import yaml
+
+    path = f"{run_dir.rstrip('/')}/config.resolved.yaml"
+    fs, p = fsspec.core.url_to_fs(path)
+    if not fs.exists(p):
+        return {}
+    with fs.open(p, "r") as fh:
+        return yaml.safe_load(fh) or {}
+
+
+def run_params(run_dir: str, method_params_json: str | None) -> dict[str, Any]:
+    """The rows' method params; a k of None (meaning retrieval.k) resolved from the saved config."""
+    params = json.loads(method_params_json) if method_params_json else {}
+    if "k" in params and params["k"] is None:
+        params["k"] = resolved_config(run_dir).get("retrieval", {}).get("k")
+    return params
+
+
+def load_run(path: str, label: str | None = None) -> Run:
+    first = read_rows(path, ["dataset", "method", "method_params"]).slice(0, 1).to_pylist()
+    if not first:
+        raise DynragError(f"{path}: the run has no rows")
+    r = first[0]
+    return Run(path=path, label=label or Path(path.rstrip("/")).name, dataset=r["dataset"], method=r["method"],
+               params=run_params(path, r["method_params"]), summary=summarize(path))
+
+
+def load_runs(roots: list[str]) -> list[Run]:
+    """Every run at or below `roots`; labels made unique per dataset by prefixing parent folders."""
+    runs = [load_run(p) for root in roots for p in find_run_folders(root)]
+    seen: dict[tuple[str, str], int] = {}
+    for r in runs:
+        seen[(r.dataset, r.label)] = seen.get((r.dataset, r.label), 0) + 1
+    for r in runs:
+        if seen[(r.dataset, r.label)] > 1:
+            r.label = "/".join(Path(r.path).parts[-3:])
+    return runs
