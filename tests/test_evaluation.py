@@ -1,0 +1,76 @@
+"""The evaluation table over synthetic runs: summary figures, run discovery, Markdown/CSV/Parquet files,
+and the experiment file's grid (no model, no index)."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from eval_fixtures import drrag_like_runs, fake_run
+from pipeline.errors import DynragError
+from pipeline.evaluation.experiment import Experiment, MethodRuns, grid_runs, load_experiment
+from pipeline.evaluation.runs import load_runs
+from pipeline.evaluation.table import evaluate, markdown, records
+from pipeline.output import summarize
+
+
+def test_summary_quantiles_and_tokens(tmp_path):
+    times = [0.1 * i for i in range(1, 11)]  # 0.1 .. 1.0
+    fake_run(tmp_path, dataset="d", method="sr-rag", params={"k": 3}, f1s=[1.0] * 10, times=times)
+    s = summarize(str(tmp_path))
+    assert s["time_per_question_s"]["total"] == pytest.approx(0.55)
+    # linear interpolation over 10 sorted values: p50 at index 4.5, p95 at index 8.55
+    assert s["time_total_quantiles_s"] == {"p50": pytest.approx(0.55), "p95": pytest.approx(0.955)}
+    assert s["tokens_per_question"] == 105  # 100 prompt + 5 completion tokens
+
+
+def test_records_markdown_and_files(tmp_path):
+    drrag_like_runs(tmp_path / "runs")
+    runs = load_runs([str(tmp_path / "runs")])
+    assert len(runs) == 14 and {r.label for r in runs} >= {"bm25-k3", "cfs-k6", "no-retrieval"}
+    recs = records(runs)
+    cfs4 = next(r for r in recs if (r["dataset"], r["run"]) == ("musique", "cfs-k4"))
+    assert cfs4["k"] == 4 and cfs4["f1"] == 0.5 and cfs4["gold_doc_recall"] == pytest.approx(0.7)
+    assert cfs4["s_per_q"] == pytest.approx(0.6) and cfs4["docs_in_prompt"] == 4 and cfs4["ra_ratio"] == 1.0
+    text = markdown(recs)
+    assert text.count("### ") == 2
+    assert "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 |" in text
+    assert "| no-retrieval | no-retrieval | 2 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | - | 0.00 | 1.00 | 0.00 | 0.0 |" in text
+    _, files = evaluate([str(tmp_path / "runs")], str(tmp_path / "table"))
+    assert pl.read_parquet(files[0]).height == 14 and pl.read_csv(files[1]).height == 14
+
+
+def test_sr_rag_k_none_is_resolved_from_the_saved_config(tmp_path):
+    fake_run(tmp_path / "a" / "sr", dataset="d", method="sr-rag", params={"k": None}, f1s=[1.0], times=[1.0])
+    (tmp_path / "a" / "sr" / "config.resolved.yaml").write_text("retrieval:\n  k: 7\n")
+    fake_run(tmp_path / "b" / "sr", dataset="d", method="sr-rag", params={"k": 2}, f1s=[1.0], times=[1.0])
+    runs = load_runs([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert [r.params["k"] for r in runs] == [7, 2]
+    assert len({r.label for r in runs}) == 2  # same folder name in one dataset: labels made unique
+
+
+def test_missing_runs_are_clear_errors(tmp_path):
+    with pytest.raises(DynragError, match="no runs found"):
+        load_runs([str(tmp_path)])
+    with pytest.raises(DynragError, match="no such folder"):
+        load_runs([str(tmp_path / "nope")])
+
+
+def test_grid_labels_follow_eval_drrag():
+    assert grid_runs(MethodRuns(method="cfs", params={"classifier": "c"}), {"k": [3, 4]}) == [
+        ("cfs-k3", {"classifier": "c", "k": 3}), ("cfs-k4", {"classifier": "c", "k": 4})]
+    assert grid_runs(MethodRuns(method="no-retrieval"), {"k": [3, 4]}) == [("no-retrieval", {})]  # has no k
+    assert [lab for lab, _ in grid_runs(MethodRuns(method="sr-rag", label="sr", grid={"retriever": ["bm25", "dense"]}),
+                                        {})] == ["sr-retrieverbm25", "sr-retrieverdense"]
+
+
+def test_experiment_file_short_forms_and_errors(tmp_path):
+    exp = Experiment.model_validate({"name": "x", "datasets": ["hotpotqa"], "methods": ["bm25"]})
+    assert exp.datasets["hotpotqa"].file == "hotpotqa/dev_400.jsonl" and exp.methods[0].method == "bm25"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndatasets: [nope]\nmethods: [bm25]\n")
+    with pytest.raises(DynragError, match="unknown dataset"):
+        load_experiment(str(bad))
+    bad.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [bm25]\ntypo: 1\n")
+    with pytest.raises(DynragError, match="typo"):
+        load_experiment(str(bad))

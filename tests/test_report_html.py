@@ -1,0 +1,106 @@
+"""The HTML report renders in a real headless Chromium with its plots: every chart is laid out with a
+non-empty box and the expected number of series (methods, strategies, stages).
+
+Chromium comes from Debian's `chromium` package; the session fixture installs it when missing
+(scripts/install_chromium.sh). Where that fails the test fails under CI=true, and skips with the reason
+elsewhere (a developer machine without root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from html import unescape
+from pathlib import Path
+
+import pytest
+
+from eval_fixtures import drrag_like_runs
+from pipeline.evaluation.report import write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# appended to a copy of the report: measures every chart and its series after layout, writes JSON into the DOM
+PROBE = """<script>
+window.addEventListener('load', () => {
+  const charts = [...document.querySelectorAll('svg.chart')].map(svg => {
+    const box = svg.getBoundingClientRect();
+    const series = [...svg.querySelectorAll('g.series')].map(g => {
+      const b = g.getBBox();
+      return {name: g.dataset.series, marks: g.querySelectorAll('circle,rect,polyline').length, w: b.width, h: b.height};
+    });
+    return {id: svg.id, kind: svg.dataset.kind, w: box.width, h: box.height, series};
+  });
+  const pre = document.createElement('pre');
+  pre.id = 'probe';
+  pre.textContent = JSON.stringify(charts);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "install_chromium.sh")], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=900)
+    found = shutil.which("chromium")
+    if proc.returncode == 0 and found:
+        return found
+    why = f"could not install Chromium (scripts/install_chromium.sh exit {proc.returncode}): {proc.stderr[-600:]}"
+    if os.environ.get("CI"):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def dump_dom(chromium: str, html: Path, tmp: Path) -> str:
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+           f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_report_plots_render_in_chromium(chromium, tmp_path):
+    drrag_like_runs(tmp_path / "runs")
+    html = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "report.html")))
+    text = html.read_text(encoding="utf-8")
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text), "the report must not fetch anything"
+    probe_copy = tmp_path / "probe.html"
+    probe_copy.write_text(text.replace("</body>", PROBE + "</body>"), encoding="utf-8")
+
+    dom = dump_dom(chromium, probe_copy, tmp_path)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert found, "the probe script did not run (page not rendered?)"
+    charts = {c["id"]: c for c in json.loads(unescape(found.group(1)))}
+    for ds in ("hotpotqa", "musique"):
+        expected = {f"f1-time-{ds}": 3, f"em-time-{ds}": 3, f"recall-k-{ds}": 2, f"llm-calls-{ds}": 2,
+                    f"stage-time-{ds}": 2}  # methods; strategies varied in k; call kinds; stages with time
+        for chart_id, n_series in expected.items():
+            chart = charts.get(chart_id)
+            assert chart, f"chart {chart_id} missing from the rendered DOM (have {sorted(charts)})"
+            assert chart["w"] > 100 and chart["h"] > 100, chart
+            assert len(chart["series"]) == n_series, chart
+            assert all(s["marks"] and s["w"] > 0 for s in chart["series"]), chart
+    recall = {s["name"]: s for s in charts["recall-k-hotpotqa"]["series"]}
+    assert set(recall) == {"bm25", "cfs"} and recall["cfs"]["marks"] == 4  # polyline + 3 points (k = 3, 4, 6)
+    assert len(charts) == 10
+    assert dom.count('<table class="evaluation">') == 2
+
+
+def test_report_screenshot_is_not_blank(chromium, tmp_path):
+    from PIL import Image
+
+    drrag_like_runs(tmp_path / "runs")
+    html = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "report.html")))
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1400", f"--screenshot={shot}",
+                    html.as_uri()], capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=True)
+    colours = Image.open(shot).convert("RGB").getcolors(1 << 20)
+    palette_blue = (0x4E, 0x79, 0xA7)  # the first series' colour fills points, lines and bars
+    assert any(c == palette_blue and n > 200 for n, c in colours), "no plotted marks visible in the screenshot"
