@@ -74,3 +74,6 @@ def test_experiment_file_short_forms_and_errors(tmp_path):
     bad.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [bm25]\ntypo: 1\n")
     with pytest.raises(DynragError, match="typo"):
         load_experiment(str(bad))
+    bad.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [{method: bm25, params: {kk: 3}}]\n")
+    with pytest.raises(DynragError, match="kk"):
+        load_experiment(str(bad))

@@ -85,13 +85,20 @@ class Experiment(_Strict):
 
 
 def load_experiment(path: str) -> Experiment:
+    """The experiment file, validated, every run's method params included (so a typo fails before any run)."""
+    from pipeline.methods import get_method
+
     p = Path(path)
     if not p.is_file():
         raise DynragError(f"experiment file not found: {p}")
     try:
-        return Experiment.model_validate(yaml.safe_load(p.read_text(encoding="utf-8")) or {})
+        exp = Experiment.model_validate(yaml.safe_load(p.read_text(encoding="utf-8")) or {})
     except (yaml.YAMLError, ValidationError) as exc:
         raise DynragError(f"experiment file {p}: {exc}") from None
+    for spec in exp.methods:
+        for _, params in grid_runs(spec, exp.grid):
+            get_method(spec.method).params(params)
+    return exp
 
 
 def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
