@@ -74,7 +74,7 @@ def _open(path: str, mode: str = "rt"):
 
     try:
         if "b" in mode:
-            return fsspec.open(path, mode).open()
+            return fsspec.open(path, mode, compression="infer").open()
         tsv = ".tsv" in path.rsplit("/", 1)[-1]
         return fsspec.open(path, mode, compression="infer", encoding="utf-8", newline="" if tsv else None).open()
     except FileNotFoundError:
@@ -194,8 +194,13 @@ CONVERTERS: dict[str, Callable[[Any, dict], Iterator[Record]]] = {
 
 
 def _jsonl_items(path: str) -> Iterator[tuple[str, Any]]:
-    with _open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with _open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield f"{path}:{lineno}", _Bad(f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+                continue
             if not line.strip():
                 continue
             try:
@@ -359,6 +364,14 @@ def read_corpus(
         raise CorpusError(f"unknown corpus format {fmt!r}; choose from: auto, {', '.join(FORMATS)}")
     fields = {**DEFAULT_FIELDS, **(fields or {})}
     log.info("reading %s as %s", path, fmt)
+    try:
+        yield from _records(path, fmt, fields, skip, stats)
+    except UnicodeDecodeError as exc:  # TSV and JSON files are decoded as they are read
+        raise CorpusError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start} of a block); "
+                          "corpus files must be UTF-8") from None
+
+
+def _records(path: str, fmt: str, fields: dict, skip: bool, stats: ReadStats) -> Iterator[Record]:
     if fmt == "dpr-tsv":
         for rec in _tsv_records(path, stats, skip):
             stats.records += 1

@@ -71,6 +71,23 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
                            dataset_format=dataset_format, backends=backends, progress=progress)
 
 
+def preflight(cfg: DynragConfig, index: str | None) -> None:
+    """Fail at once, before any row is written, on what would otherwise turn every row into an error
+    row (which a rerun would then skip as answered): an index that cannot be opened, a missing model."""
+    from indexing.remote import is_remote
+
+    if index and not is_remote(index):
+        from pathlib import Path
+
+        from indexing.manifest import read_manifest
+
+        read_manifest(Path(index))
+    if cfg.generation.backend != "none":
+        from pipeline.models import resolve_model
+
+        resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+
+
 def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, backends, progress) -> dict[str, Any]:
     cfg = (cfg or DynragConfig()).model_copy(deep=True)
     if method:
@@ -79,6 +96,8 @@ def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, back
         cfg.dataset.format = dataset_format
     spec = get_method(cfg.method.name)
     params = spec.params(cfg.method.params)
+    if backends is None:
+        preflight(cfg, index)
     chash = run_config_hash(cfg, params)
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
