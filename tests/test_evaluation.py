@@ -77,3 +77,10 @@ def test_experiment_file_short_forms_and_errors(tmp_path):
     bad.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [{method: bm25, params: {kk: 3}}]\n")
     with pytest.raises(DynragError, match="kk"):
         load_experiment(str(bad))
+
+
+def test_error_rows_are_counted_and_shown(tmp_path):
+    fake_run(tmp_path, dataset="d", method="sr-rag", params={"k": 3}, f1s=[1.0, 1.0], times=[1.0, 1.0],
+             error="generation failed: out of memory")
+    text = markdown(records(load_runs([str(tmp_path)])))
+    assert "| 0 | - | - |" in text and "2 error rows, e.g. generation failed: out of memory" in text

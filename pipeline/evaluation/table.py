@@ -33,7 +33,7 @@ def record(run: Run) -> dict[str, Any]:
         "s_per_q": s["time_per_question_s"]["total"], "s_p50": s["time_total_quantiles_s"]["p50"],
         "s_p95": s["time_total_quantiles_s"]["p95"], "tokens_per_q": s["tokens_per_question"], "errors": s["errors"],
         **{f"s_{stage}": v for stage, v in s["time_per_question_s"].items() if stage != "total"},
-        "params": run.params, "path": run.path,
+        "params": run.params, "path": run.path, "error_example": (s.get("error_examples") or [None])[0],
     }
 
 
@@ -58,6 +58,8 @@ def markdown(recs: list[dict[str, Any]]) -> str:
         for r in (r for r in recs if r["dataset"] == ds):
             lines.append(f"| {r['run']} | {r['method']} | "
                          + " | ".join(cell(r[k], f) for k, (_, f) in COLUMNS.items()) + " |")
+        lines += [f"\n{r['run']}: {r['errors']} error rows, e.g. {r['error_example'][:200]}"
+                  for r in recs if r["dataset"] == ds and r["error_example"]]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
