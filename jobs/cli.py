@@ -14,7 +14,7 @@ log = logging.getLogger("dynrag")
 
 # Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
 JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench", "jobs.train_classifier", "jobs.index",
-               "jobs.submit",
+               "jobs.submit", "jobs.eval_drrag", "jobs.eval_pairs", "jobs.eval_dragin", "jobs.eval_erm4",
                "jobs.evaluate", "jobs.experiment"]
 
 

@@ -1,9 +1,9 @@
 """DRAGIN's Tables 2 and 3 for the configured model: EM, F1 and retrievals per question of no-retrieval,
 sr-rag, fl-rag, fs-rag, flare and dragin on 2WikiMultihopQA and HotpotQA dev, BM25 over each dev
-set's own paragraphs (prebuilt indexes).
+set's own paragraphs (built under --indexes on first use).
 
-    .venv/bin/python -m jobs.eval_dragin --limit 50 [--datasets 2wiki,hotpotqa] [--methods ...]
-        [--indexes /work/indexes] [--out runs/dragin-tables] [--set generation.model=...]
+    dynrag eval-dragin --limit 50 [--datasets 2wiki,hotpotqa] [--methods ...]
+        [--indexes DIR] [--out runs/dragin-tables] [--set generation.model=...]
 
 Every method runs through the answer job (rows under OUT/<dataset>/<method>, resumable) on one set of
 backends per dataset (one vLLM engine, one attention model, one index). Prints a Markdown table and
@@ -17,7 +17,8 @@ import json
 import logging
 from pathlib import Path
 
-DEV_SETS = {"2wiki": "2wikimultihopqa/dev_124.jsonl", "hotpotqa": "hotpotqa/dev_400.jsonl"}
+from jobs.devsets import DEV_SETS, csv_choice, dev_file, dev_index
+
 METHODS = ("no-retrieval", "sr-rag", "fl-rag", "fs-rag", "flare", "dragin")
 LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-rag": "FS-RAG", "flare": "FLARE",
           "dragin": "DRAGIN"}
@@ -30,12 +31,11 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
     cfg.answer.progress = False
     rows = []
     for ds in datasets:
-        dev = Path(cfg.paths.data_dir) / DEV_SETS[ds]
-        index = indexes / ds
-        backends = Backends(cfg, str(index))
+        dev, index = dev_file(cfg, ds), dev_index(cfg, ds, indexes)
+        backends = Backends(cfg, index)
         try:
             for m in methods:
-                s = run_answer(str(dev), str(out / ds / m), index=str(index), method=m, limit=limit, cfg=cfg.model_copy(deep=True),
+                s = run_answer(str(dev), str(out / ds / m), index=index, method=m, limit=limit, cfg=cfg.model_copy(deep=True),
                                backends=backends, progress=False)
                 extras = _extras(out / ds / m)
                 rows.append({"dataset": ds, "method": m, "questions": s["answered"], "errors": s["errors"],
@@ -75,21 +75,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    from jobs.cli import add_config_args, config_from_args
+def register(sub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--datasets", default="2wiki,hotpotqa")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p = sub.add_parser("eval-dragin", help="DRAGIN Tables 2-3: EM/F1/retrievals of wo-RAG, SR/FL/FS-RAG, FLARE, DRAGIN",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--datasets", default="2wiki,hotpotqa", help="comma-separated: " + ", ".join(DEV_SETS))
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     p.add_argument("--limit", type=int, default=50, help="first N questions of each dev set (default 50)")
-    p.add_argument("--indexes", default="/work/indexes", help="folder holding <dataset> BM25 indexes")
-    p.add_argument("--out", default="runs/dragin-tables")
+    p.add_argument("--out", default="runs/dragin-tables", metavar="DIR", help="rows and the tables go here")
+    p.add_argument("--indexes", metavar="DIR", help="folder of per-dataset BM25 indexes <DIR>/<dataset> (built there "
+                                                    "if absent; default OUT/indexes)")
     add_config_args(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.cli import config_from_args
+
     cfg = config_from_args(args)
     out = Path(args.out)
-    rows = evaluate(cfg, args.datasets.split(","), args.methods.split(","), args.limit, out, Path(args.indexes))
+    rows = evaluate(cfg, csv_choice(args.datasets, list(DEV_SETS)), csv_choice(args.methods, list(METHODS)), args.limit,
+                    out, Path(args.indexes) if args.indexes else out / "indexes")
     text = (f"model {cfg.generation.model}, {args.limit} questions per dataset, BM25 top-3\n\n" + table(rows))
     print(text)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,6 +107,4 @@ def main(argv: list[str] | None = None) -> None:
     for d in dr.keys() & fs.keys():
         print(f"{d}: DRAGIN retrieves {'less' if dr[d] < fs[d] else 'not less'} than FS-RAG ({dr[d]:.2f} vs {fs[d]:.2f} per question)")
 
-
-if __name__ == "__main__":
-    main()
+    return 0

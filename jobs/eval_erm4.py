@@ -1,7 +1,7 @@
-"""`dynrag eval-erm4` (or `python -m jobs.eval_erm4`): ERM4's Table 1 (configurations (i)-(iv), F1 and Hit
+"""`dynrag eval-erm4`: ERM4's Table 1 (configurations (i)-(iv), F1 and Hit
 Rate, Sec. 4.3) and Table 2 (the Retrieval Trigger's tau against time and knowledge counts, Sec. 6).
 
-    python -m jobs.eval_erm4 --index /work/indexes/hotpotqa --limit 40 --first 30 --out runs/erm4 \
+    dynrag eval-erm4 --index idx/hotpotqa --limit 40 --first 30 --out runs/erm4 \
         [--tables 1,2] [--taus 0.2,0.4,0.6,0.8,1.0] [--set generation.model=qwen2.5-0.5b-instruct]
 
 Table 1 answers the first `--limit` questions of `--dataset` with no-retrieval, rewrite-retrieve-read,
@@ -213,13 +213,3 @@ def run(args: argparse.Namespace) -> int:
     print(report)
     return 0
 
-
-if __name__ == "__main__":
-    import sys
-
-    from jobs.cli import setup_logging
-
-    parser = argparse.ArgumentParser(prog="python -m jobs.eval_erm4", description=__doc__.split("\n\n")[0])
-    add_args(parser)
-    setup_logging("INFO")
-    sys.exit(run(parser.parse_args()))

@@ -2,8 +2,8 @@
 per question for the PAIRS methods and their baselines, and the gold-document recall of the selected
 documents for DPR-AIS against its one-path and fixed-ratio ablations.
 
-    python -m jobs.eval_pairs --dataset ../shared/data/hotpotqa/dev_400.jsonl --index /work/indexes/hotpotqa \
-        --reranker /work/models/reranker --limit 100 [--methods main|ablation|all|name,...] [--out DIR]
+    dynrag eval-pairs --dataset ../shared/data/hotpotqa/dev_400.jsonl --index idx/hotpotqa \
+        --reranker models/reranker --limit 100 [--methods main|ablation|all|name,...] [--out DIR]
         [--set generation.model=qwen2.5-0.5b-instruct] [--set method.params.prompt_style=fig9]
 
 Every run goes through the answer job with one shared set of backends (one model load), into
@@ -146,18 +146,3 @@ def run(args: argparse.Namespace) -> int:
     print("\n" + text)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    from jobs.cli import add_config_args, setup_logging
-
-    p = argparse.ArgumentParser(prog="python -m jobs.eval_pairs", description=__doc__.split("\n\n")[0])
-    add_args(p)
-    add_config_args(p)
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
-    setup_logging(args.log_level)
-    return run(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -73,7 +73,9 @@ class IndexConfig(Section):
 
 class GenerationConfig(Section):
     model: str = Field("smollm2-135m-instruct", description="known model name, local path or hub name")
-    backend: Literal["vllm", "transformers"] = "vllm"
+    backend: Literal["vllm", "transformers", "none"] = Field(
+        "vllm", description="none: retrieval-only studies (recall, documents in prompt); no model is loaded and "
+                            "every generation is empty, so EM/F1 are meaningless")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     temperature: float = Field(0.0, ge=0.0, description="0 is greedy, as the papers do")
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -162,7 +162,7 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
         "datasets": sorted(set(df["dataset"].to_list())) if df.height else [],
         "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "precision": mean("precision"), "recall": mean("recall"),
         "support_recall": mean("support_recall"), "support_recall_retrieved": mean("support_recall_retrieved"),
-        "llm_calls_per_question": mean("llm_calls"), "retrieval_calls_per_question": mean("retrieval_calls"),
+        "docs_in_prompt_per_question": mean("docs_in_prompt"), "llm_calls_per_question": mean("llm_calls"), "retrieval_calls_per_question": mean("retrieval_calls"),
         "classifier_calls_per_question": mean("classifier_calls"),
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"), "completion_tokens_per_question": mean("completion_tokens"),

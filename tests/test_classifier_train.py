@@ -77,6 +77,40 @@ def test_model_folder_and_round_trip(trained, tmp_path):
     assert list(clf.predict(items, threshold=0.0)) == [True] * 13
 
 
+def test_scoring_backend_and_cfs_use_the_trained_folder(trained):
+    """The answer job reaches the folder through Score requests: classifier.path is "default"."""
+    from pipeline.backends import Backends
+    from pipeline.backends.scoring import CrossEncoderScorer, ScorerError
+    from pipeline.classifier.model import Classifier
+    from pipeline.engine import Engine
+    from pipeline.methods import get_method
+    from pipeline.requests import Question
+    from fakes import MemoryRetriever, RecordingGenerator
+
+    out, _ = trained
+    items = [("Who wrote it?", "A: a book by B.", "B: B was born in C."), ("Who wrote it?", "A: a book by B.")]
+    scorer = CrossEncoderScorer(load_config(None, [f"classifier.path={out}", "classifier.device=cpu"]))
+    expected = Classifier.load(out, device="cpu").score(items)
+    assert scorer.score(items) == pytest.approx([float(x) for x in expected], abs=1e-6)
+    assert scorer.score(items, str(out)) == pytest.approx(scorer.score(items))  # a folder as the name
+    with pytest.raises(ScorerError, match="no classifier 'other'"):
+        scorer.score(items, "other")
+
+    passages = [(f"p{i}", t, x) for i, (t, x) in enumerate([
+        ("Kew Gardens", "Kew Gardens is a botanic garden in Richmond, London."),
+        ("Richmond, London", "Richmond is a town in south-west London on the River Thames."),
+        ("River Thames", "The River Thames flows through southern England including London."),
+        ("Bananas", "Bananas are a fruit.")])]
+    cfg = load_config(None, [f"classifier.path={out}", "classifier.device=cpu"])
+    gen = RecordingGenerator(reply=lambda p: "Answer: Richmond")
+    engine = Engine(Backends(cfg, generator=gen, retriever=MemoryRetriever(passages)))
+    spec = get_method("cfs")
+    res = engine.run([Question("q", "In which town is Kew Gardens?")], spec.program,
+                     spec.params({"k": 3, "k1": 1, "retriever": "bm25", "threshold": 0.01}))[0]
+    assert res.error is None and res.trace.llm_calls == 1 and res.trace.classifier_calls >= 1
+    assert len(res.answer.used_docs) == 2  # threshold 0.01: the first candidate of the list is positive
+
+
 def test_refuses_to_overwrite(trained, data_dir):
     from pipeline.classifier.model import ClassifierError
     from pipeline.classifier.train import train_classifier

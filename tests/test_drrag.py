@@ -168,3 +168,22 @@ def test_k1_larger_than_k_is_refused():
 
     with pytest.raises(MethodError, match="k1=5 exceeds k=3"):
         get_method("qdc").params({"k": 3, "k1": 5})
+
+
+def test_table5_rendering_and_the_papers_ordering_check():
+    from jobs.devsets import csv_choice
+    from jobs.eval_drrag import ordering, table
+    from pipeline.errors import DynragError
+
+    def row(m, recall, docs):
+        return {"dataset": "hotpotqa", "k": 4, "method": m, "recall": recall, "docs": docs, "em": None, "f1": None}
+
+    rows = [row("bm25", 0.5, 4.0), row("sm", 0.6, 4.0), row("qdc", 0.7, 4.0), row("cis", 0.7, 3.5), row("cfs", 0.75, 3.6)]
+    text = table(rows, generate=False)
+    assert "| 4 | Classifier Forward Selection | 75.00 | 3.60 |" in text
+    assert ordering(rows) == ["hotpotqa k=4: BM25<SM<QDC<=CFS holds; CFS above SM with fewer documents: yes"]
+    rows[1]["recall"] = 0.8  # SM above QDC and CFS: neither claim holds
+    assert ordering(rows) == ["hotpotqa k=4: BM25<SM<QDC<=CFS does not hold; CFS above SM with fewer documents: no"]
+    assert csv_choice("hotpotqa, musique", ["hotpotqa", "musique"]) == ["hotpotqa", "musique"]
+    with pytest.raises(DynragError, match="pick from"):
+        csv_choice("hotpot", ["hotpotqa"])

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
-from pipeline.requests import Retrieve
+from pipeline.requests import Completion, Retrieve
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,16 @@ class Backends:
                     log.debug("closing %s failed", type(part).__name__, exc_info=True)
 
 
+class NoGenerator:
+    """generation.backend=none: every prompt gets an empty completion (retrieval-only studies)."""
+
+    def generate(self, prompts, samplings, chats):
+        return [Completion("", finish_reason="none") for _ in prompts]
+
+
 def make_generator(cfg: DynragConfig):
+    if cfg.generation.backend == "none":
+        return NoGenerator()
     if cfg.generation.backend == "vllm":
         from pipeline.backends.vllm_gen import VllmGenerator
 

@@ -1,0 +1,132 @@
+"""`dynrag eval-drrag`: DR-RAG's Table 5 (gold-document recall and documents in the prompt for BM25, SM,
+QDC, CIS and CFS at k = 3, 4, 6) on the multi-hop dev sets, each over its own paragraphs as the corpus.
+
+    dynrag eval-drrag --classifier models/drrag-clf [--datasets hotpotqa,musique,2wiki] [--k 3,4,6]
+                      [--limit N] [--out runs/drrag-table5] [--indexes DIR] [--generate]
+
+Every method runs through the answer job (rows under OUT/<dataset>/<method>-k<k>, resumable). By
+default no model generates (generation.backend=none): recall and document counts do not depend on the
+answer. `--generate` also generates with the configured model and adds EM/F1/Acc columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from jobs.cli import add_config_args, config_from_args
+from jobs.devsets import DEV_SETS, csv_choice, dev_file, dev_index
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+METHODS = ("bm25", "sm", "qdc", "cis", "cfs")
+LABELS = {"bm25": "BM25", "sm": "Similarity Matching", "qdc": "Query Document Concatenation",
+          "cis": "Classifier Inverse Selection", "cfs": "Classifier Forward Selection"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval-drrag", help="DR-RAG Table 5: recall and documents for BM25/SM/QDC/CIS/CFS",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--classifier", required=True, metavar="DIR", help="trained classifier folder (dynrag train-classifier)")
+    p.add_argument("--datasets", default="hotpotqa,musique,2wiki", help="comma-separated: " + ", ".join(DEV_SETS))
+    p.add_argument("--k", default="3,4,6", help="comma-separated document budgets (default 3,4,6 as the paper)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
+    p.add_argument("--limit", type=int, metavar="N", help="first N questions of each dev set")
+    p.add_argument("--out", default="runs/drrag-table5", metavar="DIR", help="rows and the table go here")
+    p.add_argument("--indexes", metavar="DIR", help="folder of per-dataset indexes <DIR>/<dataset> (built there "
+                                                    "from the dev set's paragraphs if absent; default OUT/indexes)")
+    p.add_argument("--generate", action="store_true", help="also generate answers (EM/F1/Acc)")
+    add_config_args(p)
+    p.set_defaults(func=run)
+
+
+def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: list[str], limit: int | None,
+             out: Path, indexes: Path, generate: bool) -> list[dict]:
+    from pipeline.answer import run_answer
+    from pipeline.backends import Backends
+
+    if not generate:
+        cfg.generation.backend = "none"
+    cfg.answer.progress = False
+    rows = []
+    for ds in datasets:
+        dev, index = dev_file(cfg, ds), dev_index(cfg, ds, indexes)
+        backends = Backends(cfg, index)  # one index, classifier and generator for every run of this dataset
+        try:
+            for k in ks:
+                for m in methods:
+                    run_cfg = cfg.model_copy(deep=True)
+                    run_cfg.method.params = {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})}
+                    s = run_answer(str(dev), str(out / ds / f"{m}-k{k}"), index=index, method=m, limit=limit,
+                                   cfg=run_cfg, backends=backends, progress=False)
+                    rows.append({"dataset": ds, "k": k, "method": m, "recall": s["support_recall"],
+                                 "docs": s["docs_in_prompt_per_question"], "em": s["em"], "f1": s["f1"], "acc": s["acc"],
+                                 "questions": s["answered"], "errors": s["errors"],
+                                 "classifier_calls": s["classifier_calls_per_question"],
+                                 "llm_calls": s["llm_calls_per_question"],
+                                 "s_per_q": s["time_per_question_s"]["total"]})
+                    log.info("%s k=%d %s: recall %.4f, %.2f docs", ds, k, m, rows[-1]["recall"] or 0, rows[-1]["docs"] or 0)
+        finally:
+            backends.close()
+    return rows
+
+
+def table(rows: list[dict], generate: bool) -> str:
+    """Markdown in the shape of DR-RAG Table 5 (recall in %, actual number of documents)."""
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    head = "| top-k | strategy | " + " | ".join(f"{d} recall | {d} docs" + (f" | {d} EM | {d} F1" if generate else "")
+                                               for d in datasets) + " |"
+    lines = [head, "|" + "---|" * (2 + len(datasets) * (4 if generate else 2))]
+    for k in dict.fromkeys(r["k"] for r in rows):
+        for m in dict.fromkeys(r["method"] for r in rows):
+            cells = []
+            for d in datasets:
+                r = next((r for r in rows if (r["dataset"], r["k"], r["method"]) == (d, k, m)), None)
+                pct = lambda v: "-" if v is None else f"{100 * v:.2f}"  # noqa: E731
+                cells += [pct(r and r["recall"]), "-" if not r or r["docs"] is None else f"{r['docs']:.2f}"]
+                if generate:
+                    cells += [pct(r and r["em"]), pct(r and r["f1"])]
+            lines.append(f"| {k} | {LABELS[m]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ordering(rows: list[dict]) -> list[str]:
+    """The paper's claims per dataset and k: BM25 < SM < QDC <= CFS in recall; CFS above SM with fewer docs."""
+    notes = []
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        for k in dict.fromkeys(r["k"] for r in rows):
+            got = {r["method"]: r for r in rows if r["dataset"] == d and r["k"] == k}
+            if not {"bm25", "sm", "qdc", "cfs"} <= set(got):
+                continue
+            rec = {m: got[m]["recall"] or 0.0 for m in got}
+            chain = rec["bm25"] < rec["sm"] < rec["qdc"] <= rec["cfs"]
+            goal = rec["cfs"] > rec["sm"] and (got["cfs"]["docs"] or 0) < (got["sm"]["docs"] or 0)
+            notes.append(f"{d} k={k}: BM25<SM<QDC<=CFS {'holds' if chain else 'does not hold'}; "
+                         f"CFS above SM with fewer documents: {'yes' if goal else 'no'}")
+    return notes
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    datasets = csv_choice(args.datasets, list(DEV_SETS))
+    methods = csv_choice(args.methods, list(METHODS))
+    try:
+        ks = [int(k) for k in csv_choice(args.k, None)]
+    except ValueError:
+        raise DynragError(f"--k: integers expected, got {args.k!r}") from None
+    if not Path(args.classifier, "dynrag-classifier.json").is_file() and {"cis", "cfs"} & set(methods):
+        raise DynragError(f"--classifier {args.classifier}: not a trained classifier folder (dynrag train-classifier)")
+    out = Path(args.out)
+    rows = evaluate(cfg, str(Path(args.classifier).resolve()), datasets, ks, methods, args.limit, out,
+                    Path(args.indexes) if args.indexes else out / "indexes", args.generate)
+    text = table(rows, args.generate) + "\n\n" + "\n".join(ordering(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table5.md").write_text(text + "\n", encoding="utf-8")
+    import json
+
+    (out / "table5.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    print(text)
+    print(f"\n(written to {out / 'table5.md'} and table5.json)")
+    return 0
