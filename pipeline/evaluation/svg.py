@@ -83,8 +83,8 @@ def scatter(chart_id: str, title: str, series: dict[str, list[tuple[float, float
     f = Frame([p[0] for p in pts], [p[1] for p in pts])
     groups = []
     for i, (name, ps) in enumerate(series.items()):
-        marks = "".join(f'<circle class="point" cx="{f.x(x):.1f}" cy="{f.y(y):.1f}" r="5"><title>{escape(tip)}</title>'
-                        f"</circle>" for x, y, tip in ps)
+        marks = "".join(f'<circle class="point" cx="{f.x(x):.1f}" cy="{f.y(y):.1f}" r="5" fill-opacity="0.75" '
+                        f'stroke="#fff"><title>{escape(tip)}</title></circle>' for x, y, tip in ps)
         groups.append(f'<g class="series" data-series="{escape(name)}" fill="{PALETTE[i % len(PALETTE)]}">{marks}</g>')
     return _svg(chart_id, "scatter", title, TOP + PLOT_HEIGHT + BOTTOM,
                 f.axes(xlabel, ylabel) + "".join(groups) + legend(list(series)))
