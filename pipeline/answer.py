@@ -88,6 +88,21 @@ def preflight(cfg: DynragConfig, index: str | None) -> None:
         resolve_model(cfg.generation.model, cfg.paths.cache_dir)
 
 
+def load_generator(backends) -> None:
+    """Load the generation model now: a model that cannot be loaded (missing weights, code it would have
+    to run without generation.trust_remote_code, an unsafe pickle) is one error for the job, not one per row."""
+    from pipeline.backends import BackendError
+
+    try:
+        backends.generator
+    except Exception as exc:
+        detail = (str(exc).strip().splitlines() or [""])[0][:300]
+        if "custom code" in str(exc) or "trust_remote_code" in str(exc):
+            detail = "the model folder ships its own code, which runs only with generation.trust_remote_code=true"
+        raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: "
+                           f"{type(exc).__name__}: {detail}") from exc
+
+
 def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, backends, progress) -> dict[str, Any]:
     cfg = (cfg or DynragConfig()).model_copy(deep=True)
     if method:
@@ -157,6 +172,8 @@ def _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_call
     backends = backends or Backends(cfg, index)
     engine = Engine(backends)
     try:
+        if own:
+            load_generator(backends)
         for batch in batched(todo, cfg.answer.batch_questions):
             outcomes = engine.run(batch, spec.program, params)
             batch_calls.update(engine.batch_calls)
