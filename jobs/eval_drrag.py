@@ -29,7 +29,7 @@ LABELS = {"bm25": "BM25", "sm": "Similarity Matching", "qdc": "Query Document Co
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval-drrag", help="DR-RAG Table 5: recall and documents for BM25/SM/QDC/CIS/CFS",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--classifier", required=True, metavar="DIR", help="trained classifier folder (dynrag train-classifier)")
+    p.add_argument("--classifier", metavar="DIR", help="trained classifier folder (dynrag train-classifier); needed by cis, cfs")
     p.add_argument("--datasets", default="hotpotqa,musique,2wiki", help="comma-separated: " + ", ".join(DEV_SETS))
     p.add_argument("--k", default="3,4,6", help="comma-separated document budgets (default 3,4,6 as the paper)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
         ks = [int(k) for k in csv_choice(args.k, None)]
     except ValueError:
         raise DynragError(f"--k: integers expected, got {args.k!r}") from None
-    if not Path(args.classifier, "dynrag-classifier.json").is_file() and {"cis", "cfs"} & set(methods):
+    if {"cis", "cfs"} & set(methods) and not (args.classifier and Path(args.classifier, "dynrag-classifier.json").is_file()):
         raise DynragError(f"--classifier {args.classifier}: not a trained classifier folder (dynrag train-classifier)")
     out = Path(args.out)
-    rows = evaluate(cfg, str(Path(args.classifier).resolve()), datasets, ks, methods, args.limit, out,
+    rows = evaluate(cfg, str(Path(args.classifier).resolve()) if args.classifier else "", datasets, ks, methods, args.limit, out,
                     Path(args.indexes) if args.indexes else out / "indexes", args.generate)
     text = table(rows, args.generate) + "\n\n" + "\n".join(ordering(rows))
     out.mkdir(parents=True, exist_ok=True)
