@@ -18,7 +18,8 @@ def register(bsub: argparse._SubParsersAction) -> None:
 
     p = bsub.add_parser("dragin", help="batched dragin questions/s vs one question at a time",
                         description=__doc__.split("\n\n")[0])
-    p.add_argument("--index", default="/work/indexes/hotpotqa", metavar="DIR", help="index over the dataset's paragraphs")
+    p.add_argument("--index", metavar="DIR", help="index over the dataset's paragraphs (default: the HotpotQA dev "
+                                                  "set's, built under runs/indexes on first use)")
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--method", default="dragin")
     p.add_argument("--limit", type=int, default=32, help="questions (default 32)")
@@ -71,8 +72,11 @@ def run(args: argparse.Namespace) -> None:
     from jobs.cli import config_from_args
 
     cfg = config_from_args(args)
-    dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa/dev_400.jsonl")
-    r = bench(cfg, dataset, args.index, args.method, args.limit)
+    from jobs.devsets import dev_file, dev_index
+
+    dataset = args.dataset or str(dev_file(cfg, "hotpotqa"))
+    index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))
+    r = bench(cfg, dataset, index, args.method, args.limit)
     if args.json:
         print(json.dumps(r, indent=1))
         return
