@@ -66,11 +66,38 @@ def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: 
                                  "questions": s["answered"], "errors": s["errors"],
                                  "classifier_calls": s["classifier_calls_per_question"],
                                  "llm_calls": s["llm_calls_per_question"],
-                                 "s_per_q": s["time_per_question_s"]["total"]})
+                                 "s_per_q": s["time_per_question_s"]["total"],
+                                 "classifier_auc": classifier_auc(str(out / ds / f"{m}-k{k}")) if m in ("cis", "cfs") else None})
                     log.info("%s k=%d %s: recall %.4f, %.2f docs", ds, k, m, rows[-1]["recall"] or 0, rows[-1]["docs"] or 0)
         finally:
             backends.close()
     return rows
+
+
+def rank_auc(scores: list[float], labels: list[bool]) -> float | None:
+    """Area under the ROC curve (Mann-Whitney U; ties count one half); None without both classes."""
+    pos = [s for s, y in zip(scores, labels) if y]
+    neg = [s for s, y in zip(scores, labels) if not y]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def classifier_auc(out: str) -> float | None:
+    """How well the classifier separated the pairs it was asked about in a CIS/CFS run: a pair is positive
+    when both documents are gold supporting documents (Eq. 2's C(q, d*, d*))."""
+    import json
+
+    from pipeline.output import read_rows
+
+    scores, labels = [], []
+    for extra, gold in zip(*read_rows(out, ["extra", "gold_supporting_titles"]).to_pydict().values()):
+        gold = set(gold or [])
+        for first, cand, p in (json.loads(extra) if extra else {}).get("judged", []):
+            scores.append(p)
+            labels.append(first in gold and cand in gold)
+    return rank_auc(scores, labels)
 
 
 def table(rows: list[dict], generate: bool) -> str:
@@ -89,6 +116,9 @@ def table(rows: list[dict], generate: bool) -> str:
                 if generate:
                     cells += [pct(r and r["em"]), pct(r and r["f1"])]
             lines.append(f"| {k} | {LABELS[m]} | " + " | ".join(cells) + " |")
+    aucs = [f"{r['dataset']} {r['method']} k={r['k']} {r['classifier_auc']:.3f}" for r in rows if r.get("classifier_auc") is not None]
+    if aucs:
+        lines += ["", "classifier AUC on the pairs it judged (positive: both gold): " + "; ".join(aucs)]
     return "\n".join(lines)
 
 

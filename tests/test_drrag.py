@@ -154,6 +154,11 @@ def test_qdc_cis_cfs_programs_select_as_the_equations_say():
     assert [h.id for h in out[0].answer.used_docs] == ["a", "b", "c", "z"]
     assert out[0].answer.extra["strategy"] == "cfs"
     assert out[0].trace.classifier_calls == out[0].answer.extra["classified"]
+    # (d_i title, candidate title, P) in the order CFS asked: each round asks the blocked list's next
+    # candidate and, ahead of time, every later list's (b's c, which a's walk then takes first)
+    judged = out[0].answer.extra["judged"]
+    assert [(a, b) for a, b, _ in judged] == [("Ta", "Tx"), ("Tb", "Tc"), ("Ta", "Tc"), ("Tb", "Td"), ("Tb", "Tz")]
+    assert [p >= 0.5 for _, _, p in judged] == [False, False, True, False, True]
 
 
 def test_cfs_retrieves_second_stage_with_concatenated_queries_in_one_batch():
@@ -187,3 +192,11 @@ def test_table5_rendering_and_the_papers_ordering_check():
     assert csv_choice("hotpotqa, musique", ["hotpotqa", "musique"]) == ["hotpotqa", "musique"]
     with pytest.raises(DynragError, match="pick from"):
         csv_choice("hotpot", ["hotpotqa"])
+
+
+def test_rank_auc_worked_example():
+    from jobs.eval_drrag import rank_auc
+
+    # pos {0.9, 0.4}, neg {0.5, 0.4, 0.1}: pairs won 0.9>all (3) + 0.4>0.1 (1) + tie 0.4=0.4 (0.5) = 4.5 of 6
+    assert rank_auc([0.9, 0.4, 0.5, 0.4, 0.1], [True, True, False, False, False]) == pytest.approx(0.75)
+    assert rank_auc([0.3, 0.2], [True, True]) is None

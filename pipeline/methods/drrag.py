@@ -203,14 +203,17 @@ def cis(q: Question, p: ClassifierParams):
     chosen = qdc_select(_ids(first), [_ids(s) for s in second], p.k)
     added = chosen[len(first):]
     positive: dict[tuple[str, str], bool] = {}
+    judged = []  # [d_i title, candidate title, P(positive)], for diagnostics
     if added:
         pairs = [(d, di.id) for d in added for di in first]
         text = {i: format_document(docs[i].title, docs[i].text) for i in chosen}
         scores = yield Score([(q.question, text[d], text[di]) for d, di in pairs], classifier=p.classifier)
         positive = {pair: s >= p.threshold for pair, s in zip(pairs, scores)}
+        judged = [[docs[di].title, docs[d].title, round(s, 4)] for (d, di), s in zip(pairs, scores)]
     kept = cis_keep(_ids(first), chosen, lambda d, di: positive[(d, di)])
     return (yield from _answer(q, [docs[i] for i in kept], p,
-                               {"strategy": "cis", "first_stage": len(first), "removed": len(chosen) - len(kept)}))
+                               {"strategy": "cis", "first_stage": len(first), "removed": len(chosen) - len(kept),
+                                "judged": judged}))
 
 
 @register_method("cfs", params=ClassifierParams, paper=PAPER + ", Eq. 4, Algorithm 1",
@@ -221,7 +224,7 @@ def cfs(q: Question, p: ClassifierParams):
     first_ids, lists = _ids(first), [_ids(s) for s in second]
     text = {i: format_document(h.title, h.text) for i, h in docs.items()}
     known: dict[tuple[int, str], bool] = {}
-    scored = 0
+    judged = []  # [d_i title, candidate title, P(positive)] of every classification, for diagnostics
     while True:
         chosen, blocked = cfs_walk(first_ids, lists, p.k, lambda i, d: known.get((i, d)))
         if blocked is None:
@@ -233,6 +236,7 @@ def cfs(q: Question, p: ClassifierParams):
             need += [(i, d) for d in todo[:p.score_window]]
         scores = yield Score([(q.question, text[first_ids[i]], text[d]) for i, d in need], classifier=p.classifier)
         known.update({key: s >= p.threshold for key, s in zip(need, scores)})
-        scored += len(need)
+        judged += [[docs[first_ids[i]].title, docs[d].title, round(s, 4)] for (i, d), s in zip(need, scores)]
     return (yield from _answer(q, [docs[i] for i in chosen], p,
-                               {"strategy": "cfs", "first_stage": len(first), "classified": scored}))
+                               {"strategy": "cfs", "first_stage": len(first), "classified": len(judged),
+                                "judged": judged}))
