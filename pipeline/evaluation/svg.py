@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from html import escape
 
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
-           "#9c755f", "#bab0ac", "#1f77b4", "#d62728")
+# Tableau 10, then the lighter Tableau 20 tones and two darks: 20 colours before one repeats
+PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac", "#a0cbe8", "#ffbe7d", "#8cd17d", "#f1ce63", "#86bcb6", "#ff9d9a", "#d4a6c8", "#d7b5a6",
+           "#79706e", "#499894")
 WIDTH, LEFT, RIGHT, TOP, BOTTOM = 680, 104, 170, 34, 46
 PLOT_HEIGHT = 240
 
@@ -69,7 +71,8 @@ def legend(names: list[str]) -> str:
     return f'<g class="legend">{"".join(items)}</g>'
 
 
-def _svg(chart_id: str, kind: str, title: str, height: int, body: str) -> str:
+def _svg(chart_id: str, kind: str, title: str, height: int, body: str, legend_items: int) -> str:
+    height = max(height, TOP + 18 * legend_items + 8)  # the legend never overflows
     return (f'<svg id="{escape(chart_id)}" class="chart" data-kind="{kind}" xmlns="http://www.w3.org/2000/svg" '
             f'width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" role="img">'
             f'<title>{escape(title)}</title><text x="{LEFT}" y="20" font-size="14" font-weight="bold">{escape(title)}</text>'
@@ -87,7 +90,7 @@ def scatter(chart_id: str, title: str, series: dict[str, list[tuple[float, float
                         f'stroke="#fff"><title>{escape(tip)}</title></circle>' for x, y, tip in ps)
         groups.append(f'<g class="series" data-series="{escape(name)}" fill="{PALETTE[i % len(PALETTE)]}">{marks}</g>')
     return _svg(chart_id, "scatter", title, TOP + PLOT_HEIGHT + BOTTOM,
-                f.axes(xlabel, ylabel) + "".join(groups) + legend(list(series)))
+                f.axes(xlabel, ylabel) + "".join(groups) + legend(list(series)), len(series))
 
 
 def lines(chart_id: str, title: str, series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str) -> str:
@@ -103,14 +106,14 @@ def lines(chart_id: str, title: str, series: dict[str, list[tuple[float, float]]
         groups.append(f'<g class="series" data-series="{escape(name)}" fill="{color}"><polyline points="{coords}" '
                       f'fill="none" stroke="{color}" stroke-width="2"/>{marks}</g>')
     return _svg(chart_id, "lines", title, TOP + PLOT_HEIGHT + BOTTOM,
-                f.axes(xlabel, ylabel) + "".join(groups) + legend(list(series)))
+                f.axes(xlabel, ylabel) + "".join(groups) + legend(list(series)), len(series))
 
 
 def stacked_bars(chart_id: str, title: str, bars: list[tuple[str, dict[str, float]]], xlabel: str) -> str:
     """Horizontal bars, one per label, each split into segments (one series per segment name)."""
     segments = list(dict.fromkeys(s for _, parts in bars for s in parts))
     row = 22
-    height = max(len(bars) * row, len(segments) * 18)
+    height = len(bars) * row
     totals = [sum(v or 0.0 for v in parts.values()) for _, parts in bars]
     f = Frame([0.0, max(totals + [0.0])], [0.0, 1.0], height=height)
     labels = "".join(f'<text x="{LEFT - 6}" y="{TOP + i * row + 15}" text-anchor="end" font-size="11">'
@@ -129,4 +132,4 @@ def stacked_bars(chart_id: str, title: str, bars: list[tuple[str, dict[str, floa
         f'<text x="{f.x(t):.1f}" y="{TOP + height + 16}" text-anchor="middle">{_num(t)}</text>' for t in f.xt)
         + f'<text x="{(LEFT + WIDTH - RIGHT) / 2}" y="{TOP + height + 36}" text-anchor="middle">{escape(xlabel)}</text></g>')
     return _svg(chart_id, "bars", title, TOP + height + BOTTOM,
-                axis + labels + "".join(groups) + legend(segments))
+                axis + labels + "".join(groups) + legend(segments), len(segments))
