@@ -6,12 +6,12 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from eval_fixtures import drrag_like_runs, fake_run
+from eval_fixtures import drrag_like_runs, fake_row, fake_run
 from pipeline.errors import DynragError
 from pipeline.evaluation.experiment import Experiment, MethodRuns, grid_runs, load_experiment
 from pipeline.evaluation.runs import load_runs
 from pipeline.evaluation.table import evaluate, markdown, records
-from pipeline.output import summarize
+from pipeline.output import summarize, write_part
 
 
 def test_summary_quantiles_and_tokens(tmp_path):
@@ -84,3 +84,21 @@ def test_error_rows_are_counted_and_shown(tmp_path):
              error="generation failed: out of memory")
     text = markdown(records(load_runs([str(tmp_path)])))
     assert "| 0 | - | - |" in text and "2 error rows, e.g. generation failed: out of memory" in text
+
+
+def test_worked_example_from_predictions_to_the_table(tmp_path):
+    """SQuAD normalisation end to end: per-row metrics from predictions, means in the table."""
+    from pipeline.metrics import answer_metrics
+
+    cases = [("The Eiffel Tower!", ["Eiffel Tower"]),  # articles and punctuation dropped: EM 1
+             ("Paris, France", ["Paris"]),              # P 1/2, R 1, F1 2/3; gold contained: Acc 1
+             ("an apple", ["Apple Inc"])]               # [apple] vs [apple, inc]: P 1, R 1/2, F1 2/3; Acc 0
+    rows = [answer_metrics(p, g) for p, g in cases]
+    assert [r["em"] for r in rows] == [1.0, 0.0, 0.0] and [r["acc"] for r in rows] == [1.0, 1.0, 0.0]
+    write_part(str(tmp_path / "p0"), [fake_row(i, dataset="d", method="sr-rag", params={"k": 3}, total_s=1.0, **m)
+                                      for i, m in enumerate(rows)])
+    rec = records(load_runs([str(tmp_path / "p0")]))[0]
+    assert rec["questions"] == 3 and rec["em"] == pytest.approx(1 / 3, abs=1e-4)
+    assert rec["f1"] == pytest.approx(7 / 9, abs=1e-4) and rec["acc"] == pytest.approx(2 / 3, abs=1e-4)
+    assert rec["precision"] == pytest.approx(5 / 6, abs=1e-4) and rec["recall"] == pytest.approx(5 / 6, abs=1e-4)
+    assert "| 3 | 33.3 | 77.8 | 66.7 | 83.3 | 83.3 |" in markdown([rec])
