@@ -45,7 +45,14 @@ from indexing.manifest import (
 )
 from indexing.passages import PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, read_corpus
-from indexing.shards import content_hash, read_passages, shard_key, shard_stream, write_passages
+from indexing.shards import (
+    content_hash,
+    effective_shard_size,
+    read_passages,
+    shard_key,
+    shard_stream,
+    write_passages,
+)
 from pipeline.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -71,7 +78,7 @@ def _settings(cfg) -> dict:
         "embedding_hash": _hash(embedding),
         "faiss_factory": i.faiss_factory,
         "passage_words": i.passage_words,
-        "shard_size": i.shard_size,
+        "shard_size": effective_shard_size(cfg),
         "lucene": {"collection": "JsonCollection", "contents": "title\\ntext"},
         "bm25_segments": i.bm25_segments,
     }
@@ -144,7 +151,7 @@ class _Builder:
         )
         passages = _progress(passages_of(records, self.cfg.index.passage_words, self.passage_stats), "passages", "psg")
         metas = []
-        for group in shard_stream(passages, self.cfg.index.shard_size):
+        for group in shard_stream(passages, self.settings["shard_size"]):
             ch = content_hash(group)
             key = shard_key(ch, self.settings_hash)
             meta = {"key": key, "passages": len(group), "content_hash": ch,

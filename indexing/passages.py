@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from indexing.digests import DigestSet
 from indexing.readers import Record
 
 _WS = re.compile(r"\s+")
@@ -86,22 +87,23 @@ class PassageStats:
 
 
 def passages_of(records: Iterable[Record], size: int, stats: PassageStats | None = None) -> Iterator[Passage]:
-    """Split records into passages and drop repeated ids (first kept). Holds a set of id digests
-    (8 bytes of hash per passage) to merge duplicates across the whole stream."""
+    """Split records into passages and drop repeated ids (first kept). Holds a `DigestSet` of id
+    digests (about 16 bytes per passage) to merge duplicates across the whole stream."""
     stats = stats if stats is not None else PassageStats()
-    seen: dict[int, int] = {}
+    seen = DigestSet()
     for rec in records:
         ps = record_passages(rec, size)
         if not ps:
             stats.empty += 1
         for p in ps:
             key = int.from_bytes(hashlib.blake2b(p.id.encode("utf-8"), digest_size=8).digest(), "little")
-            text_key = hash((p.title, p.text))
-            if key in seen:
+            text_key = hash((p.title, p.text)) & 0xFFFFFFFFFFFFFFFF
+            known = seen.get(key)
+            if known is not None:
                 stats.duplicates += 1
-                if seen[key] != text_key:
+                if known != text_key:
                     stats.conflicting_duplicates += 1
                 continue
-            seen[key] = text_key
+            seen.add(key, text_key)
             stats.passages += 1
             yield p

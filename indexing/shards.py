@@ -23,6 +23,22 @@ from typing import Iterable, Iterator
 from indexing.passages import Passage
 
 
+# A shard's passages at their largest in a build (Python strings, Arrow columns and Lucene's copy of
+# ~7-byte words, plus two float32 copies of a vector of up to 768 dimensions), in bytes per word/passage.
+_BYTES_PER_WORD = 3 * 7
+_BYTES_PER_PASSAGE = 3 * 200 + 2 * 4 * 768
+
+
+def effective_shard_size(cfg) -> int:
+    """`index.shard_size`, capped when `index.memory_budget_mb` is set so that the largest shard
+    (4 x the mean size, see shard_stream) fits in the budget."""
+    i = cfg.index
+    if not i.memory_budget_mb:
+        return i.shard_size
+    per_passage = i.passage_words * _BYTES_PER_WORD + _BYTES_PER_PASSAGE
+    return max(1, min(i.shard_size, i.memory_budget_mb * 2**20 // (4 * per_passage)))
+
+
 def id_hash(passage_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
 

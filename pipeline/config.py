@@ -67,6 +67,9 @@ class IndexConfig(Section):
     remote_cache_dir: str | None = Field(
         None, description="where a remote index (s3://, gs://, az://) is pulled to on each machine, once per version "
         "(None: <paths.cache_dir>/index-cache)")
+    memory_budget_mb: int | None = Field(
+        None, ge=4, description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
+        "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides")
     verify: Literal["checksum", "size"] = Field(
         "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
 
