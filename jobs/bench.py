@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 # Each module adds one benchmark with `register(bench_subparsers)`.
-BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer", "jobs.bench_dragin"]
+BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer", "jobs.bench_dragin", "jobs.bench_flashrag"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,167 @@
+"""`dynrag bench flashrag`: questions/s of dynrag `sr-rag` / FlashRAG's standard RAG pipeline.
+
+Same corpus (the 100-word passages of the dataset's context paragraphs), same questions, same model
+folder, dtype, prompt text, k, max new tokens and greedy decoding on both sides; BM25 top-k on both
+(dynrag: Lucene via pyserini; FlashRAG: its bm25s retriever over an index built with the same k1, b).
+FlashRAG (PyPI flashrag-dev 0.1.2, transformers generation) runs from its own virtual environment under
+the cache dir, installed on first use, through `jobs/flashrag_driver.py`. Each side is a fresh process
+per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
+questions (startup, not in the rate), then times its pipeline over the questions: that rate is the
+figure. Also printed: whole-process wall time, peak RSS of each process tree (vLLM's engine core
+included), how many predictions agree and how far the two retrievers' top-k agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from jobs.bench_rss import GIB, run_measured
+
+DRIVER = Path(__file__).with_name("flashrag_driver.py")
+
+
+def register(bsub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
+
+    p = bsub.add_parser("flashrag", help="sr-rag questions/s vs FlashRAG's standard RAG pipeline",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
+    p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
+    p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating which goes first")
+    p.add_argument("--warmup", type=int, default=4, help="questions each side answers before timing (default 4)")
+    p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
+    p.add_argument("--workdir", help="where corpus, indexes and outputs go (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_config_args(p)
+    p.set_defaults(func=run)
+
+
+def flashrag_prompt() -> tuple[str, str, str]:
+    """dynrag's sr-rag prompt as FlashRAG's (system, user) template with {reference} and {question}, and
+    the format of one document in {reference} (documents joined by newlines, {i} counting from 1)."""
+    from indexing.hits import Hit
+    from pipeline.prompts import format_docs, rag_prompt
+
+    mark = [Hit(id="", title="{title}", text="{text}", score=0.0)]
+    system, user = (m["content"] for m in rag_prompt("{question}", mark))
+    return system, user.replace(format_docs(mark), "{reference}"), format_docs(mark).replace("Doc 1", "Doc {i}", 1)
+
+
+def prepare(cfg, dataset: str, limit: int, work: Path) -> dict:
+    """Questions, corpus (dynrag JSONL and FlashRAG JSONL) and the dynrag index under `work`."""
+    import itertools
+
+    from indexing import build_index
+    from indexing.passages import passages_of
+    from indexing.readers import read_corpus
+    from pipeline.datasets import load_questions
+
+    qs = list(itertools.islice((q for q in load_questions(dataset, cfg) if not q.error), limit))
+    (work / "questions.jsonl").write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": q.answers,
+                                                              "golden_answers": q.answers}) + "\n" for q in qs))
+    passages = list(passages_of(read_corpus(dataset), cfg.index.passage_words))
+    (work / "corpus.jsonl").write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
+                                               for p in passages))
+    (work / "corpus_flashrag.jsonl").write_text("".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"})
+                                                        + "\n" for p in passages))
+    build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg)
+    return {"questions": len(qs), "passages": len(passages)}
+
+
+def driver_config(cfg, model_path: str, work: Path, k: int, warmup: int, batch: int) -> dict:
+    system, user, doc_format = flashrag_prompt()
+    return {"model_path": model_path, "corpus": str(work / "corpus_flashrag.jsonl"), "questions": str(work / "questions.jsonl"),
+            "work": str(work / "flashrag"), "k": k, "max_new_tokens": cfg.generation.max_new_tokens,
+            "dtype": cfg.generation.dtype, "batch_size": batch, "threads": cfg.index.threads, "warmup": warmup,
+            "bm25_k1": cfg.index.bm25_k1, "bm25_b": cfg.index.bm25_b, "system_prompt": system, "user_prompt": user,
+            "doc_format": doc_format}
+
+
+def parse_result(m) -> dict:
+    """The JSON object a side prints as its last stdout line, with the process's wall time and peak RSS."""
+    from jobs.flashrag_driver import read_result
+
+    if m.returncode != 0 or '"questions_per_s"' not in m.stdout:
+        tail = "\n".join(m.stderr.strip().splitlines()[-15:])
+        from pipeline.errors import DynragError
+
+        raise DynragError(f"benchmark side failed (exit {m.returncode}):\n{tail}")
+    r = read_result(m.stdout)
+    r.update(process_wall_s=round(m.wall_s, 1), peak_rss_gib=round(m.peak_rss / GIB, 2))
+    return r
+
+
+def agreement(a: dict, b: dict) -> dict:
+    """Same predictions (exact string) and mean overlap |top-k ∩ top-k| / k of the two sides."""
+    ids = [q for q in a["predictions"] if q in b["predictions"]]
+    same = sum(a["predictions"][q].strip() == b["predictions"][q].strip() for q in ids)
+    overlap = [len(set(a["doc_ids"][q]) & set(b["doc_ids"][q])) / max(1, len(a["doc_ids"][q])) for q in ids]
+    return {"same_prediction": same, "compared": len(ids), "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0}
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.cli import config_from_args
+
+    cfg = config_from_args(args)
+    cfg.retrieval.k = args.k
+    dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        return _run(args, cfg, dataset, Path(args.workdir))
+    with tempfile.TemporaryDirectory(prefix="dynrag-bench-flashrag-") as tmp:
+        return _run(args, cfg, dataset, Path(tmp))
+
+
+def _run(args, cfg, dataset: str, work: Path) -> int:
+    from jobs.flashrag_env import ensure_flashrag
+    from pipeline.models import resolve_model
+
+    py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    sizes = prepare(cfg, dataset, args.limit, work)
+    model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+    dcfg = driver_config(cfg, model_path, work, args.k, args.warmup, args.flashrag_batch)
+    (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
+    sides = {"dynrag": [sys.executable, "-m", "jobs.bench_flashrag_side", "--index", str(work / "index"),
+                        "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
+                        "--warmup", str(args.warmup), "--set", f"retrieval.k={args.k}",
+                        *(["--config", args.config] if args.config else []),
+                        *[a for o in args.overrides for a in ("--set", o)]],
+             "flashrag": [str(py), str(DRIVER), str(work / "flashrag.json")]}
+    reps = []
+    for rep in range(args.repeats):
+        order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
+        got = {}
+        for side in order:
+            print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
+            got[side] = parse_result(run_measured(sides[side]))
+        got["ratio"] = round(got["dynrag"]["questions_per_s"] / got["flashrag"]["questions_per_s"], 2)
+        got["wall_ratio"] = round(got["flashrag"]["process_wall_s"] / got["dynrag"]["process_wall_s"], 2)
+        got["agreement"] = agreement(got["dynrag"], got["flashrag"])
+        reps.append(got)
+    figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
+               "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
+               "repeats": [{s: ({k: v for k, v in r[s].items() if k not in ("predictions", "doc_ids")}
+                                if isinstance(r[s], dict) and s in ("dynrag", "flashrag") else r[s]) for s in r} for r in reps],
+               "ratio_median": statistics.median(r["ratio"] for r in reps)}
+    if args.json:
+        print(json.dumps(figures, indent=1))
+        return 0
+    print(f"sr-rag vs FlashRAG standard RAG: {sizes['questions']} questions of {dataset}, {sizes['passages']} passages, "
+          f"BM25 top-{args.k}, {model_path} ({cfg.generation.dtype}), {cfg.generation.max_new_tokens} new tokens, greedy; "
+          f"{args.repeats} repeat(s), alternating which side runs first")
+    for i, r in enumerate(figures["repeats"], 1):
+        for side in ("dynrag", "flashrag"):
+            s = r[side]
+            print(f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
+                  f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB)")
+        a = r["agreement"]
+        print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); same prediction "
+              f"{a['same_prediction']}/{a['compared']}, top-{args.k} overlap {a['topk_overlap']}")
+    print(f"dynrag sr-rag / FlashRAG questions/s: {figures['ratio_median']} (median of {len(reps)}; goal >= 5)")
+    return 0

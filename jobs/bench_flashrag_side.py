@@ -1,0 +1,59 @@
+"""dynrag's side of `dynrag bench flashrag`, run as its own process so its memory is measured alone:
+`python -m jobs.bench_flashrag_side --index DIR --questions FILE --out DIR [--set ...]`.
+
+Loads the backends, answers `--warmup` questions (startup, untimed), then times one `run_answer` of
+sr-rag over all questions (read, retrieve, prompt, generate, score, write Parquet); prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import time
+
+T_START = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--index", required=True)
+    p.add_argument("--questions", required=True, help="JSONL with id, question, answers")
+    p.add_argument("--out", required=True)
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--config")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    args = p.parse_args(argv)
+
+    import polars as pl
+
+    from pipeline.answer import run_answer
+    from pipeline.backends import Backends
+    from pipeline.config import load_config
+
+    shutil.rmtree(args.out, ignore_errors=True)  # a fresh run, never a resumed one
+    cfg = load_config(args.config, [*args.overrides, "dataset.format=generic", "answer.progress=false"])
+    backends = Backends(cfg, args.index)
+    try:
+        if args.warmup:
+            run_answer(args.questions, f"{args.out}/warmup", index=args.index, method="sr-rag", limit=args.warmup,
+                       cfg=cfg, backends=backends)
+        startup = time.perf_counter() - T_START
+        t0 = time.perf_counter()
+        summary = run_answer(args.questions, f"{args.out}/run", index=args.index, method="sr-rag", cfg=cfg,
+                             backends=backends)
+        secs = time.perf_counter() - t0
+    finally:
+        backends.close()
+    rows = pl.read_parquet(f"{args.out}/run/parts/*.parquet", columns=["question_id", "prediction", "raw_output", "retrieved"])
+    print(json.dumps({"side": "dynrag", "questions": summary["rows"], "answered": summary["answered"],
+                      "seconds": round(secs, 3), "questions_per_s": summary["rows"] / secs, "startup_s": round(startup, 2),
+                      "generation_backend": cfg.generation.backend, "dtype": cfg.generation.dtype,
+                      "predictions": dict(zip(rows["question_id"], rows["raw_output"])),
+                      "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])}}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
