@@ -41,6 +41,12 @@ class Frame:
         self.yt = nice_ticks(min(ys + [0.0] if zero_y else ys), max(ys))
         self.height = height
 
+    @classmethod
+    def around(cls, series: dict[str, list[tuple]]) -> "Frame":
+        """The frame holding every (x, y, ...) point of every series."""
+        pts = [p for ps in series.values() for p in ps]
+        return cls([p[0] for p in pts], [p[1] for p in pts])
+
     def x(self, v: float) -> float:
         lo, hi = self.xt[0], self.xt[-1]
         return LEFT + (v - lo) / (hi - lo) * (WIDTH - LEFT - RIGHT)
@@ -82,8 +88,7 @@ def _svg(chart_id: str, kind: str, title: str, height: int, body: str, legend_it
 def scatter(chart_id: str, title: str, series: dict[str, list[tuple[float, float, str]]], xlabel: str,
             ylabel: str) -> str:
     """Points (x, y, hover text), one colour per series."""
-    pts = [p for ps in series.values() for p in ps]
-    f = Frame([p[0] for p in pts], [p[1] for p in pts])
+    f = Frame.around(series)
     groups = []
     for i, (name, ps) in enumerate(series.items()):
         marks = "".join(f'<circle class="point" cx="{f.x(x):.1f}" cy="{f.y(y):.1f}" r="5" fill-opacity="0.75" '
@@ -95,8 +100,7 @@ def scatter(chart_id: str, title: str, series: dict[str, list[tuple[float, float
 
 def lines(chart_id: str, title: str, series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str) -> str:
     """One polyline with point markers per series, points sorted by x."""
-    pts = [p for ps in series.values() for p in ps]
-    f = Frame([p[0] for p in pts], [p[1] for p in pts])
+    f = Frame.around(series)
     groups = []
     for i, (name, ps) in enumerate(series.items()):
         color, ps = PALETTE[i % len(PALETTE)], sorted(ps)
