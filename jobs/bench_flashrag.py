@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -139,7 +140,9 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         got = {}
         for side in order:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
-            got[side] = parse_result(run_measured(sides[side]))
+            got[side] = r = parse_result(run_measured(sides[side]))
+            print(f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
+                  f"{r['peak_rss_gib']} GiB, load average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
         got["ratio"] = round(got["dynrag"]["questions_per_s"] / got["flashrag"]["questions_per_s"], 2)
         got["wall_ratio"] = round(got["flashrag"]["process_wall_s"] / got["dynrag"]["process_wall_s"], 2)
         got["agreement"] = agreement(got["dynrag"], got["flashrag"])

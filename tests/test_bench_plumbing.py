@@ -1,0 +1,99 @@
+"""The benchmarks' plumbing (never their timings): the FlashRAG driver's configuration, prompt parity and
+result parsing, the process-tree RSS helper; a slow end-to-end run of `dynrag bench flashrag`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from indexing.hits import Hit
+from jobs.bench_flashrag import agreement, driver_config, flashrag_prompt
+from jobs.bench_rss import TreeRss, run_measured
+from jobs.flashrag_driver import flashrag_config, read_result
+from pipeline.config import load_config
+from pipeline.prompts import rag_prompt
+
+
+def test_flashrag_prompt_renders_dynrag_prompt():
+    system, user, doc_format = flashrag_prompt()
+    hits = [Hit("a", "Alpha", "first {text}", 1.0), Hit("b", "Beta", "second", 0.5)]
+    # what the driver's template does with FlashRAG's documents (contents = "title\ntext")
+    reference = "\n".join(doc_format.format(i=i, title=h.title, text=h.text) for i, h in enumerate(hits, 1))
+    want = rag_prompt("Who? {x}", hits)
+    assert system == want[0]["content"]
+    assert user.format(question="Who? {x}", reference=reference) == want[1]["content"]
+
+
+def test_driver_config_is_complete_and_matches_dynrag(tmp_path):
+    cfg = load_config(None, ["generation.max_new_tokens=24", "index.bm25_k1=1.1"])
+    c = driver_config(cfg, "/models/smollm2-135m-instruct", tmp_path, k=4, warmup=2, batch=8)
+    json.dumps(c)  # handed over as a JSON file
+    fc = flashrag_config(c)
+    assert fc["generator_model_path"] == "/models/smollm2-135m-instruct" and fc["retrieval_topk"] == 4
+    assert fc["generation_params"] == {"max_tokens": 24, "do_sample": False}
+    assert fc["framework"] == "hf" and fc["gpu_id"] is None and fc["retrieval_method"] == "bm25"
+    assert fc["bm25_backend"] == "bm25s" and fc["generator_batch_size"] == 8 and fc["metrics"] == []
+    assert c["bm25_k1"] == 1.1 and c["dtype"] == "float32" and c["corpus"].endswith("corpus_flashrag.jsonl")
+    # every key FlashRAG's Config reads while building the standard pipeline (its basic_config.yaml is missing)
+    for key in ("split", "dataset_name", "data_dir", "model2path", "model2pooling", "method2index", "index_path",
+                "rerank_model_name", "rerank_pooling_method", "metric_setting", "save_note", "save_dir", "seed",
+                "save_retrieval_cache", "use_retrieval_cache", "use_reranker", "refiner_name", "use_fid",
+                "save_metric_score", "save_intermediate_data", "generator_max_input_len", "gpu_num"):
+        assert key in fc, key
+
+
+def test_read_result_and_agreement():
+    out = 'progress...\n{"not": "this"}\nnoise\n{"questions_per_s": 2.0, "predictions": {"q": "x"}}\n'
+    assert read_result(out)["questions_per_s"] == 2.0
+    a = {"predictions": {"1": "Paris", "2": "no"}, "doc_ids": {"1": ["a", "b"], "2": ["c", "d"]}}
+    b = {"predictions": {"1": " Paris", "2": "yes"}, "doc_ids": {"1": ["b", "a"], "2": ["c", "e"]}}
+    assert agreement(a, b) == {"same_prediction": 1, "compared": 2, "topk_overlap": 0.75}
+
+
+CHILD = textwrap.dedent("""
+    import subprocess, sys, time
+    grandchild = subprocess.Popen([sys.executable, "-c",
+        "import time; b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"])
+    time.sleep(2.0)
+    print("done", grandchild.pid, flush=True)
+""")  # exits leaving its grandchild running, like an orphaned engine core
+
+
+def test_run_measured_counts_descendants_and_reaps_the_session():
+    m = run_measured([sys.executable, "-c", CHILD], interval=0.1)
+    assert m.returncode == 0 and m.stdout.startswith("done")
+    assert m.peak_rss > 150 * 2**20  # the grandchild's memory is in the tree's peak
+    grandchild = int(m.stdout.split()[1])
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+
+
+def test_tree_rss_phases():
+    with TreeRss(os.getpid(), interval=0.05) as m:
+        m.phase = "small"
+        m.sample()
+        m.phase = "big"
+        held = bytearray(100 * 2**20)
+        held[::4096] = b"x" * len(held[::4096])
+        m.sample()
+    assert m.peaks["big"] >= m.peaks["small"] + 80 * 2**20 and m.peak == max(m.peaks.values())
+    del held
+
+
+@pytest.mark.slow
+def test_bench_flashrag_end_to_end(data_dir, tmp_path):
+    """Installs FlashRAG into its venv if needed (minutes), then runs both sides on 3 questions."""
+    r = subprocess.run([sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", "bench", "flashrag", "--limit", "3",
+                        "--warmup", "1", "--json", "--workdir", str(tmp_path)], capture_output=True, text=True,
+                       timeout=3600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    figures = json.loads(r.stdout[r.stdout.index("{"):])
+    rep = figures["repeats"][0]
+    assert rep["dynrag"]["questions"] == 3 and rep["flashrag"]["questions"] == 3
+    assert rep["dynrag"]["peak_rss_gib"] > 0 and rep["flashrag"]["peak_rss_gib"] > 0
+    assert rep["agreement"]["compared"] == 3
