@@ -6,7 +6,8 @@ import argparse
 import importlib
 
 # Each module adds one benchmark with `register(bench_subparsers)`.
-BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer", "jobs.bench_dragin", "jobs.bench_flashrag"]
+BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer", "jobs.bench_dragin", "jobs.bench_flashrag",
+                 "jobs.bench_all"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

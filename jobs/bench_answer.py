@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs.bench_rss import GIB, TreeRss
+
 log = logging.getLogger(__name__)
 
 
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     results = []
     prev_calls: list = []
     bare_first = (0, 1.0)
+    mem = TreeRss().start()  # peak RSS of this process and vLLM's engine core, per phase
     try:
         for rep in range(args.repeats):
             rec = _Recorder(gen)
@@ -95,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
                     rec.calls.clear()
                 rec.seconds = 0.0
                 if rep % 2:  # odd repeats time bare vLLM first (on the previous repeat's prompts)
+                    mem.phase = "bare"
                     bare_first = bare_generate(gen, prev_calls)
+                mem.phase = "pipeline"
                 t1 = time.perf_counter()
                 summary = run_answer(dataset, f"{out}/run", index=args.index, method=args.method, limit=args.limit,
                                      cfg=cfg, backends=backends)
@@ -105,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
 
                 raise DynragError(f"no question was answered; e.g. {summary['error_examples'][:1]}")
             pipe_tokens = round(summary["completion_tokens_per_question"] * summary["answered"])
+            mem.phase = "bare"
             bare_tokens, bare_s = bare_first if rep % 2 else bare_generate(gen, rec.calls)
+            mem.phase = None
             prev_calls = rec.calls
             results.append({"pipeline_tokens": pipe_tokens, "pipeline_s": round(pipe_s, 2),
                             "bare_tokens": bare_tokens, "bare_s": round(bare_s, 2),
@@ -121,8 +128,10 @@ def run(args: argparse.Namespace) -> int:
             log.warning("repeat %d: %s", rep + 1, json.dumps({k: v for k, v in results[-1].items()
                                                               if k != "time_per_question_s"}))
     finally:
+        mem.stop()
         gen.close()
-    figures = {"method": args.method, "model": cfg.generation.model, "dtype": cfg.generation.dtype,
+    rss = {k: round(v / GIB, 2) for k, v in mem.peaks.items()}
+    figures = {"peak_rss_gib": rss, "method": args.method, "model": cfg.generation.model, "dtype": cfg.generation.dtype,
                "questions": args.limit, "max_new_tokens": cfg.generation.max_new_tokens, "engine_startup_s": round(startup, 1),
                "repeats": results, "ratio_median": statistics.median(r["ratio"] for r in results)}
     if args.json:
@@ -136,4 +145,6 @@ def run(args: argparse.Namespace) -> int:
                   f"ratio {r['ratio']} ({r['generate_calls']} generate call(s), {r['prompts']} prompts); "
                   f"generate share of pipeline time {r['generate_share_of_pipeline']}")
         print(f"pipeline / bare generated tokens/s: {figures['ratio_median']} (median of {len(results)}; goal >= 0.85)")
+        print(f"peak RSS of the process tree (this process + vLLM engine core, one engine shared by both sides): "
+              f"pipeline phases {rss.get('pipeline')} GiB, bare phases {rss.get('bare')} GiB")
     return 0

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs.bench_rss import GIB, TreeRss
+
 log = logging.getLogger(__name__)
 
 
@@ -96,15 +98,19 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     encoder = get_encoder(spec)  # loaded once per process; the raw side uses the very same model object
     encoder.model.encode(texts[:16], batch_size=spec.batch_size)
     raw_rates, stage_rates = [], []
+    mem = TreeRss().start()  # peak RSS of this process tree per phase (one process: later phases include earlier)
     for _ in range(args.repeats):
+        mem.phase = "embed_raw"
         t = time.perf_counter()
         encoder.model.encode(texts, batch_size=spec.batch_size, normalize_embeddings=True, show_progress_bar=False)
         raw_rates.append(n / (time.perf_counter() - t))
+        mem.phase = "embed_stage"
         t = time.perf_counter()
         got = sum(len(r) for _, r, _ in embed_batches([str(stage_file)], spec, cfg,
                                                      encoder=encoder if cfg.runtime.mode == "local" else None))
         stage_rates.append(got / (time.perf_counter() - t))
         print(f"  embed: raw {raw_rates[-1]:.1f} psg/s, stage {stage_rates[-1]:.1f} psg/s", flush=True)
+    mem.phase = None
     embed_ratio = statistics.median(stage_rates) / statistics.median(raw_rates)
 
     # 2. full build (99%) then incremental (+1%)
@@ -137,9 +143,11 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
         index.search(queries, k=args.k, retriever="bm25")  # warm up both (JVM JIT, OS caches)
         searcher.batch_search(queries, qids, k=args.k, threads=cfg.index.threads)
         for _ in range(args.search_repeats):
+            mem.phase = "bm25_dynrag"
             t = time.perf_counter()
             index.search(queries, k=args.k, retriever="bm25")
             ours_rates.append(len(queries) / (time.perf_counter() - t))
+            mem.phase = "bm25_pyserini"
             t = time.perf_counter()
             searcher.batch_search(queries, qids, k=args.k, threads=cfg.index.threads)
             theirs_rates.append(len(queries) / (time.perf_counter() - t))
@@ -150,6 +158,8 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
             print(f"  bm25: dynrag {ours_rates[-1]:.0f} q/s ({index.info()['shards']} shards), pyserini "
                   f"{theirs_rates[-1]:.0f} q/s bare, {read_rates[-1]:.0f} q/s reading hits (1 index)", flush=True)
     searcher.close()
+    mem.stop()
+    rss = {k: f"{v / GIB:.2f}" for k, v in mem.peaks.items()}
     bm25_ratio = statistics.median(ours_rates) / statistics.median(theirs_rates)
     bm25_read_ratio = statistics.median(ours_rates) / statistics.median(read_rates)
 
@@ -159,4 +169,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     print(f"BM25 batch search / pyserini, {cfg.index.threads} thr:  {bm25_ratio:.3f}  (medians "
           f"{statistics.median(ours_rates):.0f} / {statistics.median(theirs_rates):.0f} q/s, k={args.k}); "
           f"/ pyserini reading hits: {bm25_read_ratio:.3f}")
+    print(f"peak RSS GiB (this process tree, one process for both sides, so a later phase includes what earlier "
+          f"ones loaded): embed raw {rss.get('embed_raw')}, stage {rss.get('embed_stage')}; BM25 dynrag "
+          f"{rss.get('bm25_dynrag')}, pyserini {rss.get('bm25_pyserini')}")
     return 0

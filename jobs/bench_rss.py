@@ -60,14 +60,21 @@ class TreeRss:
         while not self._stop.wait(self.interval):
             self.sample()
 
-    def __enter__(self) -> "TreeRss":
+    def start(self) -> "TreeRss":
         self.sample()
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.sample()
+
+    def __enter__(self) -> "TreeRss":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 @dataclass
