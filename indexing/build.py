@@ -58,6 +58,10 @@ from pipeline.faults import fault_point
 log = logging.getLogger(__name__)
 
 
+# with index.memory_budget_mb set, Lucene's JVM gets a fixed heap of at least this size (java.py)
+JVM_HEAP_MB = 512
+
+
 class BuildError(IndexError_):
     """The build cannot proceed (no sources, an empty corpus, ...)."""
 
@@ -119,6 +123,10 @@ def build_index(
     if is_remote(index_dir):  # s3://, gs://, az://: built locally, then uploaded (remote.py)
         return build_remote_index(sources, str(index_dir), cfg, fmt=fmt, fields=fields, on_bad_line=on_bad_line)
     root = Path(index_dir)
+    if cfg.index.memory_budget_mb:
+        from indexing.java import fix_heap
+
+        fix_heap(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
     with build_lock(root):
         return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()
 

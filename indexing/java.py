@@ -67,3 +67,17 @@ def quiet_java_logs() -> None:
     except Exception as exc:  # a different Anserini build without log4j-core: keep its logs
         log.debug("cannot lower Anserini's log level: %s", exc)
     _QUIET = True
+
+
+def fix_heap(megabytes: int) -> bool:
+    """Give the JVM a fixed heap of `megabytes`, committed and touched at start (-Xms = -Xmx,
+    AlwaysPreTouch), so Lucene's memory is a constant of the loaded JVM rather than growing with the
+    corpus. Only before the JVM starts; returns whether it applied."""
+    import jnius_config
+
+    if jnius_config.vm_running:
+        log.debug("JVM already running: its heap stays as it is")
+        return False
+    jnius_config.add_options(f"-Xms{megabytes}m", f"-Xmx{megabytes}m", "-XX:+AlwaysPreTouch")
+    return True
+
