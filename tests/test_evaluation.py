@@ -102,3 +102,12 @@ def test_worked_example_from_predictions_to_the_table(tmp_path):
     assert rec["f1"] == pytest.approx(7 / 9, abs=1e-4) and rec["acc"] == pytest.approx(2 / 3, abs=1e-4)
     assert rec["precision"] == pytest.approx(5 / 6, abs=1e-4) and rec["recall"] == pytest.approx(5 / 6, abs=1e-4)
     assert "| 3 | 33.3 | 77.8 | 66.7 | 83.3 | 83.3 |" in markdown([rec])
+
+
+def test_two_runs_with_one_folder_are_refused(tmp_path):
+    f = tmp_path / "e.yaml"
+    f.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [sm, {method: sm, params: {reasoning: true}}]\n")
+    with pytest.raises(DynragError, match="more than once"):
+        load_experiment(str(f))
+    f.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [sm, {method: sm, label: sm-cot, params: {reasoning: true}}]\n")
+    assert len(load_experiment(str(f)).methods) == 2

@@ -95,9 +95,13 @@ def load_experiment(path: str) -> Experiment:
         exp = Experiment.model_validate(yaml.safe_load(p.read_text(encoding="utf-8")) or {})
     except (yaml.YAMLError, ValidationError) as exc:
         raise DynragError(f"experiment file {p}: {exc}") from None
+    labels = []
     for spec in exp.methods:
-        for _, params in grid_runs(spec, exp.grid):
+        for label, params in grid_runs(spec, exp.grid):
             get_method(spec.method).params(params)
+            labels.append(label)
+    if twice := sorted({lab for lab in labels if labels.count(lab) > 1}):
+        raise DynragError(f"experiment file {p}: runs named {twice} more than once (give the methods a `label`)")
     return exp
 
 
