@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -123,6 +124,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     from jobs.flashrag_env import ensure_flashrag
     from pipeline.models import resolve_model
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
     py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
     sizes = prepare(cfg, dataset, args.limit, work)
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"side": "dynrag", "questions": summary["rows"], "answered": summary["answered"],
                       "seconds": round(secs, 3), "questions_per_s": summary["rows"] / secs, "startup_s": round(startup, 2),
                       "generation_backend": cfg.generation.backend, "dtype": cfg.generation.dtype,
+                      "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
+                      "completion_tokens_per_question": summary["completion_tokens_per_question"],
                       "predictions": dict(zip(rows["question_id"], rows["raw_output"])),
                       "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])}}),
           flush=True)
