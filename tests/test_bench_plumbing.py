@@ -97,3 +97,24 @@ def test_bench_flashrag_end_to_end(data_dir, tmp_path):
     assert rep["dynrag"]["questions"] == 3 and rep["flashrag"]["questions"] == 3
     assert rep["dynrag"]["peak_rss_gib"] > 0 and rep["flashrag"]["peak_rss_gib"] > 0
     assert rep["agreement"]["compared"] == 3
+
+
+def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, tmp_path):
+    import jobs.bench_all as bench_all
+    from jobs.bench_rss import Measured
+    from jobs.cli import build_parser
+
+    seen = []
+
+    def fake(cmd, **_):
+        seen.append(cmd)
+        return Measured(0 if "dragin" not in cmd else 1, f"figures of {cmd[cmd.index('bench') + 1]}\n", "boom", 1.0, 2**30)
+
+    monkeypatch.setattr(bench_all, "run_measured", fake)
+    args = build_parser().parse_args(["bench", "all", "--index", "IDX", "--quick", "--only", "answer", "dragin",
+                                      "--workdir", str(tmp_path), "--set", "generation.max_new_tokens=8"])
+    assert args.func(args) == 1  # dragin "failed"
+    assert [c[c.index("bench") + 1] for c in seen] == ["answer", "dragin"]
+    assert seen[0][-4:] == ["--limit", "64", "--set", "generation.max_new_tokens=8"] and "IDX" in seen[0]
+    out = capsys.readouterr().out
+    assert "figures of answer" in out and "peak RSS of its process tree 1.00 GiB" in out
