@@ -25,6 +25,12 @@ def cli(capsys, *args):
     return rc, out, err
 
 
+def refused(capsys, message: str, *args: str) -> None:
+    """The CLI exits 2 with one `dynrag: error:` line holding `message`."""
+    rc, _, err = cli(capsys, *args)
+    assert rc == 2 and message in one_error_line(err)
+
+
 def one_error_line(err: str) -> str:
     lines = [x for x in err.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("dynrag: error: "), err
@@ -85,9 +91,8 @@ def test_unreadable_datasets_are_one_line_errors(capsys, tmp_path, content, mess
     data = tmp_path / "questions.jsonl"
     if content is not None:
         data.write_bytes(content)
-    rc, _, err = cli(capsys, "answer", "--dataset", str(data), "--method", "no-retrieval",
-                     "--out", str(tmp_path / "out"), "--no-progress", *NONE)
-    assert rc == 2 and message in one_error_line(err)
+    refused(capsys, message, "answer", "--dataset", str(data), "--method", "no-retrieval",
+            "--out", str(tmp_path / "out"), "--no-progress", *NONE)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -100,9 +105,8 @@ def test_unreadable_datasets_are_one_line_errors(capsys, tmp_path, content, mess
     (["--method", "sr-rag", "--index", "/no/such/index"], "/no/such/index"),
 ])
 def test_bad_configuration_model_or_index_is_one_line_error(capsys, data_dir, tmp_path, args, message):
-    rc, _, err = cli(capsys, "answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--limit", "3",
-                     "--method", "no-retrieval", "--out", str(tmp_path / "out"), "--no-progress", *NONE, *args)
-    assert rc == 2 and message in one_error_line(err)
+    refused(capsys, message, "answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--limit", "3",
+            "--method", "no-retrieval", "--out", str(tmp_path / "out"), "--no-progress", *NONE, *args)
 
 
 @pytest.mark.parametrize("content, message", [
@@ -114,8 +118,7 @@ def test_bad_configuration_model_or_index_is_one_line_error(capsys, data_dir, tm
 def test_bad_corpora_are_one_line_errors(capsys, tmp_path, content, message):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(content)
-    rc, _, err = cli(capsys, "index", "build", str(corpus), "--index", str(tmp_path / "idx"), "--format", "jsonl")
-    assert rc == 2 and message in one_error_line(err)
+    refused(capsys, message, "index", "build", str(corpus), "--index", str(tmp_path / "idx"), "--format", "jsonl")
     assert not (tmp_path / "idx" / "CURRENT").exists()
 
 
