@@ -143,16 +143,18 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         for side in order:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
             got[side] = r = parse_result(run_measured(sides[side]))
+            r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
             print(f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
-                  f"{r['peak_rss_gib']} GiB, load average {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+                  f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}", file=sys.stderr, flush=True)
         got["ratio"] = round(got["dynrag"]["questions_per_s"] / got["flashrag"]["questions_per_s"], 2)
         got["wall_ratio"] = round(got["flashrag"]["process_wall_s"] / got["dynrag"]["process_wall_s"], 2)
         got["agreement"] = agreement(got["dynrag"], got["flashrag"])
+        for side in ("dynrag", "flashrag"):
+            del got[side]["predictions"], got[side]["doc_ids"]
         reps.append(got)
     figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
                "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
-               "repeats": [{s: ({k: v for k, v in r[s].items() if k not in ("predictions", "doc_ids")}
-                                if isinstance(r[s], dict) and s in ("dynrag", "flashrag") else r[s]) for s in r} for r in reps],
+               "repeats": reps,
                "ratio_median": statistics.median(r["ratio"] for r in reps)}
     if args.json:
         print(json.dumps(figures, indent=1))
@@ -164,7 +166,8 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         for side in ("dynrag", "flashrag"):
             s = r[side]
             print(f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
-                  f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB)")
+                  f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
+                  f"load average {s['load_average_1min_after']})")
         a = r["agreement"]
         print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); same prediction "
               f"{a['same_prediction']}/{a['compared']}, top-{args.k} overlap {a['topk_overlap']}")
