@@ -118,3 +118,34 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
     assert seen[0][-4:] == ["--limit", "64", "--set", "generation.max_new_tokens=8"] and "IDX" in seen[0]
     out = capsys.readouterr().out
     assert "figures of answer" in out and "peak RSS of its process tree 1.00 GiB" in out
+
+
+def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
+    import jobs.bench_flashrag as bench
+    import jobs.flashrag_env
+    import pipeline.models
+    from jobs.bench_rss import Measured
+    from jobs.cli import build_parser
+
+    order = []
+
+    def fake(cmd, **_):
+        side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
+        order.append(side)
+        r = {"questions": 2, "seconds": 4.0, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
+             "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
+        return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
+
+    monkeypatch.setattr(jobs.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
+    monkeypatch.setattr(pipeline.models, "resolve_model", lambda *a: "/m/smollm2-135m-instruct")
+    monkeypatch.setattr(bench, "prepare", lambda *a: {"questions": 2, "passages": 5})
+    monkeypatch.setattr(bench, "run_measured", fake)
+    args = build_parser().parse_args(["bench", "flashrag", "--repeats", "2", "--json", "--workdir", str(tmp_path)])
+    assert args.func(args) == 0
+    assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["ratio_median"] == 10.0 and len(figures["repeats"]) == 2
+    rep = figures["repeats"][0]
+    assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
+    assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]
+    assert json.loads((tmp_path / "flashrag.json").read_text())["model_path"] == "/m/smollm2-135m-instruct"
