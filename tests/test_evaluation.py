@@ -111,3 +111,9 @@ def test_two_runs_with_one_folder_are_refused(tmp_path):
         load_experiment(str(f))
     f.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [sm, {method: sm, label: sm-cot, params: {reasoning: true}}]\n")
     assert len(load_experiment(str(f)).methods) == 2
+
+
+def test_runs_sort_k_by_value(tmp_path):
+    for k in (10, 3, 4):
+        fake_run(tmp_path / f"bm25-k{k}", dataset="d", method="bm25", params={"k": k}, f1s=[1.0], times=[1.0])
+    assert [r.label for r in load_runs([str(tmp_path)])] == ["bm25-k3", "bm25-k4", "bm25-k10"]

@@ -9,6 +9,7 @@ A run folder is what `dynrag answer --out DIR` (or `run_answer`) writes: `DIR/pa
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,14 @@ class Run:
     dataset: str
     method: str
     params: dict[str, Any] = field(default_factory=dict)  # method params, k resolved from the config
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)  # answer metrics None when nothing generated
+
+ANSWER_METRICS = ("em", "f1", "acc", "precision", "recall")
+
+
+def natural_key(path: str) -> list:
+    """Sort key that orders numbers by value: bm25-k3 < bm25-k4 < bm25-k10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
 
 
 def find_run_folders(root: str) -> list[str]:
@@ -36,7 +44,8 @@ def find_run_folders(root: str) -> list[str]:
     base = Path(root)
     if not base.is_dir():
         raise DynragError(f"{root}: no such folder")
-    found = sorted(str(p.parent) for p in base.rglob("parts") if p.is_dir() and part_files(str(p.parent)))
+    found = sorted((str(p.parent) for p in base.rglob("parts") if p.is_dir() and part_files(str(p.parent))),
+                   key=natural_key)
     if not found:
         raise DynragError(f"{root}: no runs found (no parts/*.parquet at or below it)")
     return found
@@ -55,11 +64,11 @@ def resolved_config(run_dir: str) -> dict[str, Any]:
         return yaml.safe_load(fh) or {}
 
 
-def run_params(run_dir: str, method_params_json: str | None) -> dict[str, Any]:
+def run_params(method_params_json: str | None, config: dict[str, Any]) -> dict[str, Any]:
     """The rows' method params; a k of None (meaning retrieval.k) resolved from the saved config."""
     params = json.loads(method_params_json) if method_params_json else {}
     if "k" in params and params["k"] is None:
-        params["k"] = resolved_config(run_dir).get("retrieval", {}).get("k")
+        params["k"] = config.get("retrieval", {}).get("k")
     return params
 
 
@@ -67,9 +76,12 @@ def load_run(path: str, label: str | None = None) -> Run:
     first = read_rows(path, ["dataset", "method", "method_params"]).slice(0, 1).to_pylist()
     if not first:
         raise DynragError(f"{path}: the run has no rows")
-    r = first[0]
+    r, config = first[0], resolved_config(path)
+    summary = summarize(path)
+    if config.get("generation", {}).get("backend") == "none":  # empty answers: EM/F1 would read as 0, not unknown
+        summary.update(dict.fromkeys(ANSWER_METRICS))
     return Run(path=path, label=label or Path(path.rstrip("/")).name, dataset=r["dataset"], method=r["method"],
-               params=run_params(path, r["method_params"]), summary=summarize(path))
+               params=run_params(r["method_params"], config), summary=summary)
 
 
 def load_runs(roots: list[str]) -> list[Run]:
