@@ -42,10 +42,10 @@ class Frame:
         self.height = height
 
     @classmethod
-    def around(cls, series: dict[str, list[tuple]]) -> "Frame":
+    def around(cls, series: dict[str, list[tuple]], zero_y: bool = True) -> "Frame":
         """The frame holding every (x, y, ...) point of every series."""
         pts = [p for ps in series.values() for p in ps]
-        return cls([p[0] for p in pts], [p[1] for p in pts])
+        return cls([p[0] for p in pts], [p[1] for p in pts], zero_y=zero_y)
 
     def x(self, v: float) -> float:
         lo, hi = self.xt[0], self.xt[-1]
@@ -100,7 +100,7 @@ def scatter(chart_id: str, title: str, series: dict[str, list[tuple[float, float
 
 def lines(chart_id: str, title: str, series: dict[str, list[tuple[float, float]]], xlabel: str, ylabel: str) -> str:
     """One polyline with point markers per series, points sorted by x."""
-    f = Frame.around(series)
+    f = Frame.around(series, zero_y=False)  # recall curves differ by a few points: zoom in
     groups = []
     for i, (name, ps) in enumerate(series.items()):
         color, ps = PALETTE[i % len(PALETTE)], sorted(ps)
