@@ -30,18 +30,19 @@ def register(bsub: argparse._SubParsersAction) -> None:
 
 def _timed(engine, backends, questions, spec, params, one_at_a_time: bool) -> dict:
     att = backends.named("attention")
-    passes0, calls0 = len(att.forward_batches), dict(engine.batch_calls)
+    passes0, calls0, secs0 = len(att.forward_batches), dict(engine.batch_calls), dict(engine.batch_seconds)
     t0 = time.perf_counter()
     outcomes = []
     for batch in ([[q] for q in questions] if one_at_a_time else [questions]):
         outcomes += engine.run(batch, spec.program, params)
     secs = time.perf_counter() - t0
     calls = {k: v - calls0.get(k, 0) for k, v in engine.batch_calls.items()}
+    inside = {k: round(v - secs0.get(k, 0.0), 1) for k, v in engine.batch_seconds.items()}
     sizes = att.forward_batches[passes0:]
     return {"seconds": secs, "questions_per_s": len(questions) / secs, "errors": sum(o.error is not None for o in outcomes),
             "predictions": [o.answer.prediction if o.answer else None for o in outcomes],
             "retrievals": sum(o.trace.retrieval_calls for o in outcomes) / len(outcomes),
-            "backend_calls": calls, "attention_passes": len(sizes),
+            "backend_calls": calls, "backend_seconds": inside, "attention_passes": len(sizes),
             "mean_items_per_attention_pass": sum(sizes) / len(sizes) if sizes else 0.0}
 
 
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{r['method']} on {r['questions']} questions, model {r['model']} ({r['generation_backend']})")
     for name, x in (("batched", b), ("one at a time", s)):
         print(f"  {name:14s} {x['questions_per_s']:.3f} q/s ({x['seconds']:.1f} s), {x['retrievals']:.2f} retrievals/q, "
-              f"calls {x['backend_calls']}, {x['attention_passes']} attention passes of "
-              f"{x['mean_items_per_attention_pass']:.1f} items")
+              f"calls {x['backend_calls']}, seconds inside them {x['backend_seconds']}, {x['attention_passes']} "
+              f"attention passes of {x['mean_items_per_attention_pass']:.1f} items")
     print(f"  speedup batched / one at a time: {r['speedup']:.2f}x (same prediction for {r['same_predictions']}"
           f"/{r['questions']} questions)")

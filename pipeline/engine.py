@@ -74,6 +74,7 @@ class Engine:
     def __init__(self, backends: Any):
         self.backends = backends
         self.batch_calls: dict[str, int] = defaultdict(int)  # backend calls made, by kind
+        self.batch_seconds: dict[str, float] = defaultdict(float)  # time inside them, by kind
 
     # ---- public ---------------------------------------------------------------------------
     def run(self, questions: list[Question], program: Callable[[Question, Any], Generator], params: Any) -> list[Outcome]:
@@ -137,6 +138,7 @@ class Engine:
         t0 = time.perf_counter()
         out = fn()
         self.batch_calls[kind] += 1
+        self.batch_seconds[kind] += time.perf_counter() - t0
         if len(out) != expected:
             raise RuntimeError(f"the {kind} backend returned {len(out)} results for {expected} inputs")
         return out, time.perf_counter() - t0

@@ -45,6 +45,7 @@ def test_two_round_method_makes_one_call_per_round():
     assert t.time["generation"] > 0 and t.time["retrieval"] > 0
     assert {d["step"] for d in t.retrieved} == {"retrieve"} and len(t.retrieved) == 4
     assert dict(engine.batch_calls) == {"generate": 2, "retrieve": 1}
+    assert set(engine.batch_seconds) == {"generate", "retrieve"} and all(v >= 0 for v in engine.batch_seconds.values())
 
 
 def test_errors_stay_in_their_rows():
