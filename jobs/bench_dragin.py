@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> None:
     from jobs.cli import config_from_args
 
     cfg = config_from_args(args)
-    from jobs.devsets import dev_file, dev_index
+    from pipeline.evaluation.devsets import dev_file, dev_index
 
     dataset = args.dataset or str(dev_file(cfg, "hotpotqa"))
     index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))

@@ -74,5 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def csv_choice(text: str, known) -> list[str]:
+    """A comma-separated command-line list, checked against `known` (None: anything)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if known is not None and t not in known]
+    if bad or not items:
+        raise DynragError(f"unknown or empty choice {bad or text!r}" + (f"; pick from {', '.join(known)}" if known else ""))
+    return items
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -17,7 +17,8 @@ import json
 import logging
 from pathlib import Path
 
-from jobs.devsets import DEV_SETS, csv_choice, dev_file, dev_index
+from jobs.cli import csv_choice
+from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 
 METHODS = ("no-retrieval", "sr-rag", "fl-rag", "fs-rag", "flare", "dragin")
 LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-rag": "FS-RAG", "flare": "FLARE",

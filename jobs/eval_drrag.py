@@ -16,7 +16,8 @@ import logging
 from pathlib import Path
 
 from jobs.cli import add_config_args, config_from_args
-from jobs.devsets import DEV_SETS, csv_choice, dev_file, dev_index
+from jobs.cli import csv_choice
+from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 from pipeline.errors import DynragError
 
 log = logging.getLogger(__name__)

@@ -176,7 +176,7 @@ def test_k1_larger_than_k_is_refused():
 
 
 def test_table5_rendering_and_the_papers_ordering_check():
-    from jobs.devsets import csv_choice
+    from jobs.cli import csv_choice
     from jobs.eval_drrag import ordering, table
     from pipeline.errors import DynragError
 

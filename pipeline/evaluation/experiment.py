@@ -29,15 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pipeline.config import DynragConfig, config_from_data
 from pipeline.errors import DynragError
+from pipeline.evaluation.devsets import DEV_SETS, data_path, ensure_index
 
 log = logging.getLogger(__name__)
 
 # the benchmark kit's dev sets: question file (under paths.data_dir) and its corpus format (the corpus is the
 # union of its questions' paragraphs)
-KIT_DATASETS = {"hotpotqa": ("hotpotqa/dev_400.jsonl", "hotpotqa"), "2wiki": ("2wikimultihopqa/dev_124.jsonl", "2wiki"),
-                "musique": ("musique/dev_150.jsonl", "musique")}
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -76,10 +73,10 @@ class Experiment(_Strict):
         data = dict(data)
         ds = data.get("datasets")
         if isinstance(ds, list):
-            unknown = [d for d in ds if not isinstance(d, str) or d not in KIT_DATASETS]
+            unknown = [d for d in ds if not isinstance(d, str) or d not in DEV_SETS]
             if unknown:
-                raise ValueError(f"unknown dataset {unknown}; kit names: {', '.join(KIT_DATASETS)} (or give a mapping)")
-            data["datasets"] = {d: {"file": KIT_DATASETS[d][0], "corpus_format": KIT_DATASETS[d][1]} for d in ds}
+                raise ValueError(f"unknown dataset {unknown}; kit names: {', '.join(DEV_SETS)} (or give a mapping)")
+            data["datasets"] = {d: {"file": DEV_SETS[d][0], "corpus_format": DEV_SETS[d][1]} for d in ds}
         data["methods"] = [{"method": m} if isinstance(m, str) else m for m in data.get("methods") or []]
         return data
 
@@ -120,30 +117,13 @@ def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple
     return runs
 
 
-def ensure_index(corpus: Path, fmt: str | None, index_dir: Path, cfg: DynragConfig) -> str:
-    """The index at `index_dir`, built there from `corpus` first if it has no published version."""
-    if not (index_dir / "CURRENT").is_file():
-        from indexing import build_index
-
-        log.info("building the index %s from %s", index_dir, corpus)
-        build_index([str(corpus)], str(index_dir), cfg, fmt=fmt or "auto")
-    return str(index_dir)
-
-
-def _data_path(cfg: DynragConfig, rel: str) -> Path:
-    path = Path(rel) if Path(rel).is_absolute() else Path(cfg.paths.data_dir) / rel
-    if not path.is_file():
-        raise DynragError(f"{path} not found (paths.data_dir={cfg.paths.data_dir}; set DYNRAG_DATA)")
-    return path
-
-
 def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig, out: Path) -> list[dict]:
     """Every run of the grid on one dataset, sharing one set of backends; returns the run summaries."""
     from pipeline.answer import run_answer
     from pipeline.backends import Backends
 
-    questions = _data_path(cfg, ds.file)
-    corpus = _data_path(cfg, ds.corpus or ds.file)
+    questions = data_path(cfg, ds.file)
+    corpus = data_path(cfg, ds.corpus or ds.file)
     index = ds.index or ensure_index(corpus, ds.corpus_format, Path(exp.indexes or out / "indexes") / name, cfg)
     cfg = cfg.model_copy(deep=True)
     cfg.dataset.name = cfg.dataset.name or name  # rows carry the experiment's dataset name
