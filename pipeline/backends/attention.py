@@ -14,7 +14,7 @@ far); every generated token may be picked too. One result per item (a dict):
 - `cand_attn` [n_generated, n_candidates]: attention each generated token pays each candidate before it
 
 All items of one call share forward passes: sorted by length, right-padded, cut into batches whose
-last-layer attention fits `max_attention_bytes`. The model runs with eager attention; a forward hook
+last-layer attention fits `generation.attention_batch_mib`. The model runs with eager attention; a forward hook
 keeps the last layer's weights only (output_attentions=True would hold every layer's L x L maps).
 With generation.backend=transformers the generator's model is reused, otherwise it is loaded here.
 """
@@ -34,13 +34,13 @@ log = logging.getLogger(__name__)
 
 @register_backend("attention")
 class AttentionPass:
-    def __init__(self, cfg, backends=None, *, model_path: str | None = None, max_attention_bytes: float = 1.5e9):
+    def __init__(self, cfg, backends=None, *, model_path: str | None = None, max_attention_bytes: float | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from pipeline.models import resolve_model
 
-        self.max_attention_bytes = max_attention_bytes
+        self.max_attention_bytes = max_attention_bytes or cfg.generation.attention_batch_mib * 2 ** 20
         self.forward_batches: list[int] = []  # items per forward pass, for tests and benchmarks
         gen = backends.generator if backends is not None and cfg.generation.backend == "transformers" else None
         if gen is not None and hasattr(gen, "model"):
