@@ -15,8 +15,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from jobs.cli import add_config_args, config_from_args
-from jobs.cli import csv_choice
+from jobs.cli import add_config_args, config_from_args, csv_choice
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 from pipeline.errors import DynragError
 
