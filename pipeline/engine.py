@@ -137,11 +137,12 @@ class Engine:
     def _call(self, kind: str, fn: Callable[[], Any], expected: int) -> tuple[Any, float]:
         t0 = time.perf_counter()
         out = fn()
+        secs = time.perf_counter() - t0
         self.batch_calls[kind] += 1
-        self.batch_seconds[kind] += time.perf_counter() - t0
+        self.batch_seconds[kind] += secs
         if len(out) != expected:
             raise RuntimeError(f"the {kind} backend returned {len(out)} results for {expected} inputs")
-        return out, time.perf_counter() - t0
+        return out, secs
 
     # ---- one batched call per kind -----------------------------------------------------------
     def _do_generate(self, states: list[_State]) -> None:
