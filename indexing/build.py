@@ -43,6 +43,7 @@ from indexing.manifest import (
     read_manifest,
     write_checksums,
 )
+from indexing.native_memory import release_free_memory
 from indexing.passages import PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, read_corpus
 from indexing.shards import (
@@ -124,9 +125,9 @@ def build_index(
         return build_remote_index(sources, str(index_dir), cfg, fmt=fmt, fields=fields, on_bad_line=on_bad_line)
     root = Path(index_dir)
     if cfg.index.memory_budget_mb:
-        from indexing.java import fix_heap
+        from indexing.native_memory import bound_native_memory
 
-        fix_heap(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
+        bound_native_memory(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
     with build_lock(root):
         return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()
 
@@ -148,6 +149,8 @@ class _Builder:
         self.reembedded_shards: list[str] = []
         self._pending: list = []
         self._remote = None
+        # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
+        self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
 
     # ---- stage 1 ----
     def _stage_passages(self) -> list[dict]:
@@ -195,8 +198,8 @@ class _Builder:
                 cache.setdefault(_ehash(title, text), (s["key"], row))
         return cache, prev.get("dim")
 
-    def _plan_embedding(self, todo: list[dict], cache: dict) -> tuple[list[str], dict[int, tuple]]:
-        """Per new shard: rows to embed (written to staging/<key>/to_embed.parquet) and cached rows."""
+    def _plan_embedding(self, todo: list[dict], cache: dict) -> tuple[list[str], dict[int, tuple[int, list]]]:
+        """Per new shard: rows to embed (written to staging/<key>/to_embed.parquet; their count is kept) and cached rows."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -209,12 +212,12 @@ class _Builder:
             titles, texts = t.column("title").to_pylist(), t.column("text").to_pylist()
             new_rows, cached = [], []
             for row, (title, text) in enumerate(zip(titles, texts)):
-                hit = cache.get(_ehash(title, text))
+                hit = cache.get(_ehash(title, text)) if cache else None
                 if hit is None:
                     new_rows.append(row)
                 else:
                     cached.append((row, hit[0], hit[1]))
-            plans[i] = (new_rows, cached)
+            plans[i] = (len(new_rows), cached)  # a count: the rows themselves go to disk, not memory
             if new_rows:
                 f = d / "to_embed.parquet"
                 pq.write_table(pa.table({
@@ -223,6 +226,8 @@ class _Builder:
                     "text": [embed_input(titles[r], texts[r]) for r in new_rows],
                 }), f)
                 files.append(str(f))
+            del t, titles, texts
+            self._release()
         return files, plans
 
     def _assemble(self, meta: dict, cached: list, new_rows: np.ndarray, new_vecs: np.ndarray | None, dim: int) -> None:
@@ -266,6 +271,7 @@ class _Builder:
                 self._pending.append(self._remote.remote(*args))
             else:
                 finalize_shard(*args)
+                self._release()
 
     def _wait(self) -> None:
         if self._pending:
@@ -283,14 +289,14 @@ class _Builder:
         cache, dim = self._vector_cache(prev, keep)
         files, plans = self._plan_embedding(todo, cache)
         ready = [todo[i] for i in range(len(todo)) if i not in plans]  # vectors staged by an earlier attempt
-        for i, (new_rows, cached) in plans.items():
-            if not new_rows:  # every vector comes from the previous version
+        for i, (n_new, cached) in plans.items():
+            if not n_new:  # every vector comes from the previous version
                 self._assemble(todo[i], cached, np.zeros(0, int), None, dim)
                 ready.append(todo[i])
         self._finalize(ready)
         if not files:
             self._wait()
-        n_embed = sum(len(p[0]) for p in plans.values())
+        n_embed = sum(p[0] for p in plans.values())
         spec = EncoderSpec.from_config(self.cfg)
         log.info("stage embed: %d passages to embed in %d shards (%d vectors reused), mode=%s",
                  n_embed, len(files), sum(len(p[1]) for p in plans.values()), self.cfg.runtime.mode)

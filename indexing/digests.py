@@ -12,7 +12,7 @@ import numpy as np
 
 
 class DigestSet:
-    def __init__(self, run: int = 1 << 16):
+    def __init__(self, run: int = 1 << 12):
         self._recent: dict[int, int] = {}
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, values), largest first
         self._run = run
