@@ -3,7 +3,8 @@
 Prompts are chat-templated and tokenized here, so the prompt token count is exact and an over-long
 prompt becomes an error for its question only. On a CPU-only machine the settings STACK.md found
 necessary are applied: a KV-cache size, no reserved scheduler core, eager mode. vLLM starts its
-engine in a spawned process: scripts that use this backend need an `if __name__ == "__main__":` guard.
+engine in a spawned process (scripts that use this backend need an `if __name__ == "__main__":` guard),
+which an `OrphanGuard` ends if this process is killed.
 """
 
 from __future__ import annotations
@@ -49,11 +50,15 @@ class VllmGenerator:
         t0 = time.perf_counter()
         from vllm import LLM
 
+        from pipeline.orphan_guard import OrphanGuard, child_pids
+
         kwargs: dict[str, Any] = dict(model=str(path), dtype=g.dtype, max_model_len=g.max_model_len, seed=g.seed,
                                       trust_remote_code=g.trust_remote_code, disable_log_stats=True)
         if not gpu:
             kwargs["enforce_eager"] = True  # compiling gave no speed on CPU and doubled startup
+        before = child_pids()
         self.llm = LLM(**kwargs)
+        self._guard = OrphanGuard(child_pids() - before)  # the engine process dies with this one
         self.tokenizer = self.llm.get_tokenizer()
         log.info("vLLM engine for %s ready in %.1f s", path, time.perf_counter() - t0)
 
@@ -116,6 +121,7 @@ class VllmGenerator:
         if llm is None:
             return
         self.llm = None
+        self._guard.close()
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception:
