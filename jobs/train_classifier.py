@@ -66,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
           f"f1 {dev['f1']:.4f}  (majority baseline {dev['majority_baseline_accuracy']:.4f})")
     for kind, m in dev["by_kind"].items():
         print(f"  {kind:<22} n={m['n']:<5} accuracy {m['accuracy']:.4f}")
+    if "threshold_tuning" in dev:
+        t = dev["threshold_tuning"]
+        print(f"threshold {t['chosen']:.2f} saved with the model (chosen on {t['calibration_n']} held-out examples; on "
+              f"the other {t['held_out_n']}: accuracy {t['held_out_accuracy_at_chosen']:.4f} vs "
+              f"{t['held_out_accuracy_at_default']:.4f} at {t['default']:.2f})")
     print(f"trained on {result['data']['train']['examples']} examples in {tr['seconds']} s "
           f"({tr['examples_per_second']} examples/s); model folder: {args.out}")
     return 0

@@ -110,7 +110,7 @@ def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, back
     if dataset_format:
         cfg.dataset.format = dataset_format
     spec = get_method(cfg.method.name)
-    params = spec.params(cfg.method.params)
+    params = spec.params(cfg.method.params, cfg)
     if backends is None:
         preflight(cfg, index)
     chash = run_config_hash(cfg, params)

@@ -132,6 +132,8 @@ class ClassifierConfig(Section):
     eval_batch_size: int = Field(64, ge=1, description="inputs per forward pass when scoring")
     threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(positive) at or above this is positive "
                              "(the paper's 'predefined threshold', value not given)")
+    tune_threshold: bool = Field(True, description="after training, pick the threshold with the best accuracy on half "
+                                 "of the dev pairs and save it with the model (CIS/CFS use it unless given one)")
     seed: int = Field(0, description="seeds example sampling, the dev split, initialisation and shuffling")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 leaves torch's default")

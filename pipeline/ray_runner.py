@@ -32,7 +32,7 @@ class EngineActor:
 
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
-        self.params = self.spec.params(self.cfg.method.params)
+        self.params = self.spec.params(self.cfg.method.params, self.cfg)
         remote = RemoteRetriever(retrieval_actors) if retrieval_actors else None  # else the index is opened here
         self.backends = Backends(self.cfg, index_dir, retriever=remote)
         self.engine = Engine(self.backends)

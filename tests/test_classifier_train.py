@@ -56,7 +56,10 @@ def test_model_folder_and_round_trip(trained, tmp_path):
     assert "config.json" not in files  # a plain AutoModelForSequenceClassification load fails instead of a random head
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
     meta = json.loads((out / "dynrag-classifier.json").read_text())
-    assert meta["max_length"] == 64 and meta["threshold"] == 0.5 and meta["metrics"]["accuracy"] == result["dev"]["accuracy"]
+    assert meta["max_length"] == 64 and meta["metrics"]["accuracy"] == result["dev"]["accuracy"]
+    tuning = result["dev"]["threshold_tuning"]  # tuned on half of dev: saved with the model
+    assert meta["threshold"] == tuning["chosen"] == result["dev"]["tuned_threshold"]
+    assert tuning["calibration_n"] + tuning["held_out_n"] == result["dev"]["n"]
 
     clf = Classifier.load(out, device="cpu")
     # the same dev split, rebuilt from the saved config, scores exactly as it did before saving
@@ -73,7 +76,7 @@ def test_model_folder_and_round_trip(trained, tmp_path):
     assert scores.shape == (13,) and ((scores >= 0) & (scores <= 1)).all()
     clf.save(tmp_path / "copy")  # identical scores after another save/load (same batching: padding changes floats)
     assert np.array_equal(Classifier.load(tmp_path / "copy", device="cpu").score(items, batch_size=5), scores)
-    assert list(clf.predict(items)) == list(scores >= 0.5)
+    assert list(clf.predict(items)) == list(scores >= meta["threshold"])
     assert list(clf.predict(items, threshold=0.0)) == [True] * 13
 
 
@@ -109,6 +112,20 @@ def test_scoring_backend_and_cfs_use_the_trained_folder(trained):
                      spec.params({"k": 3, "k1": 1, "retriever": "bm25", "threshold": 0.01}))[0]
     assert res.error is None and res.trace.llm_calls == 1 and res.trace.classifier_calls >= 1
     assert len(res.answer.used_docs) == 2  # threshold 0.01: the first candidate of the list is positive
+
+
+def test_cis_and_cfs_default_to_the_threshold_saved_with_the_classifier(trained, tmp_path):
+    from pipeline.methods import get_method
+
+    out, _ = trained
+    saved = json.loads((out / "dynrag-classifier.json").read_text())["threshold"]
+    cfg = load_config(None, [f"classifier.path={out}"])
+    for name in ("cis", "cfs"):
+        spec = get_method(name)
+        assert spec.params({}, cfg).threshold == saved
+        assert spec.params({"threshold": 0.33}, cfg).threshold == 0.33  # a given threshold wins
+        assert spec.params({"classifier": str(tmp_path)}, cfg).threshold == 0.5  # not a dynrag classifier folder
+        assert spec.params({}).threshold is None and spec.params({}).decision_threshold == 0.5  # no config: 0.5
 
 
 def test_refuses_to_overwrite(trained, data_dir):
@@ -156,3 +173,16 @@ def test_full_run_all_three_train_files(data_dir, cache_dir, tmp_path):
     dev = result["dev"]
     assert dev["n"] > 500 and dev["accuracy"] > 0.6, dev
     assert (tmp_path / "model" / "metrics.json").is_file()
+
+
+def test_best_threshold_maximises_accuracy_and_prefers_the_one_nearest_half_on_ties():
+    from pipeline.classifier.train import best_threshold, tune_threshold
+
+    scores = np.array([0.1, 0.3, 0.62, 0.66, 0.72, 0.8, 0.9])
+    labels = np.array([0, 0, 0, 0, 1, 1, 1], dtype=bool)
+    assert best_threshold(scores, labels) == 0.7  # 0.7 is the only grid value that gets all 7 right
+    # every threshold in (0.3, 0.9] separates these perfectly: the grid value nearest 0.5 is taken
+    assert best_threshold(np.array([0.2, 0.3, 0.95]), np.array([0, 0, 1], dtype=bool)) == 0.5
+    t = tune_threshold(np.tile(scores, 20), np.tile(labels, 20), default=0.5, seed=0)
+    assert t["chosen"] == 0.7 and t["calibration_n"] == t["held_out_n"] == 70
+    assert t["held_out_accuracy_at_chosen"] == 1.0 and 0.5 < t["held_out_accuracy_at_default"] < 0.9  # 0.62, 0.66 wrong

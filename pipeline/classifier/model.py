@@ -51,6 +51,14 @@ class ClassifierMeta:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def saved_threshold(path: str | os.PathLike) -> float:
+    """The decision threshold saved in a classifier folder; 0.5 for any other model folder."""
+    meta = Path(path) / META
+    if not meta.is_file():
+        return 0.5
+    return float(json.loads(meta.read_text(encoding="utf-8")).get("threshold", 0.5))
+
+
 # -- input encoding ------------------------------------------------------------------------------
 
 def fair_share(lengths: Sequence[int], budget: int) -> list[int]:

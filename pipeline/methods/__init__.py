@@ -36,6 +36,10 @@ class MethodParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    def with_config(self, cfg) -> "MethodParams":
+        """These parameters with the defaults that depend on the run's configuration filled in."""
+        return self
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -45,9 +49,11 @@ class MethodSpec:
     description: str
     paper: str
 
-    def params(self, values: dict | None = None) -> MethodParams:
+    def params(self, values: dict | None = None, cfg=None) -> MethodParams:
+        """Validated parameters; with `cfg`, configuration-dependent defaults resolved (`with_config`)."""
         try:
-            return self.params_model.model_validate(values or {})
+            params = self.params_model.model_validate(values or {})
+            return params if cfg is None else params.with_config(cfg)
         except ValidationError as err:
             msgs = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
             raise MethodError(f"method {self.name}: invalid params: {msgs}") from None

@@ -135,8 +135,22 @@ class TwoStageParams(TopKParams):
 class ClassifierParams(TwoStageParams):
     classifier: str = Field("default", description="classifier name (scoring.classifiers; 'default' is "
                                                    "classifier.path) or a folder from `dynrag train-classifier`")
-    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="C(...) = positive when P(positive) >= threshold")
+    threshold: float | None = Field(None, gt=0.0, lt=1.0, description="C(...) = positive when P(positive) >= "
+                                    "threshold; None: the one saved with the classifier (tuned on held-out pairs by "
+                                    "`dynrag train-classifier`), else 0.5")
     score_window: int = Field(3, ge=1, description="CFS: candidates per open list classified per round")
+
+    def with_config(self, cfg) -> "ClassifierParams":
+        if self.threshold is not None:
+            return self
+        from pipeline.backends.scoring import classifier_path
+        from pipeline.classifier.model import saved_threshold
+
+        return self.model_copy(update={"threshold": saved_threshold(classifier_path(cfg, self.classifier))})
+
+    @property
+    def decision_threshold(self) -> float:
+        return 0.5 if self.threshold is None else self.threshold
 
 
 # -- programs ----------------------------------------------------------------------------------------
@@ -208,7 +222,7 @@ def cis(q: Question, p: ClassifierParams):
         pairs = [(d, di.id) for d in added for di in first]
         text = {i: format_document(docs[i].title, docs[i].text) for i in chosen}
         scores = yield Score([(q.question, text[d], text[di]) for d, di in pairs], classifier=p.classifier)
-        positive = {pair: s >= p.threshold for pair, s in zip(pairs, scores)}
+        positive = {pair: s >= p.decision_threshold for pair, s in zip(pairs, scores)}
         judged = [[docs[di].title, docs[d].title, round(s, 4)] for (d, di), s in zip(pairs, scores)]
     kept = cis_keep(_ids(first), chosen, lambda d, di: positive[(d, di)])
     return (yield from _answer(q, [docs[i] for i in kept], p,
@@ -235,7 +249,7 @@ def cfs(q: Question, p: ClassifierParams):
             todo = [d for d in lists[i] if d not in first_ids and (i, d) not in known]
             need += [(i, d) for d in todo[:p.score_window]]
         scores = yield Score([(q.question, text[first_ids[i]], text[d]) for i, d in need], classifier=p.classifier)
-        known.update({key: s >= p.threshold for key, s in zip(need, scores)})
+        known.update({key: s >= p.decision_threshold for key, s in zip(need, scores)})
         judged += [[docs[first_ids[i]].title, docs[d].title, round(s, 4)] for (i, d), s in zip(need, scores)]
     return (yield from _answer(q, [docs[i] for i in chosen], p,
                                {"strategy": "cfs", "first_stage": len(first), "classified": len(judged),
