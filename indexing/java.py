@@ -7,14 +7,20 @@
   SIGSEGV internally (null checks, safepoints), so a JVM started before that library loads dies the
   next time it takes such a fault ("Segfault encountered", seen when `dynrag demo` built its index
   and then started vLLM). Loading `tvm_ffi` first lets the JVM's handler be the one installed.
+- Ray's core worker installs its own handlers for SIGSEGV, SIGBUS, SIGFPE and SIGILL in `ray.init`:
+  a JVM already running then dies the same way. `jvm_signals_kept()` puts the JVM's handlers back
+  around code that replaces them (both places dynrag starts Ray).
 - pyserini 1.6 creates an OpenAI client when `pyserini.search.lucene` is imported; without a key
   set the import raises. A placeholder key avoids it (no request is ever made).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import signal
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,33 @@ def ensure_java() -> None:
         jnius_config.options[:] = [o for o in jnius_config.options if "jdk.incubator.vector" not in o]
     _READY = True
     log.debug("java: JAVA_HOME=%s", os.environ["JAVA_HOME"])
+
+
+class _SigAction(ctypes.Structure):  # glibc's struct sigaction on Linux
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+
+
+_JVM_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+
+
+@contextlib.contextmanager
+def jvm_signals_kept():
+    """Run the body, then restore the handlers the JVM had for the signals it uses internally (only
+    when a JVM runs in this process, on Linux)."""
+    import jnius_config
+
+    libc = ctypes.CDLL(None) if jnius_config.vm_running and hasattr(ctypes.CDLL(None), "sigaction") else None
+    saved = {}
+    for sig in _JVM_SIGNALS if libc is not None else ():
+        saved[sig] = _SigAction()
+        if libc.sigaction(int(sig), None, ctypes.byref(saved[sig])) != 0:
+            saved.pop(sig)
+    try:
+        yield
+    finally:
+        for sig, action in saved.items():
+            libc.sigaction(int(sig), ctypes.byref(action), None)
 
 
 _QUIET = False

@@ -57,10 +57,13 @@ def init_ray(cfg: DynragConfig) -> bool:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
-    if cfg.runtime.ray_address:
-        ray.init(address=cfg.runtime.ray_address, **kwargs)
-    else:
-        ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+    from indexing.java import jvm_signals_kept
+
+    with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
+        if cfg.runtime.ray_address:
+            ray.init(address=cfg.runtime.ray_address, **kwargs)
+        else:
+            ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return True
 
