@@ -19,6 +19,7 @@ from pathlib import Path
 
 from jobs.cli import csv_choice
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
+from pipeline.evaluation.runs import extra_summary
 
 METHODS = ("no-retrieval", "sr-rag", "fl-rag", "fs-rag", "flare", "dragin")
 LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-rag": "FS-RAG", "flare": "FLARE",
@@ -38,7 +39,10 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
             for m in methods:
                 s = run_answer(str(dev), str(out / ds / m), index=index, method=m, limit=limit, cfg=cfg.model_copy(deep=True),
                                backends=backends, progress=False)
-                extras = _extras(out / ds / m)
+                e = extra_summary(str(out / ds / m), ["generated_tokens", "hallucination_points", "answer_forced",
+                                                      "entropy"])
+                extras = {"gen_tokens": e["generated_tokens"], "triggers": e["hallucination_points"],
+                          "forced": e["answer_forced"], "entropy": e["entropy"]}
                 rows.append({"dataset": ds, "method": m, "questions": s["answered"], "errors": s["errors"],
                              "em": s["em"], "f1": s["f1"], "retrievals": s.get("retrieval_calls_per_question"),
                              "llm_calls": s.get("llm_calls_per_question"), **extras,
@@ -47,19 +51,6 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
         finally:
             backends.close()
     return rows
-
-
-def _extras(folder: Path) -> dict:
-    """Means over rows of the multi-round methods' `extra` counts (generated tokens, triggers)."""
-    import polars as pl
-
-    df = pl.read_parquet(str(folder / "parts" / "*.parquet"))
-    ex = [json.loads(e) for e in df["extra"].to_list() if e] if "extra" in df.columns else []
-    def mean(key):
-        vals = [e[key] for e in ex if key in e]
-        return sum(vals) / len(vals) if vals else None
-    return {"gen_tokens": mean("generated_tokens"), "triggers": mean("hallucination_points"),
-            "forced": mean("answer_forced"), "entropy": next((e["entropy"] for e in ex if "entropy" in e), None)}
 
 
 def table(rows: list[dict]) -> str:

@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import DynragError
+from pipeline.evaluation.runs import extra_summary
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +64,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p)
 
 
-def _mean_extra(out: Path, key: str) -> float | None:
-    from pipeline.output import read_rows
-
-    vals = [json.loads(r["extra"]).get(key) for r in read_rows(str(out), ["extra", "error"]).to_pylist()
-            if r["error"] is None and r["extra"]]
-    vals = [v for v in vals if v is not None]
-    return sum(vals) / len(vals) if vals else None
-
-
 def _row(label: str, out: Path, s: dict) -> dict:
     t = s["time_per_question_s"]
+    e = extra_summary(str(out), ["external_knowledge", "memory_knowledge", "irrelevant_knowledge", "backoff"])
     return {"config": label, "questions": s["answered"], "errors": s["errors"], "f1": s["f1"], "hit_rate": s["acc"],
             "time_s": t["total"], "retrieval_s": t["retrieval"], "wall_s": s.get("wall_s_per_question"),
-            "llm_calls": s["llm_calls_per_question"], "external": _mean_extra(out, "external_knowledge"),
-            "memory": _mean_extra(out, "memory_knowledge"), "irrelevant": _mean_extra(out, "irrelevant_knowledge"),
-            "backoff": _mean_extra(out, "backoff")}
+            "llm_calls": s["llm_calls_per_question"], "external": e["external_knowledge"], "memory": e["memory_knowledge"],
+            "irrelevant": e["irrelevant_knowledge"], "backoff": e["backoff"]}
 
 
 def _fmt(v, pct=False, nd=2) -> str:

@@ -3,6 +3,8 @@ and the experiment file's grid (no model, no index)."""
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 
@@ -117,3 +119,18 @@ def test_runs_sort_k_by_value(tmp_path):
     for k in (10, 3, 4):
         fake_run(tmp_path / f"bm25-k{k}", dataset="d", method="bm25", params={"k": k}, f1s=[1.0], times=[1.0])
     assert [r.label for r in load_runs([str(tmp_path)])] == ["bm25-k3", "bm25-k4", "bm25-k10"]
+
+
+def test_extra_summary_means_counts_takes_labels_and_skips_error_rows(tmp_path):
+    from eval_fixtures import fake_row
+    from pipeline.evaluation.runs import extra_summary
+
+    extras = [{"generated_tokens": 10, "entropy": "exact", "backoff": True},
+              {"generated_tokens": 20, "entropy": "exact", "backoff": False},
+              {"generated_tokens": 999}]  # an error row: not counted
+    rows = [fake_row(i, dataset="d", method="dragin", params={}, f1=1.0, total_s=1.0, extra=json.dumps(e))
+            for i, e in enumerate(extras)]
+    rows[2]["error"] = "GenerationError: boom"
+    write_part(str(tmp_path / "run"), rows)
+    s = extra_summary(str(tmp_path / "run"), ["generated_tokens", "entropy", "backoff", "missing"])
+    assert s == {"generated_tokens": 15.0, "entropy": "exact", "backoff": 0.5, "missing": None}

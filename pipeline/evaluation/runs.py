@@ -30,6 +30,21 @@ class Run:
 ANSWER_METRICS = ("em", "f1", "acc", "precision", "recall")
 
 
+def extra_summary(run_dir: str, keys: list[str]) -> dict[str, Any]:
+    """Per key of the methods' own `extra` fields, over the run's error-free rows: the mean of a count
+    (DRAGIN's generated tokens, ERM4's knowledge counts), the first value of a label (DRAGIN's
+    entropy kind); None where no row has the key."""
+    values: dict[str, list] = {k: [] for k in keys}
+    for r in read_rows(run_dir, ["extra", "error"]).to_pylist():
+        if r["error"] is None and r["extra"]:
+            extra = json.loads(r["extra"])
+            for k in keys:
+                if extra.get(k) is not None:
+                    values[k].append(extra[k])
+    numeric = lambda v: all(isinstance(x, (int, float)) for x in v)  # noqa: E731  (bool is an int)
+    return {k: (sum(v) / len(v) if numeric(v) else v[0]) if v else None for k, v in values.items()}
+
+
 def natural_key(path: str) -> list:
     """Sort key that orders numbers by value: bm25-k3 < bm25-k4 < bm25-k10."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path)]
