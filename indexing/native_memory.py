@@ -4,9 +4,10 @@ without these, anonymous memory grew by >100 MiB; with them, by a few MiB.
 
 - The JVM: a fixed heap and the C1 JIT only (java.py).
 - glibc: the mmap threshold fixed at 128 KiB (by default it rises after the first large free, and
-  then torch's and Lucene's large buffers come from the heap and fragment it), and `malloc_trim`
-  after each shard, which returns the free pages that interleaved torch, FAISS and JNI allocations
-  leave in the heap.
+  then torch's and Lucene's large buffers come from the heap and fragment it), at most 2 malloc
+  arenas for threads started from now on, and `malloc_trim` after each shard, which returns the
+  free pages that interleaved torch, FAISS and JNI allocations leave in the heap. These settings
+  last for the rest of the process.
 - Arrow on the system allocator (set in pipeline/__init__.py: mimalloc keeps freed pages).
 """
 
