@@ -36,7 +36,10 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating which goes first")
-    p.add_argument("--warmup", type=int, default=4, help="questions each side answers before timing (default 4)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="questions each side answers before timing (default: one batch of that side's own size: "
+                        "FlashRAG --flashrag-batch, dynrag min(--limit, answer.batch_questions); vLLM's first batch "
+                        "of a new size ran 2.4x slower here)")
     p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
     p.add_argument("--workdir", help="where corpus, indexes and outputs go (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -128,11 +131,14 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
     sizes = prepare(cfg, dataset, args.limit, work)
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
-    dcfg = driver_config(cfg, model_path, work, args.k, args.warmup, args.flashrag_batch)
+    warm = {"dynrag": min(args.limit, cfg.answer.batch_questions), "flashrag": args.flashrag_batch}
+    if args.warmup is not None:
+        warm = dict.fromkeys(warm, args.warmup)
+    dcfg = driver_config(cfg, model_path, work, args.k, warm["flashrag"], args.flashrag_batch)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
     sides = {"dynrag": [sys.executable, "-m", "jobs.bench_flashrag_side", "--index", str(work / "index"),
                         "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
-                        "--warmup", str(args.warmup), "--set", f"retrieval.k={args.k}",
+                        "--warmup", str(warm["dynrag"]), "--set", f"retrieval.k={args.k}",
                         *(["--config", args.config] if args.config else []),
                         *[a for o in args.overrides for a in ("--set", o)]],
              "flashrag": [str(py), str(DRIVER), str(work / "flashrag.json")]}
@@ -154,14 +160,15 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         reps.append(got)
     figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
                "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
-               "repeats": reps,
+               "warmup_questions": warm, "repeats": reps,
                "ratio_median": statistics.median(r["ratio"] for r in reps)}
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
     print(f"sr-rag vs FlashRAG standard RAG: {sizes['questions']} questions of {dataset}, {sizes['passages']} passages, "
           f"BM25 top-{args.k}, {model_path} ({cfg.generation.dtype}), {cfg.generation.max_new_tokens} new tokens, greedy; "
-          f"{args.repeats} repeat(s), alternating which side runs first")
+          f"{args.repeats} repeat(s), alternating which side runs first; untimed warm-up questions: dynrag "
+          f"{warm['dynrag']}, FlashRAG {warm['flashrag']}")
     for i, r in enumerate(figures["repeats"], 1):
         for side in ("dynrag", "flashrag"):
             s = r[side]
