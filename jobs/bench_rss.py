@@ -86,14 +86,26 @@ class Measured:
     peak_rss: int
 
 
-def _reap_session(sid: int) -> None:
-    """Kill what is left of a session we started (e.g. an orphaned vLLM engine core), by pid."""
+def _reap_session(sid: int, timeout: float = 10.0) -> None:
+    """Kill what is left of a session we started (e.g. an orphaned vLLM engine core), by pid, and wait
+    until each is gone or a zombie (SIGKILL is delivered asynchronously)."""
+    killed = []
     for p in psutil.process_iter(["pid"]):
         try:
             if p.pid != os.getpid() and os.getsid(p.pid) == sid:
                 p.kill()
+                killed.append(p)
         except (psutil.Error, ProcessLookupError, PermissionError):
             pass
+    deadline = time.monotonic() + timeout
+    for p in killed:
+        while time.monotonic() < deadline:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.02)
 
 
 def run_measured(cmd: list[str], *, env: dict | None = None, cwd: str | None = None, timeout: float | None = None,

@@ -59,7 +59,8 @@ def test_read_result_and_agreement():
 CHILD = textwrap.dedent("""
     import subprocess, sys, time
     grandchild = subprocess.Popen([sys.executable, "-c",
-        "import time; b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"])
+        "import time; b = bytearray(150 * 2**20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # not holding the pipes: the child's exit ends the run
     time.sleep(2.0)
     print("done", grandchild.pid, flush=True)
 """)  # exits leaving its grandchild running, like an orphaned engine core
