@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     rss = {k: round(v / GIB, 2) for k, v in mem.peaks.items()}
     figures = {"peak_rss_gib": rss, "method": args.method, "model": cfg.generation.model, "dtype": cfg.generation.dtype,
                "questions": args.limit, "max_new_tokens": cfg.generation.max_new_tokens, "engine_startup_s": round(startup, 1),
-               "repeats": results, "ratio_median": statistics.median(r["ratio"] for r in results)}
+               "repeats": results, "ratio_median": round(statistics.median(r["ratio"] for r in results), 3)}
     if args.json:
         print(json.dumps(figures, indent=2))
     else:

@@ -161,7 +161,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
                "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
                "warmup_questions": warm, "repeats": reps,
-               "ratio_median": statistics.median(r["ratio"] for r in reps)}
+               "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3)}
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
