@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def jvm_signals_kept():
     when a JVM runs in this process, on Linux)."""
     import jnius_config
 
-    libc = ctypes.CDLL(None) if jnius_config.vm_running and hasattr(ctypes.CDLL(None), "sigaction") else None
+    libc = ctypes.CDLL(None) if jnius_config.vm_running and sys.platform == "linux" else None  # _SigAction is glibc's
     saved = {}
     for sig in _JVM_SIGNALS if libc is not None else ():
         saved[sig] = _SigAction()

@@ -85,4 +85,3 @@ def csv_choice(text: str, known) -> list[str]:
 
 if __name__ == "__main__":
     sys.exit(main())
-

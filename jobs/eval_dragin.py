@@ -21,6 +21,9 @@ from jobs.cli import csv_choice
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 from pipeline.evaluation.runs import extra_summary
 
+# table column -> the methods' own count in each row's `extra`
+EXTRA_COLUMNS = {"gen_tokens": "generated_tokens", "triggers": "hallucination_points", "forced": "answer_forced",
+                 "entropy": "entropy"}
 METHODS = ("no-retrieval", "sr-rag", "fl-rag", "fs-rag", "flare", "dragin")
 LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-rag": "FS-RAG", "flare": "FLARE",
           "dragin": "DRAGIN"}
@@ -39,10 +42,8 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
             for m in methods:
                 s = run_answer(str(dev), str(out / ds / m), index=index, method=m, limit=limit, cfg=cfg.model_copy(deep=True),
                                backends=backends, progress=False)
-                e = extra_summary(str(out / ds / m), ["generated_tokens", "hallucination_points", "answer_forced",
-                                                      "entropy"])
-                extras = {"gen_tokens": e["generated_tokens"], "triggers": e["hallucination_points"],
-                          "forced": e["answer_forced"], "entropy": e["entropy"]}
+                e = extra_summary(str(out / ds / m), list(EXTRA_COLUMNS.values()))
+                extras = {column: e[key] for column, key in EXTRA_COLUMNS.items()}
                 rows.append({"dataset": ds, "method": m, "questions": s["answered"], "errors": s["errors"],
                              "em": s["em"], "f1": s["f1"], "retrievals": s.get("retrieval_calls_per_question"),
                              "llm_calls": s.get("llm_calls_per_question"), **extras,

@@ -33,8 +33,7 @@ from pipeline.evaluation.devsets import DEV_SETS, data_path, ensure_index
 
 log = logging.getLogger(__name__)
 
-# the benchmark kit's dev sets: question file (under paths.data_dir) and its corpus format (the corpus is the
-# union of its questions' paragraphs)
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
