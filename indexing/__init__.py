@@ -1,28 +1,48 @@
 """Corpus in, indexes out: readers, 100-word passages, shards, FAISS + Lucene, manifests.
 
-    from indexing import build_index, open_index
+    from indexing import IndexSettings, build_index, open_index
+    cfg = IndexSettings(embedding={"model": "/models/all-MiniLM-L6-v2"})  # or DynragConfig.index_settings()
     report = build_index(["psgs_w100.tsv"], "idx", cfg)          # incremental when idx holds an index
     index = open_index("idx", cfg)                               # a consistent view of the published version
     index.search(["who wrote Hamlet?"], k=10, retriever="bm25")  # -> list[list[Hit]]; or retriever="dense"
     index.passages(["123"]); index.info()
+
+`indexing` imports nothing of `pipeline` or `jobs`: it takes `IndexSettings`, raises `IndexingError`s.
 """
 
+from __future__ import annotations
+
+import os
+
+from indexing.errors import IndexingError
 from indexing.hits import Hit
+from indexing.settings import IndexSettings
 
 
-def build_index(*args, **kwargs):
-    from indexing.build import build_index as _build
+def build_index(sources, index_dir: str | os.PathLike, cfg: IndexSettings, **options) -> dict:
+    """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI, built
+    locally and uploaded: remote.py) from `sources` (files or URIs); return a report. `options`: fmt, fields,
+    on_bad_line (see indexing.build.build_local_index)."""
+    from indexing.remote import build_remote_index, is_remote
 
-    return _build(*args, **kwargs)
+    sources = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
+    if is_remote(index_dir):
+        return build_remote_index(sources, str(index_dir), cfg, **options)
+    from indexing.build import build_local_index
+
+    return build_local_index(sources, index_dir, cfg, **options)
 
 
-def open_index(*args, **kwargs):
-    from indexing.index import open_index as _open
+def open_index(index_dir, cfg: IndexSettings, version: str | None = None):
+    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002'). A
+    remote `index_dir` is pulled into a local cache first (remote.py)."""
+    from indexing.remote import is_remote, open_remote_index
 
-    return _open(*args, **kwargs)
+    if is_remote(index_dir):
+        return open_remote_index(str(index_dir), cfg, version)
+    from indexing.index import open_local_index
+
+    return open_local_index(index_dir, cfg, version)
 
 
-build_index.__doc__ = "See indexing.build.build_index."
-open_index.__doc__ = "See indexing.index.open_index."
-
-__all__ = ["Hit", "build_index", "open_index"]
+__all__ = ["Hit", "IndexSettings", "IndexingError", "build_index", "open_index"]

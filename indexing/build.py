@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from indexing.embed import EncoderSpec, embed_batches, embed_input
+from indexing.errors import IndexingError
 from indexing.manifest import (
     FORMAT_VERSION,
-    IndexError_,
     build_lock,
     collect_garbage,
     current_version,
@@ -54,7 +54,8 @@ from indexing.shards import (
     shard_stream,
     write_passages,
 )
-from pipeline.faults import fault_point
+from indexing.faults import fault_point
+from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 JVM_HEAP_MB = 512
 
 
-class BuildError(IndexError_):
+class BuildError(IndexingError):
     """The build cannot proceed (no sources, an empty corpus, ...)."""
 
 
@@ -95,34 +96,18 @@ def _progress(iterable, desc: str, unit: str, total: int | None = None):
     return tqdm(iterable, desc=desc, unit=unit, total=total, disable=None, mininterval=1.0, leave=False)
 
 
-def build_index(
-    sources: list[str] | str,
+def build_local_index(
+    sources: list[str],
     index_dir: str | os.PathLike,
-    cfg,
+    cfg: IndexSettings,
     *,
     fmt: str = "auto",
     fields: dict | None = None,
     on_bad_line: str = "error",
 ) -> dict:
-    """Build or incrementally refresh the index at `index_dir` from `sources`; return a report.
-
-    Example::
-
-        from pipeline.config import load_config
-        from indexing import build_index, open_index
-        cfg = load_config(overrides=["index.shard_size=2000"])
-        report = build_index(["../shared/data/hotpotqa/dev_400.jsonl"], "idx", cfg)
-        hits = open_index("idx", cfg).search(["who wrote Hamlet?"], k=5, retriever="bm25")
-    """
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [str(sources)]
-    sources = [str(s) for s in sources]
+    """Build or incrementally refresh the local index at `index_dir` from `sources`; return a report."""
     if not sources:
         raise BuildError("no corpus sources given")
-    from indexing.remote import build_remote_index, is_remote
-
-    if is_remote(index_dir):  # s3://, gs://, az://: built locally, then uploaded (remote.py)
-        return build_remote_index(sources, str(index_dir), cfg, fmt=fmt, fields=fields, on_bad_line=on_bad_line)
     root = Path(index_dir)
     if cfg.index.memory_budget_mb:
         from indexing.native_memory import bound_native_memory
@@ -257,7 +242,7 @@ class _Builder:
         for m in metas:
             args = (str(self.staging / m["key"]), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
                     cfg.index.threads)
-            if cfg.runtime.mode == "ray":
+            if cfg.ray.enabled:
                 import ray
 
                 from indexing.raytools import ensure_ray
@@ -299,7 +284,7 @@ class _Builder:
         n_embed = sum(p[0] for p in plans.values())
         spec = EncoderSpec.from_config(self.cfg)
         log.info("stage embed: %d passages to embed in %d shards (%d vectors reused), mode=%s",
-                 n_embed, len(files), sum(len(p[1]) for p in plans.values()), self.cfg.runtime.mode)
+                 n_embed, len(files), sum(len(p[1]) for p in plans.values()), "ray" if self.cfg.ray.enabled else "local")
         t_embed = time.perf_counter()
         bar = _progress(None, "embedding", "psg", total=n_embed)
         current, rows, vecs = None, [], []
@@ -452,4 +437,4 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int)
     log.debug("shard %s ready", dst.name)
 
 
-__all__ = ["build_index", "BuildError", "CorpusError"]
+__all__ = ["build_local_index", "BuildError", "CorpusError"]

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import DynragError
+from indexing.errors import IndexingError
 
 log = logging.getLogger(__name__)
 
 
-class DenseIndexError(DynragError):
+class DenseIndexError(IndexingError):
     """A FAISS index cannot be built with the configured factory string."""
 
 

@@ -38,11 +38,9 @@ class EncoderSpec:
 
     @classmethod
     def from_config(cls, cfg) -> "EncoderSpec":
-        from pipeline.models import resolve_model
-
         e = cfg.embedding
         return cls(
-            model_path=resolve_model(e.model, cfg.paths.cache_dir),
+            model_path=cfg.model_path(e.model),
             model_name=e.model,
             device=e.device,
             dtype=e.dtype,
@@ -134,7 +132,7 @@ def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # shards finish in order, so each is saved as soon as done
     device = resolve_device(spec.device)
-    from pipeline.ray_resources import embed_actor_gpus
+    from indexing.raytools import embed_actor_gpus
 
     gpus = embed_actor_gpus(cfg, device)
     # local://: the staging files are on the driver's disk; read them there, whatever node embeds them
@@ -155,6 +153,6 @@ def embed_batches(files: list[str], spec: EncoderSpec, cfg, *, encoder: Encoder 
     """Yield (shard, row, vectors) batches over `files`, in order, per `runtime.mode`."""
     if not files:
         return iter(())
-    if cfg.runtime.mode == "ray":
+    if cfg.ray.enabled:
         return _ray_batches(files, spec, cfg)
     return _local_batches(files, spec, encoder)

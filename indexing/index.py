@@ -17,14 +17,14 @@ import numpy as np
 
 from indexing.hits import Hit
 from indexing.manifest import read_manifest, verify_shard
-from pipeline.errors import DynragError
+from indexing.errors import IndexingError
 
 log = logging.getLogger(__name__)
 
 RETRIEVERS = ("bm25", "dense")
 
 
-class SearchError(DynragError, ValueError):
+class SearchError(IndexingError, ValueError):
     """A bad search request (unknown retriever, k < 1)."""
 
 
@@ -83,9 +83,7 @@ class Index:
                 if spec.model_name != want["model"]:
                     log.warning("index was embedded with %s but embedding.model is %s; using %s",
                                 want["model"], spec.model_name, want["model"])
-                    from pipeline.models import resolve_model
-
-                    spec = EncoderSpec(resolve_model(want["model"], self.cfg.paths.cache_dir), want["model"],
+                    spec = EncoderSpec(self.cfg.model_path(want["model"]), want["model"],
                                        self.cfg.embedding.device, want["dtype"], self.cfg.embedding.batch_size,
                                        want["max_seq_length"])
                 self._encoder = get_encoder(spec)
@@ -115,7 +113,7 @@ class Index:
             for docid, score in hits:
                 where = self._locate(docid)
                 if where is None:
-                    raise DynragError(f"Lucene index {self._lucene.path} returned id {docid!r} missing from the passages")
+                    raise IndexingError(f"Lucene index {self._lucene.path} returned id {docid!r} missing from the passages")
                 row_hits.append(self._hit(where[0], where[1], score))
             out.append(row_hits)
         return out
@@ -145,13 +143,8 @@ class Index:
         self.close()
 
 
-def open_index(index_dir, cfg, version: str | None = None) -> Index:
-    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002').
-    A remote `index_dir` (s3://, gs://, az://) is pulled into a local cache first (remote.py)."""
-    from indexing.remote import is_remote, open_remote_index
-
-    if is_remote(index_dir):
-        return open_remote_index(str(index_dir), cfg, version)
+def open_local_index(index_dir, cfg, version: str | None = None) -> Index:
+    """Open the published version of the local index at `index_dir` (or a named older version, e.g. 'v000002')."""
     root = Path(index_dir)
     manifest = read_manifest(root, version)
     log.info("opened %s version %s: %d passages in %d shards", root, manifest["version"], manifest["passages"],

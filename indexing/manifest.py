@@ -28,21 +28,13 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.errors import DynragError
-from pipeline.faults import fault_point
+from indexing.errors import CorruptIndexError, IndexingError
+from indexing.faults import fault_point
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SHARD_FILES = ("passages.parquet", "vectors.npy", "faiss.index")
-
-
-class IndexError_(DynragError):
-    """The index directory is missing, unpublished or inconsistent."""
-
-
-class CorruptIndexError(IndexError_):
-    """A shard file does not match the checksum recorded in the manifest; the message names the file."""
 
 
 def sha256_file(path: Path) -> str:
@@ -102,19 +94,19 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
     root = Path(root)
     if version is None:
         if not root.is_dir():
-            raise IndexError_(f"no index at {root}: the directory does not exist")
+            raise IndexingError(f"no index at {root}: the directory does not exist")
         version = current_version(root)
         if version is None:
-            raise IndexError_(f"no published index at {root} (no CURRENT file); build one with `dynrag index build`")
+            raise IndexingError(f"no published index at {root} (no CURRENT file); build one with `dynrag index build`")
     path = root / "versions" / version / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise IndexError_(f"{root}/CURRENT names {version}, but {path} is missing") from None
+        raise IndexingError(f"{root}/CURRENT names {version}, but {path} is missing") from None
     except json.JSONDecodeError as exc:
         raise CorruptIndexError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if manifest.get("format") != FORMAT_VERSION:
-        raise IndexError_(f"{path}: unsupported index format {manifest.get('format')!r}")
+        raise IndexingError(f"{path}: unsupported index format {manifest.get('format')!r}")
     return manifest
 
 
@@ -180,7 +172,7 @@ def build_lock(root: Path):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise IndexError_(f"another build is running on {root} (lock {root / '.build.lock'})") from None
+            raise IndexingError(f"another build is running on {root} (lock {root / '.build.lock'})") from None
         yield
     finally:
         f.close()

@@ -29,7 +29,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from pipeline.errors import DynragError
+from indexing.errors import IndexingError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ FORMATS = ("dpr-tsv", "flashrag-jsonl", "jsonl", "parquet", "hotpotqa", "2wiki",
 DEFAULT_FIELDS = {"id": "id", "title": "title", "text": "text"}
 
 
-class CorpusError(DynragError, ValueError):
+class CorpusError(IndexingError, ValueError):
     """A corpus file is unreadable, malformed or of an unknown format; the message names file and line."""
 
 

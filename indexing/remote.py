@@ -30,7 +30,8 @@ import time
 import uuid
 from pathlib import Path
 
-from indexing.manifest import IndexError_, version_name
+from indexing.errors import IndexingError
+from indexing.manifest import version_name
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +58,16 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
         try:
             version = fs.cat_file(f"{root}/CURRENT").decode().strip()
         except FileNotFoundError:
-            raise IndexError_(f"no published index at {uri} (no CURRENT object); build one with `dynrag index build`") from None
+            raise IndexingError(f"no published index at {uri} (no CURRENT object); build one with `dynrag index build`") from None
     try:
         return json.loads(fs.cat_file(f"{root}/versions/{version}/manifest.json"))
     except FileNotFoundError:
-        raise IndexError_(f"{uri}: version {version} has no manifest.json") from None
+        raise IndexingError(f"{uri}: version {version} has no manifest.json") from None
 
 
 def cache_root(uri: str, cfg) -> Path:
     key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
-    base = cfg.index.remote_cache_dir or Path(cfg.paths.cache_dir) / "index-cache"
+    base = cfg.index.remote_cache_dir or Path(cfg.cache_dir) / "index-cache"
     return Path(base).expanduser() / key
 
 
@@ -117,10 +118,10 @@ def pull_version(uri: str, cfg, version: str | None = None) -> tuple[Path, dict]
 
 def open_remote_index(uri: str, cfg, version: str | None = None):
     """`open_index` for a remote index: pull the version into the local cache once, open it there."""
-    from indexing.index import open_index
+    from indexing.index import open_local_index
 
     local, manifest = pull_version(uri, cfg, version)
-    return open_index(local, cfg, version=version_name(manifest["version"]))
+    return open_local_index(local, cfg, version=version_name(manifest["version"]))
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -189,7 +190,7 @@ def collect_remote_garbage(uri: str, keep_versions: int) -> None:
 
 def build_remote_index(sources: list[str], uri: str, cfg, **kwargs) -> dict:
     """`build_index` for a remote index directory: build locally, then upload (see the module doc)."""
-    from indexing.build import build_index
+    from indexing.build import build_local_index
     from indexing.manifest import read_manifest
 
     scratch = cache_root(uri, cfg).with_name("builds")
@@ -197,7 +198,7 @@ def build_remote_index(sources: list[str], uri: str, cfg, **kwargs) -> dict:
     work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
     try:
         _seed(uri, cfg, work)
-        report = build_index(sources, work, cfg, **kwargs)
+        report = build_local_index(sources, work, cfg, **kwargs)
         report["shards_uploaded"] = 0
         if report["published"]:
             report["shards_uploaded"] = upload_version(work, uri, read_manifest(work))

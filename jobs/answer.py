@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
 
     cfg = config_from_args(args)
     summary = run_answer(args.dataset, args.out, index=args.index, method=args.method, limit=args.limit, cfg=cfg,

@@ -8,13 +8,14 @@ import logging
 import sys
 
 from pipeline.config import DynragConfig, load_config
+from indexing.errors import IndexingError
 from pipeline.errors import DynragError
 
 log = logging.getLogger("dynrag")
 
 # Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
-JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench", "jobs.train_classifier", "jobs.index",
-               "jobs.submit", "jobs.eval_drrag", "jobs.eval_pairs", "jobs.eval_dragin", "jobs.eval_erm4",
+JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench.cli", "jobs.train_classifier", "jobs.index",
+               "jobs.submit", "jobs.eval.drrag", "jobs.eval.pairs", "jobs.eval.dragin", "jobs.eval.erm4",
                "jobs.evaluate", "jobs.experiment"]
 
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level)
     try:
         return int(args.func(args) or 0)
-    except DynragError as exc:
+    except (DynragError, IndexingError) as exc:
         print(f"dynrag: error: {exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:

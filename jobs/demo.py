@@ -1,6 +1,6 @@
 """`dynrag demo`: the main job on the embedded default, with no GPU, no ../shared and no model hub.
 
-Real Wikipedia lead sections and real DPR questions come from PyPI packages (pipeline/embedded.py);
+Real Wikipedia lead sections and real DPR questions come from PyPI packages (pipeline/assets/embedded.py);
 the index is built (or reused: builds are incremental), questions are answered with `sr-rag`
 and the rows, the resolved config and a summary land under --out.
 """
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
-    from pipeline.embedded import DPR_QUESTION_SETS
+    from pipeline.assets.embedded import DPR_QUESTION_SETS
 
     p = sub.add_parser(
         "demo", help="index packaged Wikipedia text and answer real questions (no GPU, hub or data kit needed)",
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from indexing import build_index
     from jobs.cli import config_from_args
     from pipeline.config import save_resolved
-    from pipeline.embedded import dpr_questions, wikipedia_lead_sections
+    from pipeline.assets.embedded import dpr_questions, wikipedia_lead_sections
 
     cfg = config_from_args(args)
     out = Path(args.out)
@@ -47,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
     questions = dpr_questions(args.questions, cache)
     index_dir = out / "index"
     log.info("building the index over %s into %s (reused when unchanged)", corpus.name, index_dir)
-    report = build_index([str(corpus)], str(index_dir), cfg, fmt="wiki-lead-sections")
+    report = build_index([str(corpus)], str(index_dir), cfg.index_settings(), fmt="wiki-lead-sections")
     log.info("index ready: %s", report)
     save_resolved(cfg, out)
 
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
 
     summary = run_answer(str(questions), str(out / "answers"), index=str(index_dir), method=args.method,
                          limit=args.limit, cfg=cfg, dataset_format="dpr-topics")

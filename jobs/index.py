@@ -63,7 +63,7 @@ def _build(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     _quiet()
     fields = {k: v for k, v in (("id", args.id_field), ("title", args.title_field), ("text", args.text_field)) if v}
-    report = build_index(args.sources, args.index, cfg, fmt=args.format, fields=fields or None,
+    report = build_index(args.sources, args.index, cfg.index_settings(), fmt=args.format, fields=fields or None,
                          on_bad_line="skip" if args.skip_bad_lines else "error")
     state = "published" if report["published"] else "unchanged, still"
     print(f"{args.index}: {state} version {report['version']}: {report['passages']} passages in {report['shards']} shards "
@@ -83,7 +83,7 @@ def _search(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     _quiet()
     retrievers = ["bm25", "dense"] if args.retriever == "both" else [args.retriever]
-    with open_index(args.index, cfg) as index:
+    with open_index(args.index, cfg.index_settings()) as index:
         for retriever in retrievers:
             results = index.search(args.queries, k=args.k, retriever=retriever)
             for query, hits in zip(args.queries, results):

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.models import KNOWN_MODELS, is_prepared, model_dir
+    from pipeline.assets.models import KNOWN_MODELS, is_prepared, model_dir
 
     cache = config_from_args(args).paths.cache_dir
     print(f"{'name':24} {'kind':10} {'prepared':8} description")
@@ -50,7 +50,7 @@ def run_list(args: argparse.Namespace) -> int:
 def run_prepare(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
     from pipeline.errors import DynragError
-    from pipeline.models import KNOWN_MODELS, prepare_model
+    from pipeline.assets.models import KNOWN_MODELS, prepare_model
 
     cache = config_from_args(args).paths.cache_dir
     names = list(KNOWN_MODELS) if args.all else args.names
@@ -65,7 +65,7 @@ def run_prepare(args: argparse.Namespace) -> int:
 def run_verify(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
     from pipeline.errors import DynragError
-    from pipeline.models import is_prepared, verify_model
+    from pipeline.assets.models import is_prepared, verify_model
 
     cache = config_from_args(args).paths.cache_dir
     for name in args.names:

@@ -8,26 +8,20 @@ The resolved configuration is written beside every output (`save_resolved`).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from indexing.settings import EmbeddingConfig, IndexConfig, IndexSettings, RaySettings, Section, default_cache_dir
 from pipeline.errors import DynragError
 
 
 class ConfigError(DynragError, ValueError):
     """A configuration value is missing, unknown or invalid; the message names the field."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("DYNRAG_CACHE", str(Path.home() / ".cache" / "dynrag"))
 
 
 def default_data_dir() -> str:
@@ -39,39 +33,6 @@ def default_data_dir() -> str:
 class PathsConfig(Section):
     cache_dir: str = Field(default_factory=default_cache_dir, description="models, downloaded packages, embedded data")
     data_dir: str = Field(default_factory=default_data_dir, description="benchmark data kit (../shared/data)")
-
-
-class EmbeddingConfig(Section):
-    model: str = Field("all-minilm-l6-v2", description="known model name (dynrag models list), local path or hub name")
-    batch_size: int = Field(128, ge=1)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
-    max_seq_length: int = Field(256, ge=8)
-
-
-class IndexConfig(Section):
-    shard_size: int = Field(50_000, ge=1, description="passages per shard")
-    faiss_factory: str = Field("Flat", description="FAISS index factory string, e.g. Flat, HNSW32, IVF1024,PQ64")
-    passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
-    bm25_k1: float = Field(0.9, gt=0)
-    bm25_b: float = Field(0.4, ge=0, le=1)
-    threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
-    embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: embedding actors (one GPU each when CUDA is present)")
-    faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
-    faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
-    keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
-    bm25_segments: int = Field(
-        1, ge=0, description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
-        "most this many segments: faster search for a re-merge per version; 0 keeps the shards' segments as they are "
-        "(the cheapest refresh for very large corpora)")
-    remote_cache_dir: str | None = Field(
-        None, description="where a remote index (s3://, gs://, az://) is pulled to on each machine, once per version "
-        "(None: <paths.cache_dir>/index-cache)")
-    memory_budget_mb: int | None = Field(
-        None, ge=4, description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
-        "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides")
-    verify: Literal["checksum", "size"] = Field(
-        "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
 
 
 class GenerationConfig(Section):
@@ -208,6 +169,17 @@ class DynragConfig(Section):
     answer: AnswerConfig = Field(default_factory=AnswerConfig)
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+
+    def index_settings(self) -> IndexSettings:
+        """What indexing reads, composed from this configuration; model names resolve as everywhere else."""
+        from pipeline.assets.models import resolve_model
+
+        return IndexSettings(
+            index=self.index, embedding=self.embedding, cache_dir=self.paths.cache_dir,
+            ray=RaySettings(enabled=self.runtime.mode == "ray", address=self.runtime.ray_address,
+                            num_cpus=self.ray.num_cpus, embed_actor_num_gpus=self.ray.embed_actor_num_gpus,
+                            gpu_fallback=self.ray.gpu_fallback),
+            resolve_model=functools.partial(resolve_model, cache_dir=self.paths.cache_dir))
 
 
 def _describe(err: ValidationError) -> str:

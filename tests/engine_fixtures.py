@@ -32,7 +32,7 @@ def build_hotpot_index(data_dir: Path, tmp_path_factory, n: int = 20) -> Path:
     root = tmp_path_factory.getbasetemp() / f"hotpot-index-{n}"
     if not (root / "done").exists():
         corpus = hotpot_subset(data_dir, tmp_path_factory.mktemp("corpus") / "hotpot_dev_subset.jsonl", n)
-        build_index([str(corpus)], root, DynragConfig(), fmt="hotpotqa")
+        build_index([str(corpus)], root, DynragConfig().index_settings(), fmt="hotpotqa")
         (root / "done").write_text("ok")
     return root
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.engine import STAGES
-from pipeline.output import SCHEMA, write_part
+from pipeline.engine.core import STAGES
+from pipeline.io.output import SCHEMA, write_part
 
 
 def fake_row(i: int, *, dataset: str, method: str, params: dict, f1: float, total_s: float, **over) -> dict:

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 
 from indexing.hits import Hit
-from pipeline.requests import Completion
+from pipeline.engine.requests import Completion
 
 
 class RecordingGenerator:

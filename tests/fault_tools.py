@@ -1,5 +1,5 @@
 """Helpers of the fault-injection tests: run the real `dynrag` CLI in a subprocess, let it pause at a
-named point (pipeline/faults.py), send it a real signal there, and poll an index as a reader would."""
+named point (indexing/faults.py), send it a real signal there, and poll an index as a reader would."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from indexing.manifest import CorruptIndexError, IndexError_, read_manifest, verify_shard, version_name
+from indexing.errors import IndexingError
+from indexing.manifest import read_manifest, verify_shard, version_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +100,7 @@ class IndexReader(threading.Thread):
         while not self._stop_event.is_set():
             try:
                 self.seen.add(published_version(self.root))
-            except (IndexError_, CorruptIndexError, OSError, ValueError) as exc:
+            except (IndexingError, OSError, ValueError) as exc:
                 self.failures.append(f"{type(exc).__name__}: {exc}")
             self.polls += 1
             time.sleep(0.002)

@@ -1,4 +1,4 @@
-"""PAIRS selection math (pipeline/ais.py) on hand-computed vectors: Eqs. (4)-(8), merge, gate."""
+"""PAIRS selection math (pipeline/methods/ais.py) on hand-computed vectors: Eqs. (4)-(8), merge, gate."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from indexing.hits import Hit
-from pipeline.ais import (
+from pipeline.methods.ais import (
     ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_numeric, merge_paths, optimal_alpha,
     rerank_score, top_k,
 )

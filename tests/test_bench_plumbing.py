@@ -13,11 +13,11 @@ import psutil
 import pytest
 
 from indexing.hits import Hit
-from jobs.bench_flashrag import agreement, driver_config, flashrag_prompt
-from jobs.bench_rss import TreeRss, run_measured
-from jobs.flashrag_driver import flashrag_config, read_result
+from jobs.bench.flashrag import agreement, driver_config, flashrag_prompt
+from jobs.bench.rss import TreeRss, run_measured
+from jobs.bench.flashrag_driver import flashrag_config, read_result
 from pipeline.config import load_config
-from pipeline.prompts import rag_prompt
+from pipeline.methods.prompts import rag_prompt
 
 
 def test_flashrag_prompt_renders_dynrag_prompt():
@@ -101,8 +101,8 @@ def test_bench_flashrag_end_to_end(data_dir, tmp_path):
 
 
 def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, tmp_path):
-    import jobs.bench_all as bench_all
-    from jobs.bench_rss import Measured
+    import jobs.bench.all as bench_all
+    from jobs.bench.rss import Measured
     from jobs.cli import build_parser
 
     seen = []
@@ -122,10 +122,10 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
 
 
 def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
-    import jobs.bench_flashrag as bench
-    import jobs.flashrag_env
-    import pipeline.models
-    from jobs.bench_rss import Measured
+    import jobs.bench.flashrag as bench
+    import jobs.bench.flashrag_env
+    import pipeline.assets.models
+    from jobs.bench.rss import Measured
     from jobs.cli import build_parser
 
     order = []
@@ -137,8 +137,8 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
              "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
 
-    monkeypatch.setattr(jobs.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
-    monkeypatch.setattr(pipeline.models, "resolve_model", lambda *a: "/m/smollm2-135m-instruct")
+    monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
+    monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: "/m/smollm2-135m-instruct")
     monkeypatch.setattr(bench, "prepare", lambda *a: {"questions": 2, "passages": 5})
     monkeypatch.setattr(bench, "run_measured", fake)
     args = build_parser().parse_args(["bench", "flashrag", "--repeats", "2", "--json", "--workdir", str(tmp_path)])

@@ -11,7 +11,7 @@ from pipeline.classifier.model import ClassifierError, InputEncoder, fair_share
 def tokenizer(cache_dir):
     from transformers import AutoTokenizer
 
-    from pipeline.models import is_prepared, resolve_model
+    from pipeline.assets.models import is_prepared, resolve_model
 
     if not is_prepared("all-minilm-l6-v2", cache_dir):
         pytest.skip("all-minilm-l6-v2 is not prepared (dynrag models prepare all-minilm-l6-v2)")

@@ -22,7 +22,7 @@ QUICK = [
 @pytest.fixture(scope="module")
 def trained(data_dir, cache_dir, tmp_path_factory):
     from pipeline.classifier.train import train_classifier
-    from pipeline.models import is_prepared
+    from pipeline.assets.models import is_prepared
 
     if not is_prepared("all-minilm-l6-v2", cache_dir):
         pytest.skip("all-minilm-l6-v2 is not prepared (dynrag models prepare all-minilm-l6-v2)")
@@ -85,9 +85,9 @@ def test_scoring_backend_and_cfs_use_the_trained_folder(trained):
     from pipeline.backends import Backends
     from pipeline.backends.scoring import CrossEncoderScorer, ScorerError
     from pipeline.classifier.model import Classifier
-    from pipeline.engine import Engine
+    from pipeline.engine.core import Engine
     from pipeline.methods import get_method
-    from pipeline.requests import Question
+    from pipeline.engine.requests import Question
     from fakes import MemoryRetriever, RecordingGenerator
 
     out, _ = trained

@@ -112,7 +112,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     from indexing import open_index
     from indexing.manifest import read_manifest
     from pipeline.config import load_config
-    from pipeline.output import read_rows
+    from pipeline.io.output import read_rows
 
     corpus = hotpot_subset(data_dir, tmp_path / "corpus.jsonl", N_CORPUS)
     index, out = tmp_path / "index", tmp_path / "sr-rag"
@@ -141,7 +141,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     resolved = (out / "config.resolved.yaml").read_text()
     assert "mode: ray" in resolved and "ray_address: auto" in resolved
     cfg = load_config(str(REPO / "cluster/dynrag-local.yaml"))
-    with open_index(index, cfg) as idx:  # the retrieval actors returned what the built index returns, in order
+    with open_index(index, cfg.index_settings()) as idx:  # the retrieval actors returned what the built index returns, in order
         hits = idx.search([r["question"] for r in rows], k=cfg.retrieval.k, retriever=cfg.retrieval.retriever)
     assert [[d["id"] for d in r["retrieved"]] for r in rows] == [[h.id for h in hs] for hs in hits]
     print(f"index job {build_s:.1f}s, answer job {answer_s:.1f}s")

@@ -87,7 +87,7 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
     # answer: questions from S3, index pulled once into the local cache, rows written to S3
     assert dynrag(["answer", "--dataset", f"s3://{BUCKET}/questions/dev.jsonl", "--index", index, "--out", out,
                    "--method", "sr-rag", "--no-progress", *conf]) == 0
-    from pipeline.output import read_rows
+    from pipeline.io.output import read_rows
 
     rows = read_rows(out).to_pylist()
     assert len(rows) == N_ANSWER and all(r["error"] is None for r in rows)
@@ -101,7 +101,7 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
     from pipeline.config import load_config
 
     cfg = load_config(conf[1])
-    with open_index(index, cfg) as idx:
+    with open_index(index, cfg.index_settings()) as idx:
         assert idx.version == 2
         hits = idx.search([r["question"] for r in rows], k=3, retriever="bm25")
     assert [[d["id"] for d in r["retrieved"]] for r in rows] == [[h.id for h in hs] for hs in hits]
@@ -115,7 +115,7 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path):
     """A second open of the same version reads only CURRENT and the manifest from the store: the shard
     objects can be gone. A corrupted cached file is detected at open."""
     from indexing import build_index, open_index
-    from indexing.manifest import CorruptIndexError
+    from indexing.errors import CorruptIndexError
     from pipeline.config import load_config
 
     s3, BUCKET = s3
@@ -123,15 +123,15 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path):
     s3.pipe(f"{BUCKET}/c.jsonl", ("\n".join(lines[:3]) + "\n").encode())
     cfg = load_config(_config_file(tmp_path))
     uri = f"s3://{BUCKET}/small-index"
-    build_index([f"s3://{BUCKET}/c.jsonl"], uri, cfg, fmt="hotpotqa")
-    with open_index(uri, cfg) as idx:
+    build_index([f"s3://{BUCKET}/c.jsonl"], uri, cfg.index_settings(), fmt="hotpotqa")
+    with open_index(uri, cfg.index_settings()) as idx:
         first = idx.search(["Kiss and Tell"], k=2)
     assert first[0]
     s3.rm(f"{BUCKET}/small-index/shards", recursive=True)
     s3.rm(f"{BUCKET}/small-index/versions/v000001/lucene", recursive=True)
-    with open_index(uri, cfg) as idx:
+    with open_index(uri, cfg.index_settings()) as idx:
         assert idx.search(["Kiss and Tell"], k=2) == first
     shard = next((tmp_path / "index-cache").glob("*/shards/*"))
     (shard / "vectors.npy").write_bytes(b"0" * (shard / "vectors.npy").stat().st_size)
     with pytest.raises(CorruptIndexError, match="vectors.npy"):
-        open_index(uri, cfg)
+        open_index(uri, cfg.index_settings())

@@ -8,10 +8,10 @@ import polars as pl
 import pytest
 
 from fakes import RecordingGenerator
-from pipeline.answer import run_answer
+from pipeline.runtime.answer import run_answer
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.datasets import DatasetError, load_questions
+from pipeline.io.datasets import DatasetError, load_questions
 
 FILES = {
     "hotpotqa/dev_400.jsonl": ("hotpotqa", 400, True),

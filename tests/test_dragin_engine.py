@@ -13,10 +13,10 @@ from engine_fixtures import tiny_model_path
 from fakes import MemoryRetriever
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.dragin_math import candidates_for, word_spans
-from pipeline.engine import Engine
+from pipeline.methods.dragin_math import candidates_for, word_spans
+from pipeline.engine.core import Engine
 from pipeline.methods import get_method
-from pipeline.requests import Completion, Question, TokenLogprob
+from pipeline.engine.requests import Completion, Question, TokenLogprob
 
 PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
             ("p2", "Paris", "Paris is the capital of France."),
@@ -138,7 +138,7 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.backends.attention import AttentionPass
-    from pipeline.dragin_math import entropy
+    from pipeline.methods.dragin_math import entropy
 
     path = tiny_model_path(tmp_path_factory)
     backend = AttentionPass(DynragConfig(), None, model_path=str(path))

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.dragin_math import (Candidate, candidates_for, entropy, first_above, max_later_attention, qfs_query, rind,
+from pipeline.methods.dragin_math import (Candidate, candidates_for, entropy, first_above, max_later_attention, qfs_query, rind,
                                   semantic_mask, sentence_spans, truncate, word_spans)
 from pipeline.methods.dragin import complete, cot_prompt, final_answer, table9
 
@@ -95,7 +95,7 @@ def test_sentences_answers_and_prompts():
 
 
 def test_sentence_relative_attention_has_mean_one_per_sentence():
-    from pipeline.dragin_math import sentence_relative
+    from pipeline.methods.dragin_math import sentence_relative
 
     text = "A b. C d e."
     offs = [(0, 1), (1, 3), (3, 4), (4, 6), (6, 8), (8, 10), (10, 11)]  # "A"," b","."," C"," d"," e","."

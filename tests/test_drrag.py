@@ -5,10 +5,10 @@ import pytest
 from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.engine import Engine
+from pipeline.engine.core import Engine
 from pipeline.methods import get_method
 from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, final_answer, qdc_select
-from pipeline.requests import Completion, Question
+from pipeline.engine.requests import Completion, Question
 from fakes import RecordingGenerator
 
 
@@ -177,7 +177,7 @@ def test_k1_larger_than_k_is_refused():
 
 def test_table5_rendering_and_the_papers_ordering_check():
     from jobs.cli import csv_choice
-    from jobs.eval_drrag import ordering, table
+    from jobs.eval.drrag import ordering, table
     from pipeline.errors import DynragError
 
     def row(m, recall, docs):
@@ -195,7 +195,7 @@ def test_table5_rendering_and_the_papers_ordering_check():
 
 
 def test_rank_auc_worked_example():
-    from jobs.eval_drrag import rank_auc
+    from jobs.eval.drrag import rank_auc
 
     # pos {0.9, 0.4}, neg {0.5, 0.4, 0.1}: pairs won 0.9>all (3) + 0.4>0.1 (1) + tie 0.4=0.4 (0.5) = 4.5 of 6
     assert rank_auc([0.9, 0.4, 0.5, 0.4, 0.1], [True, True, False, False, False]) == pytest.approx(0.75)

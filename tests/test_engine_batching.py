@@ -4,9 +4,9 @@ import pytest
 
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.engine import Engine
+from pipeline.engine.core import Engine
 from pipeline.methods import get_method
-from pipeline.requests import Answer, Generate, Question, Retrieve
+from pipeline.engine.requests import Answer, Generate, Question, Retrieve
 from fakes import MemoryRetriever, RecordingGenerator
 
 PASSAGES = [("p1", "Paris", "Paris is the capital of France."),
@@ -89,7 +89,7 @@ class FakeScorerEmbedder:
 
 
 def score_and_embed(q: Question, params):
-    from pipeline.requests import Embed, Score
+    from pipeline.engine.requests import Embed, Score
 
     vecs = yield Embed([q.question, "pseudo " + q.question])
     scores = yield Score([(q.question, "d1"), (q.question, "d1", "d2")], classifier="c")
@@ -107,7 +107,7 @@ def test_score_and_embed_requests_are_batched():
 
 
 def test_sentence_embedder_on_packaged_minilm(cache_dir):
-    from pipeline.models import is_prepared
+    from pipeline.assets.models import is_prepared
 
     if not is_prepared("all-minilm-l6-v2", cache_dir):
         pytest.skip("all-minilm-l6-v2 not prepared")
@@ -135,7 +135,7 @@ class Store:
 
 
 def with_calls(q: Question, params):
-    from pipeline.requests import Call
+    from pipeline.engine.requests import Call
 
     first = yield Call("test-store", "lookup", [q.question, q.question * 2], stage="retrieval")
     second = yield Call("test-store", "lookup", [q.question])
@@ -160,7 +160,7 @@ def test_call_requests_reach_a_registered_backend_batched_and_isolated():
 
 
 def test_call_to_an_unknown_backend_or_operation_is_that_question_error():
-    from pipeline.requests import Call
+    from pipeline.engine.requests import Call
 
     def prog(q, params):
         yield Call("no-such-backend" if q.id == "a" else "test-store", "lookup" if q.id == "a" else "_private", ["i"])

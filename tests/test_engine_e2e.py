@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from engine_fixtures import HOTPOT, build_hotpot_index, supporting_titles_raw, tiny_model_path
-from pipeline.answer import run_answer
+from pipeline.runtime.answer import run_answer
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.metrics import answer_metrics
-from pipeline.output import SCHEMA, part_files
+from pipeline.evaluation.metrics import answer_metrics
+from pipeline.io.output import SCHEMA, part_files
 
 N = 20
 
@@ -104,7 +104,7 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
 
 @pytest.mark.slow  # a second vLLM engine plus 40 real generations: about 2.5 min on 2 shared cores
 def test_real_packaged_model(data_dir, hotpot_index, cache_dir, tmp_path):
-    from pipeline.models import is_prepared
+    from pipeline.assets.models import is_prepared
 
     if not is_prepared("smollm2-135m-instruct", cache_dir):
         pytest.skip("smollm2-135m-instruct is not prepared (dynrag models prepare smollm2-135m-instruct)")
@@ -132,7 +132,7 @@ def test_real_packaged_model(data_dir, hotpot_index, cache_dir, tmp_path):
 def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     from pipeline.backends.chat import render
     from pipeline.backends.hf_gen import HfGenerator
-    from pipeline.requests import SamplingSpec
+    from pipeline.engine.requests import SamplingSpec
 
     msgs = [{"role": "system", "content": "Answer the question."}, {"role": "user", "content": "Question: who?\nAnswer:"}]
     text, _ = render(tiny_vllm.tokenizer, msgs)

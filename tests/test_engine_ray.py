@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
-from pipeline.answer import run_answer
+from pipeline.runtime.answer import run_answer
 from pipeline.config import DynragConfig
 
 N = 8

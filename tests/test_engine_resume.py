@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from engine_fixtures import HOTPOT, tiny_model_path
-from pipeline.output import part_files
+from pipeline.io.output import part_files
 
 N = 200
 

@@ -2,9 +2,9 @@
 
 import json
 
-from jobs.eval_erm4 import paraphrase, render_table2, second_set
+from jobs.eval.erm4 import paraphrase, render_table2, second_set
 from pipeline.config import DynragConfig
-from pipeline.datasets import load_questions
+from pipeline.io.datasets import load_questions
 
 
 def test_second_set_rephrases_each_first_set_question_keeping_answers(data_dir, tmp_path):

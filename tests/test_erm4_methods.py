@@ -9,11 +9,11 @@ import pytest
 from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.engine import Engine
+from pipeline.engine.core import Engine
 from pipeline.methods import MethodError, get_method
 from pipeline.methods.erm4 import mixed_order, parse_nli, parse_query, parse_rewriter_plus
-from pipeline.requests import Question
-from pipeline.reservoir import Reservoir
+from pipeline.engine.requests import Question
+from pipeline.methods.reservoir import Reservoir
 from fakes import MemoryRetriever, RecordingGenerator
 
 Q = "who directed the film that won best picture in 1998?"

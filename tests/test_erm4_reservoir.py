@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import DynragConfig
-from pipeline.reservoir import (Knowledge, Reservoir, ReservoirBackend, ReservoirError, popularity,
+from pipeline.methods.reservoir import (Knowledge, Reservoir, ReservoirBackend, ReservoirError, popularity,
                                 within_boundary)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def test_a_newer_entry_replaces_the_older_one_with_the_same_title(tmp_path):
 _WRITER = textwrap.dedent("""
     import sys
     import numpy as np
-    from pipeline.reservoir import Knowledge, Reservoir
+    from pipeline.methods.reservoir import Knowledge, Reservoir
     path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     r = Reservoir(path)
     v = np.zeros(4, dtype=np.float32); v[0] = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.eval_pairs import GROUPS, pick, run_params, table
+from jobs.eval.pairs import GROUPS, pick, run_params, table
 from pipeline.errors import DynragError
 
 

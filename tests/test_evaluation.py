@@ -13,7 +13,7 @@ from pipeline.errors import DynragError
 from pipeline.evaluation.experiment import Experiment, MethodRuns, grid_runs, load_experiment
 from pipeline.evaluation.runs import load_runs
 from pipeline.evaluation.table import evaluate, markdown, records
-from pipeline.output import summarize, write_part
+from pipeline.io.output import summarize, write_part
 
 
 def test_summary_quantiles_and_tokens(tmp_path):
@@ -90,7 +90,7 @@ def test_error_rows_are_counted_and_shown(tmp_path):
 
 def test_worked_example_from_predictions_to_the_table(tmp_path):
     """SQuAD normalisation end to end: per-row metrics from predictions, means in the table."""
-    from pipeline.metrics import answer_metrics
+    from pipeline.evaluation.metrics import answer_metrics
 
     cases = [("The Eiffel Tower!", ["Eiffel Tower"]),  # articles and punctuation dropped: EM 1
              ("Paris, France", ["Paris"]),              # P 1/2, R 1, F1 2/3; gold contained: Acc 1

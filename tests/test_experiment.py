@@ -9,7 +9,7 @@ import yaml
 from engine_fixtures import hotpot_subset
 from jobs.cli import main
 from pipeline.evaluation.experiment import run_experiment
-from pipeline.output import part_files
+from pipeline.io.output import part_files
 
 
 def write_experiment(path, dataset, out, limit):

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from fault_tools import cli, env_for, kill_at, kill_group, run, run_until_paused, start
-from pipeline.output import part_files
+from pipeline.io.output import part_files
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 

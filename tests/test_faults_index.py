@@ -51,7 +51,7 @@ def assert_same_index(a, b):
         va, vb = (np.load(r / "shards" / s["key"] / "vectors.npy") for r in (a, b))
         np.testing.assert_allclose(va, vb, atol=1e-5)
     cfg = load_config(overrides=["index.verify=checksum"])
-    with open_index(a, cfg) as ia, open_index(b, cfg) as ib:
+    with open_index(a, cfg.index_settings()) as ia, open_index(b, cfg.index_settings()) as ib:
         for retriever in ("bm25", "dense"):
             ha, hb = ia.search(QUERIES, 5, retriever), ib.search(QUERIES, 5, retriever)
             assert [[h.id for h in q] for q in ha] == [[h.id for h in q] for q in hb]

@@ -67,13 +67,13 @@ def test_index_build_memory_stays_within_the_budget(data_dir, cache_dir, tmp_pat
                                  f"index.memory_budget_mb={BUDGET_MB}", "index.threads=1"])
     words = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").split()
     synthetic_corpus(tmp_path / "warm.jsonl", 1, words, seed=1)
-    build_index([str(tmp_path / "warm.jsonl")], tmp_path / "warm-idx", cfg)  # loads torch, the encoder, the JVM
+    build_index([str(tmp_path / "warm.jsonl")], tmp_path / "warm-idx", cfg.index_settings())  # loads torch, the encoder, the JVM
     n = synthetic_corpus(tmp_path / "big.jsonl", 10 * BUDGET_MB, words, seed=2)
     gc.collect()
     base = anon_rss_mb()
     sampler = PeakSampler()
     sampler.start()
-    report = build_index([str(tmp_path / "big.jsonl")], tmp_path / "big-idx", cfg)
+    report = build_index([str(tmp_path / "big.jsonl")], tmp_path / "big-idx", cfg.index_settings())
     growth = sampler.stop() - base
     print(f"index build: corpus {10 * BUDGET_MB} MiB ({n} passages, {report['shards']} shards), baseline "
           f"{base:.0f} MiB anon RSS, peak growth {growth:.1f} MiB, budget {BUDGET_MB} MiB, {report['seconds']:.0f}s")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from indexing import build_index, open_index
-from indexing.manifest import CorruptIndexError
+from indexing.errors import CorruptIndexError
 from indexing.passages import paragraph_id, parent_id
 from pipeline.config import load_config
 
@@ -39,7 +39,7 @@ def built(hotpot, tmp_path_factory):
     path, _ = hotpot
     root = tmp_path_factory.mktemp("idx") / "hotpot"
     cfg = config(**{"index.shard_size": 100})
-    report = build_index([str(path)], str(root), cfg)
+    report = build_index([str(path)], str(root), cfg.index_settings())
     return root, cfg, report
 
 
@@ -62,7 +62,7 @@ def test_report_and_manifest(built, hotpot):
     assert report["shards"] > 3 and report["shards_built"] == report["shards_reembedded"] == report["shards"]
     assert report["passages"] == report["passages_embedded"] >= len(paragraphs)
     assert report["duplicates_merged"] == sum(len(q["contexts"]) for q in questions) - len(paragraphs)
-    with open_index(root, cfg) as index:
+    with open_index(root, cfg.index_settings()) as index:
         info = index.info()
         assert info["passages"] == report["passages"] and info["dim"] == 384 and info["version"] == 1
         assert sum(info["shard_sizes"]) == report["passages"]
@@ -74,7 +74,7 @@ def test_report_and_manifest(built, hotpot):
 def test_gold_recall_at_10(built, hotpot):
     root, cfg, _ = built
     _, questions = hotpot
-    with open_index(root, cfg) as index:
+    with open_index(root, cfg.index_settings()) as index:
         bm25 = gold_recall(index, questions, "bm25")
         dense = gold_recall(index, questions, "dense")
     print(f"recall@10 of gold supporting paragraphs, {N_QUESTIONS} questions: bm25={bm25:.3f} dense={dense:.3f}")
@@ -86,7 +86,7 @@ def test_gold_recall_at_10(built, hotpot):
 
 def test_passages_lookup(built):
     root, cfg, _ = built
-    with open_index(root, cfg) as index:
+    with open_index(root, cfg.index_settings()) as index:
         hits = index.search(["Kiss and Tell film Corliss Archer"], k=3, retriever="bm25")[0]
         assert hits and hits[0].title == "Kiss and Tell (1945 film)"
         looked = index.passages([h.id for h in hits] + ["no-such-id"])
@@ -103,13 +103,13 @@ def test_shards_equal_single_index_and_readers_keep_their_version(built, hotpot,
     copy = tmp_path / "copy"
     shutil.copytree(root, copy)
     queries = [q["question_text"] for q in questions[:40]]
-    before = open_index(copy, cfg)
+    before = open_index(copy, cfg.index_settings())
     sharded_dense = before.search(queries, k=10, retriever="dense")
     sharded_bm25 = before.search(queries, k=10, retriever="bm25")
-    report = build_index([str(hotpot[0])], str(copy), config(**{"index.shard_size": 100_000}))
+    report = build_index([str(hotpot[0])], str(copy), config(**{"index.shard_size": 100_000}).index_settings())
     assert report["version"] == 2 and report["shards"] == 1
     assert report["passages_embedded"] == 0 and report["vectors_reused"] == report["passages"]
-    with open_index(copy, cfg) as single:
+    with open_index(copy, cfg.index_settings()) as single:
         assert single.info()["shards"] == 1
         single_dense = single.search(queries, k=10, retriever="dense")
         single_bm25 = single.search(queries, k=10, retriever="bm25")
@@ -135,11 +135,11 @@ def test_corrupt_shard_detected(built, tmp_path):
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
     with pytest.raises(CorruptIndexError, match=str(target)):
-        open_index(copy, cfg)
+        open_index(copy, cfg.index_settings())
     vec = sorted((copy / "shards").glob("*/vectors.npy"))[1]
     vec.unlink()
     with pytest.raises(CorruptIndexError, match=f"{vec} is missing"):
-        open_index(copy, config(**{"index.verify": "size"}))
+        open_index(copy, config(**{"index.verify": "size"}).index_settings())
 
 
 def test_cli_search_info_and_bad_input(built, tmp_path, capsys):

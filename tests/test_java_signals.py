@@ -59,7 +59,7 @@ RAY_PROBE = textwrap.dedent("""
     from pipeline.config import DynragConfig
     cfg = DynragConfig()
     cfg.ray.num_cpus = 1
-    ensure_ray(cfg)
+    ensure_ray(cfg.index_settings())
     kept = handlers() == jvm
     import ray
     ray.shutdown()

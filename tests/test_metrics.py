@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.metrics import accuracy, answer_metrics, exact_match, f1_precision_recall, normalize_answer, support_recall
+from pipeline.evaluation.metrics import accuracy, answer_metrics, exact_match, f1_precision_recall, normalize_answer, support_recall
 
 
 def test_normalisation_drops_case_punctuation_articles_and_spaces():

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import models
-from pipeline.models import (
+from pipeline.assets import models
+from pipeline.assets.models import (
     KNOWN_MODELS, ModelNotFound, ModelSpec, Part, prepare_model, resolve_model, verify_model,
 )
-from pipeline.packaged import ChecksumError
+from pipeline.assets.packaged import ChecksumError
 
 
 def _fake_wheel(cache: Path, package: str, version: str, files: dict[str, bytes]) -> None:

@@ -13,11 +13,11 @@ from indexing.embed import embed_input
 from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.engine import Engine
+from pipeline.engine.core import Engine
 from pipeline.methods import MethodError, get_method
 from pipeline.methods.pairs import tagged_answer
-from pipeline.output import make_row
-from pipeline.requests import Question
+from pipeline.io.output import make_row
+from pipeline.engine.requests import Question
 from fakes import RecordingGenerator
 
 Q = "Where was the author of Book X born?"

@@ -11,7 +11,7 @@ def build_tiny_encoder(folder: str | Path, cache_dir: str) -> Path:
     from sentence_transformers import SentenceTransformer, models
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from pipeline.models import resolve_model
+    from pipeline.assets.models import resolve_model
 
     folder = Path(folder)
     if (folder / "modules.json").is_file():

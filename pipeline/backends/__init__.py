@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
-from pipeline.requests import Completion, Retrieve
+from pipeline.engine.requests import Completion, Retrieve
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.backends import register_backend
-from pipeline.dragin_math import entropy, max_later_attention, word_spans
+from pipeline.methods.dragin_math import entropy, max_later_attention, word_spans
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class AttentionPass:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from pipeline.models import resolve_model
+        from pipeline.assets.models import resolve_model
 
         self.max_attention_bytes = max_attention_bytes or cfg.generation.attention_batch_mib * 2 ** 20
         self.forward_batches: list[int] = []  # items per forward pass, for tests and benchmarks

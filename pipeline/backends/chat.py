@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.requests import Prompt
+from pipeline.engine.requests import Prompt
 
 
 def to_messages(prompt: Prompt) -> list[dict[str, str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.config import DynragConfig
-from pipeline.models import resolve_model
+from pipeline.assets.models import resolve_model
 
 
 class SentenceEmbedder:

@@ -13,8 +13,8 @@ import time
 
 from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
 from pipeline.config import DynragConfig
-from pipeline.models import resolve_model
-from pipeline.requests import Completion, SamplingSpec, TokenLogprob
+from pipeline.assets.models import resolve_model
+from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
 

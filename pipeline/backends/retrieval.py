@@ -13,7 +13,7 @@ class IndexRetriever:
     def __init__(self, index_dir: str, cfg: DynragConfig):
         from indexing import open_index
 
-        self.index = open_index(index_dir, cfg)
+        self.index = open_index(index_dir, cfg.index_settings())
 
     def search(self, queries: list[str], k: int, retriever: str):
         return self.index.search(list(queries), k=k, retriever=retriever)

@@ -17,8 +17,8 @@ from typing import Any
 
 from pipeline.backends.chat import PromptTooLong, encode
 from pipeline.config import DynragConfig
-from pipeline.models import resolve_model
-from pipeline.requests import Completion, SamplingSpec, TokenLogprob
+from pipeline.assets.models import resolve_model
+from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class VllmGenerator:
         t0 = time.perf_counter()
         from vllm import LLM
 
-        from pipeline.orphan_guard import OrphanGuard, child_pids
+        from pipeline.runtime.orphan_guard import OrphanGuard, child_pids
 
         kwargs: dict[str, Any] = dict(model=str(path), dtype=g.dtype, max_model_len=g.max_model_len, seed=g.seed,
                                       trust_remote_code=g.trust_remote_code, disable_log_stats=True)

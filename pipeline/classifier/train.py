@@ -169,7 +169,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     """
     import torch
 
-    from pipeline.models import resolve_model
+    from pipeline.assets.models import resolve_model
 
     cc = cfg.classifier
     out = Path(out_dir)

@@ -34,7 +34,7 @@ def ensure_index(corpus: Path, fmt: str | None, index_dir: Path, cfg: DynragConf
         from indexing import build_index
 
         log.info("building the index %s from %s", index_dir, corpus)
-        build_index([str(corpus)], str(index_dir), cfg, fmt=fmt or "auto")
+        build_index([str(corpus)], str(index_dir), cfg.index_settings(), fmt=fmt or "auto")
     return str(index_dir)
 
 

@@ -118,7 +118,7 @@ def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple
 
 def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig, out: Path) -> list[dict]:
     """Every run of the grid on one dataset, sharing one set of backends; returns the run summaries."""
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
 
     questions = data_path(cfg, ds.file)

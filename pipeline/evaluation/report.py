@@ -14,7 +14,7 @@ from pathlib import Path
 from html import escape
 from typing import Any
 
-from pipeline.engine import STAGES
+from pipeline.engine.core import STAGES
 from pipeline.evaluation import svg
 from pipeline.evaluation.runs import Run, load_runs
 from pipeline.evaluation.table import COLUMNS, cell, record

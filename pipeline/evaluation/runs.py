@@ -3,7 +3,7 @@
 A run folder is what `dynrag answer --out DIR` (or `run_answer`) writes: `DIR/parts/*.parquet` and
 `DIR/config.resolved.yaml`. Given any folders, `load_runs` finds the run folders at or below them
 (e.g. `runs/drrag-table5` holds `<dataset>/<method>-k<k>` runs) and summarizes each with
-`pipeline.output.summarize`.
+`pipeline.io.output.summarize`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import DynragError
-from pipeline.output import part_files, read_rows, summarize
+from pipeline.io.output import part_files, read_rows, summarize
 
 
 @dataclass

@@ -21,7 +21,7 @@ from typing import Any, Callable, Generator
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.errors import DynragError
-from pipeline.requests import Answer, Question, Request
+from pipeline.engine.requests import Answer, Question, Request
 
 Program = Callable[[Question, Any], Generator[Request, Any, Answer]]
 

@@ -7,8 +7,8 @@ from typing import Any, Generator, Literal
 from pydantic import Field
 
 from pipeline.methods import MethodParams, register_method
-from pipeline.prompts import direct_prompt, rag_prompt, short_answer
-from pipeline.requests import Answer, Generate, Question, Request, Retrieve
+from pipeline.methods.prompts import direct_prompt, rag_prompt, short_answer
+from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve
 
 
 class NoRetrievalParams(MethodParams):

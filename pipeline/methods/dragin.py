@@ -32,10 +32,10 @@ from pydantic import Field
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
-from pipeline.dragin_math import (Candidate, first_above, qfs_query, rind, semantic_mask, sentence_relative,
+from pipeline.methods.dragin_math import (Candidate, first_above, qfs_query, rind, semantic_mask, sentence_relative,
                                   sentence_spans, truncate, word_spans)
 from pipeline.methods import MethodParams, register_method
-from pipeline.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
 PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"
 

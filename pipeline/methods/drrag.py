@@ -27,7 +27,7 @@ from pydantic import Field, model_validator
 from indexing.hits import Hit
 from pipeline.classifier.data import format_document
 from pipeline.methods import MethodParams, register_method
-from pipeline.requests import Answer, Generate, Question, Request, Retrieve, Score
+from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, Score
 
 PAPER = "DR-RAG (Hei et al.), Sec. 2.2, Eqs. 1-4, Algorithm 1"
 
@@ -100,7 +100,7 @@ def final_answer(text: str) -> str:
     found = _ANSWER.findall(text)
     if found:
         return found[-1].strip().split("\n")[0].strip().strip('"').rstrip(".").strip()
-    from pipeline.prompts import short_answer
+    from pipeline.methods.prompts import short_answer
 
     return short_answer(text)
 

@@ -1,6 +1,6 @@
 """ERM4 (Shi et al., "Enhancing Retrieval and Managing Retrieval: A Four-Module Synergy for Improved
 Quality and Efficiency in RAG Systems"): Query Rewriter+ (Sec. 3.1), Knowledge Filter (Sec. 3.2),
-Memory Knowledge Reservoir (Sec. 3.3, `pipeline.reservoir`) and Retrieval Trigger (Sec. 3.4).
+Memory Knowledge Reservoir (Sec. 3.3, `pipeline.methods.reservoir`) and Retrieval Trigger (Sec. 3.4).
 
 The paper's configurations (Sec. 4.3, Table 1):
   (i)   Direct                             -> method `no-retrieval`
@@ -37,8 +37,8 @@ from pipeline.backends import make_generator, register_backend
 from pipeline.classifier.data import format_document
 from pipeline.methods import MethodParams, register_method
 from pipeline.methods.drrag import final_answer
-from pipeline.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, SamplingSpec, Score
-from pipeline import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
+from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
 
 PAPER = "ERM4 (Shi et al.)"
 

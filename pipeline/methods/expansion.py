@@ -17,10 +17,10 @@ from typing import Any, Generator
 
 from pydantic import Field
 
-from pipeline.ais import top_k
+from pipeline.methods.ais import top_k
 from pipeline.methods import register_method
 from pipeline.methods.pairs import GenerationParams, answer_from_docs, doc_text
-from pipeline.requests import Answer, Generate, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, SamplingSpec, Score
 
 PAPER = "PAIRS (Chen et al., 2025) baselines"
 

@@ -1,8 +1,8 @@
 """PAIRS (Chen et al. 2025, "Parametric-Verified Adaptive Information Retrieval and Selection for
-Efficient RAG"), Methodology and Algorithm 1; the math lives in `pipeline.ais`.
+Efficient RAG"), Methodology and Algorithm 1; the math lives in `pipeline.methods.ais`.
 
 - `pairs`: parametric verification. â1 = G(P(q)) and a pseudo-context p; â2 = G(P(q, p)). If â1 and â2
-  agree (`pipeline.ais.answers_agree`: equal after SQuAD normalisation; option `exclude_numeric`,
+  agree (`pipeline.methods.ais.answers_agree`: equal after SQuAD normalisation; option `exclude_numeric`,
   Table 5) â1 is returned with no retrieval (3 LLM calls); otherwise DPR-AIS selects k documents and
   G(P(q, D_k)) answers (4 LLM calls).
 - `dpr-ais` (Algorithm 1, for every question): p, then top n by q and top n by p (dense), merged
@@ -27,13 +27,13 @@ from pydantic import Field, model_validator
 
 from indexing.embed import embed_input
 from indexing.hits import Hit
-from pipeline.ais import (
+from pipeline.methods.ais import (
     ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_numeric, merge_paths, rerank_score, top_k,
 )
 from pipeline.classifier.data import format_document
 from pipeline.methods import MethodParams, register_method
-from pipeline.prompts import direct_prompt, format_docs, rag_prompt, short_answer
-from pipeline.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.methods.prompts import direct_prompt, format_docs, rag_prompt, short_answer
+from pipeline.engine.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
 
 PromptStyle = Literal["fig9", "short"]
 
@@ -79,7 +79,7 @@ ANSWER_STOP = ("</answer>",)
 def answer_prompt(question: str, style: PromptStyle, docs: Sequence[Hit] | None = None,
                   context: str | None = None) -> Prompt:
     """The direct answer prompt (no docs, no context), or the answer-with-context prompt over retrieved
-    docs or a pseudo-context: Fig. 9 (b) / (c), or the project's short-answer prompts (pipeline.prompts)."""
+    docs or a pseudo-context: Fig. 9 (b) / (c), or the project's short-answer prompts (pipeline.methods.prompts)."""
     if docs is None and context is None:
         return direct_answer_prompt(question) if style == "fig9" else direct_prompt(question)
     if style == "fig9":

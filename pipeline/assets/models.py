@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from pipeline.errors import DynragError
-from pipeline.packaged import ChecksumError, PackageError, extract_member, fetch_wheel, sha256_file, verify_sha256
+from pipeline.assets.packaged import ChecksumError, PackageError, extract_member, fetch_wheel, sha256_file, verify_sha256
 
 log = logging.getLogger(__name__)
 

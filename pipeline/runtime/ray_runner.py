@@ -16,7 +16,7 @@ import os
 from typing import Any, Iterator
 
 from pipeline.config import DynragConfig
-from pipeline.requests import Question
+from pipeline.engine.requests import Question
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,9 @@ class EngineActor:
 
     def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, retrieval_actors: list | None = None):
         from pipeline.backends import Backends
-        from pipeline.engine import Engine
+        from pipeline.engine.core import Engine
         from pipeline.methods import get_method
-        from pipeline.retrieval_actors import RemoteRetriever
+        from pipeline.runtime.retrieval_actors import RemoteRetriever
 
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
@@ -39,8 +39,8 @@ class EngineActor:
         self.row_args = row_args
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
-        from pipeline.faults import fault_point
-        from pipeline.output import make_row
+        from indexing.faults import fault_point
+        from pipeline.io.output import make_row
 
         fault_point("ray.engine_batch")
         questions = [Question.from_dict(json.loads(s)) for s in batch["q"]]
@@ -81,13 +81,13 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
         return
     import ray
 
-    from pipeline.ray_resources import engine_actor_options
+    from pipeline.runtime.ray_resources import engine_actor_options
 
     started = init_ray(cfg)
     retrieval_actors = []
     try:
         if cfg.ray.retrieval_actors and index_dir:
-            from pipeline.retrieval_actors import start_retrieval_actors
+            from pipeline.runtime.retrieval_actors import start_retrieval_actors
 
             retrieval_actors = start_retrieval_actors(cfg, _index_arg(index_dir))
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions

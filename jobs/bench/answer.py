@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.bench_rss import GIB, TreeRss
+from jobs.bench.rss import GIB, TreeRss
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def bare_generate(gen, calls) -> tuple[int, float]:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
     from pipeline.backends.vllm_gen import VllmGenerator
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.bench_rss import GIB, TreeRss
+from jobs.bench.rss import GIB, TreeRss
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
           f"threads={cfg.index.threads}", flush=True)
 
     # 1. embedding stage vs raw encode, alternated
-    spec = EncoderSpec.from_config(cfg)
+    spec = EncoderSpec.from_config(cfg.index_settings())
     encoder = get_encoder(spec)  # loaded once per process; the raw side uses the very same model object
     encoder.model.encode(texts[:16], batch_size=spec.batch_size)
     raw_rates, stage_rates = [], []
@@ -106,7 +106,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
         raw_rates.append(n / (time.perf_counter() - t))
         mem.phase = "embed_stage"
         t = time.perf_counter()
-        got = sum(len(r) for _, r, _ in embed_batches([str(stage_file)], spec, cfg,
+        got = sum(len(r) for _, r, _ in embed_batches([str(stage_file)], spec, cfg.index_settings(),
                                                      encoder=encoder if cfg.runtime.mode == "local" else None))
         stage_rates.append(got / (time.perf_counter() - t))
         print(f"  embed: raw {raw_rates[-1]:.1f} psg/s, stage {stage_rates[-1]:.1f} psg/s", flush=True)
@@ -119,10 +119,10 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
 
     index_dir = work / "index"
     t = time.perf_counter()
-    full = build_index([str(work / "corpus_99.jsonl")], str(index_dir), cfg)
+    full = build_index([str(work / "corpus_99.jsonl")], str(index_dir), cfg.index_settings())
     t_full = time.perf_counter() - t
     t = time.perf_counter()
-    inc = build_index([str(work / "corpus_100.jsonl")], str(index_dir), cfg)
+    inc = build_index([str(work / "corpus_100.jsonl")], str(index_dir), cfg.index_settings())
     t_inc = time.perf_counter() - t
     print(f"  full build ({n99} passages, {full['shards']} shards): {t_full:.1f}s; incremental (+{n - n99} passages): "
           f"{t_inc:.2f}s, {inc['shards_reused']}/{inc['shards']} shards reused, {inc['shards_reembedded']} re-embedded, "
@@ -139,7 +139,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     searcher.set_bm25(cfg.index.bm25_k1, cfg.index.bm25_b)
     qids = [str(i) for i in range(len(queries))]
     ours_rates, theirs_rates, read_rates = [], [], []
-    with open_index(index_dir, cfg) as index:
+    with open_index(index_dir, cfg.index_settings()) as index:
         index.search(queries, k=args.k, retriever="bm25")  # warm up both (JVM JIT, OS caches)
         searcher.batch_search(queries, qids, k=args.k, threads=cfg.index.threads)
         for _ in range(args.search_repeats):

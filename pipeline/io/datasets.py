@@ -21,7 +21,6 @@ JSON) becomes a Question with `error` set, so it gets an error row; the others a
 from __future__ import annotations
 
 import ast
-import io
 import json
 import logging
 import re
@@ -30,7 +29,7 @@ from typing import Any, Iterator
 
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
-from pipeline.requests import Question
+from pipeline.engine.requests import Question
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +222,7 @@ def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | N
     dc = cfg.dataset
     fmt = fmt or dc.format
     if source.startswith("dpr:"):
-        from pipeline.embedded import dpr_questions
+        from pipeline.assets.embedded import dpr_questions
 
         name = source[4:]
         source = str(dpr_questions(name, cfg.paths.cache_dir))

@@ -78,7 +78,7 @@ def _fmt(v, pct=False, nd=2) -> str:
 
 
 def table1(cfg, backends, dataset: str, index: str, limit: int, out: Path) -> list[dict]:
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
 
     rows = []
     for label, method, params in TABLE1:
@@ -106,7 +106,7 @@ def second_set(cfg, dataset: str, first: int, dest: Path) -> Path:
     """The first `first` questions of `dataset`, each rephrased (ids suffixed '-para'), as a QA JSONL file."""
     from itertools import islice
 
-    from pipeline.datasets import load_questions
+    from pipeline.io.datasets import load_questions
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     with dest.open("w", encoding="utf-8") as f:
@@ -116,8 +116,8 @@ def second_set(cfg, dataset: str, first: int, dest: Path) -> Path:
 
 
 def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float], theta: int, out: Path) -> list[dict]:
-    from pipeline.answer import run_answer
-    from pipeline.reservoir import Reservoir
+    from pipeline.runtime.answer import run_answer
+    from pipeline.methods.reservoir import Reservoir
 
     base = out / "table2" / "reservoir-first-set.sqlite"
     params = {**PLUS, "hypothesis": "weak", "theta": theta}

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: list[str], limit: int | None,
              out: Path, indexes: Path, generate: bool) -> list[dict]:
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
 
     if not generate:
@@ -89,7 +89,7 @@ def classifier_auc(out: str) -> float | None:
     when both documents are gold supporting documents (Eq. 2's C(q, d*, d*))."""
     import json
 
-    from pipeline.output import read_rows
+    from pipeline.io.output import read_rows
 
     scores, labels = [], []
     for extra, gold in zip(*read_rows(out, ["extra", "gold_supporting_titles"]).to_pydict().values()):

@@ -1,7 +1,7 @@
 """FlashRAG's side of `dynrag bench flashrag`: its standard RAG pipeline (SequentialPipeline, BM25 via
 bm25s, transformers generation) over the bench's corpus and questions, timed; prints one JSON line.
 
-Runs with the python of FlashRAG's own venv (jobs/flashrag_env.py): `python flashrag_driver.py CONFIG.json`.
+Runs with the python of FlashRAG's own venv (jobs/bench/flashrag_env.py): `python flashrag_driver.py CONFIG.json`.
 Standard library only at import, so dynrag's tests can check the config it writes and its output.
 Workarounds for flashrag-dev 0.1.2 (see the STACK notes): its wheel lacks `basic_config.yaml`, so the
 whole configuration is given here; its BM25 builder indexes characters, so the bm25s index is built here
@@ -19,7 +19,7 @@ T_START = time.perf_counter()
 
 
 def flashrag_config(c: dict) -> dict:
-    """The complete FlashRAG configuration for the bench's driver config `c` (see jobs/bench_flashrag.py)."""
+    """The complete FlashRAG configuration for the bench's driver config `c` (see jobs/bench/flashrag.py)."""
     work = Path(c["work"])
     return {
         "dataset_name": "bench", "data_dir": str(work), "split": ["test"], "test_sample_num": None,

@@ -18,8 +18,8 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.engine import STAGES, Outcome
-from pipeline.metrics import answer_metrics, support_recall
+from pipeline.engine.core import STAGES, Outcome
+from pipeline.evaluation.metrics import answer_metrics, support_recall
 
 log = logging.getLogger(__name__)
 

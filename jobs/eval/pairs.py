@@ -110,7 +110,7 @@ def table(results: list[tuple[str, dict]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
 
     cfg = config_from_args(args)

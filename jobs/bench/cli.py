@@ -6,8 +6,8 @@ import argparse
 import importlib
 
 # Each module adds one benchmark with `register(bench_subparsers)`.
-BENCH_MODULES = ["jobs.bench_index", "jobs.bench_answer", "jobs.bench_dragin", "jobs.bench_flashrag",
-                 "jobs.bench_all"]
+BENCH_MODULES = ["jobs.bench.index", "jobs.bench.answer", "jobs.bench.dragin", "jobs.bench.flashrag",
+                 "jobs.bench.all"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

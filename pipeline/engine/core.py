@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
-from pipeline.requests import Answer, Call, Embed, Generate, Question, Request, Retrieve, Score
+from pipeline.engine.requests import Answer, Call, Embed, Generate, Question, Request, Retrieve, Score
 
 log = logging.getLogger(__name__)
 

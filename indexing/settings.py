@@ -1,0 +1,87 @@
+"""indexing's settings: the `index` and `embedding` sections, and what a build on Ray needs.
+
+A library user builds `IndexSettings()` directly (model names must then be local folders); dynrag's
+configuration composes it (`DynragConfig.index_settings()`), resolving model names as everywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from indexing.errors import IndexingError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("DYNRAG_CACHE", str(Path.home() / ".cache" / "dynrag"))
+
+
+class EmbeddingConfig(Section):
+    model: str = Field("all-minilm-l6-v2", description="known model name (dynrag models list), local path or hub name")
+    batch_size: int = Field(128, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    max_seq_length: int = Field(256, ge=8)
+
+
+class IndexConfig(Section):
+    shard_size: int = Field(50_000, ge=1, description="passages per shard")
+    faiss_factory: str = Field("Flat", description="FAISS index factory string, e.g. Flat, HNSW32, IVF1024,PQ64")
+    passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
+    bm25_k1: float = Field(0.9, gt=0)
+    bm25_b: float = Field(0.4, ge=0, le=1)
+    threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
+    embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: embedding actors (one GPU each when CUDA is present)")
+    faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
+    faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
+    keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
+    bm25_segments: int = Field(
+        1, ge=0, description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
+        "most this many segments: faster search for a re-merge per version; 0 keeps the shards' segments as they are "
+        "(the cheapest refresh for very large corpora)")
+    remote_cache_dir: str | None = Field(
+        None, description="where a remote index (s3://, gs://, az://) is pulled to on each machine, once per version "
+        "(None: <paths.cache_dir>/index-cache)")
+    memory_budget_mb: int | None = Field(
+        None, ge=4, description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
+        "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides")
+    verify: Literal["checksum", "size"] = Field(
+        "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
+
+
+class RaySettings(Section):
+    """Builds on Ray (runtime.mode=ray): where Ray is, and what each embedding actor asks for."""
+
+    enabled: bool = False
+    address: str | None = Field(None, description="Ray address; None starts a local instance")
+    num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray instance")
+    embed_actor_num_gpus: float | None = Field(None, ge=0, description="None: 1 when the driver sees CUDA")
+    gpu_fallback: bool = Field(True, description="GPU requests become CPU-only on a cluster without GPUs")
+
+
+class IndexSettings(Section):
+    """Everything indexing reads. `resolve_model` turns a model name into a local folder (default: the
+    name must already be one)."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    index: IndexConfig = Field(default_factory=IndexConfig)
+    embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
+    ray: RaySettings = Field(default_factory=RaySettings)
+    cache_dir: str = Field(default_factory=default_cache_dir, description="where remote indexes are pulled to")
+    resolve_model: Callable[[str], str] | None = Field(None, exclude=True)
+
+    def model_path(self, name: str) -> str:
+        if self.resolve_model is not None:
+            return self.resolve_model(name)
+        if Path(name).expanduser().is_dir():
+            return str(Path(name).expanduser())
+        raise IndexingError(f"embedding model {name!r} is not a local folder (pass IndexSettings(resolve_model=...) "
+                            "to resolve model names)")

@@ -1,0 +1,1 @@
+"""`dynrag bench`: benchmarks that print figures (never assert), and the FlashRAG peer's driver."""

@@ -1,0 +1,1 @@
+"""The engine: method programs' requests batched into backend calls, with all accounting."""
