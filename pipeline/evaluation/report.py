@@ -15,7 +15,7 @@ from html import escape
 from typing import Any
 
 from pipeline.engine.core import STAGES
-from pipeline.evaluation import svg
+from pipeline.evaluation import charts
 from pipeline.evaluation.runs import Run, load_runs
 from pipeline.evaluation.table import COLUMNS, cell, record
 
@@ -50,7 +50,7 @@ def quality_time_chart(ds: str, runs: list[Run], metric: str) -> str | None:
             series.setdefault(r.method, []).append((x, 100 * y, f"{r.label}: {100 * y:.1f} at {x:.3g} s/q"))
     if not series:
         return None
-    return svg.scatter(f"{metric}-time-{slug(ds)}", f"{ds}: {metric.upper()} vs time per question", series,
+    return charts.scatter(f"{metric}-time-{slug(ds)}", f"{ds}: {metric.upper()} vs time per question", series,
                        "mean seconds per question", f"{metric.upper()} (%)")
 
 
@@ -63,21 +63,21 @@ def recall_k_chart(ds: str, runs: list[Run]) -> str | None:
             series.setdefault(names[r.path], []).append((k, 100 * rec))
     if not any(len({x for x, _ in ps}) > 1 for ps in series.values()):
         return None  # no strategy was run at more than one k
-    return svg.lines(f"recall-k-{slug(ds)}", f"{ds}: gold-document recall vs k", series, "k (documents)",
+    return charts.lines(f"recall-k-{slug(ds)}", f"{ds}: gold-document recall vs k", series, "k (documents)",
                      "gold-doc recall (%)")
 
 
 def llm_calls_chart(ds: str, runs: list[Run]) -> str:
     bars = [(r.label, {"LLM calls": r.summary["llm_calls_per_question"] or 0.0,
                        "retrieval calls": r.summary["retrieval_calls_per_question"] or 0.0}) for r in runs]
-    return svg.stacked_bars(f"llm-calls-{slug(ds)}", f"{ds}: model and retrieval calls per question", bars,
+    return charts.stacked_bars(f"llm-calls-{slug(ds)}", f"{ds}: model and retrieval calls per question", bars,
                             "calls per question")
 
 
 def stage_time_chart(ds: str, runs: list[Run]) -> str:
     used = [s for s in STAGES if any(r.summary["time_per_question_s"][s] for r in runs)] or ["generation"]
     bars = [(r.label, {s: r.summary["time_per_question_s"][s] or 0.0 for s in used}) for r in runs]
-    return svg.stacked_bars(f"stage-time-{slug(ds)}", f"{ds}: time per question by stage", bars,
+    return charts.stacked_bars(f"stage-time-{slug(ds)}", f"{ds}: time per question by stage", bars,
                             "mean seconds per question")
 
 
