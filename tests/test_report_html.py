@@ -1,5 +1,6 @@
-"""The HTML report renders in a real headless Chromium with its plots: every chart is laid out with a
-non-empty box and the expected number of series (methods, strategies, stages).
+"""The HTML report is one self-contained file of inline matplotlib SVG charts, and renders in a real headless
+Chromium with its plots: every chart is laid out with a non-empty box and the expected number of series
+(methods, strategies, stages).
 
 Chromium comes from Debian's `chromium` package; the session fixture installs it when missing
 (scripts/install_chromium.sh). Where that fails the test fails under CI=true, and skips with the reason
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from eval_fixtures import drrag_like_runs
-from pipeline.evaluation.report import write_report
+from eval_fixtures import drrag_like_runs, fake_run
+from pipeline.evaluation.report import render, write_report
+from pipeline.evaluation.runs import load_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +31,8 @@ window.addEventListener('load', () => {
     const box = svg.getBoundingClientRect();
     const series = [...svg.querySelectorAll('g.series')].map(g => {
       const b = g.getBBox();
-      return {name: g.dataset.series, marks: g.querySelectorAll('circle,rect,polyline').length, w: b.width, h: b.height};
+      const marks = g.querySelectorAll('use,path:not(defs path)').length;  // markers, lines, bars
+      return {name: g.dataset.series, marks, w: b.width, h: b.height};
     });
     return {id: svg.id, kind: svg.dataset.kind, w: box.width, h: box.height, series};
   });
@@ -69,6 +72,37 @@ def dump_dom(chromium: str, html: Path, tmp: Path) -> str:
     return proc.stdout
 
 
+def test_report_is_one_file_of_inline_svg_charts(tmp_path):
+    drrag_like_runs(tmp_path / "runs")
+    text = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "a.html"))).read_text(encoding="utf-8")
+    svgs = re.findall(r"<svg .*?</svg>", text, re.S)
+    assert len(svgs) == 10 and all(s.startswith('<svg id="') and ' class="chart"' in s[:200] for s in svgs)
+    assert "<script" not in text and "http" not in text and "<image" not in text
+    assert set(re.findall(r'(?:href="|url\()(.)', text)) == {"#"}  # markers and clips point into the page only
+    ids = re.findall(r' id="([^"]+)"', text)
+    assert len(ids) == len(set(ids))  # ten charts in one page: no id repeats
+    f1 = next(s for s in svgs if s.startswith('<svg id="f1-time-hotpotqa"'))
+    assert all(f">{m}</text>" in f1 for m in ("bm25", "cfs", "no-retrieval"))  # legend entries are text
+    assert ">mean seconds per question</text>" in f1 and ">F1 (%)</text>" in f1
+    assert "<title>cfs-k4: 50.0 at 0.6 s/q</title>" in f1  # hovering a point names its run
+    recall = next(s for s in svgs if s.startswith('<svg id="recall-k-hotpotqa"'))
+    assert re.findall(r'data-series="([^"]+)"', recall) == ["bm25", "cfs"]
+    assert "<title>cfs: 6 -&gt; 80</title>" in recall
+    y_ticks = [int(t) for t in re.findall(r'text-anchor: end"[^>]*>(\d+)</text>', recall)]
+    assert 40 <= min(y_ticks) <= 45 and 80 <= max(y_ticks) <= 85  # fitted to recall 45..80, not from 0
+    assert re.findall(r'text-anchor: end"[^>]*>(\d+)</text>', f1)[0] == "0"  # quality starts at 0
+    again = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "b.html"))).read_text(encoding="utf-8")
+    assert re.findall(r"<svg .*?</svg>", again, re.S) == svgs  # deterministic
+
+
+def test_retrieval_only_runs_get_no_quality_plot(tmp_path):
+    for k in (3, 4):  # generation.backend none: empty answers, EM/F1 unknown
+        fake_run(tmp_path / f"bm25-k{k}", dataset="d", method="bm25", params={"k": k}, f1s=[0.0], times=[1.0])
+        (tmp_path / f"bm25-k{k}" / "config.resolved.yaml").write_text("generation:\n  backend: none\n")
+    text = render(load_runs([str(tmp_path)]))
+    assert re.findall(r'<svg id="([^"]+)"', text) == ["recall-k-d", "llm-calls-d", "stage-time-d"]
+
+
 def test_report_plots_render_in_chromium(chromium, tmp_path):
     drrag_like_runs(tmp_path / "runs")
     html = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "report.html")))
@@ -91,7 +125,7 @@ def test_report_plots_render_in_chromium(chromium, tmp_path):
             assert len(chart["series"]) == n_series, chart
             assert all(s["marks"] and s["w"] > 0 for s in chart["series"]), chart
     recall = {s["name"]: s for s in charts["recall-k-hotpotqa"]["series"]}
-    assert set(recall) == {"bm25", "cfs"} and recall["cfs"]["marks"] == 4  # polyline + 3 points (k = 3, 4, 6)
+    assert set(recall) == {"bm25", "cfs"} and recall["cfs"]["marks"] == 4  # line + 3 points (k = 3, 4, 6)
     assert len(charts) == 10
     assert dom.count('<table class="evaluation">') == 2
 

@@ -1,2 +1,2 @@
-"""Evaluation of finished runs: the table (`table`), the HTML report (`report`, `svg`), and the experiment
+"""Evaluation of finished runs: the table (`table`), the HTML report (`report`, `charts`), and the experiment
 runner (`experiment`) that answers a grid of datasets x methods x params and ends with both."""

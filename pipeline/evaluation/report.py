@@ -1,4 +1,4 @@
-"""The self-contained HTML report: per dataset, the evaluation table and inline SVG plots.
+"""The self-contained HTML report: per dataset, the evaluation table and inline SVG plots (`charts`).
 
 Plots (chart ids, `<ds>` = the dataset's slug): F1 and EM against mean time per question, one series per
 method (`f1-time-<ds>`, `em-time-<ds>`); gold-document recall against k per retrieval strategy for runs
@@ -51,7 +51,7 @@ def quality_time_chart(ds: str, runs: list[Run], metric: str) -> str | None:
     if not series:
         return None
     return charts.scatter(f"{metric}-time-{slug(ds)}", f"{ds}: {metric.upper()} vs time per question", series,
-                       "mean seconds per question", f"{metric.upper()} (%)")
+                          "mean seconds per question", f"{metric.upper()} (%)")
 
 
 def recall_k_chart(ds: str, runs: list[Run]) -> str | None:
@@ -64,21 +64,21 @@ def recall_k_chart(ds: str, runs: list[Run]) -> str | None:
     if not any(len({x for x, _ in ps}) > 1 for ps in series.values()):
         return None  # no strategy was run at more than one k
     return charts.lines(f"recall-k-{slug(ds)}", f"{ds}: gold-document recall vs k", series, "k (documents)",
-                     "gold-doc recall (%)")
+                        "gold-doc recall (%)")
 
 
 def llm_calls_chart(ds: str, runs: list[Run]) -> str:
     bars = [(r.label, {"LLM calls": r.summary["llm_calls_per_question"] or 0.0,
                        "retrieval calls": r.summary["retrieval_calls_per_question"] or 0.0}) for r in runs]
     return charts.stacked_bars(f"llm-calls-{slug(ds)}", f"{ds}: model and retrieval calls per question", bars,
-                            "calls per question")
+                               "calls per question")
 
 
 def stage_time_chart(ds: str, runs: list[Run]) -> str:
     used = [s for s in STAGES if any(r.summary["time_per_question_s"][s] for r in runs)] or ["generation"]
     bars = [(r.label, {s: r.summary["time_per_question_s"][s] or 0.0 for s in used}) for r in runs]
     return charts.stacked_bars(f"stage-time-{slug(ds)}", f"{ds}: time per question by stage", bars,
-                            "mean seconds per question")
+                               "mean seconds per question")
 
 
 def html_table(recs: list[dict[str, Any]]) -> str:
