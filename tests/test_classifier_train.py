@@ -180,9 +180,23 @@ def test_best_threshold_maximises_accuracy_and_prefers_the_one_nearest_half_on_t
 
     scores = np.array([0.1, 0.3, 0.62, 0.66, 0.72, 0.8, 0.9])
     labels = np.array([0, 0, 0, 0, 1, 1, 1], dtype=bool)
-    assert best_threshold(scores, labels) == 0.7  # 0.7 is the only grid value that gets all 7 right
-    # every threshold in (0.3, 0.9] separates these perfectly: the grid value nearest 0.5 is taken
-    assert best_threshold(np.array([0.2, 0.3, 0.95]), np.array([0, 0, 1], dtype=bool)) == 0.5
+    # candidates are the distinct scores (predict score >= t): t=0.72 gets 7/7 right, 0.66 and 0.8 get 6/7
+    # (the old 0.05 grid gave 0.7, the only grid value in (0.66, 0.72])
+    assert best_threshold(scores, labels) == 0.72
+    # 0.95 gets 3/3, 0.3 gets 2/3, 0.2 gets 1/3 (the grid tied everything in (0.3, 0.95] and took 0.5)
+    assert best_threshold(np.array([0.2, 0.3, 0.95]), np.array([0, 0, 1], dtype=bool)) == 0.95
+    # ties: t=0.8 and t=0.4 both get 3/4 (0.6 and 0.2 get 2/4); 0.4 is nearer 0.5
+    assert best_threshold(np.array([0.2, 0.4, 0.6, 0.8]), np.array([0, 1, 0, 1], dtype=bool)) == 0.4
     t = tune_threshold(np.tile(scores, 20), np.tile(labels, 20), default=0.5, seed=0)
-    assert t["chosen"] == 0.7 and t["calibration_n"] == t["held_out_n"] == 70
+    assert t["chosen"] == 0.72 and t["calibration_n"] == t["held_out_n"] == 70
     assert t["held_out_accuracy_at_chosen"] == 1.0 and 0.5 < t["held_out_accuracy_at_default"] < 0.9  # 0.62, 0.66 wrong
+
+
+def test_binary_metrics_worked_example():
+    from pipeline.classifier.train import binary_metrics
+
+    # labels 1 1 0 0 0, preds 1 0 1 0 0: tp 1, fn 1, fp 1, tn 2; precision = recall = f1 = 1/2, accuracy 3/5
+    m = binary_metrics(np.array([1, 1, 0, 0, 0]), np.array([1, 0, 1, 0, 0]))
+    assert m == {"n": 5, "accuracy": 0.6, "precision": 0.5, "recall": 0.5, "f1": 0.5, "tp": 1, "fp": 1, "fn": 1, "tn": 2}
+    # nothing predicted positive, nothing positive: the undefined ratios are 0
+    assert binary_metrics(np.zeros(3), np.zeros(3))["precision"] == 0.0 == binary_metrics([], [])["f1"]

@@ -94,11 +94,20 @@ def test_sentences_answers_and_prompts():
     assert table9("2wikimultihopqa") == (64, 1.2, 40) and table9("hotpotqa") == (100, 1.3, 35)
 
 
+def test_abbreviations_and_decimals_end_no_sentence():
+    # the old regex ('.', '!' or '?' before a blank) also cut after "U.S." and "J. K."
+    text = "The U.S. population grew 3.5 percent in 2010. It was the largest rise."
+    assert sentence_spans(text) == [(0, 45), (45, 70)]
+    assert sentence_spans("J. K. Rowling wrote it. Dr. Smith agreed!  ") == [(0, 23), (23, 41)]
+    assert not complete("x. So the answer is J. K.") and not complete("x. So the answer is 3.5")
+    assert complete("x. So the answer is 3.5 percent.")
+
+
 def test_sentence_relative_attention_has_mean_one_per_sentence():
     from pipeline.methods.dragin_math import sentence_relative
 
-    text = "A b. C d e."
-    offs = [(0, 1), (1, 3), (3, 4), (4, 6), (6, 8), (8, 10), (10, 11)]  # "A"," b","."," C"," d"," e","."
+    text = "Ann ran. Bo is up."  # not "A b. C d e.": spaCy reads a single letter and a period as an initial
+    offs = [(0, 3), (3, 7), (7, 8), (8, 11), (11, 14), (14, 17), (17, 18)]  # "Ann"," ran","."," Bo"," is"," up","."
     rel = sentence_relative(np.array([0.2, 0.4, 0.0, 0.1, 0.1, 0.4, 0.0]), text, offs)
     # sentence 1 mean 0.2 -> 1, 2, 0; sentence 2 mean 0.15 -> 2/3, 2/3, 8/3, 0
     assert rel == pytest.approx([1.0, 2.0, 0.0, 2 / 3, 2 / 3, 8 / 3, 0.0])

@@ -75,13 +75,10 @@ def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: 
 
 
 def rank_auc(scores: list[float], labels: list[bool]) -> float | None:
-    """Area under the ROC curve (Mann-Whitney U; ties count one half); None without both classes."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
-        return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
+    """Area under the ROC curve (ties count one half); None without both classes."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, scores)) if len(set(labels)) == 2 else None
 
 
 def classifier_auc(out: str) -> float | None:

@@ -14,6 +14,7 @@ import random
 import shutil
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -28,17 +29,16 @@ log = logging.getLogger(__name__)
 # -- metrics ----------------------------------------------------------------------------------
 
 def binary_metrics(labels: np.ndarray, preds: np.ndarray) -> dict:
-    """Accuracy and precision / recall / F1 of the positive class."""
+    """Accuracy and precision / recall / F1 of the positive class (0 where undefined or without examples)."""
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
     labels, preds = np.asarray(labels, dtype=bool), np.asarray(preds, dtype=bool)
-    tp = int(np.sum(labels & preds))
-    fp = int(np.sum(~labels & preds))
-    fn = int(np.sum(labels & ~preds))
-    n = len(labels)
-    precision = tp / (tp + fp) if tp + fp else 0.0
-    recall = tp / (tp + fn) if tp + fn else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"n": n, "accuracy": float(np.mean(labels == preds)) if n else 0.0, "precision": precision,
-            "recall": recall, "f1": f1, "tp": tp, "fp": fp, "fn": fn, "tn": n - tp - fp - fn}
+    if not len(labels):
+        return {"n": 0, "accuracy": 0.0, "precision": 0.0, "recall": 0.0, "f1": 0.0, "tp": 0, "fp": 0, "fn": 0, "tn": 0}
+    tn, fp, fn, tp = (int(c) for c in confusion_matrix(labels, preds, labels=[False, True]).ravel())
+    p, r, f1, _ = precision_recall_fscore_support(labels, preds, average="binary", zero_division=0)
+    return {"n": len(labels), "accuracy": float(accuracy_score(labels, preds)), "precision": float(p),
+            "recall": float(r), "f1": float(f1), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
 
 
 def evaluate(clf: Classifier, examples: list[Example], threshold: float, batch_size: int,
@@ -55,7 +55,7 @@ def evaluate(clf: Classifier, examples: list[Example], threshold: float, batch_s
     for kind in KINDS:
         sel = np.array([e.kind == kind for e in examples])
         if sel.any():  # positives: accuracy is recall; negatives: accuracy is the true-negative rate
-            out["by_kind"][kind] = {"n": int(sel.sum()), "accuracy": float(np.mean(preds[sel] == labels[sel]))}
+            out["by_kind"][kind] = {"n": int(sel.sum()), "accuracy": binary_metrics(labels[sel], preds[sel])["accuracy"]}
     out["by_dataset"] = {}
     for name in sorted({e.dataset for e in examples}):
         sel = np.array([e.dataset == name for e in examples])
@@ -64,15 +64,20 @@ def evaluate(clf: Classifier, examples: list[Example], threshold: float, batch_s
     return out
 
 
-THRESHOLD_GRID = np.round(np.arange(0.05, 0.951, 0.05), 2)
+def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The distinct score t with the highest accuracy of `score >= t`; among ties, the one nearest 0.5."""
+    from sklearn.exceptions import UndefinedMetricWarning
+    from sklearn.metrics import roc_curve
 
-
-def best_threshold(scores: np.ndarray, labels: np.ndarray, grid: np.ndarray = THRESHOLD_GRID) -> float:
-    """The grid threshold with the highest accuracy; among ties, the one nearest 0.5."""
-    scores, labels = np.asarray(scores), np.asarray(labels, dtype=bool)
-    acc = np.array([np.mean((scores >= t) == labels) for t in grid])
-    best = np.flatnonzero(acc >= acc.max() - 1e-12)
-    return float(grid[best[np.argmin(np.abs(grid[best] - 0.5))]])
+    scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
+    with warnings.catch_warnings():  # one class only: sklearn warns and gives nan rates for the missing one
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        fpr, tpr, thr = roc_curve(labels, scores, drop_intermediate=False)
+    pos = int(labels.sum())
+    correct = np.rint(np.nan_to_num(tpr) * pos + (1 - np.nan_to_num(fpr)) * (len(labels) - pos))
+    correct, thr = correct[1:], thr[1:]  # thr[0] is +inf (nothing positive), no usable threshold
+    best = np.flatnonzero(correct == correct.max())
+    return float(thr[best[np.argmin(np.abs(thr[best] - 0.5))]])
 
 
 def tune_threshold(scores: np.ndarray, labels: np.ndarray, default: float, seed: int) -> dict:
@@ -83,7 +88,7 @@ def tune_threshold(scores: np.ndarray, labels: np.ndarray, default: float, seed:
     order = np.random.default_rng(seed).permutation(len(scores))
     cal, held = order[: len(order) // 2], order[len(order) // 2:]
     chosen = best_threshold(scores[cal], labels[cal])
-    acc = lambda t: float(np.mean((scores[held] >= t) == labels[held])) if len(held) else 0.0  # noqa: E731
+    acc = lambda t: binary_metrics(labels[held], scores[held] >= t)["accuracy"]  # noqa: E731
     return {"chosen": chosen, "default": default, "calibration_n": len(cal), "held_out_n": len(held),
             "held_out_accuracy_at_default": acc(default), "held_out_accuracy_at_chosen": acc(chosen)}
 

@@ -32,8 +32,8 @@ from pydantic import Field
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
-from pipeline.methods.dragin_math import (Candidate, first_above, qfs_query, rind, semantic_mask, sentence_relative,
-                                  sentence_spans, truncate, word_spans)
+from pipeline.methods.dragin_math import (Candidate, ends_sentence, first_above, qfs_query, rind, semantic_mask,
+                                          sentence_relative, sentence_spans, truncate, word_spans)
 from pipeline.methods import MethodParams, register_method
 from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
@@ -123,9 +123,9 @@ def final_answer(text: str) -> str | None:
 
 
 def complete(text: str) -> bool:
-    """The reasoning has reached its answer sentence."""
+    """The reasoning has reached its answer sentence and finished it."""
     m = list(ANSWER_IS.finditer(text))
-    return bool(m) and bool(re.search(r"\S.*?[.!?](\s|$)", text[m[-1].end():]))
+    return bool(m) and ends_sentence(text[m[-1].end():])
 
 
 # -- the shared loop ---------------------------------------------------------------------------------

@@ -115,16 +115,37 @@ def candidates_for(text: str, offsets: list[tuple[int, int]], base_order: int = 
     return out
 
 
+@lru_cache(maxsize=1)
+def sentencizer():
+    """spaCy's rule-based sentencizer on a blank English pipeline (its tokenizer keeps "U.S." and "3.5"
+    whole, so they end no sentence); no model download, built once."""
+    import spacy
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer")
+    return nlp
+
+
 def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """(start, end) of each sentence: text up to '.', '!' or '?' followed by a blank or the end."""
-    spans, pos = [], 0
-    while pos < len(text):
-        m = re.search(r"[.!?]+(?=\s|$)", text[pos:])
-        end = len(text) if m is None else pos + m.end()
-        if text[pos:end].strip():
-            spans.append((pos, end))
-        pos = end
+    """(start, end) of each sentence; the spans tile the text from 0 (the blanks between two sentences
+    open the second), blank-only pieces dropped."""
+    spans, start = [], 0
+    for sent in sentencizer()(text).sents:
+        if sent.text.strip():
+            spans.append((start, sent.end_char))
+            start = sent.end_char
     return spans
+
+
+def ends_sentence(text: str) -> bool:
+    """The text holds a finished sentence: a sentence-final token ('.', '!', '?', ...) after a word."""
+    nlp = sentencizer()
+    final, word = nlp.get_pipe("sentencizer").punct_chars, False
+    for tok in nlp(text):
+        if word and tok.text in final:
+            return True
+        word = word or not (tok.is_punct or tok.is_space)
+    return False
 
 
 def sentence_relative(values: np.ndarray, text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
