@@ -1,9 +1,9 @@
 """Dense shards: one FAISS index per shard, inner product over L2-normalised vectors.
 
 The index type comes from `index.faiss_factory` (`Flat`, `HNSW32`, `IVF1024,PQ64`, ...), built with
-`faiss.index_factory(d, factory, METRIC_INNER_PRODUCT)`. Searching all shards and merging their
-top-k by score (ties broken by shard order, then row) gives exactly the top-k of one index over
-all vectors when the shards are Flat.
+`faiss.index_factory(d, factory, METRIC_INNER_PRODUCT)`. `ShardSet` searches all shards together
+(`faiss.IndexShards`), which gives exactly the top-k of one index over all vectors when the shards
+are Flat.
 """
 
 from __future__ import annotations
@@ -61,27 +61,26 @@ def load_faiss(path: Path, nprobe: int, ef_search: int):
     return index
 
 
-def search_shards(indexes: list, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One FAISS search per shard over all queries, merged exactly.
+class ShardSet:
+    """All shards' FAISS indexes searched as one `faiss.IndexShards` (threaded; ids numbered shard after
+    shard), each hit mapped back to (shard, row). With Flat shards the top-k equals one index's over all
+    vectors."""
 
-    Returns (scores, shard_idx, row), each (n_queries, k'); k' <= k, padded with shard -1.
-    """
-    nq = len(queries)
-    all_s, all_sh, all_r = [], [], []
-    for si, index in enumerate(indexes):
-        kk = min(k, index.ntotal)
-        if kk == 0:
-            continue
-        D, I = index.search(np.ascontiguousarray(queries, dtype=np.float32), kk)
-        all_s.append(D)
-        all_sh.append(np.where(I >= 0, si, -1))
-        all_r.append(I)
-    if not all_s:
-        empty = np.zeros((nq, 0))
-        return empty, empty.astype(int), empty.astype(int)
-    S, SH, R = np.hstack(all_s), np.hstack(all_sh), np.hstack(all_r)
-    S = np.where(SH < 0, -np.inf, S)
-    # sort by score desc, then shard, then row: deterministic and equal to one index's order
-    order = np.lexsort((R, SH, -S), axis=-1)[:, :k]
-    take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
-    return take(S), take(SH), take(R)
+    def __init__(self, indexes: list):
+        import faiss
+
+        self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])
+        self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None
+        for ix in indexes:
+            self.shards.add_shard(ix)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(scores, shard, row), each (n_queries, k'); k' <= k, padded with shard -1."""
+        k = min(k, int(self.offsets[-1]))
+        if k == 0:
+            empty = np.zeros((len(queries), 0))
+            return empty, empty.astype(int), empty.astype(int)
+        S, ids = self.shards.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        shard = np.searchsorted(self.offsets, ids, side="right") - 1
+        shard = np.where(ids >= 0, shard, -1)
+        return S, shard, np.where(ids >= 0, ids - self.offsets[np.maximum(shard, 0)], -1)

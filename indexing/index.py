@@ -30,7 +30,7 @@ class SearchError(IndexingError, ValueError):
 
 class Index:
     def __init__(self, root: Path, cfg, manifest: dict):
-        from indexing.dense import load_faiss
+        from indexing.dense import ShardSet, load_faiss
         from indexing.shards import read_passages
         from indexing.sparse import LuceneShard
 
@@ -43,7 +43,8 @@ class Index:
         version_dir = root / "versions" / f"v{self.version:06d}"
         verify_shard(version_dir / manifest["bm25"]["path"], manifest["bm25"]["files"], full=full)
         self._tables = [read_passages(d / "passages.parquet") for d in self._dirs]
-        self._faiss = [load_faiss(d / "faiss.index", cfg.index.faiss_nprobe, cfg.index.faiss_ef_search) for d in self._dirs]
+        self._faiss = ShardSet([load_faiss(d / "faiss.index", cfg.index.faiss_nprobe, cfg.index.faiss_ef_search)
+                                for d in self._dirs])
         self._lucene = LuceneShard(version_dir / manifest["bm25"]["path"], cfg.index.bm25_k1, cfg.index.bm25_b)
         self._where: dict[str, tuple[int, int]] | None = None
         self._encoder = None
@@ -100,9 +101,7 @@ class Index:
         if not queries:
             return []
         if retriever == "dense":
-            from indexing.dense import search_shards
-
-            S, SH, R = search_shards(self._faiss, self.encode_queries(queries), k)
+            S, SH, R = self._faiss.search(self.encode_queries(queries), k)
             return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
                     for i in range(len(queries))]
         from indexing.sparse import batch_search

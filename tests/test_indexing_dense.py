@@ -1,4 +1,4 @@
-"""FAISS shards: exact merge of Flat shards, other factory strings, bad settings (random vectors)."""
+"""FAISS shards searched together (faiss.IndexShards): exact for Flat shards, other factory strings, bad settings (random vectors)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from indexing.dense import DenseIndexError, build_faiss, load_faiss, search_shards
+from indexing.dense import DenseIndexError, ShardSet, build_faiss, load_faiss
 
 
 def unit(rng, n, d=32):
@@ -22,7 +22,7 @@ def test_flat_shards_merge_equals_one_index(tmp_path):
         build_faiss(p, "Flat", tmp_path / f"{i}.index")
         shards.append(load_faiss(tmp_path / f"{i}.index", 1, 16))
     queries = unit(rng, 25)
-    S, SH, R = search_shards(shards, queries, k=20)
+    S, SH, R = ShardSet(shards).search(queries, k=20)
     one = faiss.IndexFlatIP(32)
     one.add(np.vstack(parts))
     D, I = one.search(queries, 20)
@@ -30,7 +30,7 @@ def test_flat_shards_merge_equals_one_index(tmp_path):
     np.testing.assert_array_equal(offsets[SH] + R, I)
     np.testing.assert_allclose(S, D, rtol=1e-6)
     # k larger than the corpus: everything, once
-    S, SH, R = search_shards(shards, queries[:2], k=1000)
+    S, SH, R = ShardSet(shards).search(queries[:2], k=1000)
     assert S.shape[1] == sum(len(p) for p in parts) and len(set(zip(SH[0], R[0]))) == S.shape[1]
 
 
@@ -40,7 +40,7 @@ def test_other_factories_find_near_neighbours(tmp_path, factory):
     vecs = unit(rng, 600)
     build_faiss(vecs, factory, tmp_path / "x.index")
     index = load_faiss(tmp_path / "x.index", nprobe=4, ef_search=64)
-    S, SH, R = search_shards([index], vecs[:20], k=5)
+    S, SH, R = ShardSet([index]).search(vecs[:20], k=5)
     hit = np.mean(R[:, 0] == np.arange(20))  # a stored vector finds itself first
     assert hit >= (0.8 if "PQ" in factory else 0.95)
 
