@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.methods import all_methods, get_method
+    from pipeline.methods.registry import all_methods, get_method
 
     specs = [get_method(n) for n in args.names] if args.names else list(all_methods().values())
     for spec in specs:

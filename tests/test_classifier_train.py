@@ -86,7 +86,7 @@ def test_scoring_backend_and_cfs_use_the_trained_folder(trained):
     from pipeline.backends.scoring import CrossEncoderScorer, ScorerError
     from pipeline.classifier.model import Classifier
     from pipeline.engine.core import Engine
-    from pipeline.methods import get_method
+    from pipeline.methods.registry import get_method
     from pipeline.engine.requests import Question
     from fakes import MemoryRetriever, RecordingGenerator
 
@@ -115,7 +115,7 @@ def test_scoring_backend_and_cfs_use_the_trained_folder(trained):
 
 
 def test_cis_and_cfs_default_to_the_threshold_saved_with_the_classifier(trained, tmp_path):
-    from pipeline.methods import get_method
+    from pipeline.methods.registry import get_method
 
     out, _ = trained
     saved = json.loads((out / "dynrag-classifier.json").read_text())["threshold"]

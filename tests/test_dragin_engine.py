@@ -15,7 +15,7 @@ from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.methods.dragin_math import candidates_for, word_spans
 from pipeline.engine.core import Engine
-from pipeline.methods import get_method
+from pipeline.methods.registry import get_method
 from pipeline.engine.requests import Completion, Question, TokenLogprob
 
 PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),

@@ -6,7 +6,7 @@ from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods import get_method
+from pipeline.methods.registry import get_method
 from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, final_answer, qdc_select
 from pipeline.engine.requests import Completion, Question
 from fakes import RecordingGenerator
@@ -169,7 +169,7 @@ def test_cfs_retrieves_second_stage_with_concatenated_queries_in_one_batch():
 
 
 def test_k1_larger_than_k_is_refused():
-    from pipeline.methods import MethodError
+    from pipeline.methods.registry import MethodError
 
     with pytest.raises(MethodError, match="k1=5 exceeds k=3"):
         get_method("qdc").params({"k": 3, "k1": 5})

@@ -5,7 +5,7 @@ import pytest
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods import get_method
+from pipeline.methods.registry import get_method
 from pipeline.engine.requests import Answer, Generate, Question, Retrieve
 from fakes import MemoryRetriever, RecordingGenerator
 

@@ -10,7 +10,7 @@ from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods import MethodError, get_method
+from pipeline.methods.registry import MethodError, get_method
 from pipeline.methods.erm4 import mixed_order, parse_nli, parse_query, parse_rewriter_plus
 from pipeline.engine.requests import Question
 from pipeline.methods.reservoir import Reservoir

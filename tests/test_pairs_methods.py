@@ -14,7 +14,7 @@ from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods import MethodError, get_method
+from pipeline.methods.registry import MethodError, get_method
 from pipeline.methods.pairs import tagged_answer
 from pipeline.io.output import make_row
 from pipeline.engine.requests import Question

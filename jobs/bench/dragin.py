@@ -50,7 +50,7 @@ def bench(cfg, dataset: str, index: str, method: str, limit: int) -> dict:
     from pipeline.backends import Backends
     from pipeline.io.datasets import load_questions
     from pipeline.engine.core import Engine
-    from pipeline.methods import get_method
+    from pipeline.methods.registry import get_method
 
     questions = [q for q in load_questions(dataset, cfg) if not q.error][:limit]
     spec = get_method(method)

@@ -83,7 +83,7 @@ def pick(spec: str) -> list[str]:
 
 def run_params(label: str, shared: dict) -> tuple[str, dict]:
     """The run's method and params: its own, plus every shared param its method accepts."""
-    from pipeline.methods import get_method
+    from pipeline.methods.registry import get_method
 
     method, own = RUNS[label]
     accepted = get_method(method).params_model.model_fields

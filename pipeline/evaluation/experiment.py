@@ -82,7 +82,7 @@ class Experiment(_Strict):
 
 def load_experiment(path: str) -> Experiment:
     """The experiment file, validated, every run's method params included (so a typo fails before any run)."""
-    from pipeline.methods import get_method
+    from pipeline.methods.registry import get_method
 
     p = Path(path)
     if not p.is_file():
@@ -104,7 +104,7 @@ def load_experiment(path: str) -> Experiment:
 def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(label, params) of every run of one method: its params, times its grid and the shared grid's params
     that the method accepts. Labels follow eval_drrag: `<label>-k<k>`."""
-    from pipeline.methods import get_method
+    from pipeline.methods.registry import get_method
 
     accepted = get_method(spec.method).params_model.model_fields
     grid = {**{k: v for k, v in shared_grid.items() if k in accepted}, **spec.grid}

@@ -6,7 +6,7 @@ from typing import Any, Generator, Literal
 
 from pydantic import Field
 
-from pipeline.methods import MethodParams, register_method
+from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.prompts import direct_prompt, rag_prompt, short_answer
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve
 

@@ -34,7 +34,7 @@ import pipeline.backends.attention  # noqa: F401  registers the "attention" back
 from indexing.hits import Hit
 from pipeline.methods.dragin_math import (Candidate, ends_sentence, first_above, qfs_query, rind, semantic_mask,
                                           sentence_relative, sentence_spans, truncate, word_spans)
-from pipeline.methods import MethodParams, register_method
+from pipeline.methods.registry import MethodParams, register_method
 from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
 PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"

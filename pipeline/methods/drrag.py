@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from indexing.hits import Hit
 from pipeline.classifier.data import format_document
-from pipeline.methods import MethodParams, register_method
+from pipeline.methods.registry import MethodParams, register_method
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, Score
 
 PAPER = "DR-RAG (Hei et al.), Sec. 2.2, Eqs. 1-4, Algorithm 1"

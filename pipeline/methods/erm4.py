@@ -35,7 +35,7 @@ from pydantic import Field
 from indexing.hits import Hit
 from pipeline.backends import make_generator, register_backend
 from pipeline.classifier.data import format_document
-from pipeline.methods import MethodParams, register_method
+from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.drrag import final_answer
 from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, SamplingSpec, Score
 from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)

@@ -18,7 +18,7 @@ from typing import Any, Generator
 from pydantic import Field
 
 from pipeline.methods.ais import top_k
-from pipeline.methods import register_method
+from pipeline.methods.registry import register_method
 from pipeline.methods.pairs import GenerationParams, answer_from_docs, doc_text
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, SamplingSpec, Score
 

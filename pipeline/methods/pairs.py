@@ -31,7 +31,7 @@ from pipeline.methods.ais import (
     ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_numeric, merge_paths, rerank_score, top_k,
 )
 from pipeline.classifier.data import format_document
-from pipeline.methods import MethodParams, register_method
+from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.prompts import direct_prompt, format_docs, rag_prompt, short_answer
 from pipeline.engine.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 from pipeline.config import DynragConfig, resolved_yaml
 from pipeline.io.datasets import load_questions
-from pipeline.methods import config_hash, get_method
+from pipeline.methods.registry import config_hash, get_method
 from indexing.faults import fault_point
 from pipeline.io.output import answered_ids, make_row, summarize, write_json, write_part, write_text
 from pipeline.io.output_lock import output_lock

@@ -27,7 +27,7 @@ class EngineActor:
     def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, retrieval_actors: list | None = None):
         from pipeline.backends import Backends
         from pipeline.engine.core import Engine
-        from pipeline.methods import get_method
+        from pipeline.methods.registry import get_method
         from pipeline.runtime.retrieval_actors import RemoteRetriever
 
         self.cfg = DynragConfig.model_validate(cfg_json)
