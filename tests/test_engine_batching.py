@@ -172,3 +172,36 @@ def test_call_to_an_unknown_backend_or_operation_is_that_question_error():
     out = Engine(Backends(DynragConfig())).run([Question("a", "q"), Question("b", "q")], prog, None)
     assert "no backend 'no-such-backend'" in out[0].error
     assert "no operation '_private'" in out[1].error
+
+
+class TickingGenerator(RecordingGenerator):
+    """Each generate call takes one tick of a fake clock."""
+
+    def __init__(self):
+        super().__init__()
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def generate(self, prompts, samplings, chats):
+        self.now += 1.0
+        return super().generate(prompts, samplings, chats)
+
+
+def rounds(q: Question, params):
+    """As many generate rounds as the question's text says."""
+    for _ in range(int(q.question)):
+        out = (yield Generate([q.question]))[0]
+    return Answer(out.text)
+
+
+def test_latency_is_each_questions_own_wall_time():
+    gen = TickingGenerator()
+    engine = Engine(Backends(DynragConfig(), generator=gen), clock=gen.clock)
+    out = engine.run([Question("one", "1"), Question("four", "4")], rounds, None)
+    assert gen.calls == [2, 1, 1, 1]
+    # the one-round question finished after the first call, the other after the fourth; their cost
+    # shares (time_total_s) are not their latencies: they split the first call between them
+    assert [o.trace.latency_s for o in out] == [1.0, 4.0]
+    assert [o.trace.time["generation"] for o in out] == [0.5, 3.5]

@@ -21,8 +21,8 @@ def test_summary_quantiles_and_tokens(tmp_path):
     fake_run(tmp_path, dataset="d", method="sr-rag", params={"k": 3}, f1s=[1.0] * 10, times=times)
     s = summarize(str(tmp_path))
     assert s["time_per_question_s"]["total"] == pytest.approx(0.55)
-    # linear interpolation over 10 sorted values: p50 at index 4.5, p95 at index 8.55
-    assert s["time_total_quantiles_s"] == {"p50": pytest.approx(0.55), "p95": pytest.approx(0.955)}
+    # latency quantiles by linear interpolation over 10 sorted values (0.3 .. 3.0): p50 at index 4.5, p95 at 8.55
+    assert s["latency_s"] == {"mean": pytest.approx(1.65), "p50": pytest.approx(1.65), "p95": pytest.approx(2.865)}
     assert s["tokens_per_question"] == 105  # 100 prompt + 5 completion tokens
 
 
@@ -33,10 +33,12 @@ def test_records_markdown_and_files(tmp_path):
     recs = records(runs)
     cfs4 = next(r for r in recs if (r["dataset"], r["run"]) == ("musique", "cfs-k4"))
     assert cfs4["k"] == 4 and cfs4["f1"] == 0.5 and cfs4["gold_doc_recall"] == pytest.approx(0.7)
-    assert cfs4["s_per_q"] == pytest.approx(0.6) and cfs4["docs_in_prompt"] == 4 and cfs4["ra_ratio"] == 1.0
+    assert cfs4["s_per_q"] == pytest.approx(0.6) and cfs4["latency_p95"] == pytest.approx(3 * (0.4 + 0.95 * 0.4))
+    assert cfs4["docs_in_prompt"] == 4 and cfs4["ra_ratio"] == 1.0
     text = markdown(recs)
     assert text.count("### ") == 2
-    assert "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 |" in text
+    assert "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 | 1.800 | 2.340 |" in text
+    assert "latency p50 s | latency p95 s" in text
     assert "| no-retrieval | no-retrieval | 2 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | - | 0.00 | 1.00 | 0.00 | 0.0 |" in text
     _, files = evaluate([str(tmp_path / "runs")], str(tmp_path / "table"))
     assert pl.read_parquet(files[0]).height == 14 and pl.read_csv(files[1]).height == 14
@@ -134,3 +136,14 @@ def test_extra_summary_means_counts_takes_labels_and_skips_error_rows(tmp_path):
     write_part(str(tmp_path / "run"), rows)
     s = extra_summary(str(tmp_path / "run"), ["generated_tokens", "entropy", "backoff", "missing"])
     assert s == {"generated_tokens": 15.0, "entropy": "exact", "backoff": 0.5, "missing": None}
+
+
+def test_parts_written_before_latency_existed_still_summarize(tmp_path):
+    import pyarrow.parquet as pq
+
+    fake_run(tmp_path, dataset="d", method="sr-rag", params={}, f1s=[1.0], times=[1.0])
+    (old,) = list((tmp_path / "parts").iterdir())
+    pq.write_table(pq.read_table(old).drop_columns(["latency_s"]), old)  # an older run's part
+    write_part(str(tmp_path), [fake_row(9, dataset="d", method="sr-rag", params={}, f1=1.0, total_s=2.0)])
+    s = summarize(str(tmp_path))
+    assert s["rows"] == 2 and s["latency_s"]["p50"] == pytest.approx(6.0)  # from the new row only

@@ -1,21 +1,22 @@
-"""The engine: advances many questions' method programs at once and batches their requests.
+"""The engines: advance many questions' method programs at once and batch their requests.
 
-Each round, the engine takes every pending request of one kind (the kind with the most waiting
-items), makes ONE batched backend call for all of them (one `generate` over every waiting prompt,
-one `search` per retriever over every waiting query, ...), and sends each program its share of the
-result. All accounting (calls, tokens, per-stage time, retrieved documents) happens here, the same
-for every method. An exception inside one question's program, or a backend failure on one of its
+A batch of pending requests of one kind becomes ONE backend call per group (one `generate` over every
+waiting prompt, one `search` per retriever over every waiting query, ...), and each program gets its
+share of the result. `Engine` (lockstep, here) serves one kind per round; `ContinuousEngine`
+(continuous.py) serves every kind from its own queue at once. All accounting (calls, tokens, per-stage
+time, retrieved documents, latency) happens here, the same for every method and engine. An exception inside one question's program, or a backend failure on one of its
 items, becomes that question's `error`; the other questions go on.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Iterable, Iterator
 
 from pipeline.engine.requests import Answer, Call, Embed, Generate, Question, Request, Retrieve, Score
 
@@ -39,6 +40,13 @@ class Trace:
     retrieved: list[dict[str, Any]] = field(default_factory=list)  # id, title, score, rank, step, path, round
     generations: list[dict[str, Any]] = field(default_factory=list)  # stage, text
     backend_calls: dict[str, int] = field(default_factory=dict)  # Call items by "backend.op"
+    started: float | None = None  # perf_counter when the program was started (just before its first request)
+    finished: float | None = None  # perf_counter when it returned its answer or failed
+
+    @property
+    def latency_s(self) -> float | None:
+        """The question's own wall time, first request to answer (waiting in queues included)."""
+        return None if self.started is None or self.finished is None else self.finished - self.started
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Outcome:
 class _State:
     index: int
     gen: Generator[Request, Any, Answer]
+    question: Question | None = None
     trace: Trace = field(default_factory=Trace)
     pending: Request | None = None
     answer: Answer | None = None
@@ -63,52 +72,61 @@ def _kind(req: Request) -> str:
     return type(req).__name__
 
 
-class Engine:
-    """Runs method programs over a batch of questions against a `Backends` object.
+Delivery = tuple[_State, Any, "BaseException | None"]  # a program, the value sent to it, or the error thrown in
+
+
+class BaseEngine:
+    """Steps method programs and serves batches of their requests; subclasses decide when each batch goes.
 
     `backends` needs: `generate(prompts, samplings, chats) -> list[Completion | Exception]`,
     `search(queries, k, retriever) -> list[list[Hit]]`, `score(items, classifier) -> list[float]`,
     `embed(texts, model) -> ndarray`, `call(backend, op, items) -> list` and `defaults(req) -> (k, retriever)`.
+    `clock` times stages and latency (tests pass a fake one).
     """
 
-    def __init__(self, backends: Any):
+    def __init__(self, backends: Any, clock: Callable[[], float] = time.perf_counter):
         self.backends = backends
+        self.clock = clock
         self.batch_calls: dict[str, int] = defaultdict(int)  # backend calls made, by kind
         self.batch_seconds: dict[str, float] = defaultdict(float)  # time inside them, by kind
+        self._stats_lock = threading.Lock()  # batches may be served from several threads
 
     # ---- public ---------------------------------------------------------------------------
     def run(self, questions: list[Question], program: Callable[[Question, Any], Generator], params: Any) -> list[Outcome]:
-        states: list[_State] = []
-        outcomes: dict[int, Outcome] = {}
-        for i, q in enumerate(questions):
-            if q.error:
-                outcomes[i] = Outcome(q, None, Trace(), q.error)
-                continue
-            try:
-                st = _State(i, program(q, params))
-            except Exception as exc:  # a program that fails before its first yield
-                outcomes[i] = Outcome(q, None, Trace(), _describe(exc))
-                continue
-            states.append(st)
-            self._advance(st, None)
+        """Every question's outcome, in the order given."""
+        return [o for _, o in sorted(self._outcomes(questions, program, params), key=lambda t: t[0])]
 
-        while True:
-            waiting: dict[str, list[_State]] = defaultdict(list)
-            for st in states:
-                if st.pending is not None:
-                    waiting[_kind(st.pending)].append(st)
-            if not waiting:
-                break
-            kind = max(waiting, key=lambda k: sum(_size(st.pending) for st in waiting[k]))
-            getattr(self, f"_do_{kind.lower()}")(waiting[kind])
+    def stream(self, questions: Iterable[Question], program: Callable, params: Any) -> Iterator[Outcome]:
+        """Outcomes as questions finish (any order); `questions` is consumed lazily."""
+        return (o for _, o in self._outcomes(questions, program, params))
 
-        for st in states:
-            outcomes[st.index] = Outcome(questions[st.index], st.answer, st.trace, st.error)
-        return [outcomes[i] for i in range(len(questions))]
+    def close(self) -> None:
+        """Release what the engine holds (its worker threads, if any); the backends stay open."""
+
+    def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+        raise NotImplementedError
 
     # ---- stepping a program ---------------------------------------------------------------
+    def _start(self, i: int, q: Question, program: Callable, params: Any) -> _State | Outcome:
+        """A started program, advanced to its first request, or the question's outcome when it has none."""
+        if q.error:
+            return Outcome(q, None, Trace(), q.error)
+        try:
+            st = _State(i, program(q, params), q)
+        except Exception as exc:  # a program that fails before its first yield
+            return Outcome(q, None, Trace(), _describe(exc))
+        self._advance(st, None)
+        return st if st.pending is not None else self._outcome(st)
+
+    @staticmethod
+    def _outcome(st: _State) -> Outcome:
+        return Outcome(st.question, st.answer, st.trace, st.error)
+
     def _advance(self, st: _State, value: Any, exc: BaseException | None = None) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
+        if st.trace.started is None:
+            st.trace.started = t0
+        st.pending = None
         try:
             req = st.gen.throw(exc) if exc is not None else st.gen.send(value)
             if not isinstance(req, (Generate, Retrieve, Score, Embed, Call)):
@@ -119,33 +137,36 @@ class Engine:
                 raise ValueError(f"Call stage {req.stage!r} is not one of {', '.join(STAGES)}")
             st.pending = req
         except StopIteration as stop:
-            st.pending = None
             ans = stop.value
             st.answer = ans if isinstance(ans, Answer) else Answer(prediction="" if ans is None else str(ans))
         except Exception as err:
-            st.pending = None
             st.error = _describe(err)
             st.gen.close()
             log.debug("question %d failed:\n%s", st.index, traceback.format_exc())
         finally:
-            st.trace.time["method"] += time.perf_counter() - t0
+            t1 = self.clock()
+            st.trace.time["method"] += t1 - t0
+            if st.pending is None:
+                st.trace.finished = t1
 
-    def _deliver(self, st: _State, value: Any, exc: BaseException | None = None) -> None:
-        st.pending = None
-        self._advance(st, value, exc)
+    # ---- serving one batch of pending requests of one kind ---------------------------------
+    def serve(self, states: list[_State]) -> list[Delivery]:
+        """One batched backend call per group of `states` (all pending the same kind), with the accounting;
+        returns what to send each program. Does not advance them (the caller does)."""
+        return getattr(self, f"_serve_{_kind(states[0].pending).lower()}")(states)
 
     def _call(self, kind: str, fn: Callable[[], Any], expected: int) -> tuple[Any, float]:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         out = fn()
-        secs = time.perf_counter() - t0
-        self.batch_calls[kind] += 1
-        self.batch_seconds[kind] += secs
+        secs = self.clock() - t0
+        with self._stats_lock:
+            self.batch_calls[kind] += 1
+            self.batch_seconds[kind] += secs
         if len(out) != expected:
             raise RuntimeError(f"the {kind} backend returned {len(out)} results for {expected} inputs")
         return out, secs
 
-    # ---- one batched call per kind -----------------------------------------------------------
-    def _do_generate(self, states: list[_State]) -> None:
+    def _serve_generate(self, states: list[_State]) -> list[Delivery]:
         prompts, samplings, chats, owner = [], [], [], []
         for st in states:
             req: Generate = st.pending
@@ -158,7 +179,7 @@ class Engine:
             outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats),
                                   len(prompts))
         except Exception as err:
-            return self._per_question(states, self._do_generate, err)
+            return self._per_question(states, self._serve_generate, err)
         weights = [(o.prompt_tokens + o.completion_tokens) if not isinstance(o, BaseException) else 0 for o in outs]
         total = sum(weights)
         results: dict[int, list] = defaultdict(list)
@@ -171,25 +192,28 @@ class Engine:
                 st.trace.completion_tokens += out.completion_tokens
                 st.trace.generations.append({"stage": st.pending.stage, "text": out.text})
             results[id(st)].append(out)
+        deliveries = []
         for st in states:
             res = results[id(st)]
             failed = next((r for r in res if isinstance(r, BaseException)), None)
-            self._deliver(st, None if failed else res, failed)
+            deliveries.append((st, None if failed else res, failed))
+        return deliveries
 
-    def _do_retrieve(self, states: list[_State]) -> None:
+    def _serve_retrieve(self, states: list[_State]) -> list[Delivery]:
         groups: dict[str, list[_State]] = defaultdict(list)
         resolved: dict[int, tuple[int, str]] = {}
         for st in states:
             k, retriever = self.backends.defaults(st.pending)
             resolved[id(st)] = (k, retriever)
             groups[retriever].append(st)
+        deliveries: list[Delivery] = []
         for retriever, group in groups.items():
             queries = [q for st in group for q in st.pending.queries]
             kmax = max(resolved[id(st)][0] for st in group)
             try:
                 hits, dt = self._call("retrieve", lambda: self.backends.search(queries, kmax, retriever), len(queries))
             except Exception as err:
-                self._per_question(group, self._do_retrieve, err)
+                deliveries += self._per_question(group, self._serve_retrieve, err)
                 continue
             pos = 0
             for st in group:
@@ -207,78 +231,88 @@ class Engine:
                         tr.retrieved.append({"id": h.id, "title": h.title, "score": float(h.score), "rank": rank,
                                              "step": step, "path": req.path or ("query" if len(req.queries) == 1 else f"query-{qi}"),
                                              "round": tr.retrieve_rounds})
-                self._deliver(st, mine)
+                deliveries.append((st, mine, None))
+        return deliveries
 
-    def _do_score(self, states: list[_State]) -> None:
-        groups: dict[str, list[_State]] = defaultdict(list)
+    def _serve_grouped(self, states: list[_State], key: Callable[[Request], Any], items: Callable[[Request], list],
+                       kind: Callable[[Any], str], fn: Callable[[Any, list], Any],
+                       account: Callable[[_State, int, float], None]) -> list[Delivery]:
+        """Score, Embed and Call: one backend call per group (same `key`), results split by item counts."""
+        groups: dict[Any, list[_State]] = defaultdict(list)
         for st in states:
-            groups[st.pending.classifier].append(st)
-        for name, group in groups.items():
-            items = [it for st in group for it in st.pending.items]
+            groups[key(st.pending)].append(st)
+        deliveries: list[Delivery] = []
+        for gk, group in groups.items():
+            flat = [it for st in group for it in items(st.pending)]
             try:
-                scores, dt = self._call("score", lambda: self.backends.score(items, name), len(items))
+                results, dt = self._call(kind(gk), lambda: fn(gk, flat), len(flat))
             except Exception as err:
-                self._per_question(group, self._do_score, err)
+                deliveries += self._per_question(group, self.serve, err)
                 continue
             pos = 0
             for st in group:
-                n = len(st.pending.items)
-                st.trace.classifier_calls += n
-                st.trace.time["classification"] += dt * n / max(len(items), 1)
-                mine = list(scores[pos:pos + n])
+                n = len(items(st.pending))
+                account(st, n, dt * n / max(len(flat), 1))
+                deliveries.append((st, results[pos:pos + n], None))
                 pos += n
-                self._deliver(st, mine)
+        return deliveries
 
-    def _do_embed(self, states: list[_State]) -> None:
-        groups: dict[str | None, list[_State]] = defaultdict(list)
-        for st in states:
-            groups[st.pending.model].append(st)
-        for model, group in groups.items():
-            texts = [t for st in group for t in st.pending.texts]
-            try:
-                vecs, dt = self._call("embed", lambda: self.backends.embed(texts, model), len(texts))
-            except Exception as err:
-                self._per_question(group, self._do_embed, err)
-                continue
-            pos = 0
-            for st in group:
-                n = len(st.pending.texts)
-                st.trace.embedding_calls += n
-                st.trace.time["embedding"] += dt * n / max(len(texts), 1)
-                mine = vecs[pos:pos + n]
-                pos += n
-                self._deliver(st, mine)
+    def _serve_score(self, states: list[_State]) -> list[Delivery]:
+        def account(st, n, secs):
+            st.trace.classifier_calls += n
+            st.trace.time["classification"] += secs
+        return self._serve_grouped(states, lambda r: r.classifier, lambda r: r.items, lambda _: "score",
+                                   lambda name, items: [*self.backends.score(items, name)], account)
 
-    def _do_call(self, states: list[_State]) -> None:
-        groups: dict[tuple[str, str], list[_State]] = defaultdict(list)
-        for st in states:
-            groups[(st.pending.backend, st.pending.op)].append(st)
-        for (backend, op), group in groups.items():
-            items = [it for st in group for it in st.pending.items]
-            try:
-                results, dt = self._call(f"{backend}.{op}", lambda: self.backends.call(backend, op, items), len(items))
-            except Exception as err:
-                self._per_question(group, self._do_call, err)
-                continue
-            pos = 0
-            for st in group:
-                req: Call = st.pending
-                n = len(req.items)
-                st.trace.backend_calls[f"{backend}.{op}"] = st.trace.backend_calls.get(f"{backend}.{op}", 0) + n
-                st.trace.time[req.stage] += dt * n / max(len(items), 1)
-                mine = list(results[pos:pos + n])
-                pos += n
-                self._deliver(st, mine)
+    def _serve_embed(self, states: list[_State]) -> list[Delivery]:
+        def account(st, n, secs):
+            st.trace.embedding_calls += n
+            st.trace.time["embedding"] += secs
+        return self._serve_grouped(states, lambda r: r.model, lambda r: r.texts, lambda _: "embed",
+                                   lambda model, texts: self.backends.embed(texts, model), account)
 
-    def _per_question(self, states: list[_State], do: Callable[[list[_State]], None], err: BaseException) -> None:
+    def _serve_call(self, states: list[_State]) -> list[Delivery]:
+        def account(st, n, secs):
+            name = f"{st.pending.backend}.{st.pending.op}"
+            st.trace.backend_calls[name] = st.trace.backend_calls.get(name, 0) + n
+            st.trace.time[st.pending.stage] += secs
+        return self._serve_grouped(states, lambda r: (r.backend, r.op), lambda r: r.items, lambda k: f"{k[0]}.{k[1]}",
+                                   lambda k, items: [*self.backends.call(k[0], k[1], items)], account)
+
+    def _per_question(self, states: list[_State], serve: Callable[[list[_State]], list[Delivery]],
+                      err: BaseException) -> list[Delivery]:
         """A batched call failed: alone, the error is this question's; else retry each question alone."""
         if len(states) == 1:
-            self._deliver(states[0], None, err)
-            return
+            return [(states[0], None, err)]
         log.warning("a batched %s call over %d questions failed (%s); retrying per question",
                     _kind(states[0].pending), len(states), err)
+        return [d for st in states for d in serve([st])]
+
+
+class Engine(BaseEngine):
+    """The lockstep engine: all questions given start together; each round serves every pending request of
+    one kind (the kind with the most waiting items) and waits for it before the next round."""
+
+    def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+        states: list[_State] = []
+        for i, q in enumerate(questions):
+            st = self._start(i, q, program, params)
+            if isinstance(st, Outcome):
+                yield i, st
+            else:
+                states.append(st)
+        while True:
+            waiting: dict[str, list[_State]] = defaultdict(list)
+            for st in states:
+                if st.pending is not None:
+                    waiting[_kind(st.pending)].append(st)
+            if not waiting:
+                break
+            kind = max(waiting, key=lambda k: sum(_size(st.pending) for st in waiting[k]))
+            for st, value, exc in self.serve(waiting[kind]):
+                self._advance(st, value, exc)
         for st in states:
-            do([st])
+            yield st.index, self._outcome(st)
 
 
 def _size(req: Request | None) -> int:

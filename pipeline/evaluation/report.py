@@ -102,8 +102,9 @@ def render(runs: list[Run], title: str = "dynrag evaluation") -> str:
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
             f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
             f'<p class="note">{len(runs)} runs, generated {time.strftime("%Y-%m-%d %H:%M")}. EM, F1, Acc, P, R, '
-            "gold-doc recall and RA ratio in %; times are means of the rows' per-stage wall times. Hover a mark "
-            f"for its value.</p>{''.join(sections)}<h2>Runs</h2><ul>{paths}</ul></body></html>\n")
+            "gold-doc recall and RA ratio in %; s/q and the stage times are means of what a question cost (its "
+            "shares of the batched calls); latency p50/p95 are quantiles of each question's own wall time from its "
+            f"first request to its answer. Hover a mark for its value.</p>{''.join(sections)}<h2>Runs</h2><ul>{paths}</ul></body></html>\n")
 
 
 def write_report(out_dirs: list[str], html: str, title: str = "dynrag evaluation") -> str:

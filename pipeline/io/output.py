@@ -4,6 +4,10 @@ Rows live in `<out>/parts/part-*.parquet`, each file written whole and then rena
 killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
 the ids already written and a resumed run answers only the others. `summarize(out)` reads all parts.
 Local paths and fsspec URIs (s3://, gs://) both work.
+
+Time columns: `time_<stage>_s` is the question's share of the batched calls it took part in (its cost;
+`time_total_s` their sum), while `latency_s` is its own wall time from its first request to its answer,
+queueing behind other questions included (parts written before it existed read it as null).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ SCHEMA = pa.schema([
     ("embedding_calls", pa.int32()), ("retrieval_triggered", pa.bool_()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
     *[(f"time_{s}_s", pa.float64()) for s in STAGES], ("time_total_s", pa.float64()),
+    ("latency_s", pa.float64()),
     ("em", pa.float64()), ("f1", pa.float64()), ("acc", pa.float64()), ("precision", pa.float64()),
     ("recall", pa.float64()), ("support_recall", pa.float64()), ("support_recall_retrieved", pa.float64()),
     ("error", pa.string()), ("extra", pa.string()), ("finished_at", pa.float64()),
@@ -62,6 +67,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "embedding_calls": t.embedding_calls, "retrieval_triggered": bool(triggered),
         "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
         **{f"time_{s}_s": t.time[s] for s in STAGES}, "time_total_s": sum(t.time.values()),
+        "latency_s": t.latency_s,
         **metrics,
         # gold-document recall is defined for rows that retrieved (None otherwise, or without labels)
         "support_recall": support_recall(final_titles, q.supporting_titles) if a and t.retrieve_rounds else None,
@@ -131,7 +137,7 @@ def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
     for f in files:
         with fs.open(f, "rb") as fh:
             tables.append(pq.read_table(fh, columns=columns))
-    return pa.concat_tables(tables)
+    return pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
 
 
 def answered_ids(out: str) -> set[str]:
@@ -167,7 +173,7 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"), "completion_tokens_per_question": mean("completion_tokens"),
         "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
-        "time_total_quantiles_s": {f"p{q}": quantile("time_total_s", q / 100) for q in (50, 95)},
+        "latency_s": {"mean": mean("latency_s"), **{f"p{q}": quantile("latency_s", q / 100) for q in (50, 95)}},
         "tokens_per_question": mean("tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))),
     }
     if ok.height:
