@@ -9,8 +9,8 @@ import pytest
 
 from indexing.hits import Hit
 from pipeline.methods.ais import (
-    ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_numeric, merge_paths, optimal_alpha,
-    rerank_score, top_k,
+    ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_echo, is_numeric, merge_paths,
+    optimal_alpha, rerank_score, top_k,
 )
 
 
@@ -107,3 +107,12 @@ def test_agreement_gate():
     assert not answers_agree("three", "Three", exclude_numeric=True)
     assert answers_agree("Am Rong", "am rong", exclude_numeric=True)
     assert is_numeric("born in 1972") and not is_numeric("someone")
+
+
+def test_an_echo_of_the_question_is_no_agreement():
+    q = "Who wrote the novel Dune?"
+    assert answers_agree("Frank Herbert", "frank herbert", question=q)
+    assert not answers_agree("Who wrote the novel Dune", "who wrote the novel dune?", question=q)  # both echo
+    assert not answers_agree("the novel Dune, who wrote it", "The novel Dune, who wrote it.", question=q)
+    assert is_echo("Dune novel, who wrote", q) and not is_echo("Dune", q)  # 4 of 4 words vs 1 of 4 ("the" dropped)
+    assert answers_agree("Alice", "alice", question="Which is older, Alice or Bob?")  # a choice is no echo

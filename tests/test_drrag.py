@@ -7,7 +7,7 @@ from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
 from pipeline.methods.registry import get_method
-from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, final_answer, qdc_select
+from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, qdc_select
 from pipeline.engine.requests import Completion, Question
 from fakes import RecordingGenerator
 
@@ -78,12 +78,6 @@ def test_cfs_reports_the_list_that_needs_a_verdict():
     known.update({(0, "y"): True})
     chosen, blocked = cfs_walk(["a", "b"], [["x", "y"], ["z"]], k=4, verdict=lambda i, d: known.get((i, d)))
     assert blocked == 1 and chosen == ["a", "b", "y"]
-
-
-def test_final_answer_reads_the_last_answer_line():
-    assert final_answer("Doc 1 says so.\nAnswer: Paris.") == "Paris"
-    assert final_answer("The answer is: 1960\nmore") == "1960"
-    assert final_answer("Berlin") == "Berlin"
 
 
 # -- the programs through the engine -------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_pairs_agreement_skips_retrieval_with_three_llm_calls():
     assert o.answer.prediction == "The Paris" and o.answer.retrieval_triggered is False
     assert row["retrieval_calls"] == 0 and row["llm_calls"] == 3 and row["retrieval_triggered"] is False
     assert row["embedding_calls"] == 0 and not row["retrieved"] and ret.queries == []
-    assert json.loads(row["extra"])["gate"]["a2"] == "paris."
+    assert json.loads(row["extra"])["gate"]["a2"] == "paris"  # one extraction rule: a final period dropped
     assert row["support_recall"] is None  # no documents were selected
 
 
@@ -123,6 +123,14 @@ def test_pairs_disagreement_runs_dpr_ais():
     assert [h.id for h in o.answer.used_docs] == ["b", "d", "a"]
     assert o.answer.prediction == "Paris"
     assert row["support_recall"] == pytest.approx(0.5)  # Ta of {Ta, Tc}
+
+
+def test_pairs_echoed_question_in_both_answers_retrieves():
+    echo = "<answer>Where was the author of Book X born</answer>"
+    o, row, ret, _ = _run("pairs", reply=_reply(echo, echo))
+    gate = json.loads(row["extra"])["gate"]
+    assert gate["echo"] is True and gate["a1"] == gate["a2"]  # they agree, but only on the question itself
+    assert o.answer.retrieval_triggered is True and row["retrieval_calls"] > 0 and o.answer.prediction == "Paris"
 
 
 def test_pairs_exclude_numeric_retrieves_even_when_answers_agree():

@@ -101,10 +101,18 @@ def is_numeric(answer: str) -> bool:
     return bool(_DIGIT.search(answer) or _NUMBER_WORDS.search(answer))
 
 
-def answers_agree(a1: str, a2: str, *, exclude_numeric: bool = False) -> bool:
-    """The gate: â1 and â2 agree when equal after SQuAD normalisation and not empty; with
-    `exclude_numeric`, a numeric â1 never skips retrieval (Table 5, "Exclude num")."""
+def is_echo(answer: str, question: str, share: float = 0.8) -> bool:
+    """The answer repeats the question: it holds at least `share` of the question's distinct words (SQuAD
+    normalisation; "Which is older, A or B?" answered "A" holds one word in five and is no echo)."""
+    q, a = set(normalize_answer(question).split()), set(normalize_answer(answer).split())
+    return bool(q) and len(q & a) >= share * len(q)
+
+
+def answers_agree(a1: str, a2: str, *, question: str = "", exclude_numeric: bool = False) -> bool:
+    """The gate: â1 and â2 agree when equal after SQuAD normalisation, not empty and not an echo of the
+    question (a model that repeats the question in both answers knows nothing); with `exclude_numeric`, a
+    numeric â1 never skips retrieval (Table 5, "Exclude num")."""
     n1, n2 = normalize_answer(a1), normalize_answer(a2)
-    if not n1 or n1 != n2:
+    if not n1 or n1 != n2 or is_echo(a1, question):
         return False
     return not (exclude_numeric and is_numeric(a1))

@@ -7,7 +7,7 @@ from typing import Any, Generator, Literal
 from pydantic import Field
 
 from pipeline.methods.registry import MethodParams, register_method
-from pipeline.methods.prompts import direct_prompt, rag_prompt, short_answer
+from pipeline.methods.prompts import direct_prompt, extract_answer, rag_prompt
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve
 
 
@@ -20,7 +20,7 @@ class NoRetrievalParams(MethodParams):
                  paper="baseline in DR-RAG (Hui et al., 2024), PAIRS, DRAGIN (Su et al., 2024)")
 def no_retrieval(q: Question, p: NoRetrievalParams) -> Generator[Request, Any, Answer]:
     out = (yield Generate([direct_prompt(q.question)], stage="answer"))[0]
-    return Answer(short_answer(out.text), out.text, retrieval_triggered=False)
+    return Answer(extract_answer(out.text), out.text, retrieval_triggered=False)
 
 
 class SrRagParams(MethodParams):
@@ -34,4 +34,4 @@ class SrRagParams(MethodParams):
 def sr_rag(q: Question, p: SrRagParams) -> Generator[Request, Any, Answer]:
     hits = (yield Retrieve([q.question], k=p.k, retriever=p.retriever, step="retrieve", path="query"))[0]
     out = (yield Generate([rag_prompt(q.question, hits)], stage="answer"))[0]
-    return Answer(short_answer(out.text), out.text, used_docs=list(hits))
+    return Answer(extract_answer(out.text), out.text, used_docs=list(hits))

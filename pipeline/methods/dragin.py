@@ -34,6 +34,7 @@ import pipeline.backends.attention  # noqa: F401  registers the "attention" back
 from indexing.hits import Hit
 from pipeline.methods.dragin_math import (Candidate, ends_sentence, first_above, qfs_query, rind, semantic_mask,
                                           sentence_relative, sentence_spans, truncate, word_spans)
+from pipeline.methods.prompts import ANSWER_MARKER, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
@@ -57,9 +58,6 @@ EXEMPLARS = [
 # Table 9 (Llama2-7b-chat row, the smallest LLM of the paper): (generate length, theta, top n tokens)
 TABLE9 = {"2wiki": (64, 1.2, 40), "hotpot": (100, 1.3, 35), "iirc": (128, 1.3, 35), "strategy": (100, 0.75, 35)}
 TABLE9_OTHER = (100, 1.2, 35)
-
-ANSWER_IS = re.compile(r"so the answer is\s*:?\s*", re.IGNORECASE)
-
 
 def table9(dataset: str) -> tuple[int, float, int]:
     key = dataset.lower().replace("_", "")
@@ -113,19 +111,9 @@ def cot_prompt(question: str, docs: Sequence[Hit], answer_so_far: str, doc_words
     return prompt, spans
 
 
-def final_answer(text: str) -> str | None:
-    """Appendix B: the words after the last "So the answer is", up to the line end, without a final period."""
-    found = list(ANSWER_IS.finditer(text))
-    if not found:
-        return None
-    ans = text[found[-1].end():].strip().splitlines()[0] if text[found[-1].end():].strip() else ""
-    return ans.strip().rstrip(".").strip().strip('"').strip()
-
-
 def complete(text: str) -> bool:
     """The reasoning has reached its answer sentence and finished it."""
-    m = list(ANSWER_IS.finditer(text))
-    return bool(m) and ends_sentence(text[m[-1].end():])
+    return any(ends_sentence(text[m.end():].split("\n", 1)[0]) for m in ANSWER_MARKER.finditer(text))
 
 
 # -- the shared loop ---------------------------------------------------------------------------------
@@ -177,13 +165,13 @@ class Run:
     def finish(self, extra: dict[str, Any]):
         """Appendix B: read the answer after "So the answer is", generating it when absent."""
         raw = self.text
-        ans = final_answer(raw)
-        forced = ans is None or not ans
+        ans = marked_answer(raw)
+        forced = not ans
         if forced:
             self.text = raw.rstrip() + " So the answer is"
             _, _, out = yield from self.generate(24)
             raw = self.text + out.text
-            ans = final_answer(raw) or ""
+            ans = marked_answer(raw) or ""
         extra = {"retrievals": self.retrievals, "generated_tokens": self.generated, "hallucination_points": self.triggers,
                  "queries": self.queries, "answer_forced": forced, **extra}
         return Answer(ans, raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0, extra=extra)

@@ -19,13 +19,13 @@ does instead of classifying every candidate.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Generator, Literal, Sequence
 
 from pydantic import Field, model_validator
 
 from indexing.hits import Hit
 from pipeline.classifier.data import format_document
+from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, Score
 
@@ -92,19 +92,6 @@ def reader_prompt(question: str, docs: Sequence[Hit], reasoning: bool) -> list[d
             {"role": "user", "content": f"Documents\n\n{body or '(none)'}\n\nQuestion: {question}\n\n{how}"}]
 
 
-_ANSWER = re.compile(r"answer\s*(?:is)?\s*:\s*(.+)", re.IGNORECASE)
-
-
-def final_answer(text: str) -> str:
-    """The text after the last 'Answer:' (first line of it), else the first non-empty line."""
-    found = _ANSWER.findall(text)
-    if found:
-        return found[-1].strip().split("\n")[0].strip().strip('"').rstrip(".").strip()
-    from pipeline.methods.prompts import short_answer
-
-    return short_answer(text)
-
-
 # -- parameters --------------------------------------------------------------------------------------
 
 
@@ -158,7 +145,7 @@ class ClassifierParams(TwoStageParams):
 
 def _answer(q: Question, docs: list[Hit], p: TopKParams, extra: dict) -> Generator[Request, Any, Answer]:
     out = (yield Generate([reader_prompt(q.question, docs, p.reasoning)], stage="answer"))[0]
-    return Answer(final_answer(out.text), out.text, used_docs=docs, retrieval_triggered=True, extra=extra)
+    return Answer(extract_answer(out.text), out.text, used_docs=docs, retrieval_triggered=True, extra=extra)
 
 
 def _top_k(q: Question, p: TopKParams, retriever: str) -> Generator[Request, Any, Answer]:

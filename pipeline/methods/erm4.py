@@ -35,8 +35,8 @@ from pydantic import Field
 from indexing.hits import Hit
 from pipeline.backends import make_generator, register_backend
 from pipeline.classifier.data import format_document
+from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodParams, register_method
-from pipeline.methods.drrag import final_answer
 from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, SamplingSpec, Score
 from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
 
@@ -249,7 +249,7 @@ class Erm4Params(RewriterPlusParams):
 
 def _read(question: str, knowledge: list[Hit], extra: dict, triggered: bool) -> Generator[Request, Any, Answer]:
     out = (yield Generate([reader_prompt(question, knowledge)], stage="answer"))[0]
-    return Answer(final_answer(out.text), out.text, used_docs=knowledge, retrieval_triggered=triggered, extra=extra)
+    return Answer(extract_answer(out.text), out.text, used_docs=knowledge, retrieval_triggered=triggered, extra=extra)
 
 
 def _rewrite_plus(q: Question, p: RewriterPlusParams) -> Generator[Request, Any, tuple[str, list[str], bool]]:

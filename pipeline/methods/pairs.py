@@ -2,8 +2,8 @@
 Efficient RAG"), Methodology and Algorithm 1; the math lives in `pipeline.methods.ais`.
 
 - `pairs`: parametric verification. â1 = G(P(q)) and a pseudo-context p; â2 = G(P(q, p)). If â1 and â2
-  agree (`pipeline.methods.ais.answers_agree`: equal after SQuAD normalisation; option `exclude_numeric`,
-  Table 5) â1 is returned with no retrieval (3 LLM calls); otherwise DPR-AIS selects k documents and
+  agree (`pipeline.methods.ais.answers_agree`: equal after SQuAD normalisation and no echo of the question;
+  option `exclude_numeric`, Table 5) â1 is returned with no retrieval (3 LLM calls); otherwise DPR-AIS selects k documents and
   G(P(q, D_k)) answers (4 LLM calls).
 - `dpr-ais` (Algorithm 1, for every question): p, then top n by q and top n by p (dense), merged
   and de-duplicated, scored by Eq. (4) on normalised embeddings, top k kept (n = 5, k = 3: the paper's
@@ -28,11 +28,12 @@ from pydantic import Field, model_validator
 from indexing.embed import embed_input
 from indexing.hits import Hit
 from pipeline.methods.ais import (
-    ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_numeric, merge_paths, rerank_score, top_k,
+    ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_echo, is_numeric, merge_paths, rerank_score,
+    top_k,
 )
 from pipeline.classifier.data import format_document
 from pipeline.methods.registry import MethodParams, register_method
-from pipeline.methods.prompts import direct_prompt, format_docs, rag_prompt, short_answer
+from pipeline.methods.prompts import direct_prompt, extract_answer, format_docs, rag_prompt
 from pipeline.engine.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
 
 PromptStyle = Literal["fig9", "short"]
@@ -69,8 +70,8 @@ def tagged_answer(text: str) -> str:
     the first line of the output."""
     m = _TAGGED.search(text)
     if m and m.group(1).strip():
-        return short_answer(m.group(1))
-    return short_answer(re.sub(r"</?answer>", " ", text, flags=re.IGNORECASE))
+        return extract_answer(m.group(1))
+    return extract_answer(re.sub(r"</?answer>", " ", text, flags=re.IGNORECASE))
 
 
 ANSWER_STOP = ("</answer>",)
@@ -230,8 +231,9 @@ def pairs(q: Question, p: PairsParams) -> Generator[Request, Any, Answer]:
                                  SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP),
                                  stage="pseudo-context-answer"))[0]
         a2 = tagged_answer(second.text)
-    gate = {"a1": a1, "a2": a2, "a1_numeric": is_numeric(a1), "exclude_numeric": p.exclude_numeric}
-    if answers_agree(a1, a2, exclude_numeric=p.exclude_numeric):
+    gate = {"a1": a1, "a2": a2, "a1_numeric": is_numeric(a1), "exclude_numeric": p.exclude_numeric,
+            "echo": is_echo(a1, q.question)}
+    if answers_agree(a1, a2, question=q.question, exclude_numeric=p.exclude_numeric):
         return Answer(a1, direct.text, retrieval_triggered=False, extra={"gate": gate})
     docs, info = yield from dpr_ais_select(q.question, pseudo or q.question, p)
     answer, raw = yield from answer_from_docs(q.question, docs, p)

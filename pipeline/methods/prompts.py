@@ -32,13 +32,29 @@ def rag_prompt(question: str, hits: Sequence[Hit]) -> list[dict[str, str]]:
                                         f"Answer the question: {question}\nAnswer:"}]
 
 
-_PREFIX = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:\-]?\s*", re.IGNORECASE)
+# "So the answer is X", "The answer to this question is: X", "Final answer: X", "Answer: X"
+ANSWER_MARKER = re.compile(r"(?:\bso\s+)?\b(?:the\s+)?(?:final\s+|short\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?"
+                     r"\s*(?:\bis\b\s*:?|:)[ \t]*", re.IGNORECASE)
 
 
-def short_answer(text: str) -> str:
-    """The first non-empty line, without an "Answer:" prefix or surrounding quotes."""
-    for line in text.strip().splitlines():
-        line = _PREFIX.sub("", line.strip()).strip().strip('"').strip()
-        if line:
-            return line
-    return ""
+def _clean(line: str) -> str:
+    return line.strip().strip('"').strip().rstrip(".").strip().strip('"').strip()
+
+
+def marked_answer(text: str) -> str | None:
+    """The rest of the line after the first answer marker ("so the answer is", "the answer to this question
+    is:", "answer:") with something after it (a model that goes on writing "Question: ... Answer: ..." makes
+    later markers); "" when no marker has anything after it, None when there is no marker."""
+    found = ANSWER_MARKER.finditer(text)
+    first = next(found, None)
+    if first is None:
+        return None
+    rests = (text[m.end():].split("\n", 1)[0] for m in (first, *found))
+    return next((_clean(r) for r in rests if _clean(r)), "")
+
+
+def extract_answer(text: str) -> str:
+    """The one rule every method's prediction follows: the answer after an answer marker (`marked_answer`),
+    else the first non-empty line without a leading marker; surrounding quotes and a final period removed."""
+    lines = (line[m.end():] if (m := ANSWER_MARKER.match(line.strip())) else line for line in text.strip().splitlines())
+    return marked_answer(text) or next((_clean(x) for x in lines if _clean(x)), "")

@@ -4,7 +4,7 @@
     def sr_rag(q: Question, p: SrRagParams) -> Generator[Request, Any, Answer]:
         hits = (yield Retrieve([q.question], k=p.k))[0]
         out = (yield Generate([rag_prompt(q.question, hits)]))[0]
-        return Answer(short_answer(out.text), out.text, used_docs=hits)
+        return Answer(extract_answer(out.text), out.text, used_docs=hits)
 
 Parameters come from the config section `method` (`--set method.name=sr-rag --set method.params.k=3`).
 """
