@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from indexing.settings import EmbeddingConfig, IndexConfig, IndexSettings, RaySettings, Section, default_cache_dir
 from pipeline.errors import DynragError
@@ -35,6 +35,23 @@ class PathsConfig(Section):
     data_dir: str = Field(default_factory=default_data_dir, description="benchmark data kit (../shared/data)")
 
 
+class VllmEngineKwargs(Section):
+    """Arguments passed through to vLLM's `LLM(...)` (like Ray Data LLM's `engine_kwargs`); null keeps the
+    default. Unknown keys are errors."""
+
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="share of each GPU's memory vLLM "
+                                                 "may take (vLLM's default 0.9); a CPU uses generation.kv_cache_gib")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine spans (default 1: data-parallel "
+                                             "replicas, ray.actors, suit models that fit one GPU)")
+    enable_prefix_caching: bool | None = Field(None, description="reuse the KV cache of shared prompt prefixes (a "
+                                               "method's later rounds repeat its earlier prompt). null: on; vLLM "
+                                               "0.32 turns it off itself where unsupported (MLA models on CPUs without "
+                                               "AMX, RISC-V CPUs)")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences vLLM runs at once (its own batch)")
+    max_model_len: int | None = Field(None, ge=64, description="the same setting as generation.max_model_len "
+                                      "(set either one)")
+
+
 class GenerationConfig(Section):
     model: str = Field("smollm2-135m-instruct", description="known model name, local path or hub name")
     backend: Literal["vllm", "transformers", "none"] = Field(
@@ -45,7 +62,10 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(32, ge=1)
     max_model_len: int = Field(2048, ge=64)
-    batch_size: int = Field(64, ge=1, description="prompts per backend call")
+    batch_size: int = Field(64, ge=1, description="prompts per generate call of the continuous engine (its full "
+                            "batch); transformers also runs forward batches of this size. vLLM schedules each "
+                            "call's prompts itself, at most engine_kwargs.max_num_seqs at once")
+    engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
     attention_batch_mib: float = Field(128.0, gt=0, description="DRAGIN's attention pass: last-layer attention "
                                        "maps per forward batch (items x heads x L x L x 4 bytes). Small suits a CPU, "
@@ -53,6 +73,16 @@ class GenerationConfig(Section):
                                        "memory (128 MiB ran 1.8x faster than 1.5 GB here); raise it on a GPU")
     seed: int = 0
     trust_remote_code: bool = Field(False, description="run code shipped with a model repo (explicit opt-in only)")
+
+    @model_validator(mode="after")
+    def _one_max_model_len(self):
+        given = self.engine_kwargs.max_model_len
+        if given is not None and given != self.max_model_len:
+            if "max_model_len" in self.model_fields_set:
+                raise ValueError(f"max_model_len={self.max_model_len} and engine_kwargs.max_model_len={given} "
+                                 "differ: set one of them")
+            object.__setattr__(self, "max_model_len", given)
+        return self
 
 
 class RetrievalConfig(Section):

@@ -96,3 +96,22 @@ def test_cli_missing_config_file(tmp_path):
     )
     assert proc.returncode == 2
     assert "config file not found" in proc.stderr
+
+
+def test_vllm_engine_kwargs_are_validated_and_passed_through():
+    from pipeline.backends.vllm_gen import llm_kwargs
+
+    with pytest.raises(ConfigError, match=r"^invalid configuration: generation.engine_kwargs.swap_space: unknown field"):
+        load_config(overrides=["generation.engine_kwargs.swap_space=4"])
+    with pytest.raises(ConfigError, match="engine_kwargs.max_num_seqs"):
+        load_config(overrides=["generation.engine_kwargs.max_num_seqs=0"])
+    with pytest.raises(ConfigError, match="differ: set one of them"):
+        load_config(overrides=["generation.max_model_len=4096", "generation.engine_kwargs.max_model_len=1024"])
+    g = load_config(overrides=["generation.engine_kwargs.max_model_len=1024"]).generation
+    assert g.max_model_len == 1024  # one setting, under either name
+    assert llm_kwargs(g, "m", gpu=False)["enable_prefix_caching"] is True  # on unless turned off
+    g = load_config(overrides=["generation.engine_kwargs.enable_prefix_caching=false",
+                               "generation.engine_kwargs.gpu_memory_utilization=0.5"]).generation
+    kw = llm_kwargs(g, "m", gpu=True)
+    assert kw["enable_prefix_caching"] is False and kw["gpu_memory_utilization"] == 0.5 and "enforce_eager" not in kw
+    assert "tensor_parallel_size" not in kw  # unset keys keep vLLM's defaults

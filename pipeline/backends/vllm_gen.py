@@ -4,7 +4,8 @@ Prompts are chat-templated and tokenized here, so the prompt token count is exac
 prompt becomes an error for its question only. On a CPU-only machine the settings STACK.md found
 necessary are applied: a KV-cache size, no reserved scheduler core, eager mode. vLLM starts its
 engine in a spawned process (scripts that use this backend need an `if __name__ == "__main__":` guard),
-which an `OrphanGuard` ends if this process is killed.
+which an `OrphanGuard` ends if this process is killed. `generation.engine_kwargs` reaches `LLM(...)`;
+prefix caching is on unless turned off there (later rounds of PAIRS, DRAGIN, ERM4 repeat their prompts).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 from pipeline.backends.chat import PromptTooLong, encode
-from pipeline.config import DynragConfig
+from pipeline.config import DynragConfig, GenerationConfig
 from pipeline.assets.models import resolve_model
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
@@ -39,6 +40,17 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
+def llm_kwargs(g: GenerationConfig, path: str, gpu: bool) -> dict[str, Any]:
+    """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given."""
+    kwargs: dict[str, Any] = dict(model=path, dtype=g.dtype, seed=g.seed, trust_remote_code=g.trust_remote_code,
+                                  disable_log_stats=True, enable_prefix_caching=True)
+    kwargs.update(g.engine_kwargs.model_dump(exclude_none=True))
+    kwargs["max_model_len"] = g.max_model_len  # one value, also used for the prompt-length check below
+    if not gpu:
+        kwargs["enforce_eager"] = True  # compiling gave no speed on CPU and doubled startup
+    return kwargs
+
+
 class VllmGenerator:
     def __init__(self, cfg: DynragConfig, model_path: str | None = None):
         g = cfg.generation
@@ -52,12 +64,8 @@ class VllmGenerator:
 
         from pipeline.runtime.orphan_guard import OrphanGuard, child_pids
 
-        kwargs: dict[str, Any] = dict(model=str(path), dtype=g.dtype, max_model_len=g.max_model_len, seed=g.seed,
-                                      trust_remote_code=g.trust_remote_code, disable_log_stats=True)
-        if not gpu:
-            kwargs["enforce_eager"] = True  # compiling gave no speed on CPU and doubled startup
         before = child_pids()
-        self.llm = LLM(**kwargs)
+        self.llm = LLM(**llm_kwargs(g, str(path), gpu))
         self._guard = OrphanGuard(child_pids() - before)  # the engine process dies with this one
         self.tokenizer = self.llm.get_tokenizer()
         log.info("vLLM engine for %s ready in %.1f s", path, time.perf_counter() - t0)
