@@ -4,7 +4,7 @@ Stages, each visible in the log (and as progress bars on a terminal):
 
 1. read + split + shard: stream the sources (readers.py) into passages (passages.py), cut them into
    content-defined shards (shards.py) and write every shard that does not exist yet to
-   `staging/<key>/passages.parquet`. Shards whose key exists under `shards/` are reused untouched.
+   `staging/<key>/` (store.py). Shards whose key exists under `shards/` are reused untouched.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
    previous version (same model settings) are copied from it; only the rest go through the
    embedding stage (embed.py: Ray Data actors, or in-process). A shard's `vectors.npy` is saved as
@@ -46,14 +46,8 @@ from indexing.manifest import (
 from indexing.native_memory import release_free_memory
 from indexing.passages import PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, read_corpus
-from indexing.shards import (
-    content_hash,
-    effective_shard_size,
-    read_passages,
-    shard_key,
-    shard_stream,
-    write_passages,
-)
+from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
+from indexing.store import read_table, write_store
 from indexing.faults import fault_point
 from indexing.settings import IndexSettings
 
@@ -153,10 +147,10 @@ class _Builder:
             meta = {"key": key, "passages": len(group), "content_hash": ch,
                     "first_id": group[0].id, "last_id": group[-1].id}
             if not (self.shards_dir / key / "checksums.json").is_file():
-                target = self.staging / key / "passages.parquet"
-                if not target.is_file():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    write_passages(group, target)
+                target = self.staging / key
+                if not (target / "passages.arrow").is_file():
+                    target.mkdir(parents=True, exist_ok=True)
+                    write_store(group, target)
             metas.append(meta)
         if self.read_stats.records == 0 or not metas:
             raise BuildError(f"no passages in {', '.join(self.sources)}"
@@ -178,7 +172,7 @@ class _Builder:
             d = self.shards_dir / s["key"]
             if s["key"] in keep or not (d / "vectors.npy").is_file():
                 continue
-            t = read_passages(d / "passages.parquet")
+            t = read_table(d)
             for row, (title, text) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist())):
                 cache.setdefault(_ehash(title, text), (s["key"], row))
         return cache, prev.get("dim")
@@ -193,7 +187,7 @@ class _Builder:
             d = self.staging / meta["key"]
             if (d / "vectors.npy").is_file():
                 continue  # finished before an interruption
-            t = read_passages(d / "passages.parquet")
+            t = read_table(d)
             titles, texts = t.column("title").to_pylist(), t.column("text").to_pylist()
             new_rows, cached = [], []
             for row, (title, text) in enumerate(zip(titles, texts)):
@@ -255,14 +249,19 @@ class _Builder:
                     self._remote = ray.remote(num_cpus=1, scheduling_strategy=here)(finalize_shard)
                 self._pending.append(self._remote.remote(*args))
             else:
-                finalize_shard(*args)
+                self._tally(finalize_shard(*args))
                 self._release()
+
+    def _tally(self, seconds: dict[str, float]) -> None:
+        for k, v in seconds.items():
+            self.timings[k] = self.timings.get(k, 0.0) + v
 
     def _wait(self) -> None:
         if self._pending:
             import ray
 
-            ray.get(self._pending)
+            for seconds in ray.get(self._pending):
+                self._tally(seconds)
             self._pending = []
 
     def _stage_embed_and_index(self, metas: list[dict], prev: dict | None) -> None:
@@ -289,8 +288,10 @@ class _Builder:
         bar = _progress(None, "embedding", "psg", total=n_embed)
         current, rows, vecs = None, [], []
         last_log = t_embed
+        flushing = [0.0]  # seconds spent outside the encoder: assembling vectors, local shard indexes
 
         def flush(i: int) -> None:
+            t_flush = time.perf_counter()
             new_rows = np.concatenate(rows)
             new_vecs = np.concatenate(vecs)
             order = np.argsort(new_rows, kind="stable")
@@ -298,6 +299,7 @@ class _Builder:
             self.reembedded_shards.append(todo[i]["key"])
             fault_point("build.shard_embedded")
             self._finalize([todo[i]])
+            flushing[0] += time.perf_counter() - t_flush
 
         for shard, row, vec in embed_batches(files, spec, self.cfg):
             for i in np.unique(shard):  # batches are ordered; a batch may straddle two shards
@@ -319,7 +321,7 @@ class _Builder:
             flush(current)
         bar.close()
         self._wait()
-        self.timings["embed_s"] = time.perf_counter() - t_embed
+        self.timings["embed_s"] = time.perf_counter() - t_embed - flushing[0]
         self.timings["embed_and_index_s"] = time.perf_counter() - t
         if self.embedded != n_embed:
             raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
@@ -410,23 +412,26 @@ class _Builder:
         return report
 
 
-def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int) -> None:
-    """Build one shard's FAISS and Lucene indexes in staging, checksum, and move it into place."""
+def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int) -> dict[str, float]:
+    """Build one shard's FAISS and Lucene indexes in staging, checksum, and move it into place;
+    returns the seconds of each step."""
     from indexing.dense import build_faiss
     from indexing.sparse import build_lucene
 
     src, dst = Path(staging_dir), Path(final_dir)
     if (dst / "checksums.json").is_file():
         shutil.rmtree(src, ignore_errors=True)
-        return
-    vectors = np.load(src / "vectors.npy")
-    build_faiss(vectors, factory, src / "faiss.index")
+        return {}
+    t0 = time.perf_counter()
+    build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index")
     fault_point("shard.faiss_written")
-    t = read_passages(src / "passages.parquet")
+    t1 = time.perf_counter()
+    t = read_table(src)
     docs = ((i, embed_input(ti, tx)) for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(),
                                                        t.column("text").to_pylist()))
     build_lucene(docs, src / "lucene", threads)
     fault_point("shard.lucene_written")
+    t2 = time.perf_counter()
     for leftover in src.glob("*.tmp"):
         leftover.unlink()
     write_checksums(src)
@@ -435,6 +440,7 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int)
         shutil.rmtree(dst)
     os.rename(src, dst)
     log.debug("shard %s ready", dst.name)
+    return {"faiss_s": t1 - t0, "lucene_s": t2 - t1, "checksum_s": time.perf_counter() - t2}
 
 
 __all__ = ["build_local_index", "BuildError", "CorpusError"]

@@ -86,14 +86,55 @@ class Encoder:
         return vecs.float().cpu().numpy().astype(np.float32, copy=False)
 
 
-_LOADED: dict[EncoderSpec, Encoder] = {}
+HASH_ENCODER = "hash"  # embedding.model name of HashEncoder
 
 
-def get_encoder(spec: EncoderSpec) -> Encoder:
-    """The process's Encoder for `spec`, loaded once (a refresh in a long-lived process, or the
+class HashEncoder:
+    """A deterministic test encoder, not a language model (`embedding.model=hash`): feature hashing,
+    each word (lower-cased, split on whitespace) adds +-1 to one of 384 dimensions chosen by a hash of
+    its bytes; L2-normalised. Texts that share words are near, nothing else is. It exists to measure
+    the costs of builds and searches other than embedding at sizes a CPU cannot embed
+    (`dynrag bench scale --encoder hash`), and for fast tests; numpy only, ~1M passages a minute."""
+
+    dim = 384
+    _MUL = np.random.default_rng(17).integers(1, 2**63, size=32, dtype=np.uint64) | np.uint64(1)
+
+    def __init__(self, spec: EncoderSpec | None = None):
+        self.spec = spec
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        n = len(texts)
+        out = np.zeros((n, self.dim), dtype=np.float64)
+        b = np.frombuffer("\n".join(t.lower().replace("\n", " ") for t in texts).encode("utf-8"), dtype=np.uint8)
+        word = b > 32
+        if n and word.any():
+            start = word & ~np.concatenate([[False], word[:-1]])
+            doc = np.cumsum(b == 10)[start]
+            begin = np.flatnonzero(start)
+            wid = np.cumsum(start)[word] - 1
+            pos = np.flatnonzero(word) - begin[wid]
+            h = np.add.reduceat(b[word].astype(np.uint64) * self._MUL[pos % 32], np.flatnonzero(np.diff(wid, prepend=-1)))
+            h = (h ^ (h >> np.uint64(29))) * np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(32)
+            sign = ((h >> np.uint64(40)) & np.uint64(1)).astype(np.float64) * 2 - 1
+            out = np.bincount(doc * self.dim + (h % np.uint64(self.dim)).astype(np.int64), weights=sign,
+                              minlength=n * self.dim).reshape(n, self.dim)
+        norm = np.linalg.norm(out, axis=1, keepdims=True)
+        return (out / np.where(norm > 0, norm, 1)).astype(np.float32)
+
+
+_LOADED: dict[EncoderSpec, Encoder | HashEncoder] = {}
+
+
+def make_encoder(spec: EncoderSpec) -> Encoder | HashEncoder:
+    return HashEncoder(spec) if spec.model_name == HASH_ENCODER else Encoder(spec)
+
+
+def get_encoder(spec: EncoderSpec) -> Encoder | HashEncoder:
+    """The process's encoder for `spec`, loaded once (a refresh in a long-lived process, or the
     queries of an open index, do not reload the model)."""
     if spec not in _LOADED:
-        _LOADED[spec] = Encoder(spec)
+        _LOADED[spec] = make_encoder(spec)
     return _LOADED[spec]
 
 
@@ -104,14 +145,14 @@ class EmbedActor:
         import torch
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        self.encoder = Encoder(spec)
+        self.encoder = make_encoder(spec)
 
     def __call__(self, batch: dict) -> dict:
         vecs = self.encoder.encode([str(t) for t in batch["text"]])
         return {"shard": batch["shard"], "row": batch["row"], "vector": vecs}
 
 
-def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | HashEncoder | None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     import pyarrow.parquet as pq
 
     encoder = encoder or get_encoder(spec)
@@ -149,7 +190,7 @@ def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.
         yield batch["shard"], batch["row"], np.asarray(batch["vector"], dtype=np.float32)
 
 
-def embed_batches(files: list[str], spec: EncoderSpec, cfg, *, encoder: Encoder | None = None):
+def embed_batches(files: list[str], spec: EncoderSpec, cfg, *, encoder: Encoder | HashEncoder | None = None):
     """Yield (shard, row, vectors) batches over `files`, in order, per `runtime.mode`."""
     if not files:
         return iter(())

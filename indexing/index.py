@@ -1,10 +1,14 @@
 """`open_index`: a consistent, read-only view of one published version, searched in batches.
 
 The version is resolved from `CURRENT` once, at open; everything read afterwards is immutable, so
-a build publishing a newer version meanwhile does not change what this object returns. Shard files
-are checked against the manifest's checksums at open (`index.verify`), and a mismatch raises
-`CorruptIndexError` naming the file. FAISS indexes and passage tables are loaded at open; Lucene
-searchers and the query encoder are opened on first use.
+a build publishing a newer version meanwhile does not change what this object returns.
+
+Opening reads the manifest and checks that the files search reads exist at their recorded sizes
+(`index.verify`; sha256 is checked at write and pull, and by `dynrag index verify`): its cost does
+not depend on the number of passages. FAISS shards, Lucene and the query encoder load on first use;
+passage text is never held: each hit's row is read from its shard's store (store.py). FAISS row ->
+passage is (shard, row) arithmetic; a Lucene hit or a looked-up id is found by its id hash in the
+shards' sorted, memory-mapped `ids.npy`.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from indexing.hits import Hit
-from indexing.manifest import read_manifest, verify_shard
 from indexing.errors import IndexingError
+from indexing.hits import Hit
+from indexing.manifest import read_manifest, verify_version
 
 log = logging.getLogger(__name__)
 
@@ -30,48 +34,48 @@ class SearchError(IndexingError, ValueError):
 
 class Index:
     def __init__(self, root: Path, cfg, manifest: dict):
-        from indexing.dense import ShardSet, load_faiss
-        from indexing.shards import read_passages
         from indexing.sparse import LuceneShard
+        from indexing.store import PassageStore
 
         self.root, self.cfg, self.manifest = root, cfg, manifest
         self.version = manifest["version"]
+        if cfg.index.verify == "size":
+            verify_version(root, manifest, full=False, search_only=True)
         self._dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
-        full = cfg.index.verify == "checksum"
-        for s, d in zip(manifest["shards"], self._dirs):
-            verify_shard(d, s["files"], full=full)
-        version_dir = root / "versions" / f"v{self.version:06d}"
-        verify_shard(version_dir / manifest["bm25"]["path"], manifest["bm25"]["files"], full=full)
-        self._tables = [read_passages(d / "passages.parquet") for d in self._dirs]
-        self._faiss = ShardSet([load_faiss(d / "faiss.index", cfg.index.faiss_nprobe, cfg.index.faiss_ef_search)
-                                for d in self._dirs])
-        self._lucene = LuceneShard(version_dir / manifest["bm25"]["path"], cfg.index.bm25_k1, cfg.index.bm25_b)
-        self._where: dict[str, tuple[int, int]] | None = None
+        self._stores = [PassageStore(d) for d in self._dirs]
+        self._faiss = None
+        bm25 = root / "versions" / f"v{self.version:06d}" / manifest["bm25"]["path"]
+        self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b)
         self._encoder = None
         self._lock = threading.Lock()
 
     # ---- lookups ----
     def _hit(self, shard: int, row: int, score: float) -> Hit:
-        t = self._tables[shard]
-        return Hit(id=t.column("id")[row].as_py(), title=t.column("title")[row].as_py(),
-                   text=t.column("text")[row].as_py(), score=float(score))
+        pid, title, text = self._stores[shard].get(row)
+        return Hit(id=pid, title=title, text=text, score=float(score))
 
-    def _locate(self, pid: str) -> tuple[int, int] | None:
-        """Passage id -> (shard, row); the map is built on first use."""
-        if self._where is None:
-            with self._lock:
-                if self._where is None:
-                    self._where = {pid: (si, row) for si, t in enumerate(self._tables)
-                                   for row, pid in enumerate(t.column("id").to_pylist())}
-        return self._where.get(pid)
+    def _lookup(self, ids: list[str], score: list[float] | None = None) -> list[Hit | None]:
+        """Hits for passage ids (None where this version has none): each shard's sorted id hashes are
+        searched for the ids not found yet, and a candidate row counts once its stored id matches."""
+        from indexing.store import id_hashes
+
+        out: list[Hit | None] = [None] * len(ids)
+        todo = np.arange(len(ids))
+        hashes = id_hashes(ids)
+        for si, store in enumerate(self._stores):
+            if not len(todo):
+                break
+            rows = store.find(hashes[todo])
+            for i, row in zip(todo[rows >= 0], rows[rows >= 0]):
+                hit = self._hit(si, int(row), score[i] if score else 0.0)
+                if hit.id == ids[i]:
+                    out[i] = hit
+            todo = np.array([i for i in todo if out[i] is None], dtype=np.int64)
+        return out
 
     def passages(self, ids: list[str]) -> list[Hit | None]:
         """Look passages up by id (score 0); None for an id this version does not hold."""
-        out: list[Hit | None] = []
-        for pid in ids:
-            where = self._locate(pid)
-            out.append(None if where is None else self._hit(where[0], where[1], 0.0))
-        return out
+        return self._lookup([str(i) for i in ids])
 
     # ---- search ----
     def encode_queries(self, queries: list[str]) -> np.ndarray:
@@ -91,8 +95,8 @@ class Index:
         return self._encoder.encode(queries)
 
     def search(self, queries: list[str], k: int, retriever: str = "bm25") -> list[list[Hit]]:
-        """Top-k hits per query: one FAISS search per shard over all queries, merged exactly by score
-        (dense), or one pyserini batch_search over the version's Lucene index (bm25)."""
+        """Top-k hits per query: one FAISS search over all shards (dense), or one pyserini batch_search
+        over the version's Lucene index (bm25)."""
         if retriever not in RETRIEVERS:
             raise SearchError(f"unknown retriever {retriever!r}; choose from {', '.join(RETRIEVERS)}")
         if k < 1:
@@ -101,21 +105,30 @@ class Index:
         if not queries:
             return []
         if retriever == "dense":
-            S, SH, R = self._faiss.search(self.encode_queries(queries), k)
+            S, SH, R = self._shards().search(self.encode_queries(queries), k)
             return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
                     for i in range(len(queries))]
         from indexing.sparse import batch_search
 
         out = []
         for hits in batch_search(self._lucene, queries, k, self.cfg.index.threads):
-            row_hits = []
-            for docid, score in hits:
-                where = self._locate(docid)
-                if where is None:
-                    raise IndexingError(f"Lucene index {self._lucene.path} returned id {docid!r} missing from the passages")
-                row_hits.append(self._hit(where[0], where[1], score))
-            out.append(row_hits)
+            found = self._lookup([d for d, _ in hits], [s for _, s in hits])
+            if None in found:
+                missing = hits[found.index(None)][0]
+                raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
+            out.append(found)
         return out
+
+    def _shards(self):
+        """All shards' FAISS indexes (dense.ShardSet), read on first use."""
+        with self._lock:
+            if self._faiss is None:
+                from indexing.dense import ShardSet, load_faiss
+
+                i = self.cfg.index
+                self._faiss = ShardSet([load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search)
+                                        for d in self._dirs])
+        return self._faiss
 
     def info(self) -> dict:
         m = self.manifest

@@ -5,7 +5,9 @@
       versions/v000003/manifest.json   immutable once renamed into place
       versions/v000003/lucene/     the version's BM25 index: the union of its shards' Lucene segments
       shards/<key>/                immutable, content-addressed (key = hash of passages + settings)
-        passages.parquet  vectors.npy  faiss.index  lucene/  checksums.json
+        passages.arrow  ids.npy  faiss.index    what search reads (SEARCH_FILES; store.py, dense.py)
+        vectors.npy  lucene/                    what builds read (vector reuse, the version's BM25 merge)
+        checksums.json                          sha256 and size of every file, written last
       staging/<key>/               shards being built; a crash leaves them here, a rerun resumes
       .build.lock                  one builder at a time (flock)
 
@@ -15,6 +17,10 @@ directory, then renamed), and `CURRENT` moves to it last. A reader resolves `CUR
 then on reads only immutable files, so it keeps a consistent view of its version while later
 versions are published. Old versions beyond `index.keep_versions` and the shards only they used are
 removed after a publish.
+
+Checksums (sha256) are computed when a shard or version is written, checked when it is pulled from
+a remote store (remote.py) and by `verify_version(full=True)` (`dynrag index verify`); opening an
+index only checks that the files search reads are present at their recorded sizes (`index.verify`).
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from indexing.faults import fault_point
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-SHARD_FILES = ("passages.parquet", "vectors.npy", "faiss.index")
+FORMAT_VERSION = 2  # 2: passages.arrow + ids.npy (was passages.parquet)
+SEARCH_FILES = ("passages.arrow", "ids.npy", "faiss.index")
 
 
 def sha256_file(path: Path) -> str:
@@ -105,9 +111,35 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
         raise IndexingError(f"{root}/CURRENT names {version}, but {path} is missing") from None
     except json.JSONDecodeError as exc:
         raise CorruptIndexError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if manifest.get("format") != FORMAT_VERSION:
-        raise IndexingError(f"{path}: unsupported index format {manifest.get('format')!r}")
+    check_format(manifest, str(root))
     return manifest
+
+
+def check_format(manifest: dict, where: str) -> None:
+    found = manifest.get("format")
+    if found != FORMAT_VERSION:
+        raise IndexingError(f"index {where} has format {found!r}, this dynrag reads format {FORMAT_VERSION}: rebuild it "
+                            "into a new directory (`dynrag index build SOURCES --index NEW_DIR`)")
+
+
+def version_files(manifest: dict, search_only: bool = False) -> list[tuple[str, dict[str, dict]]]:
+    """(directory relative to the index root, {file: {sha256, bytes}}) of every directory of a version;
+    with `search_only`, just the files a search reads."""
+    out = []
+    for s in manifest["shards"]:
+        files = s["files"] if not search_only else {k: v for k, v in s["files"].items() if k in SEARCH_FILES}
+        out.append((f"shards/{s['key']}", files))
+    out.append((f"versions/{version_name(manifest['version'])}/{manifest['bm25']['path']}", manifest["bm25"]["files"]))
+    return out
+
+
+def verify_version(root: Path, manifest: dict, *, full: bool, search_only: bool = False) -> tuple[int, int]:
+    """Check a version's files (sizes; sha256 too when `full`); returns (files, bytes) checked."""
+    files = size = 0
+    for rel, expected in version_files(manifest, search_only):
+        verify_shard(Path(root) / rel, expected, full=full)
+        files, size = files + len(expected), size + sum(v["bytes"] for v in expected.values())
+    return files, size
 
 
 def publish(root: Path, manifest: dict, extra: dict[str, Path] | None = None) -> str:

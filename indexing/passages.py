@@ -50,6 +50,11 @@ def paragraph_id(title: str, text: str) -> str:
     return "p" + digest[:16]
 
 
+def id_hash(passage_id: str) -> int:
+    """64 bits of blake2b(id): duplicate merging, content-defined shard boundaries, the stores' id maps."""
+    return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
+
+
 def parent_id(passage_id: str) -> str:
     """`abc#2` -> `abc`: the id of the record a passage was cut from."""
     return _CHUNK.sub("", passage_id)
@@ -96,7 +101,7 @@ def passages_of(records: Iterable[Record], size: int, stats: PassageStats | None
         if not ps:
             stats.empty += 1
         for p in ps:
-            key = int.from_bytes(hashlib.blake2b(p.id.encode("utf-8"), digest_size=8).digest(), "little")
+            key = id_hash(p.id)
             text_key = hash((p.title, p.text)) & 0xFFFFFFFFFFFFFFFF
             known = seen.get(key)
             if known is not None:

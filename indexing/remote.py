@@ -10,12 +10,13 @@ last, then the version's BM25 files with `manifest.json` last, then `CURRENT`, l
 versions beyond `index.keep_versions` and shards only they used are then removed from the store.
 Object stores have no lock: run one builder per remote index at a time.
 
-Open (`open_remote_index`): `CURRENT` and the manifest are read from the store; the version's shard
-and BM25 files are pulled once into `<index.remote_cache_dir>/<hash of the URI>/` (same layout;
-each directory is downloaded under a temporary name and renamed into place, so concurrent workers on
-one node share one copy) and reused by every later open of that version on this machine; shards are
-content-addressed, so a new version downloads only its new shards. The files are then checked against
-the manifest (`index.verify`) by `open_index`.
+Open (`open_remote_index`): `CURRENT` and the manifest are read from the store; the files search
+reads (each shard's `SEARCH_FILES` and the version's BM25 index; not `vectors.npy` nor the shards'
+own Lucene indexes) are pulled once into `<index.remote_cache_dir>/<hash of the URI>/` (same layout)
+in one batched `get`, each checked against the manifest's sha256 and then renamed into place (so
+concurrent workers on one node share one copy, and a cached file is a verified one), and reused by
+every later open of that version on this machine. Shards are content-addressed, so a new version
+downloads only its new shards. A build pulls every file of the published version.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import time
 import uuid
 from pathlib import Path
 
-from indexing.errors import IndexingError
-from indexing.manifest import version_name
+from indexing.errors import CorruptIndexError, IndexingError
+from indexing.manifest import check_format, sha256_file, version_files, version_name
 
 log = logging.getLogger(__name__)
 
@@ -71,54 +72,53 @@ def cache_root(uri: str, cfg) -> Path:
     return Path(base).expanduser() / key
 
 
-def _pull_dirs(fs, wanted: list[tuple[str, Path, list[str]]]) -> int:
-    """Download the immutable directories `(remote dir, local dir, relative files)` not yet cached, all
-    files in one batched `fs.get` (concurrent on object stores); each directory lands under a temporary
-    name and is renamed into place. Returns how many were pulled."""
-    todo = [(r, loc, files, loc.with_name(f".{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp"))
-            for r, loc, files in wanted if not loc.is_dir()]
+def _pull_files(fs, wanted: list[tuple[str, Path, dict | None]]) -> int:
+    """Download the files `(remote path, local path, {sha256, bytes} or None)` not yet cached, in one
+    batched `fs.get` (concurrent on object stores), each under a temporary name, checked, then renamed
+    into place. Returns how many were pulled."""
+    todo = [(r, loc, want, loc.with_name(f".{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp"))
+            for r, loc, want in wanted if not loc.is_file()]
     try:
-        rpaths = [f"{r}/{rel}" for r, _, files, _ in todo for rel in files]
-        lpaths = [str(tmp / rel) for _, _, files, tmp in todo for rel in files]
-        for lp in lpaths:
-            Path(lp).parent.mkdir(parents=True, exist_ok=True)
-        if rpaths:
-            fs.get(rpaths, lpaths)
+        for _, loc, _, _ in todo:
+            loc.parent.mkdir(parents=True, exist_ok=True)
+        if todo:
+            fs.get([r for r, *_ in todo], [str(tmp) for *_, tmp in todo])
+        for r, loc, want, tmp in todo:
+            if want is not None and (tmp.stat().st_size != want["bytes"] or sha256_file(tmp) != want["sha256"]):
+                raise CorruptIndexError(f"index file {r} is corrupt: its sha256 does not match the manifest")
         for _, loc, _, tmp in todo:
-            try:
-                os.rename(tmp, loc)
-            except OSError:  # another worker on this node renamed its copy first
-                if not loc.is_dir():
-                    raise
+            os.replace(tmp, loc)  # a concurrent worker's identical copy may land first: same bytes
     finally:
         for *_, tmp in todo:
-            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.unlink(missing_ok=True)
     return len(todo)
 
 
-def pull_version(uri: str, cfg, version: str | None = None) -> tuple[Path, dict]:
-    """Make the version's files present in the local cache; returns (cache root, manifest)."""
+def pull_version(uri: str, cfg, version: str | None = None, *, search_only: bool = False) -> tuple[Path, dict]:
+    """Make the version's files (with `search_only`, those search reads) present in the local cache;
+    returns (cache root, manifest)."""
     fs, root = _store(uri)
     manifest = remote_manifest(uri, version)
+    check_format(manifest, uri)
     name = version_name(manifest["version"])
     local = cache_root(uri, cfg)
-    (local / "shards").mkdir(parents=True, exist_ok=True)
-    (local / "versions").mkdir(parents=True, exist_ok=True)
-    t = time.perf_counter()
-    wanted = [(f"{root}/shards/{s['key']}", local / "shards" / s["key"], [*s["files"], "checksums.json"])
-              for s in manifest["shards"]]
-    bm25 = manifest["bm25"]
-    vfiles = ["manifest.json", *(f"{bm25['path']}/{rel}" for rel in bm25["files"])]
     vdir = local / "versions" / name
-    if vdir.is_dir() and json.loads((vdir / "manifest.json").read_text(encoding="utf-8")) != manifest:
+    if (vdir / "manifest.json").is_file() and json.loads((vdir / "manifest.json").read_text(encoding="utf-8")) != manifest:
         # the store was rebuilt from scratch since: same version number, other content
         stale = vdir.with_name(f".{name}.{uuid.uuid4().hex[:6]}.stale")
         os.rename(vdir, stale)
         shutil.rmtree(stale, ignore_errors=True)
-    pulled = _pull_dirs(fs, [*wanted, (f"{root}/versions/{name}", vdir, vfiles)])
+    t = time.perf_counter()
+    wanted = [(f"{root}/{rel}/{f}", local / rel / f, want)
+              for rel, files in version_files(manifest, search_only) for f, want in files.items()]
+    if not search_only:  # a build's seed: the marker of a complete shard
+        wanted += [(f"{root}/shards/{s['key']}/checksums.json", local / "shards" / s["key"] / "checksums.json", None)
+                   for s in manifest["shards"]]
+    pulled = _pull_files(fs, wanted)
+    _pull_files(fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)])  # last: marks the version
     (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
-    log.info("index %s %s: %d of %d directories pulled into %s (%.1fs); the rest were cached",
-             uri, name, pulled, len(manifest["shards"]) + 1, local, time.perf_counter() - t)
+    log.info("index %s %s: %d of %d files pulled into %s (%.1fs); the rest were cached",
+             uri, name, pulled, len(wanted), local, time.perf_counter() - t)
     return local, manifest
 
 
@@ -126,7 +126,7 @@ def open_remote_index(uri: str, cfg, version: str | None = None):
     """`open_index` for a remote index: pull the version into the local cache once, open it there."""
     from indexing.index import open_local_index
 
-    local, manifest = pull_version(uri, cfg, version)
+    local, manifest = pull_version(uri, cfg, version, search_only=True)
     return open_local_index(local, cfg, version=version_name(manifest["version"]))
 
 

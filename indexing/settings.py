@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from indexing.errors import IndexingError
 
@@ -52,8 +52,17 @@ class IndexConfig(Section):
     memory_budget_mb: int | None = Field(
         None, ge=4, description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
         "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides")
-    verify: Literal["checksum", "size"] = Field(
-        "checksum", description="check shard files at open: sha256 against the manifest, or sizes only (fast)")
+    verify: Literal["size", "none"] = Field(
+        "size", description="at open: check that the files search reads are present at their recorded sizes, or "
+        "nothing; sha256 is checked when files are written and pulled, and by `dynrag index verify`")
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _checksum_moved(cls, value):
+        if value == "checksum":
+            raise ValueError("index.verify=checksum was removed (opening no longer hashes the index): checksums are "
+                             "checked when shards are written and pulled; run `dynrag index verify --index DIR`")
+        return value
 
 
 class RaySettings(Section):
@@ -79,6 +88,8 @@ class IndexSettings(Section):
     resolve_model: Callable[[str], str] | None = Field(None, exclude=True)
 
     def model_path(self, name: str) -> str:
+        if name == "hash":  # embed.HashEncoder: no folder
+            return name
         if self.resolve_model is not None:
             return self.resolve_model(name)
         if Path(name).expanduser().is_dir():

@@ -10,17 +10,15 @@ final corpus yields the same shards whatever the earlier versions were, so an in
 equals a full one.
 
 Each shard is keyed by a hash of its passages (ids, titles, texts) and the build settings: a shard
-whose key already exists is reused as is.
+whose key already exists is reused as is. Its passages are stored by store.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 from typing import Iterable, Iterator
 
-from indexing.passages import Passage
+from indexing.passages import Passage, id_hash
 
 
 # A shard's passages at their largest in a build (Python strings, Arrow columns and Lucene's copy of
@@ -37,10 +35,6 @@ def effective_shard_size(cfg) -> int:
         return i.shard_size
     per_passage = i.passage_words * _BYTES_PER_WORD + _BYTES_PER_PASSAGE
     return max(1, min(i.shard_size, i.memory_budget_mb * 2**20 // (4 * per_passage)))
-
-
-def id_hash(passage_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(passage_id.encode("utf-8"), digest_size=8).digest(), "little")
 
 
 def shard_stream(passages: Iterable[Passage], shard_size: int) -> Iterator[list[Passage]]:
@@ -69,23 +63,3 @@ def content_hash(passages: list[Passage]) -> str:
 
 def shard_key(content: str, settings_hash: str) -> str:
     return hashlib.sha256(f"{content}:{settings_hash}".encode()).hexdigest()[:32]
-
-
-def write_passages(passages: list[Passage], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({
-        "id": [p.id for p in passages],
-        "title": [p.title for p in passages],
-        "text": [p.text for p in passages],
-    })
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
-
-
-def read_passages(path: Path):
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path, columns=["id", "title", "text"])

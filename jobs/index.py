@@ -1,4 +1,4 @@
-"""`dynrag index build|search|info`: build or refresh an index, query it, describe it."""
+"""`dynrag index build|search|info|verify`: build or refresh an index, query it, describe it, check it."""
 
 from __future__ import annotations
 
@@ -49,6 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     i.add_argument("--json", action="store_true", help="print the whole description as JSON")
     add_config_args(i)
     i.set_defaults(func=_info)
+
+    v = isub.add_parser("verify", help="check every file of the published version against its sha256",
+                        description="The full check that opening skips: sha256 and size of every file of the published "
+                        "version (a remote index is pulled into the local cache first). Exit 2 names the first bad file.")
+    v.add_argument("--index", required=True, metavar="DIR")
+    add_config_args(v)
+    v.set_defaults(func=_verify)
 
 
 def _quiet() -> None:
@@ -119,4 +126,21 @@ def _info(args: argparse.Namespace) -> int:
     print(f"  sources    {', '.join(m['sources'])}")
     print(f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "
           f"{b['shards_reused']} reused; {b['passages_embedded']} passages embedded, {b['vectors_reused']} vectors reused")
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from indexing.manifest import read_manifest, verify_version
+    from indexing.remote import is_remote, pull_version
+    from jobs.cli import config_from_args
+
+    if is_remote(args.index):
+        root, manifest = pull_version(args.index, config_from_args(args).index_settings())
+    else:
+        root = Path(args.index)
+        manifest = read_manifest(root)
+    files, size = verify_version(root, manifest, full=True)
+    print(f"{args.index}: version {manifest['version']}: {files} files ({size / 2**20:.1f} MiB) match their sha256")
     return 0

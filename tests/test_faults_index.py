@@ -13,7 +13,7 @@ import pytest
 
 from fault_tools import IndexReader, cli, kill_at, run
 from indexing import open_index
-from indexing.manifest import read_manifest
+from indexing.manifest import read_manifest, verify_version
 from pipeline.config import load_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(2400)]
@@ -22,7 +22,7 @@ FIRST_BUILD = ["build.passages_staged", "build.shard_embedded", "shard.faiss_wri
                "shard.before_rename", "build.bm25_merged", "publish.manifest_written", "publish.before_current",
                "publish.after_current"]
 REFRESH = ["build.shard_embedded", "publish.before_current"]
-SETTINGS = ["--set", "runtime.mode=local", "--set", "index.shard_size=30", "--set", "index.verify=size"]
+SETTINGS = ["--set", "runtime.mode=local", "--set", "index.shard_size=30"]
 QUERIES = ["lobbyist for Genentech", "American football player", "a river in Europe"]
 
 
@@ -46,11 +46,13 @@ def assert_same_index(a, b):
     ma, mb = read_manifest(a), read_manifest(b)
     assert [(s["key"], s["passages"]) for s in ma["shards"]] == [(s["key"], s["passages"]) for s in mb["shards"]]
     for s in ma["shards"]:
-        for name in ("passages.parquet",):
+        for name in ("passages.arrow", "ids.npy"):
             assert s["files"][name] == next(t for t in mb["shards"] if t["key"] == s["key"])["files"][name]
         va, vb = (np.load(r / "shards" / s["key"] / "vectors.npy") for r in (a, b))
         np.testing.assert_allclose(va, vb, atol=1e-5)
-    cfg = load_config(overrides=["index.verify=checksum"])
+    for root in (a, b):
+        verify_version(root, read_manifest(root), full=True)
+    cfg = load_config()
     with open_index(a, cfg.index_settings()) as ia, open_index(b, cfg.index_settings()) as ib:
         for retriever in ("bm25", "dense"):
             ha, hb = ia.search(QUERIES, 5, retriever), ib.search(QUERIES, 5, retriever)

@@ -138,8 +138,9 @@ def test_skipped_corpus_lines_are_counted(small_index):
 
 
 @pytest.mark.parametrize("name, damage", [
-    ("faiss.index", "truncate"), ("passages.parquet", "flip"), ("vectors.npy", "flip"), ("lucene", "truncate")])
-def test_corrupt_or_truncated_index_file_is_named_at_open(capsys, small_index, tmp_path, name, damage):
+    ("faiss.index", "truncate"), ("passages.arrow", "flip"), ("vectors.npy", "flip"), ("lucene", "truncate")])
+def test_corrupt_or_truncated_index_file_is_named(capsys, small_index, tmp_path, name, damage):
+    """A truncated file is named at open (sizes are checked); a changed byte by `dynrag index verify`."""
     idx = tmp_path / "idx"
     shutil.copytree(small_index, idx)
     if name == "lucene":  # a file of the version's merged BM25 index
@@ -153,6 +154,7 @@ def test_corrupt_or_truncated_index_file_is_named_at_open(capsys, small_index, t
     else:
         data[len(data) // 2] ^= 0xFF
         target.write_bytes(bytes(data))
-    rc, _, err = cli(capsys, "index", "search", "--index", str(idx), "anything")
+    check = ("search", "--index", str(idx), "anything") if damage == "truncate" else ("verify", "--index", str(idx))
+    rc, _, err = cli(capsys, "index", *check)
     line = one_error_line(err)
     assert rc == 2 and str(target) in line and "corrupt" in line

@@ -67,7 +67,7 @@ def test_report_and_manifest(built, hotpot):
         assert info["passages"] == report["passages"] and info["dim"] == 384 and info["version"] == 1
         assert sum(info["shard_sizes"]) == report["passages"]
     m = json.loads((root / "versions/v000001/manifest.json").read_text())
-    assert all({"passages.parquet", "vectors.npy", "faiss.index"} <= set(s["files"]) for s in m["shards"])
+    assert all({"passages.arrow", "ids.npy", "vectors.npy", "faiss.index"} <= set(s["files"]) for s in m["shards"])
     assert (root / "CURRENT").read_text().strip() == "v000001" and not any((root / "staging").iterdir())
 
 
@@ -126,20 +126,48 @@ def test_shards_equal_single_index_and_readers_keep_their_version(built, hotpot,
     before.close()
 
 
-def test_corrupt_shard_detected(built, tmp_path):
+def test_corrupt_shard_found_by_verify_and_truncation_at_open(built, tmp_path, capsys):
+    """Opening checks sizes only (no hashing); `dynrag index verify` hashes every file."""
+    from jobs.cli import main
+
     root, cfg, _ = built
     copy = tmp_path / "corrupt"
     shutil.copytree(root, copy)
+    assert main(["index", "verify", "--index", str(copy)]) == 0
+    assert "match their sha256" in capsys.readouterr().out
     target = sorted((copy / "shards").glob("*/faiss.index"))[0]
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
-    with pytest.raises(CorruptIndexError, match=str(target)):
+    open_index(copy, cfg.index_settings()).close()  # same size: not hashed at open
+    assert main(["index", "verify", "--index", str(copy)]) == 2
+    assert f"{target} is corrupt: its sha256 does not match" in capsys.readouterr().err.strip().splitlines()[-1]
+    store = sorted((copy / "shards").glob("*/passages.arrow"))[1]
+    store.write_bytes(store.read_bytes()[:-10])
+    with pytest.raises(CorruptIndexError, match=f"{store} is corrupt: .* bytes, manifest says"):
         open_index(copy, cfg.index_settings())
+    open_index(copy, config(**{"index.verify": "none"}).index_settings()).close()
     vec = sorted((copy / "shards").glob("*/vectors.npy"))[1]
-    vec.unlink()
-    with pytest.raises(CorruptIndexError, match=f"{vec} is missing"):
-        open_index(copy, config(**{"index.verify": "size"}).index_settings())
+    vec.unlink()  # builds read it, search does not
+    target.write_bytes(bytes(data[:10]))
+    assert main(["index", "verify", "--index", str(copy)]) == 2
+    assert "is corrupt" in capsys.readouterr().err
+
+
+def test_old_format_and_checksum_setting_are_one_line_errors(built, tmp_path, capsys):
+    from jobs.cli import main
+
+    root, cfg, _ = built
+    copy = tmp_path / "old"
+    shutil.copytree(root, copy)
+    manifest = copy / "versions/v000001/manifest.json"
+    manifest.write_text(manifest.read_text().replace('"format": 2', '"format": 1'))
+    for args in (["index", "search", "--index", str(copy), "x"], ["index", "build", "x.jsonl", "--index", str(copy)]):
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert "has format 1, this dynrag reads format 2: rebuild it into a new directory" in err and "\n" not in err
+    assert main(["index", "search", "--index", str(root), "x", "--set", "index.verify=checksum"]) == 2
+    assert "dynrag index verify --index DIR" in capsys.readouterr().err
 
 
 def test_cli_search_info_and_bad_input(built, tmp_path, capsys):

@@ -104,10 +104,10 @@ def test_incremental_equals_full_build(scenario, full_build):
     assert {parent_id(p.id) for p in fresh} == {r["id"] for r in scenario["final_rows"][74:]} | {scenario["changed_id"]}
     m2 = read_manifest(root)
     fresh_ids = {p.id for p in fresh}
-    from indexing.shards import read_passages
+    from indexing.store import read_table
 
-    holding = sum(bool(fresh_ids & set(read_passages(root / "shards" / s["key"] / "passages.parquet")
-                                       .column("id").to_pylist())) for s in m2["shards"])
+    holding = sum(bool(fresh_ids & set(read_table(root / "shards" / s["key"]).column("id").to_pylist()))
+                  for s in m2["shards"])
     assert r2["shards_reembedded"] == holding == m2["build"]["shards_reembedded"]
     assert r2["shards_reused"] == len(v1_keys & {s["key"] for s in m2["shards"]})
     # edits stay local: all old shards but the changed one, the deleted one (and a neighbour) and the tail survive
