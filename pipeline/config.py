@@ -160,7 +160,16 @@ class ScoringConfig(Section):
 
 
 class AnswerConfig(Section):
-    batch_questions: int = Field(256, ge=1, description="questions per engine batch (and per Parquet part file)")
+    batch_questions: int = Field(256, ge=1, description="rows per Parquet part file, and questions per batch of the "
+                                 "lockstep engine")
+    engine: Literal["continuous", "lockstep"] = Field(
+        "continuous", description="continuous: each backend kind served from its own queue while the others serve "
+        "theirs, questions admitted as others finish; lockstep: one kind per round, a batch of questions at a time")
+    max_in_flight: int = Field(256, ge=1, description="continuous: questions started and not yet finished, at most")
+    batch_wait_s: float = Field(0.01, ge=0, description="continuous: a partial batch waits at most this long for "
+                                "more requests while other backends' batches are in flight")
+    batch_items: int = Field(256, ge=1, description="continuous: items per retrieval, scoring, embedding or named "
+                             "backend call (a full batch; generation uses generation.batch_size)")
     progress: bool = Field(True, description="show a progress bar with questions/s")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine_fixtures import tiny_model_path
-from fakes import MemoryRetriever
+from fakes import PIECE, FakeAttention, MemoryRetriever
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.methods.dragin_math import candidates_for, word_spans
@@ -23,7 +23,6 @@ PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielb
             ("p3", "Rome", "Rome is the capital of Italy.")]
 GUESS = " The film was made by Zorblat Unknown. So the answer is Unknown."  # without documents
 INFORMED = " The film was made by Steven Spielberg. So the answer is Steven Spielberg."  # with documents
-PIECE = re.compile(r"\s*\S+")
 
 
 class ScriptedGenerator:
@@ -49,36 +48,6 @@ class ScriptedGenerator:
             lps = [TokenLogprob(p, float(np.log(0.1 if "Zorblat" in p else 0.9))) for p in pieces] if spec.logprobs else None
             out.append(Completion(text, prompt_tokens=len(prompt.split()), completion_tokens=len(pieces),
                                   finish_reason=finish, logprobs=lps))
-        return out
-
-
-class FakeAttention:
-    """`stats` with word-level tokens: entropy 3 on "Zorblat" (0.5 elsewhere), a_max 0.5 (0 for the last
-    token); every generated token attends strongly to the question's words."""
-
-    def __init__(self):
-        self.calls: list[int] = []
-
-    def stats(self, items):
-        self.calls.append(len(items))
-        out = []
-        for it in items:
-            gen = it["generated"]
-            offsets = [m.span() for m in PIECE.finditer(gen)]
-            n = len(offsets)
-            (qs, qe) = it["context"][0]
-            q_offsets = [m.span() for m in re.finditer(r"\S+", it["prompt"][qs:qe])]
-            q_offsets = [(qs + s, qs + e) for s, e in q_offsets]
-            full = it["prompt"] + gen
-            shifted = [(s + len(it["prompt"]), e + len(it["prompt"])) for s, e in offsets]
-            cands = candidates_for(full, q_offsets + shifted)
-            attn = np.zeros((n, len(cands)))
-            for i in range(n):
-                attn[i, :len(q_offsets)] = 1.0
-                attn[i, len(q_offsets):len(q_offsets) + i] = 0.1
-            out.append({"offsets": offsets, "entropy": np.array([3.0 if "Zorblat" in gen[s:e] else 0.5 for s, e in offsets]),
-                        "prob": np.full(n, 0.9), "amax": np.array([0.5] * (n - 1) + [0.0])[:n],
-                        "cand_words": [c.word for c in cands], "cand_order": [c.order for c in cands], "cand_attn": attn})
         return out
 
 

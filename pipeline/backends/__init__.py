@@ -14,6 +14,7 @@ A run that never retrieves never opens an index; one that never generates never 
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable
 
 from pipeline.config import DynragConfig
@@ -47,38 +48,43 @@ class Backends:
         self.index_dir = index_dir
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
+        self._building = threading.RLock()  # the continuous engine's workers may build parts at the same time
 
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        if self._generator is None:
-            self._generator = make_generator(self.cfg)
+        with self._building:
+            if self._generator is None:
+                self._generator = make_generator(self.cfg)
         return self._generator
 
     @property
     def retriever(self):
-        if self._retriever is None:
-            from pipeline.backends.retrieval import IndexRetriever
+        with self._building:
+            if self._retriever is None:
+                from pipeline.backends.retrieval import IndexRetriever
 
-            if not self.index_dir:
-                raise BackendError("this method retrieves: pass --index DIR")
-            self._retriever = IndexRetriever(self.index_dir, self.cfg)
+                if not self.index_dir:
+                    raise BackendError("this method retrieves: pass --index DIR")
+                self._retriever = IndexRetriever(self.index_dir, self.cfg)
         return self._retriever
 
     @property
     def embedder(self):
-        if self._embedder is None:
-            from pipeline.backends.embedding import SentenceEmbedder
+        with self._building:
+            if self._embedder is None:
+                from pipeline.backends.embedding import SentenceEmbedder
 
-            self._embedder = SentenceEmbedder(self.cfg)
+                self._embedder = SentenceEmbedder(self.cfg)
         return self._embedder
 
     @property
     def scorer(self):
-        if self._scorer is None:
-            from pipeline.backends.scoring import CrossEncoderScorer
+        with self._building:
+            if self._scorer is None:
+                from pipeline.backends.scoring import CrossEncoderScorer
 
-            self._scorer = CrossEncoderScorer(self.cfg)
+                self._scorer = CrossEncoderScorer(self.cfg)
         return self._scorer
 
     # -- the calls the engine makes ----------------------------------------------------------
@@ -98,10 +104,11 @@ class Backends:
         return self.embedder.embed(texts, model)
 
     def named(self, name: str):
-        if name not in self._named:
-            if name not in _NAMED:
-                raise BackendError(f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})")
-            self._named[name] = _NAMED[name](self.cfg, self)
+        with self._building:
+            if name not in self._named:
+                if name not in _NAMED:
+                    raise BackendError(f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})")
+                self._named[name] = _NAMED[name](self.cfg, self)
         return self._named[name]
 
     def call(self, name: str, op: str, items: list):

@@ -10,6 +10,7 @@ items, becomes that question's `error`; the other questions go on.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -290,12 +291,22 @@ class BaseEngine:
 
 
 class Engine(BaseEngine):
-    """The lockstep engine: all questions given start together; each round serves every pending request of
-    one kind (the kind with the most waiting items) and waits for it before the next round."""
+    """The lockstep engine: questions start together, `batch_questions` at a time (None: all given); each
+    round serves every pending request of one kind (the kind with the most waiting items) and waits for it
+    before the next round, and the next questions start when the whole batch has finished."""
+
+    def __init__(self, backends: Any, batch_questions: int | None = None, **kw):
+        super().__init__(backends, **kw)
+        self.batch_questions = batch_questions
 
     def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+        numbered = iter(enumerate(questions))
+        while batch := list(itertools.islice(numbered, self.batch_questions)):
+            yield from self._lockstep(batch, program, params)
+
+    def _lockstep(self, batch, program, params) -> Iterator[tuple[int, Outcome]]:
         states: list[_State] = []
-        for i, q in enumerate(questions):
+        for i, q in batch:
             st = self._start(i, q, program, params)
             if isinstance(st, Outcome):
                 yield i, st

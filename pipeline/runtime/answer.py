@@ -166,18 +166,18 @@ def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, back
 
 def _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls) -> Iterator[list[dict]]:
     from pipeline.backends import Backends
-    from pipeline.engine.core import Engine
+    from pipeline.engine.continuous import make_engine
 
     own = backends is None
     backends = backends or Backends(cfg, index)
-    engine = Engine(backends)
+    engine = make_engine(cfg, backends)
     try:
         if own:
             load_generator(backends)
-        for batch in batched(todo, cfg.answer.batch_questions):
-            outcomes = engine.run(batch, spec.program, params)
+        for outcomes in batched(engine.stream(todo, spec.program, params), cfg.answer.batch_questions):
             batch_calls.update(engine.batch_calls)
             yield [make_row(o, **row_args) for o in outcomes]
     finally:
+        engine.close()
         if own:
             backends.close()

@@ -1,7 +1,7 @@
 """`runtime.mode=ray`: question batches stream through a Ray Data pipeline of engine actors.
 
 Each actor holds the backends (a vLLM or transformers generator, the index, scorer, embedder) and
-runs the same `Engine` over each batch it receives, so predictions equal the in-process run. Actors
+runs the same engine (`answer.engine`) over each batch it receives, so predictions equal the in-process run. Actors
 are data-parallel replicas (`ray.actors`, one per GPU on a cluster: `ray.actor_num_gpus=1`); their
 resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`). Rows come back to the
 driver as they finish and are written there as Parquet parts, keyed by question id as in-process,
@@ -26,7 +26,7 @@ class EngineActor:
 
     def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, retrieval_actors: list | None = None):
         from pipeline.backends import Backends
-        from pipeline.engine.core import Engine
+        from pipeline.engine.continuous import make_engine
         from pipeline.methods.registry import get_method
         from pipeline.runtime.retrieval_actors import RemoteRetriever
 
@@ -35,7 +35,7 @@ class EngineActor:
         self.params = self.spec.params(self.cfg.method.params, self.cfg)
         remote = RemoteRetriever(retrieval_actors) if retrieval_actors else None  # else the index is opened here
         self.backends = Backends(self.cfg, index_dir, retriever=remote)
-        self.engine = Engine(self.backends)
+        self.engine = make_engine(self.cfg, self.backends)
         self.row_args = row_args
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:

@@ -1,0 +1,134 @@
+"""The continuous engine: no round barrier. Each backend kind has its own queue served by its own worker
+thread; programs advance as soon as their own result is back, and new questions are admitted as others
+finish (at most `max_in_flight` started and unfinished at once).
+
+The calling thread is the coordinator: it admits questions, advances programs and queues their requests
+by lane (`generate`, `retrieve`, `score`, `embed`, one `call:<backend>` per named backend, so a backend
+object is always called from the same thread). A lane whose worker is free sends its queue as one batch
+when the batch is full (`caps`, in items), when no batch is in flight anywhere (nothing more can arrive),
+or when its oldest request has waited `batch_wait_s` (other lanes' results may bring more). Batches are
+served by the same `BaseEngine.serve` as the lockstep engine, with the same accounting.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Iterator
+
+from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _size, _State
+from pipeline.engine.requests import Call
+
+
+def lane(req) -> str:
+    return f"call:{req.backend}" if isinstance(req, Call) else _kind(req).lower()
+
+
+class ContinuousEngine(BaseEngine):
+    def __init__(self, backends: Any, *, max_in_flight: int = 256, batch_wait_s: float = 0.01,
+                 caps: dict[str, int] | None = None, batch_items: int = 256, **kw):
+        super().__init__(backends, **kw)
+        self.max_in_flight, self.batch_wait_s = max_in_flight, batch_wait_s
+        self.caps, self.batch_items = dict(caps or {}), batch_items  # items per batch, by lane; else batch_items
+        self._jobs: dict[str, queue.Queue] = {}  # lane -> its worker's job queue
+
+    def close(self) -> None:
+        for jobs in self._jobs.values():
+            jobs.put(None)
+        self._jobs.clear()
+
+    # ---- the coordinator ---------------------------------------------------------------------
+    def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+        inbox: queue.Queue = queue.Queue()  # (lane, deliveries) from the workers, for this run only
+        waiting: dict[str, deque[tuple[float, _State]]] = {}  # lane -> (queued at, program), oldest first
+        busy: set[str] = set()
+        done: list[tuple[int, Outcome]] = []
+        todo = iter(enumerate(questions))
+        live, more = 0, True
+
+        def settle(st: _State) -> None:
+            nonlocal live
+            if st.pending is None:
+                live -= 1
+                done.append((st.index, self._outcome(st)))
+            else:
+                waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
+
+        while True:
+            while more and live < self.max_in_flight:  # admit
+                nxt = next(todo, None)
+                if nxt is None:
+                    more = False
+                    break
+                started = self._start(*nxt, program, params)
+                if isinstance(started, Outcome):
+                    done.append((nxt[0], started))
+                else:
+                    live += 1
+                    settle(started)
+            wait = self._dispatch(waiting, busy, inbox)
+            yield from done
+            done.clear()
+            if not live and not more:
+                return
+            try:
+                events = [inbox.get(timeout=wait)]
+            except queue.Empty:
+                continue  # a partial batch has waited long enough
+            while not inbox.empty():
+                events.append(inbox.get_nowait())
+            for name, deliveries in events:
+                busy.discard(name)
+                for st, value, exc in deliveries:
+                    self._advance(st, value, exc)
+                    settle(st)
+
+    def _dispatch(self, waiting: dict, busy: set, inbox: queue.Queue) -> float | None:
+        """Send every lane's batch that should go; returns how long the coordinator may wait for a result
+        before a partial batch is due (None: until a result comes)."""
+        now, due = time.monotonic(), None
+        for name, items in waiting.items():
+            if not items or name in busy:
+                continue
+            cap = self.caps.get(name, self.batch_items)
+            full = sum(_size(st.pending) for _, st in items) >= cap
+            left = self.batch_wait_s - (now - items[0][0])
+            if full or not busy or left <= 0:
+                batch, n = [], 0
+                while items and (not batch or n + _size(items[0][1].pending) <= cap):
+                    st = items.popleft()[1]
+                    batch.append(st)
+                    n += _size(st.pending)
+                self._worker(name).put((batch, inbox))
+                busy.add(name)
+            else:
+                due = left if due is None else min(due, left)
+        return due
+
+    # ---- workers ---------------------------------------------------------------------------------
+    def _worker(self, name: str) -> queue.Queue:
+        if name not in self._jobs:
+            self._jobs[name] = queue.Queue()
+            threading.Thread(target=self._serve_lane, args=(name, self._jobs[name]), name=f"dynrag-{name}",
+                             daemon=True).start()
+        return self._jobs[name]
+
+    def _serve_lane(self, name: str, jobs: queue.Queue) -> None:
+        while (job := jobs.get()) is not None:
+            states, inbox = job
+            try:
+                deliveries = self.serve(states)
+            except BaseException as err:  # a bug in serving: the batch's questions fail, the run goes on
+                deliveries = [(st, None, err) for st in states]
+            inbox.put((name, deliveries))
+
+
+def make_engine(cfg, backends: Any) -> BaseEngine:
+    """The engine `answer.engine` names, configured from `cfg` (a DynragConfig)."""
+    a = cfg.answer
+    if a.engine == "lockstep":
+        return Engine(backends, batch_questions=a.batch_questions)
+    return ContinuousEngine(backends, max_in_flight=a.max_in_flight, batch_wait_s=a.batch_wait_s,
+                            caps={"generate": cfg.generation.batch_size}, batch_items=a.batch_items)

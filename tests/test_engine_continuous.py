@@ -1,0 +1,198 @@
+"""The continuous engine: the same rows as the lockstep engine on a mix of methods, a slow backend does not
+hold up the others, in-flight questions stay bounded, and the answer job runs on it by default."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+import pytest
+
+from fakes import PIECE, FakeAttention, MemoryRetriever
+from pipeline.backends import Backends
+from pipeline.config import DynragConfig
+from pipeline.engine.continuous import ContinuousEngine, make_engine
+from pipeline.engine.core import Engine
+from pipeline.engine.requests import Answer, Completion, Generate, Question, Retrieve, TokenLogprob
+from pipeline.io.output import make_row
+from pipeline.methods.registry import get_method
+
+PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
+            ("p2", "Paris", "Paris is the capital of France."),
+            ("p3", "Rome", "Rome is the capital of Italy."),
+            ("p4", "Steven Spielberg", "Steven Spielberg is an American film director born in Cincinnati."),
+            ("p5", "Berlin", "Berlin is the capital of Germany.")]
+WORDS = ["Paris", "Rome", "Spielberg", "Berlin", "Cincinnati", "film", "capital", "Zorblat"]
+
+
+def _h(text: str) -> int:
+    return int(hashlib.sha256(str(text).encode()).hexdigest()[:8], 16)
+
+
+class HashGenerator:
+    """A deterministic function of each prompt alone (as greedy decoding is), with logprobs when asked."""
+
+    def generate(self, prompts, samplings, chats):
+        out = []
+        for p, spec in zip(prompts, samplings):
+            h = _h(p)
+            text = "".join(f" {WORDS[(h >> i) % len(WORDS)]}" for i in range(8)) + f" <answer>{WORDS[h % 4]}</answer>"
+            pieces = PIECE.findall(text)[:spec.max_tokens or 32]
+            lps = [TokenLogprob(t, -((_h(t) + h) % 300) / 100, {t: -((_h(t) + h) % 300) / 100}) for t in pieces] \
+                if spec.logprobs else None
+            out.append(Completion("".join(pieces), prompt_tokens=len(str(p).split()), completion_tokens=len(pieces),
+                                  finish_reason="length", logprobs=lps))
+        return out
+
+
+class HashScorerEmbedder:
+    def score(self, items, classifier):
+        return [(_h(it) % 1000) / 1000 for it in items]
+
+    def embed(self, texts, model=None):
+        vecs = np.array([[(_h(t) >> s) % 97 - 48 for s in range(0, 24, 3)] for t in texts], dtype=np.float32)
+        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+# one or two rounds, several rounds with logprobs, scoring, embedding and a named backend (attention)
+MIXED = {"no-retrieval": {}, "sr-rag": {"k": 2}, "cfs": {"k": 3}, "qdc": {"k": 3}, "pairs": {"k": 2, "n": 3},
+         "dpr-ais-rerank": {"k": 2, "n": 3}, "dragin": {}, "flare": {}, "fl-rag": {}}
+
+
+def mixed(q: Question, params):
+    """Each question runs the method its id names."""
+    name = q.id.rsplit("-", 1)[0]
+    spec = get_method(name)
+    return (yield from spec.program(q, spec.params(MIXED[name])))
+
+
+def _backends():
+    fake = HashScorerEmbedder()
+    return Backends(DynragConfig(), generator=HashGenerator(), retriever=MemoryRetriever(PASSAGES), scorer=fake,
+                    embedder=fake, named={"attention": FakeAttention()})
+
+
+def _rows(outcomes) -> list[dict]:
+    rows = [make_row(o, run_id="r", method="mixed", params_json="{}", chash="h", model="m") for o in outcomes]
+    for r in rows:  # what differs between engines by design: timing
+        for key in [k for k in r if k.startswith("time_")] + ["latency_s", "finished_at"]:
+            r.pop(key)
+    return rows
+
+
+def test_continuous_rows_equal_lockstep_rows_on_mixed_methods():
+    qs = [Question(f"{m}-{i}", f"Who directed the film Jaws number {i}?" if i % 2 else f"What is the capital {i}?",
+                   answers=["Steven Spielberg"], supporting_titles=["Jaws (film)"]) for i in range(4) for m in MIXED]
+    lockstep = Engine(_backends()).run(qs, mixed, None)
+    cont = ContinuousEngine(_backends(), max_in_flight=5, batch_wait_s=0.001, caps={"generate": 4}, batch_items=6)
+    try:
+        continuous = cont.run(qs, mixed, None)
+    finally:
+        cont.close()
+    assert all(o.error is None for o in lockstep), [o.error for o in lockstep if o.error]
+    assert _rows(continuous) == _rows(lockstep)
+    assert sum(o.trace.retrieval_calls > 0 for o in continuous) > len(qs) // 2  # the mix really retrieved
+    assert {"generate", "retrieve", "score", "embed", "attention.stats"} <= set(cont.batch_calls)
+    assert cont.batch_calls["generate"] > Engine(_backends()).batch_calls["generate"]  # small batches: many calls
+    assert all(o.trace.latency_s > 0 for o in continuous)
+
+
+class BlockingRetriever(MemoryRetriever):
+    """Searching blocks until `release` is set (at most `timeout` s)."""
+
+    def __init__(self, timeout: float):
+        super().__init__(PASSAGES)
+        self.release, self.searching, self.timeout = threading.Event(), threading.Event(), timeout
+
+    def search(self, queries, k, retriever="bm25"):
+        self.searching.set()
+        self.release.wait(self.timeout)
+        return super().search(queries, k, retriever)
+
+
+class ReleasingGenerator(HashGenerator):
+    """Counts calls made while a search is in progress; after 3 of them, lets the search finish."""
+
+    def __init__(self, retriever: BlockingRetriever):
+        self.retriever, self.during_search = retriever, 0
+
+    def generate(self, prompts, samplings, chats):
+        if self.retriever.searching.is_set() and not self.retriever.release.is_set():
+            self.during_search += 1
+            if self.during_search == 3:
+                self.retriever.release.set()
+        return super().generate(prompts, samplings, chats)
+
+
+def three_rounds_or_retrieve(q: Question, params):
+    if q.id.startswith("r"):
+        hits = yield Retrieve([q.question], k=1)
+        return Answer(hits[0][0].title)
+    for _ in range(3):
+        out = (yield Generate([q.question]))[0]
+    return Answer(out.text)
+
+
+@pytest.mark.parametrize("engine", ["continuous", "lockstep"])
+def test_a_slow_backend_does_not_stop_the_others(engine):
+    ret = BlockingRetriever(30 if engine == "continuous" else 0.5)  # lockstep would wait it out
+    gen = ReleasingGenerator(ret)
+    cfg = DynragConfig()
+    cfg.answer.engine = engine
+    eng = make_engine(cfg, Backends(cfg, generator=gen, retriever=ret))
+    qs = [Question("r1", "capital of France"), Question("g1", "a"), Question("g2", "b")]
+    try:
+        out = eng.run(qs, three_rounds_or_retrieve, None)
+    finally:
+        eng.close()
+    assert all(o.error is None for o in out) and out[0].answer.prediction == "Paris"
+    if engine == "continuous":  # all three generate rounds ran while the search was blocked
+        assert gen.during_search == 3
+    else:  # the round barrier: nothing else runs during a retrieval round
+        assert gen.during_search == 0
+
+
+def test_in_flight_questions_never_exceed_the_bound():
+    live, peak, lock = [0], [0], threading.Lock()
+
+    def counted(q: Question, params):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        try:
+            for _ in range(1 + int(q.id) % 3):  # 1 to 3 rounds: questions finish at different times
+                hits = yield Retrieve([q.question], k=1)
+                out = (yield Generate([hits[0][0].title]))[0]
+            return Answer(out.text)
+        finally:
+            with lock:
+                live[0] -= 1
+
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=HashGenerator(), retriever=MemoryRetriever(PASSAGES)),
+                           max_in_flight=4, batch_wait_s=0.001)
+    try:
+        out = list(eng.stream((Question(str(i), f"capital {i}") for i in range(40)), counted, None))
+    finally:
+        eng.close()
+    assert len(out) == 40 and all(o.error is None for o in out)
+    assert peak[0] == 4  # admitted up to the bound as others finished, never beyond
+
+
+def test_errors_stay_in_their_rows_on_the_continuous_engine():
+    from fakes import RecordingGenerator
+
+    def prog(q: Question, params):
+        if q.id == "boom":
+            raise ValueError("this question's program fails")
+        out = (yield Generate([q.question]))[0]
+        return Answer(out.text)
+
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=RecordingGenerator(fail_on="poison")))
+    qs = [Question("a", "fine"), Question("boom", "x"), Question("p", "poison"), Question("e", "", error="empty")]
+    try:
+        out = eng.run(qs, prog, None)
+    finally:
+        eng.close()
+    assert out[0].answer.prediction == "fake answer"
+    assert "ValueError" in out[1].error and "poison" in out[2].error and out[3].error == "empty"
