@@ -1,5 +1,5 @@
 """Test doubles: a generation backend that records its calls, a tiny in-memory BM25 retriever, and
-DRAGIN's attention pass on word-level tokens."""
+DRAGIN's attention pass on word-level tokens (the benchmark's, at no cost)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ import math
 import re
 from collections import Counter
 
-import numpy as np
-
 from indexing.hits import Hit
-from pipeline.methods.dragin_math import candidates_for
+from jobs.bench.simulated import PIECE, WordAttention as FakeAttention  # noqa: F401  (re-exported for tests)
 from pipeline.engine.requests import Completion
 
 
@@ -27,9 +25,6 @@ class RecordingGenerator:
         if self.fail_on and any(self.fail_on in str(p) for p in prompts):
             raise RuntimeError(f"cannot generate for a prompt containing {self.fail_on!r}")
         return [Completion(self.reply(p), prompt_tokens=len(str(p).split()), completion_tokens=2) for p in prompts]
-
-
-PIECE = re.compile(r"\s*\S+")  # a word-level "token": a word with the spaces before it
 
 
 def _tokens(text: str) -> list[str]:
@@ -64,32 +59,3 @@ class MemoryRetriever:
             out.append([Hit(*self.passages[i], score=s) for s, i in scores[:k]])
         return out
 
-
-class FakeAttention:
-    """`stats` with word-level tokens: entropy 3 on "Zorblat" (0.5 elsewhere), a_max 0.5 (0 for the last
-    token); every generated token attends strongly to the question's words."""
-
-    def __init__(self):
-        self.calls: list[int] = []
-
-    def stats(self, items):
-        self.calls.append(len(items))
-        out = []
-        for it in items:
-            gen = it["generated"]
-            offsets = [m.span() for m in PIECE.finditer(gen)]
-            n = len(offsets)
-            (qs, qe) = it["context"][0]
-            q_offsets = [m.span() for m in re.finditer(r"\S+", it["prompt"][qs:qe])]
-            q_offsets = [(qs + s, qs + e) for s, e in q_offsets]
-            full = it["prompt"] + gen
-            shifted = [(s + len(it["prompt"]), e + len(it["prompt"])) for s, e in offsets]
-            cands = candidates_for(full, q_offsets + shifted)
-            attn = np.zeros((n, len(cands)))
-            for i in range(n):
-                attn[i, :len(q_offsets)] = 1.0
-                attn[i, len(q_offsets):len(q_offsets) + i] = 0.1
-            out.append({"offsets": offsets, "entropy": np.array([3.0 if "Zorblat" in gen[s:e] else 0.5 for s, e in offsets]),
-                        "prob": np.full(n, 0.9), "amax": np.array([0.5] * (n - 1) + [0.0])[:n],
-                        "cand_words": [c.word for c in cands], "cand_order": [c.order for c in cands], "cand_attn": attn})
-        return out

@@ -3,18 +3,17 @@ hold up the others, in-flight questions stay bounded, and the answer job runs on
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
-import numpy as np
 import pytest
 
-from fakes import PIECE, FakeAttention, MemoryRetriever
+from fakes import FakeAttention, MemoryRetriever
+from jobs.bench.simulated import SimGenerator, SimScorer
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
-from pipeline.engine.requests import Answer, Completion, Generate, Question, Retrieve, TokenLogprob
+from pipeline.engine.requests import Answer, Generate, Question, Retrieve
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 
@@ -23,38 +22,6 @@ PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielb
             ("p3", "Rome", "Rome is the capital of Italy."),
             ("p4", "Steven Spielberg", "Steven Spielberg is an American film director born in Cincinnati."),
             ("p5", "Berlin", "Berlin is the capital of Germany.")]
-WORDS = ["Paris", "Rome", "Spielberg", "Berlin", "Cincinnati", "film", "capital", "Zorblat"]
-
-
-def _h(text: str) -> int:
-    return int(hashlib.sha256(str(text).encode()).hexdigest()[:8], 16)
-
-
-class HashGenerator:
-    """A deterministic function of each prompt alone (as greedy decoding is), with logprobs when asked."""
-
-    def generate(self, prompts, samplings, chats):
-        out = []
-        for p, spec in zip(prompts, samplings):
-            h = _h(p)
-            text = "".join(f" {WORDS[(h >> i) % len(WORDS)]}" for i in range(8)) + f" <answer>{WORDS[h % 4]}</answer>"
-            pieces = PIECE.findall(text)[:spec.max_tokens or 32]
-            lps = [TokenLogprob(t, -((_h(t) + h) % 300) / 100, {t: -((_h(t) + h) % 300) / 100}) for t in pieces] \
-                if spec.logprobs else None
-            out.append(Completion("".join(pieces), prompt_tokens=len(str(p).split()), completion_tokens=len(pieces),
-                                  finish_reason="length", logprobs=lps))
-        return out
-
-
-class HashScorerEmbedder:
-    def score(self, items, classifier):
-        return [(_h(it) % 1000) / 1000 for it in items]
-
-    def embed(self, texts, model=None):
-        vecs = np.array([[(_h(t) >> s) % 97 - 48 for s in range(0, 24, 3)] for t in texts], dtype=np.float32)
-        return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
-
-
 # one or two rounds, several rounds with logprobs, scoring, embedding and a named backend (attention)
 MIXED = {"no-retrieval": {}, "sr-rag": {"k": 2}, "cfs": {"k": 3}, "qdc": {"k": 3}, "pairs": {"k": 2, "n": 3},
          "dpr-ais-rerank": {"k": 2, "n": 3}, "dragin": {}, "flare": {}, "fl-rag": {}}
@@ -68,8 +35,8 @@ def mixed(q: Question, params):
 
 
 def _backends():
-    fake = HashScorerEmbedder()
-    return Backends(DynragConfig(), generator=HashGenerator(), retriever=MemoryRetriever(PASSAGES), scorer=fake,
+    fake = SimScorer()  # outputs are functions of each input alone, as greedy decoding is
+    return Backends(DynragConfig(), generator=SimGenerator(), retriever=MemoryRetriever(PASSAGES), scorer=fake,
                     embedder=fake, named={"attention": FakeAttention()})
 
 
@@ -111,10 +78,11 @@ class BlockingRetriever(MemoryRetriever):
         return super().search(queries, k, retriever)
 
 
-class ReleasingGenerator(HashGenerator):
+class ReleasingGenerator(SimGenerator):
     """Counts calls made while a search is in progress; after 3 of them, lets the search finish."""
 
     def __init__(self, retriever: BlockingRetriever):
+        super().__init__()
         self.retriever, self.during_search = retriever, 0
 
     def generate(self, prompts, samplings, chats):
@@ -169,7 +137,7 @@ def test_in_flight_questions_never_exceed_the_bound():
             with lock:
                 live[0] -= 1
 
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=HashGenerator(), retriever=MemoryRetriever(PASSAGES)),
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=MemoryRetriever(PASSAGES)),
                            max_in_flight=4, batch_wait_s=0.001)
     try:
         out = list(eng.stream((Question(str(i), f"capital {i}") for i in range(40)), counted, None))

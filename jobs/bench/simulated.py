@@ -1,0 +1,138 @@
+"""Latency-model backends for `dynrag bench pipeline --simulate-gpu`, also the tests' deterministic fakes.
+
+Outputs are functions of each input alone (as greedy decoding is), so any engine and batching give the
+same answers. A `Cost` sleeps for the modelled time of each call (releasing the GIL, as a GPU kernel or a
+C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale 1:
+
+- generate: 5 ms + prompt tokens / 20,000 (prefill) + steps x (15 ms + 0.1 ms per sequence) (decode),
+  steps = the longest output in the batch; a prompt is 1.3 tokens per word; each output is 25-100 % of
+  its max_tokens (from its prompt's hash)
+- retrieve (BM25 on CPU): 2 ms + 1 ms per query; score (classifier on CPU): 1 ms + 0.5 ms per item;
+  embed (CPU): 1 ms + 0.2 ms per text; DRAGIN's attention pass (on the GPU): like a prefill of prompt +
+  generated tokens
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from indexing.hits import Hit
+from pipeline.engine.requests import Completion, TokenLogprob
+from pipeline.methods.dragin_math import candidates_for
+
+PIECE = re.compile(r"\s*\S+")  # a word-level "token": a word with the spaces before it
+WORDS = ["Paris", "Rome", "Spielberg", "Berlin", "Cincinnati", "film", "capital", "director", "born", "Zorblat"]
+
+
+def stable_hash(text) -> int:
+    return int(hashlib.sha256(str(text).encode()).hexdigest()[:8], 16)
+
+
+def tokens(text) -> int:
+    return int(1.3 * len(str(text).split())) + 1
+
+
+@dataclass
+class Cost:
+    scale: float = 1.0  # 0: free; 0.1: ten times faster than the model
+
+    def sleep(self, seconds: float) -> float:
+        if self.scale:
+            time.sleep(seconds * self.scale)
+        return seconds * self.scale
+
+
+class SimGenerator:
+    """`generate` with the GPU model above; `busy_s` is the time a batch was in flight."""
+
+    def __init__(self, cost: Cost = Cost(0)):
+        self.cost, self.busy_s, self.calls = cost, 0.0, []
+        self._lock = threading.Lock()
+
+    def generate(self, prompts, samplings, chats):
+        t0 = time.perf_counter()
+        out = [self._one(p, s.max_tokens or 32, s.logprobs) for p, s in zip(prompts, samplings)]
+        steps = max(o.completion_tokens for o in out)
+        self.cost.sleep(0.005 + sum(o.prompt_tokens for o in out) / 20_000 + steps * (0.015 + 0.0001 * len(out)))
+        with self._lock:
+            self.calls.append(len(prompts))
+            self.busy_s += time.perf_counter() - t0
+        return out
+
+    @staticmethod
+    def _one(prompt, max_tokens: int, logprobs: int | None) -> Completion:
+        h = stable_hash(prompt)
+        n = max(1, max_tokens * (25 + h % 76) // 100)
+        words = [WORDS[(h >> (i % 24)) % len(WORDS)] for i in range(max(0, n - 1))]
+        pieces = PIECE.findall(" ".join(words) + f" <answer>{WORDS[h % 4]}</answer>")[:n]
+        lps = [TokenLogprob(t, -((stable_hash(t) + h) % 300) / 100) for t in pieces] if logprobs else None
+        return Completion("".join(pieces), prompt_tokens=tokens(prompt), completion_tokens=len(pieces),
+                          finish_reason="length", logprobs=lps)
+
+
+class SimRetriever:
+    """A synthetic corpus of `n` passages; a query's hits are picked by its hash."""
+
+    def __init__(self, cost: Cost = Cost(0), n: int = 10_000):
+        self.cost, self.n = cost, n
+
+    def search(self, queries, k, retriever="bm25"):
+        self.cost.sleep(0.002 + 0.001 * len(queries))
+        out = []
+        for q in queries:
+            h = stable_hash(q)
+            ids = [(h + j * 7919) % self.n for j in range(k)]
+            out.append([Hit(f"d{i}", f"Title {i}", f"Passage {i} says {WORDS[i % len(WORDS)]} is the answer.",
+                            score=float(k - r)) for r, i in enumerate(ids)])
+        return out
+
+
+class SimScorer:
+    """Classifier scores and embeddings from hashes, with the CPU costs above."""
+
+    def __init__(self, cost: Cost = Cost(0)):
+        self.cost = cost
+
+    def score(self, items, classifier="default"):
+        self.cost.sleep(0.001 + 0.0005 * len(items))
+        return [(stable_hash(it) % 1000) / 1000 for it in items]
+
+    def embed(self, texts, model=None):
+        self.cost.sleep(0.001 + 0.0002 * len(texts))
+        vecs = np.array([[(stable_hash(t) >> s) % 97 - 48 for s in range(0, 24, 3)] for t in texts], dtype=np.float32)
+        return vecs / np.linalg.norm(np.where(vecs == 0, 1, vecs), axis=1, keepdims=True)
+
+
+class WordAttention:
+    """DRAGIN's `attention.stats` on word-level tokens: entropy 3 on `uncertain` words (0.5 elsewhere), a_max 0.5
+    (0 for the last token); every generated token attends strongly to the question's words."""
+
+    def __init__(self, uncertain: str = "Zorblat", cost: Cost = Cost(0)):
+        self.uncertain, self.cost, self.calls = uncertain, cost, []
+
+    def stats(self, items):
+        self.calls.append(len(items))
+        self.cost.sleep(0.005 + sum(tokens(it["prompt"]) + tokens(it["generated"]) for it in items) / 20_000)
+        return [self._one(it) for it in items]
+
+    def _one(self, it):
+        gen = it["generated"]
+        offsets = [m.span() for m in PIECE.finditer(gen)]
+        n = len(offsets)
+        (qs, qe) = it["context"][0]
+        q_offsets = [(qs + m.start(), qs + m.end()) for m in re.finditer(r"\S+", it["prompt"][qs:qe])]
+        shifted = [(s + len(it["prompt"]), e + len(it["prompt"])) for s, e in offsets]
+        cands = candidates_for(it["prompt"] + gen, q_offsets + shifted)
+        attn = np.zeros((n, len(cands)))
+        for i in range(n):
+            attn[i, :len(q_offsets)] = 1.0
+            attn[i, len(q_offsets):len(q_offsets) + i] = 0.1
+        return {"offsets": offsets, "entropy": np.array([3.0 if self.uncertain in gen[s:e] else 0.5 for s, e in offsets]),
+                "prob": np.full(n, 0.9), "amax": np.array([0.5] * (n - 1) + [0.0])[:n],
+                "cand_words": [c.word for c in cands], "cand_order": [c.order for c in cands], "cand_attn": attn}
