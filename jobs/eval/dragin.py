@@ -30,28 +30,41 @@ LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-
 
 
 def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, out: Path, indexes: Path) -> list[dict]:
-    from pipeline.runtime.answer import run_answer
-    from pipeline.backends import Backends
+    from pipeline.evaluation.experiment import MethodRun, run_methods
+    from pipeline.evaluation.runs import load_run
 
     cfg.answer.progress = False
     rows = []
     for ds in datasets:
-        dev, index = dev_file(cfg, ds), dev_index(cfg, ds, indexes)
-        backends = Backends(cfg, index)
-        try:
-            for m in methods:
-                s = run_answer(str(dev), str(out / ds / m), index=index, method=m, limit=limit, cfg=cfg.model_copy(deep=True),
-                               backends=backends, progress=False)
-                e = extra_summary(str(out / ds / m), list(EXTRA_COLUMNS.values()))
-                extras = {column: e[key] for column, key in EXTRA_COLUMNS.items()}
-                rows.append({"dataset": ds, "method": m, "questions": s["answered"], "errors": s["errors"],
-                             "em": s["em"], "f1": s["f1"], "retrievals": s.get("retrieval_calls_per_question"),
-                             "llm_calls": s.get("llm_calls_per_question"), **extras,
-                             "s_per_q": s["time_per_question_s"]["total"]})
-                logging.getLogger(__name__).info("%s %s: %s", ds, m, rows[-1])
-        finally:
-            backends.close()
+        runs = [MethodRun(m, m, {}) for m in methods]
+        for s in run_methods(str(dev_file(cfg, ds)), dev_index(cfg, ds, indexes), runs, cfg, out / ds, limit=limit):
+            e = extra_summary(s["out"], list(EXTRA_COLUMNS.values()))
+            params = load_run(s["out"]).params  # the run's own params (k resolved from its config)
+            rows.append({"dataset": ds, "method": s["label"], "k": params.get("k"), "questions": s["answered"],
+                         "errors": s["errors"], "em": s["em"], "f1": s["f1"],
+                         "retrievals": s.get("retrieval_calls_per_question"),
+                         "llm_calls": s.get("llm_calls_per_question"),
+                         **{column: e[key] for column, key in EXTRA_COLUMNS.items()},
+                         "s_per_q": s["time_per_question_s"]["total"]})
+            logging.getLogger(__name__).info("%s %s: %s", ds, s["label"], rows[-1])
     return rows
+
+
+def retrieval_note(rows: list[dict]) -> str:
+    """The table's header line on retrieval: each method's k as its rows recorded it."""
+    ks = {r["method"]: r["k"] for r in rows if r["k"] is not None}
+    return "top-k per method: " + ", ".join(f"{LABELS.get(m, m)} {k}" for m, k in ks.items()) if ks else ""
+
+
+def comparison(rows: list[dict]) -> list[str]:
+    """DRAGIN's retrievals per question against FS-RAG's, where both are known."""
+    lines = []
+    for d in dict.fromkeys(r["dataset"] for r in rows):
+        dr, fs = ({r["method"]: r["retrievals"] for r in rows if r["dataset"] == d}.get(m) for m in ("dragin", "fs-rag"))
+        if dr is not None and fs is not None:
+            lines.append(f"{d}: DRAGIN retrieves {'less' if dr < fs else 'not less'} than FS-RAG "
+                         f"({dr:.2f} vs {fs:.2f} per question)")
+    return lines
 
 
 def table(rows: list[dict]) -> str:
@@ -90,14 +103,13 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     rows = evaluate(cfg, csv_choice(args.datasets, list(DEV_SETS)), csv_choice(args.methods, list(METHODS)), args.limit,
                     out, Path(args.indexes) if args.indexes else out / "indexes")
-    text = (f"model {cfg.generation.model}, {args.limit} questions per dataset, BM25 top-3\n\n" + table(rows))
+    errors = sum(r["errors"] or 0 for r in rows)
+    text = (f"model {cfg.generation.model}, {args.limit} questions per dataset, {cfg.retrieval.retriever}; "
+            f"{retrieval_note(rows)}"
+            + (f"; {errors} error rows, left out of the figures" if errors else "")
+            + "\n\n" + table(rows) + "\n\n" + "\n".join(comparison(rows)))
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tables.md").write_text(text + "\n")
     (out / "tables.json").write_text(json.dumps(rows, indent=1))
-    dr = {r["dataset"]: r["retrievals"] for r in rows if r["method"] == "dragin"}
-    fs = {r["dataset"]: r["retrievals"] for r in rows if r["method"] == "fs-rag"}
-    for d in dr.keys() & fs.keys():
-        print(f"{d}: DRAGIN retrieves {'less' if dr[d] < fs[d] else 'not less'} than FS-RAG ({dr[d]:.2f} vs {fs[d]:.2f} per question)")
-
     return 0

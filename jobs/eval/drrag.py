@@ -44,33 +44,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: list[str], limit: int | None,
              out: Path, indexes: Path, generate: bool) -> list[dict]:
-    from pipeline.runtime.answer import run_answer
-    from pipeline.backends import Backends
+    from pipeline.evaluation.experiment import MethodRun, run_methods
 
     if not generate:
         cfg.generation.backend = "none"
     cfg.answer.progress = False
     rows = []
     for ds in datasets:
-        dev, index = dev_file(cfg, ds), dev_index(cfg, ds, indexes)
-        backends = Backends(cfg, index)  # one index, classifier and generator for every run of this dataset
-        try:
-            for k in ks:
-                for m in methods:
-                    run_cfg = cfg.model_copy(deep=True)
-                    run_cfg.method.params = {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})}
-                    s = run_answer(str(dev), str(out / ds / f"{m}-k{k}"), index=index, method=m, limit=limit,
-                                   cfg=run_cfg, backends=backends, progress=False)
-                    rows.append({"dataset": ds, "k": k, "method": m, "recall": s["support_recall"],
-                                 "docs": s["docs_in_prompt_per_question"], "em": s["em"], "f1": s["f1"], "acc": s["acc"],
-                                 "questions": s["answered"], "errors": s["errors"],
-                                 "classifier_calls": s["classifier_calls_per_question"],
-                                 "llm_calls": s["llm_calls_per_question"],
-                                 "s_per_q": s["time_per_question_s"]["total"],
-                                 "classifier_auc": classifier_auc(str(out / ds / f"{m}-k{k}")) if m in ("cis", "cfs") else None})
-                    log.info("%s k=%d %s: recall %.4f, %.2f docs", ds, k, m, rows[-1]["recall"] or 0, rows[-1]["docs"] or 0)
-        finally:
-            backends.close()
+        runs = [MethodRun(f"{m}-k{k}", m, {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})})
+                for k in ks for m in methods]
+        for r, s in zip(runs, run_methods(str(dev_file(cfg, ds)), dev_index(cfg, ds, indexes), runs, cfg, out / ds,
+                                          limit=limit)):
+            rows.append({"dataset": ds, "k": r.params["k"], "method": r.method, "recall": s["support_recall"],
+                         "docs": s["docs_in_prompt_per_question"], "em": s["em"], "f1": s["f1"], "acc": s["acc"],
+                         "questions": s["answered"], "errors": s["errors"],
+                         "classifier_calls": s["classifier_calls_per_question"],
+                         "llm_calls": s["llm_calls_per_question"],
+                         "s_per_q": s["time_per_question_s"]["total"],
+                         "classifier_auc": classifier_auc(s["out"]) if r.method in ("cis", "cfs") else None})
+            log.info("%s k=%d %s: recall %.4f, %.2f docs", ds, r.params["k"], r.method, rows[-1]["recall"] or 0,
+                     rows[-1]["docs"] or 0)
     return rows
 
 

@@ -82,18 +82,11 @@ def _fmt(v, pct=False, nd=2) -> str:
 
 
 def table1(cfg, backends, dataset: str, index: str, limit: int, out: Path) -> list[dict]:
-    from pipeline.runtime.answer import run_answer
+    from pipeline.evaluation.experiment import MethodRun, run_methods
 
-    rows = []
-    for label, method, params in TABLE1:
-        c = cfg.model_copy(deep=True)
-        c.method.params = dict(params)
-        run_out = out / "table1" / method
-        s = run_answer(dataset, str(run_out), index=index, method=method, limit=limit, cfg=c, backends=backends,
-                       progress=False)
-        rows.append(_row(label, run_out, s))
-        log.info("table 1 %s: F1 %s hit %s", label, s["f1"], s["acc"])
-    return rows
+    runs = [MethodRun(method, method, params) for _, method, params in TABLE1]
+    summaries = run_methods(dataset, index, runs, cfg, out / "table1", limit=limit, backends=backends)
+    return [_row(label, Path(s["out"]), s) for (label, _, _), s in zip(TABLE1, summaries)]
 
 
 def render_table1(rows: list[dict]) -> str:

@@ -110,8 +110,7 @@ def table(results: list[tuple[str, dict]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.runtime.answer import run_answer
-    from pipeline.backends import Backends
+    from pipeline.evaluation.experiment import MethodRun, run_methods
 
     cfg = config_from_args(args)
     labels = pick(args.methods)
@@ -124,21 +123,15 @@ def run(args: argparse.Namespace) -> int:
             raise DynragError("rerank runs need --reranker DIR (or scoring.classifiers.reranker)")
     shared = dict(cfg.method.params)
     out = Path(args.out)
-    backends = Backends(cfg, args.index)
-    results = []
-    try:
-        for label in labels:
-            method, params = run_params(label, shared)
-            run_cfg = cfg.model_copy(deep=True)
-            run_cfg.method.params = params
-            folder = out / label.replace(" ", "_").replace("/", "").replace("(", "").replace(")", "").replace("+", "")
-            log.info("run %s: %s %s", label, method, json.dumps(params))
-            s = run_answer(args.dataset, str(folder), index=args.index, method=method, limit=args.limit, cfg=run_cfg,
-                           dataset_format=args.dataset_format, backends=backends, progress=False)
-            results.append((label, s))
-            print(table([(label, s)]).splitlines()[-1], flush=True)
-    finally:
-        backends.close()
+    runs = []
+    for label in labels:
+        method, params = run_params(label, shared)
+        folder = label.replace(" ", "_").replace("/", "").replace("(", "").replace(")", "").replace("+", "")
+        runs.append(MethodRun(folder, method, params))
+    summaries = run_methods(args.dataset, args.index, runs, cfg, out, limit=args.limit,
+                            dataset_format=args.dataset_format,
+                            each=lambda r, s: print(table([(r.label, s)]).splitlines()[-1], flush=True))
+    results = list(zip(labels, summaries))
     text = (f"dataset {args.dataset} (first {args.limit}), index {args.index}, model {cfg.generation.model}, "
             f"shared params {json.dumps(shared)}\n\n{table(results)}\n")
     out.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,31 +117,54 @@ def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple
     return runs
 
 
+@dataclass(frozen=True)
+class MethodRun:
+    """One run of a method on a dataset: rows under `<out>/<label>`."""
+
+    label: str
+    method: str
+    params: dict[str, Any]
+
+
+def run_methods(questions: str, index: str | None, runs: list[MethodRun], cfg: DynragConfig, out: Path, *,
+                limit: int | None = None, dataset_format: str | None = None, each=None, backends=None) -> list[dict]:
+    """The one runner of the experiment grid and the papers' eval jobs: every run answers `questions`
+    through the answer job (resumable rows under `<out>/<label>`), all sharing one set of backends (one
+    engine, index, classifier: `backends`, or a set made here and closed at the end); returns each run's
+    summary with its `label`. `each(run, summary)` is called after every run (e.g. to print a table line)."""
+    from pipeline.backends import Backends
+    from pipeline.runtime.answer import run_answer
+
+    own = backends is None
+    backends = Backends(cfg, index) if own else backends
+    summaries = []
+    try:
+        for r in runs:
+            run_cfg = cfg.model_copy(deep=True)
+            run_cfg.method.params = dict(r.params)
+            s = run_answer(str(questions), str(out / r.label), index=index, method=r.method, limit=limit, cfg=run_cfg,
+                           dataset_format=dataset_format, backends=backends, progress=False)
+            s["label"] = r.label
+            log.info("%s: %d new rows (%d already there), F1 %s, gold-doc recall %s", out / r.label,
+                     s.get("new_rows") or 0, s["skipped_already_answered"], s["f1"], s["support_recall"])
+            summaries.append(s)
+            if each is not None:
+                each(r, s)
+    finally:
+        if own:
+            backends.close()
+    return summaries
+
+
 def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig, out: Path) -> list[dict]:
     """Every run of the grid on one dataset, sharing one set of backends; returns the run summaries."""
-    from pipeline.runtime.answer import run_answer
-    from pipeline.backends import Backends
-
     questions = data_path(cfg, ds.file)
     corpus = data_path(cfg, ds.corpus or ds.file)
     index = ds.index or ensure_index(corpus, ds.corpus_format, Path(exp.indexes or out / "indexes") / name, cfg)
     cfg = cfg.model_copy(deep=True)
     cfg.dataset.name = cfg.dataset.name or name  # rows carry the experiment's dataset name
-    backends = Backends(cfg, index)
-    summaries = []
-    try:
-        for spec in exp.methods:
-            for label, params in grid_runs(spec, exp.grid):
-                run_cfg = cfg.model_copy(deep=True)
-                run_cfg.method.params = params
-                s = run_answer(str(questions), str(out / name / label), index=index, method=spec.method,
-                               limit=exp.limit, cfg=run_cfg, dataset_format=ds.format, backends=backends, progress=False)
-                log.info("%s %s: %d new rows (%d already there), F1 %s, gold-doc recall %s", name, label,
-                         s.get("new_rows") or 0, s["skipped_already_answered"], s["f1"], s["support_recall"])
-                summaries.append(s)
-    finally:
-        backends.close()
-    return summaries
+    runs = [MethodRun(label, spec.method, params) for spec in exp.methods for label, params in grid_runs(spec, exp.grid)]
+    return run_methods(str(questions), index, runs, cfg, out / name, limit=exp.limit, dataset_format=ds.format)
 
 
 def run_experiment(path: str, overrides: list[str] = ()) -> dict[str, Any]:
