@@ -111,9 +111,10 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
     assert {p.name for p in (local / "shards").iterdir()} >= {s["key"] for s in m2["shards"]}
 
 
-def test_cached_version_is_reused(s3, data_dir, tmp_path):
-    """A second open of the same version reads only CURRENT and the manifest from the store: the shard
-    objects can be gone. A corrupted cached file is detected at open."""
+def test_cached_version_is_reused(s3, data_dir, tmp_path, capsys):
+    """Opening pulls only the files search reads, each checked against its sha256; a second open of the
+    same version reads only CURRENT and the manifest from the store. A corrupted remote object is named
+    at pull; a corrupted cached file by `dynrag index verify`."""
     from indexing import build_index, open_index
     from indexing.errors import CorruptIndexError
     from pipeline.config import load_config
@@ -121,17 +122,34 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path):
     s3, BUCKET = s3
     lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()
     s3.pipe(f"{BUCKET}/c.jsonl", ("\n".join(lines[:3]) + "\n").encode())
-    cfg = load_config(_config_file(tmp_path))
+    conf = _config_file(tmp_path)
+    cfg = load_config(conf)
     uri = f"s3://{BUCKET}/small-index"
     build_index([f"s3://{BUCKET}/c.jsonl"], uri, cfg.index_settings(), fmt="hotpotqa")
     with open_index(uri, cfg.index_settings()) as idx:
         first = idx.search(["Kiss and Tell"], k=2)
     assert first[0]
+    shard = next((tmp_path / "index-cache").glob("*/shards/*"))
+    assert sorted(p.name for p in shard.iterdir()) == ["faiss.index", "ids.npy", "passages.arrow"]
+    assert dynrag(["index", "verify", "--index", uri, "--config", conf]) == 0  # pulls the rest, hashes all
+    assert (shard / "vectors.npy").is_file()
     s3.rm(f"{BUCKET}/small-index/shards", recursive=True)
     s3.rm(f"{BUCKET}/small-index/versions/v000001/lucene", recursive=True)
     with open_index(uri, cfg.index_settings()) as idx:
         assert idx.search(["Kiss and Tell"], k=2) == first
-    shard = next((tmp_path / "index-cache").glob("*/shards/*"))
-    (shard / "vectors.npy").write_bytes(b"0" * (shard / "vectors.npy").stat().st_size)
-    with pytest.raises(CorruptIndexError, match="vectors.npy"):
-        open_index(uri, cfg.index_settings())
+    store = shard / "passages.arrow"
+    store.write_bytes(b"0" * store.stat().st_size)
+    capsys.readouterr()
+    assert dynrag(["index", "verify", "--index", uri, "--config", conf]) == 2
+    assert f"{store} is corrupt" in capsys.readouterr().err
+
+    # a damaged object on the store is refused when pulled, and nothing of it lands in the cache
+    from indexing.remote import cache_root
+
+    other = f"s3://{BUCKET}/other"
+    build_index([f"s3://{BUCKET}/c.jsonl"], other, cfg.index_settings(), fmt="hotpotqa")
+    obj = next(p for p in s3.find(f"{BUCKET}/other/shards") if p.endswith("/ids.npy"))
+    s3.pipe(obj, b"\x00" * s3.size(obj))
+    with pytest.raises(CorruptIndexError, match=f"{obj} is corrupt"):
+        open_index(other, cfg.index_settings())
+    assert not list(cache_root(other, cfg.index_settings()).glob("shards/*/*"))

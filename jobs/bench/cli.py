@@ -6,8 +6,8 @@ import argparse
 import importlib
 
 # Each module adds one benchmark with `register(bench_subparsers)`.
-BENCH_MODULES = ["jobs.bench.index", "jobs.bench.answer", "jobs.bench.dragin", "jobs.bench.flashrag",
-                 "jobs.bench.all"]
+BENCH_MODULES = ["jobs.bench.index", "jobs.bench.scale", "jobs.bench.answer", "jobs.bench.dragin",
+                 "jobs.bench.flashrag", "jobs.bench.pipeline", "jobs.bench.all"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
