@@ -150,3 +150,15 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
     assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]
     assert json.loads((tmp_path / "flashrag.json").read_text())["model_path"] == "/m/smollm2-135m-instruct"
+
+
+def test_bench_pipeline_runs_every_method_on_both_engines(capsys):
+    """`dynrag bench pipeline --simulate-gpu --json` with a few questions and no sleeping (no speed asserted)."""
+    from jobs.cli import main
+
+    main(["bench", "pipeline", "--simulate-gpu", "--questions", "6", "--time-scale", "0", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["method"], r["engine"]) for r in out] == [(m, e) for m in ("sr-rag", "cfs", "pairs", "dragin")
+                                                         for e in ("lockstep", "continuous")]
+    assert all({"questions_per_s", "generator_busy", "mean_latency_s"} <= set(r) for r in out)
+    assert all(0 <= r["generator_busy"] <= 1 and r["generate_calls"] >= 1 for r in out)
