@@ -14,7 +14,7 @@ from pipeline.errors import DynragError
 log = logging.getLogger("dynrag")
 
 # Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
-JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.answer", "jobs.methods", "jobs.bench.cli", "jobs.train_classifier", "jobs.index",
+JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.data", "jobs.answer", "jobs.methods", "jobs.bench.cli", "jobs.train_classifier", "jobs.index",
                "jobs.submit", "jobs.eval.drrag", "jobs.eval.pairs", "jobs.eval.dragin", "jobs.eval.erm4",
                "jobs.evaluate", "jobs.experiment"]
 

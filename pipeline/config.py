@@ -144,7 +144,7 @@ class MethodConfig(Section):
 
 class DatasetConfig(Section):
     format: Literal["auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "musique", "qa", "triviaqa", "strategyqa",
-                    "dpr-topics", "generic"] = Field("auto", description="question file format; auto detects it")
+                    "dpr-topics", "flashrag", "generic"] = Field("auto", description="question file format; auto detects it")
     name: str | None = Field(None, description="dataset name written in rows (default: from the format or file)")
     id_field: str = Field("id", description="generic format: field holding the question id")
     question_field: str = Field("question", description="generic format: field holding the question")

@@ -102,8 +102,8 @@ def test_bad_rows_become_error_rows_and_others_are_answered(tmp_path):
     errors = dict(zip(df["question_id"], df["error"]))
     assert [errors[f"g{i}"] for i in range(3)] == [None] * 3
     assert "no question" in errors["empty"]
-    assert "duplicate question id 'g0'" in errors["g0#dup2"]
+    assert "duplicate question id 'g0'" in errors["dynrag:dup2-g0"]
     assert "characters" in errors["long"]
-    assert "UTF-8" in errors["line-6"] and "JSON" in errors["line-7"]
+    assert "UTF-8" in errors["dynrag:line-6"] and "JSON" in errors["dynrag:line-7"]
     assert gen.calls == [3]  # only the good rows reached the model
     assert summary["answered"] == 3 and summary["errors"] == 5

