@@ -7,7 +7,8 @@
 3. search (a fresh process, so that its memory is the index's): the process first loads its
    libraries, the JVM and the encoder on a 1,000-passage warm-up index, then opens the index (timed),
    answers 1,000 BM25 and 1,000 dense queries (first sentence words of random lead sections, k=10,
-   one batch each) and reports RSS after minus RSS before opening. FAISS's share is the size of the
+   one batch each) and reports RSS after minus RSS before opening (its JVM has a fixed 512 MiB heap,
+   committed before that first reading: see `_probe`). FAISS's share is the size of the
    `faiss.index` files (what FAISS holds in memory); `resident_bytes_per_passage` is the rest / N.
 
 `--encoder hash` (indexing.embed.HashEncoder) is a deterministic feature-hashing test encoder, not
@@ -29,6 +30,7 @@ from pathlib import Path
 
 WARM_PASSAGES = 1000
 QUERIES = 1000
+JVM_HEAP_MB = 512
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
@@ -84,6 +86,10 @@ def write_corpus(path: Path, n: int, articles, seed: int = 0) -> None:
 def _run(n: int, cfg, work: Path) -> dict:
     from indexing import build_index
 
+    import shutil
+
+    for old in ("index", "warm"):  # always a fresh build
+        shutil.rmtree(work / old, ignore_errors=True)
     articles = _articles(cfg)
     write_corpus(work / "corpus.jsonl", n, articles)
     write_corpus(work / "warm.jsonl", WARM_PASSAGES, articles, seed=1)
@@ -126,22 +132,24 @@ def _disk(root: Path) -> dict[str, int]:
 
 
 def _probe(work: Path, n: int, cfg_json: dict) -> dict:
-    """Run in a fresh process: RSS of opening the index and answering the queries."""
+    """Run in a fresh process: RSS of opening the index and answering the queries. The JVM gets a fixed
+    heap, committed at its start (before the reading 'before'), as a long-lived holder's should have:
+    by default its heap grows with each BM25 batch's garbage towards a quarter of the machine's RAM."""
     import gc
 
-    import psutil
-
     from indexing import open_index
+    from indexing.java import bound_jvm_memory, ensure_java
     from pipeline.config import DynragConfig
 
+    ensure_java()
+    bound_jvm_memory(JVM_HEAP_MB)
     settings = DynragConfig.model_validate(cfg_json).index_settings()
     queries = json.loads((work / "queries.json").read_text())
     with open_index(work / "warm", settings) as warm:
         for retriever in ("bm25", "dense"):
             warm.search(queries, k=10, retriever=retriever)
     gc.collect()
-    proc = psutil.Process()
-    before = proc.memory_full_info()
+    before = _status()
     t0 = time.perf_counter()
     index = open_index(work / "index", settings)
     open_s = time.perf_counter() - t0
@@ -154,27 +162,28 @@ def _probe(work: Path, n: int, cfg_json: dict) -> dict:
         index.search(queries, k=10, retriever=retriever)
         timings[retriever] = time.perf_counter() - t
     gc.collect()
-    after = proc.memory_full_info()
+    after = _status()
     faiss_bytes = sum(p.stat().st_size for p in (work / "index").glob("shards/*/faiss.index"))
-    anon = _anon_kib() * 1024
     index.close()
     return {
         "open_s": round(open_s, 4),
         "first_dense_query_s": round(first_dense_s, 3),
         "bm25_s_per_1k_queries": round(timings["bm25"] * 1000 / len(queries), 3),
         "dense_s_per_1k_queries": round(timings["dense"] * 1000 / len(queries), 3),
-        "rss_before_open_bytes": before.rss,
-        "rss_delta_bytes": after.rss - before.rss,
+        "rss_before_open_bytes": before["VmRSS"],
+        "rss_delta_bytes": after["VmRSS"] - before["VmRSS"],
+        "rss_delta_anon_bytes": after["RssAnon"] - before["RssAnon"],
+        "rss_delta_file_bytes": after["RssFile"] - before["RssFile"],
         "faiss_bytes": faiss_bytes,
         "faiss_bytes_per_passage": round(faiss_bytes / n, 1),
-        "rss_anon_after_bytes": anon,
-        "uss_delta_bytes": after.uss - before.uss,
     }
 
 
-def _anon_kib() -> int:
+def _status() -> dict[str, int]:
+    """This process's resident bytes: all, anonymous (heap), file-backed (mapped files)."""
     with open("/proc/self/status") as f:
-        return next(int(x.split()[1]) for x in f if x.startswith("RssAnon"))
+        return {k: int(v.split()[0]) * 1024 for k, v in (x.split(":", 1) for x in f)
+                if k in ("VmRSS", "RssAnon", "RssFile")}
 
 
 def _text(r: dict) -> str:
@@ -187,8 +196,9 @@ def _text(r: dict) -> str:
         f"open        {r['open_s']:.3f} s; first dense query (reads FAISS) {r['first_dense_query_s']:.2f} s",
         f"search      BM25 {r['bm25_s_per_1k_queries']:.2f} s, dense {r['dense_s_per_1k_queries']:.2f} s per 1,000 queries (k=10)",
         f"resident    {r['resident_bytes_per_passage']:.1f} bytes per passage beyond FAISS "
-        f"(RSS +{r['rss_delta_bytes'] / 2**20:.1f} MiB after open + 2,000 queries; FAISS {r['faiss_bytes'] / 2**20:.1f} MiB "
-        f"= {r['faiss_bytes_per_passage']:.0f} bytes per passage)",
+        f"(RSS +{r['rss_delta_bytes'] / 2**20:.1f} MiB after open + 2,000 queries: anonymous "
+        f"+{r['rss_delta_anon_bytes'] / 2**20:.1f}, mapped files +{r['rss_delta_file_bytes'] / 2**20:.1f}; "
+        f"FAISS {r['faiss_bytes'] / 2**20:.1f} MiB = {r['faiss_bytes_per_passage']:.0f} bytes per passage)",
     ])
 
 
