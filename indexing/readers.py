@@ -96,7 +96,7 @@ def _str(obj: dict, key: str, *, required: bool = True) -> str:
     return value
 
 
-def _sentences(value: Any) -> str:
+def join_sentences(value: Any) -> str:
     if isinstance(value, str):
         return value
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
@@ -142,14 +142,14 @@ def _context_pairs(ctx: Any) -> Iterator[Record]:
     for pair in ctx:
         if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
             raise _Bad("a 'context' entry is not [title, sentences]")
-        yield Record(title=pair[0], text=_sentences(pair[1]))
+        yield Record(title=pair[0], text=join_sentences(pair[1]))
 
 
 def _title_text(obj: Any) -> Record:
     if not isinstance(obj, dict):
         raise _Bad("not a JSON object")
     if "text" in obj and isinstance(obj["text"], list):  # HotpotQA's corpus dict: title -> sentences
-        return Record(title=_str(obj, "title"), text=_sentences(obj["text"]))
+        return Record(title=_str(obj, "title"), text=join_sentences(obj["text"]))
     return Record(title=_str(obj, "title"), text=_str(obj, "text"))
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from indexing.passages import paragraph_id
 from pipeline.evaluation.metrics import accuracy, answer_metrics, exact_match, f1_precision_recall, normalize_answer, support_recall
 
 
@@ -49,7 +50,29 @@ def test_answer_metrics_none_without_gold():
     assert m == {"em": 1.0, "f1": 1.0, "acc": 1.0, "precision": 1.0, "recall": 1.0}
 
 
-def test_support_recall():
-    assert support_recall(["A", "B", "C"], ["A", "D"]) == 0.5
-    assert support_recall(["A"], []) is None
-    assert support_recall([], ["A"]) == 0.0
+def test_support_recall_by_paragraph_where_titles_are_shared():
+    """MuSiQue gives different paragraphs one title: two gold paragraphs titled "Paris", one retrieved (cut in
+    two passages) and a third non-gold "Paris" paragraph retrieved. By title both golds would look found (1.0)."""
+    gold_a, gold_b, other = (paragraph_id("Paris", t) for t in ("Paris is the capital.", "Paris, Texas is a city.",
+                                                                  "Paris Hilton is a person."))
+    retrieved = [(f"{gold_a}#0", "Paris"), (f"{gold_a}#1", "Paris"), (other, "Paris"), ("p0", "Lyon")]
+    assert support_recall(retrieved, ["Paris", "Paris"], [gold_a, gold_b]) == 0.5
+    assert support_recall(retrieved, ["Paris", "Lyon"], [gold_a, ""]) == 1.0  # a title-only gold matches by title
+    assert support_recall(retrieved, [], []) is None
+    assert support_recall([], ["Paris"], [gold_a]) == 0.0
+
+
+def test_supporting_paragraphs_from_a_question_file_carry_their_ids(tmp_path):
+    import json
+
+    from pipeline.io.datasets import load_questions
+
+    rec = {"id": "q1", "question": "Which Paris?", "answer": "x", "answer_aliases": [], "question_decomposition": [],
+           "paragraphs": [{"idx": 0, "title": "Paris", "paragraph_text": "Paris is the capital.", "is_supporting": True},
+                          {"idx": 1, "title": "Paris", "paragraph_text": "Paris, Texas is a city.", "is_supporting": True},
+                          {"idx": 2, "title": "Lyon", "paragraph_text": "Lyon is a city.", "is_supporting": False}]}
+    f = tmp_path / "musique.jsonl"
+    f.write_text(json.dumps(rec) + "\n")
+    q = next(load_questions(str(f)))
+    assert q.supporting_titles == ["Paris", "Paris"]
+    assert q.supporting_ids == [paragraph_id("Paris", "Paris is the capital."), paragraph_id("Paris", "Paris, Texas is a city.")]

@@ -113,14 +113,18 @@ class Question:
     answers: list[str] = field(default_factory=list)
     dataset: str = ""
     supporting_titles: list[str] = field(default_factory=list)
+    # each gold paragraph's content id (indexing.passages.paragraph_id), "" where only its title is known
+    supporting_ids: list[str] = field(default_factory=list)
     error: str | None = None  # set by a loader for a row that cannot be answered
 
     def to_dict(self) -> dict:
         return {"id": self.id, "question": self.question, "answers": list(self.answers), "dataset": self.dataset,
-                "supporting_titles": list(self.supporting_titles), "error": self.error}
+                "supporting_titles": list(self.supporting_titles), "supporting_ids": list(self.supporting_ids),
+                "error": self.error}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Question":
         return cls(id=str(d["id"]), question=d.get("question") or "", answers=list(d.get("answers") or []),
                    dataset=d.get("dataset") or "", supporting_titles=list(d.get("supporting_titles") or []),
+                   supporting_ids=list(d.get("supporting_ids") or []),
                    error=d.get("error"))

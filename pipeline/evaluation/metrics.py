@@ -1,14 +1,18 @@
-"""Answer metrics with SQuAD normalisation: EM, F1, accuracy (a gold answer contained), token P/R.
+"""Answer metrics with SQuAD normalisation: EM, F1, accuracy (a gold answer contained), token P/R; and
+gold-document recall by paragraph.
 
 Every metric takes the best value over the gold answers, as the SQuAD/DPR evaluation scripts do.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import string
 from collections import Counter
 from typing import Iterable, Sequence
+
+from indexing.passages import parent_id
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -65,10 +69,18 @@ def answer_metrics(prediction: str, golds: Sequence[str]) -> dict[str, float | N
             "precision": p, "recall": r}
 
 
-def support_recall(retrieved_titles: Iterable[str], gold_titles: Sequence[str]) -> float | None:
-    """Share of gold supporting documents (by title) among the retrieved ones; None without labels."""
-    gold = {t.strip() for t in gold_titles if t and t.strip()}
-    if not gold:
+def support_recall(retrieved: Iterable[tuple[str, str]], gold_titles: Sequence[str], gold_ids: Sequence[str] = ()
+                   ) -> float | None:
+    """Share of the gold supporting paragraphs among the retrieved passages (id, title); None without labels.
+
+    A gold paragraph with a content id (`indexing.passages.paragraph_id`, carried from the question file) is
+    found when a passage cut from it was retrieved (its id up to the `#i` chunk suffix): paragraphs sharing a
+    title (MuSiQue) count apart. A gold known by title alone (files that give only titles) matches by title.
+    """
+    golds = list(dict.fromkeys((t.strip(), i) for t, i in itertools.zip_longest(gold_titles, gold_ids, fillvalue="")
+                               if t and t.strip()))
+    if not golds:
         return None
-    got = {t.strip() for t in retrieved_titles if t}
-    return len(gold & got) / len(gold)
+    ids = {parent_id(pid) for pid, _ in retrieved}
+    titles = {title.strip() for _, title in retrieved if title}
+    return sum((pid in ids) if pid else (title in titles) for title, pid in golds) / len(golds)

@@ -33,6 +33,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from indexing.passages import paragraph_id
+from indexing.readers import join_sentences
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
 from pipeline.engine.requests import Question
@@ -90,28 +92,34 @@ def _answers(*values: Any) -> list[str]:
     return out
 
 
-def _titles_from_facts(facts: Any) -> list[str]:
-    titles: list[str] = []
-    for f in _as_list(facts):
-        t = f[0] if isinstance(f, (list, tuple)) and f else None
-        if isinstance(t, str) and t not in titles:
-            titles.append(t)
-    return titles
+def _from_facts(facts: Any, context: Any) -> list[tuple[str, str]]:
+    """HotpotQA / 2Wiki: the supporting titles of `supporting_facts`, each with its paragraph from `context`."""
+    paragraphs = {}
+    for pair in _as_list(context):
+        if isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str):
+            try:
+                paragraphs.setdefault(pair[0], join_sentences(pair[1]))
+            except Exception:  # sentences that are not text: the paragraph is unknown, its title still counts
+                pass
+    titles = dict.fromkeys(f[0] for f in _as_list(facts) if isinstance(f, (list, tuple)) and f and isinstance(f[0], str))
+    return [(t, paragraphs.get(t, "")) for t in titles]
 
 
-def _supporting(paragraphs: Any) -> list[str]:
-    titles: list[str] = []
+def _supporting(paragraphs: Any) -> list[tuple[str, str]]:
+    """IRCoT / MuSiQue: every paragraph marked supporting, as (title, text): paragraphs may share a title."""
+    out: list[tuple[str, str]] = []
     for p in _as_list(paragraphs):
-        if isinstance(p, dict) and p.get("is_supporting") in (True, "True", "true", 1):
-            t = p.get("title")
-            if isinstance(t, str) and t not in titles:
-                titles.append(t)
-    return titles
+        if isinstance(p, dict) and p.get("is_supporting") in (True, "True", "true", 1) and isinstance(p.get("title"), str):
+            pair = (p["title"], p.get("paragraph_text") if isinstance(p.get("paragraph_text"), str) else "")
+            if pair not in out:
+                out.append(pair)
+    return out
 
 
-# Each parser: record -> (id, question, answers, supporting titles)
+# Each parser: record -> (id, question, answers, supporting paragraphs as (title, text; "" if unknown))
 def _hotpotqa(r: dict):
-    return r.get("_id") or r.get("id"), r.get("question"), _answers(r.get("answer")), _titles_from_facts(r.get("supporting_facts"))
+    return (r.get("_id") or r.get("id"), r.get("question"), _answers(r.get("answer")),
+            _from_facts(r.get("supporting_facts"), r.get("context")))
 
 
 def _ircot(r: dict):
@@ -279,7 +287,8 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
         own = str(qid) if qid not in (None, "") else None
         qid = own if own is not None and not own.startswith(MADE) else f"{MADE}line-{lineno}"
         q = Question(id=qid, question=text.strip() if isinstance(text, str) else "", answers=answers,
-                     dataset=name, supporting_titles=support)
+                     dataset=name, supporting_titles=[title for title, _ in support],
+                     supporting_ids=[paragraph_id(title, text) if text else "" for title, text in support])
         if own is not None and own.startswith(MADE):
             q.error = f"question id {own!r} starts with {MADE!r}, which dynrag keeps for the ids it makes"
         elif text is not None and not isinstance(text, str):
@@ -306,6 +315,6 @@ def _generic(dc):
         if dc.question_field not in r:
             raise KeyError(f"no field {dc.question_field!r}")
         support = _as_list(r.get(dc.supporting_field)) if dc.supporting_field else []
-        return r.get(dc.id_field), r.get(dc.question_field), _answers(r.get(dc.answers_field)), [str(s) for s in support]
+        return r.get(dc.id_field), r.get(dc.question_field), _answers(r.get(dc.answers_field)), [(str(s), "") for s in support]
 
     return parse

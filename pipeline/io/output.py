@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.engine.core import STAGES, Outcome
+from indexing.passages import parent_id
 from pipeline.evaluation.metrics import answer_metrics, support_recall
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ SCHEMA = pa.schema([
     ("gold_answers", pa.list_(pa.string())), ("gold_supporting_titles", pa.list_(pa.string())),
     ("method", pa.string()), ("method_params", pa.string()), ("config_hash", pa.string()), ("model", pa.string()),
     ("prediction", pa.string()), ("raw_output", pa.string()), ("generations", pa.list_(GEN)),
-    ("retrieved", pa.list_(DOC)), ("docs_in_prompt", pa.int32()),
+    ("retrieved", pa.list_(DOC)), ("docs_in_prompt", pa.int32()), ("passages_in_prompt", pa.int32()),
     ("llm_calls", pa.int32()), ("retrieval_calls", pa.int32()), ("classifier_calls", pa.int32()),
     ("embedding_calls", pa.int32()), ("retrieval_triggered", pa.bool_()),
     ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
@@ -55,14 +56,15 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
     prediction = a.prediction if a else ""
     metrics = answer_metrics(prediction, q.answers) if a and not o.error else dict.fromkeys(
         ("em", "f1", "acc", "precision", "recall"))
-    final_titles = [h.title for h in a.used_docs] if a else []
+    final = [(h.id, h.title) for h in a.used_docs] if a else []
+    gold = (q.supporting_titles, q.supporting_ids)
     triggered = a.retrieval_triggered if a and a.retrieval_triggered is not None else t.retrieval_calls > 0
     row = {
         "run_id": run_id, "dataset": q.dataset, "question_id": q.id, "question": q.question,
         "gold_answers": list(q.answers), "gold_supporting_titles": list(q.supporting_titles),
         "method": method, "method_params": params_json, "config_hash": chash, "model": model,
         "prediction": prediction, "raw_output": a.raw_output if a else "",
-        "generations": t.generations, "retrieved": retrieved, "docs_in_prompt": len(a.used_docs) if a else 0,
+        "generations": t.generations, "retrieved": retrieved, "docs_in_prompt": len({parent_id(pid) for pid, _ in final}), "passages_in_prompt": len(final),
         "llm_calls": t.llm_calls, "retrieval_calls": t.retrieval_calls, "classifier_calls": t.classifier_calls,
         "embedding_calls": t.embedding_calls, "retrieval_triggered": bool(triggered),
         "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
@@ -70,8 +72,8 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "latency_s": t.latency_s,
         **metrics,
         # gold-document recall is defined for rows that retrieved (None otherwise, or without labels)
-        "support_recall": support_recall(final_titles, q.supporting_titles) if a and t.retrieve_rounds else None,
-        "support_recall_retrieved": support_recall([d["title"] for d in t.retrieved], q.supporting_titles)
+        "support_recall": support_recall(final, *gold) if a and t.retrieve_rounds else None,
+        "support_recall_retrieved": support_recall([(d["id"], d["title"]) for d in t.retrieved], *gold)
         if a and t.retrieve_rounds else None,
         "error": o.error, "extra": _extra(a, t),
         "finished_at": time.time(),
@@ -168,7 +170,8 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
         "datasets": sorted(set(df["dataset"].to_list())) if df.height else [],
         "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "precision": mean("precision"), "recall": mean("recall"),
         "support_recall": mean("support_recall"), "support_recall_retrieved": mean("support_recall_retrieved"),
-        "docs_in_prompt_per_question": mean("docs_in_prompt"), "llm_calls_per_question": mean("llm_calls"), "retrieval_calls_per_question": mean("retrieval_calls"),
+        "docs_in_prompt_per_question": mean("docs_in_prompt"),
+        "passages_in_prompt_per_question": mean("passages_in_prompt"), "llm_calls_per_question": mean("llm_calls"), "retrieval_calls_per_question": mean("retrieval_calls"),
         "classifier_calls_per_question": mean("classifier_calls"),
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"), "completion_tokens_per_question": mean("completion_tokens"),
