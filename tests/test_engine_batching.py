@@ -205,3 +205,14 @@ def test_latency_is_each_questions_own_wall_time():
     # shares (time_total_s) are not their latencies: they split the first call between them
     assert [o.trace.latency_s for o in out] == [1.0, 4.0]
     assert [o.trace.time["generation"] for o in out] == [0.5, 3.5]
+
+
+def test_retrieval_only_runs_count_no_llm_calls():
+    """generation.backend=none: the programs still yield their prompts, but no model runs: 0 LLM calls."""
+    from pipeline.backends import NoGenerator
+
+    qs = [Question(str(i), f"capital of {c}?") for i, c in enumerate(["France", "Italy"])]
+    engine = Engine(Backends(DynragConfig(), generator=NoGenerator(), retriever=MemoryRetriever(PASSAGES)))
+    out = engine.run(qs, two_round, None)
+    assert all(o.error is None for o in out)
+    assert [(o.trace.llm_calls, o.trace.retrieval_calls) for o in out] == [(0, 2), (0, 2)]

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, Iterator
 
-from pipeline.engine.requests import Answer, Call, Embed, Generate, Question, Request, Retrieve, Score
+from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, Score
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class BaseEngine:
         for st, out, w in zip(owner, outs, weights):
             # the batch's time, shared by tokens processed (equally when nothing was generated)
             st.trace.time["generation"] += dt * (w / total if total else 1 / len(outs))
-            st.trace.llm_calls += 1
+            st.trace.llm_calls += not (isinstance(out, Completion) and out.finish_reason == "none")  # no model ran
             if not isinstance(out, BaseException):
                 st.trace.prompt_tokens += out.prompt_tokens
                 st.trace.completion_tokens += out.completion_tokens
