@@ -76,6 +76,10 @@ def test_dragin_batches_generation_attention_and_retrieval_across_questions():
     assert a.extra["queries"][0] == "directed film Jaws number 0 film"
     assert "The film was made by Steven Spielberg." in a.raw_output
     assert out[0].trace.backend_calls == {"attention.stats": 2}
+    # the trigger: RIND fired at " Zorblat", the 6th answer token (index 5), where the output was truncated
+    assert a.extra["retrieval_at_tokens"] == [5] and PIECE.findall(GUESS)[5] == " Zorblat"
+    tr = out[0].trace  # the attention pass is its own stage; each retrieved document records when it came
+    assert tr.time["attention"] > 0 and all(d["at_s"] > 0 for d in tr.retrieved)
 
 
 def test_flare_truncates_before_the_low_probability_sentence_and_masks_it():
@@ -84,6 +88,7 @@ def test_flare_truncates_before_the_low_probability_sentence_and_masks_it():
     a = out[3].answer
     assert a.prediction == "Steven Spielberg" and a.extra["retrievals"] == 1
     assert a.extra["queries"] == ["The film was made by Unknown"]
+    assert a.extra["retrieval_at_tokens"] == [0]  # the low-probability sentence was the first: nothing kept
 
 
 def test_fixed_rule_baselines_retrieve_per_window_and_per_sentence():

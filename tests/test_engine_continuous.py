@@ -45,6 +45,8 @@ def _rows(outcomes) -> list[dict]:
     for r in rows:  # what differs between engines by design: timing
         for key in [k for k in r if k.startswith("time_")] + ["latency_s", "finished_at"]:
             r.pop(key)
+        for d in r["retrieved"]:
+            d.pop("at_s")
     return rows
 
 

@@ -23,7 +23,7 @@ from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, 
 
 log = logging.getLogger(__name__)
 
-STAGES = ("retrieval", "classification", "generation", "embedding", "method")
+STAGES = ("retrieval", "classification", "generation", "embedding", "attention", "method")  # attention: DRAGIN's pass
 
 
 @dataclass
@@ -227,11 +227,12 @@ class BaseEngine:
                 tr.retrieval_calls += len(req.queries)
                 tr.time["retrieval"] += dt * len(req.queries) / max(len(queries), 1)
                 step = req.step or f"retrieve-{tr.retrieve_rounds}"
+                at = time.perf_counter() - tr.started if tr.started is not None else None  # when, in the question
                 for qi, ranked in enumerate(mine):
                     for rank, h in enumerate(ranked, 1):
                         tr.retrieved.append({"id": h.id, "title": h.title, "score": float(h.score), "rank": rank,
                                              "step": step, "path": req.path or ("query" if len(req.queries) == 1 else f"query-{qi}"),
-                                             "round": tr.retrieve_rounds})
+                                             "round": tr.retrieve_rounds, "at_s": at})
                 deliveries.append((st, mine, None))
         return deliveries
 

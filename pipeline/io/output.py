@@ -29,7 +29,8 @@ from pipeline.evaluation.metrics import answer_metrics, support_recall
 log = logging.getLogger(__name__)
 
 DOC = pa.struct([("id", pa.string()), ("title", pa.string()), ("score", pa.float64()), ("rank", pa.int32()),
-                 ("step", pa.string()), ("path", pa.string()), ("round", pa.int32()), ("kept", pa.bool_())])
+                 ("step", pa.string()), ("path", pa.string()), ("round", pa.int32()), ("kept", pa.bool_()),
+                 ("at_s", pa.float64())])  # at_s: seconds from the question's first request to this retrieval
 GEN = pa.struct([("stage", pa.string()), ("text", pa.string())])
 
 SCHEMA = pa.schema([

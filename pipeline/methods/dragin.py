@@ -131,6 +131,7 @@ class Run:
     triggers: int = 0
     generated: int = 0  # every token generated, accepted or not
     queries: list[str] = field(default_factory=list)
+    at_tokens: list[int] = field(default_factory=list)  # answer tokens accepted when each retrieval ran (the trigger)
     seen_docs: dict[str, Hit] = field(default_factory=dict)
 
     def prompt(self) -> tuple[str, list[tuple[int, int]]]:
@@ -148,6 +149,7 @@ class Run:
                                path="query"))[0]
         self.retrievals += 1
         self.queries.append(query)
+        self.at_tokens.append(self.used)
         self.docs = list(hits)
         for h in hits:
             self.seen_docs.setdefault(h.id, h)
@@ -173,6 +175,7 @@ class Run:
             raw = self.text + out.text
             ans = marked_answer(raw) or ""
         extra = {"retrievals": self.retrievals, "generated_tokens": self.generated, "hallucination_points": self.triggers,
+                 "retrieval_at_tokens": self.at_tokens,
                  "queries": self.queries, "answer_forced": forced, **extra}
         return Answer(ans, raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0, extra=extra)
 
@@ -216,7 +219,7 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
             break
         if run.can_retrieve():
             st = (yield Call("attention", "stats", [{"prompt": prompt, "generated": new, "context": spans}],
-                             stage="method"))[0]
+                             stage="attention"))[0]
             offsets = [tuple(o) for o in st["offsets"]]
             amax = sentence_relative(st["amax"], new, offsets) if p.attention_norm == "sentence" else st["amax"]
             scores = rind(st["entropy"], amax, semantic_mask(new, offsets))
