@@ -163,6 +163,10 @@ def _probe(work: Path, n: int, cfg_json: dict) -> dict:
         timings[retriever] = time.perf_counter() - t
     gc.collect()
     after = _status()
+    from indexing.native_memory import release_free_memory
+
+    release_free_memory()  # what of the growth malloc only kept as free pages (search scratch)
+    trimmed = _status()
     faiss_bytes = sum(p.stat().st_size for p in (work / "index").glob("shards/*/faiss.index"))
     index.close()
     return {
@@ -174,6 +178,7 @@ def _probe(work: Path, n: int, cfg_json: dict) -> dict:
         "rss_delta_bytes": after["VmRSS"] - before["VmRSS"],
         "rss_delta_anon_bytes": after["RssAnon"] - before["RssAnon"],
         "rss_delta_file_bytes": after["RssFile"] - before["RssFile"],
+        "rss_delta_after_malloc_trim_bytes": trimmed["VmRSS"] - before["VmRSS"],
         "faiss_bytes": faiss_bytes,
         "faiss_bytes_per_passage": round(faiss_bytes / n, 1),
     }
@@ -198,7 +203,8 @@ def _text(r: dict) -> str:
         f"resident    {r['resident_bytes_per_passage']:.1f} bytes per passage beyond FAISS "
         f"(RSS +{r['rss_delta_bytes'] / 2**20:.1f} MiB after open + 2,000 queries: anonymous "
         f"+{r['rss_delta_anon_bytes'] / 2**20:.1f}, mapped files +{r['rss_delta_file_bytes'] / 2**20:.1f}; "
-        f"FAISS {r['faiss_bytes'] / 2**20:.1f} MiB = {r['faiss_bytes_per_passage']:.0f} bytes per passage)",
+        f"FAISS {r['faiss_bytes'] / 2**20:.1f} MiB = {r['faiss_bytes_per_passage']:.0f} bytes per passage; "
+        f"+{r['rss_delta_after_malloc_trim_bytes'] / 2**20:.1f} MiB once malloc returned its free pages)",
     ])
 
 
