@@ -173,3 +173,19 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     hf = HfGenerator(tiny_cfg)
     (same,) = hf.generate([msgs], [SamplingSpec(max_tokens=6)], [True])
     assert same.token_ids == plain.token_ids and same.prompt_tokens == plain.prompt_tokens
+
+
+def test_vllm_constrained_decoding_keeps_a_random_model_to_the_choices(tiny_vllm):
+    """A random-weight model writes noise; with `choice` or `regex` (vLLM structured outputs) it cannot."""
+    from pipeline.engine.requests import SamplingSpec
+
+    msgs = [{"role": "user", "content": "[NLI result]:"}]
+    labels = ("entailment", "contradiction", "neutral")
+    free, chosen, matched = tiny_vllm.generate(
+        [msgs] * 3, [SamplingSpec(max_tokens=8), SamplingSpec(max_tokens=8, choice=labels),
+                     SamplingSpec(max_tokens=12, regex=r"[a-z]{2,5}\*\*[a-z]{2,5}")], [True] * 3)
+    assert free.text not in labels  # unconstrained, the noise is no label
+    assert chosen.text in labels
+    import re
+
+    assert re.fullmatch(r"[a-z]{2,5}\*\*[a-z]{2,5}", matched.text), matched.text

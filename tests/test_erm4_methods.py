@@ -11,7 +11,7 @@ from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
 from pipeline.methods.registry import MethodError, get_method
-from pipeline.methods.erm4 import mixed_order, parse_nli, parse_query, parse_rewriter_plus
+from pipeline.methods.erm4 import mixed_order, nli_label, parse_query, parse_rewriter_plus
 from pipeline.engine.requests import Question
 from pipeline.methods.reservoir import Reservoir
 from fakes import MemoryRetriever, RecordingGenerator
@@ -53,11 +53,11 @@ def test_single_query_parser():
 
 
 def test_nli_parser():
-    assert parse_nli("Entailment.") == "entailment"
-    assert parse_nli("The knowledge names the director.**entailment") == "entailment"
-    assert parse_nli("not entailment**Neutral") == "neutral"
-    assert parse_nli("contradiction, not neutral") == "contradiction"
-    assert parse_nli("I cannot tell") == "neutral"
+    assert nli_label("Entailment.") == "entailment"
+    assert nli_label("The knowledge names the director.**entailment") == "entailment"
+    assert nli_label("not entailment**Neutral") == "neutral"
+    assert nli_label("contradiction, not neutral") == "contradiction"
+    assert nli_label("I cannot tell") is None and nli_label("[NLI result]:") is None  # counted as unparsed
 
 
 def test_mixed_order_interleaves_drops_repeats_and_caps():
@@ -143,6 +143,7 @@ class PromptLog(RecordingGenerator):
 
     def generate(self, prompts, samplings, chats):
         self.prompts.extend(prompts)
+        self.samplings = getattr(self, "samplings", []) + list(samplings)
         return super().generate(prompts, samplings, chats)
 
 
@@ -164,6 +165,19 @@ def test_erm4_filter_keeps_entailment_and_backs_off(tmp_path):
     o = run(engine, "erm4", {"k": 2, "reservoir": False}, qs)[0]
     assert o.answer.extra["backoff"] is True and o.answer.used_docs == []
     assert "Knowledge:" not in str(gen.prompts[-1])
+
+
+def test_erm4_asks_for_constrained_outputs_and_counts_unparsed_judgments(tmp_path):
+    """The filter asks for one NLI label and the Rewriter+ for its '**' format (vLLM structured outputs); a backend
+    that ignores that and answers '[NLI result]:' gets each such judgment counted, its knowledge dropped."""
+    engine, gen, _ = engine_for(tmp_path, lambda p: "[NLI result]:" if "NLI" in str(p) else reply(p))
+    o = run(engine, "erm4", {"k": 2, "reservoir": False}, [Question("1", Q, answers=["James Cameron"])])[0]
+    ex = o.answer.extra
+    assert ex["filter_unparsed"] == ex["external_knowledge"] > 0 and ex["backoff"] is True
+    by_prompt = {("NLI" in str(pr), "search-friendly" in str(pr)): s for pr, s in zip(gen.prompts, gen.samplings)}
+    assert by_prompt[(True, False)].choice == ("entailment", "contradiction", "neutral")
+    rewrite = by_prompt[(False, True)].regex
+    assert re.fullmatch(rewrite, "Who directed it?**Titanic film**James Cameron") and not re.fullmatch(rewrite, "no queries")
 
 
 def test_erm4_trigger_answers_from_the_reservoir_the_second_time(tmp_path):

@@ -70,11 +70,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def _row(label: str, out: Path, s: dict) -> dict:
     t = s["time_per_question_s"]
-    e = extra_summary(str(out), ["external_knowledge", "memory_knowledge", "irrelevant_knowledge", "backoff"])
+    e = extra_summary(str(out), ["external_knowledge", "memory_knowledge", "irrelevant_knowledge", "backoff",
+                                 "filter_unparsed", "rewrite_parsed"])
     return {"config": label, "questions": s["answered"], "errors": s["errors"], "f1": s["f1"], "hit_rate": s["acc"],
             "time_s": t["total"], "retrieval_s": t["retrieval"], "wall_s": s.get("wall_s_per_question"),
             "llm_calls": s["llm_calls_per_question"], "external": e["external_knowledge"], "memory": e["memory_knowledge"],
-            "irrelevant": e["irrelevant_knowledge"], "backoff": e["backoff"]}
+            "irrelevant": e["irrelevant_knowledge"], "backoff": e["backoff"], "unparsed": e["filter_unparsed"],
+            "rewrite_parsed": e["rewrite_parsed"]}
 
 
 def _fmt(v, pct=False, nd=2) -> str:
@@ -90,12 +92,13 @@ def table1(cfg, backends, dataset: str, index: str, limit: int, out: Path) -> li
 
 
 def render_table1(rows: list[dict]) -> str:
-    lines = ["| Method | F1 | Hit Rate | LLM calls/q | external | irrelevant | back-off | s/q | questions |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| Method | F1 | Hit Rate | LLM calls/q | external | irrelevant | back-off | unparsed NLI/q | rewrites parsed "
+             "| s/q | questions |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {_fmt(r['f1'], True)} | {_fmt(r['hit_rate'], True)} | {_fmt(r['llm_calls'])} "
                      f"| {_fmt(r['external'])} | {_fmt(r['irrelevant'])} | {_fmt(r['backoff'], True, 0)}% "
-                     f"| {_fmt(r['time_s'])} | {r['questions']} |")
+                     f"| {_fmt(r['unparsed'])} | {_fmt(r['rewrite_parsed'], True, 0)}% | {_fmt(r['time_s'])} "
+                     f"| {r['questions']} |")
     return "\n".join(lines)
 
 

@@ -72,6 +72,7 @@ class VllmGenerator:
 
     def sampling_params(self, spec: SamplingSpec, prompt_len: int):
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         g = self.cfg
         max_tokens = spec.max_tokens or g.max_new_tokens
@@ -82,6 +83,8 @@ class VllmGenerator:
             top_p=g.top_p if spec.top_p is None else spec.top_p,
             stop=list(spec.stop) or None, logprobs=spec.logprobs, prompt_logprobs=spec.prompt_logprobs,
             seed=g.seed if (spec.temperature or g.temperature) > 0 else None,
+            structured_outputs=StructuredOutputsParams(choice=list(spec.choice) or None, regex=spec.regex)
+            if spec.choice or spec.regex else None,
         )
 
     def encode_all(self, prompts, chats) -> list[list[int] | Exception]:

@@ -36,6 +36,10 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # top-k logprobs per generated token
     prompt_logprobs: int | None = None
+    # constrained decoding (vLLM's structured outputs; the transformers backend ignores it and methods parse
+    # what comes): the output is one of `choice`, or matches `regex`
+    choice: tuple[str, ...] = ()
+    regex: str | None = None
 
 
 @dataclass

@@ -130,16 +130,16 @@ def nli_prompt(question: str, knowledge: Hit, hypothesis: str) -> list[dict[str,
                                         "[NLI result]:"}]
 
 
-def parse_nli(text: str) -> str:
+def nli_label(text: str) -> str | None:
     """The judgment j: the label after the last '**' if any (the paper's '{explanation}**{result}'), else the
-    first label word in the text; 'neutral' when none is named (the knowledge is then dropped)."""
+    first label word in the text; None when no label is named (the knowledge is then dropped, as neutral)."""
     t = (text or "").lower()
     tail = t.rsplit("**", 1)[-1] if "**" in t else t
     for scope in (tail, t):
         found = [(m.start(), m.group(0)) for lab in NLI_LABELS for m in re.finditer(rf"\b{lab[:6]}\w*", scope)]
         if found:
             return next(lab for lab in NLI_LABELS if lab.startswith(min(found)[1][:6]))
-    return "neutral"
+    return None
 
 
 # -- reader (Sec. 4.1: instruction, question, knowledge, response format) ----------------------------------
@@ -174,7 +174,7 @@ def mixed_order(lists: Sequence[Sequence[Hit]], cap: int) -> list[Hit]:
 
 @register_backend("erm4-model")
 class PathModelBackend:
-    """`Call("erm4-model", "generate", [{"model": folder, "prompt": ..., "max_tokens": n}])` -> Completion each.
+    """`Call("erm4-model", "generate", [{"model": folder, "prompt": ..., "sampling": SamplingSpec}])` -> Completion each.
     One generator per folder, built like the run's generator (generation.backend) with generation.model=folder."""
 
     def __init__(self, cfg, backends=None):
@@ -189,8 +189,7 @@ class PathModelBackend:
                 cfg.generation.model = model
                 self._gens[model] = make_generator(cfg)
             idx = [i for i, it in enumerate(items) if it["model"] == model]
-            res = self._gens[model].generate([items[i]["prompt"] for i in idx],
-                                             [SamplingSpec(max_tokens=items[i]["max_tokens"]) for i in idx],
+            res = self._gens[model].generate([items[i]["prompt"] for i in idx], [items[i]["sampling"] for i in idx],
                                              [True] * len(idx))
             for i, r in zip(idx, res):
                 if isinstance(r, BaseException):
@@ -199,11 +198,17 @@ class PathModelBackend:
         return out
 
 
-def _generate(prompts: list, max_tokens: int, model: str | None, stage: str) -> Generator[Request, Any, list[Completion]]:
+def _generate(prompts: list, spec: SamplingSpec, model: str | None, stage: str) -> Generator[Request, Any, list[Completion]]:
     if model:
-        return (yield Call("erm4-model", "generate", [{"model": model, "prompt": p, "max_tokens": max_tokens}
-                                                      for p in prompts], stage="generation"))
-    return (yield Generate(prompts, sampling=SamplingSpec(max_tokens=max_tokens), stage=stage))
+        return (yield Call("erm4-model", "generate", [{"model": model, "prompt": p, "sampling": spec} for p in prompts],
+                           stage="generation"))
+    return (yield Generate(prompts, sampling=spec, stage=stage))
+
+
+# Constrained outputs (vLLM structured outputs; other backends are parsed as they come, see the parsers):
+# the Rewriter+ format '{s}**{q1}**{q2}...' (Sec. 3.1), one query line, and one NLI label (Sec. 3.2).
+REWRITE_PLUS_REGEX = r"[^*\n]{3,300}(\*\*[^*\n]{2,200}){1,%d}"
+QUERY_REGEX = r"[^\n]{2,300}"
 
 
 # -- parameters ------------------------------------------------------------------------------------------------
@@ -253,14 +258,16 @@ def _read(question: str, knowledge: list[Hit], extra: dict, triggered: bool) -> 
 
 
 def _rewrite_plus(q: Question, p: RewriterPlusParams) -> Generator[Request, Any, tuple[str, list[str], bool]]:
-    out = (yield from _generate([rewriter_plus_prompt(q.question)], p.rewrite_tokens, p.rewriter_model, "rewrite"))[0]
+    spec = SamplingSpec(max_tokens=p.rewrite_tokens, regex=REWRITE_PLUS_REGEX % p.max_queries)
+    out = (yield from _generate([rewriter_plus_prompt(q.question)], spec, p.rewriter_model, "rewrite"))[0]
     return parse_rewriter_plus(out.text, q.question, p.max_queries)
 
 
 @register_method("rewrite-retrieve-read", params=RewriteReadParams, paper=f"{PAPER}, Sec. 4.3 (ii); Ma et al., 2023",
                  description="ERM4 config (ii): rewrite into one query, retrieve, read with the original question")
 def rewrite_retrieve_read(q: Question, p: RewriteReadParams):
-    out = (yield from _generate([rewriter_prompt(q.question)], p.rewrite_tokens, p.rewriter_model, "rewrite"))[0]
+    spec = SamplingSpec(max_tokens=p.rewrite_tokens, regex=QUERY_REGEX)
+    out = (yield from _generate([rewriter_prompt(q.question)], spec, p.rewriter_model, "rewrite"))[0]
     query, parsed = parse_query(out.text, q.question)
     hits = (yield Retrieve([query], k=p.k, retriever=p.retriever, step="external", path="query"))[0]
     knowledge = mixed_order([hits], p.max_knowledge)
@@ -280,16 +287,18 @@ def erm4_rewriter(q: Question, p: RewriterPlusParams):
     return (yield from _read(s, knowledge, extra, True))
 
 
-def knowledge_filter(s: str, knowledge: list[Hit], p: Erm4Params) -> Generator[Request, Any, list[bool]]:
-    """F(s, k) -> j; True keeps k (entailment), Sec. 3.2."""
+def knowledge_filter(s: str, knowledge: list[Hit], p: Erm4Params) -> Generator[Request, Any, tuple[list[bool], int]]:
+    """F(s, k) -> j; True keeps k (entailment), Sec. 3.2. Also returns how many judgments named no label
+    (each counted as neutral, so its knowledge is dropped)."""
     if p.filter == "none" or not knowledge:
-        return [True] * len(knowledge)
+        return [True] * len(knowledge), 0
     if p.filter == "classifier":
         scores = yield Score([(s, format_document(h.title, h.text)) for h in knowledge], classifier=p.classifier)
-        return [sc >= p.threshold for sc in scores]
-    outs = yield from _generate([nli_prompt(s, h, p.hypothesis) for h in knowledge], p.filter_tokens,
-                                p.filter_model, "filter")
-    return [parse_nli(o.text) == "entailment" for o in outs]
+        return [sc >= p.threshold for sc in scores], 0
+    spec = SamplingSpec(max_tokens=p.filter_tokens, choice=NLI_LABELS)
+    labels = [nli_label(o.text) for o in (yield from _generate([nli_prompt(s, h, p.hypothesis) for h in knowledge],
+                                                               spec, p.filter_model, "filter"))]
+    return [lab == "entailment" for lab in labels], labels.count(None)
 
 
 @register_method("erm4", params=Erm4Params, paper=f"{PAPER}, Sec. 3.1-3.4, Sec. 4.3 (iv), Sec. 6",
@@ -311,13 +320,14 @@ def erm4(q: Question, p: Erm4Params):
         external = dict(zip(external_q, lists))
     per_query = [memory.get(i) or external.get(i) or [] for i in range(len(queries))]
     knowledge = mixed_order(per_query, p.max_knowledge)
-    keep = yield from knowledge_filter(s, knowledge, p)
+    keep, unparsed = yield from knowledge_filter(s, knowledge, p)
     kept = [h for h, ok in zip(knowledge, keep) if ok]
     ext_unique = mixed_order([external[i] for i in external_q], 10**9)
     extra = {"rewritten": s, "queries": queries, "rewrite_parsed": parsed, "popularity": pops,
              "memory_queries": sorted(memory), "external_knowledge": len(ext_unique),
              "memory_knowledge": len(mixed_order([memory[i] for i in sorted(memory)], 10**9)),
-             "irrelevant_knowledge": len(knowledge) - len(kept), "backoff": bool(knowledge) and not kept}
+             "irrelevant_knowledge": len(knowledge) - len(kept), "backoff": bool(knowledge) and not kept,
+             "filter_unparsed": unparsed}
     answer = yield from _read(s, kept, extra, bool(external_q))
     if p.reservoir and p.update_reservoir and ext_unique:
         title_vecs = yield Embed([h.title for h in ext_unique])
