@@ -16,7 +16,13 @@ pip_install() {
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 
-[ -d /opt/wheels ] && export PIP_FIND_LINKS="${PIP_FIND_LINKS:-/opt/wheels}"  # the local CPU torch wheel
+# CPU torch (torch==2.13.0+cpu in the lock): a local wheel folder where the machine has one, else PyTorch's own
+# CPU wheel index (PyPI carries only the CUDA build); set PIP_FIND_LINKS or PIP_EXTRA_INDEX_URL to override.
+if [ -d /opt/wheels ]; then
+  export PIP_FIND_LINKS="${PIP_FIND_LINKS:-/opt/wheels}"
+elif [ -z "${PIP_FIND_LINKS:-}" ]; then
+  export PIP_EXTRA_INDEX_URL="${PIP_EXTRA_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+fi
 if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
   "$python" -m venv "$venv"
