@@ -158,3 +158,15 @@ def test_corrupt_or_truncated_index_file_is_named(capsys, small_index, tmp_path,
     rc, _, err = cli(capsys, "index", *check)
     line = one_error_line(err)
     assert rc == 2 and str(target) in line and "corrupt" in line
+
+
+def test_a_rerun_with_another_configuration_is_refused(capsys, data_dir, tmp_path):
+    out = tmp_path / "out"
+    args = ["answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--limit", "3", "--method",
+            "no-retrieval", "--out", str(out), "--no-progress", *NONE]
+    assert cli(capsys, *args)[0] == 0
+    saved = (out / "config.resolved.yaml").read_text()
+    refused(capsys, "holds rows of another configuration (retrieval.k: 5 -> 10)", *args, "--set", "retrieval.k=10")
+    assert (out / "config.resolved.yaml").read_text() == saved
+    rc, stdout, _ = cli(capsys, *args, "--set", "answer.batch_questions=2")  # not part of the configuration
+    assert rc == 0 and "resumed past 3" in stdout

@@ -195,6 +195,16 @@ def write_json(out: str, name: str, data: dict) -> str:
     return write_text(out, name, json.dumps(data, indent=2, default=str))
 
 
+def read_json(out: str, name: str) -> Any:
+    """A small JSON file under `out`, or None when there is none."""
+    fs, base = _fs(out)
+    try:
+        with fs.open(f"{base}/{name}", "r") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+
+
 def write_text(out: str, name: str, text: str) -> str:
     """Write one small file under `out` (a local folder or an fsspec URI); atomic where local."""
     fs, base = _fs(out)

@@ -21,7 +21,8 @@ from pipeline.config import DynragConfig, resolved_yaml
 from pipeline.io.datasets import load_questions
 from pipeline.methods.registry import config_hash, get_method
 from indexing.faults import fault_point
-from pipeline.io.output import answered_ids, make_row, summarize, write_json, write_part, write_text
+from pipeline.errors import DynragError
+from pipeline.io.output import answered_ids, make_row, read_json, summarize, write_json, write_part, write_text
 from pipeline.io.output_lock import output_lock
 from pipeline.engine.requests import Question
 from pipeline.runtime.signals import stop_on_sigterm
@@ -29,12 +30,37 @@ from pipeline.runtime.signals import stop_on_sigterm
 log = logging.getLogger(__name__)
 
 # generation settings that change what a method outputs (batching and cache sizes do not)
+RUN_FILE = "run.json"  # the method and settings of the rows under an output folder
 _OUTPUT_FIELDS = ("model", "backend", "dtype", "temperature", "top_p", "max_new_tokens", "max_model_len", "seed")
 
 
+def run_settings(cfg: DynragConfig, params: Any) -> dict[str, Any]:
+    """What decides a run's rows: the method, its parameters, and the generation and retrieval settings."""
+    return {"method": cfg.method.name, "params": params.model_dump(mode="json"),
+            "generation": {k: getattr(cfg.generation, k) for k in _OUTPUT_FIELDS},
+            "retrieval": cfg.retrieval.model_dump(mode="json")}
+
+
 def run_config_hash(cfg: DynragConfig, params: Any) -> str:
-    gen = {k: getattr(cfg.generation, k) for k in _OUTPUT_FIELDS}
-    return config_hash(cfg.method.name, params.model_dump(mode="json"), gen, cfg.retrieval.model_dump(mode="json"))
+    return config_hash(*run_settings(cfg, params).values())
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    return {k2: v2 for k, v in d.items()
+            for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}
+
+
+def check_same_run(out: str, settings: dict[str, Any], chash: str) -> None:
+    """An output folder holds one method and configuration (RUN_FILE, written by its first run): a
+    rerun that differs is refused, naming the settings that differ."""
+    saved = read_json(out, RUN_FILE)
+    if saved is None or saved["config_hash"] == chash:
+        return
+    old, new = _flat(saved["settings"]), _flat(settings)
+    diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+                     if old.get(k) != new.get(k))
+    raise DynragError(f"{out} holds rows of another configuration ({diff or 'config hash ' + saved['config_hash']}); "
+                      "rerun with its settings, or choose another --out")
 
 
 def batched(items: Iterable, n: int) -> Iterator[list]:
@@ -63,12 +89,26 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
 
     The summary holds rows/answered/errors, mean em/f1/acc/precision/recall, support_recall, calls and
     tokens per question, `time_per_question_s` per stage, wall_time_s and questions_per_s of this run.
-    One job at a time per `out` (output_lock.py); SIGTERM or Ctrl-C stops after the rows written so far
-    (signals.py), and a rerun answers the rest.
+    Whole-input faults (dataset, index, model, configuration, an output of another configuration) are
+    raised before anything is written. One job at a time per `out` (output_lock.py); SIGTERM or Ctrl-C
+    stops after the rows written so far (signals.py), and a rerun answers the rest.
     """
+    cfg = (cfg or DynragConfig()).model_copy(deep=True)
+    if method:
+        cfg.method.name = method
+    if dataset_format:
+        cfg.dataset.format = dataset_format
+    spec = get_method(cfg.method.name)
+    params = spec.params(cfg.method.params, cfg)
+    for _ in itertools.islice(load_questions(dataset, cfg), 1):  # a missing, empty or unreadable dataset
+        pass
+    if backends is None:
+        preflight(cfg, index)
+    settings, chash = run_settings(cfg, params), run_config_hash(cfg, params)
+    check_same_run(out, settings, chash)
     with output_lock(out), stop_on_sigterm():
-        return _run_answer(dataset, out, index=index, method=method, limit=limit, cfg=cfg,
-                           dataset_format=dataset_format, backends=backends, progress=progress)
+        return _run_answer(dataset, out, index=index, spec=spec, params=params, settings=settings, chash=chash,
+                           limit=limit, cfg=cfg, backends=backends, progress=progress)
 
 
 def preflight(cfg: DynragConfig, index: str | None) -> None:
@@ -103,24 +143,14 @@ def load_generator(backends) -> None:
                            f"{type(exc).__name__}: {detail}") from exc
 
 
-def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, backends, progress) -> dict[str, Any]:
-    cfg = (cfg or DynragConfig()).model_copy(deep=True)
-    if method:
-        cfg.method.name = method
-    if dataset_format:
-        cfg.dataset.format = dataset_format
-    spec = get_method(cfg.method.name)
-    params = spec.params(cfg.method.params, cfg)
-    if backends is None:
-        preflight(cfg, index)
-    chash = run_config_hash(cfg, params)
+def _run_answer(dataset, out, *, index, spec, params, settings, chash, limit, cfg, backends, progress) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
+    new_output = read_json(out, RUN_FILE) is None
 
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
     todo = pending_questions(dataset, out, cfg, limit, None, counts)
-    write_text(out, "config.resolved.yaml", resolved_yaml(cfg))
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
 
@@ -140,6 +170,9 @@ def _run_answer(dataset, out, *, index, method, limit, cfg, dataset_format, back
             batches = _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls)
         with contextlib.closing(batches):
             for rows in batches:
+                if new_output and not written:  # the folder's configuration, saved with its first rows
+                    write_json(out, RUN_FILE, {"method": spec.name, "config_hash": chash, "settings": settings})
+                    write_text(out, "config.resolved.yaml", resolved_yaml(cfg))
                 write_part(out, rows)
                 written += len(rows)
                 fault_point("answer.part_written")
