@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indexing.dense import is_ivf
 from indexing.embed import EncoderSpec, embed_batches, embed_input
 from indexing.errors import IndexingError
 from indexing.manifest import (
@@ -77,6 +78,7 @@ def _settings(cfg) -> dict:
         "embedding": embedding,
         "embedding_hash": _hash(embedding),
         "faiss_factory": i.faiss_factory,
+        **({"faiss_train_size": i.faiss_train_size} if is_ivf(i.faiss_factory) else {}),
         "passage_words": i.passage_words,
         "shard_size": effective_shard_size(cfg),
         "lucene": {"collection": "JsonCollection", "contents": "title\\ntext"},
@@ -117,7 +119,9 @@ class _Builder:
         self.fmt, self.fields, self.on_bad_line = fmt, fields, on_bad_line
         self.settings = _settings(cfg)
         self.settings_hash = _hash({"e": self.settings["embedding_hash"], "f": self.settings["faiss_factory"],
-                                    "l": self.settings["lucene"], "format": FORMAT_VERSION})
+                                    "t": self.settings.get("faiss_train_size"), "l": self.settings["lucene"],
+                                    "format": FORMAT_VERSION})
+        self.template: dict | None = None  # the IVF template this build's shards are filled from
         self.shards_dir = root / "shards"
         self.staging = root / "staging"
         self.timings: dict[str, float] = {}
@@ -228,6 +232,47 @@ class _Builder:
         os.replace(tmp, d / "vectors.npy")
         (d / "to_embed.parquet").unlink(missing_ok=True)
 
+    # ---- stage 2b: an IVF factory's shared template ----
+    def _faiss_template(self, metas: list[dict], prev: dict | None) -> dict | None:
+        """The previous version's template when its settings are this build's (shards stay compatible),
+        else one trained on `index.faiss_train_size` passages taken evenly over the whole corpus."""
+        from indexing.dense import train_template
+        from indexing.manifest import sha256_file
+
+        if not is_ivf(self.cfg.index.faiss_factory):
+            return None
+        same = ("embedding_hash", "faiss_factory", "faiss_train_size")  # what shard keys depend on (settings_hash)
+        if prev is not None and prev.get("faiss_template") and all(prev["settings"].get(k) == self.settings[k] for k in same):
+            return prev["faiss_template"]
+        t = time.perf_counter()
+        total = sum(m["passages"] for m in metas)
+        picks = np.unique(np.linspace(0, total - 1, min(total, self.cfg.index.faiss_train_size)).astype(np.int64))
+        texts, start = [], 0
+        for m in metas:
+            rows = picks[(picks >= start) & (picks < start + m["passages"])] - start
+            if len(rows):
+                d = self.shards_dir / m["key"]
+                tab = read_table(d if (d / "checksums.json").is_file() else self.staging / m["key"]).take(rows)
+                texts += [embed_input(a, b) for a, b in zip(tab.column("title").to_pylist(), tab.column("text").to_pylist())]
+            start += m["passages"]
+        sample = self.staging / ".train.parquet"
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"shard": np.zeros(len(texts), np.int64), "row": np.arange(len(texts)), "text": texts}),
+                       sample)
+        vecs = np.concatenate([v for _, _, v in embed_batches([str(sample)], EncoderSpec.from_config(self.cfg), self.cfg)])
+        out = self.root / "trained" / ".template.tmp"
+        out.parent.mkdir(exist_ok=True)
+        train_template(vecs, self.cfg.index.faiss_factory, out)
+        digest = sha256_file(out)
+        final = out.with_name(f"{digest[:16]}.index")
+        os.replace(out, final)
+        sample.unlink()
+        self.timings["faiss_train_s"] = time.perf_counter() - t
+        log.info("trained %s on %d passages in %.1fs", self.cfg.index.faiss_factory, len(texts), self.timings["faiss_train_s"])
+        return {"path": f"trained/{final.name}", "sha256": digest, "bytes": final.stat().st_size}
+
     # ---- stage 3 ----
     def _finalize(self, metas: list[dict]) -> None:
         """Build the shards' FAISS + Lucene indexes: now, in this process (local mode), or as Ray
@@ -235,7 +280,7 @@ class _Builder:
         cfg = self.cfg
         for m in metas:
             args = (str(self.staging / m["key"]), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
-                    cfg.index.threads)
+                    cfg.index.threads, str(self.root / self.template["path"]) if self.template else None)
             if cfg.ray.enabled:
                 import ray
 
@@ -341,6 +386,7 @@ class _Builder:
         prev = read_manifest(self.root) if current_version(self.root) else None
         metas = self._stage_passages()
         fault_point("build.passages_staged")
+        self.template = self._faiss_template(metas, prev)
         n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
         self._stage_embed_and_index(metas, prev)
         dim = None
@@ -358,6 +404,7 @@ class _Builder:
             version = (prev["version"] + 1) if prev else 1
             manifest = {
                 "format": FORMAT_VERSION,
+                "faiss_template": self.template,
                 "version": version,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "sources": self.sources,
@@ -412,7 +459,7 @@ class _Builder:
         return report
 
 
-def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int) -> dict[str, float]:
+def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int, template: str | None) -> dict[str, float]:
     """Build one shard's FAISS and Lucene indexes in staging, checksum, and move it into place;
     returns the seconds of each step."""
     from indexing.dense import build_faiss
@@ -423,7 +470,7 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int)
         shutil.rmtree(src, ignore_errors=True)
         return {}
     t0 = time.perf_counter()
-    build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index")
+    build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index", Path(template) if template else None)
     fault_point("shard.faiss_written")
     t1 = time.perf_counter()
     t = read_table(src)

@@ -1,9 +1,14 @@
 """Dense shards: one FAISS index per shard, inner product over L2-normalised vectors.
 
-The index type comes from `index.faiss_factory` (`Flat`, `HNSW32`, `IVF1024,PQ64`, ...), built with
-`faiss.index_factory(d, factory, METRIC_INNER_PRODUCT)`. `ShardSet` searches all shards together
-(`faiss.IndexShards`), which gives exactly the top-k of one index over all vectors when the shards
-are Flat.
+The index type comes from `index.faiss_factory`, built with `faiss.index_factory(d, factory,
+METRIC_INNER_PRODUCT)`. `Flat` (the default; exact) and `HNSW32` are built per shard. An IVF factory
+(`IVF4096,PQ64`, `IVF4096,SQ8`, ...) is trained once, on a sample of the corpus, into a template
+(`train_template`): every shard is a copy of it filled with its own vectors, written without the
+coarse quantizer, which the reader attaches from the template (`load_faiss`), so the quantizer is on
+disk and in memory once and the PQ/SQ codebooks are the same in every shard. `ShardSet` searches all
+shards together: `faiss.IndexShards` (Flat: exactly the top-k of one index over all vectors) or, for
+IVF, `faiss.IndexShardsIVF`, which assigns each query to its lists once for all shards (equal to one
+IVF index over all vectors built from the same template).
 """
 
 from __future__ import annotations
@@ -22,57 +27,116 @@ class DenseIndexError(IndexingError):
     """A FAISS index cannot be built with the configured factory string."""
 
 
-def build_faiss(vectors: np.ndarray, factory: str, out: Path) -> None:
-    """Build, train if needed, fill and write one shard's FAISS index."""
+def is_ivf(factory: str) -> bool:
+    """Whether shards of this factory share one trained template (an IVF coarse quantizer)."""
+    return "IVF" in factory
+
+
+def _factory(d: int, factory: str):
     import faiss
 
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    d = vectors.shape[1]
     try:
-        index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+        return faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
         raise DenseIndexError(f"index.faiss_factory={factory!r} is not a valid FAISS factory string: {exc}") from None
-    if not index.is_trained:
-        try:
-            index.train(vectors)
-        except RuntimeError as exc:
-            raise DenseIndexError(
-                f"cannot train {factory!r} on a shard of {len(vectors)} vectors ({str(exc).splitlines()[0]}); "
-                "use fewer lists/centroids or a larger index.shard_size"
-            ) from None
-    index.add(vectors)
+
+
+def _train(index, vectors: np.ndarray, what: str) -> None:
+    try:
+        index.train(vectors)
+    except RuntimeError as exc:
+        raise DenseIndexError(
+            f"cannot train {what} ({str(exc).splitlines()[0]}); "
+            "use fewer lists/centroids or more training vectors (index.faiss_train_size)"
+        ) from None
+
+
+def _write(index, out: Path) -> None:
+    import faiss
+
     tmp = out.with_name(out.name + ".tmp")
     faiss.write_index(index, str(tmp))
     tmp.replace(out)
 
 
-def load_faiss(path: Path, nprobe: int, ef_search: int):
+def train_template(vectors: np.ndarray, factory: str, out: Path) -> None:
+    """Train an empty index of `factory` on `vectors` (a sample of the corpus) and write it to `out`."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    index = _factory(vectors.shape[1], factory)
+    _train(index, vectors, f"{factory!r} on {len(vectors)} vectors")
+    _write(index, out)
+
+
+def build_faiss(vectors: np.ndarray, factory: str, out: Path, template: Path | None = None) -> None:
+    """Build and write one shard's FAISS index: a copy of the trained `template` (its coarse quantizer
+    left out of the file) or, without one, an index of `factory` trained on the shard if it needs it."""
+    import faiss
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if template is not None:
+        index = faiss.read_index(str(template))
+        index.add(vectors)
+        ivf = faiss.extract_index_ivf(index)
+        ivf.quantizer, ivf.own_fields = faiss.IndexFlatIP(ivf.d), False  # an empty stand-in: load_faiss attaches the template's
+        _write(index, out)
+        return
+    index = _factory(vectors.shape[1], factory)
+    if not index.is_trained:
+        _train(index, vectors, f"{factory!r} on a shard of {len(vectors)} vectors")
+    index.add(vectors)
+    _write(index, out)
+
+
+def load_template_quantizer(path: Path):
+    """The coarse quantizer of a trained template, to be shared by every shard (kept alive by the caller)."""
+    import faiss
+
+    template = faiss.read_index(str(path))
+    ivf = faiss.extract_index_ivf(template)
+    ivf.own_fields = False  # the quantizer outlives the template
+    return ivf.quantizer
+
+
+def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer=None):
     import faiss
 
     index = faiss.read_index(str(path))
+    if quantizer is not None:
+        ivf = faiss.extract_index_ivf(index)
+        ivf.quantizer, ivf.own_fields = quantizer, False
     params = faiss.ParameterSpace()
     for name, value in (("nprobe", nprobe), ("efSearch", ef_search)):
         try:
             params.set_index_parameter(index, name, value)
         except RuntimeError:
             pass  # this index type has no such parameter
-    if hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
+    if quantizer is None and hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
         index = faiss.index_cpu_to_all_gpus(index)
     return index
 
 
 class ShardSet:
-    """All shards' FAISS indexes searched as one `faiss.IndexShards` (threaded; ids numbered shard after
-    shard), each hit mapped back to (shard, row). With Flat shards the top-k equals one index's over all
-    vectors."""
+    """All shards' FAISS indexes searched as one (threaded; ids numbered shard after shard), each hit
+    mapped back to (shard, row): `faiss.IndexShards`, or `faiss.IndexShardsIVF` over the shared
+    `quantizer` of IVF shards. With Flat shards the top-k equals one index's over all vectors."""
 
-    def __init__(self, indexes: list):
+    def __init__(self, indexes: list, quantizer=None, nprobe: int = 1):
         import faiss
 
         self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])
-        self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None
+        self.params = None
+        if quantizer is not None:
+            nprobe = min(nprobe, quantizer.ntotal)  # more probes than lists misaligns IndexShardsIVF's assignments
+            for ix in indexes:
+                faiss.extract_index_ivf(ix).nprobe = nprobe  # it checks that each shard's equals the search's
+            self.shards = faiss.IndexShardsIVF(quantizer, quantizer.ntotal, True, True)
+            self.params = faiss.SearchParametersIVF(nprobe=nprobe)
+            self._quantizer = quantizer
+        else:
+            self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None
         for ix in indexes:
             self.shards.add_shard(ix)
+        self._indexes = indexes  # the Python wrappers own the shards IndexShards points to
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scores, shard, row), each (n_queries, k'); k' <= k, padded with shard -1."""
@@ -80,7 +144,7 @@ class ShardSet:
         if k == 0:
             empty = np.zeros((len(queries), 0))
             return empty, empty.astype(int), empty.astype(int)
-        S, ids = self.shards.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        S, ids = self.shards.search(np.ascontiguousarray(queries, dtype=np.float32), k, params=self.params)
         shard = np.searchsorted(self.offsets, ids, side="right") - 1
         shard = np.where(ids >= 0, shard, -1)
         return S, shard, np.where(ids >= 0, ids - self.offsets[np.maximum(shard, 0)], -1)

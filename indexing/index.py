@@ -123,11 +123,13 @@ class Index:
         """All shards' FAISS indexes (dense.ShardSet), read on first use."""
         with self._lock:
             if self._faiss is None:
-                from indexing.dense import ShardSet, load_faiss
+                from indexing.dense import ShardSet, load_faiss, load_template_quantizer
 
                 i = self.cfg.index
-                self._faiss = ShardSet([load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search)
-                                        for d in self._dirs])
+                template = self.manifest.get("faiss_template")
+                quantizer = load_template_quantizer(self.root / template["path"]) if template else None
+                self._faiss = ShardSet([load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search, quantizer)
+                                        for d in self._dirs], quantizer, i.faiss_nprobe)
         return self._faiss
 
     def info(self) -> dict:

@@ -8,6 +8,7 @@
         passages.arrow  ids.npy  faiss.index    what search reads (SEARCH_FILES; store.py, dense.py)
         vectors.npy  lucene/                    what builds read (vector reuse, the version's BM25 merge)
         checksums.json                          sha256 and size of every file, written last
+      trained/<sha>.index          an IVF factory's trained quantizer + codebooks, shared by all shards (dense.py)
       staging/<key>/               shards being built; a crash leaves them here, a rerun resumes
       .build.lock                  one builder at a time (flock)
 
@@ -130,6 +131,9 @@ def version_files(manifest: dict, search_only: bool = False) -> list[tuple[str, 
         files = s["files"] if not search_only else {k: v for k, v in s["files"].items() if k in SEARCH_FILES}
         out.append((f"shards/{s['key']}", files))
     out.append((f"versions/{version_name(manifest['version'])}/{manifest['bm25']['path']}", manifest["bm25"]["files"]))
+    if manifest.get("faiss_template"):  # an IVF quantizer shared by all shards (dense.py)
+        t = manifest["faiss_template"]
+        out.append((str(Path(t["path"]).parent), {Path(t["path"]).name: {"sha256": t["sha256"], "bytes": t["bytes"]}}))
     return out
 
 
@@ -183,9 +187,12 @@ def collect_garbage(root: Path, keep_versions: int) -> None:
     current = current_version(root)
     keep = set(versions[-keep_versions:]) | ({current} if current else set())
     used: set[str] = set()
+    templates: set[str] = set()
     for v in versions:
         if v in keep:
-            used.update(s["key"] for s in read_manifest(root, v)["shards"])
+            m = read_manifest(root, v)
+            used.update(s["key"] for s in m["shards"])
+            templates.add((m.get("faiss_template") or {}).get("path"))
         else:
             shutil.rmtree(root / "versions" / v, ignore_errors=True)
             log.info("removed old version %s", v)
@@ -193,6 +200,9 @@ def collect_garbage(root: Path, keep_versions: int) -> None:
         if shard.name not in used:
             shutil.rmtree(shard, ignore_errors=True)
             log.debug("removed unused shard %s", shard.name)
+    for t in (root / "trained").iterdir() if (root / "trained").is_dir() else ():
+        if f"trained/{t.name}" not in templates:
+            t.unlink()
 
 
 @contextlib.contextmanager

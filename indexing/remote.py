@@ -148,6 +148,9 @@ def _seed(uri: str, cfg, work: Path) -> dict | None:
         if not (work / "shards" / s["key"]).exists():
             shutil.copytree(local / "shards" / s["key"], work / "shards" / s["key"], copy_function=_link_or_copy)
     shutil.copytree(local / "versions" / name, work / "versions" / name, copy_function=_link_or_copy)
+    if manifest.get("faiss_template"):
+        (work / "trained").mkdir(exist_ok=True)
+        _link_or_copy(str(local / manifest["faiss_template"]["path"]), str(work / manifest["faiss_template"]["path"]))
     (work / "CURRENT").write_text(name + "\n", encoding="utf-8")
     return manifest
 
@@ -170,6 +173,9 @@ def upload_version(work: Path, uri: str, manifest: dict) -> int:
             continue  # content-addressed: an identical shard is already there
         _upload_dir(fs, work / "shards" / s["key"], remote, "checksums.json")
         uploaded += 1
+    template = (manifest.get("faiss_template") or {}).get("path")
+    if template and not fs.exists(f"{root}/{template}"):
+        fs.put_file(str(work / template), f"{root}/{template}")
     name = version_name(manifest["version"])
     _upload_dir(fs, work / "versions" / name, f"{root}/versions/{name}", "manifest.json")
     fs.pipe_file(f"{root}/CURRENT", (name + "\n").encode())

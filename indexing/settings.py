@@ -33,7 +33,12 @@ class EmbeddingConfig(Section):
 
 class IndexConfig(Section):
     shard_size: int = Field(50_000, ge=1, description="passages per shard")
-    faiss_factory: str = Field("Flat", description="FAISS index factory string, e.g. Flat, HNSW32, IVF1024,PQ64")
+    faiss_factory: str = Field(
+        "Flat", description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
+        "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all shards")
+    faiss_train_size: int = Field(
+        100_000, ge=1, description="IVF factories: passages sampled evenly over the corpus and embedded to train the "
+        "shared quantizer and codebooks, at the first build (later builds of the index reuse them)")
     passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
     bm25_k1: float = Field(0.9, gt=0)
     bm25_b: float = Field(0.4, ge=0, le=1)

@@ -6,7 +6,7 @@ import faiss
 import numpy as np
 import pytest
 
-from indexing.dense import DenseIndexError, ShardSet, build_faiss, load_faiss
+from indexing.dense import DenseIndexError, ShardSet, build_faiss, load_faiss, load_template_quantizer, train_template
 
 
 def unit(rng, n, d=32):
@@ -51,3 +51,27 @@ def test_bad_factory_and_untrainable_shard(tmp_path):
         build_faiss(unit(rng, 10), "NoSuchIndex", tmp_path / "a.index")
     with pytest.raises(DenseIndexError, match="cannot train 'IVF64,Flat' on a shard of 10 vectors"):
         build_faiss(unit(rng, 10), "IVF64,Flat", tmp_path / "b.index")
+
+
+def test_ivf_shards_share_one_trained_quantizer_and_equal_one_index(tmp_path):
+    """Shards filled from one trained template hold no quantizer of their own; searched together they
+    return what one index over all vectors, from the same template, returns."""
+    rng = np.random.default_rng(3)
+    vecs = unit(rng, 3000)
+    template = tmp_path / "template.index"
+    train_template(vecs[::3], "IVF16,PQ8", template)
+    parts = np.array_split(vecs, 4)
+    for i, p in enumerate(parts):
+        build_faiss(p, "IVF16,PQ8", tmp_path / f"{i}.index", template)
+        assert faiss.extract_index_ivf(faiss.read_index(str(tmp_path / f"{i}.index"))).quantizer.ntotal == 0
+    quantizer = load_template_quantizer(template)
+    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(4)]
+    S, SH, R = ShardSet(shards, quantizer, nprobe=40).search(vecs[:50], k=10)  # 40 > 16 lists: clamped
+    one = faiss.read_index(str(template))
+    one.add(vecs)
+    one.nprobe = 16
+    D, I = one.search(vecs[:50], 10)
+    np.testing.assert_allclose(S, D, rtol=1e-5)
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    assert np.mean(offsets[SH] + R == I) > 0.99  # equal up to ties of equal PQ codes
+    assert np.mean(R[:, 0] + offsets[SH[:, 0]] == np.arange(50)) >= 0.8  # a stored vector finds itself
