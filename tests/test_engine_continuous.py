@@ -13,7 +13,8 @@ from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
-from pipeline.engine.requests import Answer, Generate, Question, Retrieve
+from pipeline.backends.streaming import generate_all
+from pipeline.engine.requests import Answer, Completion, Generate, Question, Retrieve, SamplingSpec
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 
@@ -34,10 +35,20 @@ def mixed(q: Question, params):
     return (yield from spec.program(q, spec.params(MIXED[name])))
 
 
-def _backends():
+class BatchGenerator:
+    """The simulated generator behind a batch-only interface (no `submit`): the continuous engine's generate lane."""
+
+    def __init__(self):
+        self.sim = SimGenerator()
+
+    def generate(self, prompts, samplings, chats):
+        return self.sim.generate(prompts, samplings, chats)
+
+
+def _backends(generator=None):
     fake = SimScorer()  # outputs are functions of each input alone, as greedy decoding is
-    return Backends(DynragConfig(), generator=SimGenerator(), retriever=MemoryRetriever(PASSAGES), scorer=fake,
-                    embedder=fake, named={"attention": FakeAttention()})
+    return Backends(DynragConfig(), generator=generator or SimGenerator(), retriever=MemoryRetriever(PASSAGES),
+                    scorer=fake, embedder=fake, named={"attention": FakeAttention()})
 
 
 def _rows(outcomes) -> list[dict]:
@@ -50,11 +61,13 @@ def _rows(outcomes) -> list[dict]:
     return rows
 
 
-def test_continuous_rows_equal_lockstep_rows_on_mixed_methods():
+@pytest.mark.parametrize("generator", [SimGenerator, BatchGenerator])  # prompts streamed, or batched by the lane
+def test_continuous_rows_equal_lockstep_rows_on_mixed_methods(generator):
     qs = [Question(f"{m}-{i}", f"Who directed the film Jaws number {i}?" if i % 2 else f"What is the capital {i}?",
                    answers=["Steven Spielberg"], supporting_titles=["Jaws (film)"]) for i in range(4) for m in MIXED]
-    lockstep = Engine(_backends()).run(qs, mixed, None)
-    cont = ContinuousEngine(_backends(), max_in_flight=5, batch_wait_s=0.001, caps={"generate": 4}, batch_items=6)
+    lockstep = Engine(_backends(BatchGenerator())).run(qs, mixed, None)
+    backends = _backends(generator())
+    cont = ContinuousEngine(backends, max_in_flight=5, batch_wait_s=0.001, caps={"generate": 4}, batch_items=6)
     try:
         continuous = cont.run(qs, mixed, None)
     finally:
@@ -63,8 +76,54 @@ def test_continuous_rows_equal_lockstep_rows_on_mixed_methods():
     assert _rows(continuous) == _rows(lockstep)
     assert sum(o.trace.retrieval_calls > 0 for o in continuous) > len(qs) // 2  # the mix really retrieved
     assert {"generate", "retrieve", "score", "embed", "attention.stats"} <= set(cont.batch_calls)
-    assert cont.batch_calls["generate"] > Engine(_backends()).batch_calls["generate"]  # small batches: many calls
+    assert backends.streams == (generator is SimGenerator)
     assert all(o.trace.latency_s > 0 for o in continuous)
+    gen_time = [o.trace.time["generation"] for o in continuous]
+    assert all(t > 0 for t in gen_time)  # every question got its share of generation time...
+    assert sum(gen_time) == pytest.approx(cont.batch_seconds["generate"])  # ...and the shares add up
+
+
+class HoldingGenerator:
+    """A streaming generator that delivers short outputs (max_tokens <= 4) at once from its own thread, and a
+    long one only after `short` short prompts were submitted (or after 30 s: then `held_out` is set)."""
+
+    def __init__(self, short: int):
+        self.short, self.submitted, self.released, self.held_out = short, 0, threading.Event(), False
+
+    def submit(self, prompt, sampling, chat, done):
+        def deliver(long: bool):
+            if long:
+                self.held_out = not self.released.wait(30)
+            done(Completion(f"{'long' if long else 'short'} {prompt}", completion_tokens=sampling.max_tokens), 0.001)
+
+        long = sampling.max_tokens > 4
+        if not long:
+            self.submitted += 1
+            if self.submitted == self.short:
+                self.released.set()
+        threading.Thread(target=deliver, args=(long,), daemon=True).start()
+
+    def generate(self, prompts, samplings, chats):
+        return generate_all(self.submit, prompts, samplings, chats)
+
+
+def test_a_streamed_short_answer_does_not_wait_for_a_long_output():
+    """Program s makes three 2-token rounds while program l's 128-token output is still running: with call
+    boundaries (one generate over both first prompts) s's second round could not start before l's output."""
+
+    def prog(q: Question, params):
+        for _ in range(1 if q.id == "l" else 3):
+            out = (yield Generate([q.question], SamplingSpec(max_tokens=128 if q.id == "l" else 2)))[0]
+        return Answer(out.text)
+
+    gen = HoldingGenerator(short=3)
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001)
+    try:
+        out = eng.run([Question("l", "long"), Question("s", "short")], prog, None)
+    finally:
+        eng.close()
+    assert not gen.held_out and [o.answer.prediction for o in out] == ["long long", "short short"]
+    assert [o.trace.llm_calls for o in out] == [1, 3]
 
 
 class BlockingRetriever(MemoryRetriever):
@@ -81,18 +140,18 @@ class BlockingRetriever(MemoryRetriever):
 
 
 class ReleasingGenerator(SimGenerator):
-    """Counts calls made while a search is in progress; after 3 of them, lets the search finish."""
+    """Counts prompts submitted while a search is in progress; after 3 of them, lets the search finish."""
 
     def __init__(self, retriever: BlockingRetriever):
         super().__init__()
         self.retriever, self.during_search = retriever, 0
 
-    def generate(self, prompts, samplings, chats):
+    def submit(self, prompt, sampling, chat, done):
         if self.retriever.searching.is_set() and not self.retriever.release.is_set():
             self.during_search += 1
             if self.during_search == 3:
                 self.retriever.release.set()
-        return super().generate(prompts, samplings, chats)
+        super().submit(prompt, sampling, chat, done)
 
 
 def three_rounds_or_retrieve(q: Question, params):

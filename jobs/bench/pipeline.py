@@ -33,7 +33,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--questions", type=int, default=2000, help="questions per method and engine (default 2000)")
     p.add_argument("--time-scale", type=float, default=0.1, help="seconds slept per modelled second (default 0.1)")
     p.add_argument("--json", action="store_true", help="print a JSON list of {method, engine, questions_per_s, "
-                                                        "generator_busy, mean_latency_s}")
+                                                        "generator_busy, mean_latency_s, decode_steps, mean_running}")
     add_config_args(p)
     p.set_defaults(func=run)
 
@@ -45,7 +45,8 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     from pipeline.methods.registry import get_method
 
     cost = simulated.Cost(scale)
-    gen, scorer = simulated.SimGenerator(cost), simulated.SimScorer(cost)
+    gen = simulated.SimGenerator(cost, max_seqs=cfg.generation.engine_kwargs.max_num_seqs or 256)
+    scorer = simulated.SimScorer(cost)
     cfg = cfg.model_copy(deep=True)
     cfg.answer.engine = engine
     backends = Backends(cfg, generator=gen, retriever=simulated.SimRetriever(cost), scorer=scorer, embedder=scorer,
@@ -67,7 +68,7 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     return {"method": method, "engine": engine, "questions_per_s": round(n / wall, 2),
             "generator_busy": round(gen.busy_s / wall, 3),
             "mean_latency_s": round(sum(o.trace.latency_s for o in outcomes) / n, 3),
-            "generate_calls": len(gen.calls), "mean_generate_batch": round(sum(gen.calls) / max(len(gen.calls), 1), 1)}
+            "decode_steps": len(gen.steps), "mean_running": round(sum(gen.steps) / max(len(gen.steps), 1), 1)}
 
 
 def run(args: argparse.Namespace) -> None:
@@ -82,9 +83,9 @@ def run(args: argparse.Namespace) -> None:
     a = cfg.answer
     print(f"{args.questions} questions per run, sleeps at {args.time_scale} x the model; lockstep: "
           f"{a.batch_questions} questions per batch; continuous: at most {a.max_in_flight} in flight, "
-          f"{cfg.generation.batch_size} prompts per generate batch, waits up to {a.batch_wait_s} s")
+          f"prompts streamed to the generator, other batches wait up to {a.batch_wait_s} s")
     print(simulated.__doc__.split("\n\n", 1)[1].strip())
     for r in results:
         print(f"  {r['method']:8s} {r['engine']:10s} {r['questions_per_s']:8.2f} q/s  generator busy "
               f"{r['generator_busy']:.3f}  mean latency {r['mean_latency_s']:.3f} s  "
-              f"{r['generate_calls']} generate calls of {r['mean_generate_batch']} prompts")
+              f"{r['decode_steps']} decode steps of {r['mean_running']} sequences")

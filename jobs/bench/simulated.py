@@ -4,9 +4,11 @@ Outputs are functions of each input alone (as greedy decoding is), so any engine
 same answers. A `Cost` sleeps for the modelled time of each call (releasing the GIL, as a GPU kernel or a
 C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale 1:
 
-- generate: 5 ms + prompt tokens / 20,000 (prefill) + steps x (15 ms + 0.1 ms per sequence) (decode),
-  steps = the longest output in the batch; a prompt is 1.3 tokens per word; each output is 25-100 % of
-  its max_tokens (from its prompt's hash)
+- generate: vLLM's continuous batching. A scheduler thread runs decode steps over at most 256 running
+  sequences, admitting waiting prompts as others finish; a step takes 15 ms + 0.1 ms per running sequence
+  + the prefill of the prompts admitted in it (their tokens / 20,000). A sequence is delivered when it
+  finishes (streaming `submit`); a batch `generate` waits for its longest output. A prompt is 1.3 tokens
+  per word; each output is 25-100 % of its max_tokens (from its prompt's hash)
 - retrieve (BM25 on CPU): 2 ms + 1 ms per query; score (classifier on CPU): 1 ms + 0.5 ms per item;
   embed (CPU): 1 ms + 0.2 ms per text; DRAGIN's attention pass (on the GPU): like a prefill of prompt +
   generated tokens
@@ -15,14 +17,17 @@ C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from indexing.hits import Hit
+from pipeline.backends.streaming import InFlight, generate_all
 from pipeline.engine.requests import Completion, TokenLogprob
 from pipeline.methods.dragin_math import candidates_for
 
@@ -49,21 +54,51 @@ class Cost:
 
 
 class SimGenerator:
-    """`generate` with the GPU model above; `busy_s` is the time a batch was in flight."""
+    """A streaming generator with the GPU model above; `busy_s` is the time with a sequence in flight,
+    `steps` the running sequences of each decode step."""
 
-    def __init__(self, cost: Cost = Cost(0)):
-        self.cost, self.busy_s, self.calls = cost, 0.0, []
-        self._lock = threading.Lock()
+    def __init__(self, cost: Cost = Cost(0), max_seqs: int = 256):
+        self.cost, self.max_seqs, self.steps = cost, max_seqs, []
+        self.flight = InFlight()
+        self._waiting: deque[list] = deque()  # [completion, steps left, done, key]
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None  # runs while any sequence is in flight
+        self._keys = itertools.count()
+
+    @property
+    def busy_s(self) -> float:
+        return self.flight.busy_s
+
+    def submit(self, prompt, sampling, chat, done) -> None:
+        out = self._one(prompt, sampling.max_tokens or 32, sampling.logprobs)
+        key = next(self._keys)
+        self.flight.start(key)
+        with self._cv:
+            self._waiting.append([out, out.completion_tokens, done, key])
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._schedule, name="sim-generator", daemon=True)
+                self._thread.start()
 
     def generate(self, prompts, samplings, chats):
-        t0 = time.perf_counter()
-        out = [self._one(p, s.max_tokens or 32, s.logprobs) for p, s in zip(prompts, samplings)]
-        steps = max(o.completion_tokens for o in out)
-        self.cost.sleep(0.005 + sum(o.prompt_tokens for o in out) / 20_000 + steps * (0.015 + 0.0001 * len(out)))
-        with self._lock:
-            self.calls.append(len(prompts))
-            self.busy_s += time.perf_counter() - t0
-        return out
+        return generate_all(self.submit, prompts, samplings, chats)
+
+    def _schedule(self) -> None:
+        running: list[list] = []
+        while True:
+            with self._cv:
+                admitted = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_seqs - len(running)))]
+                if not running and not admitted:
+                    self._thread = None
+                    return
+            running += admitted
+            self.cost.sleep(sum(seq[0].prompt_tokens for seq in admitted) / 20_000 + 0.015 + 0.0001 * len(running))
+            self.steps.append(len(running))
+            for seq in running:
+                seq[1] -= 1
+            for out, left, done, key in running:
+                if left <= 0:
+                    done(out, self.flight.finish(key))
+            running = [seq for seq in running if seq[1] > 0]
 
     @staticmethod
     def _one(prompt, max_tokens: int, logprobs: int | None) -> Completion:

@@ -94,6 +94,14 @@ class Backends:
     def generate(self, prompts, samplings, chats):
         return self.generator.generate(prompts, samplings, chats)
 
+    @property
+    def streams(self) -> bool:
+        """The generator takes prompts one by one (`submit`, pipeline/backends/streaming.py)."""
+        return hasattr(self.generator, "submit")
+
+    def submit(self, prompt, sampling, chat, done) -> None:
+        self.generator.submit(prompt, sampling, chat, done)
+
     def search(self, queries, k, retriever):
         return self.retriever.search(queries, k, retriever)
 

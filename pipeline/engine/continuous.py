@@ -8,6 +8,10 @@ object is always called from the same thread). A lane whose worker is free sends
 when the batch is full (`caps`, in items), when no batch is in flight anywhere (nothing more can arrive),
 or when its oldest request has waited `batch_wait_s` (other lanes' results may bring more). Batches are
 served by the same `BaseEngine.serve` as the lockstep engine, with the same accounting.
+
+A streaming generator (`pipeline/backends/streaming.py`) has no generate lane: each Generate request's
+prompts are submitted as soon as it is made, and the program advances when its last prompt is done, so a
+32-token answer never waits for a 128-token pseudo-context that happened to be in the same call.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
-from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _size, _State
+from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _prompts, _size, _State
 from pipeline.engine.requests import Call
 
 
@@ -43,7 +47,7 @@ class ContinuousEngine(BaseEngine):
     def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
         inbox: queue.Queue = queue.Queue()  # (lane, deliveries) from the workers, for this run only
         waiting: dict[str, deque[tuple[float, _State]]] = {}  # lane -> (queued at, program), oldest first
-        busy: set[str] = set()
+        busy: dict[str, int] = {}  # lane -> batches (or streamed requests) in flight
         done: list[tuple[int, Outcome]] = []
         todo = iter(enumerate(questions))
         live, more = 0, True
@@ -80,16 +84,22 @@ class ContinuousEngine(BaseEngine):
             while not inbox.empty():
                 events.append(inbox.get_nowait())
             for name, deliveries in events:
-                busy.discard(name)
+                busy[name] -= 1
+                if not busy[name]:
+                    del busy[name]
                 for st, value, exc in deliveries:
                     self._advance(st, value, exc)
                     settle(st)
 
-    def _dispatch(self, waiting: dict, busy: set, inbox: queue.Queue) -> float | None:
+    def _dispatch(self, waiting: dict, busy: dict, inbox: queue.Queue) -> float | None:
         """Send every lane's batch that should go; returns how long the coordinator may wait for a result
         before a partial batch is due (None: until a result comes)."""
         now, due = time.monotonic(), None
         for name, items in waiting.items():
+            if name == "generate" and items and self.backends.streams:
+                while items:
+                    self._stream(items.popleft()[1], inbox)
+                    busy[name] = busy.get(name, 0) + 1
             if not items or name in busy:
                 continue
             cap = self.caps.get(name, self.batch_items)
@@ -102,10 +112,34 @@ class ContinuousEngine(BaseEngine):
                     batch.append(st)
                     n += _size(st.pending)
                 self._worker(name).put((batch, inbox))
-                busy.add(name)
+                busy[name] = 1
             else:
                 due = left if due is None else min(due, left)
         return due
+
+    def _stream(self, st: _State, inbox: queue.Queue) -> None:
+        """Submit `st`'s prompts to the streaming generator; its delivery reaches `inbox` when all are done."""
+        prompts, samplings, chats, owner = _prompts([st])
+        outs, costs, left, lock = [None] * len(prompts), [0.0] * len(prompts), [len(prompts)], threading.Lock()
+
+        def done_at(i: int):
+            def done(result, cost_s: float) -> None:
+                outs[i], costs[i] = result, cost_s
+                with lock:
+                    left[0] -= 1
+                    if left[0]:
+                        return
+                with self._stats_lock:
+                    self.batch_calls["generate"] += 1
+                    self.batch_seconds["generate"] += sum(costs)
+                inbox.put(("generate", self._generated([st], owner, outs, costs)))
+            return done
+
+        for i, args in enumerate(zip(prompts, samplings, chats)):
+            try:
+                self.backends.submit(*args, done_at(i))
+            except Exception as err:  # the prompt fails, its question with it
+                done_at(i)(err, 0.0)
 
     # ---- workers ---------------------------------------------------------------------------------
     def _worker(self, name: str) -> queue.Queue:

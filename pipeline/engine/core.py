@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, Iterator
 
+from pipeline.errors import QuestionError
 from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, Score
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Outcome:
     answer: Answer | None
     trace: Trace
     error: str | None = None
+    error_kind: str | None = None  # "input": the question's own (final); "system": retried by a rerun
 
 
 @dataclass
@@ -67,6 +69,7 @@ class _State:
     pending: Request | None = None
     answer: Answer | None = None
     error: str | None = None
+    error_kind: str | None = None
 
 
 def _kind(req: Request) -> str:
@@ -111,17 +114,17 @@ class BaseEngine:
     def _start(self, i: int, q: Question, program: Callable, params: Any) -> _State | Outcome:
         """A started program, advanced to its first request, or the question's outcome when it has none."""
         if q.error:
-            return Outcome(q, None, Trace(), q.error)
+            return Outcome(q, None, Trace(), q.error, "input")
         try:
             st = _State(i, program(q, params), q)
         except Exception as exc:  # a program that fails before its first yield
-            return Outcome(q, None, Trace(), _describe(exc))
+            return Outcome(q, None, Trace(), _describe(exc), _error_kind(exc))
         self._advance(st, None)
         return st if st.pending is not None else self._outcome(st)
 
     @staticmethod
     def _outcome(st: _State) -> Outcome:
-        return Outcome(st.question, st.answer, st.trace, st.error)
+        return Outcome(st.question, st.answer, st.trace, st.error, st.error_kind)
 
     def _advance(self, st: _State, value: Any, exc: BaseException | None = None) -> None:
         t0 = self.clock()
@@ -141,7 +144,7 @@ class BaseEngine:
             ans = stop.value
             st.answer = ans if isinstance(ans, Answer) else Answer(prediction="" if ans is None else str(ans))
         except Exception as err:
-            st.error = _describe(err)
+            st.error, st.error_kind = _describe(err), _error_kind(err)
             st.gen.close()
             log.debug("question %d failed:\n%s", st.index, traceback.format_exc())
         finally:
@@ -168,25 +171,22 @@ class BaseEngine:
         return out, secs
 
     def _serve_generate(self, states: list[_State]) -> list[Delivery]:
-        prompts, samplings, chats, owner = [], [], [], []
-        for st in states:
-            req: Generate = st.pending
-            for p in req.prompts:
-                prompts.append(p)
-                samplings.append(req.sampling)
-                chats.append(req.chat)
-                owner.append(st)
+        prompts, samplings, chats, owner = _prompts(states)
         try:
             outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats),
                                   len(prompts))
         except Exception as err:
             return self._per_question(states, self._serve_generate, err)
         weights = [(o.prompt_tokens + o.completion_tokens) if not isinstance(o, BaseException) else 0 for o in outs]
-        total = sum(weights)
+        total = sum(weights)  # the batch's time, shared by tokens processed (equally when nothing was generated)
+        return self._generated(states, owner, outs, [dt * (w / total if total else 1 / len(outs)) for w in weights])
+
+    @staticmethod
+    def _generated(states: list[_State], owner: list[_State], outs: list, costs: list[float]) -> list[Delivery]:
+        """Account each prompt's output (`costs`: its share of generation time) to its program; what to send each."""
         results: dict[int, list] = defaultdict(list)
-        for st, out, w in zip(owner, outs, weights):
-            # the batch's time, shared by tokens processed (equally when nothing was generated)
-            st.trace.time["generation"] += dt * (w / total if total else 1 / len(outs))
+        for st, out, cost in zip(owner, outs, costs):
+            st.trace.time["generation"] += cost
             st.trace.llm_calls += not (isinstance(out, Completion) and out.finish_reason == "none")  # no model ran
             if not isinstance(out, BaseException):
                 st.trace.prompt_tokens += out.prompt_tokens
@@ -339,5 +339,22 @@ def _size(req: Request | None) -> int:
     return len(req.texts)
 
 
+def _prompts(states: list[_State]) -> tuple[list, list, list, list[_State]]:
+    """The prompts of `states`' Generate requests, flat, with each one's sampling, chat flag and program."""
+    prompts, samplings, chats, owner = [], [], [], []
+    for st in states:
+        req: Generate = st.pending
+        for p in req.prompts:
+            prompts.append(p)
+            samplings.append(req.sampling)
+            chats.append(req.chat)
+            owner.append(st)
+    return prompts, samplings, chats, owner
+
+
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
+
+
+def _error_kind(err: BaseException) -> str:
+    return "input" if isinstance(err, QuestionError) else "system"
