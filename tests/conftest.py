@@ -1,7 +1,9 @@
-"""Shared fixtures: the benchmark data kit (../shared/data, or $DYNRAG_DATA) and the model cache."""
+"""Shared fixtures: the benchmark data kit (../shared/data, or $DYNRAG_DATA), else the small fixture kit
+carved from it (tests/fixtures/kit), and the model cache."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,14 +15,84 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+FIXTURE_KIT = Path(__file__).resolve().parent / "fixtures" / "kit"
+
+# Records per file: the whole kit (its README's table) and the fixture kit (tests/fixtures/carve_kit.py).
+KIT_RECORDS = {
+    "hotpotqa/dev_400.jsonl": 400, "hotpotqa/train_100.json": 100, "hotpotqa/train_100_corpus.json": 994,
+    "2wikimultihopqa/dev_124.jsonl": 124, "2wikimultihopqa/train_500.json": 500,
+    "2wikimultihopqa/corpus_6119.json": 6119, "musique/dev_150.jsonl": 150, "musique/train_100.json": 100,
+    "musique/train_100_corpus.json": 1890, "nq_open/dev_3610.jsonl": 3610, "triviaqa/sample_150.json": 150,
+    "popqa/test_14267.jsonl": 14267, "webquestions/test_2032.jsonl": 2032, "squad/dev_qa_10570.jsonl": 10570,
+    "strategyqa/sample_229.jsonl": 229, "strategyqa/paragraphs_998.jsonl": 998,
+    "wikipedia/psgs_w100_sample_1000.jsonl": 1000,
+}
+FIXTURE_RECORDS = {
+    "hotpotqa/dev_400.jsonl": 15, "hotpotqa/train_100.json": 2, "hotpotqa/train_100_corpus.json": 10,
+    "2wikimultihopqa/dev_124.jsonl": 2, "2wikimultihopqa/train_500.json": 2, "2wikimultihopqa/corpus_6119.json": 10,
+    "musique/dev_150.jsonl": 2, "musique/train_100.json": 1, "musique/train_100_corpus.json": 10,
+    "nq_open/dev_3610.jsonl": 50, "triviaqa/sample_150.json": 5, "popqa/test_14267.jsonl": 5,
+    "webquestions/test_2032.jsonl": 5, "squad/dev_qa_10570.jsonl": 5, "strategyqa/sample_229.jsonl": 3,
+    "strategyqa/paragraphs_998.jsonl": 5, "wikipedia/psgs_w100_sample_1000.jsonl": 75,
+}
+
+
+def resolve_data_dir() -> tuple[Path, bool]:
+    """(folder, whole kit?): the kit where it is (../shared/data or $DYNRAG_DATA), else the fixture kit."""
+    d = Path(default_data_dir())
+    if not d.is_dir():
+        return FIXTURE_KIT, False
+    return d, d.resolve() != FIXTURE_KIT.resolve()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kit: needs the whole benchmark kit (../shared/data or $DYNRAG_DATA); "
+                                       "deselected where only tests/fixtures/kit is available")
+
+
+def pytest_report_header(config):
+    d, whole = resolve_data_dir()
+    if whole:
+        return f"benchmark data: the whole kit at {d}"
+    return (f"benchmark data: the fixture kit {d} (first records of each kit file; "
+            f"no kit at {default_data_dir()}); tests marked kit are deselected")
+
+
+def pytest_collection_modifyitems(config, items):
+    if resolve_data_dir()[1]:
+        return
+    keep = [i for i in items if i.get_closest_marker("kit") is None]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i.get_closest_marker("kit") is not None])
+        items[:] = keep
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The real benchmark files; tests that need them skip where the folder is absent."""
-    d = Path(default_data_dir())
-    if not d.is_dir():
-        pytest.skip(f"benchmark data kit not found at {d} (set DYNRAG_DATA to its folder)")
-    return d
+    """The benchmark files: the whole kit where present, else the fixture kit with the same relative paths."""
+    return resolve_data_dir()[0]
+
+
+@pytest.fixture(scope="session")
+def kit_records(data_dir) -> dict[str, int]:
+    """How many records each file of data_dir holds (the kit's README, or the fixture kit's cut)."""
+    return KIT_RECORDS if resolve_data_dir()[1] else FIXTURE_RECORDS
+
+
+@pytest.fixture(scope="session")
+def nq_dev(data_dir, tmp_path_factory) -> Path:
+    """NQ-open dev with its 3,610 questions: the kit's file, or the fixture's questions repeated up to 3,610
+    lines (ids are made from line numbers, so every line is a distinct question to a job)."""
+    from engine_fixtures import at_least
+
+    return at_least(data_dir, "nq_open/dev_3610.jsonl", 3610, tmp_path_factory.mktemp("nq"))
+
+
+def count_records(path: Path) -> int:
+    """Records of a kit file, counted independently of the loaders (JSONL lines, or JSON list/dict length)."""
+    if path.suffix == ".jsonl":
+        return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return len(json.loads(path.read_text(encoding="utf-8")))
 
 
 @pytest.fixture(scope="session")

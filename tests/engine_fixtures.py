@@ -18,8 +18,29 @@ def tiny_model_path(tmp_path_factory) -> Path:
     return folder
 
 
+def at_least(data_dir: Path, rel: str, n: int, out_dir: Path) -> Path:
+    """A JSONL question file of the kit with at least n records: the kit's own where it has them, else (the
+    fixture kit) its records repeated up to n lines in out_dir, each repeat's id suffixed "-r<k>" so that
+    every line is a distinct question (files without ids get theirs from line numbers). For job tests
+    (resume, faults) that need many rows, not many different questions."""
+    src = data_dir / rel
+    lines = [line for line in src.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if len(lines) >= n:
+        return src
+    rows = []
+    for i in range(n):
+        rec, k = json.loads(lines[i % len(lines)]), i // len(lines)
+        for key in ("question_id", "_id", "id", "qid"):
+            if k and key in rec:
+                rec[key] = f"{rec[key]}-r{k}"
+        rows.append(json.dumps(rec, ensure_ascii=False))
+    out = out_dir / Path(rel).name
+    out.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return out
+
+
 def hotpot_subset(data_dir: Path, out: Path, n: int = 20) -> Path:
-    """The first n dev questions as a corpus file in a temp folder (read from ../shared/data)."""
+    """The first n dev questions (as many as data_dir has) as a corpus file in a temp folder."""
     lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:n]
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
