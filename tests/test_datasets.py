@@ -14,22 +14,22 @@ from pipeline.config import DynragConfig
 from pipeline.io.datasets import DatasetError, load_questions
 
 FILES = {
-    "hotpotqa/dev_400.jsonl": ("hotpotqa", 400, True),
-    "hotpotqa/train_100.json": ("hotpotqa", 100, True),
-    "2wikimultihopqa/dev_124.jsonl": ("2wikimultihopqa", 124, True),
-    "musique/dev_150.jsonl": ("musique", 150, True),
-    "nq_open/dev_3610.jsonl": ("nq_open", 3610, False),
-    "triviaqa/sample_150.json": ("triviaqa", 150, False),
-    "popqa/test_14267.jsonl": ("popqa", 14267, False),
-    "webquestions/test_2032.jsonl": ("webquestions", 2032, False),
-    "squad/dev_qa_10570.jsonl": ("squad", 10570, False),
-    "strategyqa/sample_229.jsonl": ("strategyqa", 229, False),
+    "hotpotqa/dev_400.jsonl": ("hotpotqa", True),
+    "hotpotqa/train_100.json": ("hotpotqa", True),
+    "2wikimultihopqa/dev_124.jsonl": ("2wikimultihopqa", True),
+    "musique/dev_150.jsonl": ("musique", True),
+    "nq_open/dev_3610.jsonl": ("nq_open", False),
+    "triviaqa/sample_150.json": ("triviaqa", False),
+    "popqa/test_14267.jsonl": ("popqa", False),
+    "webquestions/test_2032.jsonl": ("webquestions", False),
+    "squad/dev_qa_10570.jsonl": ("squad", False),
+    "strategyqa/sample_229.jsonl": ("strategyqa", False),
 }
 
 
 @pytest.mark.parametrize("name", sorted(FILES))
-def test_real_files_load(data_dir, name):
-    dataset, n, multihop = FILES[name]
+def test_real_files_load(data_dir, kit_records, name):
+    (dataset, multihop), n = FILES[name], kit_records[name]  # every record of the file (kit or fixture kit)
     qs = list(load_questions(str(data_dir / name)))
     assert len(qs) == n and not [q for q in qs if q.error]
     assert {q.dataset for q in qs} == {dataset}

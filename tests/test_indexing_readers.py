@@ -31,7 +31,7 @@ def test_hotpotqa_ircot_jsonl(data_dir):
     assert recs[0].text == line["contexts"][0]["paragraph_text"] and recs[0].source_id is None
 
 
-def test_hotpotqa_official_and_corpus(data_dir):
+def test_hotpotqa_official_and_corpus(data_dir, kit_records):
     train = data_dir / "hotpotqa/train_100.json"
     q = json.loads(train.read_text())[0]
     recs = first(read_corpus(str(train), "hotpotqa"), len(q["context"]))
@@ -40,10 +40,10 @@ def test_hotpotqa_official_and_corpus(data_dir):
     corpus = data_dir / "hotpotqa/train_100_corpus.json"
     assert detect_format(str(corpus)) == "hotpotqa"
     recs = list(read_corpus(str(corpus)))
-    assert len(recs) == 994 and all(r.title and r.text for r in recs)
+    assert len(recs) == kit_records["hotpotqa/train_100_corpus.json"] and all(r.title and r.text for r in recs)
 
 
-def test_2wiki_formats(data_dir):
+def test_2wiki_formats(data_dir, kit_records):
     dev = data_dir / "2wikimultihopqa/dev_124.jsonl"
     assert detect_format(str(dev)) == "2wiki"
     q = json.loads(dev.read_text().splitlines()[0])
@@ -52,36 +52,37 @@ def test_2wiki_formats(data_dir):
     assert recs[0].text == " ".join(q["context"][0][1])
     corpus = data_dir / "2wikimultihopqa/corpus_6119.json"
     recs = list(read_corpus(str(corpus), "2wiki"))
-    assert len(recs) == 6119
+    assert len(recs) == kit_records["2wikimultihopqa/corpus_6119.json"]
     assert first(read_corpus(str(data_dir / "2wikimultihopqa/train_500.json"), "2wiki"), 1)[0].title
 
 
-def test_musique_formats(data_dir):
+def test_musique_formats(data_dir, kit_records):
     dev = data_dir / "musique/dev_150.jsonl"
     assert detect_format(str(dev)) == "musique"
     q = json.loads(dev.read_text().splitlines()[0])
     recs = first(read_corpus(str(dev)), 20)
     assert [r.text for r in recs] == [p["paragraph_text"] for p in q["paragraphs"]]
-    assert len(list(read_corpus(str(data_dir / "musique/train_100_corpus.json"), "musique"))) == 1890
+    assert len(list(read_corpus(str(data_dir / "musique/train_100_corpus.json"), "musique"))) == kit_records["musique/train_100_corpus.json"]
     assert first(read_corpus(str(data_dir / "musique/train_100.json"), "musique"), 1)[0].title
 
 
-def test_flashrag_jsonl(data_dir):
+def test_flashrag_jsonl(data_dir, kit_records):
     path = str(data_dir / "wikipedia/psgs_w100_sample_1000.jsonl")
     assert detect_format(path) == "flashrag-jsonl"
     recs = list(read_corpus(path))
-    assert len(recs) == 1000
+    n = kit_records["wikipedia/psgs_w100_sample_1000.jsonl"]
+    assert len(recs) == n
     assert recs[0] == Record(title="Evan Morris", text=recs[0].text, source_id="0")
     assert recs[0].text.startswith("Evan Morris Evan L. Morris")
     # 100-word DPR passages stay whole and keep their ids
     ps = list(passages_of(recs, 100))
-    assert len(ps) == 1000 and ps[0].id == "0"
+    assert len(ps) == n and ps[0].id == "0"
 
 
-def test_generic_jsonl_fields(data_dir):
+def test_generic_jsonl_fields(data_dir, kit_records):
     path = str(data_dir / "strategyqa/paragraphs_998.jsonl")
     recs = list(read_corpus(path, "jsonl", {"text": "contents"}))
-    assert len(recs) == 998 and recs[0].title == "Albany, Georgia" and recs[0].source_id == "strategy_0"
+    assert len(recs) == kit_records["strategyqa/paragraphs_998.jsonl"] and recs[0].title == "Albany, Georgia" and recs[0].source_id == "strategy_0"
     no_ids = list(read_corpus(path, "jsonl", {"id": None, "text": "contents"}))
     assert no_ids[0].source_id is None and no_ids[0].text == recs[0].text
 
