@@ -142,3 +142,29 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
         assert r["cand_attn"].shape == (L - n, len(r["cand_words"]))
         assert np.allclose(np.triu(r["cand_attn"][:, -(L - n):]), 0)  # nothing at or after the token itself
         assert len(r["offsets"]) == L - n and word_spans(it["generated"], r["offsets"])[0] is not None
+
+
+def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tmp_path_factory, monkeypatch):
+    import torch
+
+    from pipeline.backends import attention
+    from pipeline.config import GenerationConfig
+
+    path = str(tiny_model_path(tmp_path_factory))
+    item = {"prompt": "Question: who wrote the novel?\nAnswer:", "generated": " the author of the book",
+            "context": [(10, 30)]}
+    cpu = attention.AttentionPass(DynragConfig(), None, model_path=path)
+    assert (cpu.device.type, cpu.model.dtype) == ("cpu", torch.float32)  # no GPU: fp32 on the CPU, as before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert attention.placement(GenerationConfig(), True) == ("cuda:1", "bfloat16")
+    assert attention.placement(GenerationConfig(dtype="float16"), True) == ("cuda:1", "float16")
+    # a machine that reports a GPU takes the GPU path: its dtype, with the device swapped for the CPU here
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu_path = attention.placement
+    monkeypatch.setattr(attention, "placement", lambda g, cuda: ("cpu", gpu_path(g, cuda)[1]))
+    half = attention.AttentionPass(DynragConfig(), None, model_path=path)
+    assert half.model.dtype == torch.bfloat16 and all(p.dtype == torch.bfloat16 for p in half.model.parameters())
+    (r16,), (r32,) = half.stats([item]), cpu.stats([item])
+    assert r16["offsets"] == r32["offsets"] and r16["entropy"].dtype == r32["entropy"].dtype
+    assert r16["entropy"] == pytest.approx(r32["entropy"], rel=0.05)

@@ -16,7 +16,11 @@ far); every generated token may be picked too. One result per item (a dict):
 All items of one call share forward passes: sorted by length, right-padded, cut into batches whose
 last-layer attention fits `generation.attention_batch_mib`. The model runs with eager attention; a forward hook
 keeps the last layer's weights only (output_attentions=True would hold every layer's L x L maps).
-With generation.backend=transformers the generator's model is reused, otherwise it is loaded here.
+With generation.backend=transformers the generator's model is reused, otherwise it is loaded here, where
+`placement` says: on a GPU, the generator's device in half precision (bf16 unless the generator runs
+fp16), in the same process as the generator (the Ray engine actor beside vLLM: one copy per GPU, so leave
+it room with generation.engine_kwargs.gpu_memory_utilization); on a CPU fp32, as half precision is slow
+there. vLLM's own copy of the weights lives in its engine process and cannot be shared.
 """
 
 from __future__ import annotations
@@ -30,6 +34,15 @@ from pipeline.backends import register_backend
 from pipeline.methods.dragin_math import entropy, max_later_attention, word_spans
 
 log = logging.getLogger(__name__)
+
+
+def placement(g, cuda: bool) -> tuple[str, str]:
+    """(device, torch dtype name) of the attention model for generation settings `g`."""
+    if not cuda:
+        return "cpu", "float32"
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}", "float16" if g.dtype == "float16" else "bfloat16"
 
 
 @register_backend("attention")
@@ -47,9 +60,10 @@ class AttentionPass:
             self.model, self.tokenizer = gen.model, gen.tokenizer
         else:
             path = model_path or resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+            device, dtype = placement(cfg.generation, torch.cuda.is_available())
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.generation.trust_remote_code)
             self.model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch.float32, attn_implementation="eager",
+                path, dtype=getattr(torch, dtype), device_map=device, attn_implementation="eager",
                 trust_remote_code=cfg.generation.trust_remote_code).eval()
         if self.model.config._attn_implementation != "eager":
             raise ValueError("the attention backend needs a model loaded with attn_implementation='eager'")
