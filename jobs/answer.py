@@ -14,7 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("answer", help="answer a dataset with a RAG method, one Parquet row per question",
                        description="Answer every question of a dataset with a method. Rows go to OUT/parts/*.parquet; "
-                       "rerunning the same command resumes (questions that have a row are skipped).")
+                       "rerunning the same command resumes: questions that have a row are skipped, except rows whose error is not "
+                       "the question's own (error_kind=system: a backend, index, model or I/O failure), which are "
+                       "answered again; error rows of bad input (error_kind=input) stay. An output folder holds one "
+                       "method and configuration: a rerun with other settings is refused.")
     io = p.add_argument_group("input / output")
     io.add_argument("--dataset", required=True, metavar="FILE_OR_URI",
                     help="question file (JSONL/JSON/Parquet, local or fsspec URI) or dpr:<set>, e.g. dpr:nq-test")

@@ -1,5 +1,10 @@
 """The one base class for errors a user can fix: the CLI prints them as one line and exits 2."""
 
 
+class QuestionError(Exception):
+    """A fault of one question's own input (e.g. a prompt too long for the model): its error row is
+    final. Every other error of a question (backend, index, model, I/O) is retried by a rerun."""
+
+
 class DynragError(Exception):
     """Bad input, a bad config value, a missing model or file: say what and where, in one line."""

@@ -170,3 +170,45 @@ def test_a_rerun_with_another_configuration_is_refused(capsys, data_dir, tmp_pat
     assert (out / "config.resolved.yaml").read_text() == saved
     rc, stdout, _ = cli(capsys, *args, "--set", "answer.batch_questions=2")  # not part of the configuration
     assert rc == 0 and "resumed past 3" in stdout
+
+
+def test_a_corrupt_index_is_refused_before_anything_is_written(capsys, small_index, tmp_path):
+    idx, out = tmp_path / "idx", tmp_path / "out"
+    shutil.copytree(small_index, idx)
+    target = next((idx / "shards").glob("*/faiss.index"))
+    header = bytearray(target.read_bytes())
+    header[8:24] = b"\xff" * 16  # same size: index.verify=size passes it
+    target.write_bytes(bytes(header))
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps(GOOD[0]) + "\n")
+    refused(capsys, f"cannot use the index {idx}", "answer", "--dataset", str(data), "--method", "sr-rag",
+            "--index", str(idx), "--out", str(out), "--set", "retrieval.retriever=dense", *NONE)
+    assert not out.exists()
+
+
+def test_error_rows_not_of_the_question_are_retried_by_a_rerun(small_index, tmp_path):
+    from pipeline.backends import Backends
+    from pipeline.backends.retrieval import IndexRetriever
+    from pipeline.config import load_config
+    from pipeline.io.output import read_rows
+    from pipeline.runtime.answer import run_answer
+
+    data, out = tmp_path / "q.jsonl", str(tmp_path / "out")
+    data.write_bytes(b"\n".join([json.dumps(g).encode() for g in GOOD] + [BAD[0]]) + b"\n")
+    cfg = load_config(overrides=["generation.backend=none"])
+
+    class Unreachable:
+        def search(self, *args):
+            raise ConnectionError("the index server does not answer")
+
+    def answer(retriever):
+        return run_answer(str(data), out, method="sr-rag", cfg=cfg, progress=False,
+                          backends=Backends(cfg, str(small_index), retriever=retriever))
+
+    first = answer(Unreachable())
+    assert (first["rows"], first["errors"]) == (6, 6)
+    assert sorted(read_rows(out)["error_kind"].to_pylist()) == ["input"] + ["system"] * 5
+    second = answer(IndexRetriever(str(small_index), cfg))
+    assert (second["skipped_already_answered"], second["new_rows"]) == (1, 5)
+    assert (second["rows"], second["errors"]) == (6, 1)  # one row per question; only the bad line's error stays
+    assert read_rows(out)["error_kind"].to_pylist().count("input") == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.engine.requests import Prompt
+from pipeline.errors import QuestionError
 
 
 def to_messages(prompt: Prompt) -> list[dict[str, str]]:
@@ -34,7 +35,7 @@ def encode(tokenizer: Any, prompt: Prompt, chat: bool = True) -> list[int]:
     return list(tokenizer(text, add_special_tokens=special)["input_ids"])
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(QuestionError, ValueError):
     pass
 
 

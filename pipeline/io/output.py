@@ -47,6 +47,7 @@ SCHEMA = pa.schema([
     ("em", pa.float64()), ("f1", pa.float64()), ("acc", pa.float64()), ("precision", pa.float64()),
     ("recall", pa.float64()), ("support_recall", pa.float64()), ("support_recall_retrieved", pa.float64()),
     ("error", pa.string()), ("extra", pa.string()), ("finished_at", pa.float64()),
+    ("error_kind", pa.string()),  # "input": the question's own fault, final; "system": a rerun retries the question
 ])
 
 
@@ -77,7 +78,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "support_recall_retrieved": support_recall([(d["id"], d["title"]) for d in t.retrieved], *gold)
         if a and t.retrieve_rounds else None,
         "error": o.error, "extra": _extra(a, t),
-        "finished_at": time.time(),
+        "finished_at": time.time(), "error_kind": o.error_kind,
     }
     return row
 
@@ -131,20 +132,31 @@ def part_files(out: str) -> list[str]:
 
 
 def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
-    """Every row written under `out` (all part files), as one Arrow table."""
+    """The rows under `out` (all part files) as one Arrow table, one per question id: where a question
+    has several (a retried error row, two jobs that answered it at once), the last finished."""
+    import polars as pl
+
     fs, _ = _fs(out)
     files = part_files(out)
     if not files:
         return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
+    key = ["question_id", "finished_at"]
+    read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
     tables = []
     for f in files:
         with fs.open(f, "rb") as fh:
-            tables.append(pq.read_table(fh, columns=columns))
-    return pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
+            tables.append(pq.read_table(fh, columns=read))
+    table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
+    keep = (pl.from_arrow(table.select(key)).with_row_index().sort("finished_at", maintain_order=True)
+            .unique("question_id", keep="last")["index"].sort())
+    return table.take(keep.to_arrow()).select(columns or table.column_names)
 
 
 def answered_ids(out: str) -> set[str]:
-    return set(read_rows(out, ["question_id"]).column("question_id").to_pylist())
+    """Ids that a rerun skips: every row but an error row that is not the question's own (error_kind "system",
+    or an error in a part older than error_kind)."""
+    rows = read_rows(out, ["question_id", "error", "error_kind"]).to_pydict()
+    return {q for q, err, kind in zip(*rows.values()) if err is None or kind == "input"}
 
 
 def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | None = None) -> dict[str, Any]:

@@ -113,19 +113,24 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
 
 def preflight(cfg: DynragConfig, index: str | None) -> None:
     """Fail at once, before any row is written, on what would otherwise turn every row into an error
-    row (which a rerun would then skip as answered): an index that cannot be opened, a missing model."""
-    from indexing.remote import is_remote
+    row: an index that cannot be opened and searched (a missing or corrupt file, no published version),
+    a missing model."""
+    if index:
+        from indexing import open_index
 
-    if index and not is_remote(index):
-        from pathlib import Path
-
-        from indexing.manifest import read_manifest
-
-        read_manifest(Path(index))
+        try:
+            with open_index(index, cfg.index_settings()) as idx:
+                idx.search(["preflight"], 1, cfg.retrieval.retriever)
+        except Exception as exc:
+            raise DynragError(f"cannot use the index {index}: {_first_line(exc)}") from exc
     if cfg.generation.backend != "none":
         from pipeline.assets.models import resolve_model
 
         resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+
+
+def _first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 def load_generator(backends) -> None:
@@ -136,11 +141,11 @@ def load_generator(backends) -> None:
     try:
         backends.generator
     except Exception as exc:
-        detail = (str(exc).strip().splitlines() or [""])[0][:300]
+        detail = _first_line(exc)
         if "custom code" in str(exc) or "trust_remote_code" in str(exc):
-            detail = "the model folder ships its own code, which runs only with generation.trust_remote_code=true"
-        raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: "
-                           f"{type(exc).__name__}: {detail}") from exc
+            detail = f"{type(exc).__name__}: the model folder ships its own code, which runs only with " \
+                     "generation.trust_remote_code=true"
+        raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: {detail}") from exc
 
 
 def _run_answer(dataset, out, *, index, spec, params, settings, chash, limit, cfg, backends, progress) -> dict[str, Any]:
