@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     except (DynragError, IndexingError) as exc:
         print(f"dynrag: error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
-        print(f"dynrag: error: file not found: {exc.filename or exc}", file=sys.stderr)
+    except OSError as exc:  # a missing file, an output on a read-only or full filesystem
+        print(f"dynrag: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dynrag: interrupted", file=sys.stderr)

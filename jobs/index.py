@@ -86,13 +86,17 @@ def _build(args: argparse.Namespace) -> int:
 def _search(args: argparse.Namespace) -> int:
     from indexing import open_index
     from jobs.cli import config_from_args
+    from pipeline.errors import DynragError, first_line
 
     cfg = config_from_args(args)
     _quiet()
     retrievers = ["bm25", "dense"] if args.retriever == "both" else [args.retriever]
     with open_index(args.index, cfg.index_settings()) as index:
         for retriever in retrievers:
-            results = index.search(args.queries, k=args.k, retriever=retriever)
+            try:
+                results = index.search(args.queries, k=args.k, retriever=retriever)
+            except RuntimeError as exc:  # e.g. FAISS reading a damaged file that has the right size
+                raise DynragError(f"cannot search {args.index} ({retriever}): {first_line(exc)}") from exc
             for query, hits in zip(args.queries, results):
                 if args.json:
                     print(json.dumps({"query": query, "retriever": retriever,

@@ -1,6 +1,11 @@
 """The one base class for errors a user can fix: the CLI prints them as one line and exits 2."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as one short line, for a `dynrag: error:` message."""
+    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:300]
+
+
 class QuestionError(Exception):
     """A fault of one question's own input (e.g. a prompt too long for the model): its error row is
     final. Every other error of a question (backend, index, model, I/O) is retried by a rerun."""

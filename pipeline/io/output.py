@@ -113,10 +113,15 @@ def write_part(out: str, rows: list[dict[str, Any]]) -> str | None:
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     if _is_local(fs):
         tmp = f"{parts}/.{name}.tmp"
-        pq.write_table(table, tmp)
-        with open(tmp, "rb+") as fh:  # durable before it becomes visible
-            os.fsync(fh.fileno())
-        os.replace(tmp, f"{parts}/{name}")
+        try:
+            pq.write_table(table, tmp)
+            with open(tmp, "rb+") as fh:  # durable before it becomes visible
+                os.fsync(fh.fileno())
+            os.replace(tmp, f"{parts}/{name}")
+        except OSError:  # e.g. a full disk: no partial part left behind
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     else:  # object stores: an object appears only when its upload completes
         with fs.open(f"{parts}/{name}", "wb") as fh:
             pq.write_table(table, fh)

@@ -21,7 +21,7 @@ from pipeline.config import DynragConfig, resolved_yaml
 from pipeline.io.datasets import load_questions
 from pipeline.methods.registry import config_hash, get_method
 from indexing.faults import fault_point
-from pipeline.errors import DynragError
+from pipeline.errors import DynragError, first_line
 from pipeline.io.output import answered_ids, make_row, read_json, summarize, write_json, write_part, write_text
 from pipeline.io.output_lock import output_lock
 from pipeline.engine.requests import Question
@@ -122,15 +122,11 @@ def preflight(cfg: DynragConfig, index: str | None) -> None:
             with open_index(index, cfg.index_settings()) as idx:
                 idx.search(["preflight"], 1, cfg.retrieval.retriever)
         except Exception as exc:
-            raise DynragError(f"cannot use the index {index}: {_first_line(exc)}") from exc
+            raise DynragError(f"cannot use the index {index}: {first_line(exc)}") from exc
     if cfg.generation.backend != "none":
         from pipeline.assets.models import resolve_model
 
         resolve_model(cfg.generation.model, cfg.paths.cache_dir)
-
-
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: " + (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 def load_generator(backends) -> None:
@@ -141,7 +137,7 @@ def load_generator(backends) -> None:
     try:
         backends.generator
     except Exception as exc:
-        detail = _first_line(exc)
+        detail = first_line(exc)
         if "custom code" in str(exc) or "trust_remote_code" in str(exc):
             detail = f"{type(exc).__name__}: the model folder ships its own code, which runs only with " \
                      "generation.trust_remote_code=true"

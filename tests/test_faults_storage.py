@@ -1,0 +1,70 @@
+"""Storage faults through the real CLI: an output on a read-only filesystem, a disk that fills up
+during a run (a small tmpfs in a user and mount namespace, `unshare -rm`), and a FAISS file damaged
+without changing its size. Each is one `dynrag: error:` line with exit code 2; rows already written
+stay, and no partial part file is left."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from fault_tools import cli, env_for, run
+
+pytestmark = pytest.mark.faults
+
+
+def in_tmpfs(mount: str, options: str, cmd: list[str], after: str) -> subprocess.CompletedProcess:
+    """`cmd` with a fresh tmpfs at `mount` (mount options `options`), then the shell line `after`."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode:
+        pytest.skip("needs user and mount namespaces (unshare -rm)")
+    script = f"mount -t tmpfs -o {options} tmpfs {mount} && {shlex.join(cmd)}; rc=$?; {after}; exit $rc"
+    return run(["unshare", "-rm", "sh", "-c", script], env_for(), timeout=600)
+
+
+def one_error_line(err: str) -> str:
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dynrag: error: "), err
+    return lines[0]
+
+
+def answer(data_dir, out, n):
+    return cli("answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--method", "no-retrieval",
+               "--out", out, "--limit", str(n), "--no-progress", "--set", "generation.backend=none",
+               "--set", "answer.batch_questions=25")
+
+
+def test_output_on_a_read_only_filesystem(data_dir, tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    done = in_tmpfs(str(mnt), "ro", answer(data_dir, f"{mnt}/out", 5), "true")
+    assert done.returncode == 2
+    assert "Read-only file system" in one_error_line(done.stderr)
+
+
+def test_disk_full_during_a_run(data_dir, tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    done = in_tmpfs(str(mnt), "size=160k", answer(data_dir, f"{mnt}/out", 3000), f"ls -a {mnt}/out/parts")
+    assert done.returncode == 2
+    assert "No space left on device" in one_error_line(done.stderr)
+    files = done.stdout.split()
+    assert any(f.startswith("part-") for f in files), files  # the parts written before stay
+    assert not any(f.endswith(".tmp") for f in files), files
+
+
+def test_faiss_file_damaged_at_the_same_size(capsys, data_dir, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join((data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text().splitlines(True)[:20]))
+    idx = tmp_path / "idx"
+    assert run(cli("index", "build", str(corpus), "--index", str(idx))).returncode == 0
+    target = next((idx / "shards").glob("*/faiss.index"))
+    header = bytearray(target.read_bytes())
+    header[8:24] = b"\xff" * 16
+    target.write_bytes(bytes(header))
+    done = run(cli("index", "search", "--index", str(idx), "--retriever", "dense", "--set", "index.verify=size",
+                   "a river"))
+    assert done.returncode == 2
+    assert f"cannot search {idx} (dense)" in one_error_line(done.stderr)
