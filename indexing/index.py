@@ -110,14 +110,14 @@ class Index:
                     for i in range(len(queries))]
         from indexing.sparse import batch_search
 
-        out = []
-        for hits in batch_search(self._lucene, queries, k, self.cfg.index.threads):
-            found = self._lookup([d for d, _ in hits], [s for _, s in hits])
-            if None in found:
-                missing = hits[found.index(None)][0]
-                raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
-            out.append(found)
-        return out
+        results = batch_search(self._lucene, queries, k, self.cfg.index.threads)
+        flat = [h for hits in results for h in hits]
+        found = self._lookup([d for d, _ in flat], [s for _, s in flat])  # one lookup per shard for the batch
+        if None in found:
+            missing = flat[found.index(None)][0]
+            raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
+        ends = np.cumsum([len(hits) for hits in results])
+        return [found[end - len(hits):end] for hits, end in zip(results, ends)]
 
     def _shards(self):
         """All shards' FAISS indexes (dense.ShardSet), read on first use."""
