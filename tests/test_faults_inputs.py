@@ -107,6 +107,18 @@ def test_unreadable_datasets_are_one_line_errors(capsys, tmp_path, content, mess
 def test_bad_configuration_model_or_index_is_one_line_error(capsys, data_dir, tmp_path, args, message):
     refused(capsys, message, "answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--limit", "3",
             "--method", "no-retrieval", "--out", str(tmp_path / "out"), "--no-progress", *NONE, *args)
+    assert not (tmp_path / "out").exists()  # a refused job leaves nothing behind
+
+
+def test_a_job_that_fails_before_its_first_row_leaves_nothing(capsys, data_dir, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    rc, _, err = cli(capsys, "answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--limit", "3",
+                     "--method", "no-retrieval", "--out", str(tmp_path / "out"), "--no-progress",
+                     "--set", "generation.backend=transformers", "--set", f"generation.model={model}")
+    assert rc == 2 and "dynrag: error: cannot load the generation model" in err  # after transformers' own warning
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("content, message", [

@@ -2,7 +2,8 @@
 
 The lock is an `fcntl.flock` on the file, so the kernel releases it when its process dies however it
 dies (SIGKILL included): a lock file left by a dead process is stale and is taken over, with a log
-line naming the pid and host that left it, and the half-written part files such a process can leave
+line naming the pid and host that left it (a job that ends removes its lock file, and the folder if
+it made it and wrote nothing), and the half-written part files such a process can leave
 (`parts/.part-*.tmp`, never read as rows) are removed. The file records the holder (pid, host, start time) so a
 refused job says who holds the folder. Remote outputs (s3://, gs://) cannot be locked this way: a
 warning says so, and two jobs writing there stay apart only in that part files never overwrite each
@@ -41,26 +42,37 @@ def output_lock(out: str):
         yield
         return
     folder = out.removeprefix("file://")
+    made = not os.path.isdir(folder)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _acquire(path, out)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
-            raise OutputBusyError(f"{out} is in use by another answer job ({holder}); wait for it to end or "
-                                  "choose another --out") from None
         stale = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
         if stale:
             log.info("taking over the stale lock of %s: %s is no longer running", out, stale)
         for partial in glob.glob(os.path.join(folder, "parts", ".part-*.tmp")):
             os.unlink(partial)
-        os.ftruncate(fd, 0)
         os.pwrite(fd, _holder().encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)  # released cleanly: nothing stale to report next time
+        yield
     finally:
+        os.unlink(path)  # still held: a job that opened this file meanwhile sees it gone and retries
+        os.close(fd)
+        if made and not os.listdir(folder):  # a job that wrote nothing leaves nothing
+            os.rmdir(folder)
+
+
+def _acquire(path: str, out: str) -> int:
+    """An fd holding the flock of the file now at `path` (not of one a finishing job just removed)."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            raise OutputBusyError(f"{out} is in use by another answer job ({holder}); wait for it to end or "
+                                  "choose another --out") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
         os.close(fd)
