@@ -148,11 +148,26 @@ def test_qdc_cis_cfs_programs_select_as_the_equations_say():
     assert [h.id for h in out[0].answer.used_docs] == ["a", "b", "c", "z"]
     assert out[0].answer.extra["strategy"] == "cfs"
     assert out[0].trace.classifier_calls == out[0].answer.extra["classified"]
-    # (d_i title, candidate title, P) in the order CFS asked: each round asks the blocked list's next
-    # candidate and, ahead of time, every later list's (b's c, which a's walk then takes first)
+    # (d_i title, candidate title, P) in the order Algorithm 1 classifies: list a's x, c; list b skips c (in the
+    # context) and asks d, z. Nothing else is classified.
     judged = out[0].answer.extra["judged"]
-    assert [(a, b) for a, b, _ in judged] == [("Ta", "Tx"), ("Tb", "Tc"), ("Ta", "Tc"), ("Tb", "Td"), ("Tb", "Tz")]
-    assert [p >= 0.5 for _, _, p in judged] == [False, False, True, False, True]
+    assert [(a, b) for a, b, _ in judged] == [("Ta", "Tx"), ("Ta", "Tc"), ("Tb", "Td"), ("Tb", "Tz")]
+    assert [p >= 0.5 for _, _, p in judged] == [False, True, False, True]
+
+
+def test_cfs_at_k3_never_classifies_the_list_it_does_not_walk():
+    # k = 3, k1 = ceil(3/2) = 2: list a (x negative, c positive) fills the context, so list b is never
+    # walked and never scored: 2 classifier calls per question (the earlier code asked 6: a's and b's windows)
+    out, _, _, scorer = run("cfs", {"k": 3}, positive={("Ta", "Tc")})
+    for o in out:
+        assert [h.id for h in o.answer.used_docs] == ["a", "b", "c"]
+        assert [(a, b) for a, b, _ in o.answer.extra["judged"]] == [("Ta", "Tx"), ("Ta", "Tc")]
+        assert o.trace.classifier_calls == 2
+    assert scorer.calls == [5, 5]  # two rounds, each one batched call over the 5 questions
+    # a wider window saves rounds but stays inside the walked list: a's x, c, y, never b's
+    out, _, _, scorer = run("cfs", {"k": 3, "score_window": 3}, positive={("Ta", "Tc")})
+    assert [(a, b) for a, b, _ in out[0].answer.extra["judged"]] == [("Ta", "Tx"), ("Ta", "Tc"), ("Ta", "Ty")]
+    assert scorer.calls == [15]
 
 
 def test_cfs_retrieves_second_stage_with_concatenated_queries_in_one_batch():

@@ -8,12 +8,13 @@ ONE LLM call per question with a budget of k = k1 + k2 documents.
 - `cis` (Eq. 3): QDC, then drop every second-stage d' with C(q, d', d_i) negative for every d_i.
 - `cfs` (Eq. 4, Algorithm 1): for each d_i, walk its second-stage list in order and add the first d'
   not yet in the context with C(q, d_i, d') positive; a list with no positive adds nothing, so fewer
-  than k documents may result.
+  than k documents may result. The walk stops once the context holds k.
 
 The selection rules are pure functions over document ids (tested on hand-made cases); the programs
-drive them with Retrieve and Score requests that the engine batches across questions. CFS scores its
-lists lazily, `score_window` candidates per open list per round, so the walk stops early as the paper's
-does instead of classifying every candidate.
+drive them with Retrieve and Score requests that the engine batches across questions. CFS classifies
+lazily: each round asks only for the next `score_window` unjudged candidates of the list the walk is
+blocked on, so with the default window of 1 it makes exactly the classifications Algorithm 1 makes
+(lines 9-12) and never scores a list it does not walk.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ class ClassifierParams(TwoStageParams):
     threshold: float | None = Field(None, gt=0.0, lt=1.0, description="C(...) = positive when P(positive) >= "
                                     "threshold; None: the one saved with the classifier (tuned on held-out pairs by "
                                     "`dynrag train-classifier`), else 0.5")
-    score_window: int = Field(3, ge=1, description="CFS: candidates per open list classified per round")
+    score_window: int = Field(1, ge=1, description="CFS: candidates of the list being walked classified per round; "
+                              "1 classifies exactly what Algorithm 1 does, more saves rounds but may classify "
+                              "candidates after the first positive")
 
     def with_config(self, cfg) -> "ClassifierParams":
         if self.threshold is not None:
@@ -230,11 +233,9 @@ def cfs(q: Question, p: ClassifierParams):
         chosen, blocked = cfs_walk(first_ids, lists, p.k, lambda i, d: known.get((i, d)))
         if blocked is None:
             break
-        # the next unclassified candidates of the blocked list and of every later list, in one request
-        need = []
-        for i in range(blocked, len(lists)):
-            todo = [d for d in lists[i] if d not in first_ids and (i, d) not in known]
-            need += [(i, d) for d in todo[:p.score_window]]
+        # only the list being walked: its next unjudged candidates not already in the context
+        todo = [d for d in lists[blocked] if d not in chosen and (blocked, d) not in known]
+        need = [(blocked, d) for d in todo[:p.score_window]]
         scores = yield Score([(q.question, text[first_ids[i]], text[d]) for i, d in need], classifier=p.classifier)
         known.update({key: s >= p.decision_threshold for key, s in zip(need, scores)})
         judged += [[docs[first_ids[i]].title, docs[d].title, round(s, 4)] for (i, d), s in zip(need, scores)]
