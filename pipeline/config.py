@@ -66,6 +66,9 @@ class GenerationConfig(Section):
                             "batch); transformers also runs forward batches of this size. vLLM schedules each "
                             "call's prompts itself, at most engine_kwargs.max_num_seqs at once")
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
+    streaming: bool = Field(True, description="vllm: drive vLLM's async engine, each prompt submitted as it "
+                            "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
+                            "batched LLM.generate calls")
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
     attention_batch_mib: float = Field(128.0, gt=0, description="DRAGIN's attention pass: last-layer attention "
                                        "maps per forward batch (items x heads x L x L x 4 bytes). Small suits a CPU, "

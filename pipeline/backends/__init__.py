@@ -145,6 +145,10 @@ class NoGenerator:
 def make_generator(cfg: DynragConfig):
     if cfg.generation.backend == "none":
         return NoGenerator()
+    if cfg.generation.backend == "vllm" and cfg.generation.streaming:
+        from pipeline.backends.vllm_stream import VllmStreamingGenerator
+
+        return VllmStreamingGenerator(cfg)
     if cfg.generation.backend == "vllm":
         from pipeline.backends.vllm_gen import VllmGenerator
 

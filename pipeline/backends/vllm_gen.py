@@ -60,15 +60,21 @@ class VllmGenerator:
         if not gpu:
             configure_cpu_env(g.kv_cache_gib)
         t0 = time.perf_counter()
-        from vllm import LLM
+        from pipeline.runtime.orphan_guard import OrphanGuard
 
-        from pipeline.runtime.orphan_guard import OrphanGuard, child_pids
-
-        before = child_pids()
-        self.llm = LLM(**llm_kwargs(g, str(path), gpu))
-        self._guard = OrphanGuard(child_pids() - before)  # the engine process dies with this one
+        self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
+        try:
+            self.llm = self._engine(llm_kwargs(g, str(path), gpu))
+        except BaseException:
+            self._guard.close()
+            raise
         self.tokenizer = self.llm.get_tokenizer()
         log.info("vLLM engine for %s ready in %.1f s", path, time.perf_counter() - t0)
+
+    def _engine(self, kwargs: dict[str, Any]):
+        from vllm import LLM
+
+        return LLM(**kwargs)
 
     def sampling_params(self, spec: SamplingSpec, prompt_len: int):
         from vllm import SamplingParams
