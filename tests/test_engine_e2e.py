@@ -1,4 +1,4 @@
-"""End to end: index HotpotQA dev paragraphs, answer 20 questions with no-retrieval and sr-rag on a
+"""End to end: index HotpotQA dev paragraphs, answer 15 questions with no-retrieval and sr-rag on a
 tiny random model and a real packaged model (both through vLLM), and through Ray Data."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pipeline.config import DynragConfig
 from pipeline.evaluation.metrics import answer_metrics
 from pipeline.io.output import SCHEMA, part_files
 
-N = 20
+N = 15  # the HotpotQA dev questions of the fixture kit: the same run with or without the whole kit
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +105,12 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
         summary = run_answer(dataset, str(out), index=str(hotpot_index), method=method, limit=N, cfg=tiny_cfg,
                              backends=backends)
         assert summary["rows"] == N and summary["errors"] == 0 and summary["new_rows"] == N
-        assert summary["backend_batch_calls"]["generate"] == 1  # 20 questions, one batched generate
+        assert summary["backend_batch_calls"]["generate"] == 1  # 15 questions, one batched generate
         df = _check_rows(out, method, data_dir, retrieves)
         assert (out / "summary.json").exists() and (out / "config.resolved.yaml").exists()
         if retrieves:
             assert summary["backend_batch_calls"]["retrieve"] == 1
-            # hand-computed over BM25 top-5 of these 20 questions' paragraphs:
+            # hand-computed over BM25 top-5 of these 15 questions' paragraphs:
             # Q1 (Corliss Archer): gold {Shirley Temple, Kiss and Tell (1945 film)}; the top 5 hold only the
             # film (the Shirley Temple paragraph never names Corliss Archer) -> recall 1/2.
             # Q2 (Animorphs): gold {Animorphs, The Hork-Bajir Chronicles}, ranked 1st and 2nd -> recall 1.
@@ -122,7 +122,7 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
             assert summary["support_recall"] == pytest.approx(df["support_recall"].mean(), abs=1e-4)
 
 
-@pytest.mark.slow  # a second vLLM engine plus 40 real generations: about 2.5 min on 2 shared cores
+@pytest.mark.slow  # a second vLLM engine plus 30 real generations: about 2.5 min on 2 shared cores
 def test_real_packaged_model(data_dir, hotpot_index, cache_dir, tmp_path):
     from pipeline.assets.models import is_prepared
 
