@@ -196,6 +196,15 @@ class RayConfig(Section):
     retrieval_actor_resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources per retrieval actor, to place them on a node group "
         "that advertises them (cluster/: {retrieval: 1} on the CPU workers)")
+    scorer_actors: int = Field(
+        0, ge=0, description="actors holding the classifiers, rerankers and embedder, shared by all engine actors "
+        "(0: each engine actor loads them itself)")
+    scorer_actor_num_cpus: float = Field(1.0, gt=0, description="CPUs per scorer actor")
+    scorer_actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per scorer actor (a share such as 0.25 on a "
+                                         "GPU node; dropped by gpu_fallback on a cluster without GPUs)")
+    scorer_actor_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per scorer actor, to place them on a node group "
+        "that advertises them (cluster/: {scorer: 1} on the CPU workers)")
 
 
 class DynragConfig(Section):

@@ -124,10 +124,12 @@ def test_dynrag_configs_map_resources_to_the_cluster():
     cpus = _yaml("ray-cluster.yaml")["available_node_types"]["cpu-workers"]
     k8s_cpu = {g["groupName"]: g for g in _yaml("kuberay/raycluster.yaml")["spec"]["workerGroupSpecs"]}["cpu-workers"]
     k8s_offer = json.loads(json.loads(k8s_cpu["rayStartParams"]["resources"]))  # KubeRay's quoted JSON
-    for name, per_actor in cluster.ray.retrieval_actor_resources.items():
-        assert cluster.ray.retrieval_actors * per_actor <= cpus["max_workers"] * cpus["resources"][name]
-        assert k8s_offer[name] == cpus["resources"][name]
-        assert "GPU" not in cpus["resources"]
+    for actors, wants in ((cluster.ray.retrieval_actors, cluster.ray.retrieval_actor_resources),
+                          (cluster.ray.scorer_actors, cluster.ray.scorer_actor_resources)):
+        for name, per_actor in wants.items():
+            assert actors * per_actor <= cpus["max_workers"] * cpus["resources"][name]
+            assert k8s_offer[name] == cpus["resources"][name]
+    assert "GPU" not in cpus["resources"] and cluster.ray.scorer_actor_resources
     assert cluster.ray.retrieval_actors >= 1 and cluster.ray.retrieval_actor_num_cpus <= cpus["resources"]["CPU"]
     # the one-machine file keeps the GPU requests and relies on the fallback
     assert local.ray.actor_num_gpus == 1 and local.ray.gpu_fallback

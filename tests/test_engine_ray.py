@@ -7,6 +7,7 @@ import pytest
 
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
 from pipeline.runtime.answer import run_answer
+from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 
 N = 8
@@ -43,3 +44,63 @@ def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
     assert remote["runtime"] == "ray" and remote["rows"] == N
     assert _predictions(tmp_path / "ray") == _predictions(tmp_path / "local")
     assert remote["retrieval_calls_per_question"] == local["retrieval_calls_per_question"] == 1
+
+
+def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, tmp_path_factory, tmp_path):
+    """PAIRS (retrieval on two paths, AIS embeddings, generation) with the index in a retrieval pool and
+    the embedder in a scorer pool: the engine actor holds only the generator."""
+    index = build_hotpot_index(data_dir, tmp_path_factory, 20)
+    cfg = _cfg(tmp_path_factory, "transformers")
+    cfg.method.params = {"k": 2, "n": 3}
+    dataset = str(data_dir / HOTPOT)
+    local = run_answer(dataset, str(tmp_path / "local"), index=str(index), method="pairs", limit=N, cfg=cfg)
+    cfg.runtime.mode = "ray"
+    cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 0.5
+    cfg.ray.scorer_actors, cfg.ray.scorer_actor_num_cpus = 1, 0.5
+    remote = run_answer(dataset, str(tmp_path / "ray"), index=str(index), method="pairs", limit=N, cfg=cfg)
+    assert remote["runtime"] == "ray" and remote["rows"] == N
+    rows = {kind: pl.read_parquet(f"{tmp_path / kind}/parts/*.parquet").sort("question_id") for kind in ("local", "ray")}
+    assert _predictions(tmp_path / "ray") == _predictions(tmp_path / "local")
+    for col in ("llm_calls", "retrieval_calls", "embedding_calls", "docs_in_prompt"):
+        assert rows["ray"][col].to_list() == rows["local"][col].to_list(), col
+    docs = {kind: [[(d["id"], d["path"], round(d["score"], 4)) for d in r] for r in df["retrieved"]]
+            for kind, df in rows.items()}
+    assert docs["ray"] == docs["local"]
+    assert rows["local"]["retrieval_calls"].min() > 0 and rows["local"]["embedding_calls"].min() > 0
+    assert remote["retrieval_calls_per_question"] == local["retrieval_calls_per_question"]
+
+
+class InlineActor:
+    """A pool actor called in-process: `run.remote(...)` returns the result itself (ray.get is patched to identity)."""
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        from jobs.bench.simulated import SimRetriever, SimScorer
+        from pipeline.runtime.pools import PoolActor
+
+        self.actor, self.calls = PoolActor.__new__(PoolActor), []
+        self.actor.backends = Backends(DynragConfig(), retriever=SimRetriever(), scorer=SimScorer(), embedder=SimScorer())
+        self.run = SimpleNamespace(remote=lambda op, items, *a: self.calls.append((op, len(items))) or
+                                   self.actor.run(op, items, *a))
+
+
+def test_engine_actor_sends_retrieval_and_scoring_to_its_pools(monkeypatch):
+    import numpy as np
+    import ray
+
+    from jobs.bench.simulated import SimRetriever, SimScorer
+    from pipeline.runtime.ray_runner import EngineActor
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    retrieval, scorer = [InlineActor(), InlineActor()], [InlineActor()]
+    cfg = DynragConfig()
+    cfg.method.name = "pairs"
+    engine = EngineActor(cfg.model_dump(mode="json"), None, {}, {"retrieval": retrieval, "scorer": scorer})
+    b = engine.backends  # no index (None) and no models: every part but the generator comes from a pool
+    queries = [f"query {i}" for i in range(5)]
+    assert b.search(queries, 3, "bm25") == SimRetriever().search(queries, 3)
+    assert [a.calls for a in retrieval] == [[("search", 3)], [("search", 2)]]  # contiguous chunks, in order
+    assert b.score([("q", "d1"), ("q", "d2")], "default") == SimScorer().score([("q", "d1"), ("q", "d2")])
+    assert np.array_equal(b.embed(queries, None), SimScorer().embed(queries))
+    assert scorer[0].calls == [("score", 2), ("embed", 5)]

@@ -1,6 +1,7 @@
 """`runtime.mode=ray`: question batches stream through a Ray Data pipeline of engine actors.
 
-Each actor holds the backends (a vLLM or transformers generator, the index, scorer, embedder) and
+Each actor holds the backends (a vLLM or transformers generator, the index, scorer, embedder; the index,
+or the scorer and embedder, served instead by the retrieval and scorer pools when configured, pools.py) and
 runs the same engine (`answer.engine`) over each batch it receives, so predictions equal the in-process run. Actors
 are data-parallel replicas (`ray.actors`, one per GPU on a cluster: `ray.actor_num_gpus=1`); their
 resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`). Rows come back to the
@@ -24,17 +25,19 @@ log = logging.getLogger(__name__)
 class EngineActor:
     """A Ray Data actor: builds the backends once, answers one batch of questions per call."""
 
-    def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, retrieval_actors: list | None = None):
+    def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, pools: dict[str, list] | None = None):
         from pipeline.backends import Backends
         from pipeline.engine.continuous import make_engine
         from pipeline.methods.registry import get_method
-        from pipeline.runtime.retrieval_actors import RemoteRetriever
+        from pipeline.runtime.pools import PoolClient
 
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
         self.params = self.spec.params(self.cfg.method.params, self.cfg)
-        remote = RemoteRetriever(retrieval_actors) if retrieval_actors else None  # else the index is opened here
-        self.backends = Backends(self.cfg, index_dir, retriever=remote)
+        # a part served by a pool (pools.py) is not built here
+        remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
+        scorer = remote.get("scorer")
+        self.backends = Backends(self.cfg, index_dir, retriever=remote.get("retrieval"), scorer=scorer, embedder=scorer)
         self.engine = make_engine(self.cfg, self.backends)
         self.row_args = row_args
 
@@ -83,18 +86,20 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
 
     from pipeline.runtime.ray_resources import engine_actor_options
 
+    from pipeline.runtime.pools import start_pool
+
     started = init_ray(cfg)
-    retrieval_actors = []
+    pools: dict[str, list] = {}
     try:
         if cfg.ray.retrieval_actors and index_dir:
-            from pipeline.runtime.retrieval_actors import start_retrieval_actors
-
-            retrieval_actors = start_retrieval_actors(cfg, _index_arg(index_dir))
+            pools["retrieval"] = start_pool(cfg, "retrieval", _index_arg(index_dir))
+        if cfg.ray.scorer_actors:
+            pools["scorer"] = start_pool(cfg, "scorer")
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = ray.data.from_items([{"q": json.dumps(q.to_dict())} for q in todo])
         ds = ds.map_batches(
             EngineActor,
-            fn_constructor_args=(cfg.model_dump(mode="json"), _index_arg(index_dir), row_args, retrieval_actors),
+            fn_constructor_args=(cfg.model_dump(mode="json"), _index_arg(index_dir), row_args, pools),
             batch_size=batch, batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
             **engine_actor_options(cfg),
@@ -102,7 +107,7 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
             yield [json.loads(s) for s in out["row"]]
     finally:
-        for actor in retrieval_actors:
+        for actor in (a for actors in pools.values() for a in actors):
             ray.kill(actor)
         if started:
             ray.shutdown()

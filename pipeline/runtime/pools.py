@@ -1,0 +1,84 @@
+"""Actor pools beside the engine actors (the generation pool) for `runtime.mode=ray`.
+
+- retrieval pool (`ray.retrieval_actors`): CPU actors holding the index; each opens it once (a remote
+  index is pulled into its node's cache once), on the node group offering `ray.retrieval_actor_resources`;
+- scorer pool (`ray.scorer_actors`): actors holding the classifiers, rerankers and the embedder, on a
+  CPU or a share of a GPU (`ray.scorer_actor_num_gpus`); models load on first use, by name.
+
+With a pool, the engine actors do not build that part: every Retrieve, Score or Embed batch an engine
+gathers is cut into contiguous chunks served in parallel by the pool's actors (`PoolClient`), results
+in input order. Each pool actor holds a `Backends` of the run's configuration, so it serves exactly what
+the in-process backends would. The driver starts the pools and owns them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from pipeline.config import DynragConfig
+
+log = logging.getLogger(__name__)
+
+
+class PoolActor:
+    def __init__(self, cfg_json: dict, index_dir: str | None):
+        from pipeline.backends import Backends
+
+        self.backends = Backends(DynragConfig.model_validate(cfg_json), index_dir)
+
+    def ready(self, part: str | None) -> bool:
+        if part:
+            getattr(self.backends, part)  # build it now, so that errors surface at start
+        return True
+
+    def run(self, op: str, items: list, *args):
+        return getattr(self.backends, op)(items, *args)
+
+
+def start_pool(cfg: DynragConfig, kind: str, index_dir: str | None = None) -> list:
+    """Start the `kind` pool ("retrieval" or "scorer") as configured; wait until each actor is ready."""
+    import ray
+
+    from pipeline.runtime.ray_resources import pool_actor_options
+
+    n, opts = pool_actor_options(cfg, kind)
+    cls = ray.remote(PoolActor)
+    actors = [cls.options(**opts).remote(cfg.model_dump(mode="json"), index_dir) for _ in range(n)]
+    ray.get([a.ready.remote("retriever" if kind == "retrieval" else None) for a in actors])
+    log.info("%d %s actors ready (%s)", n, kind, opts)
+    return actors
+
+
+class PoolClient:
+    """The `search`, `score` and `embed` of `Backends`, served by a pool of actors."""
+
+    def __init__(self, actors: list):
+        self.actors = list(actors)
+        self._next = 0  # rotate the first actor so the engine actors spread their small batches
+
+    def _map(self, op: str, items, *args) -> list:
+        import ray
+
+        items = list(items)
+        if not items:
+            return []
+        n = min(len(self.actors), len(items))
+        size = -(-len(items) // n)
+        chunks = [items[i:i + size] for i in range(0, len(items), size)]
+        start, self._next = self._next, (self._next + len(chunks)) % len(self.actors)
+        return ray.get([self.actors[(start + j) % len(self.actors)].run.remote(op, c, *args)
+                        for j, c in enumerate(chunks)])
+
+    def search(self, queries: list[str], k: int, retriever: str):
+        return [hits for part in self._map("search", queries, k, retriever) for hits in part]
+
+    def score(self, items: list, classifier: str):
+        return [float(s) for part in self._map("score", items, classifier) for s in part]
+
+    def embed(self, texts: list[str], model: str | None):
+        return np.concatenate(self._map("embed", texts, model))
+
+    def close(self) -> None:
+        """The driver owns the actors; nothing to release here."""
