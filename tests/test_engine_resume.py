@@ -11,14 +11,14 @@ from pathlib import Path
 
 import polars as pl
 
-from engine_fixtures import HOTPOT, tiny_model_path
+from engine_fixtures import HOTPOT, at_least, tiny_model_path
 from pipeline.io.output import part_files
 
 N = 200
 
 
-def _command(data_dir: Path, model: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", "answer", "--dataset", str(data_dir / HOTPOT),
+def _command(dataset: Path, model: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", "answer", "--dataset", str(dataset),
             "--method", "no-retrieval", "--out", str(out), "--limit", str(N), "--no-progress",
             "--set", "generation.backend=transformers", "--set", f"generation.model={model}",
             "--set", "generation.max_new_tokens=16", "--set", "generation.max_model_len=4096",
@@ -27,10 +27,11 @@ def _command(data_dir: Path, model: Path, out: Path) -> list[str]:
 
 def test_sigkill_then_resume(data_dir, tmp_path_factory, tmp_path):
     model = tiny_model_path(tmp_path_factory)
+    dataset = at_least(data_dir, HOTPOT, N, tmp_path)  # the fixture kit's 15 questions repeat, ids suffixed
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(_command(data_dir, model, out), cwd=root, env=env,
+    proc = subprocess.Popen(_command(dataset, model, out), cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 180
@@ -47,7 +48,7 @@ def test_sigkill_then_resume(data_dir, tmp_path_factory, tmp_path):
     first = pl.read_parquet(f"{out}/parts/*.parquet")
     assert 0 < first.height < N, "the kill should land part-way"
 
-    done = subprocess.run(_command(data_dir, model, out), cwd=root, env=env, capture_output=True, text=True,
+    done = subprocess.run(_command(dataset, model, out), cwd=root, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed past {first.height}" in done.stdout
