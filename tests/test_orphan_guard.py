@@ -17,8 +17,8 @@ from fault_tools import ROOT
 OWNER = textwrap.dedent("""
     import subprocess, sys, time
     from pipeline.runtime.orphan_guard import OrphanGuard
+    guard = OrphanGuard()
     child = subprocess.Popen(["sleep", "600"])
-    guard = OrphanGuard([child.pid])
     if sys.argv[1] == "close":
         guard.close()
     print(child.pid, flush=True)
