@@ -140,6 +140,9 @@ class VllmGenerator:
         self.llm = None
         self._guard.close()
         try:
-            llm.llm_engine.engine_core.shutdown()
+            self._shutdown(llm)
         except Exception:
             log.debug("vLLM shutdown failed", exc_info=True)
+
+    def _shutdown(self, llm) -> None:
+        llm.llm_engine.engine_core.shutdown()

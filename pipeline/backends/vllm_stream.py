@@ -57,12 +57,7 @@ class VllmStreamingGenerator(VllmGenerator):
     def generate(self, prompts, samplings, chats):
         return generate_all(self.submit, prompts, samplings, chats)
 
-    def close(self) -> None:
-        llm = getattr(self, "llm", None)
-        if llm is None:
-            return
-        self.llm = None
-        self._guard.close()
+    def _shutdown(self, llm) -> None:
         try:
             llm.shutdown()
         finally:
