@@ -63,8 +63,9 @@ class GenerationConfig(Section):
     max_new_tokens: int = Field(32, ge=1)
     max_model_len: int = Field(2048, ge=64)
     batch_size: int = Field(64, ge=1, description="prompts per generate call of the continuous engine (its full "
-                            "batch); transformers also runs forward batches of this size. vLLM schedules each "
-                            "call's prompts itself, at most engine_kwargs.max_num_seqs at once")
+                            "batch) with a batched generator (transformers, which also runs forward batches of this "
+                            "size, or vllm with streaming=false); a streaming vLLM takes each prompt as it comes and "
+                            "runs at most engine_kwargs.max_num_seqs at once")
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
     streaming: bool = Field(True, description="vllm: drive vLLM's async engine, each prompt submitted as it "
                             "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
