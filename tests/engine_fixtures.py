@@ -34,7 +34,8 @@ def at_least(data_dir: Path, rel: str, n: int, out_dir: Path) -> Path:
             if k and key in rec:
                 rec[key] = f"{rec[key]}-r{k}"
         rows.append(json.dumps(rec, ensure_ascii=False))
-    out = out_dir / Path(rel).name
+    out = out_dir / rel  # the kit's relative path: a dataset named after its folder keeps its name
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(rows) + "\n", encoding="utf-8")
     return out
 

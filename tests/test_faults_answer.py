@@ -21,11 +21,10 @@ from pipeline.io.output import part_files
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 
-NQ = "nq_open/dev_3610.jsonl"
 
 
-def answer_cmd(data_dir, out, n, *extra):
-    return cli("answer", "--dataset", str(data_dir / NQ), "--method", "no-retrieval", "--out", str(out),
+def answer_cmd(dataset, out, n, *extra):
+    return cli("answer", "--dataset", str(dataset), "--method", "no-retrieval", "--out", str(out),
                "--limit", str(n), "--no-progress", "--set", "generation.backend=none",
                "--set", "answer.batch_questions=25", *extra)
 
@@ -42,16 +41,16 @@ def assert_exactly_once(out, n):
     assert not list((out / "parts").glob(".*.tmp")), "a partial part file was left behind"
 
 
-def test_sigkill_at_several_points_under_load_then_resume(data_dir, tmp_path):
+def test_sigkill_at_several_points_under_load_then_resume(nq_dev, tmp_path):
     n, out, pauses = 600, tmp_path / "run", tmp_path / "pauses"
-    load = [start(answer_cmd(data_dir, tmp_path / f"load{i}", 3610), env_for()) for i in range(2)]
+    load = [start(answer_cmd(nq_dev, tmp_path / f"load{i}", 3610), env_for()) for i in range(2)]
     try:
-        killed = kill_at(answer_cmd(data_dir, out, n), "answer.part_written", pauses)  # right after a part
+        killed = kill_at(answer_cmd(nq_dev, out, n), "answer.part_written", pauses)  # right after a part
         assert killed.returncode == -signal.SIGKILL
         after_first = rows_of(out).height
         assert 0 < after_first < n
         for _ in range(2):  # by timing: as soon as one more part lands, mid-way through the next batch
-            proc = start(answer_cmd(data_dir, out, n), env_for())
+            proc = start(answer_cmd(nq_dev, out, n), env_for())
             before = len(part_files(str(out)))
             while len(part_files(str(out))) == before and proc.poll() is None:
                 time.sleep(0.005)
@@ -62,31 +61,31 @@ def test_sigkill_at_several_points_under_load_then_resume(data_dir, tmp_path):
     finally:
         for p in load:
             kill_group(p)
-    done = run(answer_cmd(data_dir, out, n))
+    done = run(answer_cmd(nq_dev, out, n))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed past" in done.stdout
     assert_exactly_once(out, n)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_ctrl_c_stop_cleanly_after_the_finished_rows(data_dir, tmp_path, sig):
+def test_sigterm_and_ctrl_c_stop_cleanly_after_the_finished_rows(nq_dev, tmp_path, sig):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    stopped = kill_at(answer_cmd(data_dir, out, n), "answer.part_written", pauses, sig)
+    stopped = kill_at(answer_cmd(nq_dev, out, n), "answer.part_written", pauses, sig)
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     assert "interrupted" in stopped.stderr and "rerun the same command" in stopped.stderr
     assert "Traceback" not in stopped.stderr
     assert rows_of(out).height == 25  # the finished batch was flushed, nothing more
     assert not (out / ".dynrag.lock").exists()  # released and removed on the way out
-    done = run(answer_cmd(data_dir, out, n))
+    done = run(answer_cmd(nq_dev, out, n))
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(out, n)
 
 
-def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(data_dir, tmp_path):
+def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    first = run_until_paused(answer_cmd(data_dir, out, n), "answer.part_written", pauses)
+    first = run_until_paused(answer_cmd(nq_dev, out, n), "answer.part_written", pauses)
     try:
-        second = run(answer_cmd(data_dir, out, n))
+        second = run(answer_cmd(nq_dev, out, n))
         assert second.returncode == 2
         assert f"in use by another answer job (pid {first.pid} on host" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1, second.stderr
@@ -95,7 +94,7 @@ def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(d
     finally:
         kill_group(first)
     assert rows_of(out).height == 25  # the refused job wrote nothing
-    third = run(answer_cmd(data_dir, out, n), timeout=600)
+    third = run(answer_cmd(nq_dev, out, n), timeout=600)
     assert third.returncode == 0, third.stderr[-2000:]
     assert_exactly_once(out, n)
 
@@ -103,9 +102,9 @@ def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(d
 RAY = ["--set", "runtime.mode=ray", "--set", "ray.num_cpus=2", "--set", "ray.actors=1"]
 
 
-def test_ray_engine_actor_killed_is_retried_and_the_job_completes(data_dir, tmp_path):
+def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    proc = run_until_paused(answer_cmd(data_dir, out, n, *RAY), "ray.engine_batch", pauses)
+    proc = run_until_paused(answer_cmd(nq_dev, out, n, *RAY), "ray.engine_batch", pauses)
     try:
         actor = int((pauses / "ray.engine_batch").read_text())
         assert actor != proc.pid  # the pause is inside the Ray actor's process
@@ -118,12 +117,12 @@ def test_ray_engine_actor_killed_is_retried_and_the_job_completes(data_dir, tmp_
     assert_exactly_once(out, n)
 
 
-def test_ray_driver_sigkilled_resumes_on_rerun(data_dir, tmp_path):
+def test_ray_driver_sigkilled_resumes_on_rerun(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    killed = kill_at(answer_cmd(data_dir, out, n, *RAY, "--set", "ray.batch_questions=25"), "answer.part_written",
+    killed = kill_at(answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "answer.part_written",
                      pauses)
     assert killed.returncode == -signal.SIGKILL
     assert 0 < rows_of(out).height < n
-    done = run(answer_cmd(data_dir, out, n, *RAY))
+    done = run(answer_cmd(nq_dev, out, n, *RAY))
     assert done.returncode == 0, done.stderr[-3000:]
     assert_exactly_once(out, n)

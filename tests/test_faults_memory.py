@@ -91,9 +91,9 @@ def peak_rss_mb(cmd: list[str]) -> float:
     return usage.ru_maxrss / 1024
 
 
-def test_answer_job_memory_does_not_grow_with_the_number_of_questions(data_dir, tmp_path):
+def test_answer_job_memory_does_not_grow_with_the_number_of_questions(nq_dev, tmp_path):
     def cmd(n):
-        return cli("answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--method", "no-retrieval",
+        return cli("answer", "--dataset", str(nq_dev), "--method", "no-retrieval",
                    "--out", str(tmp_path / f"run{n}"), "--limit", str(n), "--no-progress",
                    "--set", "generation.backend=none", "--set", "answer.batch_questions=100")
 
