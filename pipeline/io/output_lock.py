@@ -5,9 +5,9 @@ dies (SIGKILL included): a lock file left by a dead process is stale and is take
 line naming the pid and host that left it (a job that ends removes its lock file, and the folder if
 it made it and wrote nothing), and the half-written part files such a process can leave
 (`parts/.part-*.tmp`, never read as rows) are removed. The file records the holder (pid, host, start time) so a
-refused job says who holds the folder. Remote outputs (s3://, gs://) cannot be locked this way: a
-warning says so, and two jobs writing there stay apart only in that part files never overwrite each
-other (each has a fresh name) and the rows are keyed by question id.
+refused job says who holds the folder. Remote outputs (s3://, gs://) cannot be locked this way: two
+jobs there both run, their part files never overwrite each other (each has a fresh name), and rows
+are read one per question id (output.read_rows), so each question counts once.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ def _holder() -> str:
 @contextlib.contextmanager
 def output_lock(out: str):
     if "://" in out and not out.startswith("file://"):
-        log.warning("%s is remote: it cannot be locked; do not run two jobs on it at once", out)
+        log.warning("%s is remote: it cannot be locked; a second job on it would answer the same questions again "
+                    "(each is read once)", out)
         yield
         return
     folder = out.removeprefix("file://")
