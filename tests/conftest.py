@@ -3,7 +3,6 @@ carved from it (tests/fixtures/kit), and the model cache."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -54,8 +53,9 @@ def pytest_report_header(config):
     d, whole = resolve_data_dir()
     if whole:
         return f"benchmark data: the whole kit at {d}"
-    return (f"benchmark data: the fixture kit {d} (first records of each kit file; "
-            f"no kit at {default_data_dir()}); tests marked kit are deselected")
+    why = "DYNRAG_DATA names it" if Path(default_data_dir()).is_dir() else f"no kit at {default_data_dir()}"
+    return (f"benchmark data: the fixture kit {d} (the first records of each kit file; {why}); "
+            f"tests marked kit are deselected")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -86,13 +86,6 @@ def nq_dev(data_dir, tmp_path_factory) -> Path:
     from engine_fixtures import at_least
 
     return at_least(data_dir, "nq_open/dev_3610.jsonl", 3610, tmp_path_factory.mktemp("nq"))
-
-
-def count_records(path: Path) -> int:
-    """Records of a kit file, counted independently of the loaders (JSONL lines, or JSON list/dict length)."""
-    if path.suffix == ".jsonl":
-        return sum(1 for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    return len(json.loads(path.read_text(encoding="utf-8")))
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ def trained(data_dir, cache_dir, tmp_path_factory):
     return out, result
 
 
+@pytest.mark.kit  # ~100 train questions for 400 examples; the fixture kit holds 5 (the others here run on them)
 def test_beats_majority_on_held_out_questions(trained):
     out, result = trained
     dev = result["dev"]
@@ -162,6 +163,7 @@ def test_cli_errors_are_one_line(args, message, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.kit
 def test_full_run_all_three_train_files(data_dir, cache_dir, tmp_path):
     """The job's defaults on all three train files (App. A.1's ~2300 per dataset cap), one epoch.
 
