@@ -133,7 +133,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
                        "--out", str(out), "--method", "sr-rag", "--limit", str(N_ANSWER), "--no-progress",
                        overrides=[*tiny, "ray.retrieval_actors=2", "ray.retrieval_actor_num_cpus=0.25"])
     assert answered.returncode == 0, answered.stdout[-3000:] + answered.stderr[-3000:]
-    assert "2 retrieval actors opened" in answered.stdout  # the driver's log, streamed
+    assert "2 retrieval actors ready" in answered.stdout  # the driver's log, streamed
     answer_s = time.perf_counter() - t
     rows = read_rows(str(out)).to_pylist()
     assert len(rows) == N_ANSWER and {r["question_id"] for r in rows} == {r["question_id"] for r in rows[:N_ANSWER]}
