@@ -43,21 +43,29 @@ class InFlight:
             return self._per_seq - self._start.pop(key)
 
 
-def generate_all(submit: Callable, prompts, samplings, chats) -> list:
-    """A batch `generate` on a streaming generator: submit every prompt, return when all are done."""
-    out: list = [None] * len(prompts)
-    left, all_done = [len(prompts)], threading.Event()
-    lock = threading.Lock()
+def collect(n: int, finish: Callable[[list, list[float]], None]) -> Callable[[int], Callable]:
+    """`done` callbacks for n submitted prompts (`done_at(i)` for the i-th): `finish(results, costs)` runs
+    once, in the thread that delivers the last of them."""
+    results, costs, left, lock = [None] * n, [0.0] * n, [n], threading.Lock()
 
     def done_at(i: int):
         def done(result, cost_s: float) -> None:
-            out[i] = result
+            results[i], costs[i] = result, cost_s
             with lock:
                 left[0] -= 1
-                if not left[0]:
-                    all_done.set()
+                last = not left[0]
+            if last:
+                finish(results, costs)
         return done
 
+    return done_at
+
+
+def generate_all(submit: Callable, prompts, samplings, chats) -> list:
+    """A batch `generate` on a streaming generator: submit every prompt, return when all are done."""
+    out: list = []
+    all_done = threading.Event()
+    done_at = collect(len(prompts), lambda results, _: (out.extend(results), all_done.set()))
     for i, (p, s, c) in enumerate(zip(prompts, samplings, chats)):
         submit(p, s, c, done_at(i))
     if prompts:

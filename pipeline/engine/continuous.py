@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
+from pipeline.backends.streaming import collect
 from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _prompts, _size, _State
 from pipeline.engine.requests import Call
 
@@ -120,21 +121,18 @@ class ContinuousEngine(BaseEngine):
     def _stream(self, st: _State, inbox: queue.Queue) -> None:
         """Submit `st`'s prompts to the streaming generator; its delivery reaches `inbox` when all are done."""
         prompts, samplings, chats, owner = _prompts([st])
-        outs, costs, left, lock = [None] * len(prompts), [0.0] * len(prompts), [len(prompts)], threading.Lock()
 
-        def done_at(i: int):
-            def done(result, cost_s: float) -> None:
-                outs[i], costs[i] = result, cost_s
-                with lock:
-                    left[0] -= 1
-                    if left[0]:
-                        return
-                with self._stats_lock:
-                    self.batch_calls["generate"] += 1
-                    self.batch_seconds["generate"] += sum(costs)
-                inbox.put(("generate", self._generated([st], owner, outs, costs)))
-            return done
+        def finish(outs: list, costs: list[float]) -> None:
+            with self._stats_lock:
+                self.batch_calls["generate"] += 1
+                self.batch_seconds["generate"] += sum(costs)
+            try:
+                deliveries = self._generated([st], owner, outs, costs)
+            except BaseException as err:  # a bug in accounting: the question fails, the run goes on
+                deliveries = [(st, None, err)]
+            inbox.put(("generate", deliveries))
 
+        done_at = collect(len(prompts), finish)
         for i, args in enumerate(zip(prompts, samplings, chats)):
             try:
                 self.backends.submit(*args, done_at(i))
