@@ -1,10 +1,12 @@
-"""`dynrag train-classifier`: fine-tune the DR-RAG classifier C(q, d1, d2) and write a model folder.
+"""`dynrag train-classifier`: train the DR-RAG classifier C(q, d1, d2) and write a model folder.
 
-    dynrag train-classifier --out models/drrag-clf [--datasets hotpotqa,2wiki,musique]
+    dynrag train-classifier --out models/drrag-clf [--model features|cross-encoder] [--datasets hotpotqa,2wiki,musique]
                             [--max-examples N] [--epochs E] [--config FILE] [--set classifier.KEY=VALUE ...]
 
-The folder holds the model (safetensors, tokenizer, dynrag-classifier.json), metrics.json (held-out
-accuracy, precision, recall, F1, per example kind and dataset) and config.resolved.yaml. The answer job
+The default model is a small MLP over frozen embeddings and lexical features (minutes on a CPU); the
+cross-encoder is the paper's fine-tuned encoder (hours on a CPU). The folder holds the model
+(safetensors and dynrag-classifier.json with its kind and threshold), metrics.json (held-out accuracy,
+AUC, precision, recall, F1, per example kind and dataset) and config.resolved.yaml. The answer job
 loads it with `--set classifier.path=DIR`.
 """
 
@@ -20,12 +22,13 @@ from pipeline.config import ConfigError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train-classifier", help="train the DR-RAG classifier C(q, d1, d2) on multi-hop supporting labels",
-        description="Fine-tune a small encoder as the DR-RAG cross-encoder C(q, d1, d2) (Eq. 2, App. A.1), "
-                    "evaluate it on held-out questions and write a model folder with its metrics and config.")
+        description="Train the DR-RAG classifier C(q, d1, d2) on Eq. 2's examples (App. A.1): by default a small "
+                    "MLP over frozen embeddings and lexical features, or the paper's fine-tuned cross-encoder; evaluate it on held-out questions and write a model folder with its metrics and config.")
     out = p.add_argument_group("output")
     out.add_argument("--out", required=True, metavar="DIR", help="model folder to write (must not exist unless --overwrite)")
     out.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
     data = p.add_argument_group("data and training (shortcuts for --set classifier.*)")
+    data.add_argument("--model", choices=["features", "cross-encoder"], help="classifier kind (default: features)")
     data.add_argument("--datasets", metavar="LIST", help="comma-separated: hotpotqa, 2wiki, musique (default: all three)")
     data.add_argument("--max-examples", type=int, metavar="N", help="cap on examples (train + dev), whole questions")
     data.add_argument("--epochs", type=float, metavar="E", help="training epochs (fractions allowed)")
@@ -41,6 +44,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         if not names:
             raise ConfigError("--datasets: give at least one of hotpotqa, 2wiki, musique")
         extra.append(f"classifier.datasets=[{', '.join(json.dumps(n) for n in names)}]")
+    if args.model is not None:
+        extra.append(f"classifier.model={args.model}")
     if args.max_examples is not None:
         extra.append(f"classifier.max_examples={args.max_examples}")
     if args.epochs is not None:
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     result = train_classifier(cfg, args.out, overwrite=args.overwrite)
     dev, tr = result["dev"], result["training"]
     print(f"held-out ({dev['n']} examples, {result['data']['dev']['questions']} questions): "
-          f"accuracy {dev['accuracy']:.4f}  precision {dev['precision']:.4f}  recall {dev['recall']:.4f}  "
+          f"accuracy {dev['accuracy']:.4f}  AUC {dev['auc'] or 0:.4f}  precision {dev['precision']:.4f}  recall {dev['recall']:.4f}  "
           f"f1 {dev['f1']:.4f}  (majority baseline {dev['majority_baseline_accuracy']:.4f})")
     for kind, m in dev["by_kind"].items():
         print(f"  {kind:<22} n={m['n']:<5} accuracy {m['accuracy']:.4f}")

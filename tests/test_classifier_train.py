@@ -12,7 +12,8 @@ from jobs.cli import main
 from pipeline.config import load_config
 
 # Small and fast on 2 shared cores: about 280 training examples, short inputs, 2 epochs.
-QUICK = [
+QUICK = [  # the cross-encoder (the default is the feature model: tests/test_classifier_features.py)
+    "classifier.model=cross-encoder",
     "classifier.max_examples=400", "classifier.dev_fraction=0.3", "classifier.epochs=2",
     "classifier.max_length=64", "classifier.max_query_tokens=24", "classifier.batch_size=8",
     "classifier.learning_rate=1e-4", "classifier.log_every=10", "classifier.threads=2",

@@ -204,7 +204,7 @@ def test_table5_rendering_and_the_papers_ordering_check():
 
 
 def test_rank_auc_worked_example():
-    from jobs.eval.drrag import rank_auc
+    from pipeline.classifier.train import rank_auc
 
     # pos {0.9, 0.4}, neg {0.5, 0.4, 0.1}: pairs won 0.9>all (3) + 0.4>0.1 (1) + tie 0.4=0.4 (0.5) = 4.5 of 6
     assert rank_auc([0.9, 0.4, 0.5, 0.4, 0.1], [True, True, False, False, False]) == pytest.approx(0.75)

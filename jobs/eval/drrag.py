@@ -67,18 +67,12 @@ def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: 
     return rows
 
 
-def rank_auc(scores: list[float], labels: list[bool]) -> float | None:
-    """Area under the ROC curve (ties count one half); None without both classes."""
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(labels, scores)) if len(set(labels)) == 2 else None
-
-
 def classifier_auc(out: str) -> float | None:
     """How well the classifier separated the pairs it was asked about in a CIS/CFS run: a pair is positive
     when both documents are gold supporting documents (Eq. 2's C(q, d*, d*))."""
     import json
 
+    from pipeline.classifier.train import rank_auc
     from pipeline.io.output import read_rows
 
     scores, labels = [], []

@@ -39,7 +39,9 @@ class ClassifierError(DynragError, ValueError):
 
 @dataclass
 class ClassifierMeta:
-    base_model: str
+    base_model: str  # the fine-tuned encoder (cross-encoder) or the frozen embedder (features)
+    kind: str = "cross-encoder"  # or "features" (pipeline.classifier.features)
+    features: list[str] = field(default_factory=list)  # kind "features": the input features, in order
     max_length: int = 256
     max_query_tokens: int = 64
     threshold: float = 0.5
@@ -104,9 +106,7 @@ class InputEncoder:
         return self.tok(text, add_special_tokens=False, verbose=False)["input_ids"]
 
     def encode_one(self, item: Sequence[str]) -> tuple[list[int], list[int]]:
-        if len(item) not in (2, 3) or not all(isinstance(x, str) for x in item):
-            raise ClassifierError(f"an item is (question, doc) or (question, doc1, doc2) strings, got {_show(item)}")
-        q, *docs = item
+        q, *docs = check_item(item)
         extra = self.n_special + (len(self.doc_sep) if len(docs) == 2 else 0)
         q_room = min(self.max_query_tokens, max(self.max_length - extra, 0))
         q_ids = self._ids(q)[:q_room]
@@ -138,6 +138,12 @@ class InputEncoder:
         if "token_type_ids" in self.tok.model_input_names:
             out["token_type_ids"] = token_types
         return out
+
+
+def check_item(item: Any) -> Sequence[str]:
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3) or not all(isinstance(x, str) for x in item):
+        raise ClassifierError(f"an item is (question, doc) or (question, doc1, doc2) strings, got {_show(item)}")
+    return item
 
 
 def _find(seq: list[int], sub: list[int], start: int) -> int:
@@ -223,7 +229,8 @@ class Classifier:
         return cls(CrossEncoder(encoder, meta.pooling), tok, meta, pick_device(device))
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str = "auto") -> "Classifier":
+    def load(cls, path: str | os.PathLike, device: str = "auto", cache_dir: str | None = None):
+        """The classifier saved in `path`, of either kind (`cache_dir` resolves a feature model's embedder)."""
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoTokenizer
 
@@ -232,15 +239,21 @@ class Classifier:
         if not meta_file.is_file():
             raise ClassifierError(f"{folder} is not a trained classifier folder (no {META}); "
                                   "train one with `dynrag train-classifier --out DIR`")
-        enc_dir = folder / ENCODER if (folder / ENCODER).is_dir() else folder  # early folders kept it at the top
-        if not (enc_dir / "model.safetensors").is_file() or not (folder / HEAD).is_file():
-            raise ClassifierError(f"{folder} lacks {ENCODER}/model.safetensors or {HEAD} "
-                                  "(weights are only read from safetensors)")
         raw = json.loads(meta_file.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
             raise ClassifierError(f"{meta_file}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}")
         known = set(ClassifierMeta.__dataclass_fields__)
         meta = ClassifierMeta(**{k: v for k, v in raw.items() if k in known})
+        if meta.kind == "features":  # no torch model: a frozen embedder and a small MLP
+            from pipeline.classifier.features import FeatureClassifier
+
+            return FeatureClassifier.load(folder, meta, cache_dir)
+        if meta.kind != "cross-encoder":
+            raise ClassifierError(f"{meta_file}: unknown classifier kind {meta.kind!r} (cross-encoder or features)")
+        enc_dir = folder / ENCODER if (folder / ENCODER).is_dir() else folder  # early folders kept it at the top
+        if not (enc_dir / "model.safetensors").is_file() or not (folder / HEAD).is_file():
+            raise ClassifierError(f"{folder} lacks {ENCODER}/model.safetensors or {HEAD} "
+                                  "(weights are only read from safetensors)")
         tok = AutoTokenizer.from_pretrained(enc_dir)
         model = CrossEncoder(AutoModel.from_pretrained(enc_dir, use_safetensors=True), meta.pooling)
         model.head.load_state_dict(load_file(str(folder / HEAD)))

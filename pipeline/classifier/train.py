@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.classifier.data import KINDS, Example, load_records, make_splits
+from pipeline.classifier.features import train_features
 from pipeline.classifier.model import Classifier, ClassifierError, ClassifierMeta
 from pipeline.config import DynragConfig, save_resolved
 
@@ -91,6 +92,13 @@ def tune_threshold(scores: np.ndarray, labels: np.ndarray, default: float, seed:
     acc = lambda t: binary_metrics(labels[held], scores[held] >= t)["accuracy"]  # noqa: E731
     return {"chosen": chosen, "default": default, "calibration_n": len(cal), "held_out_n": len(held),
             "held_out_accuracy_at_default": acc(default), "held_out_accuracy_at_chosen": acc(chosen)}
+
+
+def rank_auc(scores, labels) -> float | None:
+    """Area under the ROC curve (ties count one half); None without both classes."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, scores)) if len(set(labels)) == 2 else None
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -195,13 +203,17 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     log.info("examples: dev %s", json.dumps(splits.summary["dev"]))
 
     base = resolve_model(cc.base_model, cfg.paths.cache_dir)
-    meta = ClassifierMeta(base_model=cc.base_model, max_length=cc.max_length, max_query_tokens=cc.max_query_tokens,
-                          threshold=cc.threshold, pooling=cc.pooling)
-    clf = Classifier.from_base(base, meta, device=cc.device)
-    train_log = fit(clf, splits.train, cc, seed=cc.seed)
+    if cc.model == "features":
+        clf, train_log = train_features(cfg, splits, base)
+    else:
+        meta = ClassifierMeta(base_model=cc.base_model, max_length=cc.max_length, max_query_tokens=cc.max_query_tokens,
+                              threshold=cc.threshold, pooling=cc.pooling)
+        clf = Classifier.from_base(base, meta, device=cc.device)
+        train_log = fit(clf, splits.train, cc, seed=cc.seed)
     t_eval = time.perf_counter()
     scores = clf.score([e.item for e in splits.dev], batch_size=cc.eval_batch_size)
     metrics = evaluate(clf, splits.dev, cc.threshold, cc.eval_batch_size, scores=scores)
+    metrics["auc"] = rank_auc(scores, [e.label for e in splits.dev])
     if cc.tune_threshold:
         tuning = tune_threshold(scores, np.array([e.label for e in splits.dev]), cc.threshold, cc.seed)
         clf.meta.threshold = metrics["tuned_threshold"] = tuning["chosen"]
@@ -211,8 +223,8 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
                  tuning["held_out_accuracy_at_default"], cc.threshold)
     metrics["eval_seconds"] = round(time.perf_counter() - t_eval, 1)
     metrics["eval_examples_per_second"] = round(len(splits.dev) / max(metrics["eval_seconds"], 1e-9), 1)
-    log.info("dev: accuracy %.4f precision %.4f recall %.4f f1 %.4f (majority baseline %.4f, n=%d)",
-             metrics["accuracy"], metrics["precision"], metrics["recall"], metrics["f1"],
+    log.info("dev: accuracy %.4f AUC %s precision %.4f recall %.4f f1 %.4f (majority baseline %.4f, n=%d)",
+             metrics["accuracy"], metrics["auc"], metrics["precision"], metrics["recall"], metrics["f1"],
              metrics["majority_baseline_accuracy"], metrics["n"])
     result = {"dev": metrics, "training": train_log, "data": splits.summary,
               "total_seconds": round(time.perf_counter() - t0, 1)}
