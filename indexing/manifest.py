@@ -17,7 +17,8 @@ A version appears under `versions/` only once its manifest is fully written (wri
 directory, then renamed), and `CURRENT` moves to it last. A reader resolves `CURRENT` once and from
 then on reads only immutable files, so it keeps a consistent view of its version while later
 versions are published. Old versions beyond `index.keep_versions` and the shards only they used are
-removed after a publish.
+removed after a publish, once superseded for RETIRED_GRACE_S (a day): a reader that opened one goes
+on searching it meanwhile.
 
 Checksums (sha256) are computed when a shard or version is written, checked when it is pulled from
 a remote store (remote.py) and by `verify_version(full=True)` (`dynrag index verify`); opening an
@@ -33,7 +34,9 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
+from typing import Callable
 
 from indexing.errors import CorruptIndexError, IndexingError
 from indexing.faults import fault_point
@@ -181,11 +184,23 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-def collect_garbage(root: Path, keep_versions: int) -> None:
-    """Drop versions older than the newest `keep_versions`, and shards no kept version uses."""
-    versions = sorted(p.name for p in (root / "versions").iterdir() if p.is_dir() and p.name.startswith("v"))
-    current = current_version(root)
+RETIRED_GRACE_S = 24 * 3600  # how long a superseded version stays for the readers that opened it
+
+
+def versions_to_keep(versions: list[str], current: str | None, keep_versions: int,
+                     published_at: Callable[[str], float]) -> set[str]:
+    """CURRENT, the newest `keep_versions` versions, and each version whose successor was published less
+    than RETIRED_GRACE_S ago (a reader may still hold it); `versions` sorted, oldest first."""
+    now = time.time()
     keep = set(versions[-keep_versions:]) | ({current} if current else set())
+    return keep | {v for v, nxt in zip(versions, versions[1:]) if now - published_at(nxt) < RETIRED_GRACE_S}
+
+
+def collect_garbage(root: Path, keep_versions: int) -> None:
+    """Drop the versions `versions_to_keep` does not keep, and shards no kept version uses."""
+    versions = sorted(p.name for p in (root / "versions").iterdir() if p.is_dir() and p.name.startswith("v"))
+    keep = versions_to_keep(versions, current_version(root), keep_versions,
+                            lambda v: (root / "versions" / v / "manifest.json").stat().st_mtime)
     used: set[str] = set()
     templates: set[str] = set()
     for v in versions:

@@ -7,7 +7,8 @@ working directory is seeded from it (hard links), so the build stays incremental
 runs there. A newly published version is then uploaded in an order that keeps readers consistent:
 each new shard (content-addressed; shards already on the store are skipped) with its `checksums.json`
 last, then the version's BM25 files with `manifest.json` last, then `CURRENT`, last of all. Old
-versions beyond `index.keep_versions` and shards only they used are then removed from the store.
+versions beyond `index.keep_versions` and shards only they used are then removed from the store,
+once superseded for a day (manifest.RETIRED_GRACE_S).
 Object stores have no lock: run one builder per remote index at a time.
 
 Open (`open_remote_index`): `CURRENT` and the manifest are read from the store; the files search
@@ -32,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from indexing.errors import CorruptIndexError, IndexingError
-from indexing.manifest import check_format, sha256_file, version_files, version_name
+from indexing.manifest import check_format, sha256_file, version_files, version_name, versions_to_keep
 
 log = logging.getLogger(__name__)
 
@@ -184,12 +185,13 @@ def upload_version(work: Path, uri: str, manifest: dict) -> int:
 
 
 def collect_remote_garbage(uri: str, keep_versions: int) -> None:
-    """Drop remote versions older than the newest `keep_versions`, and shards no kept version uses."""
+    """Drop the remote versions `versions_to_keep` does not keep, and shards no kept version uses."""
     fs, root = _store(uri)
     current = fs.cat_file(f"{root}/CURRENT").decode().strip()
     versions = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{root}/versions", detail=False))
     versions = [v for v in versions if v.startswith("v")]
-    keep = set(versions[-keep_versions:]) | {current}
+    keep = versions_to_keep(versions, current, keep_versions,
+                            lambda v: fs.modified(f"{root}/versions/{v}/manifest.json").timestamp())
     used = {s["key"] for v in keep for s in remote_manifest(uri, v)["shards"]}
     for v in versions:
         if v not in keep:

@@ -6,14 +6,16 @@ equals an uninterrupted build, and a reader polling all along never sees a parti
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 
 import numpy as np
 import pytest
 
 from fault_tools import IndexReader, cli, kill_at, run
 from indexing import open_index
-from indexing.manifest import read_manifest, verify_version
+from indexing.manifest import RETIRED_GRACE_S, collect_garbage, read_manifest, verify_version
 from pipeline.config import load_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(2400)]
@@ -89,3 +91,20 @@ def test_build_killed_at_every_stage_resumes_to_the_same_index(corpora, tmp_path
     clean = tmp_path / "clean"
     assert run(build_cmd(second, clean)).returncode == 0
     assert_same_index(root, clean)
+
+
+def test_a_reader_keeps_its_version_through_rebuilds_for_a_day(corpora, tmp_path):
+    first, second = corpora
+    root = tmp_path / "idx"
+    keep_one = ["--set", "index.keep_versions=1"]
+    assert run(cli("index", "build", str(first), "--index", str(root), *SETTINGS, *keep_one)).returncode == 0
+    with open_index(root, load_config().index_settings()) as reader:  # opened version 1, not searched yet
+        done = run(cli("index", "build", str(second), "--index", str(root), *SETTINGS, *keep_one))
+        assert done.returncode == 0 and "published version 2" in done.stdout, done.stderr[-2000:]
+        hits = reader.search(QUERIES, 3, "bm25")
+        assert reader.version == 1 and all(hits)
+    a_day_ago = time.time() - RETIRED_GRACE_S - 60
+    os.utime(root / "versions" / "v000002" / "manifest.json", (a_day_ago, a_day_ago))
+    collect_garbage(root, 1)  # what the next publish does a day later
+    assert [p.name for p in (root / "versions").iterdir()] == ["v000002"]
+    assert {p.name for p in (root / "shards").iterdir()} == {s["key"] for s in read_manifest(root)["shards"]}
