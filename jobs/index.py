@@ -109,6 +109,15 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
+ANALYZER = "Lucene English (Porter stemming, English stop words; pyserini's default, fixed at build)"
+
+
+def bm25_settings(cfg) -> dict:
+    """What BM25 scores with: k1 and b from the configuration (pyserini's/Anserini's defaults 0.9, 0.4), and the
+    analyzer the Lucene index was built with (not a setting yet)."""
+    return {"k1": cfg.index.bm25_k1, "b": cfg.index.bm25_b, "analyzer": ANALYZER}
+
+
 def _info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -116,9 +125,12 @@ def _info(args: argparse.Namespace) -> int:
 
     from indexing.remote import is_remote, remote_manifest
 
+    from jobs.cli import config_from_args
+
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))
+    bm25 = bm25_settings(config_from_args(args))
     if args.json:
-        print(json.dumps(m, indent=1))
+        print(json.dumps({**m, "bm25": bm25}, indent=1))
         return 0
     sizes = [s["passages"] for s in m["shards"]]
     st, b = m["settings"], m["build"]
@@ -128,6 +140,8 @@ def _info(args: argparse.Namespace) -> int:
           f"FAISS {st['faiss_factory']}; BM25 Lucene per shard, merged per version")
     print(f"  passages   {st['passage_words']} words max; shard_size {st['shard_size']}")
     print(f"  sources    {', '.join(m['sources'])}")
+    print(f"  BM25       k1 {bm25['k1']}, b {bm25['b']} (search time: index.bm25_k1, index.bm25_b); "
+          f"analyzer {bm25['analyzer']}")
     print(f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "
           f"{b['shards_reused']} reused; {b['passages_embedded']} passages embedded, {b['vectors_reused']} vectors reused")
     return 0
