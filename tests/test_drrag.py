@@ -218,3 +218,23 @@ def test_bm25_settings_are_shown_with_their_defaults_and_overrides():
     assert bm25_settings(load_config(None, [])) | {"analyzer": ""} == {"k1": 0.9, "b": 0.4, "analyzer": ""}
     shown = bm25_settings(load_config(None, ["index.bm25_k1=1.2", "index.bm25_b=0.75"]))
     assert (shown["k1"], shown["b"]) == (1.2, 0.75) and "Porter" in shown["analyzer"]
+
+
+def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path, capsys):
+    import json as _json
+
+    from jobs.cli import main
+
+    lines = (data_dir / "musique" / "dev_150.jsonl").read_text().splitlines()[:3]
+    dev = tmp_path / "my_dev.jsonl"
+    dev.write_text("\n".join(lines) + "\n")
+    common = ["--k", "3", "--methods", "bm25,qdc", "--set", "embedding.model=hash", "--set", "method.params.retriever=bm25"]
+    assert main(["eval-drrag", "--dataset", str(dev), "--format", "musique", "--out", str(tmp_path / "out"), *common]) == 0
+    rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
+    assert {(r["dataset"], r["method"], r["questions"]) for r in rows} == {("my_dev", "bm25", 3), ("my_dev", "qdc", 3)}
+    assert all(0 < r["recall"] <= 1 and r["docs"] == 3 for r in rows)  # MuSiQue labels its supporting paragraphs
+    # the same questions without labels: a one-line error, not a table of blanks
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("\n".join(_json.dumps({"id": f"b{i}", "question": "who?", "answers": ["x"]}) for i in range(2)) + "\n")
+    assert main(["eval-drrag", "--dataset", str(bare), "--out", str(tmp_path / "out2"), *common[:4]]) == 2
+    assert "no supporting-paragraph labels" in capsys.readouterr().err

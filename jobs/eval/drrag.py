@@ -3,6 +3,7 @@ QDC, CIS and CFS at k = 3, 4, 6) on the multi-hop dev sets, each over its own pa
 
     dynrag eval-drrag --classifier models/drrag-clf [--datasets hotpotqa,musique,2wiki] [--k 3,4,6]
                       [--limit N] [--out runs/drrag-table5] [--indexes DIR] [--generate]
+    dynrag eval-drrag --classifier DIR --dataset dev.jsonl [--format musique]   # any file with supporting labels
 
 Every method runs through the answer job (rows under OUT/<dataset>/<method>-k<k>, resumable). By
 default no model generates (generation.backend=none): recall and document counts do not depend on the
@@ -31,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--classifier", metavar="DIR", help="trained classifier folder (dynrag train-classifier); needed by cis, cfs")
     p.add_argument("--datasets", default="hotpotqa,musique,2wiki", help="comma-separated: " + ", ".join(DEV_SETS))
+    p.add_argument("--dataset", metavar="FILE", help="instead of --datasets: any dev file whose questions carry "
+                                                     "supporting paragraphs; its paragraphs become the corpus")
+    p.add_argument("--format", metavar="FMT", help="--dataset's format (dataset.format: hotpotqa, musique, 2wiki, ...; "
+                                                    "default: detected)")
     p.add_argument("--k", default="3,4,6", help="comma-separated document budgets (default 3,4,6 as the paper)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     p.add_argument("--limit", type=int, metavar="N", help="first N questions of each dev set")
@@ -42,19 +47,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def evaluate(cfg, classifier: str, datasets: list[str], ks: list[int], methods: list[str], limit: int | None,
-             out: Path, indexes: Path, generate: bool) -> list[dict]:
+def evaluate(cfg, classifier: str, sources: list[tuple[str, Path, str]], ks: list[int], methods: list[str],
+             limit: int | None, out: Path, generate: bool, dataset_format: str | None = None) -> list[dict]:
+    """Every (method, k) on every (name, dev file, index) source; one row of Table 5 each."""
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
     if not generate:
         cfg.generation.backend = "none"
     cfg.answer.progress = False
     rows = []
-    for ds in datasets:
+    for ds, file, index in sources:
         runs = [MethodRun(f"{m}-k{k}", m, {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})})
                 for k in ks for m in methods]
-        for r, s in zip(runs, run_methods(str(dev_file(cfg, ds)), dev_index(cfg, ds, indexes), runs, cfg, out / ds,
-                                          limit=limit)):
+
+        for r, s in zip(runs, run_methods(str(file), index, runs, cfg, out / ds, limit=limit,
+                                          dataset_format=dataset_format)):
             rows.append({"dataset": ds, "k": r.params["k"], "method": r.method, "recall": s["support_recall"],
                          "docs": s["docs_in_prompt_per_question"], "em": s["em"], "f1": s["f1"], "acc": s["acc"],
                          "questions": s["answered"], "errors": s["errors"],
@@ -122,6 +129,30 @@ def ordering(rows: list[dict]) -> list[str]:
     return notes
 
 
+def _require_labels(file: Path, cfg, fmt: str | None, sample: int = 20) -> None:
+    """Table 5's recall needs gold supporting paragraphs: check the first questions before building anything."""
+    from itertools import islice
+
+    from pipeline.io.datasets import load_questions
+
+    if not any(q.supporting_titles for q in islice(load_questions(str(file), cfg, fmt=fmt), sample)):
+        raise DynragError(f"{file}: its first {sample} questions carry no supporting-paragraph labels; Table 5 needs them")
+
+
+def _sources(cfg, args, datasets: list[str], indexes: Path) -> list[tuple[str, Path, str]]:
+    """(name, dev file, index) per dataset: the kit's dev sets, or --dataset FILE over its own paragraphs."""
+    from indexing.readers import FORMATS
+    from pipeline.evaluation.devsets import data_path, ensure_index
+
+    if args.dataset is None:
+        return [(ds, dev_file(cfg, ds), dev_index(cfg, ds, indexes)) for ds in datasets]
+    file = data_path(cfg, str(Path(args.dataset).resolve()))
+    _require_labels(file, cfg, args.format)
+    name = Path(file).name.split(".")[0]
+    corpus_fmt = {"hotpotqa-ircot": "hotpotqa"}.get(args.format, args.format)
+    return [(name, file, ensure_index(file, corpus_fmt if corpus_fmt in FORMATS else None, indexes / name, cfg))]
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     datasets = csv_choice(args.datasets, list(DEV_SETS))
@@ -133,8 +164,10 @@ def run(args: argparse.Namespace) -> int:
     if {"cis", "cfs"} & set(methods) and not (args.classifier and Path(args.classifier, "dynrag-classifier.json").is_file()):
         raise DynragError(f"--classifier {args.classifier}: not a trained classifier folder (dynrag train-classifier)")
     out = Path(args.out)
-    rows = evaluate(cfg, str(Path(args.classifier).resolve()) if args.classifier else "", datasets, ks, methods, args.limit, out,
-                    Path(args.indexes) if args.indexes else out / "indexes", args.generate)
+    indexes = Path(args.indexes) if args.indexes else out / "indexes"
+    sources = _sources(cfg, args, datasets, indexes)
+    rows = evaluate(cfg, str(Path(args.classifier).resolve()) if args.classifier else "", sources, ks, methods, args.limit,
+                    out, args.generate, dataset_format=args.format)
     text = table(rows, args.generate) + "\n\n" + "\n".join(ordering(rows))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table5.md").write_text(text + "\n", encoding="utf-8")
