@@ -14,6 +14,7 @@ import signal
 import time
 
 import polars as pl
+import psutil
 import pytest
 
 from fault_tools import cli, env_for, kill_at, kill_group, run, run_until_paused, start
@@ -117,11 +118,18 @@ def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_pa
     assert_exactly_once(out, n)
 
 
-def test_ray_driver_sigkilled_resumes_on_rerun(nq_dev, tmp_path):
+def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    killed = kill_at(answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "answer.part_written",
-                     pauses)
-    assert killed.returncode == -signal.SIGKILL
+    proc = run_until_paused(answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"),
+                            "answer.part_written", pauses)
+    try:
+        ray_processes = psutil.Process(proc.pid).children(recursive=True)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(ray_processes, timeout=60)
+        assert not alive, f"outlived the SIGKILLed driver: {[p.name() for p in alive]}"
+    finally:
+        kill_group(proc)
     assert 0 < rows_of(out).height < n
     done = run(answer_cmd(nq_dev, out, n, *RAY))
     assert done.returncode == 0, done.stderr[-3000:]

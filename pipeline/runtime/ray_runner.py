@@ -88,6 +88,10 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
 
     from pipeline.runtime.pools import start_pool
 
+    from pipeline.runtime.orphan_guard import OrphanGuard
+
+    # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
+    guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
     started = init_ray(cfg)
     pools: dict[str, list] = {}
     try:
@@ -111,3 +115,5 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
             ray.kill(actor)
         if started:
             ray.shutdown()
+        if guard is not None:
+            guard.close()
