@@ -25,12 +25,9 @@ SPECS.append(SamplingSpec(max_tokens=8, choice=LABELS))  # structured outputs th
 
 @pytest.fixture(scope="module")
 def tiny_cfg(tmp_path_factory):
-    cfg = DynragConfig()
-    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
-    cfg.generation.kv_cache_gib = 1
-    cfg.generation.max_model_len = 1024
-    cfg.generation.engine_kwargs.max_num_seqs = 3
-    return cfg
+    return DynragConfig.model_validate({"generation": {
+        "model": str(tiny_model_path(tmp_path_factory)), "kv_cache_gib": 1, "max_model_len": 1024,
+        "engine_kwargs": {"max_num_seqs": 3}}})
 
 
 def two_rounds(q: Question, params):
