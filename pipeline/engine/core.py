@@ -19,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, Iterator
 
+from pipeline.errors import QuestionError
 from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, Score
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Outcome:
     answer: Answer | None
     trace: Trace
     error: str | None = None
+    error_kind: str | None = None  # "input": the question's own (final); "system": retried by a rerun
 
 
 @dataclass
@@ -67,6 +69,7 @@ class _State:
     pending: Request | None = None
     answer: Answer | None = None
     error: str | None = None
+    error_kind: str | None = None
 
 
 def _kind(req: Request) -> str:
@@ -111,17 +114,17 @@ class BaseEngine:
     def _start(self, i: int, q: Question, program: Callable, params: Any) -> _State | Outcome:
         """A started program, advanced to its first request, or the question's outcome when it has none."""
         if q.error:
-            return Outcome(q, None, Trace(), q.error)
+            return Outcome(q, None, Trace(), q.error, "input")
         try:
             st = _State(i, program(q, params), q)
         except Exception as exc:  # a program that fails before its first yield
-            return Outcome(q, None, Trace(), _describe(exc))
+            return Outcome(q, None, Trace(), _describe(exc), _error_kind(exc))
         self._advance(st, None)
         return st if st.pending is not None else self._outcome(st)
 
     @staticmethod
     def _outcome(st: _State) -> Outcome:
-        return Outcome(st.question, st.answer, st.trace, st.error)
+        return Outcome(st.question, st.answer, st.trace, st.error, st.error_kind)
 
     def _advance(self, st: _State, value: Any, exc: BaseException | None = None) -> None:
         t0 = self.clock()
@@ -141,7 +144,7 @@ class BaseEngine:
             ans = stop.value
             st.answer = ans if isinstance(ans, Answer) else Answer(prediction="" if ans is None else str(ans))
         except Exception as err:
-            st.error = _describe(err)
+            st.error, st.error_kind = _describe(err), _error_kind(err)
             st.gen.close()
             log.debug("question %d failed:\n%s", st.index, traceback.format_exc())
         finally:
@@ -351,3 +354,7 @@ def _prompts(states: list[_State]) -> tuple[list, list, list, list[_State]]:
 
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
+
+
+def _error_kind(err: BaseException) -> str:
+    return "input" if isinstance(err, QuestionError) else "system"
