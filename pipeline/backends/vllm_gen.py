@@ -23,6 +23,10 @@ from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
 
+# vLLM's default of 5 s is too short on a loaded CPU: its engine processes are then killed before they
+# unlink their shared memory (resource_tracker: "leaked shared_memory objects")
+SHUTDOWN_TIMEOUT_S = 60
+
 
 def _has_gpu() -> bool:
     try:
@@ -145,4 +149,4 @@ class VllmGenerator:
             log.debug("vLLM shutdown failed", exc_info=True)
 
     def _shutdown(self, llm) -> None:
-        llm.llm_engine.engine_core.shutdown()
+        llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from pipeline.backends.streaming import InFlight, generate_all
-from pipeline.backends.vllm_gen import VllmGenerator
+from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator
 
 
 class VllmStreamingGenerator(VllmGenerator):
@@ -59,6 +59,6 @@ class VllmStreamingGenerator(VllmGenerator):
 
     def _shutdown(self, llm) -> None:
         try:
-            llm.shutdown()
+            llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
