@@ -19,10 +19,10 @@ pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 N = 40
 
 
-def test_two_jobs_on_one_s3_output_yield_each_question_once(s3, data_dir, tmp_path):  # noqa: F811
+def test_two_jobs_on_one_s3_output_yield_each_question_once(s3, nq_dev, tmp_path):  # noqa: F811
     fs, bucket = s3
     out = f"s3://{bucket}/runs/both"
-    cmd = cli("answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--method", "no-retrieval",
+    cmd = cli("answer", "--dataset", str(nq_dev), "--method", "no-retrieval",
               "--out", out, "--limit", str(N), "--no-progress", "--set", "generation.backend=none",
               "--set", "answer.batch_questions=5")
     # the first job waits 45 s after its first part, so the second one runs meanwhile

@@ -30,24 +30,24 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
-def answer(data_dir, out, n):
-    return cli("answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--method", "no-retrieval",
+def answer(nq_dev, out, n):
+    return cli("answer", "--dataset", str(nq_dev), "--method", "no-retrieval",
                "--out", out, "--limit", str(n), "--no-progress", "--set", "generation.backend=none",
                "--set", "answer.batch_questions=25")
 
 
-def test_output_on_a_read_only_filesystem(data_dir, tmp_path):
+def test_output_on_a_read_only_filesystem(nq_dev, tmp_path):
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    done = in_tmpfs(str(mnt), "ro", answer(data_dir, f"{mnt}/out", 5), "true")
+    done = in_tmpfs(str(mnt), "ro", answer(nq_dev, f"{mnt}/out", 5), "true")
     assert done.returncode == 2
     assert "Read-only file system" in one_error_line(done.stderr)
 
 
-def test_disk_full_during_a_run(data_dir, tmp_path):
+def test_disk_full_during_a_run(nq_dev, tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
-    done = in_tmpfs(str(mnt), "size=160k", answer(data_dir, f"{mnt}/out", 3000), f"ls -a {mnt}/out/parts")
+    done = in_tmpfs(str(mnt), "size=160k", answer(nq_dev, f"{mnt}/out", 3000), f"ls -a {mnt}/out/parts")
     assert done.returncode == 2
     assert "No space left on device" in one_error_line(done.stderr)
     files = done.stdout.split()
