@@ -182,7 +182,7 @@ class FeatureClassifier:
         return self.meta.threshold
 
     def score(self, items: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:
-        from pipeline.classifier.model import check_item
+        from pipeline.classifier.meta import check_item
 
         if not items:
             return np.zeros(0, dtype=np.float32)
@@ -197,7 +197,7 @@ class FeatureClassifier:
     def save(self, folder: str | os.PathLike) -> Path:
         from safetensors.numpy import save_file
 
-        from pipeline.classifier.model import META
+        from pipeline.classifier.meta import META
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -210,7 +210,7 @@ class FeatureClassifier:
         from safetensors.numpy import load_file
 
         from pipeline.assets.models import resolve_model
-        from pipeline.classifier.model import ClassifierError
+        from pipeline.classifier.meta import ClassifierError
         from pipeline.config import PathsConfig
 
         if not (folder / WEIGHTS).is_file():
@@ -224,7 +224,7 @@ class FeatureClassifier:
 
 def train_features(cfg, splits, base_folder: str) -> tuple[FeatureClassifier, dict]:
     """Embed every text once (stored under the cache, so a rerun resumes), then fit the MLP."""
-    from pipeline.classifier.model import ClassifierMeta
+    from pipeline.classifier.meta import ClassifierMeta
 
     cc = cfg.classifier
     store = Path(cfg.paths.cache_dir) / "classifier-embeddings" / hashlib.sha1(str(Path(base_folder).resolve()).encode()).hexdigest()[:16]

@@ -134,7 +134,7 @@ class ClassifierParams(TwoStageParams):
         if self.threshold is not None:
             return self
         from pipeline.backends.scoring import classifier_path
-        from pipeline.classifier.model import saved_threshold
+        from pipeline.classifier.meta import saved_threshold
 
         return self.model_copy(update={"threshold": saved_threshold(classifier_path(cfg, self.classifier))})
 
