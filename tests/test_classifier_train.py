@@ -144,7 +144,7 @@ def test_load_rejects_non_model_folders(tmp_path):
 
     with pytest.raises(ClassifierError, match="not a trained classifier folder"):
         Classifier.load(tmp_path)
-    (tmp_path / "dynrag-classifier.json").write_text("{}")
+    (tmp_path / "dynrag-classifier.json").write_text('{"format_version": 1, "base_model": "x"}')  # a cross-encoder
     (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(ClassifierError, match="only read from safetensors"):
         Classifier.load(tmp_path)
