@@ -76,3 +76,21 @@ def test_supporting_paragraphs_from_a_question_file_carry_their_ids(tmp_path):
     q = next(load_questions(str(f)))
     assert q.supporting_titles == ["Paris", "Paris"]
     assert q.supporting_ids == [paragraph_id("Paris", "Paris is the capital."), paragraph_id("Paris", "Paris, Texas is a city.")]
+
+
+def test_a_row_counts_documents_by_source_and_passages_apart():
+    """Two passages cut from one paragraph are one document in the prompt (the papers count documents), two
+    passages in all; gold recall finds the paragraph through either."""
+    from indexing.hits import Hit
+    from pipeline.engine.core import Outcome, Trace
+    from pipeline.engine.requests import Answer, Question
+    from pipeline.io.output import make_row
+
+    gold = paragraph_id("Paris", "Paris is the capital.")
+    used = [Hit(f"{gold}#0", "Paris", "Paris is", 1.0), Hit(f"{gold}#1", "Paris", "the capital.", 0.9),
+            Hit("p0", "Lyon", "Lyon is a city.", 0.5)]
+    q = Question("q", "Which Paris?", ["x"], supporting_titles=["Paris"], supporting_ids=[gold])
+    trace = Trace(retrieve_rounds=1)
+    row = make_row(Outcome(q, Answer("x", used_docs=used), trace), run_id="r", method="m", params_json="{}",
+                   chash="h", model="m")
+    assert (row["docs_in_prompt"], row["passages_in_prompt"], row["support_recall"]) == (2, 3, 1.0)
