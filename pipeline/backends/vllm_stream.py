@@ -58,7 +58,14 @@ class VllmStreamingGenerator(VllmGenerator):
         return generate_all(self.submit, prompts, samplings, chats)
 
     def _shutdown(self, llm) -> None:
+        async def stop_output_handler():  # before the engine core goes: it would log the dead engine as an error
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None:
+                handler.cancel()
+                await asyncio.gather(handler, return_exceptions=True)
+
         try:
+            asyncio.run_coroutine_threadsafe(stop_output_handler(), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
             llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
