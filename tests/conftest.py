@@ -32,7 +32,7 @@ FIXTURE_RECORDS = {
     "musique/dev_150.jsonl": 2, "musique/train_100.json": 1, "musique/train_100_corpus.json": 10,
     "nq_open/dev_3610.jsonl": 50, "triviaqa/sample_150.json": 5, "popqa/test_14267.jsonl": 5,
     "webquestions/test_2032.jsonl": 5, "squad/dev_qa_10570.jsonl": 5, "strategyqa/sample_229.jsonl": 3,
-    "strategyqa/paragraphs_998.jsonl": 5, "wikipedia/psgs_w100_sample_1000.jsonl": 75,
+    "strategyqa/paragraphs_998.jsonl": 5, "wikipedia/psgs_w100_sample_1000.jsonl": 45,
 }
 
 

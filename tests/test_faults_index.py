@@ -34,10 +34,10 @@ def corpora(data_dir, tmp_path_factory):
     lines = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").splitlines()
     d = tmp_path_factory.mktemp("corpus")
     first, second = d / "first.jsonl", d / "second.jsonl"
-    n = min(150, len(lines))  # 120 then 150 passages: 4 shards, then 5; the fixture kit's 60 and 75: 2, then 3
+    n = min(150, len(lines))  # 120 then 150 passages: 4 shards, then 5; the fixture kit's 36 and 45: 2, then 2
     first.write_text("\n".join(lines[:n * 4 // 5]) + "\n", encoding="utf-8")
     edited = [json.loads(x) for x in lines[:n]]
-    edited[40]["contents"] += " An edited sentence."  # one changed shard, new shards at the end
+    edited[n // 4]["contents"] += " An edited sentence."  # one changed shard, new passages at the end
     second.write_text("".join(json.dumps(r) + "\n" for r in edited), encoding="utf-8")
     return first, second
 
