@@ -34,7 +34,7 @@ import pipeline.backends.attention  # noqa: F401  registers the "attention" back
 from indexing.hits import Hit
 from pipeline.methods.dragin_math import (Candidate, ends_sentence, first_above, qfs_query, rind, semantic_mask,
                                           sentence_relative, sentence_spans, truncate, word_spans)
-from pipeline.methods.prompts import ANSWER_MARKER, marked_answer
+from pipeline.methods.prompts import SO_THE_ANSWER_IS, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
@@ -112,8 +112,8 @@ def cot_prompt(question: str, docs: Sequence[Hit], answer_so_far: str, doc_words
 
 
 def complete(text: str) -> bool:
-    """The reasoning has reached its answer sentence and finished it."""
-    return any(ends_sentence(text[m.end():].split("\n", 1)[0]) for m in ANSWER_MARKER.finditer(text))
+    """The reasoning has reached its answer sentence ("So the answer is ...", Appendix B) and finished it."""
+    return any(ends_sentence(text[m.end():].split("\n", 1)[0]) for m in SO_THE_ANSWER_IS.finditer(text))
 
 
 # -- the shared loop ---------------------------------------------------------------------------------
@@ -167,13 +167,13 @@ class Run:
     def finish(self, extra: dict[str, Any]):
         """Appendix B: read the answer after "So the answer is", generating it when absent."""
         raw = self.text
-        ans = marked_answer(raw)
+        ans = marked_answer(raw, marker=SO_THE_ANSWER_IS)
         forced = not ans
         if forced:
             self.text = raw.rstrip() + " So the answer is"
             _, _, out = yield from self.generate(24)
             raw = self.text + out.text
-            ans = marked_answer(raw) or ""
+            ans = marked_answer(raw, marker=SO_THE_ANSWER_IS) or ""
         extra = {"retrievals": self.retrievals, "generated_tokens": self.generated, "hallucination_points": self.triggers,
                  "retrieval_at_tokens": self.at_tokens,
                  "queries": self.queries, "answer_forced": forced, **extra}

@@ -35,17 +35,21 @@ def rag_prompt(question: str, hits: Sequence[Hit]) -> list[dict[str, str]]:
 # "So the answer is X", "The answer to this question is: X", "Final answer: X", "Answer: X"
 ANSWER_MARKER = re.compile(r"(?:\bso\s+)?\b(?:the\s+)?(?:final\s+|short\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?"
                      r"\s*(?:\bis\b\s*:?|:)[ \t]*", re.IGNORECASE)
+# DRAGIN's Appendix B marker: its few-shot exemplars end with "So the answer is X." The general marker would
+# also match reasoning such as "the answer is not in the question".
+SO_THE_ANSWER_IS = re.compile(r"\bso\s+the\s+answer\s+is\b\s*:?[ \t]*", re.IGNORECASE)
 
 
 def _clean(line: str) -> str:
     return line.strip().strip('"').strip().rstrip(".").strip().strip('"').strip()
 
 
-def marked_answer(text: str) -> str | None:
+def marked_answer(text: str, marker: re.Pattern[str] = ANSWER_MARKER) -> str | None:
     """The rest of the line after the first answer marker ("so the answer is", "the answer to this question
-    is:", "answer:") with something after it (a model that goes on writing "Question: ... Answer: ..." makes
-    later markers); "" when no marker has anything after it, None when there is no marker."""
-    found = ANSWER_MARKER.finditer(text)
+    is:", "answer:"; or only `marker`'s matches) with something after it (a model that goes on writing
+    "Question: ... Answer: ..." makes later markers); "" when no marker has anything after it, None when there
+    is no marker."""
+    found = marker.finditer(text)
     first = next(found, None)
     if first is None:
         return None
@@ -56,5 +60,6 @@ def marked_answer(text: str) -> str | None:
 def extract_answer(text: str) -> str:
     """The one rule every method's prediction follows: the answer after an answer marker (`marked_answer`),
     else the first non-empty line without a leading marker; surrounding quotes and a final period removed."""
-    lines = (line[m.end():] if (m := ANSWER_MARKER.match(line.strip())) else line for line in text.strip().splitlines())
+    stripped = (line.strip() for line in text.strip().splitlines())
+    lines = (line[m.end():] if (m := ANSWER_MARKER.match(line)) else line for line in stripped)
     return marked_answer(text) or next((_clean(x) for x in lines if _clean(x)), "")
