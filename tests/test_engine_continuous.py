@@ -4,17 +4,18 @@ hold up the others, in-flight questions stay bounded, and the answer job runs on
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from fakes import FakeAttention, MemoryRetriever
 from jobs.bench.simulated import SimGenerator, SimScorer
-from pipeline.backends import Backends
+from pipeline.backends import Backends, register_backend
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.backends.streaming import generate_all
-from pipeline.engine.requests import Answer, Completion, Generate, Question, Retrieve, SamplingSpec
+from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Retrieve, SamplingSpec
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 
@@ -225,3 +226,38 @@ def test_errors_stay_in_their_rows_on_the_continuous_engine():
         eng.close()
     assert out[0].answer.prediction == "fake answer"
     assert "ValueError" in out[1].error and "poison" in out[2].error and out[3].error == "empty"
+
+
+SLOW_BUILD_S = 1.0
+
+
+@register_backend("test-slow-to-build")
+class SlowToBuild:
+    """A named backend whose constructor takes SLOW_BUILD_S (a model loading)."""
+
+    def __init__(self, cfg, backends):
+        time.sleep(SLOW_BUILD_S)
+
+    def echo(self, items):
+        return list(items)
+
+
+def test_a_backend_being_built_does_not_hold_up_the_other_lanes():
+    """While the call lane builds its backend, a generate-only question runs its three rounds: the parts
+    are built under their own locks, and the coordinator asks whether the generator streams once."""
+
+    def prog(q: Question, params):
+        if q.id == "call":
+            return Answer((yield Call("test-slow-to-build", "echo", [q.question]))[0])
+        for _ in range(3):
+            out = (yield Generate([q.question]))[0]
+        return Answer(out.text)
+
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator()), batch_wait_s=0.001)
+    try:
+        out = eng.run([Question("call", "x"), Question("gen", "y")], prog, None)
+    finally:
+        eng.close()
+    assert all(o.error is None for o in out) and out[0].answer.prediction == "x"
+    assert out[0].trace.latency_s >= SLOW_BUILD_S  # the call question did wait for its backend
+    assert out[1].trace.latency_s < SLOW_BUILD_S / 2  # a generous bound: the other question did not

@@ -48,44 +48,59 @@ class Backends:
         self.index_dir = index_dir
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
-        self._building = threading.RLock()  # the continuous engine's workers may build parts at the same time
+        # the continuous engine's lanes may build parts at the same time: one lock per part, so a part that
+        # loads slowly holds up only its own users; a built part is read without any lock
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+
+    def _built(self, attr: str, build: Callable[[], Any]) -> Any:
+        """`getattr(self, attr)`, built once by `build()` (double-checked under the part's own lock)."""
+        part = getattr(self, attr)
+        if part is None:
+            with self._lock(attr):
+                part = getattr(self, attr)
+                if part is None:
+                    part = build()
+                    setattr(self, attr, part)
+        return part
+
+    def _lock(self, key: str) -> threading.Lock:
+        with self._locks_lock:
+            return self._locks.setdefault(key, threading.Lock())
 
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        with self._building:
-            if self._generator is None:
-                self._generator = make_generator(self.cfg)
-        return self._generator
+        return self._built("_generator", lambda: make_generator(self.cfg))
 
     @property
     def retriever(self):
-        with self._building:
-            if self._retriever is None:
-                from pipeline.backends.retrieval import IndexRetriever
+        def build():
+            from pipeline.backends.retrieval import IndexRetriever
 
-                if not self.index_dir:
-                    raise BackendError("this method retrieves: pass --index DIR")
-                self._retriever = IndexRetriever(self.index_dir, self.cfg)
-        return self._retriever
+            if not self.index_dir:
+                raise BackendError("this method retrieves: pass --index DIR")
+            return IndexRetriever(self.index_dir, self.cfg)
+
+        return self._built("_retriever", build)
 
     @property
     def embedder(self):
-        with self._building:
-            if self._embedder is None:
-                from pipeline.backends.embedding import SentenceEmbedder
+        def build():
+            from pipeline.backends.embedding import SentenceEmbedder
 
-                self._embedder = SentenceEmbedder(self.cfg)
-        return self._embedder
+            return SentenceEmbedder(self.cfg)
+
+        return self._built("_embedder", build)
 
     @property
     def scorer(self):
-        with self._building:
-            if self._scorer is None:
-                from pipeline.backends.scoring import CrossEncoderScorer
+        def build():
+            from pipeline.backends.scoring import CrossEncoderScorer
 
-                self._scorer = CrossEncoderScorer(self.cfg)
-        return self._scorer
+            return CrossEncoderScorer(self.cfg)
+
+        return self._built("_scorer", build)
 
     # -- the calls the engine makes ----------------------------------------------------------
     def defaults(self, req: Retrieve) -> tuple[int, str]:
@@ -112,12 +127,15 @@ class Backends:
         return self.embedder.embed(texts, model)
 
     def named(self, name: str):
-        with self._building:
-            if name not in self._named:
-                if name not in _NAMED:
-                    raise BackendError(f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})")
-                self._named[name] = _NAMED[name](self.cfg, self)
-        return self._named[name]
+        backend = self._named.get(name)
+        if backend is None:
+            with self._lock(f"named:{name}"):
+                backend = self._named.get(name)
+                if backend is None:
+                    if name not in _NAMED:
+                        raise BackendError(f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})")
+                    backend = self._named[name] = _NAMED[name](self.cfg, self)
+        return backend
 
     def call(self, name: str, op: str, items: list):
         backend = self.named(name)

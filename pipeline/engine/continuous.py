@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.backends.streaming import collect
 from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _prompts, _size, _State
@@ -52,6 +52,12 @@ class ContinuousEngine(BaseEngine):
         done: list[tuple[int, Outcome]] = []
         todo = iter(enumerate(questions))
         live, more = 0, True
+        streamed: list[bool] = []  # whether the generator streams: asked once per run, at its first Generate
+
+        def streams() -> bool:
+            if not streamed:
+                streamed.append(self.backends.streams)
+            return streamed[0]
 
         def settle(st: _State) -> None:
             nonlocal live
@@ -73,7 +79,7 @@ class ContinuousEngine(BaseEngine):
                 else:
                     live += 1
                     settle(started)
-            wait = self._dispatch(waiting, busy, inbox)
+            wait = self._dispatch(waiting, busy, inbox, streams)
             yield from done
             done.clear()
             if not live and not more:
@@ -92,12 +98,12 @@ class ContinuousEngine(BaseEngine):
                     self._advance(st, value, exc)
                     settle(st)
 
-    def _dispatch(self, waiting: dict, busy: dict, inbox: queue.Queue) -> float | None:
+    def _dispatch(self, waiting: dict, busy: dict, inbox: queue.Queue, streams: Callable[[], bool]) -> float | None:
         """Send every lane's batch that should go; returns how long the coordinator may wait for a result
         before a partial batch is due (None: until a result comes)."""
         now, due = time.monotonic(), None
         for name, items in waiting.items():
-            if name == "generate" and items and self.backends.streams:
+            if name == "generate" and items and streams():
                 while items:
                     self._stream(items.popleft()[1], inbox)
                     busy[name] = busy.get(name, 0) + 1
