@@ -68,16 +68,23 @@ def write_checksums(shard_dir: Path) -> dict[str, dict]:
     return sums
 
 
+def check_file(path: Path, want: dict, *, full: bool = True, name: str | None = None) -> None:
+    """Raise CorruptIndexError unless `path` is present with the `bytes` (and, when `full`, the `sha256`)
+    of `want`; messages name the file as `name` (default: `path`)."""
+    name = name or path
+    if not path.is_file():
+        raise CorruptIndexError(f"index file {name} is missing")
+    size = path.stat().st_size
+    if size != want["bytes"]:
+        raise CorruptIndexError(f"index file {name} is corrupt: {size} bytes, manifest says {want['bytes']}")
+    if full and sha256_file(path) != want["sha256"]:
+        raise CorruptIndexError(f"index file {name} is corrupt: its sha256 does not match the manifest")
+
+
 def verify_shard(shard_dir: Path, expected: dict[str, dict], *, full: bool = True) -> None:
     """Raise CorruptIndexError naming the first file that is missing, extra-sized or changed."""
     for rel, want in sorted(expected.items()):
-        path = shard_dir / rel
-        if not path.is_file():
-            raise CorruptIndexError(f"index file {path} is missing")
-        if path.stat().st_size != want["bytes"]:
-            raise CorruptIndexError(f"index file {path} is corrupt: {path.stat().st_size} bytes, manifest says {want['bytes']}")
-        if full and sha256_file(path) != want["sha256"]:
-            raise CorruptIndexError(f"index file {path} is corrupt: its sha256 does not match the manifest")
+        check_file(shard_dir / rel, want, full=full)
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -32,8 +32,8 @@ import time
 import uuid
 from pathlib import Path
 
-from indexing.errors import CorruptIndexError, IndexingError
-from indexing.manifest import check_format, sha256_file, version_files, version_name, versions_to_keep
+from indexing.errors import IndexingError
+from indexing.manifest import check_file, check_format, version_files, version_name, versions_to_keep
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,8 @@ def _pull_files(fs, wanted: list[tuple[str, Path, dict | None]]) -> int:
         if todo:
             fs.get([r for r, *_ in todo], [str(tmp) for *_, tmp in todo])
         for r, loc, want, tmp in todo:
-            if want is not None and (tmp.stat().st_size != want["bytes"] or sha256_file(tmp) != want["sha256"]):
-                raise CorruptIndexError(f"index file {r} is corrupt: its sha256 does not match the manifest")
+            if want is not None:
+                check_file(tmp, want, name=r)
         for _, loc, _, tmp in todo:
             os.replace(tmp, loc)  # a concurrent worker's identical copy may land first: same bytes
     finally:
