@@ -14,7 +14,7 @@ from pipeline.backends import Backends, register_backend
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
-from pipeline.backends.streaming import generate_all
+from pipeline.backends.streaming import InFlight, generate_all
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Retrieve, SamplingSpec
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
@@ -81,7 +81,31 @@ def test_continuous_rows_equal_lockstep_rows_on_mixed_methods(generator):
     assert all(o.trace.latency_s > 0 for o in continuous)
     gen_time = [o.trace.time["generation"] for o in continuous]
     assert all(t > 0 for t in gen_time)  # every question got its share of generation time...
-    assert sum(gen_time) == pytest.approx(cont.batch_seconds["generate"])  # ...and the shares add up
+    sim = backends.generator.sim if generator is BatchGenerator else backends.generator
+    if generator is SimGenerator:  # ...and the shares add up to the generator's own busy time
+        assert sum(gen_time) == pytest.approx(sim.busy_s)
+    else:  # ...to the lane's generate calls (split by tokens), which hold the generator's busy time
+        assert sum(gen_time) == pytest.approx(cont.batch_seconds["generate"])
+        assert 0 < sim.busy_s <= cont.batch_seconds["generate"]
+
+
+def test_in_flight_splits_each_moment_equally_among_the_sequences_then():
+    now = [0.0]
+    flight = InFlight(clock=lambda: now[0])
+
+    def at(t: float, action: str, key: str):
+        now[0] = t
+        return getattr(flight, action)(key)
+
+    at(0, "start", "a")
+    at(2, "start", "b")
+    assert at(3, "finish", "a") == pytest.approx(2 + 1 / 2)  # alone for 2 s, then half of 1 s
+    at(5, "start", "c")
+    assert at(6, "finish", "b") == pytest.approx(1 / 2 + 2 + 1 / 2)
+    assert at(8, "finish", "c") == pytest.approx(1 / 2 + 2)
+    at(10, "start", "d")  # 8 to 10: nothing in flight, no one's time
+    assert at(11, "finish", "d") == pytest.approx(1)
+    assert flight.busy_s == pytest.approx(9)  # the shares' sum: 2.5 + 3 + 2.5 + 1
 
 
 class HoldingGenerator:
@@ -185,19 +209,27 @@ def test_a_slow_backend_does_not_stop_the_others(engine):
 
 def test_in_flight_questions_never_exceed_the_bound():
     live, peak, lock = [0], [0], threading.Lock()
+    served: dict[str, int] = {}  # live question -> results it has received
+    joined_running: list[str] = []  # questions admitted while another one was already being served
 
     def counted(q: Question, params):
         with lock:
             live[0] += 1
             peak[0] = max(peak[0], live[0])
+            if any(served.values()):
+                joined_running.append(q.id)
+            served[q.id] = 0
         try:
             for _ in range(1 + int(q.id) % 3):  # 1 to 3 rounds: questions finish at different times
                 hits = yield Retrieve([q.question], k=1)
+                served[q.id] += 1
                 out = (yield Generate([hits[0][0].title]))[0]
+                served[q.id] += 1
             return Answer(out.text)
         finally:
             with lock:
                 live[0] -= 1
+                del served[q.id]
 
     eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=MemoryRetriever(PASSAGES)),
                            max_in_flight=4, batch_wait_s=0.001)
@@ -207,6 +239,8 @@ def test_in_flight_questions_never_exceed_the_bound():
         eng.close()
     assert len(out) == 40 and all(o.error is None for o in out)
     assert peak[0] == 4  # admitted up to the bound as others finished, never beyond
+    # admitted as others finished, not in waves (lockstep batches of 4 would start only after a whole wave)
+    assert joined_running
 
 
 def test_errors_stay_in_their_rows_on_the_continuous_engine():
