@@ -14,7 +14,7 @@ from pipeline.backends import Backends, register_backend
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
-from pipeline.backends.streaming import InFlight, generate_all
+from pipeline.backends.streaming import InFlight, StreamingGenerator
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Retrieve, SamplingSpec
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
@@ -108,7 +108,7 @@ def test_in_flight_splits_each_moment_equally_among_the_sequences_then():
     assert flight.busy_s == pytest.approx(9)  # the shares' sum: 2.5 + 3 + 2.5 + 1
 
 
-class HoldingGenerator:
+class HoldingGenerator(StreamingGenerator):
     """A streaming generator that delivers short outputs (max_tokens <= 4) at once from its own thread, and a
     long one only after `short` short prompts were submitted (or after 30 s: then `held_out` is set)."""
 
@@ -127,9 +127,6 @@ class HoldingGenerator:
             if self.submitted == self.short:
                 self.released.set()
         threading.Thread(target=deliver, args=(long,), daemon=True).start()
-
-    def generate(self, prompts, samplings, chats):
-        return generate_all(self.submit, prompts, samplings, chats)
 
 
 def test_a_streamed_short_answer_does_not_wait_for_a_long_output():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexing.hits import Hit
-from pipeline.backends.streaming import InFlight, generate_all
+from pipeline.backends.streaming import InFlight, StreamingGenerator
 from pipeline.engine.requests import Completion, TokenLogprob
 from pipeline.methods.dragin_math import candidates_for
 
@@ -53,7 +53,7 @@ class Cost:
         return seconds * self.scale
 
 
-class SimGenerator:
+class SimGenerator(StreamingGenerator):
     """A streaming generator with the GPU model above; `busy_s` is the time with a sequence in flight,
     `steps` the running sequences of each decode step."""
 
@@ -78,9 +78,6 @@ class SimGenerator:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._schedule, name="sim-generator", daemon=True)
                 self._thread.start()
-
-    def generate(self, prompts, samplings, chats):
-        return generate_all(self.submit, prompts, samplings, chats)
 
     def _schedule(self) -> None:
         running: list[list] = []

@@ -4,7 +4,8 @@ A streaming generator has `submit(prompt, sampling, chat, done)`, where `done(re
 once from the generator's thread with a `Completion` (or the exception for that prompt) and the prompt's
 share of the generator's time. It has no call boundaries, so a short answer never waits for a long
 pseudo-context in the same batch (vLLM's continuous batching, driven as its async engine is). Its
-`generate` (for the lockstep engine and plain callers) is `generate_all` over `submit`.
+`generate` (for the lockstep engine and plain callers) is `generate_all` over `submit`, which subclasses
+of `StreamingGenerator` inherit.
 """
 
 from __future__ import annotations
@@ -71,3 +72,11 @@ def generate_all(submit: Callable, prompts, samplings, chats) -> list:
     if prompts:
         all_done.wait()
     return out
+
+
+class StreamingGenerator:
+    """A streaming generator's batch `generate`, over the `submit(prompt, sampling, chat, done)` a subclass
+    defines (not declared here: `Backends.streams` asks whether the generator has one)."""
+
+    def generate(self, prompts, samplings, chats) -> list:
+        return generate_all(self.submit, prompts, samplings, chats)

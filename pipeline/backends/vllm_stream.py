@@ -12,11 +12,11 @@ import itertools
 import threading
 from typing import Any
 
-from pipeline.backends.streaming import InFlight, generate_all
+from pipeline.backends.streaming import InFlight, StreamingGenerator
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator
 
 
-class VllmStreamingGenerator(VllmGenerator):
+class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
     def _engine(self, kwargs: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -53,9 +53,6 @@ class VllmStreamingGenerator(VllmGenerator):
         except Exception as err:  # this prompt's error, its question's
             result = err
         done(result, self.flight.finish(key))
-
-    def generate(self, prompts, samplings, chats):
-        return generate_all(self.submit, prompts, samplings, chats)
 
     def _shutdown(self, llm) -> None:
         async def stop_output_handler():  # before the engine core goes: it would log the dead engine as an error
