@@ -207,6 +207,16 @@ def test_latency_is_each_questions_own_wall_time():
     assert [o.trace.time["generation"] for o in out] == [0.5, 3.5]
 
 
+def test_retrieved_documents_are_timed_on_the_engine_clock():
+    """`at_s`: when, in its question, a document was retrieved: after the first generate call's tick."""
+    gen = TickingGenerator()
+    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=MemoryRetriever(PASSAGES)), clock=gen.clock)
+    out = engine.run([Question("q", "capital of France?")], two_round, None)
+    assert out[0].error is None and out[0].trace.retrieved
+    assert {d["at_s"] for d in out[0].trace.retrieved} == {1.0}
+    assert out[0].trace.latency_s == 2.0
+
+
 def test_retrieval_only_runs_count_no_llm_calls():
     """generation.backend=none: the programs still yield their prompts, but no model runs: 0 LLM calls."""
     from pipeline.backends import NoGenerator

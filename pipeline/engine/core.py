@@ -227,7 +227,7 @@ class BaseEngine:
                 tr.retrieval_calls += len(req.queries)
                 tr.time["retrieval"] += dt * len(req.queries) / max(len(queries), 1)
                 step = req.step or f"retrieve-{tr.retrieve_rounds}"
-                at = time.perf_counter() - tr.started if tr.started is not None else None  # when, in the question
+                at = self.clock() - tr.started  # when, in the question (started: at its first request)
                 for qi, ranked in enumerate(mine):
                     for rank, h in enumerate(ranked, 1):
                         tr.retrieved.append({"id": h.id, "title": h.title, "score": float(h.score), "rank": rank,
