@@ -95,6 +95,18 @@ def test_unreadable_datasets_are_one_line_errors(capsys, tmp_path, content, mess
             "--out", str(tmp_path / "out"), "--no-progress", *NONE)
 
 
+def test_an_unreachable_dataset_with_an_empty_error_message_is_one_line(capsys, monkeypatch, tmp_path):
+    import fsspec
+
+    def unreachable(*args, **kw):
+        raise OSError()  # no message at all
+
+    monkeypatch.setattr(fsspec, "open", unreachable)
+    refused(capsys, "cannot read memory://questions.jsonl (OSError: );", "answer", "--dataset",
+            "memory://questions.jsonl", "--method", "no-retrieval", "--out", str(tmp_path / "out"), "--no-progress",
+            *NONE)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--set", "retrieval.k=0"], "invalid configuration: retrieval.k"),
     (["--set", "generation.max_new_tokens=lots"], "invalid configuration: generation.max_new_tokens"),

@@ -36,7 +36,7 @@ from typing import Any, Iterator
 from indexing.passages import paragraph_id
 from indexing.readers import join_sentences
 from pipeline.config import DynragConfig
-from pipeline.errors import DynragError
+from pipeline.errors import DynragError, first_line
 from pipeline.engine.requests import Question
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def _open_binary(source: str):
         except FileNotFoundError:
             raise DatasetError(f"dataset not found: {source}") from None
         except (OSError, ImportError, ValueError) as exc:  # unreachable host, offline hub, missing fsspec backend
-            raise DatasetError(f"cannot read {source} ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+            raise DatasetError(f"cannot read {source} ({first_line(exc)}); "
                                "where it cannot be reached, download it elsewhere and pass a local path "
                                "(`dynrag data` lists the known datasets and how to fetch them)") from None
     p = Path(source)
