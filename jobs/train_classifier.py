@@ -78,4 +78,5 @@ def run(args: argparse.Namespace) -> int:
               f"{t['held_out_accuracy_at_default']:.4f} at {t['default']:.2f})")
     print(f"trained on {result['data']['train']['examples']} examples in {tr['seconds']} s "
           f"({tr['examples_per_second']} examples/s); model folder: {args.out}")
+    print(f"total: {result['total_seconds'] / 60:.1f} min wall, {result['total_cpu_seconds']:.0f} s of CPU")
     return 0

@@ -99,5 +99,64 @@ def test_embeddings_are_stored_so_a_rerun_embeds_nothing_again(trained):
     again = Embedder(cfg.classifier.base_model, store=store)
     before = len(again.cache)
     assert before > 0
+    files = sorted(store.glob("[0-9]*.npz"))
+    assert files
+
+    def no_encoding(*args, **kwargs):
+        raise AssertionError("a stored text was embedded again")
+
+    again.model.encode = no_encoding  # the store must answer: an ignored store would encode (and write a file)
     again.embed(["Where was the founder of Alpha3 born?"])  # a training question: already stored
-    assert len(again.cache) == before and len(list(store.glob("[0-9]*.npz"))) >= 1
+    assert len(again.cache) == before and sorted(store.glob("[0-9]*.npz")) == files
+
+
+def test_loads_by_model_key_from_the_run_cache_dir(trained, tmp_path):
+    """The folder records the embedder folder it was trained with (train_classifier merges the kind's training
+    entries); where that folder is gone, the model key resolves under the cache_dir the loader is given, which
+    the scoring backend takes from the run's paths.cache_dir."""
+    import shutil
+
+    from pipeline.assets.models import MARKER
+    from pipeline.backends.scoring import CrossEncoderScorer
+    from pipeline.classifier.model import Classifier, ClassifierError
+
+    out, _, cfg = trained
+    meta = json.loads((out / "dynrag-classifier.json").read_text())
+    assert meta["training"]["embedder_folder"] == str(Path(cfg.classifier.base_model).resolve())
+    assert meta["training"]["data"]["train"]["examples"] > 0 and "created" in meta["training"]
+    assert "steps" not in meta["training"] and "final_loss_ema" not in meta["training"]
+    items = [("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.",
+              "Beta3: Beta3 was born in Place3 and wrote songs."),
+             ("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.")]
+    expected = Classifier.load(out).score(items)
+
+    # a non-default cache holding the (tiny) embedder as the prepared known model all-minilm-l6-v2
+    cache = tmp_path / "other-cache"
+    shutil.copytree(cfg.classifier.base_model, cache / "models" / "all-minilm-l6-v2")
+    (cache / "models" / "all-minilm-l6-v2" / MARKER).write_text("{}")
+    moved = tmp_path / "moved"
+    shutil.copytree(out, moved)
+    meta["base_model"] = "all-minilm-l6-v2"
+    meta["training"]["embedder_folder"] = str(tmp_path / "gone")
+    (moved / "dynrag-classifier.json").write_text(json.dumps(meta))
+
+    clf = Classifier.load(moved, cache_dir=str(cache))
+    assert len(clf.embedder.embed(["x"])["x"]) == 32  # the tiny embedder, not the default cache's 384-d one
+    assert np.allclose(clf.score(items), expected, atol=1e-6)
+    scorer = CrossEncoderScorer(load_config(None, [f"paths.cache_dir={cache}", f"classifier.path={moved}"]))
+    assert scorer.score(items) == pytest.approx([float(x) for x in expected], abs=1e-6)
+    with pytest.raises(ClassifierError, match="an item is"):  # the shared item check (pipeline.classifier.meta)
+        scorer.score([("only a question",)])
+
+
+def test_cli_prints_total_wall_and_cpu_time(trained, tmp_path, capsys):
+    from jobs.cli import main
+
+    out, _, cfg = trained
+    code = main(["train-classifier", "--out", str(tmp_path / "m"), "--data-dir", cfg.paths.data_dir,
+                 "--datasets", "hotpotqa", "--set", f"classifier.base_model={cfg.classifier.base_model}",
+                 "--set", f"paths.cache_dir={cfg.paths.cache_dir}", "--set", "classifier.dev_fraction=0.3"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 0 and lines[-1].startswith("total: ") and " min wall, " in lines[-1] and lines[-1].endswith(" s of CPU")
+    metrics = json.loads((tmp_path / "m" / "metrics.json").read_text())
+    assert metrics["total_seconds"] >= 0 and metrics["total_cpu_seconds"] > 0

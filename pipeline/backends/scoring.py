@@ -74,7 +74,8 @@ class CrossEncoderScorer:
             if (Path(path) / "dynrag-classifier.json").is_file():
                 from pipeline.classifier.model import Classifier
 
-                self._loaded[name] = Classifier.load(path, device=self.cfg.classifier.device)
+                self._loaded[name] = Classifier.load(path, device=self.cfg.classifier.device,
+                                                     cache_dir=self.cfg.paths.cache_dir)
             else:
                 self._loaded[name] = _SequenceClassifier(path, self.cfg)
             log.info("classifier %r loaded from %s", name, path)
@@ -86,7 +87,8 @@ class CrossEncoderScorer:
         return float(getattr(m, "threshold", 0.5))
 
     def score(self, items: list[tuple[str, ...]], classifier: str = "default") -> list[float]:
+        from pipeline.classifier.meta import check_item
+
         for it in items:
-            if not isinstance(it, (tuple, list)) or len(it) not in (2, 3):
-                raise ScorerError(f"a scored item is (q, d) or (q, d1, d2), got {str(it)[:80]}")
+            check_item(it)
         return [float(x) for x in self.model(classifier).score(items, batch_size=self.cfg.scoring.batch_size)]

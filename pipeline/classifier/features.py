@@ -4,7 +4,7 @@ DR-RAG fine-tunes a cross-encoder (App. A.1); on a 2-core CPU that takes hours. 
 whether d2 is the second hop of d1 for q (Eq. 2): a bridge entity. So each input becomes a short
 vector: cosines of the frozen sentence embeddings (q·d1, q·d2, d1·d2; all-MiniLM-L6-v2 by default) and
 lexical overlaps (question / documents / the other document's title, as BM25 would see them), then a
-standardised MLP. Measured on held-out questions: see README and the issue's note. A pair (q, d) uses
+standardised MLP. Measured on held-out questions: see README (the DR-RAG classifier). A pair (q, d) uses
 the same features with d2 = d1, so one model folder scores both shapes.
 
 Documents are read in `format_document`'s "title: text" form; the title is what precedes the first
@@ -17,17 +17,17 @@ Folder: `dynrag-classifier.json` (kind "features", embedder, feature names, thre
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
 import time
 from collections import OrderedDict
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from pipeline.classifier.meta import ClassifierError, ClassifierMeta, ThresholdClassifier, check_item, write_meta
 
 log = logging.getLogger(__name__)
 
@@ -171,19 +171,13 @@ class MLP:
         return cls(t["mean"], t["scale"], [t[f"w{i}"] for i in range(n)], [t[f"b{i}"] for i in range(n)])
 
 
-class FeatureClassifier:
+class FeatureClassifier(ThresholdClassifier):
     """Same surface as the cross-encoder `Classifier`: score, predict, threshold, meta, save."""
 
-    def __init__(self, embedder: Embedder, mlp: MLP, meta):
+    def __init__(self, embedder: Embedder, mlp: MLP, meta: ClassifierMeta):
         self.embedder, self.mlp, self.meta = embedder, mlp, meta
 
-    @property
-    def threshold(self) -> float:
-        return self.meta.threshold
-
     def score(self, items: Sequence[Sequence[str]], batch_size: int = 64) -> np.ndarray:
-        from pipeline.classifier.meta import check_item
-
         if not items:
             return np.zeros(0, dtype=np.float32)
         for it in items:
@@ -191,26 +185,22 @@ class FeatureClassifier:
         emb = self.embedder.embed([t for it in items for t in it])
         return self.mlp(featurize(items, emb))
 
-    def predict(self, items: Sequence[Sequence[str]], threshold: float | None = None, batch_size: int = 64) -> np.ndarray:
-        return self.score(items) >= (self.meta.threshold if threshold is None else threshold)
-
     def save(self, folder: str | os.PathLike) -> Path:
         from safetensors.numpy import save_file
-
-        from pipeline.classifier.meta import META
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_file(self.mlp.tensors(), str(folder / WEIGHTS))
-        (folder / META).write_text(json.dumps(asdict(self.meta), indent=1), encoding="utf-8")
+        write_meta(folder, self.meta)
         return folder
 
     @classmethod
-    def load(cls, folder: Path, meta, cache_dir: str | None = None) -> "FeatureClassifier":
+    def load(cls, folder: Path, meta: ClassifierMeta, cache_dir: str | None = None) -> "FeatureClassifier":
+        """`cache_dir` resolves the embedder by its model key when the training run's embedder folder is gone
+        (None: the default paths.cache_dir)."""
         from safetensors.numpy import load_file
 
         from pipeline.assets.models import resolve_model
-        from pipeline.classifier.meta import ClassifierError
         from pipeline.config import PathsConfig
 
         if not (folder / WEIGHTS).is_file():
@@ -224,8 +214,6 @@ class FeatureClassifier:
 
 def train_features(cfg, splits, base_folder: str) -> tuple[FeatureClassifier, dict]:
     """Embed every text once (stored under the cache, so a rerun resumes), then fit the MLP."""
-    from pipeline.classifier.meta import ClassifierMeta
-
     cc = cfg.classifier
     store = Path(cfg.paths.cache_dir) / "classifier-embeddings" / hashlib.sha1(str(Path(base_folder).resolve()).encode()).hexdigest()[:16]
     embedder = Embedder(base_folder, store=store)
@@ -240,7 +228,7 @@ def train_features(cfg, splits, base_folder: str) -> tuple[FeatureClassifier, di
                           max_length=embedder.model.max_seq_length,
                           input_format="features of (q, d1, d2); pairs (q, d) as (q, d, d)")
     meta.training["embedder_folder"] = str(Path(base_folder).resolve())
-    log_ = {"steps": 1, "examples_seen": len(splits.train), "seconds": round(seconds, 1),
+    log_ = {"examples_seen": len(splits.train), "seconds": round(seconds, 1),
             "embedding_seconds": round(t1 - t0, 1), "texts": len(set(texts)),
-            "examples_per_second": round(len(splits.train) / max(seconds, 1e-9), 2), "final_loss_ema": None}
+            "examples_per_second": round(len(splits.train) / max(seconds, 1e-9), 2)}
     return FeatureClassifier(embedder, mlp, meta), log_

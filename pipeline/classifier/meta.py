@@ -1,11 +1,11 @@
-"""What every kind of classifier folder shares: its `dynrag-classifier.json` (ClassifierMeta), its error type
-and the check of a scored item."""
+"""What every kind of classifier shares: its folder's `dynrag-classifier.json` (ClassifierMeta, `write_meta`),
+its error type, the check of a scored item and the threshold rule (`ThresholdClassifier.predict`)."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,6 +33,28 @@ class ClassifierMeta:
     document_format: str = "title: text (pipeline.classifier.data.format_document)"
     training: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def write_meta(folder: Path, meta: ClassifierMeta) -> None:
+    (folder / META).write_text(json.dumps(asdict(meta), indent=1), encoding="utf-8")
+
+
+class ThresholdClassifier:
+    """The decision rule both kinds share: C(...) = positive where `score` >= the threshold."""
+
+    meta: ClassifierMeta
+
+    @property
+    def threshold(self) -> float:
+        return self.meta.threshold
+
+    def score(self, items: Sequence[Sequence[str]], batch_size: int = 64):
+        raise NotImplementedError
+
+    def predict(self, items: Sequence[Sequence[str]], threshold: float | None = None, batch_size: int = 64):
+        """True where C(...) = positive, i.e. P(positive) >= threshold (the model's own threshold by default)."""
+        t = self.meta.threshold if threshold is None else threshold
+        return self.score(items, batch_size) >= t
 
 
 def saved_threshold(path: str | os.PathLike) -> float:

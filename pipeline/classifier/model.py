@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from pipeline.classifier.meta import FORMAT_VERSION, META, ClassifierError, ClassifierMeta, check_item
+from pipeline.classifier.meta import (FORMAT_VERSION, META, ClassifierError, ClassifierMeta, ThresholdClassifier,
+                                      check_item, write_meta)
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def pick_device(name: str = "auto") -> str:
     return name
 
 
-class Classifier:
+class Classifier(ThresholdClassifier):
     """C(q, d1, d2) -> P(positive); also C(q, d) for pairs. `score` is batched and gradient-free."""
 
     def __init__(self, model, tokenizer, meta: ClassifierMeta, device: str = "cpu"):
@@ -169,10 +169,6 @@ class Classifier:
         self.meta = meta
         self.device = device
         self.encoder = InputEncoder(tokenizer, meta.max_length, meta.max_query_tokens)
-
-    @property
-    def threshold(self) -> float:
-        return self.meta.threshold
 
     @classmethod
     def from_base(cls, base_folder: str, meta: ClassifierMeta, device: str = "auto") -> "Classifier":
@@ -228,7 +224,7 @@ class Classifier:
         self.model.encoder.save_pretrained(folder / ENCODER, safe_serialization=True)
         self.tokenizer.save_pretrained(folder / ENCODER)
         save_file({k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}, str(folder / HEAD))
-        (folder / META).write_text(json.dumps(asdict(self.meta), indent=1), encoding="utf-8")
+        write_meta(folder, self.meta)
         return folder
 
     def logits(self, items: Sequence[Sequence[str]]):
@@ -254,11 +250,6 @@ class Classifier:
         finally:
             self.model.train(was_training)
         return out
-
-    def predict(self, items: Sequence[Sequence[str]], threshold: float | None = None, batch_size: int = 64) -> np.ndarray:
-        """True where C(...) = positive, i.e. P(positive) >= threshold (the model's own threshold by default)."""
-        t = self.meta.threshold if threshold is None else threshold
-        return self.score(items, batch_size) >= t
 
 
 def _has_safetensors(folder: str | os.PathLike) -> bool:

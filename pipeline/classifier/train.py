@@ -1,7 +1,10 @@
-"""Fine-tune the DR-RAG classifier C (paper App. A.1: a small encoder fine-tuned on Eq. 2's examples).
+"""Train the DR-RAG classifier C on Eq. 2's examples (paper App. A.1), evaluate it on held-out questions and
+tune its threshold.
 
-Plain torch: AdamW, linear warm-up then linear decay, gradient clipping, cross-entropy on a 2-way head.
-CPU here, the first GPU when there is one (`classifier.device`). The model folder is written to a
+Two kinds (`classifier.model`): `features` (the default), a small MLP over frozen embeddings and lexical
+features (pipeline.classifier.features, minutes on a CPU); `cross-encoder`, the paper's fine-tuned encoder,
+in plain torch: AdamW, linear warm-up then linear decay, gradient clipping, cross-entropy on a 2-way head;
+CPU here, the first GPU when there is one (`classifier.device`). Either model folder is written to a
 temporary sibling and renamed into place at the end, so an interrupted run leaves no half-written model.
 """
 
@@ -14,7 +17,6 @@ import random
 import shutil
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -66,17 +68,13 @@ def evaluate(clf: Classifier, examples: list[Example], threshold: float, batch_s
 
 
 def best_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
-    """The distinct score t with the highest accuracy of `score >= t`; among ties, the one nearest 0.5."""
-    from sklearn.exceptions import UndefinedMetricWarning
-    from sklearn.metrics import roc_curve
-
+    """The distinct score t with the highest accuracy of `score >= t`; among ties, the one nearest 0.5 (the
+    higher one when two are equally near)."""
     scores, labels = np.asarray(scores, dtype=float), np.asarray(labels, dtype=bool)
-    with warnings.catch_warnings():  # one class only: sklearn warns and gives nan rates for the missing one
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        fpr, tpr, thr = roc_curve(labels, scores, drop_intermediate=False)
-    pos = int(labels.sum())
-    correct = np.rint(np.nan_to_num(tpr) * pos + (1 - np.nan_to_num(fpr)) * (len(labels) - pos))
-    correct, thr = correct[1:], thr[1:]  # thr[0] is +inf (nothing positive), no usable threshold
+    thr = np.unique(scores)[::-1]  # descending
+    pos, neg = np.sort(scores[labels]), np.sort(scores[~labels])
+    # right at t: positives scoring >= t, negatives scoring < t
+    correct = (len(pos) - np.searchsorted(pos, thr, side="left")) + np.searchsorted(neg, thr, side="left")
     best = np.flatnonzero(correct == correct.max())
     return float(thr[best[np.argmin(np.abs(thr[best] - 0.5))]])
 
@@ -175,10 +173,12 @@ def fit(clf: Classifier, train: list[Example], cc, *, seed: int) -> dict:
 
 
 def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
-    """Build the examples, fine-tune, evaluate on the held-out questions, write the model folder.
+    """Build the examples, train the `classifier.model` kind (features: embed and fit the MLP; cross-encoder:
+    fine-tune), evaluate on the held-out questions, tune the threshold, write the model folder.
 
-    The folder gets the model (safetensors + tokenizer + dynrag-classifier.json), metrics.json and
-    config.resolved.yaml. Returns the metrics.
+    The folder gets the model (features: mlp.safetensors; cross-encoder: encoder/ and head.safetensors; both
+    with dynrag-classifier.json), metrics.json and config.resolved.yaml. Returns the metrics, the training log,
+    the data summary, and total wall and CPU seconds.
     """
     import torch
 
@@ -192,7 +192,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
         torch.set_num_threads(cc.threads)
     _seed_everything(cc.seed)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     records = load_records(cfg.paths.data_dir, cc.datasets)
     splits = make_splits(records, seed=cc.seed, dev_fraction=cc.dev_fraction, mixed_fraction=cc.mixed_negative_fraction,
                          max_per_dataset=cc.max_examples_per_dataset, max_examples=cc.max_examples, task=cc.task)
@@ -227,8 +227,11 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
              metrics["accuracy"], metrics["auc"], metrics["precision"], metrics["recall"], metrics["f1"],
              metrics["majority_baseline_accuracy"], metrics["n"])
     result = {"dev": metrics, "training": train_log, "data": splits.summary,
-              "total_seconds": round(time.perf_counter() - t0, 1)}
-    clf.meta.training = {"data": splits.summary, **train_log, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "total_seconds": round(time.perf_counter() - t0, 1),
+              "total_cpu_seconds": round(time.process_time() - cpu0, 1)}  # this process's CPU, all its threads
+    # merged: a kind's own entries (the feature model's embedder_folder) stay
+    clf.meta.training = {**clf.meta.training, "data": splits.summary, **train_log,
+                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     clf.meta.metrics = metrics
 
     _write_atomically(out, overwrite, lambda tmp: _write_outputs(tmp, clf, result, cfg, out))
