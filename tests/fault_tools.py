@@ -76,6 +76,23 @@ def kill_at(cmd: list[str], point: str, pause_dir: Path, sig: int = signal.SIGKI
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def one_error_line(err: str) -> str:
+    """The one `dynrag: error: ...` line of a refused job's stderr (asserts there is nothing else)."""
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dynrag: error: "), err
+    return lines[0]
+
+
+def damage_faiss_header(index_root: Path) -> Path:
+    """Overwrite 16 header bytes of an index's first FAISS file without changing its size (so
+    index.verify=size passes it); returns the damaged file."""
+    target = next((index_root / "shards").glob("*/faiss.index"))
+    header = bytearray(target.read_bytes())
+    header[8:24] = b"\xff" * 16
+    target.write_bytes(bytes(header))
+    return target
+
+
 def published_version(root: Path) -> int | None:
     """What a reader opening the index sees now: None before the first publish, else the version
     number, after checking that every file its manifest lists is present at its full size."""

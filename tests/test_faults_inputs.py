@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from fault_tools import damage_faiss_header, one_error_line
 from jobs.cli import main
 
 pytestmark = pytest.mark.faults
@@ -29,12 +30,6 @@ def refused(capsys, message: str, *args: str) -> None:
     """The CLI exits 2 with one `dynrag: error:` line holding `message`."""
     rc, _, err = cli(capsys, *args)
     assert rc == 2 and message in one_error_line(err)
-
-
-def one_error_line(err: str) -> str:
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("dynrag: error: "), err
-    return lines[0]
 
 
 GOOD = [{"id": f"q{i}", "question": f"who wrote book {i}?", "answer": ["someone"]} for i in range(5)]
@@ -199,10 +194,7 @@ def test_a_rerun_with_another_configuration_is_refused(capsys, data_dir, tmp_pat
 def test_a_corrupt_index_is_refused_before_anything_is_written(capsys, small_index, tmp_path):
     idx, out = tmp_path / "idx", tmp_path / "out"
     shutil.copytree(small_index, idx)
-    target = next((idx / "shards").glob("*/faiss.index"))
-    header = bytearray(target.read_bytes())
-    header[8:24] = b"\xff" * 16  # same size: index.verify=size passes it
-    target.write_bytes(bytes(header))
+    damage_faiss_header(idx)  # same size: index.verify=size passes it
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps(GOOD[0]) + "\n")
     refused(capsys, f"cannot use the index {idx}", "answer", "--dataset", str(data), "--method", "sr-rag",

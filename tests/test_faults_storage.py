@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from fault_tools import cli, env_for, run
+from fault_tools import cli, damage_faiss_header, env_for, one_error_line, run
 
 pytestmark = pytest.mark.faults
 
@@ -22,12 +22,6 @@ def in_tmpfs(mount: str, options: str, cmd: list[str], after: str) -> subprocess
         pytest.skip("needs user and mount namespaces (unshare -rm)")
     script = f"mount -t tmpfs -o {options} tmpfs {mount} && {shlex.join(cmd)}; rc=$?; {after}; exit $rc"
     return run(["unshare", "-rm", "sh", "-c", script], env_for(), timeout=600)
-
-
-def one_error_line(err: str) -> str:
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("dynrag: error: "), err
-    return lines[0]
 
 
 def answer(nq_dev, out, n):
@@ -60,10 +54,7 @@ def test_faiss_file_damaged_at_the_same_size(capsys, data_dir, tmp_path):
     corpus.write_text("".join((data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text().splitlines(True)[:20]))
     idx = tmp_path / "idx"
     assert run(cli("index", "build", str(corpus), "--index", str(idx))).returncode == 0
-    target = next((idx / "shards").glob("*/faiss.index"))
-    header = bytearray(target.read_bytes())
-    header[8:24] = b"\xff" * 16
-    target.write_bytes(bytes(header))
+    damage_faiss_header(idx)
     done = run(cli("index", "search", "--index", str(idx), "--retriever", "dense", "--set", "index.verify=size",
                    "a river"))
     assert done.returncode == 2
