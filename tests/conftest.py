@@ -3,6 +3,7 @@ carved from it (tests/fixtures/kit), and the model cache."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,6 +17,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 FIXTURE_KIT = Path(__file__).resolve().parent / "fixtures" / "kit"
 
+
+def _carve_kit():
+    """tests/fixtures/carve_kit.py, loaded by path (a top-level name "fixtures" could be another package)."""
+    spec = importlib.util.spec_from_file_location("carve_kit", FIXTURE_KIT.parent / "carve_kit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # Records per file: the whole kit (its README's table) and the fixture kit (tests/fixtures/carve_kit.py).
 KIT_RECORDS = {
     "hotpotqa/dev_400.jsonl": 400, "hotpotqa/train_100.json": 100, "hotpotqa/train_100_corpus.json": 994,
@@ -26,14 +36,7 @@ KIT_RECORDS = {
     "strategyqa/sample_229.jsonl": 229, "strategyqa/paragraphs_998.jsonl": 998,
     "wikipedia/psgs_w100_sample_1000.jsonl": 1000,
 }
-FIXTURE_RECORDS = {
-    "hotpotqa/dev_400.jsonl": 15, "hotpotqa/train_100.json": 2, "hotpotqa/train_100_corpus.json": 10,
-    "2wikimultihopqa/dev_124.jsonl": 2, "2wikimultihopqa/train_500.json": 2, "2wikimultihopqa/corpus_6119.json": 10,
-    "musique/dev_150.jsonl": 2, "musique/train_100.json": 1, "musique/train_100_corpus.json": 10,
-    "nq_open/dev_3610.jsonl": 50, "triviaqa/sample_150.json": 5, "popqa/test_14267.jsonl": 5,
-    "webquestions/test_2032.jsonl": 5, "squad/dev_qa_10570.jsonl": 5, "strategyqa/sample_229.jsonl": 3,
-    "strategyqa/paragraphs_998.jsonl": 5, "wikipedia/psgs_w100_sample_1000.jsonl": 45,
-}
+FIXTURE_RECORDS = _carve_kit().CUTS
 
 
 def resolve_data_dir() -> tuple[Path, bool]:
