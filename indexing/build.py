@@ -4,7 +4,8 @@ Stages, each visible in the log (and as progress bars on a terminal):
 
 1. read + split + shard: stream the sources (readers.py) into passages (passages.py), cut them into
    content-defined shards (shards.py) and write every shard that does not exist yet to
-   `staging/<key>/` (store.py). Shards whose key exists under `shards/` are reused untouched.
+   `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key exists
+   under `shards/` are reused untouched.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
    previous version (same model settings) are copied from it; only the rest go through the
    embedding stage (embed.py: Ray Data actors, or in-process). A shard's `vectors.npy` is saved as
@@ -15,8 +16,13 @@ Stages, each visible in the log (and as progress bars on a terminal):
    `index.bm25_segments`), a new manifest version, then `CURRENT` (manifest.py); old versions
    are pruned.
 
+A shard's key is a hash of its passages, the settings it is built with and, for an IVF factory, the
+digest of the template its FAISS index is filled from (`_Builder._shard_key`): a shard is reused only
+with the very template it was filled from.
+
 A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
-passages and vectors are reused from `staging/`, and nothing is published before stage 4.
+passages and vectors are reused from `staging/`, an IVF template trained for this build is reused from
+`staging/.template.json` (so are the shards filled from it), and nothing is published before stage 4.
 """
 
 from __future__ import annotations
@@ -121,7 +127,7 @@ class _Builder:
         self.settings_hash = _hash({"e": self.settings["embedding_hash"], "f": self.settings["faiss_factory"],
                                     "t": self.settings.get("faiss_train_size"), "l": self.settings["lucene"],
                                     "format": FORMAT_VERSION})
-        self.template: dict | None = None  # the IVF template this build's shards are filled from
+        self.template: dict | None = None  # the IVF template this build's shards are filled from (part of their keys)
         self.shards_dir = root / "shards"
         self.staging = root / "staging"
         self.timings: dict[str, float] = {}
@@ -135,6 +141,15 @@ class _Builder:
         # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
         self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
 
+    def _shard_key(self, content: str) -> str:
+        """A shard's key: its passages, the settings, and the digest of the IVF template it is filled from."""
+        return shard_key(content, self.settings_hash + (f":{self.template['sha256']}" if self.template else ""))
+
+    def _stage_dir(self, meta: dict) -> Path:
+        """Where a shard is built: named by its passages and settings alone (what is staged there, passages
+        and vectors, does not depend on the template), so a rerun finds it before knowing the template."""
+        return self.staging / shard_key(meta["content_hash"], self.settings_hash)
+
     # ---- stage 1 ----
     def _stage_passages(self) -> list[dict]:
         t = time.perf_counter()
@@ -145,13 +160,16 @@ class _Builder:
         )
         passages = _progress(passages_of(records, self.cfg.index.passage_words, self.passage_stats), "passages", "psg")
         metas = []
+        ivf_untrained = is_ivf(self.settings["faiss_factory"]) and self.template is None
         for group in shard_stream(passages, self.settings["shard_size"]):
             ch = content_hash(group)
-            key = shard_key(ch, self.settings_hash)
+            # with a template still to train, keys are set after training (`_stage_template`); no shard
+            # under shards/ can have it yet, so every shard is staged
+            key = None if ivf_untrained else self._shard_key(ch)
             meta = {"key": key, "passages": len(group), "content_hash": ch,
                     "first_id": group[0].id, "last_id": group[-1].id}
-            if not (self.shards_dir / key / "checksums.json").is_file():
-                target = self.staging / key
+            if key is None or not (self.shards_dir / key / "checksums.json").is_file():
+                target = self._stage_dir(meta)
                 if not (target / "passages.arrow").is_file():
                     target.mkdir(parents=True, exist_ok=True)
                     write_store(group, target)
@@ -188,7 +206,7 @@ class _Builder:
 
         files, plans = [], {}
         for i, meta in enumerate(todo):
-            d = self.staging / meta["key"]
+            d = self._stage_dir(meta)
             if (d / "vectors.npy").is_file():
                 continue  # finished before an interruption
             t = read_table(d)
@@ -225,7 +243,7 @@ class _Builder:
             rows, old_rows = zip(*pairs)
             vecs[list(rows)] = old[list(old_rows)]
         self.vectors_reused += len(cached)
-        d = self.staging / meta["key"]
+        d = self._stage_dir(meta)
         tmp = d / ".vectors.npy.tmp"
         with open(tmp, "wb") as f:
             np.save(f, vecs)
@@ -233,26 +251,51 @@ class _Builder:
         (d / "to_embed.parquet").unlink(missing_ok=True)
 
     # ---- stage 2b: an IVF factory's shared template ----
-    def _faiss_template(self, metas: list[dict], prev: dict | None) -> dict | None:
-        """The previous version's template when its settings are this build's (shards stay compatible),
-        else one trained on `index.faiss_train_size` passages taken evenly over the whole corpus."""
+    def _known_template(self, prev: dict | None) -> dict | None:
+        """Before stage 1: the template this build's shards are filled from if it exists already: the
+        previous version's when trained with this build's settings (its `settings_hash`), else the one an
+        interrupted attempt of this build trained (`staging/.template.json`), if its file is intact."""
+        from indexing.manifest import check_file
+
+        if not is_ivf(self.settings["faiss_factory"]):
+            return None
+        marker = self.staging / ".template.json"
+        candidates = [((prev or {}).get("faiss_template"), False),  # published: checked like any version file
+                      (json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None, True)]
+        for t, full in candidates:
+            if t and t.get("settings_hash") == self.settings_hash:
+                try:
+                    check_file(self.root / t["path"], t, full=full)
+                except IndexingError as exc:
+                    log.info("not reusing the IVF template %s: %s", t["path"], exc)
+                    continue
+                return t
+        return None
+
+    def _stage_template(self, metas: list[dict]) -> None:
+        """After stage 1, for an IVF factory without a known template: train one, then key the shards by it."""
+        if self.template is not None or not is_ivf(self.settings["faiss_factory"]):
+            return
+        from indexing.manifest import atomic_write
+
+        self.template = self._train_template(metas)
+        atomic_write(self.staging / ".template.json", json.dumps(self.template))  # a rerun reuses it
+        for m in metas:
+            m["key"] = self._shard_key(m["content_hash"])
+
+    def _train_template(self, metas: list[dict]) -> dict:
+        """A template trained on `index.faiss_train_size` passages taken evenly over the whole corpus."""
         from indexing.dense import train_template
         from indexing.manifest import sha256_file
 
-        if not is_ivf(self.cfg.index.faiss_factory):
-            return None
-        same = ("embedding_hash", "faiss_factory", "faiss_train_size")  # what shard keys depend on (settings_hash)
-        if prev is not None and prev.get("faiss_template") and all(prev["settings"].get(k) == self.settings[k] for k in same):
-            return prev["faiss_template"]
         t = time.perf_counter()
         total = sum(m["passages"] for m in metas)
         picks = np.unique(np.linspace(0, total - 1, min(total, self.cfg.index.faiss_train_size)).astype(np.int64))
         texts, start = [], 0
         for m in metas:
             rows = picks[(picks >= start) & (picks < start + m["passages"])] - start
-            if len(rows):
-                d = self.shards_dir / m["key"]
-                tab = read_table(d if (d / "checksums.json").is_file() else self.staging / m["key"]).take(rows)
+            if len(rows):  # every shard is staged when a template is trained (stage 1)
+                tab = read_table(self._stage_dir(m)).take(rows)
                 texts += [embed_input(a, b) for a, b in zip(tab.column("title").to_pylist(), tab.column("text").to_pylist())]
             start += m["passages"]
         sample = self.staging / ".train.parquet"
@@ -271,7 +314,8 @@ class _Builder:
         sample.unlink()
         self.timings["faiss_train_s"] = time.perf_counter() - t
         log.info("trained %s on %d passages in %.1fs", self.cfg.index.faiss_factory, len(texts), self.timings["faiss_train_s"])
-        return {"path": f"trained/{final.name}", "sha256": digest, "bytes": final.stat().st_size}
+        return {"path": f"trained/{final.name}", "sha256": digest, "bytes": final.stat().st_size,
+                "settings_hash": self.settings_hash}
 
     # ---- stage 3 ----
     def _finalize(self, metas: list[dict]) -> None:
@@ -279,7 +323,7 @@ class _Builder:
         tasks running in parallel with the embedding stage (ray mode; awaited by `_wait`)."""
         cfg = self.cfg
         for m in metas:
-            args = (str(self.staging / m["key"]), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
+            args = (str(self._stage_dir(m)), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
                     cfg.index.threads, str(self.root / self.template["path"]) if self.template else None)
             if cfg.ray.enabled:
                 import ray
@@ -384,9 +428,10 @@ class _Builder:
     def run(self) -> dict:
         t0 = time.perf_counter()
         prev = read_manifest(self.root) if current_version(self.root) else None
+        self.template = self._known_template(prev)
         metas = self._stage_passages()
         fault_point("build.passages_staged")
-        self.template = self._faiss_template(metas, prev)
+        self._stage_template(metas)
         n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
         self._stage_embed_and_index(metas, prev)
         dim = None
@@ -431,8 +476,11 @@ class _Builder:
             (bm25 / "checksums.json").unlink()
             publish(self.root, manifest, {"lucene": bm25})
             collect_garbage(self.root, self.cfg.index.keep_versions)
-        for stale in self.staging.iterdir():
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in self.staging.iterdir():  # staged shards, .template.json, .train.parquet
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
         seconds = time.perf_counter() - t0
         report = {
             "index_dir": str(self.root),

@@ -4,12 +4,13 @@
       CURRENT                      "v000003": the published version (replaced with os.replace)
       versions/v000003/manifest.json   immutable once renamed into place
       versions/v000003/lucene/     the version's BM25 index: the union of its shards' Lucene segments
-      shards/<key>/                immutable, content-addressed (key = hash of passages + settings)
+      shards/<key>/                immutable, content-addressed (key = hash of passages + settings + IVF template)
         passages.arrow  ids.npy  faiss.index    what search reads (SEARCH_FILES; store.py, dense.py)
         vectors.npy  lucene/                    what builds read (vector reuse, the version's BM25 merge)
         checksums.json                          sha256 and size of every file, written last
       trained/<sha>.index          an IVF factory's trained quantizer + codebooks, shared by all shards (dense.py)
-      staging/<key>/               shards being built; a crash leaves them here, a rerun resumes
+      staging/<key>/               shards being built (key without the template); a crash leaves them here,
+                                   a rerun resumes; .template.json: the IVF template this build trained
       .build.lock                  one builder at a time (flock)
 
 A shard directory appears under `shards/` only once complete (built in `staging/`, then renamed).

@@ -6,13 +6,44 @@ from __future__ import annotations
 import json
 import random
 
+import faiss
+import numpy as np
+import pytest
+
+import indexing.build
 from indexing import IndexSettings, build_index, open_index
 from indexing.manifest import read_manifest, verify_version
+from indexing.store import read_table
 
 
 def write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return str(path)
+
+
+def synthetic(data_dir, n, seed=5):
+    words = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").split()
+    rng = random.Random(seed)
+    return [{"id": f"v{i}", "title": f"T{i}", "text": " ".join(rng.choices(words, k=80))} for i in range(n)]
+
+
+def assert_equals_one_index(root, cfg, queries, k=5):
+    """The published version's dense search equals one IVF index over all its shards' vectors, filled
+    from the version's template and searched with the same nprobe: true only if every shard was
+    filled from that very template."""
+    m = read_manifest(root)
+    one = faiss.read_index(str(root / m["faiss_template"]["path"]))
+    one.nprobe = min(cfg.index.faiss_nprobe, one.nlist)
+    ids = []
+    for s in m["shards"]:
+        one.add(np.load(root / "shards" / s["key"] / "vectors.npy"))
+        ids += read_table(root / "shards" / s["key"]).column("id").to_pylist()
+    with open_index(root, cfg) as index:
+        hits = index.search(queries, k=k, retriever="dense")
+        D, I = one.search(index.encode_queries(queries), k)
+    np.testing.assert_allclose([[h.score for h in q] for q in hits], D, rtol=1e-4, atol=1e-5)
+    same = np.mean([[h.id for h in q] == [ids[i] for i in row] for q, row in zip(hits, I)])
+    assert same >= 0.95, same  # equal up to ties of equal codes
 
 
 def test_ivf_template_trained_once_and_shared(data_dir, tmp_path):
@@ -46,3 +77,66 @@ def test_ivf_template_trained_once_and_shared(data_dir, tmp_path):
     m3 = read_manifest(root, None)
     assert m3["faiss_template"] != m2["faiss_template"] and third["shards_reused"] == 0
     assert third["passages_embedded"] == 0 and third["vectors_reused"] == len(rows)
+
+
+def test_partial_probe_equals_one_index(data_dir, tmp_path):
+    """nprobe 4 of 16 lists through a real build: the shards searched together equal one IVF index over
+    all vectors with the same template and nprobe."""
+    rows = synthetic(data_dir, 1200, seed=6)
+    cfg = IndexSettings(embedding={"model": "hash"}, index={"shard_size": 300, "faiss_factory": "IVF16,SQ8",
+                                                            "faiss_train_size": 800, "faiss_nprobe": 4})
+    root = tmp_path / "idx"
+    assert build_index([write(tmp_path / "a.jsonl", rows)], root, cfg)["shards"] >= 3
+    rng = random.Random(7)
+    queries = [" ".join(rng.sample(r["text"].split(), 12)) for r in rows[::30]]  # fragments: not stored vectors
+    assert_equals_one_index(root, cfg, queries)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_after_shards(monkeypatch, n):
+    """Stop the build (as a kill would) once `n` shards are finished: at the next shard's embedded point."""
+    calls = []
+
+    def point(name):
+        if name == "build.shard_embedded":
+            calls.append(name)
+            if len(calls) > n:
+                raise Interrupted(name)
+
+    monkeypatch.setattr(indexing.build, "fault_point", point)
+
+
+@pytest.mark.parametrize("marker_lost", [False, True])
+def test_interrupted_first_build_keys_shards_by_their_template(data_dir, tmp_path, monkeypatch, marker_lost):
+    """A first IVF build stopped after two shards were finished, rerun over a grown corpus: the rerun
+    reuses the template it trained (and the finished shards with it); with that record lost, it trains
+    another template, and no shard filled from the first one is reused (the template is in the key)."""
+    rows = synthetic(data_dir, 360, seed=8)
+    cfg = IndexSettings(embedding={"model": "hash"}, index={"shard_size": 60, "faiss_factory": "IVF4,SQ8",
+                                                            "faiss_train_size": 200})
+    root = tmp_path / "idx"
+    interrupt_after_shards(monkeypatch, 2)
+    with pytest.raises(Interrupted):
+        build_index([write(tmp_path / "a.jsonl", rows[:300])], root, cfg)
+    monkeypatch.undo()
+    first = [p.name for p in (root / "trained").iterdir()]
+    finished = {p.name for p in (root / "shards").iterdir()}
+    assert len(first) == 1 and len(finished) == 2 and (root / "staging" / ".template.json").is_file()
+    if marker_lost:
+        (root / "staging" / ".template.json").unlink()
+
+    report = build_index([write(tmp_path / "b.jsonl", rows)], root, cfg)  # more passages: another training sample
+    m = read_manifest(root)
+    keys = {s["key"] for s in m["shards"]}
+    if marker_lost:
+        assert "faiss_train_s" in report and m["faiss_template"]["path"] != f"trained/{first[0]}"
+        assert report["shards_reused"] == 0 and not keys & finished
+    else:
+        assert "faiss_train_s" not in report and m["faiss_template"]["path"] == f"trained/{first[0]}"
+        assert report["shards_reused"] == 2 and finished <= keys
+    assert [p.name for p in (root / "trained").iterdir()] == [m["faiss_template"]["path"].split("/")[1]]
+    assert not any((root / "staging").iterdir())
+    assert_equals_one_index(root, cfg, [r["text"] for r in rows[::12]])
