@@ -75,3 +75,31 @@ def test_ivf_shards_share_one_trained_quantizer_and_equal_one_index(tmp_path):
     offsets = np.cumsum([0] + [len(p) for p in parts])
     assert np.mean(offsets[SH] + R == I) > 0.99  # equal up to ties of equal PQ codes
     assert np.mean(R[:, 0] + offsets[SH[:, 0]] == np.arange(50)) >= 0.8  # a stored vector finds itself
+
+
+@pytest.mark.parametrize("factory", ["IVF16,PQ8", "IVF16,SQ8"])
+def test_ivf_shards_probing_some_lists_equal_one_index(tmp_path, factory):
+    """nprobe 4 of 16 lists: each query is assigned to its 4 lists once, by the shared quantizer, and every
+    shard scans just those lists, so the top-k equals one index's over all vectors with the same nprobe
+    (and differs from probing every list)."""
+    rng = np.random.default_rng(4)
+    vecs = unit(rng, 3000)
+    template = tmp_path / "template.index"
+    train_template(vecs[::3], factory, template)
+    parts = np.array_split(vecs, 3)
+    for i, p in enumerate(parts):
+        build_faiss(p, factory, tmp_path / f"{i}.index", template)
+    quantizer = load_template_quantizer(template)
+    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(3)]
+    queries = unit(rng, 60)  # not stored vectors: their neighbours spread over several lists
+    S, SH, R = ShardSet(shards, quantizer, nprobe=4).search(queries, k=10)
+    one = faiss.read_index(str(template))
+    one.add(vecs)
+    one.nprobe = 4
+    D, I = one.search(queries, 10)
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    np.testing.assert_allclose(S, D, rtol=1e-5)
+    assert np.mean(offsets[SH] + R == I) > 0.99  # equal up to ties of equal codes
+    one.nprobe = 16
+    D_all, I_all = one.search(queries, 10)
+    assert not np.array_equal(I, I_all)  # 4 lists are not all lists: the case is a partial probe
