@@ -151,8 +151,14 @@ def test_qdc_cis_cfs_programs_select_as_the_equations_say():
     # (d_i title, candidate title, P) in the order Algorithm 1 classifies: list a's x, c; list b skips c (in the
     # context) and asks d, z. Nothing else is classified.
     judged = out[0].answer.extra["judged"]
-    assert [(a, b) for a, b, _ in judged] == [("Ta", "Tx"), ("Ta", "Tc"), ("Tb", "Td"), ("Tb", "Tz")]
-    assert [p >= 0.5 for _, _, p in judged] == [False, True, False, True]
+    assert [(a, b) for a, b, _, *_ in judged] == [("Ta", "Tx"), ("Ta", "Tc"), ("Tb", "Td"), ("Tb", "Tz")]
+    assert [p >= 0.5 for _, _, p, *_ in judged] == [False, True, False, True]
+    # and the two documents' ids, which the classifier AUC labels by (as recall counts paragraphs)
+    assert [(e[3], e[4]) for e in judged] == [("a", "x"), ("a", "c"), ("b", "d"), ("b", "z")]
+    out, *_ = run("cis", {"k": 4, "k1": 2}, positive={("Tc", "Tb")})
+    # CIS asks C(q, d', d_i) for every added d' (x, c) and first-stage d_i (a, b)
+    assert [(e[0], e[1], e[3], e[4]) for e in out[0].answer.extra["judged"]] == [
+        ("Ta", "Tx", "a", "x"), ("Tb", "Tx", "b", "x"), ("Ta", "Tc", "a", "c"), ("Tb", "Tc", "b", "c")]
 
 
 def test_cfs_at_k3_never_classifies_the_list_it_does_not_walk():
@@ -161,12 +167,12 @@ def test_cfs_at_k3_never_classifies_the_list_it_does_not_walk():
     out, _, _, scorer = run("cfs", {"k": 3}, positive={("Ta", "Tc")})
     for o in out:
         assert [h.id for h in o.answer.used_docs] == ["a", "b", "c"]
-        assert [(a, b) for a, b, _ in o.answer.extra["judged"]] == [("Ta", "Tx"), ("Ta", "Tc")]
+        assert [(a, b) for a, b, _, *_ in o.answer.extra["judged"]] == [("Ta", "Tx"), ("Ta", "Tc")]
         assert o.trace.classifier_calls == 2
     assert scorer.calls == [5, 5]  # two rounds, each one batched call over the 5 questions
     # a wider window saves rounds but stays inside the walked list: a's x, c, y, never b's
     out, _, _, scorer = run("cfs", {"k": 3, "score_window": 3}, positive={("Ta", "Tc")})
-    assert [(a, b) for a, b, _ in out[0].answer.extra["judged"]] == [("Ta", "Tx"), ("Ta", "Tc"), ("Ta", "Ty")]
+    assert [(a, b) for a, b, _, *_ in out[0].answer.extra["judged"]] == [("Ta", "Tx"), ("Ta", "Tc"), ("Ta", "Ty")]
     assert scorer.calls == [15]
 
 
@@ -239,3 +245,42 @@ def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path
     bare.write_text("\n".join(_json.dumps({"id": f"b{i}", "question": "who?", "answers": ["x"]}) for i in range(2)) + "\n")
     assert main(["eval-drrag", "--dataset", str(bare), "--out", str(tmp_path / "out2"), *common[:4]]) == 2
     assert "no supporting-paragraph labels" in capsys.readouterr().err
+
+
+def test_classifier_auc_labels_judged_pairs_by_paragraph_id_as_recall_does():
+    """MuSiQue gives several paragraphs one title: a pair is positive only when both documents are cut from gold
+    paragraphs (ids up to the #i chunk suffix), as support_recall counts them; titles only where ids are unknown."""
+    import json as _json
+
+    from jobs.eval.drrag import judged_pairs
+    from pipeline.evaluation.metrics import is_gold_document
+
+    golds = {"q1": (["Paris", "France"], ["pParis1", "pFrance"])}
+    judged = [["Paris", "France", 0.9, "pParis1#0", "pFrance"],  # both gold paragraphs (a passage of the first)
+              ["Paris", "France", 0.8, "pParis2", "pFrance"],  # another "Paris" paragraph: not gold
+              ["Paris", "France", 0.3]]  # an entry without ids (older rows): by title
+    rows = [{"question_id": "q1", "extra": _json.dumps({"judged": judged}), "gold_supporting_titles": ["Paris", "France"]},
+            {"question_id": "q2", "extra": _json.dumps({"judged": [["A", "B", 0.5, "x", "y"]]}),
+             "gold_supporting_titles": ["A", "B"]},  # not in golds: the row's titles
+            {"question_id": "q3", "extra": None, "gold_supporting_titles": []}]
+    scores, labels = judged_pairs(rows, golds)
+    assert scores == [0.9, 0.8, 0.3, 0.5] and labels == [True, False, True, True]
+    assert is_gold_document("pParis1#3", "Paris", *golds["q1"]) and not is_gold_document("pParis2", "Paris", *golds["q1"])
+    assert is_gold_document("zz", "Paris", ["Paris"], [""])  # a gold known by title alone
+
+
+def test_eval_drrag_indexes_an_ircot_file_named_by_its_question_format(data_dir, tmp_path):
+    """--format hotpotqa-ircot names the question format; the corpus reader has no such name and detects the
+    file itself (IRCoT's `contexts` are HotpotQA paragraphs)."""
+    import json as _json
+
+    from jobs.cli import main
+
+    lines = (data_dir / "hotpotqa" / "dev_400.jsonl").read_text().splitlines()[:2]
+    dev = tmp_path / "ircot_dev.jsonl"
+    dev.write_text("\n".join(lines) + "\n")
+    assert main(["eval-drrag", "--dataset", str(dev), "--format", "hotpotqa-ircot", "--out", str(tmp_path / "out"),
+                 "--k", "3", "--methods", "bm25", "--set", "embedding.model=hash"]) == 0
+    rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
+    assert [(r["dataset"], r["method"], r["questions"]) for r in rows] == [("ircot_dev", "bm25", 2)]
+    assert 0 < rows[0]["recall"] <= 1

@@ -57,6 +57,7 @@ def evaluate(cfg, classifier: str, sources: list[tuple[str, Path, str]], ks: lis
     cfg.answer.progress = False
     rows = []
     for ds, file, index in sources:
+        golds = gold_labels(file, cfg, dataset_format) if {"cis", "cfs"} & set(methods) else {}
         runs = [MethodRun(f"{m}-k{k}", m, {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})})
                 for k in ks for m in methods]
 
@@ -68,27 +69,48 @@ def evaluate(cfg, classifier: str, sources: list[tuple[str, Path, str]], ks: lis
                          "classifier_calls": s["classifier_calls_per_question"],
                          "llm_calls": s["llm_calls_per_question"],
                          "s_per_q": s["time_per_question_s"]["total"],
-                         "classifier_auc": classifier_auc(s["out"]) if r.method in ("cis", "cfs") else None})
+                         "classifier_auc": classifier_auc(s["out"], golds) if r.method in ("cis", "cfs") else None})
             log.info("%s k=%d %s: recall %.4f, %.2f docs", ds, r.params["k"], r.method, rows[-1]["recall"] or 0,
                      rows[-1]["docs"] or 0)
     return rows
 
 
-def classifier_auc(out: str) -> float | None:
-    """How well the classifier separated the pairs it was asked about in a CIS/CFS run: a pair is positive
-    when both documents are gold supporting documents (Eq. 2's C(q, d*, d*))."""
+def gold_labels(file: Path, cfg, dataset_format: str | None = None) -> dict[str, tuple[list[str], list[str]]]:
+    """Question id -> (gold supporting titles, their paragraph ids) from the dev file (rows keep only the titles)."""
+    from pipeline.io.datasets import load_questions
+
+    return {q.id: (list(q.supporting_titles), list(q.supporting_ids))
+            for q in load_questions(str(file), cfg, fmt=dataset_format)}
+
+
+def judged_pairs(rows: list[dict], golds: dict[str, tuple[list[str], list[str]]]) -> tuple[list[float], list[bool]]:
+    """(P, label) of every pair a CIS/CFS run judged (`extra.judged`: d_i title, candidate title, P, d_i id,
+    candidate id): positive when both documents are gold supporting paragraphs (Eq. 2's C(q, d*, d*)), by
+    paragraph id as the recall counts them (`is_gold_document`); by title where an entry has no ids or the
+    question no gold ids (`golds` lacks it: then the row's gold titles)."""
     import json
 
+    from pipeline.evaluation.metrics import is_gold_document
+
+    scores, labels = [], []
+    for r in rows:
+        titles, ids = golds.get(r["question_id"]) or (list(r["gold_supporting_titles"] or []), [])
+        for entry in (json.loads(r["extra"]) if r["extra"] else {}).get("judged", []):
+            first, cand, p, *doc_ids = entry
+            first_id, cand_id = doc_ids if len(doc_ids) == 2 else ("", "")
+            scores.append(p)
+            labels.append(is_gold_document(first_id, first, titles, ids if first_id else ())
+                          and is_gold_document(cand_id, cand, titles, ids if cand_id else ()))
+    return scores, labels
+
+
+def classifier_auc(out: str, golds: dict[str, tuple[list[str], list[str]]] | None = None) -> float | None:
+    """How well the classifier separated the pairs it was asked about in a CIS/CFS run (`judged_pairs`)."""
     from pipeline.classifier.train import rank_auc
     from pipeline.io.output import read_rows
 
-    scores, labels = [], []
-    for extra, gold in zip(*read_rows(out, ["extra", "gold_supporting_titles"]).to_pydict().values()):
-        gold = set(gold or [])
-        for first, cand, p in (json.loads(extra) if extra else {}).get("judged", []):
-            scores.append(p)
-            labels.append(first in gold and cand in gold)
-    return rank_auc(scores, labels)
+    rows = read_rows(out, ["question_id", "extra", "gold_supporting_titles"]).to_pylist()
+    return rank_auc(*judged_pairs(rows, golds or {}))
 
 
 def table(rows: list[dict], generate: bool) -> str:
@@ -149,8 +171,8 @@ def _sources(cfg, args, datasets: list[str], indexes: Path) -> list[tuple[str, P
     file = data_path(cfg, str(Path(args.dataset).resolve()))
     _require_labels(file, cfg, args.format)
     name = Path(file).name.split(".")[0]
-    corpus_fmt = {"hotpotqa-ircot": "hotpotqa"}.get(args.format, args.format)
-    return [(name, file, ensure_index(file, corpus_fmt if corpus_fmt in FORMATS else None, indexes / name, cfg))]
+    # a question format the corpus reader does not know (hotpotqa-ircot, ...): its auto detection reads the file
+    return [(name, file, ensure_index(file, args.format if args.format in FORMATS else None, indexes / name, cfg))]
 
 
 def run(args: argparse.Namespace) -> int:

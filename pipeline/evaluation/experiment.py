@@ -104,7 +104,8 @@ def load_experiment(path: str) -> Experiment:
 
 def grid_runs(spec: MethodRuns, shared_grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(label, params) of every run of one method: its params, times its grid and the shared grid's params
-    that the method accepts. Labels follow eval_drrag: `<label>-k<k>`."""
+    that the method accepts. Labels are `<label>` then `-<param><value>` per grid param (a k grid gives
+    `bm25-k3`, as eval-drrag names its runs)."""
     from pipeline.methods.registry import get_method
 
     accepted = get_method(spec.method).params_model.model_fields

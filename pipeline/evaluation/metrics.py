@@ -84,3 +84,9 @@ def support_recall(retrieved: Iterable[tuple[str, str]], gold_titles: Sequence[s
     ids = {parent_id(pid) for pid, _ in retrieved}
     titles = {title.strip() for _, title in retrieved if title}
     return sum((pid in ids) if pid else (title in titles) for title, pid in golds) / len(golds)
+
+
+def is_gold_document(doc_id: str, title: str, gold_titles: Sequence[str], gold_ids: Sequence[str] = ()) -> bool:
+    """Whether one retrieved passage (id, title) is cut from a gold supporting paragraph, by `support_recall`'s
+    rule (content id where the gold has one, else title)."""
+    return bool(support_recall([(doc_id, title)], gold_titles, gold_ids))

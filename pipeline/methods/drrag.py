@@ -61,7 +61,8 @@ def cfs_walk(first: Sequence[str], second: Sequence[Sequence[str]], k: int,
     the context whose `verdict(i, d')` = C(q, d_i, d') is positive is added; at most k ids in all.
 
     Returns (context, None) when done, or (partial context, i) when list i needs a verdict that is not
-    known yet (`verdict` returned None): score more of list i (and later lists) and walk again.
+    known yet (`verdict` returned None): score more of list i only (a later list is scored when the walk
+    reaches it, so a list the walk never reaches is never scored) and walk again.
     """
     cnt = list(dict.fromkeys(first))[:k]
     for i, ranked in enumerate(second):
@@ -207,13 +208,13 @@ def cis(q: Question, p: ClassifierParams):
     chosen = qdc_select(_ids(first), [_ids(s) for s in second], p.k)
     added = chosen[len(first):]
     positive: dict[tuple[str, str], bool] = {}
-    judged = []  # [d_i title, candidate title, P(positive)], for diagnostics
+    judged = []  # [d_i title, candidate title, P(positive), d_i id, candidate id], for diagnostics
     if added:
         pairs = [(d, di.id) for d in added for di in first]
         text = {i: format_document(docs[i].title, docs[i].text) for i in chosen}
         scores = yield Score([(q.question, text[d], text[di]) for d, di in pairs], classifier=p.classifier)
         positive = {pair: s >= p.decision_threshold for pair, s in zip(pairs, scores)}
-        judged = [[docs[di].title, docs[d].title, round(s, 4)] for (d, di), s in zip(pairs, scores)]
+        judged = [[docs[di].title, docs[d].title, round(s, 4), di, d] for (d, di), s in zip(pairs, scores)]
     kept = cis_keep(_ids(first), chosen, lambda d, di: positive[(d, di)])
     return (yield from _answer(q, [docs[i] for i in kept], p,
                                {"strategy": "cis", "first_stage": len(first), "removed": len(chosen) - len(kept),
@@ -228,7 +229,7 @@ def cfs(q: Question, p: ClassifierParams):
     first_ids, lists = _ids(first), [_ids(s) for s in second]
     text = {i: format_document(h.title, h.text) for i, h in docs.items()}
     known: dict[tuple[int, str], bool] = {}
-    judged = []  # [d_i title, candidate title, P(positive)] of every classification, for diagnostics
+    judged = []  # [d_i title, candidate title, P(positive), d_i id, candidate id] of every classification
     while True:
         chosen, blocked = cfs_walk(first_ids, lists, p.k, lambda i, d: known.get((i, d)))
         if blocked is None:
@@ -238,7 +239,8 @@ def cfs(q: Question, p: ClassifierParams):
         need = [(blocked, d) for d in todo[:p.score_window]]
         scores = yield Score([(q.question, text[first_ids[i]], text[d]) for i, d in need], classifier=p.classifier)
         known.update({key: s >= p.decision_threshold for key, s in zip(need, scores)})
-        judged += [[docs[first_ids[i]].title, docs[d].title, round(s, 4)] for (i, d), s in zip(need, scores)]
+        judged += [[docs[first_ids[i]].title, docs[d].title, round(s, 4), first_ids[i], d]
+                   for (i, d), s in zip(need, scores)]
     return (yield from _answer(q, [docs[i] for i in chosen], p,
                                {"strategy": "cfs", "first_stage": len(first), "classified": len(judged),
                                 "judged": judged}))
