@@ -204,28 +204,39 @@ def versions_to_keep(versions: list[str], current: str | None, keep_versions: in
     return keep | {v for v, nxt in zip(versions, versions[1:]) if now - published_at(nxt) < RETIRED_GRACE_S}
 
 
+SHARED_FOLDERS = ("shards", "trained")  # what versions share, by name: removed once no kept version uses it
+
+
+def used_by(manifests: list[dict]) -> dict[str, set[str]]:
+    """The entries of SHARED_FOLDERS that these (kept) versions use: {"shards": shard keys, "trained":
+    template file names}; everything else in those folders is garbage (`collect_garbage`, remote.py)."""
+    used: dict[str, set[str]] = {folder: set() for folder in SHARED_FOLDERS}
+    for m in manifests:
+        used["shards"].update(s["key"] for s in m["shards"])
+        if m.get("faiss_template"):
+            folder, name = m["faiss_template"]["path"].split("/", 1)
+            used[folder].add(name)
+    return used
+
+
 def collect_garbage(root: Path, keep_versions: int) -> None:
-    """Drop the versions `versions_to_keep` does not keep, and shards no kept version uses."""
+    """Drop the versions `versions_to_keep` does not keep, and shards and templates no kept version uses."""
     versions = sorted(p.name for p in (root / "versions").iterdir() if p.is_dir() and p.name.startswith("v"))
     keep = versions_to_keep(versions, current_version(root), keep_versions,
                             lambda v: (root / "versions" / v / "manifest.json").stat().st_mtime)
-    used: set[str] = set()
-    templates: set[str] = set()
+    used = used_by([read_manifest(root, v) for v in versions if v in keep])
     for v in versions:
-        if v in keep:
-            m = read_manifest(root, v)
-            used.update(s["key"] for s in m["shards"])
-            templates.add((m.get("faiss_template") or {}).get("path"))
-        else:
+        if v not in keep:
             shutil.rmtree(root / "versions" / v, ignore_errors=True)
             log.info("removed old version %s", v)
-    for shard in (root / "shards").iterdir() if (root / "shards").is_dir() else ():
-        if shard.name not in used:
-            shutil.rmtree(shard, ignore_errors=True)
-            log.debug("removed unused shard %s", shard.name)
-    for t in (root / "trained").iterdir() if (root / "trained").is_dir() else ():
-        if f"trained/{t.name}" not in templates:
-            t.unlink()
+    for folder in SHARED_FOLDERS:
+        for entry in (root / folder).iterdir() if (root / folder).is_dir() else ():
+            if entry.name not in used[folder]:
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                log.debug("removed unused %s/%s", folder, entry.name)
 
 
 @contextlib.contextmanager

@@ -33,7 +33,15 @@ import uuid
 from pathlib import Path
 
 from indexing.errors import IndexingError
-from indexing.manifest import check_file, check_format, version_files, version_name, versions_to_keep
+from indexing.manifest import (
+    SHARED_FOLDERS,
+    check_file,
+    check_format,
+    used_by,
+    version_files,
+    version_name,
+    versions_to_keep,
+)
 
 log = logging.getLogger(__name__)
 
@@ -185,21 +193,23 @@ def upload_version(work: Path, uri: str, manifest: dict) -> int:
 
 
 def collect_remote_garbage(uri: str, keep_versions: int) -> None:
-    """Drop the remote versions `versions_to_keep` does not keep, and shards no kept version uses."""
+    """Drop the remote versions `versions_to_keep` does not keep, and shards and templates no kept
+    version uses (manifest.used_by, as `collect_garbage` does locally)."""
     fs, root = _store(uri)
     current = fs.cat_file(f"{root}/CURRENT").decode().strip()
     versions = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{root}/versions", detail=False))
     versions = [v for v in versions if v.startswith("v")]
     keep = versions_to_keep(versions, current, keep_versions,
                             lambda v: fs.modified(f"{root}/versions/{v}/manifest.json").timestamp())
-    used = {s["key"] for v in keep for s in remote_manifest(uri, v)["shards"]}
+    used = used_by([remote_manifest(uri, v) for v in versions if v in keep])
     for v in versions:
         if v not in keep:
             fs.rm(f"{root}/versions/{v}", recursive=True)
             log.info("removed old version %s from %s", v, uri)
-    for shard in fs.ls(f"{root}/shards", detail=False):
-        if shard.rstrip("/").rsplit("/", 1)[-1] not in used:
-            fs.rm(shard, recursive=True)
+    for folder in SHARED_FOLDERS:
+        for entry in fs.ls(f"{root}/{folder}", detail=False) if fs.exists(f"{root}/{folder}") else ():
+            if entry.rstrip("/").rsplit("/", 1)[-1] not in used[folder]:
+                fs.rm(entry, recursive=True)
 
 
 def build_remote_index(sources: list[str], uri: str, cfg, **kwargs) -> dict:

@@ -153,3 +153,32 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path, capsys):
     with pytest.raises(CorruptIndexError, match=f"{obj} is corrupt"):
         open_index(other, cfg.index_settings())
     assert not list(cache_root(other, cfg.index_settings()).glob("shards/*/*"))
+
+
+def test_remote_garbage_includes_unused_templates(s3, data_dir, tmp_path, monkeypatch):
+    """An IVF template no kept version uses is removed from the store, as shards are (and as locally)."""
+    import indexing.manifest
+    from indexing import build_index
+    from indexing.manifest import used_by
+    from indexing.remote import remote_manifest
+    from pipeline.config import load_config
+
+    s3, BUCKET = s3
+    monkeypatch.setattr(indexing.manifest, "RETIRED_GRACE_S", 0)  # superseded versions go at once
+    lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()
+    s3.pipe(f"{BUCKET}/c.jsonl", ("\n".join(lines[:3]) + "\n").encode())
+    settings = load_config(_config_file(tmp_path)).index_settings()
+    settings.embedding.model = "hash"
+    settings.index.faiss_factory, settings.index.faiss_train_size, settings.index.keep_versions = "IVF2,Flat", 20, 1
+    uri = f"s3://{BUCKET}/ivf"
+    build_index([f"s3://{BUCKET}/c.jsonl"], uri, settings, fmt="hotpotqa")
+    first = remote_manifest(uri)["faiss_template"]["path"]
+    assert s3.exists(f"{BUCKET}/ivf/{first}")
+    settings.index.faiss_train_size = 15  # another template, every shard rebuilt
+    build_index([f"s3://{BUCKET}/c.jsonl"], uri, settings, fmt="hotpotqa")
+    m = remote_manifest(uri)
+    assert m["version"] == 2 and m["faiss_template"]["path"] != first
+    used = used_by([m])
+    assert {p.rsplit("/", 1)[-1] for p in s3.ls(f"{BUCKET}/ivf/trained")} == used["trained"]
+    assert {p.rsplit("/", 1)[-1] for p in s3.ls(f"{BUCKET}/ivf/shards")} == used["shards"]
+    assert [p.rsplit("/", 1)[-1] for p in s3.ls(f"{BUCKET}/ivf/versions")] == ["v000002"]
