@@ -55,3 +55,36 @@ def test_tau_sweep_gives_no_saving_from_run_order_alone():
         rows = [FIRST] + [{**_row(tau, None, 0.5), **merge_repeats(tau, r)} for tau, r in runs.items()]
         assert {r["time_s"] for r in rows[1:]} == {1.0}
         assert "a time saving of 0.0%" in render_table2(rows)
+
+
+def test_table2_runs_through_the_shared_runner_with_reservoir_copies(tmp_path):
+    """Table 2 end to end with fakes: the first set fills the reservoir; each tau run answers the second set
+    from its own copy of it (the first set's reservoir never changes), through run_methods on the given backends."""
+    from fakes import MemoryRetriever, RecordingGenerator
+    from jobs.eval.erm4 import table2
+    from pipeline.backends import Backends
+    from pipeline.methods.reservoir import Reservoir
+    from test_erm4_methods import PASSAGES, WordEmbedder, reply
+
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["James Cameron"]}) + "\n" for i, q in
+                           enumerate(["who directed the film that won best picture in 1998?", "which film won in 1998?",
+                                      "what is the capital of Italy?"])))
+    cfg = DynragConfig()
+    cfg.paths.cache_dir = str(tmp_path / "cache")
+    cfg.answer.progress = False
+    gen = RecordingGenerator(reply)
+    backends = Backends(cfg, generator=gen, retriever=MemoryRetriever(PASSAGES), embedder=WordEmbedder())
+    out = tmp_path / "out"
+    rows = table2(cfg, backends, str(dev), None, first=2, taus=[0.3, 1.0], theta=1, out=out, repeats=1)
+    first = Reservoir(out / "table2" / "reservoir-first-set.sqlite")
+    size = len(first)
+    assert rows[0]["questions"] == 2 and rows[0]["reservoir"] == size > 0
+    assert [r["tau"] for r in rows[1:]] == [0.3, 1.0] and all(r["questions"] == 2 for r in rows[1:])
+    assert all(r["errors"] == 0 for r in rows)
+    # tau 0.3 answers the rephrased questions from memory, tau 1.0 mostly from outside
+    assert rows[1]["memory"] > rows[2]["memory"] and rows[1]["external"] < rows[2]["external"]
+    for folder in ("warm-up", "repeat1/second-set-tau0.3", "repeat1/second-set-tau1.0"):
+        assert (out / "table2" / folder / "parts").is_dir()
+        assert (out / "table2" / f"{folder}.sqlite").is_file()  # its own copy
+    assert len(Reservoir(out / "table2" / "reservoir-first-set.sqlite")) == size

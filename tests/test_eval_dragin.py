@@ -22,3 +22,17 @@ def test_error_rows_do_not_crash_the_table_or_the_comparison():
 def test_retrieval_note_names_each_runs_own_k():
     rows = [_row("no-retrieval", None, 0.0), _row("sr-rag", 5, 1.0), _row("dragin", 3, 1.5)]
     assert retrieval_note(rows) == "top-k per method: SR-RAG 5, DRAGIN 3"
+
+
+def test_run_k_comes_from_the_summary_params_without_rereading_the_rows():
+    from jobs.eval.dragin import run_k
+    from pipeline.config import load_config
+    from pipeline.methods.registry import get_method
+
+    cfg = load_config(None, ["retrieval.k=7"])
+    # the summary's method_params is the params' model_dump (run_answer): k None means retrieval.k
+    dragin = {"method_params": get_method("dragin").params({}).model_dump(mode="json")}
+    assert dragin["method_params"]["k"] == 3 and run_k(dragin, cfg) == 3  # Table 8's 3
+    assert run_k({"method_params": {"k": None}}, cfg) == 7
+    assert run_k({"method_params": get_method("no-retrieval").params({}).model_dump(mode="json")}, cfg) is None
+    assert run_k({}, cfg) is None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jobs.cli import csv_choice
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
-from pipeline.evaluation.runs import extra_summary
+from pipeline.evaluation.runs import extra_summary, run_params
 
 # table column -> the methods' own count in each row's `extra`
 EXTRA_COLUMNS = {"gen_tokens": "generated_tokens", "triggers": "hallucination_points", "forced": "answer_forced",
@@ -29,9 +29,14 @@ LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-
           "dragin": "DRAGIN"}
 
 
+def run_k(summary: dict, cfg) -> int | None:
+    """The run's k from its summary's method params (None there: the config's retrieval.k); None for a method
+    without k."""
+    return run_params(summary.get("method_params"), {"retrieval": {"k": cfg.retrieval.k}}).get("k")
+
+
 def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, out: Path, indexes: Path) -> list[dict]:
     from pipeline.evaluation.experiment import MethodRun, run_methods
-    from pipeline.evaluation.runs import load_run
 
     cfg.answer.progress = False
     rows = []
@@ -39,8 +44,7 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
         runs = [MethodRun(m, m, {}) for m in methods]
         for s in run_methods(str(dev_file(cfg, ds)), dev_index(cfg, ds, indexes), runs, cfg, out / ds, limit=limit):
             e = extra_summary(s["out"], list(EXTRA_COLUMNS.values()))
-            params = load_run(s["out"]).params  # the run's own params (k resolved from its config)
-            rows.append({"dataset": ds, "method": s["label"], "k": params.get("k"), "questions": s["answered"],
+            rows.append({"dataset": ds, "method": s["label"], "k": run_k(s, cfg), "questions": s["answered"],
                          "errors": s["errors"], "em": s["em"], "f1": s["f1"],
                          "retrievals": s.get("retrieval_calls_per_question"),
                          "llm_calls": s.get("llm_calls_per_question"),

@@ -136,17 +136,16 @@ def merge_repeats(tau: float, runs: list[dict]) -> dict:
 
 def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float], theta: int, out: Path,
            repeats: int) -> list[dict]:
+    from pipeline.evaluation.experiment import MethodRun, run_methods
     from pipeline.methods.reservoir import Reservoir
-    from pipeline.runtime.answer import run_answer
 
     base = out / "table2" / "reservoir-first-set.sqlite"
     params = {**PLUS, "hypothesis": "weak", "theta": theta}
     c = cfg.model_copy(deep=True)
     c.answer.batch_questions = max(c.answer.batch_questions, first)  # one batch: every lookup sees the same state
     # the first set: tau = 1.0 (above any similarity of distinct texts) answers from external knowledge
-    c.method.params = {**params, "tau": 1.0, "reservoir_path": str(base)}
-    s = run_answer(dataset, str(out / "table2" / "first-set"), index=index, method="erm4", limit=first, cfg=c,
-                   backends=backends, progress=False)
+    first_run = MethodRun("first-set", "erm4", {**params, "tau": 1.0, "reservoir_path": str(base)})
+    s = run_methods(dataset, index, [first_run], c, out / "table2", limit=first, backends=backends)[0]
     store = Reservoir(base)
     log.info("first set: %d questions answered, reservoir holds %d title-content pairs", s["answered"], len(store))
     rows = [{"config": "first set (fills the reservoir)", **_row("", out / "table2" / "first-set", s),
@@ -155,10 +154,10 @@ def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float
 
     def run_one(tau: float, folder: str) -> dict:  # each run from its own copy of the first set's reservoir
         run_out = out / "table2" / folder
-        copy = store.backup(run_out.with_name(run_out.name + ".sqlite"))
-        copy.close()
-        c.method.params = {**params, "tau": tau, "reservoir_path": str(run_out.with_name(run_out.name + ".sqlite"))}
-        s = run_answer(str(similar), str(run_out), index=index, method="erm4", cfg=c, backends=backends, progress=False)
+        copy_path = run_out.with_name(run_out.name + ".sqlite")
+        store.backup(copy_path).close()
+        run = MethodRun(folder, "erm4", {**params, "tau": tau, "reservoir_path": str(copy_path)})
+        s = run_methods(str(similar), index, [run], c, out / "table2", backends=backends)[0]
         log.info("table 2 tau=%s (%s): %s s/q", tau, folder, s["time_per_question_s"]["total"])
         return _row(f"tau={tau}", run_out, s)
 

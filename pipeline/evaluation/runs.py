@@ -79,9 +79,13 @@ def resolved_config(run_dir: str) -> dict[str, Any]:
         return yaml.safe_load(fh) or {}
 
 
-def run_params(method_params_json: str | None, config: dict[str, Any]) -> dict[str, Any]:
-    """The rows' method params; a k of None (meaning retrieval.k) resolved from the saved config."""
-    params = json.loads(method_params_json) if method_params_json else {}
+def run_params(method_params: str | dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
+    """The method params (the rows' JSON text, or a run summary's dict); a k of None (meaning retrieval.k)
+    resolved from the config (the saved one, or the run's as a dict)."""
+    if isinstance(method_params, dict):
+        params = dict(method_params)
+    else:
+        params = json.loads(method_params) if method_params else {}
     if "k" in params and params["k"] is None:
         params["k"] = config.get("retrieval", {}).get("k")
     return params
