@@ -65,8 +65,13 @@ def write_checksums(shard_dir: Path) -> dict[str, dict]:
         str(p.relative_to(shard_dir)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
         for p in shard_files(shard_dir)
     }
-    atomic_write(shard_dir / "checksums.json", json.dumps(sums, indent=1, sort_keys=True))
+    atomic_write(shard_dir / "checksums.json", checksums_text(sums))
     return sums
+
+
+def checksums_text(sums: dict[str, dict]) -> str:
+    """A `checksums.json` (what a manifest lists as a shard's `files`)."""
+    return json.dumps(sums, indent=1, sort_keys=True)
 
 
 def check_file(path: Path, want: dict, *, full: bool = True, name: str | None = None) -> None:

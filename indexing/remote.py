@@ -17,7 +17,8 @@ own Lucene indexes) are pulled once into `<index.remote_cache_dir>/<hash of the 
 in one batched `get`, each checked against the manifest's sha256 and then renamed into place (so
 concurrent workers on one node share one copy, and a cached file is a verified one), and reused by
 every later open of that version on this machine. Shards are content-addressed, so a new version
-downloads only its new shards. A build pulls every file of the published version.
+downloads only its new shards. A build pulls every file of the published version (each shard's
+`checksums.json`, the marker of a complete shard, is written from the manifest, which lists the same).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from pathlib import Path
 from indexing.errors import IndexingError
 from indexing.manifest import (
     SHARED_FOLDERS,
+    atomic_write,
     check_file,
+    checksums_text,
     check_format,
     used_by,
     version_files,
@@ -120,10 +123,12 @@ def pull_version(uri: str, cfg, version: str | None = None, *, search_only: bool
     t = time.perf_counter()
     wanted = [(f"{root}/{rel}/{f}", local / rel / f, want)
               for rel, files in version_files(manifest, search_only) for f, want in files.items()]
-    if not search_only:  # a build's seed: the marker of a complete shard
-        wanted += [(f"{root}/shards/{s['key']}/checksums.json", local / "shards" / s["key"] / "checksums.json", None)
-                   for s in manifest["shards"]]
     pulled = _pull_files(fs, wanted)
+    if not search_only:  # a build's seed: the marker of a complete shard, whose content is the manifest's list
+        for s in manifest["shards"]:
+            marker = local / "shards" / s["key"] / "checksums.json"
+            if not marker.is_file():
+                atomic_write(marker, checksums_text(s["files"]))
     _pull_files(fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)])  # last: marks the version
     (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
     log.info("index %s %s: %d of %d files pulled into %s (%.1fs); the rest were cached",

@@ -131,8 +131,14 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path, capsys):
     assert first[0]
     shard = next((tmp_path / "index-cache").glob("*/shards/*"))
     assert sorted(p.name for p in shard.iterdir()) == ["faiss.index", "ids.npy", "passages.arrow"]
+    for marker in s3.glob(f"{BUCKET}/small-index/shards/*/checksums.json"):
+        s3.rm(marker)  # a full pull writes each shard's checksums.json from the manifest: not one GET a shard
     assert dynrag(["index", "verify", "--index", uri, "--config", conf]) == 0  # pulls the rest, hashes all
     assert (shard / "vectors.npy").is_file()
+    from indexing.remote import remote_manifest
+
+    files = next(s["files"] for s in remote_manifest(uri)["shards"] if s["key"] == shard.name)
+    assert json.loads((shard / "checksums.json").read_text()) == files
     s3.rm(f"{BUCKET}/small-index/shards", recursive=True)
     s3.rm(f"{BUCKET}/small-index/versions/v000001/lucene", recursive=True)
     with open_index(uri, cfg.index_settings()) as idx:
