@@ -226,3 +226,14 @@ def test_retrieval_only_runs_count_no_llm_calls():
     out = engine.run(qs, two_round, None)
     assert all(o.error is None for o in out)
     assert [(o.trace.llm_calls, o.trace.retrieval_calls) for o in out] == [(0, 2), (0, 2)]
+
+
+def test_stream_batches_are_the_lockstep_waves_or_chunks_of_the_stream():
+    gen = TickingGenerator()
+    engine = Engine(Backends(DynragConfig(), generator=gen), batch_questions=2)
+    qs = [Question(str(i), str(1 + i % 2)) for i in range(5)]
+    waves = list(engine.stream_batches(qs, rounds, None, 2))
+    assert [[o.question.id for o in w] for w in waves] == [["0", "1"], ["2", "3"], ["4"]]
+    assert gen.calls == [2, 1, 2, 1, 1]  # each wave ran on its own
+    chunks = list(engine.stream_batches(qs, rounds, None, 3))  # not the waves: the stream cut in threes
+    assert [len(c) for c in chunks] == [3, 2] and sorted(o.question.id for c in chunks for o in c) == list("01234")

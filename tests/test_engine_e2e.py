@@ -189,3 +189,24 @@ def test_vllm_constrained_decoding_keeps_a_random_model_to_the_choices(tiny_vllm
     import re
 
     assert re.fullmatch(r"[a-z]{2,5}\*\*[a-z]{2,5}", matched.text), matched.text
+
+
+def test_the_answer_job_opens_its_index_and_dataset_once(data_dir, hotpot_index, tmp_path, monkeypatch):
+    """The index check before any row is written is made on the run's own retriever, which the run then
+    uses; the dataset peeked at (missing, empty, unreadable?) is the one read; lockstep waves are the parts."""
+    import indexing
+    import pipeline.runtime.answer as answer
+
+    opened, read = [], []
+    open_index, load_questions = indexing.open_index, answer.load_questions
+    monkeypatch.setattr(indexing, "open_index", lambda *a, **kw: opened.append(a[0]) or open_index(*a, **kw))
+    monkeypatch.setattr(answer, "load_questions", lambda *a, **kw: read.append(a[0]) or load_questions(*a, **kw))
+    cfg = DynragConfig()
+    cfg.generation.backend = "none"
+    cfg.answer.progress = False
+    cfg.answer.engine, cfg.answer.batch_questions = "lockstep", 4
+    summary = run_answer(str(data_dir / HOTPOT), str(tmp_path / "out"), index=str(hotpot_index), method="sr-rag",
+                         limit=N, cfg=cfg)
+    assert summary["rows"] == N and summary["errors"] == 0
+    assert opened == [str(hotpot_index)] and read == [str(data_dir / HOTPOT)]
+    assert sorted(pl.read_parquet(f).height for f in part_files(str(tmp_path / "out"))) == [3, 4, 4, 4]

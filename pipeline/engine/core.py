@@ -104,6 +104,11 @@ class BaseEngine:
         """Outcomes as questions finish (any order); `questions` is consumed lazily."""
         return (o for _, o in self._outcomes(questions, program, params))
 
+    def stream_batches(self, questions: Iterable[Question], program: Callable, params: Any,
+                       n: int | None) -> Iterator[list[Outcome]]:
+        """`stream`'s outcomes in lists of `n` (the last may be shorter), e.g. one output part each."""
+        return batched(self.stream(questions, program, params), n)
+
     def close(self) -> None:
         """Release what the engine holds (its worker threads, if any); the backends stay open."""
 
@@ -301,9 +306,18 @@ class Engine(BaseEngine):
         self.batch_questions = batch_questions
 
     def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
-        numbered = iter(enumerate(questions))
-        while batch := list(itertools.islice(numbered, self.batch_questions)):
-            yield from self._lockstep(batch, program, params)
+        for wave in self._waves(questions, program, params):
+            yield from wave
+
+    def stream_batches(self, questions, program, params, n: int | None) -> Iterator[list[Outcome]]:
+        if n != self.batch_questions:
+            return super().stream_batches(questions, program, params, n)
+        return ([o for _, o in wave] for wave in self._waves(questions, program, params))  # a wave is a batch
+
+    def _waves(self, questions, program, params) -> Iterator[Iterator[tuple[int, Outcome]]]:
+        """Each batch of `batch_questions`, run in lockstep: its outcomes, as they are decided."""
+        for batch in batched(enumerate(questions), self.batch_questions):
+            yield self._lockstep(batch, program, params)
 
     def _lockstep(self, batch, program, params) -> Iterator[tuple[int, Outcome]]:
         states: list[_State] = []
@@ -325,6 +339,13 @@ class Engine(BaseEngine):
                 self._advance(st, value, exc)
         for st in states:
             yield st.index, self._outcome(st)
+
+
+def batched(items: Iterable, n: int | None) -> Iterator[list]:
+    """`items` in lists of `n` in order, the last one shorter (None: one list of them all)."""
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch
 
 
 def _size(req: Request | None) -> int:

@@ -29,8 +29,8 @@ from pipeline.runtime.signals import stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
-# generation settings that change what a method outputs (batching and cache sizes do not)
 RUN_FILE = "run.json"  # the method and settings of the rows under an output folder
+# generation settings that change what a method outputs (batching and cache sizes do not)
 _OUTPUT_FIELDS = ("model", "backend", "dtype", "temperature", "top_p", "max_new_tokens", "max_model_len", "seed")
 
 
@@ -41,21 +41,18 @@ def run_settings(cfg: DynragConfig, params: Any) -> dict[str, Any]:
             "retrieval": cfg.retrieval.model_dump(mode="json")}
 
 
-def run_config_hash(cfg: DynragConfig, params: Any) -> str:
-    return config_hash(*run_settings(cfg, params).values())
-
-
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return {k2: v2 for k, v in d.items()
             for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}
 
 
-def check_same_run(out: str, settings: dict[str, Any], chash: str) -> None:
+def check_same_run(out: str, settings: dict[str, Any], chash: str) -> dict[str, Any] | None:
     """An output folder holds one method and configuration (RUN_FILE, written by its first run): a
-    rerun that differs is refused, naming the settings that differ."""
+    rerun that differs is refused, naming the settings that differ. Returns the folder's RUN_FILE (None
+    for a new output)."""
     saved = read_json(out, RUN_FILE)
     if saved is None or saved["config_hash"] == chash:
-        return
+        return saved
     old, new = _flat(saved["settings"]), _flat(settings)
     diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
                      if old.get(k) != new.get(k))
@@ -63,19 +60,13 @@ def check_same_run(out: str, settings: dict[str, Any], chash: str) -> None:
                       "rerun with its settings, or choose another --out")
 
 
-def batched(items: Iterable, n: int) -> Iterator[list]:
-    it = iter(items)
-    while batch := list(itertools.islice(it, n)):
-        yield batch
-
-
-def pending_questions(dataset: str, out: str, cfg: DynragConfig, limit: int | None, fmt: str | None,
+def pending_questions(questions: Iterable[Question], out: str, limit: int | None,
                       counts: dict[str, int]) -> Iterator[Question]:
-    """The first `limit` questions of the dataset that have no row under `out` yet, streamed (the
-    dataset is never held in memory); `counts["skipped"]` counts those that had one."""
+    """The first `limit` of `questions` (the dataset, streamed: never held in memory) that have no row
+    under `out` yet; `counts["skipped"]` counts those that had one."""
     done = answered_ids(out)
     counts["skipped"] = 0
-    for q in itertools.islice(load_questions(dataset, cfg, fmt=fmt), limit):
+    for q in itertools.islice(questions, limit):
         if q.id in done:
             counts["skipped"] += 1
         else:
@@ -100,33 +91,54 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         cfg.dataset.format = dataset_format
     spec = get_method(cfg.method.name)
     params = spec.params(cfg.method.params, cfg)
-    for _ in itertools.islice(load_questions(dataset, cfg), 1):  # a missing, empty or unreadable dataset
-        pass
-    if backends is None:
-        preflight(cfg, index)
-    settings, chash = run_settings(cfg, params), run_config_hash(cfg, params)
-    check_same_run(out, settings, chash)
-    with output_lock(out), stop_on_sigterm():
-        return _run_answer(dataset, out, index=index, spec=spec, params=params, settings=settings, chash=chash,
-                           limit=limit, cfg=cfg, backends=backends, progress=progress)
+    with contextlib.ExitStack() as stack:
+        questions = load_questions(dataset, cfg)
+        stack.callback(questions.close)
+        first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
+        own = backends is None
+        if own:
+            backends = preflight(cfg, index, stack)
+        settings = run_settings(cfg, params)
+        chash = config_hash(*settings.values())
+        saved = check_same_run(out, settings, chash)
+        stack.enter_context(output_lock(out))
+        stack.enter_context(stop_on_sigterm())
+        return _run_answer(dataset, out, itertools.chain(first, questions), index=index, spec=spec, params=params,
+                           settings=settings, chash=chash, new_output=saved is None, limit=limit, cfg=cfg,
+                           backends=backends, own=own, progress=progress)
 
 
-def preflight(cfg: DynragConfig, index: str | None) -> None:
+def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack) -> Any:
     """Fail at once, before any row is written, on what would otherwise turn every row into an error
     row: an index that cannot be opened and searched (a missing or corrupt file, no published version),
-    a missing model."""
-    if index:
-        from indexing import open_index
+    a missing model. Returns the run's backends (closed by `stack`; None in Ray mode, where the actors
+    build their own).
 
-        try:
-            with open_index(index, cfg.index_settings()) as idx:
-                idx.search(["preflight"], 1, cfg.retrieval.retriever)
-        except Exception as exc:
-            raise DynragError(f"cannot use the index {index}: {first_line(exc)}") from exc
+    In-process, the check is made on the run's own backends: their retriever is built now and searched
+    once, and the run goes on with it (the index is opened once). With Ray, the driver only opens the
+    index (its manifest, and each file's size under index.verify=size) and closes it; loading and
+    searching it is left to the actors (or the retrieval pool), which would otherwise load it twice."""
+    backends = None
+    try:
+        if cfg.runtime.mode == "ray":
+            if index:
+                from indexing import open_index
+
+                open_index(index, cfg.index_settings()).close()
+        else:
+            from pipeline.backends import Backends
+
+            backends = Backends(cfg, index)
+            stack.callback(backends.close)
+            if index:
+                backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
+    except Exception as exc:
+        raise DynragError(f"cannot use the index {index}: {first_line(exc)}") from exc
     if cfg.generation.backend != "none":
         from pipeline.assets.models import resolve_model
 
         resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+    return backends
 
 
 def load_generator(backends) -> None:
@@ -144,14 +156,14 @@ def load_generator(backends) -> None:
         raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: {detail}") from exc
 
 
-def _run_answer(dataset, out, *, index, spec, params, settings, chash, limit, cfg, backends, progress) -> dict[str, Any]:
+def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends,
+                own, progress) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
-    new_output = read_json(out, RUN_FILE) is None
 
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
-    todo = pending_questions(dataset, out, cfg, limit, None, counts)
+    todo = pending_questions(questions, out, limit, counts)
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
 
@@ -168,7 +180,7 @@ def _run_answer(dataset, out, *, index, spec, params, settings, chash, limit, cf
 
             batches = answer_with_ray(list(todo), cfg, index, row_args)
         else:
-            batches = _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls)
+            batches = _answer_local(todo, cfg, spec, params, row_args, backends, own, batch_calls)
         with contextlib.closing(batches):
             for rows in batches:
                 if new_output and not written:  # the folder's configuration, saved with its first rows
@@ -198,20 +210,17 @@ def _run_answer(dataset, out, *, index, spec, params, settings, chash, limit, cf
     return summary
 
 
-def _answer_local(todo, cfg, index, spec, params, row_args, backends, batch_calls) -> Iterator[list[dict]]:
-    from pipeline.backends import Backends
+def _answer_local(todo, cfg, spec, params, row_args, backends, own, batch_calls) -> Iterator[list[dict]]:
+    """Rows in parts of `answer.batch_questions`, as questions finish; `backends` stay open (their owner
+    closes them)."""
     from pipeline.engine.continuous import make_engine
 
-    own = backends is None
-    backends = backends or Backends(cfg, index)
     engine = make_engine(cfg, backends)
     try:
         if own:
             load_generator(backends)
-        for outcomes in batched(engine.stream(todo, spec.program, params), cfg.answer.batch_questions):
+        for outcomes in engine.stream_batches(todo, spec.program, params, cfg.answer.batch_questions):
             batch_calls.update(engine.batch_calls)
             yield [make_row(o, **row_args) for o in outcomes]
     finally:
         engine.close()
-        if own:
-            backends.close()
