@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     i = isub.add_parser("info", help="describe the published version of an index")
     i.add_argument("index", metavar="DIR")
-    i.add_argument("--json", action="store_true", help="print the whole description as JSON")
+    i.add_argument("--json", action="store_true",
+                   help="print the manifest as JSON, with the search-time BM25 settings under bm25_search")
     add_config_args(i)
     i.set_defaults(func=_info)
 
@@ -130,7 +131,7 @@ def _info(args: argparse.Namespace) -> int:
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))
     bm25 = bm25_settings(config_from_args(args))
     if args.json:
-        print(json.dumps({**m, "bm25": bm25}, indent=1))
+        print(json.dumps({**m, "bm25_search": bm25}, indent=1))  # the manifest's own "bm25" is its BM25 index
         return 0
     sizes = [s["passages"] for s in m["shards"]]
     st, b = m["settings"], m["build"]
