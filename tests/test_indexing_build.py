@@ -15,6 +15,7 @@ import pytest
 
 from indexing import build_index, open_index
 from indexing.errors import CorruptIndexError
+from indexing.manifest import read_manifest
 from indexing.passages import paragraph_id, parent_id
 from pipeline.config import load_config
 
@@ -137,6 +138,17 @@ def test_corrupt_shard_found_by_verify_and_truncation_at_open(built, tmp_path, c
     shutil.copytree(root, copy)
     assert main(["index", "verify", "--index", str(copy)]) == 0
     assert "match their sha256" in capsys.readouterr().out
+    # vectors.npy alone missing: builds read it, search does not; verify names it
+    vec = sorted((copy / "shards").glob("*/vectors.npy"))[1]
+    vec.rename(vec.with_name("aside"))
+    with open_index(copy, cfg.index_settings()) as index:
+        for retriever in ("bm25", "dense"):
+            assert index.search(["Kiss and Tell"], k=3, retriever=retriever)[0]
+    assert main(["index", "verify", "--index", str(copy)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"{vec} is missing")
+    vec.with_name("aside").rename(vec)
+    assert main(["index", "verify", "--index", str(copy)]) == 0
+    capsys.readouterr()
     target = sorted((copy / "shards").glob("*/faiss.index"))[0]
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -181,6 +193,10 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert "[bm25] Kiss and Tell" in out and " 1. " in out and " 2. " in out
     assert main(["index", "info", str(root)]) == 0
     assert "version 1" in capsys.readouterr().out
+    assert main(["index", "info", str(root), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["bm25"] == read_manifest(root)["bm25"]  # the manifest's entry, kept
+    assert info["bm25_search"]["k1"] == 0.9 and info["bm25_search"]["b"] == 0.4 and "analyzer" in info["bm25_search"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "contents": "T\\ntext"}\n{"id": "b", "contents": 5\n')
     idx = tmp_path / "bad_idx"
