@@ -46,9 +46,12 @@ def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
     assert remote["retrieval_calls_per_question"] == local["retrieval_calls_per_question"] == 1
 
 
-def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, tmp_path_factory, tmp_path):
+def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, tmp_path_factory, tmp_path, caplog):
     """PAIRS (retrieval on two paths, AIS embeddings, generation) with the index in a retrieval pool and
     the embedder in a scorer pool: the engine actor holds only the generator."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="pipeline.runtime.ray_runner")
     index = build_hotpot_index(data_dir, tmp_path_factory, 20)
     cfg = _cfg(tmp_path_factory, "transformers")
     cfg.method.params = {"k": 2, "n": 3}
@@ -68,6 +71,13 @@ def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, 
     assert docs["ray"] == docs["local"]
     assert rows["local"]["retrieval_calls"].min() > 0 and rows["local"]["embedding_calls"].min() > 0
     assert remote["retrieval_calls_per_question"] == local["retrieval_calls_per_question"]
+    # the pools did the work: every query was searched, every text embedded, by a pool actor
+    served = {r.args[0]: r.args[1] for r in caplog.records
+              if r.name == "pipeline.runtime.ray_runner" and r.msg.startswith("%s pool served")}
+    assert set(served) == {"retrieval", "scorer"}, served
+    assert set(served["retrieval"]) == {"search"} and set(served["scorer"]) == {"embed"}, served
+    assert served["retrieval"]["search"][1] == rows["ray"]["retrieval_calls"].sum()
+    assert served["scorer"]["embed"][1] == rows["ray"]["embedding_calls"].sum()
 
 
 class InlineActor:
@@ -80,6 +90,7 @@ class InlineActor:
         from pipeline.runtime.pools import PoolActor
 
         self.actor, self.calls = PoolActor.__new__(PoolActor), []
+        self.actor.served = {}
         self.actor.backends = Backends(DynragConfig(), retriever=SimRetriever(), scorer=SimScorer(), embedder=SimScorer())
         self.run = SimpleNamespace(remote=lambda op, items, *a: self.calls.append((op, len(items))) or
                                    self.actor.run(op, items, *a))
@@ -104,3 +115,5 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools(monkeypatch):
     assert b.score([("q", "d1"), ("q", "d2")], "default") == SimScorer().score([("q", "d1"), ("q", "d2")])
     assert np.array_equal(b.embed(queries, None), SimScorer().embed(queries))
     assert scorer[0].calls == [("score", 2), ("embed", 5)]
+    assert scorer[0].actor.stats() == {"score": [1, 2], "embed": [1, 5]}
+    assert [a.actor.stats() for a in retrieval] == [{"search": [1, 3]}, {"search": [1, 2]}]

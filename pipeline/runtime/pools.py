@@ -27,6 +27,7 @@ class PoolActor:
         from pipeline.backends import Backends
 
         self.backends = Backends(DynragConfig.model_validate(cfg_json), index_dir)
+        self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 
     def ready(self, part: str | None) -> bool:
         if part:
@@ -34,7 +35,27 @@ class PoolActor:
         return True
 
     def run(self, op: str, items: list, *args):
+        counts = self.served.setdefault(op, [0, 0])
+        counts[0] += 1
+        counts[1] += len(items)
         return getattr(self.backends, op)(items, *args)
+
+    def stats(self) -> dict[str, list[int]]:
+        """What this actor has served: op -> [calls, items]."""
+        return self.served
+
+
+def pool_stats(actors: list) -> dict[str, list[int]]:
+    """What a pool's actors have served together: op -> [calls, items]."""
+    import ray
+
+    total: dict[str, list[int]] = {}
+    for served in ray.get([a.stats.remote() for a in actors]):
+        for op, (calls, items) in served.items():
+            t = total.setdefault(op, [0, 0])
+            t[0] += calls
+            t[1] += items
+    return total
 
 
 def start_pool(cfg: DynragConfig, kind: str, index_dir: str | None = None) -> list:

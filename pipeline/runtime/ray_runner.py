@@ -86,7 +86,7 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
 
     from pipeline.runtime.ray_resources import engine_actor_options
 
-    from pipeline.runtime.pools import start_pool
+    from pipeline.runtime.pools import pool_stats, start_pool
 
     from pipeline.runtime.orphan_guard import OrphanGuard
 
@@ -110,6 +110,8 @@ def answer_with_ray(todo: list[Question], cfg: DynragConfig, index_dir: str | No
         )
         for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
             yield [json.loads(s) for s in out["row"]]
+        for kind, actors in pools.items():  # the pools' share of the work, before they go
+            log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
     finally:
         for actor in (a for actors in pools.values() for a in actors):
             ray.kill(actor)
