@@ -346,12 +346,16 @@ class _Builder:
             self.timings[k] = self.timings.get(k, 0.0) + v
 
     def _wait(self) -> None:
+        """Ray mode: await the shard tasks. Their own seconds go to faiss_s, lucene_s and checksum_s; the
+        driver's time waiting for them (outside every other stage's window) to shard_tasks_wait_s."""
         if self._pending:
             import ray
 
+            t = time.perf_counter()
             for seconds in ray.get(self._pending):
                 self._tally(seconds)
             self._pending = []
+            self._tally({"shard_tasks_wait_s": time.perf_counter() - t})
 
     def _stage_embed_and_index(self, metas: list[dict], prev: dict | None) -> None:
         keep = {m["key"] for m in metas}
@@ -409,8 +413,8 @@ class _Builder:
         if current is not None:
             flush(current)
         bar.close()
-        self._wait()
         self.timings["embed_s"] = time.perf_counter() - t_embed - flushing[0]
+        self._wait()
         self.timings["embed_and_index_s"] = time.perf_counter() - t
         if self.embedded != n_embed:
             raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
