@@ -14,6 +14,7 @@ IVF index over all vectors built from the same template).
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,24 @@ def train_template(vectors: np.ndarray, factory: str, out: Path) -> None:
     _write(index, out)
 
 
+_TEMPLATES: dict[tuple, object] = {}  # the template last read by this process: (path, size, mtime) -> index
+_TEMPLATES_LOCK = threading.Lock()
+
+
+def _template(path: Path):
+    """The trained template at `path`, read from disk once per process (a build fills every shard from
+    one); callers copy it (`faiss.clone_index`), never change it."""
+    import faiss
+
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    with _TEMPLATES_LOCK:
+        if key not in _TEMPLATES:
+            _TEMPLATES.clear()
+            _TEMPLATES[key] = faiss.read_index(str(path))
+        return _TEMPLATES[key]
+
+
 def build_faiss(vectors: np.ndarray, factory: str, out: Path, template: Path | None = None) -> None:
     """Build and write one shard's FAISS index: a copy of the trained `template` (its coarse quantizer
     left out of the file) or, without one, an index of `factory` trained on the shard if it needs it."""
@@ -74,11 +93,15 @@ def build_faiss(vectors: np.ndarray, factory: str, out: Path, template: Path | N
 
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     if template is not None:
-        index = faiss.read_index(str(template))
+        index = faiss.clone_index(_template(template))
         index.add(vectors)
         ivf = faiss.extract_index_ivf(index)
-        ivf.quantizer, ivf.own_fields = faiss.IndexFlatIP(ivf.d), False  # an empty stand-in: load_faiss attaches the template's
-        _write(index, out)
+        quantizer, stand_in = ivf.quantizer, faiss.IndexFlatIP(ivf.d)
+        ivf.quantizer, ivf.own_fields = stand_in, False  # written empty: load_faiss attaches the template's
+        try:
+            _write(index, out)
+        finally:
+            ivf.quantizer, ivf.own_fields = quantizer, True  # the copy's own quantizer goes with it
         return
     index = _factory(vectors.shape[1], factory)
     if not index.is_trained:

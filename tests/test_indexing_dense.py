@@ -103,3 +103,26 @@ def test_ivf_shards_probing_some_lists_equal_one_index(tmp_path, factory):
     one.nprobe = 16
     D_all, I_all = one.search(queries, 10)
     assert not np.array_equal(I, I_all)  # 4 lists are not all lists: the case is a partial probe
+
+
+def test_build_faiss_reads_the_template_once_and_leaves_it_unchanged(tmp_path, monkeypatch):
+    """A build fills many shards from one template: it is read from disk once per process, each shard gets
+    a copy (the shared one stays empty), and a retrained template (new file) is read again."""
+    import indexing.dense as dense
+
+    rng = np.random.default_rng(5)
+    vecs = unit(rng, 1200)
+    template = tmp_path / "template.index"
+    train_template(vecs[::2], "IVF8,SQ8", template)
+    reads = []
+    real_read = faiss.read_index
+    monkeypatch.setattr(faiss, "read_index", lambda p, *a: reads.append(p) or real_read(p, *a))
+    for i, part in enumerate(np.array_split(vecs, 3)):
+        build_faiss(part, "IVF8,SQ8", tmp_path / f"{i}.index", template)
+    assert reads.count(str(template)) == 1
+    assert dense._template(template).ntotal == 0
+    for i in range(3):
+        assert real_read(str(tmp_path / f"{i}.index")).ntotal == 400
+    train_template(vecs[1::2], "IVF8,SQ8", template)
+    build_faiss(vecs[:10], "IVF8,SQ8", tmp_path / "again.index", template)
+    assert reads.count(str(template)) == 2
