@@ -26,7 +26,6 @@ from indexing.errors import IndexingError
 from indexing.passages import id_hash
 
 ROWS_PER_BATCH = 64
-FILES = ("passages.arrow", "ids.npy")
 
 
 def id_hashes(ids: list[str]) -> np.ndarray:

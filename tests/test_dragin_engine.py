@@ -4,7 +4,6 @@ many items and its entropy / attention equal an unpadded single-sequence forward
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ from engine_fixtures import tiny_model_path
 from fakes import PIECE, FakeAttention, MemoryRetriever
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.methods.dragin_math import candidates_for, word_spans
+from pipeline.methods.dragin_math import word_spans
 from pipeline.engine.core import Engine
 from pipeline.methods.registry import get_method
 from pipeline.engine.requests import Completion, Question, TokenLogprob

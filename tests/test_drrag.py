@@ -8,7 +8,7 @@ from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
 from pipeline.methods.registry import get_method
 from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, qdc_select
-from pipeline.engine.requests import Completion, Question
+from pipeline.engine.requests import Question
 from fakes import RecordingGenerator
 
 

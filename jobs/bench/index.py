@@ -129,7 +129,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
           f"{inc['passages_embedded']} passages embedded", flush=True)
     stages = ("passages_s", "embed_s", "embed_and_index_s", "bm25_merge_s")
     print("    full stages: " + ", ".join(f"{k} {full.get(k, 0):.2f}" for k in stages)
-          + f"; incremental stages: " + ", ".join(f"{k} {inc.get(k, 0):.2f}" for k in stages), flush=True)
+          + "; incremental stages: " + ", ".join(f"{k} {inc.get(k, 0):.2f}" for k in stages), flush=True)
 
     # 3. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
     queries = _queries(cfg, args.queries)

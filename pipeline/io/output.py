@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
