@@ -27,6 +27,7 @@ passages and vectors are reused from `staging/`, an IVF template trained for thi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -116,7 +117,12 @@ def build_local_index(
 
         bound_native_memory(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
     with build_lock(root):
-        return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()
+        try:
+            return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()
+        finally:
+            for folder in (root / "staging", root / "shards"):  # removed if empty: staged work stays for a rerun
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
 
 class _Builder:

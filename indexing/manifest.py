@@ -246,14 +246,29 @@ def collect_garbage(root: Path, keep_versions: int) -> None:
 
 @contextlib.contextmanager
 def build_lock(root: Path):
-    """One builder per index directory; a second one fails at once rather than interleaving."""
+    """One builder per index directory; a second one fails at once rather than interleaving. The lock file
+    goes when the build ends, and so does the folder if this build created it and leaves it empty."""
+    created = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
-    f = open(root / ".build.lock", "w")
-    try:
+    path = root / ".build.lock"
+    while True:
+        f = open(path, "a")
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise IndexingError(f"another build is running on {root} (lock {root / '.build.lock'})") from None
+            f.close()
+            raise IndexingError(f"another build is running on {root} (lock {path})") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()  # locked a file its builder removed on the way out: lock the one there now
+    try:
         yield
     finally:
+        path.unlink(missing_ok=True)
         f.close()
+        if created:
+            with contextlib.suppress(OSError):
+                root.rmdir()

@@ -137,7 +137,18 @@ def test_bad_corpora_are_one_line_errors(capsys, tmp_path, content, message):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_bytes(content)
     refused(capsys, message, "index", "build", str(corpus), "--index", str(tmp_path / "idx"), "--format", "jsonl")
-    assert not (tmp_path / "idx" / "CURRENT").exists()
+    assert not (tmp_path / "idx").exists()  # a failed build leaves no lock, no empty staging/ or shards/
+
+
+def test_a_failed_refresh_leaves_the_index_as_it_was(capsys, small_index, tmp_path):
+    """A refresh over a corpus with a bad line fails in one line; the published index keeps its files, and
+    neither the lock nor the staging folder's contents are left behind (nor by a build that succeeded)."""
+    before = sorted(p.relative_to(small_index) for p in small_index.rglob("*"))
+    assert ".build.lock" not in {p.name for p in before}
+    corpus = tmp_path / "bad.jsonl"
+    corpus.write_text('{"id": "1", "title": "t", "text": "fine words"}\n{broken\n', encoding="utf-8")
+    refused(capsys, ":2", "index", "build", str(corpus), "--index", str(small_index), "--format", "jsonl")
+    assert sorted(p.relative_to(small_index) for p in small_index.rglob("*")) == before
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ def test_report_and_manifest(built, hotpot):
         assert sum(info["shard_sizes"]) == report["passages"]
     m = json.loads((root / "versions/v000001/manifest.json").read_text())
     assert all({"passages.arrow", "ids.npy", "vectors.npy", "faiss.index"} <= set(s["files"]) for s in m["shards"])
-    assert (root / "CURRENT").read_text().strip() == "v000001" and not any((root / "staging").iterdir())
+    assert (root / "CURRENT").read_text().strip() == "v000001" and not (root / "staging").exists()
 
 
 def test_gold_recall_at_10(built, hotpot):
