@@ -88,7 +88,8 @@ def _settings(cfg) -> dict:
         **({"faiss_train_size": i.faiss_train_size} if is_ivf(i.faiss_factory) else {}),
         "passage_words": i.passage_words,
         "shard_size": effective_shard_size(cfg),
-        "lucene": {"collection": "JsonCollection", "contents": "title\\ntext"},
+        "lucene": {"collection": "JsonCollection", "contents": "title\\ntext",
+                   "analyzer": {"stemmer": i.bm25_stemmer, "stopwords": i.bm25_stopwords}},
         "bm25_segments": i.bm25_segments,
     }
 
@@ -330,7 +331,8 @@ class _Builder:
         cfg = self.cfg
         for m in metas:
             args = (str(self._stage_dir(m)), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
-                    cfg.index.threads, str(self.root / self.template["path"]) if self.template else None)
+                    cfg.index.threads, str(self.root / self.template["path"]) if self.template else None,
+                    self.settings["lucene"]["analyzer"])
             if cfg.ray.enabled:
                 import ray
 
@@ -517,7 +519,8 @@ class _Builder:
         return report
 
 
-def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int, template: str | None) -> dict[str, float]:
+def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int, template: str | None,
+                   analyzer: dict) -> dict[str, float]:
     """Build one shard's FAISS and Lucene indexes in staging, checksum, and move it into place;
     returns the seconds of each step."""
     from indexing.dense import build_faiss
@@ -534,7 +537,7 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int,
     t = read_table(src)
     docs = ((i, embed_input(ti, tx)) for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(),
                                                        t.column("text").to_pylist()))
-    build_lucene(docs, src / "lucene", threads)
+    build_lucene(docs, src / "lucene", threads, analyzer)
     fault_point("shard.lucene_written")
     t2 = time.perf_counter()
     for leftover in src.glob("*.tmp"):

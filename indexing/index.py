@@ -34,7 +34,7 @@ class SearchError(IndexingError, ValueError):
 
 class Index:
     def __init__(self, root: Path, cfg, manifest: dict):
-        from indexing.sparse import LuceneShard
+        from indexing.sparse import LuceneShard, index_analyzer
         from indexing.store import PassageStore
 
         self.root, self.cfg, self.manifest = root, cfg, manifest
@@ -45,7 +45,12 @@ class Index:
         self._stores = [PassageStore(d) for d in self._dirs]
         self._faiss = None
         bm25 = root / "versions" / f"v{self.version:06d}" / manifest["bm25"]["path"]
-        self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b)
+        self.analyzer = index_analyzer(manifest["settings"])
+        wanted = {"stemmer": cfg.index.bm25_stemmer, "stopwords": cfg.index.bm25_stopwords}
+        if wanted != self.analyzer:
+            log.warning("the BM25 index was built with analyzer %s, the configuration asks for %s; searching with "
+                        "the index's (rebuild it to change)", self.analyzer, wanted)
+        self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b, self.analyzer)
         self._encoder = None
         self._lock = threading.Lock()
 

@@ -40,8 +40,11 @@ class IndexConfig(Section):
         100_000, ge=1, description="IVF factories: passages sampled evenly over the corpus and embedded to train the "
         "shared quantizer and codebooks, at the first build (later builds of the index reuse them)")
     passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
-    bm25_k1: float = Field(0.9, gt=0)
-    bm25_b: float = Field(0.4, ge=0, le=1)
+    bm25_k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (search time; Anserini's default)")
+    bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (search time; Anserini's default)")
+    bm25_stemmer: Literal["porter", "krovetz", "none"] = Field(
+        "porter", description="the BM25 analyzer's stemmer, fixed when the index is built (a search uses the index's)")
+    bm25_stopwords: bool = Field(True, description="the BM25 analyzer drops English stop words (fixed at build)")
     threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
     embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: embedding actors (one GPU each when CUDA is present)")
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")

@@ -24,15 +24,25 @@ from indexing.java import ensure_java, quiet_java_logs
 log = logging.getLogger(__name__)
 
 
-def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int) -> int:
-    """Index (id, contents) pairs into a fresh Lucene index at `out`; return the document count."""
+DEFAULT_ANALYZER = {"stemmer": "porter", "stopwords": True}  # Anserini's and pyserini's default English analyzer
+
+
+def index_analyzer(settings: dict) -> dict:
+    """The analyzer an index was built with (its manifest's settings; indexes from before the setting: the default)."""
+    return settings.get("lucene", {}).get("analyzer", DEFAULT_ANALYZER)
+
+
+def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int, analyzer: dict = DEFAULT_ANALYZER) -> int:
+    """Index (id, contents) pairs into a fresh Lucene index at `out` with `analyzer` (Anserini's English
+    analyzer: `stemmer` porter, krovetz or none; `stopwords` dropped or kept); return the document count."""
     ensure_java()
     from pyserini.index.lucene import LuceneIndexer
 
     quiet_java_logs()
     if out.exists():
         shutil.rmtree(out)
-    indexer = LuceneIndexer(str(out), threads=threads)
+    args = ["-index", str(out), "-stemmer", analyzer["stemmer"]] + ([] if analyzer["stopwords"] else ["-keepStopwords"])
+    indexer = LuceneIndexer(str(out), args=args, threads=threads)
     n = 0
     batch: list[dict] = []
     for doc_id, contents in docs:
@@ -52,20 +62,24 @@ def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int) -> in
 
 
 class LuceneShard:
-    """One shard's searcher, opened on first use."""
+    """One Lucene index's searcher, opened on first use; queries are analysed as the index was built."""
 
-    def __init__(self, path: Path, k1: float, b: float):
-        self.path, self.k1, self.b = path, k1, b
+    def __init__(self, path: Path, k1: float, b: float, analyzer: dict = DEFAULT_ANALYZER):
+        self.path, self.k1, self.b, self.analyzer = path, k1, b, analyzer
         self._searcher = None
 
     @property
     def searcher(self):
         if self._searcher is None:
             ensure_java()
+            from pyserini.analysis import get_lucene_analyzer
             from pyserini.search.lucene import LuceneSearcher
 
             quiet_java_logs()
             self._searcher = LuceneSearcher(str(self.path))
+            stemmer = self.analyzer["stemmer"]
+            self._searcher.set_analyzer(get_lucene_analyzer(stemming=stemmer != "none", stemmer=stemmer,
+                                                            stopwords=self.analyzer["stopwords"]))
             self._searcher.set_bm25(self.k1, self.b)
         return self._searcher
 

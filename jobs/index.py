@@ -110,13 +110,12 @@ def _search(args: argparse.Namespace) -> int:
     return 0
 
 
-ANALYZER = "Lucene English (Porter stemming, English stop words; pyserini's default, fixed at build)"
+def bm25_settings(cfg, manifest: dict) -> dict:
+    """What BM25 scores with: k1 and b from the configuration (Anserini's defaults 0.9, 0.4), and the analyzer
+    the index was built with (index.bm25_stemmer, index.bm25_stopwords at build time)."""
+    from indexing.sparse import index_analyzer
 
-
-def bm25_settings(cfg) -> dict:
-    """What BM25 scores with: k1 and b from the configuration (pyserini's/Anserini's defaults 0.9, 0.4), and the
-    analyzer the Lucene index was built with (not a setting yet)."""
-    return {"k1": cfg.index.bm25_k1, "b": cfg.index.bm25_b, "analyzer": ANALYZER}
+    return {"k1": cfg.index.bm25_k1, "b": cfg.index.bm25_b, **index_analyzer(manifest["settings"])}
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -129,7 +128,7 @@ def _info(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
 
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))
-    bm25 = bm25_settings(config_from_args(args))
+    bm25 = bm25_settings(config_from_args(args), m)
     if args.json:
         print(json.dumps({**m, "bm25_search": bm25}, indent=1))  # the manifest's own "bm25" is its BM25 index
         return 0
@@ -141,8 +140,9 @@ def _info(args: argparse.Namespace) -> int:
           f"FAISS {st['faiss_factory']}; BM25 Lucene per shard, merged per version")
     print(f"  passages   {st['passage_words']} words max; shard_size {st['shard_size']}")
     print(f"  sources    {', '.join(m['sources'])}")
-    print(f"  BM25       k1 {bm25['k1']}, b {bm25['b']} (search time: index.bm25_k1, index.bm25_b); "
-          f"analyzer {bm25['analyzer']}")
+    stop = "English stop words dropped" if bm25["stopwords"] else "stop words kept"
+    print(f"  BM25       k1 {bm25['k1']}, b {bm25['b']} (search time: index.bm25_k1, index.bm25_b); analyzer: Lucene "
+          f"English, stemmer {bm25['stemmer']}, {stop} (built with index.bm25_stemmer, index.bm25_stopwords)")
     print(f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "
           f"{b['shards_reused']} reused; {b['passages_embedded']} passages embedded, {b['vectors_reused']} vectors reused")
     return 0

@@ -217,15 +217,6 @@ def test_rank_auc_worked_example():
     assert rank_auc([0.3, 0.2], [True, True]) is None
 
 
-def test_bm25_settings_are_shown_with_their_defaults_and_overrides():
-    from jobs.index import bm25_settings
-    from pipeline.config import load_config
-
-    assert bm25_settings(load_config(None, [])) | {"analyzer": ""} == {"k1": 0.9, "b": 0.4, "analyzer": ""}
-    shown = bm25_settings(load_config(None, ["index.bm25_k1=1.2", "index.bm25_b=0.75"]))
-    assert (shown["k1"], shown["b"]) == (1.2, 0.75) and "Porter" in shown["analyzer"]
-
-
 def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path, capsys):
     import json as _json
 

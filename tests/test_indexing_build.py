@@ -195,7 +195,7 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert main(["index", "info", str(root), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["bm25"] == read_manifest(root)["bm25"]  # the manifest's entry, kept
-    assert info["bm25_search"]["k1"] == 0.9 and info["bm25_search"]["b"] == 0.4 and "analyzer" in info["bm25_search"]
+    assert info["bm25_search"] == {"k1": 0.9, "b": 0.4, "stemmer": "porter", "stopwords": True}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "contents": "T\\ntext"}\n{"id": "b", "contents": 5\n')
     idx = tmp_path / "bad_idx"

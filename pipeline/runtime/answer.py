@@ -117,14 +117,16 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
     In-process, the check is made on the run's own backends: their retriever is built now and searched
     once, and the run goes on with it (the index is opened once). With Ray, the driver only opens the
     index (its manifest, and each file's size under index.verify=size) and closes it; loading and
-    searching it is left to the actors (or the retrieval pool), which would otherwise load it twice."""
+    searching it is left to the actors (or the retrieval pool), which would otherwise load it twice. The
+    index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used."""
     backends = None
     try:
         if cfg.runtime.mode == "ray":
             if index:
                 from indexing import open_index
 
-                open_index(index, cfg.index_settings()).close()
+                with open_index(index, cfg.index_settings()) as opened:
+                    manifest = opened.manifest
         else:
             from pipeline.backends import Backends
 
@@ -132,8 +134,14 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
             stack.callback(backends.close)
             if index:
                 backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
+                manifest = backends.retriever.index.manifest
     except Exception as exc:
         raise DynragError(f"cannot use the index {index}: {first_line(exc)}") from exc
+    if index:
+        from indexing.sparse import index_analyzer
+
+        analyzer = index_analyzer(manifest["settings"])  # what BM25 searches with: the run's config records it
+        cfg.index.bm25_stemmer, cfg.index.bm25_stopwords = analyzer["stemmer"], analyzer["stopwords"]
     if cfg.generation.backend != "none":
         from pipeline.assets.models import resolve_model
 
