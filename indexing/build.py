@@ -311,7 +311,8 @@ class _Builder:
 
         pq.write_table(pa.table({"shard": np.zeros(len(texts), np.int64), "row": np.arange(len(texts)), "text": texts}),
                        sample)
-        vecs = np.concatenate([v for _, _, v in embed_batches([str(sample)], EncoderSpec.from_config(self.cfg), self.cfg)])
+        spec = EncoderSpec.from_config(self.cfg, build=True)
+        vecs = np.concatenate([v for _, _, v in embed_batches([str(sample)], spec, self.cfg)])
         out = self.root / "trained" / ".template.tmp"
         out.parent.mkdir(exist_ok=True)
         train_template(vecs, self.cfg.index.faiss_factory, out)
@@ -382,7 +383,7 @@ class _Builder:
         if not files:
             self._wait()
         n_embed = sum(p[0] for p in plans.values())
-        spec = EncoderSpec.from_config(self.cfg)
+        spec = EncoderSpec.from_config(self.cfg, build=True)
         log.info("stage embed: %d passages to embed in %d shards (%d vectors reused), mode=%s",
                  n_embed, len(files), sum(len(p[1]) for p in plans.values()), "ray" if self.cfg.ray.enabled else "local")
         t_embed = time.perf_counter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -37,16 +38,27 @@ class EncoderSpec:
     max_seq_length: int = 256
 
     @classmethod
-    def from_config(cls, cfg) -> "EncoderSpec":
+    def from_config(cls, cfg, *, build: bool = False) -> "EncoderSpec":
+        """The configured encoder; for a build (`build=True`) its batch fits `index.memory_budget_mb`."""
         e = cfg.embedding
-        return cls(
-            model_path=cfg.model_path(e.model),
-            model_name=e.model,
-            device=e.device,
-            dtype=e.dtype,
-            batch_size=e.batch_size,
-            max_seq_length=e.max_seq_length,
-        )
+        path = cfg.model_path(e.model)
+        batch = e.batch_size
+        if build and e.model != HASH_ENCODER:
+            from indexing.shards import effective_embed_batch
+
+            batch = effective_embed_batch(cfg, _model_config(path))
+        return cls(model_path=path, model_name=e.model, device=e.device, dtype=e.dtype, batch_size=batch,
+                   max_seq_length=e.max_seq_length)
+
+
+def _model_config(path: str) -> dict:
+    """The transformer's config.json in a sentence-transformers folder ({} when there is none)."""
+    import json
+
+    try:
+        return json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
 
 
 def resolve_device(device: str) -> str:

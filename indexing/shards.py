@@ -25,16 +25,32 @@ from indexing.passages import Passage, id_hash
 # ~7-byte words, plus two float32 copies of a vector of up to 768 dimensions), in bytes per word/passage.
 _BYTES_PER_WORD = 3 * 7
 _BYTES_PER_PASSAGE = 3 * 200 + 2 * 4 * 768
+SHARD_SHARE = 0.75  # of index.memory_budget_mb for the largest shard; the rest for one embedding batch
 
 
 def effective_shard_size(cfg) -> int:
     """`index.shard_size`, capped when `index.memory_budget_mb` is set so that the largest shard
-    (4 x the mean size, see shard_stream) fits in the budget."""
+    (4 x the mean size, see shard_stream) fits in its share of the budget."""
     i = cfg.index
     if not i.memory_budget_mb:
         return i.shard_size
     per_passage = i.passage_words * _BYTES_PER_WORD + _BYTES_PER_PASSAGE
-    return max(1, min(i.shard_size, i.memory_budget_mb * 2**20 // (4 * per_passage)))
+    return max(1, min(i.shard_size, int(SHARD_SHARE * i.memory_budget_mb * 2**20) // (4 * per_passage)))
+
+
+def effective_embed_batch(cfg, model_config: dict) -> int:
+    """`embedding.batch_size`, capped when `index.memory_budget_mb` is set so that one batch's activations fit
+    in the rest of the budget. Per text, a transformer layer at sequence length L holds the hidden states and
+    Q, K, V (4 x L x hidden), the feed-forward's L x intermediate and attention scores and probabilities
+    (2 x heads x L^2) in float32, taken twice for temporaries; plus the tokenizer's work on the whole
+    passage (~100 bytes a word). Unknown sizes count as a large base model's (1024, 4096, 16 heads)."""
+    e, i = cfg.embedding, cfg.index
+    if not i.memory_budget_mb:
+        return e.batch_size
+    hidden, inner = model_config.get("hidden_size", 1024), model_config.get("intermediate_size", 4096)
+    heads, length = model_config.get("num_attention_heads", 16), e.max_seq_length
+    per_text = 2 * 4 * length * (4 * hidden + inner + 2 * heads * length) + 100 * i.passage_words
+    return max(1, min(e.batch_size, int((1 - SHARD_SHARE) * i.memory_budget_mb * 2**20) // per_text))
 
 
 def shard_stream(passages: Iterable[Passage], shard_size: int) -> Iterator[list[Passage]]:

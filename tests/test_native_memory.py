@@ -30,3 +30,19 @@ def test_the_budget_fixes_the_jvm_heap_and_its_jit_before_the_jvm_starts():
             "print(' '.join(jnius_config.options))")
     opts = run(code).split()
     assert {"-Xms256m", "-Xmx256m", "-XX:+AlwaysPreTouch", "-XX:TieredStopAtLevel=1"} <= set(opts)
+
+
+def test_a_memory_budget_caps_shards_and_the_embedding_batch():
+    """The largest shard gets 3/4 of index.memory_budget_mb, one embedding batch the rest (worked numbers)."""
+    from indexing.shards import effective_embed_batch, effective_shard_size
+    from pipeline.config import load_config
+
+    minilm = {"hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 12}
+    cfg = load_config(None, ["index.memory_budget_mb=512", "embedding.max_seq_length=128"])
+    # a passage: 100 words x 21 B + 600 + 6,144 = 8,844 B; 0.75 x 512 MiB / (4 x 8,844) = 11,382
+    assert effective_shard_size(cfg) == 11_382
+    # a text: 2 x 4 x 128 x (4 x 384 + 1,536 + 2 x 12 x 128) + 100 x 100 = 6,301,456 B; 128 MiB of them: 21
+    assert effective_embed_batch(cfg, minilm) == 21
+    assert effective_embed_batch(cfg, {}) < 21  # unknown sizes count as a large model's
+    unbounded = load_config(None, ["embedding.batch_size=96"])
+    assert (effective_shard_size(unbounded), effective_embed_batch(unbounded, minilm)) == (50_000, 96)
