@@ -4,6 +4,7 @@ rows equal to the lockstep engine's through the continuous engine. One vLLM engi
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -64,6 +65,7 @@ def test_streamed_vllm_matches_batched_vllm(tiny_cfg):
         lockstep = Engine(Backends(tiny_cfg, generator=gen)).run(qs, two_rounds, None)
     finally:
         gen.close()
+    assert not asyncio.all_tasks(gen._loop)  # no task left pending ("Task was destroyed but it is pending!" at exit)
     assert order[0][:2] == ("short", 2) and order[1][0] == "long" and order[1][1] > 2  # not in submission order
     assert all(shared for *_, shared in order)  # each got a share of the generator's time
     assert [o.answer.prediction for o in continuous] == [o.answer.prediction for o in lockstep]

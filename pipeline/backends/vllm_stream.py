@@ -61,8 +61,16 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
                 handler.cancel()
                 await asyncio.gather(handler, return_exceptions=True)
 
+        async def finish_tasks():  # the client's socket tasks, cancelled by shutdown: let them end before the loop
+            await asyncio.sleep(0)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
         try:
             asyncio.run_coroutine_threadsafe(stop_output_handler(), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
             llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+            asyncio.run_coroutine_threadsafe(finish_tasks(), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
