@@ -123,11 +123,9 @@ def comparison(summaries: list[dict], cfg) -> str:
     lines = [f"{'method':<14}{'EM':>7}{'F1':>7}{'acc':>7}{'s/question':>12}  rows",
              *(f"{s['method']:<14}{_f(s['em']):>7}{_f(s['f1']):>7}{_f(s['acc']):>7}"
                f"{_f(s['time_per_question_s'].get('total')):>12}  {s['out']}" for s in summaries)]
-    for s in summaries:
+    for s in summaries:  # resolved: a k or retriever the method leaves to the retrieval section is shown as used
         if s["method_params"]:
-            lines.append(f"{s['method']} parameters: " + ", ".join(
-                f"{k}={v}" if v is not None or not hasattr(cfg.retrieval, k) else f"{k}={getattr(cfg.retrieval, k)} "
-                f"(retrieval.{k})" for k, v in s["method_params"].items()))
+            lines.append(f"{s['method']} parameters: " + ", ".join(f"{k}={v}" for k, v in s["method_params"].items()))
     g = cfg.generation
     lines.append(f"model {g.model} ({g.backend}, max_new_tokens {g.max_new_tokens}); {summaries[0]['rows']} "
                  "questions; compare runs with `dynrag evaluate " + " ".join(s["out"] for s in summaries) + "`")

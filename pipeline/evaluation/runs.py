@@ -80,15 +80,14 @@ def resolved_config(run_dir: str) -> dict[str, Any]:
 
 
 def run_params(method_params: str | dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
-    """The method params (the rows' JSON text, or a run summary's dict); a k of None (meaning retrieval.k)
-    resolved from the config (the saved one, or the run's as a dict)."""
+    """The method params (the rows' JSON text, or a run summary's dict); a None that means "the retrieval
+    section's value" (k, retriever) resolved from the config (the saved one, or the run's as a dict)."""
     if isinstance(method_params, dict):
         params = dict(method_params)
     else:
         params = json.loads(method_params) if method_params else {}
-    if "k" in params and params["k"] is None:
-        params["k"] = config.get("retrieval", {}).get("k")
-    return params
+    retrieval = config.get("retrieval", {})
+    return {k: retrieval.get(k) if v is None and k in retrieval else v for k, v in params.items()}
 
 
 def load_run(path: str, label: str | None = None) -> Run:

@@ -22,6 +22,7 @@ from pipeline.io.datasets import load_questions
 from pipeline.methods.registry import config_hash, get_method
 from indexing.faults import fault_point
 from pipeline.errors import DynragError, first_line
+from pipeline.evaluation.runs import run_params
 from pipeline.io.output import answered_ids, make_row, read_json, summarize, write_json, write_part, write_text
 from pipeline.io.output_lock import output_lock
 from pipeline.engine.requests import Question
@@ -211,7 +212,8 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
         log.info("resumed: %d questions already had a row under %s", skipped, out)
     wall = time.perf_counter() - t0
     summary = {"run_id": run_id, "out": out, "dataset": dataset, "method": spec.name,
-               "method_params": params.model_dump(mode="json"), "config_hash": chash, "model": cfg.generation.model,
+               "method_params": run_params(params.model_dump(mode="json"), cfg.model_dump(mode="json")),
+               "config_hash": chash, "model": cfg.generation.model,
                "runtime": cfg.runtime.mode, "skipped_already_answered": skipped, "backend_batch_calls": batch_calls,
                **summarize(out, wall_time_s=wall, new_rows=written)}
     write_json(out, "summary.json", summary)
