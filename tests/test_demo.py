@@ -142,3 +142,17 @@ def test_a_demo_error_is_one_line_on_the_terminal(tmp_path, capfd):
     out, err = capfd.readouterr()
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("library logs")]
     assert rc == 2 and lines == ["dynrag: error: the demo needs at least one question (got 0)"], err
+
+
+def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
+    import argparse
+
+    from jobs.demo import demo_config
+
+    def cfg(*sets):
+        return demo_config(argparse.Namespace(config=None, overrides=list(sets)))
+
+    plain = cfg()
+    assert (plain.generation.model, plain.embedding.dtype) == ("qwen2.5-0.5b-instruct", "bfloat16")
+    mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32")
+    assert (mine.generation.model, mine.embedding.dtype) == ("smollm2-135m-instruct", "float32")
