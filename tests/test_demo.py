@@ -107,7 +107,7 @@ def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
     setup_logging("INFO")  # as the CLI does: records on the (captured) stderr
     path = tmp_path / "out" / "dynrag.log"
     with divert_logs(path, "INFO") as shown:
-        logging.getLogger("vllm.engine").warning("library warning record")
+        logging.getLogger("some_library.engine").warning("library warning record")
         logging.getLogger("pipeline.demo").info("own progress record")
         warnings.warn("a python warning")
         os.write(2, b"written to fd 2 by a child process or the JVM\n")
@@ -124,7 +124,7 @@ def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
     for text in ("library warning record", "a python warning", "by a child process", "own handler record"):
         assert text in logged and text not in terminal, text
     assert "own progress record" in logged
-    logging.getLogger("vllm.engine").warning("after the block")
+    logging.getLogger("some_library.engine").warning("after the block")
     assert "after the block" in capfd.readouterr().err
 
 
@@ -132,7 +132,7 @@ def test_debug_shows_everything_on_the_terminal(tmp_path, capfd):
     setup_logging("DEBUG")
     path = tmp_path / "dynrag.log"
     with divert_logs(path, "DEBUG") as shown:
-        logging.getLogger("vllm.engine").info("library info record")
+        logging.getLogger("some_library.engine").info("library info record")
     assert shown is None and not path.exists()
     assert "library info record" in capfd.readouterr().err
 
