@@ -79,6 +79,8 @@ def _ehash(title: str, text: str) -> bytes:
 
 
 def _settings(cfg) -> dict:
+    from indexing.sparse import configured_analyzer
+
     e, i = cfg.embedding, cfg.index
     embedding = {"model": e.model, "dtype": e.dtype, "max_seq_length": e.max_seq_length, "input": "title\\ntext"}
     return {
@@ -89,7 +91,7 @@ def _settings(cfg) -> dict:
         "passage_words": i.passage_words,
         "shard_size": effective_shard_size(cfg),
         "lucene": {"collection": "JsonCollection", "contents": "title\\ntext",
-                   "analyzer": {"stemmer": i.bm25_stemmer, "stopwords": i.bm25_stopwords}},
+                   "analyzer": configured_analyzer(i)},
         "bm25_segments": i.bm25_segments,
     }
 

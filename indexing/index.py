@@ -34,7 +34,7 @@ class SearchError(IndexingError, ValueError):
 
 class Index:
     def __init__(self, root: Path, cfg, manifest: dict):
-        from indexing.sparse import LuceneShard, index_analyzer
+        from indexing.sparse import LuceneShard, configured_analyzer, index_analyzer
         from indexing.store import PassageStore
 
         self.root, self.cfg, self.manifest = root, cfg, manifest
@@ -46,7 +46,7 @@ class Index:
         self._faiss = None
         bm25 = root / "versions" / f"v{self.version:06d}" / manifest["bm25"]["path"]
         self.analyzer = index_analyzer(manifest["settings"])
-        wanted = {"stemmer": cfg.index.bm25_stemmer, "stopwords": cfg.index.bm25_stopwords}
+        wanted = configured_analyzer(cfg.index)
         if wanted != self.analyzer:
             log.warning("the BM25 index was built with analyzer %s, the configuration asks for %s; searching with "
                         "the index's (rebuild it to change)", self.analyzer, wanted)

@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 DEFAULT_ANALYZER = {"stemmer": "porter", "stopwords": True}  # Anserini's and pyserini's default English analyzer
 
 
+def configured_analyzer(index_config) -> dict:
+    """The analyzer the `index` section asks for (index.bm25_stemmer, index.bm25_stopwords)."""
+    return {"stemmer": index_config.bm25_stemmer, "stopwords": index_config.bm25_stopwords}
+
+
 def index_analyzer(settings: dict) -> dict:
     """The analyzer an index was built with (its manifest's settings; indexes from before the setting: the default)."""
     return settings.get("lucene", {}).get("analyzer", DEFAULT_ANALYZER)
