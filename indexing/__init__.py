@@ -28,6 +28,10 @@ def build_index(sources, index_dir: str | os.PathLike, cfg: IndexSettings, **opt
     sources = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if is_remote(index_dir):
         return build_remote_index(sources, str(index_dir), cfg, **options)
+    if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers
+        from indexing.cluster_build import build_cluster_index
+
+        return build_cluster_index(sources, index_dir, cfg, **options)
     from indexing.build import build_local_index
 
     return build_local_index(sources, index_dir, cfg, **options)

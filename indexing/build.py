@@ -110,8 +110,10 @@ def build_local_index(
     fmt: str = "auto",
     fields: dict | None = None,
     on_bad_line: str = "error",
+    builder: type | None = None,
 ) -> dict:
-    """Build or incrementally refresh the local index at `index_dir` from `sources`; return a report."""
+    """Build or incrementally refresh the local index at `index_dir` from `sources`; return a report.
+    `builder`: the class that runs it (cluster_build.py passes its Ray one; default in-process)."""
     if not sources:
         raise BuildError("no corpus sources given")
     root = Path(index_dir)
@@ -121,7 +123,7 @@ def build_local_index(
         bound_native_memory(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
     with build_lock(root):
         try:
-            return _Builder(sources, root, cfg, fmt, fields, on_bad_line).run()
+            return (builder or _Builder)(sources, root, cfg, fmt, fields, on_bad_line).run()
         finally:
             for folder in (root / "staging", root / "shards"):  # removed if empty: staged work stays for a rerun
                 with contextlib.suppress(OSError):
@@ -146,6 +148,7 @@ class _Builder:
         self.vectors_reused = 0
         self.reembedded_shards: list[str] = []
         self._pending: list = []
+        self.extra: dict = {}  # further entries of the manifest's `build` record and of the report (cluster_build.py)
         self._remote = None
         # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
         self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
@@ -430,6 +433,17 @@ class _Builder:
         if self.embedded != n_embed:
             raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
 
+    def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
+        """Stages 1-3: every shard of the corpus complete under `shards/`; returns their metas (in corpus
+        order) and how many of them this build made (cluster_build.py does the same on Ray workers)."""
+        self.template = self._known_template(prev)
+        metas = self._stage_passages()
+        fault_point("build.passages_staged")
+        self._stage_template(metas)
+        n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
+        self._stage_embed_and_index(metas, prev)
+        return metas, n_new
+
     # ---- stage 4 ----
     def _merge_bm25(self, metas: list[dict]) -> Path:
         from indexing.sparse import merge_lucene
@@ -443,12 +457,7 @@ class _Builder:
     def run(self) -> dict:
         t0 = time.perf_counter()
         prev = read_manifest(self.root) if current_version(self.root) else None
-        self.template = self._known_template(prev)
-        metas = self._stage_passages()
-        fault_point("build.passages_staged")
-        self._stage_template(metas)
-        n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
-        self._stage_embed_and_index(metas, prev)
+        metas, n_new = self._build_shards(prev)
         dim = None
         for m in metas:
             d = self.shards_dir / m["key"]
@@ -483,6 +492,7 @@ class _Builder:
                     "bad_lines_skipped": self.read_stats.bad_lines,
                     "duplicates_merged": self.passage_stats.duplicates,
                     "previous_version": prev["version"] if prev else None,
+                    **self.extra,
                 },
             }
             bm25 = self._merge_bm25(metas)
@@ -513,6 +523,7 @@ class _Builder:
             "shards_reembedded": len(self.reembedded_shards),
             "passages_embedded": self.embedded,
             "vectors_reused": self.vectors_reused,
+            **self.extra,
             "seconds": round(seconds, 3),
             **{k: round(v, 3) for k, v in self.timings.items()},
         }

@@ -178,10 +178,9 @@ def test_ray_build_equals_local(corpus, tmp_path):
         ray.shutdown()
     assert on_ray["passages_embedded"] == local["passages_embedded"] == local["passages"] >= 30
     assert on_ray["shards"] == local["shards"] > 1
-    # ray: the shard tasks' own seconds (faiss_s, lucene_s) and the driver's wait for them are apart from embed_s
-    assert on_ray["shard_tasks_wait_s"] >= 0 and "shard_tasks_wait_s" not in local
+    # ray: one unit (one file), built by a task (cluster_build.py) whose own seconds are summed in embed_s etc.
+    assert on_ray["units"] == 1 and "units" not in local and on_ray["unit_tasks_wait_s"] > 0
     assert all(r[k] > 0 for r in (local, on_ray) for k in ("embed_s", "faiss_s", "lucene_s"))
-    assert on_ray["embed_s"] + on_ray["shard_tasks_wait_s"] <= on_ray["embed_and_index_s"]
     ma, mb = read_manifest(tmp_path / "local"), read_manifest(tmp_path / "ray")
     for a, b in zip(ma["shards"], mb["shards"]):
         assert a["key"] == b["key"]
