@@ -1,0 +1,224 @@
+"""The cluster build (indexing/cluster_build.py) on a local multi-node Ray cluster: a head without CPUs (the
+driver's node) and two workers with one CPU each, all on this machine (`ray.cluster_utils.Cluster`).
+
+The corpus is four JSONL files of real HotpotQA paragraphs (ids h0, h1, ...; the last file repeats two
+passages of the first, so duplicates cross work units). The test encoder (`embedding.model=hash`) keeps
+embedding cheap; everything else (readers, FAISS, Lucene, checksums, publishing) is the real build.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexing import build_index, open_index
+from indexing.errors import IndexingError
+from indexing.manifest import read_manifest, verify_version
+from pipeline.config import load_config
+
+ray = pytest.importorskip("ray")
+
+# loopback only, no token auth, no worker killing by Ray's memory monitor (it counts the shared machine's memory)
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
+PAUSE_POINT = "shard.before_rename"  # armed only by test_killed_worker_is_retried (its marker file is removed)
+SHARD = 8
+QUERIES = ["football club in Manchester", "a railway station", "American politician", "river", "album by a band"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from ray.cluster_utils import Cluster
+
+    pause_dir = tmp_path_factory.mktemp("pause")
+    (pause_dir / PAUSE_POINT).write_text("")  # disarmed: fault_point pauses only while this file is absent
+    env = {**RAY_ENV, "DYNRAG_PAUSE_AT": PAUSE_POINT, "DYNRAG_PAUSE_DIR": str(pause_dir)}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)  # before the nodes start: their workers inherit it
+        temp = tempfile.mkdtemp(prefix="dynrag-rc-", dir="/tmp")  # short: Ray's socket paths live below it
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": temp})
+        workers = [c.add_node(num_cpus=1, resources={f"node_{i}": 1}) for i in (1, 2)]
+        c.wait_for_nodes()
+        ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+        try:
+            yield {"address": c.address, "workers": {w.node_id for w in workers}, "pause_dir": pause_dir}
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def rows(data_dir):
+    out, seen = [], set()
+    for line in (data_dir / "hotpotqa/dev_400.jsonl").read_text(encoding="utf-8").splitlines()[:10]:
+        for c in json.loads(line)["contexts"]:
+            if (c["title"], c["paragraph_text"]) not in seen:
+                seen.add((c["title"], c["paragraph_text"]))
+                out.append({"id": f"h{len(out)}", "title": c["title"], "text": c["paragraph_text"]})
+    return out
+
+
+def write_corpus(folder: Path, rows: list[dict]) -> list[str]:
+    """Four files; the last one also repeats the first file's first two passages."""
+    folder.mkdir(parents=True, exist_ok=True)
+    q = len(rows) // 4
+    parts = [rows[:q], rows[q:2 * q], rows[2 * q:3 * q], rows[3 * q:] + rows[:2]]
+    paths = []
+    for i, part in enumerate(parts):
+        p = folder / f"part{i}.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+        paths.append(str(p))
+    return paths
+
+
+def settings(cluster=None, **overrides):
+    o = {"runtime.mode": "local", "embedding.model": "hash", "index.shard_size": SHARD, **overrides}
+    if cluster:
+        o.update({"runtime.mode": "ray", "runtime.ray_address": cluster["address"]})
+    return load_config(overrides=[f"{k}={v}" for k, v in o.items()]).index_settings()
+
+
+def hits(root, cfg, retriever):
+    with open_index(root, cfg) as idx:
+        return [[(h.id, round(h.score, 4)) for h in hs] for hs in idx.search(QUERIES, k=5, retriever=retriever)]
+
+
+def passages(root, cfg, ids):
+    with open_index(root, cfg) as idx:
+        return [(h.id, h.title, h.text) if h else None for h in idx.passages(ids)]
+
+
+@pytest.fixture
+def driver_without_corpus(monkeypatch):
+    """From here on, this process (the driver) cannot read a corpus nor split passages: workers must."""
+    import indexing.passages
+    import indexing.readers
+
+    def refuse(*a, **k):
+        raise AssertionError("the driver read the corpus")
+
+    monkeypatch.setattr(indexing.readers, "read_corpus", refuse)
+    monkeypatch.setattr(indexing.passages, "passages_of", refuse)
+
+
+def test_cluster_build_spreads_over_nodes_and_searches_as_in_process(cluster, rows, tmp_path, request):
+    sources = write_corpus(tmp_path / "corpus", rows)
+    local = build_index(sources, tmp_path / "local", settings())
+    request.getfixturevalue("driver_without_corpus")
+    report = build_index(sources, tmp_path / "ray", settings(cluster))
+    assert report["units"] == 4 and report["published"]
+    nodes = set(report["tasks_by_node"])
+    assert len(nodes) >= 2 and nodes <= cluster["workers"]  # never the driver's (CPU-less) head node
+    for k in ("passages", "duplicates_merged", "records", "passages_embedded"):
+        assert report[k] == local[k], k
+    assert local["duplicates_merged"] == 2
+    m = read_manifest(tmp_path / "ray")
+    assert m["build"]["tasks_by_node"] == report["tasks_by_node"]
+    assert sum(s["passages"] for s in m["shards"]) == m["passages"] == local["passages"] > len(rows)
+    verify_version(tmp_path / "ray", m, full=True)
+    cfg = settings()
+    ids = [r["id"] for r in rows]
+    assert passages(tmp_path / "ray", cfg, ids) == passages(tmp_path / "local", cfg, ids)
+    for retriever in ("bm25", "dense"):
+        assert hits(tmp_path / "ray", cfg, retriever) == hits(tmp_path / "local", cfg, retriever), retriever
+
+
+def test_incremental_rebuild_touches_only_the_changed_shard(cluster, rows, tmp_path):
+    sources = write_corpus(tmp_path / "corpus", rows)
+    first = build_index(sources, tmp_path / "idx", settings(cluster))
+    assert first["shards_built"] == first["shards"] and first["version"] == 1
+    again = build_index(sources, tmp_path / "idx", settings(cluster))
+    assert not again["published"] and again["shards_built"] == 0 and again["passages_embedded"] == 0
+
+    edited = [dict(r) for r in rows]
+    edited[len(rows) // 4 + 3]["text"] += " A sentence added in a later revision."  # in the second file
+    write_corpus(tmp_path / "corpus", edited)
+    before = {s["key"] for s in read_manifest(tmp_path / "idx")["shards"]}
+    report = build_index(sources, tmp_path / "idx", settings(cluster))
+    after = {s["key"] for s in read_manifest(tmp_path / "idx")["shards"]}
+    assert report["version"] == 2 and len(after - before) == 1 and len(before - after) == 1
+    assert report["shards_built"] == 1 and report["shards_reused"] == report["shards"] - 1
+    assert report["passages_embedded"] == 1 and report["vectors_reused"] >= 1  # the rest came from the old shard
+    full = build_index(sources, tmp_path / "full", settings(cluster))  # the same corpus from scratch
+    assert [s["key"] for s in read_manifest(tmp_path / "full")["shards"]] == \
+        [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]]
+    assert full["passages_embedded"] == full["passages"]
+
+
+def test_bad_corpus_line_fails_on_the_worker_with_one_line(cluster, rows, tmp_path, request):
+    sources = write_corpus(tmp_path / "corpus", rows)
+    with open(sources[2], "a", encoding="utf-8") as f:
+        f.write("{not json\n")
+    request.getfixturevalue("driver_without_corpus")
+    with pytest.raises(IndexingError, match=r"part2\.jsonl:\d+") as err:  # the reader's error, raised by a worker
+        build_index(sources, tmp_path / "idx", settings(cluster))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "idx" / "CURRENT").exists()  # nothing published
+
+
+def test_killed_build_resumes_on_rerun(cluster, rows, tmp_path):
+    """The driver (a `dynrag index build` process joined to the cluster) and the worker that was renaming a
+    finished shard into place are killed; a rerun reuses the finished shards and the staged vectors."""
+    from fault_tools import cli, kill_group, start
+
+    sources = write_corpus(tmp_path / "corpus", rows)
+    marker = cluster["pause_dir"] / PAUSE_POINT
+    marker.unlink()  # armed
+    sets = [f"--set={k}={v}" for k, v in {"runtime.mode": "ray", "runtime.ray_address": cluster["address"],
+                                          "embedding.model": "hash", "index.shard_size": SHARD}.items()]
+    driver = start(cli("index", "build", *sources, "--index", str(tmp_path / "idx"), *sets), {**os.environ, **RAY_ENV})
+    try:
+        deadline = time.monotonic() + 300
+        while not (marker.exists() and marker.read_text()):
+            assert driver.poll() is None, driver.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the pause point was not reached"
+            time.sleep(0.05)
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=60)
+        os.kill(int(marker.read_text()), signal.SIGKILL)  # the paused worker
+    finally:
+        kill_group(driver)
+    assert not (tmp_path / "idx" / "CURRENT").exists()
+    assert any((tmp_path / "idx" / "staging").iterdir())
+
+    report = build_index(sources, tmp_path / "idx", settings(cluster))
+    assert report["version"] == 1 and report["passages_embedded"] < report["passages"]
+    ref = build_index(sources, tmp_path / "ref", settings(cluster))
+    assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == \
+        [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
+    verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
+    assert hits(tmp_path / "idx", settings(), "bm25") == hits(tmp_path / "ref", settings(), "bm25")
+    assert not (tmp_path / "idx" / "staging").exists()
+
+
+def test_killed_worker_is_retried(cluster, rows, tmp_path):
+    """SIGKILL of a worker just before it renames a finished shard into place: Ray retries the task, which
+    finds the staged passages and vectors and finishes; the index is the one an undisturbed build makes."""
+    sources = write_corpus(tmp_path / "corpus", rows)
+    marker = cluster["pause_dir"] / PAUSE_POINT
+    marker.unlink()  # armed
+    result = {}
+    build = threading.Thread(target=lambda: result.update(build_index(sources, tmp_path / "idx", settings(cluster))))
+    build.start()
+    deadline = time.monotonic() + 300
+    while not (marker.exists() and marker.read_text()):
+        assert build.is_alive() and time.monotonic() < deadline, "the pause point was not reached"
+        time.sleep(0.05)
+    os.kill(int(marker.read_text()), signal.SIGKILL)
+    build.join(timeout=600)
+    # shards the killed attempt had finished count as reused, as in a rerun
+    assert result["published"] and result["shards_built"] + result["shards_reused"] == result["shards"]
+    assert result["passages_embedded"] < result["passages"]  # the retry reused the killed attempt's vectors
+    undisturbed = build_index(sources, tmp_path / "ref", settings(cluster))
+    assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == \
+        [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
+    verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
+    assert hits(tmp_path / "idx", settings(), "bm25") == hits(tmp_path / "ref", settings(), "bm25")
