@@ -20,18 +20,21 @@ from indexing.settings import IndexSettings
 
 
 def build_index(sources, index_dir: str | os.PathLike, cfg: IndexSettings, **options) -> dict:
-    """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI, built
-    locally and uploaded: remote.py) from `sources` (files or URIs); return a report. `options`: fmt, fields,
-    on_bad_line (see indexing.build.build_local_index)."""
+    """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI) from
+    `sources` (files, URIs or globs); return a report. In-process, a remote index is built locally and uploaded
+    (remote.py); with `cfg.ray.enabled`, Ray workers build and write the shards (cluster_build.py). `options`:
+    fmt, fields, on_bad_line (see indexing.build.build_local_index)."""
     from indexing.remote import build_remote_index, is_remote
 
     sources = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
+    if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers (cluster_build.py)
+        from indexing.cluster_build import build_cluster_index, build_remote_cluster_index
+
+        if is_remote(index_dir):
+            return build_remote_cluster_index(sources, str(index_dir), cfg, **options)
+        return build_cluster_index(sources, index_dir, cfg, **options)
     if is_remote(index_dir):
         return build_remote_index(sources, str(index_dir), cfg, **options)
-    if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers
-        from indexing.cluster_build import build_cluster_index
-
-        return build_cluster_index(sources, index_dir, cfg, **options)
     from indexing.build import build_local_index
 
     return build_local_index(sources, index_dir, cfg, **options)

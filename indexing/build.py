@@ -53,7 +53,7 @@ from indexing.manifest import (
 )
 from indexing.native_memory import release_free_memory
 from indexing.passages import PassageStats, passages_of
-from indexing.readers import CorpusError, ReadStats, read_corpus
+from indexing.readers import CorpusError, ReadStats, expand_sources, read_corpus
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
 from indexing.store import read_table, write_store
 from indexing.faults import fault_point
@@ -168,7 +168,8 @@ class _Builder:
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
         records = itertools.chain.from_iterable(
-            read_corpus(src, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats) for src in self.sources
+            read_corpus(src, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats)
+            for src in expand_sources(self.sources)
         )
         passages = _progress(passages_of(records, self.cfg.index.passage_words, self.passage_stats), "passages", "psg")
         metas = []
@@ -454,21 +455,45 @@ class _Builder:
         self.timings["bm25_merge_s"] = time.perf_counter() - t
         return out
 
+    def _previous(self) -> dict | None:
+        """The published manifest this build refreshes, if any."""
+        return read_manifest(self.root) if current_version(self.root) else None
+
+    def _describe_shards(self, metas: list[dict]) -> int:
+        """Set each shard's `files` (its checksums); return the vectors' dimension."""
+        for m in metas:
+            m["files"] = json.loads((self.shards_dir / m["key"] / "checksums.json").read_text())
+        return int(np.load(self.shards_dir / metas[0]["key"] / "vectors.npy", mmap_mode="r").shape[1])
+
+    def _publish(self, manifest: dict, metas: list[dict]) -> None:
+        """Stage 4: the version's BM25 index, the manifest, CURRENT; then old versions are collected."""
+        self._publish_here(manifest, metas)
+        collect_garbage(self.root, self.cfg.index.keep_versions)
+
+    def _publish_here(self, manifest: dict, metas: list[dict]) -> None:
+        bm25 = self._merge_bm25(metas)
+        fault_point("build.bm25_merged")
+        manifest["bm25"] = {"path": "lucene", "files": write_checksums(bm25)}
+        (bm25 / "checksums.json").unlink()
+        publish(self.root, manifest, {"lucene": bm25})
+
+    def _clean_staging(self) -> None:
+        for stale in self.staging.iterdir():  # staged shards, .template.json, .train.parquet
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+
     def run(self) -> dict:
         t0 = time.perf_counter()
-        prev = read_manifest(self.root) if current_version(self.root) else None
+        prev = self._previous()
         metas, n_new = self._build_shards(prev)
-        dim = None
-        for m in metas:
-            d = self.shards_dir / m["key"]
-            m["files"] = json.loads((d / "checksums.json").read_text())
-            if dim is None:
-                dim = int(np.load(d / "vectors.npy", mmap_mode="r").shape[1])
+        dim = self._describe_shards(metas)
         keys = [m["key"] for m in metas]
         unchanged = prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
         if unchanged:
             version = prev["version"]
-            log.info("corpus and settings unchanged: %s stays published", current_version(self.root))
+            log.info("corpus and settings unchanged: version %d stays published", version)
         else:
             version = (prev["version"] + 1) if prev else 1
             manifest = {
@@ -495,17 +520,8 @@ class _Builder:
                     **self.extra,
                 },
             }
-            bm25 = self._merge_bm25(metas)
-            fault_point("build.bm25_merged")
-            manifest["bm25"] = {"path": "lucene", "files": write_checksums(bm25)}
-            (bm25 / "checksums.json").unlink()
-            publish(self.root, manifest, {"lucene": bm25})
-            collect_garbage(self.root, self.cfg.index.keep_versions)
-        for stale in self.staging.iterdir():  # staged shards, .template.json, .train.parquet
-            if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-            else:
-                stale.unlink(missing_ok=True)
+            self._publish(manifest, metas)
+        self._clean_staging()
         seconds = time.perf_counter() - t0
         report = {
             "index_dir": str(self.root),

@@ -1,7 +1,7 @@
 """The cluster build (`runtime.mode=ray`): Ray workers read, split, shard, embed and index; the driver plans
 and publishes.
 
-Work units: one per corpus file (a source with glob characters is expanded with fsspec, matches sorted).
+Work units: one per corpus file (readers.expand_sources: a glob becomes its matches, sorted).
 Three rounds of Ray tasks, spread over the cluster's nodes (scheduling strategy SPREAD, one CPU each):
 
 1. scan, one task per unit: read and split the unit; return its passage count (to the driver) and, as a
@@ -54,7 +54,7 @@ from indexing.embed import EncoderSpec, embed_input, get_encoder
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
 from indexing.passages import PassageStats, id_hash
-from indexing.readers import ReadStats
+from indexing.readers import ReadStats, expand_sources
 from indexing.shards import content_hash, shard_key, shard_stream
 from indexing.store import read_table, write_store
 
@@ -66,22 +66,87 @@ def build_cluster_index(sources: list[str], index_dir, cfg, **options) -> dict:
     return build_local_index(sources, index_dir, cfg, builder=_ClusterBuilder, **options)
 
 
-def work_units(sources: list[str]) -> list[str]:
-    """One unit per file: sources as given, a glob expanded to its matches (sorted)."""
-    import fsspec
+class ShardStorage:
+    """Where unit tasks put what they build. A local index directory (the same path on every node) is used in
+    place: shards are staged under `staging/` and renamed into `shards/` (build.finalize_shard). For an fsspec
+    URI, a scratch directory on the worker's node takes the staging, and each finished shard is uploaded to
+    `shards/<key>/` with its `checksums.json` last (the marker of a complete shard, as remote.py uploads)."""
 
-    units = []
-    for src in sources:
-        if not any(c in src for c in "*?["):
-            units.append(src)
-            continue
-        fs, _ = fsspec.core.url_to_fs(src)
-        matches = sorted(fs.glob(src))
-        if not matches:
-            raise BuildError(f"no corpus file matches {src}")
-        protocol = src.split("://", 1)[0] + "://" if "://" in src else ""
-        units += [m if "://" in m or not protocol else protocol + m for m in matches]
-    return units
+    def __init__(self, root: str, scratch: str | None = None):
+        from indexing.remote import is_remote
+
+        self.root, self.remote = root, is_remote(root)
+        self.local = Path(scratch if self.remote else root)
+
+    def _fs(self):
+        from indexing.remote import _store
+
+        return _store(self.root)
+
+    def has(self, key: str) -> bool:
+        if not self.remote:
+            return (self.local / "shards" / key / "checksums.json").is_file()
+        fs, base = self._fs()
+        return fs.exists(f"{base}/shards/{key}/checksums.json")
+
+    def files(self, key: str) -> dict:
+        """A complete shard's {file: {sha256, bytes}} (its checksums.json)."""
+        if not self.remote:
+            return json.loads((self.local / "shards" / key / "checksums.json").read_text(encoding="utf-8"))
+        fs, base = self._fs()
+        return json.loads(fs.cat_file(f"{base}/shards/{key}/checksums.json"))
+
+    def dim(self, key: str) -> int:
+        """The vectors' dimension of a complete shard, from the header of its vectors.npy."""
+        import fsspec
+
+        path = str(self.local / "shards" / key / "vectors.npy") if not self.remote else f"{self.root}/shards/{key}/vectors.npy"
+        with fsspec.open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            fmt = np.lib.format
+            shape = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(f)[0]
+        return int(shape[1])
+
+    def fetch(self, rel: str, want: dict) -> Path:
+        """A local copy of the index file `rel` (a remote one pulled once into the scratch, checked)."""
+        if not self.remote:
+            return self.local / rel
+        from indexing.remote import _pull_files
+
+        fs, base = self._fs()
+        local = self.local / "pulled" / rel
+        _pull_files(fs, [(f"{base}/{rel}", local, want)])
+        return local
+
+    def put(self, path: Path, rel: str) -> None:
+        """A file written in the scratch goes to `rel` of a remote index (a local one is written in place)."""
+        if self.remote:
+            fs, base = self._fs()
+            fs.put_file(str(path), f"{base}/{rel}")
+
+    def finish(self, stage: Path, key: str, *index_args) -> dict[str, float]:
+        """FAISS, Lucene and checksums of a staged shard, then into `shards/<key>/`; returns seconds."""
+        done = self.local / ("shards" if not self.remote else "uploading") / key
+        seconds = finalize_shard(str(stage), str(done), *index_args)
+        if self.remote:
+            t = time.perf_counter()
+            self.upload_finished(key)
+            seconds["upload_s"] = time.perf_counter() - t
+        return seconds
+
+    def upload_finished(self, key: str) -> bool:
+        """Remote: upload a shard finished in the scratch (checksums.json last) and drop it; False if none."""
+        import shutil
+
+        from indexing.remote import _upload_dir
+
+        done = self.local / "uploading" / key
+        if not self.remote or not (done / "checksums.json").is_file():
+            return False
+        fs, base = self._fs()
+        _upload_dir(fs, done, f"{base}/shards/{key}", "checksums.json")
+        shutil.rmtree(done, ignore_errors=True)
+        return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,18 +154,19 @@ class UnitJob:
     """What a worker needs for one unit: plain values (no settings object, no model resolver, crosses over)."""
 
     unit: str
+    store: "ShardStorage"
     fmt: str
     fields: dict | None
     on_bad_line: str
     passage_words: int
     shard_size: int
-    root: str
     settings_hash: str
     factory: str
     threads: int
     analyzer: dict
     spec: EncoderSpec
-    reuse_from: tuple[tuple[str, str, str], ...]  # previous shards (key, first id, last id) whose vectors fit
+    reuse_from: tuple[tuple[str, str, str, dict], ...]  # previous shards whose vectors fit: key, first and last
+    # passage id, {file: {sha256, bytes}} of their passages.arrow and vectors.npy
     release: bool  # index.memory_budget_mb set: give free pages back after each shard
     template: dict | None = None
 
@@ -146,7 +212,8 @@ def sample_unit(job: UnitJob, rows: np.ndarray) -> list[str]:
     return out
 
 
-def train_unit_template(spec: EncoderSpec, factory: str, root: str, settings_hash: str, *samples: list[str]) -> dict:
+def train_unit_template(spec: EncoderSpec, factory: str, store: "ShardStorage", settings_hash: str,
+                        *samples: list[str]) -> dict:
     """Embed the sample, train the IVF template, write `trained/<sha>.index`; return its manifest entry."""
     from indexing.dense import train_template
     from indexing.manifest import sha256_file
@@ -154,12 +221,13 @@ def train_unit_template(spec: EncoderSpec, factory: str, root: str, settings_has
     t = time.perf_counter()
     texts = [x for s in samples for x in s]
     vecs = get_encoder(spec).encode(texts)
-    out = Path(root) / "trained" / f".template.{os.getpid()}.tmp"
-    out.parent.mkdir(exist_ok=True)
+    out = store.local / "trained" / f".template.{os.getpid()}.tmp"
+    out.parent.mkdir(parents=True, exist_ok=True)
     train_template(vecs, factory, out)
     digest = sha256_file(out)
     final = out.with_name(f"{digest[:16]}.index")
     os.replace(out, final)
+    store.put(final, f"trained/{final.name}")
     return {"path": f"trained/{final.name}", "sha256": digest, "bytes": final.stat().st_size,
             "settings_hash": settings_hash, "seconds": time.perf_counter() - t, "passages": len(texts)}
 
@@ -187,16 +255,18 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
                 continue
             yield p
 
-    root = Path(job.root)
     for group in shard_stream(fresh(), job.shard_size):
         ch = content_hash(group)
         meta = {"key": job.key(ch), "passages": len(group), "content_hash": ch,
                 "first_id": group[0].id, "last_id": group[-1].id}
-        if not (root / "shards" / meta["key"] / "checksums.json").is_file():
+        if not job.store.has(meta["key"]):
             _build_shard(job, group, meta, out)
             if job.release:
                 release_free_memory()
+        meta["files"] = job.store.files(meta["key"])
         out["shards"].append(meta)
+        if "dim" not in out:
+            out["dim"] = job.store.dim(meta["key"])
     dropped = out.pop("duplicates")  # passages_of counted them as passages of this unit
     ps.passages -= dropped
     ps.duplicates += dropped
@@ -213,8 +283,10 @@ def _tally(timings: dict, seconds: dict) -> None:
 
 
 def _build_shard(job: UnitJob, group: list, meta: dict, out: dict) -> None:
-    root = Path(job.root)
-    stage = root / "staging" / shard_key(meta["content_hash"], job.settings_hash)  # build._Builder._stage_dir
+    out["built"] += 1
+    if job.store.upload_finished(meta["key"]):  # built before an interruption, not yet uploaded
+        return
+    stage = job.store.local / "staging" / shard_key(meta["content_hash"], job.settings_hash)  # as build._stage_dir
     t = time.perf_counter()
     if not (stage / "passages.arrow").is_file():
         stage.mkdir(parents=True, exist_ok=True)
@@ -229,20 +301,21 @@ def _build_shard(job: UnitJob, group: list, meta: dict, out: dict) -> None:
             out["reembedded"].append(meta["key"])
         _tally(out["timings"], {"embed_s": time.perf_counter() - t})
         fault_point("build.shard_embedded")
-    template = str(root / job.template["path"]) if job.template else None
-    _tally(out["timings"], finalize_shard(str(stage), str(root / "shards" / meta["key"]), job.factory, job.threads,
-                                          template, job.analyzer))
-    out["built"] += 1
+    t = job.template
+    template = str(job.store.fetch(t["path"], {"sha256": t["sha256"], "bytes": t["bytes"]})) if t else None
+    _tally(out["timings"], job.store.finish(stage, meta["key"], job.factory, job.threads, template, job.analyzer))
 
 
 def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[int, int]:
     """Write the staged shard's `vectors.npy`: rows the previous version embedded (in the old shards sharing
     this shard's first or last id) are copied, the rest embedded here. Returns (embedded, copied)."""
-    shards = Path(job.root) / "shards"
     cache: dict[bytes, tuple[str, int]] = {}
-    for old, first, last in job.reuse_from:
-        if old != key and (first in ids or last in ids) and (shards / old / "vectors.npy").is_file():
-            t = read_table(shards / old)
+    old_dirs: dict[str, Path] = {}
+    for old, first, last, files in job.reuse_from:
+        if old != key and (first in ids or last in ids):
+            old_dirs[old] = job.store.fetch(f"shards/{old}/vectors.npy", files["vectors.npy"]).parent
+            job.store.fetch(f"shards/{old}/passages.arrow", files["passages.arrow"])
+            t = read_table(old_dirs[old])
             for row, pair in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist())):
                 cache.setdefault(_ehash(*pair), (old, row))
     t = read_table(stage)
@@ -254,12 +327,16 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     step = job.spec.batch_size * 4
     new = [encoder.encode([inputs[r] for r in todo[i:i + step]]) for i in range(0, len(todo), step)]
     copied = [(r, h) for r, h in enumerate(hits) if h is not None]
-    dim = new[0].shape[1] if new else np.load(shards / copied[0][1][0] / "vectors.npy", mmap_mode="r").shape[1]
+    dim = new[0].shape[1] if new else np.load(old_dirs[copied[0][1][0]] / "vectors.npy", mmap_mode="r").shape[1]
     vecs = np.zeros((len(inputs), dim), dtype=np.float32)
     if todo:
         vecs[todo] = np.concatenate(new)
+    by_old: dict[str, list[tuple[int, int]]] = {}
     for r, (old, row) in copied:
-        vecs[r] = np.load(shards / old / "vectors.npy", mmap_mode="r")[row]
+        by_old.setdefault(old, []).append((r, row))
+    for old, pairs in by_old.items():
+        rows, old_rows = zip(*pairs)
+        vecs[list(rows)] = np.load(old_dirs[old] / "vectors.npy", mmap_mode="r")[list(old_rows)]
     tmp = stage / ".vectors.npy.tmp"
     with open(tmp, "wb") as f:
         np.save(f, vecs)
@@ -291,15 +368,22 @@ def _gather(refs: list) -> list:
 class _ClusterBuilder(_Builder):
     """build._Builder with stages 1-3 as Ray tasks (the module doc); stage 4 is the base class's."""
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.store = ShardStorage(str(self.root))
+        self.dim: int | None = None
+
     def _job(self, unit: str, prev: dict | None) -> UnitJob:
         cfg = self.cfg
         same_model = prev is not None and prev["settings"]["embedding_hash"] == self.settings["embedding_hash"]
         return UnitJob(
-            unit=unit, fmt=self.fmt, fields=self.fields, on_bad_line=self.on_bad_line,
-            passage_words=cfg.index.passage_words, shard_size=self.settings["shard_size"], root=str(self.root),
+            unit=unit, store=self.store, fmt=self.fmt, fields=self.fields, on_bad_line=self.on_bad_line,
+            passage_words=cfg.index.passage_words, shard_size=self.settings["shard_size"],
             settings_hash=self.settings_hash, factory=cfg.index.faiss_factory, threads=cfg.index.threads,
             analyzer=self.settings["lucene"]["analyzer"], spec=EncoderSpec.from_config(cfg, build=True),
-            reuse_from=tuple((s["key"], s["first_id"], s["last_id"]) for s in prev["shards"]) if same_model else (),
+            reuse_from=tuple((s["key"], s["first_id"], s["last_id"],
+                              {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
+                             for s in prev["shards"]) if same_model else (),
             release=bool(cfg.index.memory_budget_mb), template=self.template)
 
     def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
@@ -311,7 +395,7 @@ class _ClusterBuilder(_Builder):
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
         self.template = self._known_template(prev)
-        units = work_units(self.sources)
+        units = expand_sources(self.sources)
         jobs = [self._job(u, prev) for u in units]
         task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
         t = time.perf_counter()
@@ -341,7 +425,7 @@ class _ClusterBuilder(_Builder):
                 samples.append(task(sample_unit).remote(job, rows))
             start += n
         template = _gather([task(train_unit_template).remote(jobs[0].spec, self.cfg.index.faiss_factory,
-                                                             str(self.root), self.settings_hash, *samples)])[0]
+                                                             self.store, self.settings_hash, *samples)])[0]
         self.timings["faiss_train_s"] = template.pop("seconds")
         log.info("trained %s on %d passages on the cluster", self.cfg.index.faiss_factory, template.pop("passages"))
         atomic_write(self.staging / ".template.json", json.dumps(template))  # a rerun reuses it
@@ -365,6 +449,64 @@ class _ClusterBuilder(_Builder):
         if self.read_stats.records == 0 or not metas:
             raise BuildError(f"no passages in {', '.join(self.sources)}"
                              + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else ""))
+        self.dim = results[0]["dim"]
         self.extra = {"units": len(units), "tasks_by_node": nodes}
         log.info("cluster build: %d units, %d shards, tasks on %d nodes", len(units), len(metas), len(nodes))
         return metas
+
+    def _describe_shards(self, metas: list[dict]) -> int:
+        return self.dim  # the tasks set each shard's files
+
+
+def build_remote_cluster_index(sources: list[str], uri: str, cfg, *, fmt: str = "auto", fields: dict | None = None,
+                               on_bad_line: str = "error") -> dict:
+    """The cluster build of an fsspec index (s3://, gs://, ...): see `_RemoteClusterBuilder`."""
+    import shutil
+    import tempfile
+
+    from indexing.remote import cache_root
+
+    cache = cache_root(uri, cfg)
+    scratch = cache.with_name("builds")
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    try:
+        builder = _RemoteClusterBuilder(sources, work, cfg, fmt, fields, on_bad_line)
+        builder.uri = uri
+        builder.store = ShardStorage(uri, str(cache.with_name(cache.name + ".build")))  # the same path on each node
+        report = builder.run()
+        report.update(index_dir=uri, shards_uploaded=report["shards_built"])
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class _RemoteClusterBuilder(_ClusterBuilder):
+    """The tasks upload each shard straight to the store (ShardStorage). The driver works in a local folder: it
+    pulls the shards' Lucene indexes (postings and docids; never passages nor vectors) for the version's BM25
+    merge, publishes there and uploads the version (remote.upload_version: manifest last, then CURRENT).
+    Object stores have no lock: one builder per remote index at a time, as remote.py says."""
+
+    uri: str
+
+    def _previous(self) -> dict | None:
+        from indexing.remote import _store, remote_manifest
+
+        fs, base = _store(self.uri)
+        return remote_manifest(self.uri) if fs.exists(f"{base}/CURRENT") else None
+
+    def _known_template(self, prev: dict | None) -> dict | None:
+        t = (prev or {}).get("faiss_template")
+        return t if t and t.get("settings_hash") == self.settings_hash else None  # tasks check it when they pull it
+
+    def _publish(self, manifest: dict, metas: list[dict]) -> None:
+        from indexing.remote import _pull_files, _store, collect_remote_garbage, upload_version
+
+        fs, base = _store(self.uri)
+        t = time.perf_counter()
+        _pull_files(fs, [(f"{base}/shards/{m['key']}/{rel}", self.shards_dir / m["key"] / rel, want)
+                         for m in metas for rel, want in m["files"].items() if rel.startswith("lucene/")])
+        self.timings["lucene_pull_s"] = time.perf_counter() - t
+        self._publish_here(manifest, metas)
+        upload_version(self.root, self.uri, manifest)
+        collect_remote_garbage(self.uri, self.cfg.index.keep_versions)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -341,6 +342,24 @@ def _format_of(obj: Any, path: str) -> str | None:
 
 
 # ---- public entry ----
+
+
+def expand_sources(sources: list[str]) -> list[str]:
+    """The corpus files of `sources`: each as given, or a glob (`*`, `?`, `[`) replaced by its matches, sorted."""
+    import fsspec
+
+    units = []
+    for src in sources:
+        if not any(c in src for c in "*?[") or ("://" not in src and os.path.exists(src)):
+            units.append(src)
+            continue
+        fs, _ = fsspec.core.url_to_fs(src)
+        matches = sorted(fs.glob(src))
+        if not matches:
+            raise CorpusError(f"no corpus file matches {src}")
+        protocol = src.split("://", 1)[0] + "://" if "://" in src else ""
+        units += [m if "://" in m or not protocol else protocol + m for m in matches]
+    return units
 
 
 def read_corpus(

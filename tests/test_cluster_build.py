@@ -113,8 +113,8 @@ def test_cluster_build_spreads_over_nodes_and_searches_as_in_process(cluster, ro
     sources = write_corpus(tmp_path / "corpus", rows)
     local = build_index(sources, tmp_path / "local", settings())
     request.getfixturevalue("driver_without_corpus")
-    report = build_index(sources, tmp_path / "ray", settings(cluster))
-    assert report["units"] == 4 and report["published"]
+    report = build_index([str(tmp_path / "corpus" / "part*.jsonl")], tmp_path / "ray", settings(cluster))
+    assert report["units"] == 4 and report["published"]  # the glob's four files, in order
     nodes = set(report["tasks_by_node"])
     assert len(nodes) >= 2 and nodes <= cluster["workers"]  # never the driver's (CPU-less) head node
     for k in ("passages", "duplicates_merged", "records", "passages_embedded"):
