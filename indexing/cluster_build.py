@@ -127,6 +127,7 @@ class ShardStorage:
     def finish(self, stage: Path, key: str, *index_args) -> dict[str, float]:
         """FAISS, Lucene and checksums of a staged shard, then into `shards/<key>/`; returns seconds."""
         done = self.local / ("shards" if not self.remote else "uploading") / key
+        done.parent.mkdir(parents=True, exist_ok=True)
         seconds = finalize_shard(str(stage), str(done), *index_args)
         if self.remote:
             t = time.perf_counter()

@@ -40,6 +40,16 @@ def cluster(tmp_path_factory):
     pause_dir = tmp_path_factory.mktemp("pause")
     (pause_dir / PAUSE_POINT).write_text("")  # disarmed: fault_point pauses only while this file is absent
     env = {**RAY_ENV, "DYNRAG_PAUSE_AT": PAUSE_POINT, "DYNRAG_PAUSE_DIR": str(pause_dir)}
+    server = None
+    try:  # S3 on loopback for the remote index test; the workers need its address in their environment
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+        server.start()
+        host, port = server.get_host_and_port()
+        env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=f"http://{host}:{port}")
+    except ImportError:
+        pass
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)  # before the nodes start: their workers inherit it
@@ -49,10 +59,13 @@ def cluster(tmp_path_factory):
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False, configure_logging=False)
         try:
-            yield {"address": c.address, "workers": {w.node_id for w in workers}, "pause_dir": pause_dir}
+            yield {"address": c.address, "workers": {w.node_id for w in workers}, "pause_dir": pause_dir,
+                   "node_2": workers[1].node_id, "s3": server is not None}
         finally:
             ray.shutdown()
             c.shutdown()
+            if server is not None:
+                server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +235,63 @@ def test_killed_worker_is_retried(cluster, rows, tmp_path):
         [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
     verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
     assert hits(tmp_path / "idx", settings(), "bm25") == hits(tmp_path / "ref", settings(), "bm25")
+
+
+def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster, rows, tmp_path, request):
+    """Corpus and index on S3 (moto on loopback): the workers read the corpus from the bucket and upload their
+    shards; the driver pulls only Lucene files. A task on node_2 opens the index and searches: its cache holds
+    just what search reads (no vectors.npy, no shard Lucene copies), and its hits are an in-process build's."""
+    if not cluster["s3"]:
+        pytest.skip("moto[server] is a test dependency (pyproject `test` extra)")
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    bucket = f"dynrag-{os.getpid()}-{time.time_ns() % 10**6}"
+    fs.mkdir(bucket)
+    sources = write_corpus(tmp_path / "corpus", rows)
+    for src in sources:
+        fs.put_file(src, f"{bucket}/corpus/{Path(src).name}")
+    uri, driver_cache = f"s3://{bucket}/idx", tmp_path / "driver-cache"
+    cfg = settings(cluster, **{"index.remote_cache_dir": driver_cache})
+    local = build_index(sources, tmp_path / "local", settings())
+    request.getfixturevalue("driver_without_corpus")
+    report = build_index([f"s3://{bucket}/corpus/part*.jsonl"], uri, cfg)
+    assert report["units"] == 4 and report["shards_uploaded"] == report["shards"] and len(report["tasks_by_node"]) >= 2
+    m = json.loads(fs.cat(f"{bucket}/idx/versions/v000001/manifest.json"))
+    for sh in m["shards"]:
+        assert json.loads(fs.cat(f"{bucket}/idx/shards/{sh['key']}/checksums.json")) == sh["files"]
+    assert not list(driver_cache.glob("*.build/uploading/*/*")) and not list(driver_cache.glob("*.build/staging/*"))
+
+    def serve(uri: str, cache: str, queries: list[str]):
+        import ray as r
+        from indexing import open_index as open_
+        from pipeline.config import load_config as load
+
+        conf = load(overrides=["embedding.model=hash", f"index.remote_cache_dir={cache}"]).index_settings()
+        with open_(uri, conf) as idx:
+            found = {kind: [[(h.id, round(h.score, 4)) for h in hs] for hs in idx.search(queries, k=5, retriever=kind)]
+                     for kind in ("bm25", "dense")}
+        files = sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*") if p.is_file())
+        return r.get_runtime_context().get_node_id(), found, files
+
+    on_node_2 = ray.remote(num_cpus=0, resources={"node_2": 1})(serve)
+    node_cache = tmp_path / "node-2-cache"
+    node, found, files = ray.get(on_node_2.remote(uri, str(node_cache), QUERIES))
+    assert node == cluster["node_2"]
+    served = {f"shards/{sh['key']}/{f}" for sh in m["shards"] for f in ("passages.arrow", "ids.npy", "faiss.index")}
+    lucene = {f"versions/v000001/lucene/{f}" for f in m["bm25"]["files"]}
+    assert {f.split("/", 1)[1] for f in files} == served | lucene | {"versions/v000001/manifest.json", "SOURCE"}
+    assert local["passages"] == report["passages"]
+    for kind in ("bm25", "dense"):
+        assert found[kind] == hits(tmp_path / "local", settings(), kind), kind
+
+    edited = [dict(r) for r in rows]
+    edited[3]["text"] += " A sentence added in a later revision."
+    changed = write_corpus(tmp_path / "corpus2", edited)[0]
+    fs.put_file(changed, f"{bucket}/corpus/part0.jsonl")
+    again = build_index([f"s3://{bucket}/corpus/part*.jsonl"], uri, cfg)
+    assert again["version"] == 2 and again["shards_built"] == 1 and again["passages_embedded"] == 1
+    _, _, files2 = ray.get(on_node_2.remote(uri, str(node_cache), QUERIES))
+    new_shards = {f.split("/")[2] for f in files2 if "/shards/" in f} - {f.split("/")[2] for f in files if "/shards/" in f}
+    assert len(new_shards) == 1  # the node pulled the one new shard; the others were cached
