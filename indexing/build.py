@@ -8,10 +8,9 @@ Stages, each visible in the log (and as progress bars on a terminal):
    under `shards/` are reused untouched.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
    previous version (same model settings) are copied from it; only the rest go through the
-   embedding stage (embed.py: Ray Data actors, or in-process). A shard's `vectors.npy` is saved as
-   soon as its last batch arrives.
+   embedding stage (embed.py). A shard's `vectors.npy` is saved as soon as its last batch arrives.
 3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
-   staging directory is renamed into `shards/` (Ray tasks in parallel with runtime.mode=ray).
+   staging directory is renamed into `shards/`.
 4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
    `index.bm25_segments`), a new manifest version, then `CURRENT` (manifest.py); old versions
    are pruned.
@@ -19,6 +18,10 @@ Stages, each visible in the log (and as progress bars on a terminal):
 A shard's key is a hash of its passages, the settings it is built with and, for an IVF factory, the
 digest of the template its FAISS index is filled from (`_Builder._shard_key`): a shard is reused only
 with the very template it was filled from.
+
+This is the in-process build. With `runtime.mode=ray`, stages 1-3 run as Ray tasks on the workers, one
+per corpus file, each writing its shards straight to the index's storage; stage 4 stays here
+(cluster_build.py, a subclass of `_Builder`).
 
 A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
 passages and vectors are reused from `staging/`, an IVF template trained for this build is reused from
@@ -147,9 +150,7 @@ class _Builder:
         self.embedded = 0
         self.vectors_reused = 0
         self.reembedded_shards: list[str] = []
-        self._pending: list = []
         self.extra: dict = {}  # further entries of the manifest's `build` record and of the report (cluster_build.py)
-        self._remote = None
         # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
         self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
 
@@ -333,44 +334,17 @@ class _Builder:
 
     # ---- stage 3 ----
     def _finalize(self, metas: list[dict]) -> None:
-        """Build the shards' FAISS + Lucene indexes: now, in this process (local mode), or as Ray
-        tasks running in parallel with the embedding stage (ray mode; awaited by `_wait`)."""
+        """Build the shards' FAISS + Lucene indexes in this process (a cluster build does it on the workers)."""
         cfg = self.cfg
         for m in metas:
-            args = (str(self._stage_dir(m)), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
-                    cfg.index.threads, str(self.root / self.template["path"]) if self.template else None,
-                    self.settings["lucene"]["analyzer"])
-            if cfg.ray.enabled:
-                import ray
-
-                from indexing.raytools import ensure_ray
-
-                ensure_ray(cfg)
-                if self._remote is None:  # on this node: the shard directories are on its disk
-                    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-                    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-                    self._remote = ray.remote(num_cpus=1, scheduling_strategy=here)(finalize_shard)
-                self._pending.append(self._remote.remote(*args))
-            else:
-                self._tally(finalize_shard(*args))
-                self._release()
+            self._tally(finalize_shard(str(self._stage_dir(m)), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
+                                       cfg.index.threads, str(self.root / self.template["path"]) if self.template else None,
+                                       self.settings["lucene"]["analyzer"]))
+            self._release()
 
     def _tally(self, seconds: dict[str, float]) -> None:
         for k, v in seconds.items():
             self.timings[k] = self.timings.get(k, 0.0) + v
-
-    def _wait(self) -> None:
-        """Ray mode: await the shard tasks. Their own seconds go to faiss_s, lucene_s and checksum_s; the
-        driver's time waiting for them (outside every other stage's window) to shard_tasks_wait_s."""
-        if self._pending:
-            import ray
-
-            t = time.perf_counter()
-            for seconds in ray.get(self._pending):
-                self._tally(seconds)
-            self._pending = []
-            self._tally({"shard_tasks_wait_s": time.perf_counter() - t})
 
     def _stage_embed_and_index(self, metas: list[dict], prev: dict | None) -> None:
         keep = {m["key"] for m in metas}
@@ -386,17 +360,15 @@ class _Builder:
                 self._assemble(todo[i], cached, np.zeros(0, int), None, dim)
                 ready.append(todo[i])
         self._finalize(ready)
-        if not files:
-            self._wait()
         n_embed = sum(p[0] for p in plans.values())
         spec = EncoderSpec.from_config(self.cfg, build=True)
-        log.info("stage embed: %d passages to embed in %d shards (%d vectors reused), mode=%s",
-                 n_embed, len(files), sum(len(p[1]) for p in plans.values()), "ray" if self.cfg.ray.enabled else "local")
+        log.info("stage embed: %d passages to embed in %d shards (%d vectors reused)",
+                 n_embed, len(files), sum(len(p[1]) for p in plans.values()))
         t_embed = time.perf_counter()
         bar = _progress(None, "embedding", "psg", total=n_embed)
         current, rows, vecs = None, [], []
         last_log = t_embed
-        flushing = [0.0]  # seconds spent outside the encoder: assembling vectors, local shard indexes
+        flushing = [0.0]  # seconds spent outside the encoder: assembling vectors, shard indexes
 
         def flush(i: int) -> None:
             t_flush = time.perf_counter()
@@ -429,7 +401,6 @@ class _Builder:
             flush(current)
         bar.close()
         self.timings["embed_s"] = time.perf_counter() - t_embed - flushing[0]
-        self._wait()
         self.timings["embed_and_index_s"] = time.perf_counter() - t
         if self.embedded != n_embed:
             raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
