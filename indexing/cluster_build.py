@@ -2,7 +2,8 @@
 and publishes.
 
 Work units: one per corpus file (readers.expand_sources: a glob becomes its matches, sorted).
-Three rounds of Ray tasks, spread over the cluster's nodes (scheduling strategy SPREAD, one CPU each):
+Three rounds of Ray tasks, spread over the cluster's nodes (scheduling strategy SPREAD, one CPU each; the
+tasks that embed also ask for `ray.embed_actor_num_gpus` GPUs, as the embedding actors of embed.py do):
 
 1. scan, one task per unit: read and split the unit; return its passage count (to the driver) and, as a
    Ray object the driver never fetches, its passages' 64-bit id hashes with a digest of title and text
@@ -50,7 +51,7 @@ import numpy as np
 
 from indexing.build import BuildError, _Builder, _ehash, build_local_index, finalize_shard
 from indexing.dense import is_ivf
-from indexing.embed import EncoderSpec, embed_input, get_encoder
+from indexing.embed import HASH_ENCODER, EncoderSpec, embed_input, get_encoder
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
 from indexing.passages import PassageStats, id_hash
@@ -100,12 +101,19 @@ class ShardStorage:
         """The vectors' dimension of a complete shard, from the header of its vectors.npy."""
         import fsspec
 
-        path = str(self.local / "shards" / key / "vectors.npy") if not self.remote else f"{self.root}/shards/{key}/vectors.npy"
+        npy = np.lib.format
+        path = f"{self.root}/shards/{key}/vectors.npy" if self.remote else str(self.local / "shards" / key / "vectors.npy")
         with fsspec.open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            fmt = np.lib.format
-            shape = (fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0)(f)[0]
+            version = npy.read_magic(f)
+            shape = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)[0]
         return int(shape[1])
+
+    def drop_pulled(self, rel: str) -> None:
+        """Remove what `fetch` pulled under `rel` (a remote index's; a local one is never copied)."""
+        import shutil
+
+        if self.remote:
+            shutil.rmtree(self.local / "pulled" / rel, ignore_errors=True)
 
     def fetch(self, rel: str, want: dict) -> Path:
         """A local copy of the index file `rel` (a remote one pulled once into the scratch, checked)."""
@@ -342,6 +350,8 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     with open(tmp, "wb") as f:
         np.save(f, vecs)
     os.replace(tmp, stage / "vectors.npy")
+    for old in old_dirs:
+        job.store.drop_pulled(f"shards/{old}")
     return len(todo), len(copied)
 
 
@@ -398,23 +408,29 @@ class _ClusterBuilder(_Builder):
         self.template = self._known_template(prev)
         units = expand_sources(self.sources)
         jobs = [self._job(u, prev) for u in units]
+        from indexing.embed import resolve_device
+        from indexing.raytools import embed_actor_gpus
+
         task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+        spec = jobs[0].spec
+        gpus = embed_actor_gpus(self.cfg, resolve_device(spec.device)) if spec.model_name != HASH_ENCODER else 0
+        embedding_task = ray.remote(num_cpus=1, num_gpus=gpus, scheduling_strategy="SPREAD")  # train and build
         t = time.perf_counter()
         scans = [task(scan_unit).options(num_returns=2).remote(j) for j in jobs]
         counts = _gather([c for c, _ in scans])
         ids = [i for _, i in scans]
         self.timings["scan_s"] = time.perf_counter() - t
         if self.template is None and is_ivf(self.cfg.index.faiss_factory):
-            self.template = self._train_on_cluster(task, jobs, [c["passages"] for c in counts])
+            self.template = self._train_on_cluster(task, embedding_task, jobs, [c["passages"] for c in counts])
             jobs = [dataclasses.replace(j, template=self.template) for j in jobs]
         t = time.perf_counter()
-        results = _gather([task(build_unit).remote(j, *ids[:i]) for i, j in enumerate(jobs)])
+        results = _gather([embedding_task(build_unit).remote(j, *ids[:i]) for i, j in enumerate(jobs)])
         self.timings["unit_tasks_wait_s"] = time.perf_counter() - t
         metas = self._collect(units, counts, results)
         fault_point("build.passages_staged")
         return metas, sum(r["built"] for r in results)
 
-    def _train_on_cluster(self, task, jobs: list[UnitJob], counts: list[int]) -> dict:
+    def _train_on_cluster(self, task, embedding_task, jobs: list[UnitJob], counts: list[int]) -> dict:
         from indexing.manifest import atomic_write
 
         total = sum(counts)
@@ -425,7 +441,7 @@ class _ClusterBuilder(_Builder):
             if len(rows):
                 samples.append(task(sample_unit).remote(job, rows))
             start += n
-        template = _gather([task(train_unit_template).remote(jobs[0].spec, self.cfg.index.faiss_factory,
+        template = _gather([embedding_task(train_unit_template).remote(jobs[0].spec, self.cfg.index.faiss_factory,
                                                              self.store, self.settings_hash, *samples)])[0]
         self.timings["faiss_train_s"] = template.pop("seconds")
         log.info("trained %s on %d passages on the cluster", self.cfg.index.faiss_factory, template.pop("passages"))

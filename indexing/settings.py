@@ -46,7 +46,8 @@ class IndexConfig(Section):
         "porter", description="the BM25 analyzer's stemmer, fixed when the index is built (a search uses the index's)")
     bm25_stopwords: bool = Field(True, description="the BM25 analyzer drops English stop words (fixed at build)")
     threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
-    embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: embedding actors (one GPU each when CUDA is present)")
+    embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
+                              "each when CUDA is present); a cluster build embeds in its per-file tasks instead")
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
     keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")

@@ -295,3 +295,24 @@ def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster,
     _, _, files2 = ray.get(on_node_2.remote(uri, str(node_cache), QUERIES))
     new_shards = {f.split("/")[2] for f in files2 if "/shards/" in f} - {f.split("/")[2] for f in files if "/shards/" in f}
     assert len(new_shards) == 1  # the node pulled the one new shard; the others were cached
+
+
+def test_ivf_template_trained_once_on_the_cluster(cluster, rows, tmp_path, request):
+    """An IVF factory: a task trains the template on a sample spread over all files before any shard is
+    filled from it; hits equal an in-process IVF build's (nprobe covers every list); a refresh reuses it."""
+    ivf = {"index.faiss_factory": "IVF2,Flat", "index.faiss_train_size": 60}
+    sources = write_corpus(tmp_path / "corpus", rows)
+    build_index(sources, tmp_path / "local", settings(**ivf))
+    request.getfixturevalue("driver_without_corpus")
+    report = build_index(sources, tmp_path / "idx", settings(cluster, **ivf))
+    m = read_manifest(tmp_path / "idx")
+    template = m["faiss_template"]
+    assert report["faiss_train_s"] > 0 and (tmp_path / "idx" / template["path"]).is_file()
+    verify_version(tmp_path / "idx", m, full=True)
+    for kind in ("bm25", "dense"):
+        assert hits(tmp_path / "idx", settings(**ivf), kind) == hits(tmp_path / "local", settings(**ivf), kind), kind
+    with open(sources[1], "a", encoding="utf-8") as f:
+        f.write(json.dumps({"id": "new", "title": "Appendix", "text": "a passage added later"}) + "\n")
+    again = build_index(sources, tmp_path / "idx", settings(cluster, **ivf))
+    assert "faiss_train_s" not in again and read_manifest(tmp_path / "idx")["faiss_template"] == template
+    assert again["shards_built"] == 1
