@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_search)
 
     i = isub.add_parser("info", help="describe the published version of an index")
-    i.add_argument("index", metavar="DIR")
+    i.add_argument("--index", required=True, metavar="DIR")
     i.add_argument("--json", action="store_true",
                    help="print the manifest as JSON, with the search-time BM25 settings under bm25_search")
     add_config_args(i)

@@ -182,8 +182,8 @@ def test_submit_job_spec_ships_the_resolved_config(tmp_path):
     assert shipped["ray"]["actors"] == 3 and shipped["runtime"] == {**shipped["runtime"], "mode": "ray", "ray_address": "auto"}
     assert shipped["generation"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
     with pytest.raises(ConfigError, match="ray.actors"):
-        job_spec(parser.parse_args(["submit", "--set", "ray.actors=0", "--", "index", "info", "x"]))
+        job_spec(parser.parse_args(["submit", "--set", "ray.actors=0", "--", "index", "info", "--index", "x"]))
     with pytest.raises(ConfigError, match="no command"):
         job_spec(parser.parse_args(["submit"]))
     with pytest.raises(ConfigError, match="before `--`"):
-        job_spec(parser.parse_args(["submit", "--", "index", "info", "x", "--config", "a.yaml"]))
+        job_spec(parser.parse_args(["submit", "--", "index", "info", "--index", "x", "--config", "a.yaml"]))

@@ -190,9 +190,9 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert main(["index", "search", "--index", str(root), "-k", "2", "--retriever", "bm25", "Kiss and Tell"]) == 0
     out = capsys.readouterr().out
     assert "[bm25] Kiss and Tell" in out and " 1. " in out and " 2. " in out
-    assert main(["index", "info", str(root)]) == 0
+    assert main(["index", "info", "--index", str(root)]) == 0
     assert "version 1" in capsys.readouterr().out
-    assert main(["index", "info", str(root), "--json"]) == 0
+    assert main(["index", "info", "--index", str(root), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["bm25"] == read_manifest(root)["bm25"]  # the manifest's entry, kept
     assert info["bm25_search"] == {"k1": 0.9, "b": 0.4, "stemmer": "porter", "stopwords": True}
