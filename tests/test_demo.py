@@ -101,6 +101,17 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
     for method in ("no-retrieval", "sr-rag"):
         assert json.loads((out / "answers" / method / "summary.json").read_text())["rows"] == 3
     assert stderr.count("library logs and warnings:") == 1 and (out / "dynrag.log").is_file()
+    # the rows are filed under the name `dynrag answer --dataset dpr:trivia-test` gives its rows
+    import polars as pl
+
+    from pipeline.io.datasets import load_questions
+
+    named = {q.dataset for q in load_questions("dpr:trivia-test")}
+    assert set(pl.read_parquet(out / "answers" / "sr-rag" / "parts").get_column("dataset")) == named == {"dpr-trivia-test"}
+    # a rerun with every row present starts no model
+    assert main(["demo", "--out", str(out), "--limit", "3", "--set", f"generation.model={model}"]) == 0
+    assert made == [str(model)]
+    assert "sr-rag" in capfd.readouterr().out
 
 
 def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
