@@ -50,7 +50,6 @@ from pathlib import Path
 import numpy as np
 
 from indexing.build import BuildError, _Builder, _ehash, build_local_index, finalize_shard
-from indexing.dense import is_ivf
 from indexing.embed import HASH_ENCODER, EncoderSpec, embed_input, get_encoder
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
@@ -177,6 +176,7 @@ class UnitJob:
     reuse_from: tuple[tuple[str, str, str, dict], ...]  # previous shards whose vectors fit: key, first and last
     # passage id, {file: {sha256, bytes}} of their passages.arrow and vectors.npy
     release: bool  # index.memory_budget_mb set: give free pages back after each shard
+    dense: bool  # false: a BM25-only index (index.dense): no vectors, no FAISS
     template: dict | None = None
 
     def key(self, content: str) -> str:
@@ -275,7 +275,7 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
         meta["files"] = job.store.files(meta["key"])
         out["shards"].append(meta)
         if "dim" not in out:
-            out["dim"] = job.store.dim(meta["key"])
+            out["dim"] = job.store.dim(meta["key"]) if job.dense else None
     dropped = out.pop("duplicates")  # passages_of counted them as passages of this unit
     ps.passages -= dropped
     ps.duplicates += dropped
@@ -301,7 +301,7 @@ def _build_shard(job: UnitJob, group: list, meta: dict, out: dict) -> None:
         stage.mkdir(parents=True, exist_ok=True)
         write_store(group, stage)
     _tally(out["timings"], {"passages_s": time.perf_counter() - t})
-    if not (stage / "vectors.npy").is_file():
+    if job.dense and not (stage / "vectors.npy").is_file():
         t = time.perf_counter()
         embedded, reused = _stage_vectors(job, stage, meta["key"], {p.id for p in group})
         out["embedded"] += embedded
@@ -312,7 +312,8 @@ def _build_shard(job: UnitJob, group: list, meta: dict, out: dict) -> None:
         fault_point("build.shard_embedded")
     t = job.template
     template = str(job.store.fetch(t["path"], {"sha256": t["sha256"], "bytes": t["bytes"]})) if t else None
-    _tally(out["timings"], job.store.finish(stage, meta["key"], job.factory, job.threads, template, job.analyzer))
+    factory = job.factory if job.dense else None
+    _tally(out["timings"], job.store.finish(stage, meta["key"], factory, job.threads, template, job.analyzer))
 
 
 def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[int, int]:
@@ -386,7 +387,8 @@ class _ClusterBuilder(_Builder):
 
     def _job(self, unit: str, prev: dict | None) -> UnitJob:
         cfg = self.cfg
-        same_model = prev is not None and prev["settings"]["embedding_hash"] == self.settings["embedding_hash"]
+        same_model = (self.dense and prev is not None and prev["settings"].get("dense", True)
+                      and prev["settings"]["embedding_hash"] == self.settings["embedding_hash"])
         return UnitJob(
             unit=unit, store=self.store, fmt=self.fmt, fields=self.fields, on_bad_line=self.on_bad_line,
             passage_words=cfg.index.passage_words, shard_size=self.settings["shard_size"],
@@ -395,7 +397,7 @@ class _ClusterBuilder(_Builder):
             reuse_from=tuple((s["key"], s["first_id"], s["last_id"],
                               {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
                              for s in prev["shards"]) if same_model else (),
-            release=bool(cfg.index.memory_budget_mb), template=self.template)
+            release=bool(cfg.index.memory_budget_mb), dense=self.dense, template=self.template)
 
     def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
         import ray
@@ -413,14 +415,15 @@ class _ClusterBuilder(_Builder):
 
         task = ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
         spec = jobs[0].spec
-        gpus = embed_actor_gpus(self.cfg, resolve_device(spec.device)) if spec.model_name != HASH_ENCODER else 0
+        embeds = self.dense and spec.model_name != HASH_ENCODER
+        gpus = embed_actor_gpus(self.cfg, resolve_device(spec.device)) if embeds else 0
         embedding_task = ray.remote(num_cpus=1, num_gpus=gpus, scheduling_strategy="SPREAD")  # train and build
         t = time.perf_counter()
         scans = [task(scan_unit).options(num_returns=2).remote(j) for j in jobs]
         counts = _gather([c for c, _ in scans])
         ids = [i for _, i in scans]
         self.timings["scan_s"] = time.perf_counter() - t
-        if self.template is None and is_ivf(self.cfg.index.faiss_factory):
+        if self.template is None and self.ivf:
             self.template = self._train_on_cluster(task, embedding_task, jobs, [c["passages"] for c in counts])
             jobs = [dataclasses.replace(j, template=self.template) for j in jobs]
         t = time.perf_counter()
@@ -471,8 +474,8 @@ class _ClusterBuilder(_Builder):
         log.info("cluster build: %d units, %d shards, tasks on %d nodes", len(units), len(metas), len(nodes))
         return metas
 
-    def _describe_shards(self, metas: list[dict]) -> int:
-        return self.dim  # the tasks set each shard's files
+    def _describe_shards(self, metas: list[dict]) -> int | None:
+        return self.dim  # the tasks set each shard's files; None for a BM25-only index
 
 
 def build_remote_cluster_index(sources: list[str], uri: str, cfg, *, fmt: str = "auto", fields: dict | None = None,

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from indexing.errors import IndexingError
+from indexing.java import cap_jvm_heap
 from indexing.hits import Hit
 from indexing.manifest import read_manifest, verify_version
 
@@ -50,6 +51,7 @@ class Index:
         if wanted != self.analyzer:
             log.warning("the BM25 index was built with analyzer %s, the configuration asks for %s; searching with "
                         "the index's (rebuild it to change)", self.analyzer, wanted)
+        cap_jvm_heap(cfg.index.jvm_heap_mb)  # before this process's JVM starts (the searcher starts it)
         self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b, self.analyzer)
         self._encoder = None
         self._lock = threading.Lock()
@@ -110,6 +112,9 @@ class Index:
         if not queries:
             return []
         if retriever == "dense":
+            if self.manifest["settings"].get("dense") is False:
+                raise SearchError(f"{self.root} is a BM25-only index (built with index.dense=false): search it with "
+                                  "bm25, or rebuild it with --set index.dense=true")
             S, SH, R = self._shards().search(self.encode_queries(queries), k)
             return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
                     for i in range(len(queries))]

@@ -33,6 +33,9 @@ class EmbeddingConfig(Section):
 
 class IndexConfig(Section):
     shard_size: int = Field(50_000, ge=1, description="passages per shard")
+    dense: bool = Field(
+        True, description="embed the passages and build FAISS indexes; false: a BM25-only index (no embedding stage; "
+        "dense search is refused), e.g. when BM25 is the only retriever used. Turning it on later rebuilds the shards")
     faiss_factory: str = Field(
         "Flat", description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
         "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all shards")
@@ -46,6 +49,10 @@ class IndexConfig(Section):
         "porter", description="the BM25 analyzer's stemmer, fixed when the index is built (a search uses the index's)")
     bm25_stopwords: bool = Field(True, description="the BM25 analyzer drops English stop words (fixed at build)")
     threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
+    jvm_heap_mb: int | None = Field(
+        None, ge=64, description="maximum Java heap of a process that opens an index for BM25 search (the JVM's own "
+        "default is a quarter of the machine's memory, per process): set it where several index holders share a node, "
+        "e.g. retrieval actors. Applies when the process starts its JVM")
     embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
                               "each when CUDA is present); a cluster build embeds in its per-file tasks instead")
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")

@@ -316,3 +316,15 @@ def test_ivf_template_trained_once_on_the_cluster(cluster, rows, tmp_path, reque
     again = build_index(sources, tmp_path / "idx", settings(cluster, **ivf))
     assert "faiss_train_s" not in again and read_manifest(tmp_path / "idx")["faiss_template"] == template
     assert again["shards_built"] == 1
+
+
+def test_bm25_only_index_on_the_cluster(cluster, rows, tmp_path):
+    """index.dense=false: the tasks embed nothing and build no FAISS; BM25 hits are the in-process build's."""
+    sources = write_corpus(tmp_path / "corpus", rows)
+    build_index(sources, tmp_path / "local", settings(**{"index.dense": False}))
+    report = build_index(sources, tmp_path / "idx", settings(cluster, **{"index.dense": False}))
+    m = read_manifest(tmp_path / "idx")
+    assert report["passages_embedded"] == 0 and m["dim"] is None
+    assert all("vectors.npy" not in s["files"] and "faiss.index" not in s["files"] for s in m["shards"])
+    cfg = settings(**{"index.dense": False})
+    assert hits(tmp_path / "idx", cfg, "bm25") == hits(tmp_path / "local", cfg, "bm25")

@@ -96,8 +96,7 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         questions = load_questions(dataset, cfg)
         stack.callback(questions.close)
         first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
-        own = backends is None
-        if own:
+        if backends is None:
             backends = preflight(cfg, index, stack)
         settings = run_settings(cfg, params)
         chash = config_hash(*settings.values())
@@ -106,7 +105,7 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         stack.enter_context(stop_on_sigterm())
         return _run_answer(dataset, out, itertools.chain(first, questions), index=index, spec=spec, params=params,
                            settings=settings, chash=chash, new_output=saved is None, limit=limit, cfg=cfg,
-                           backends=backends, own=own, progress=progress)
+                           backends=backends, progress=progress)
 
 
 def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack) -> Any:
@@ -166,13 +165,15 @@ def load_generator(backends) -> None:
 
 
 def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends,
-                own, progress) -> dict[str, Any]:
+                progress) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
     counts: dict[str, int] = {}
     todo = pending_questions(questions, out, limit, counts)
+    head = list(itertools.islice(todo, 1))  # nothing to answer: no engine (nor model) starts
+    todo = itertools.chain(head, todo)
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
 
@@ -184,12 +185,14 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     written = 0
     batch_calls: dict[str, int] = {}
     try:
-        if cfg.runtime.mode == "ray":
+        if not head:
+            batches = (rows for rows in ())
+        elif cfg.runtime.mode == "ray":
             from pipeline.runtime.ray_runner import answer_with_ray
 
             batches = answer_with_ray(list(todo), cfg, index, row_args)
         else:
-            batches = _answer_local(todo, cfg, spec, params, row_args, backends, own, batch_calls)
+            batches = _answer_local(todo, cfg, spec, params, row_args, backends, batch_calls)
         with contextlib.closing(batches):
             for rows in batches:
                 if new_output and not written:  # the folder's configuration, saved with its first rows
@@ -220,15 +223,14 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     return summary
 
 
-def _answer_local(todo, cfg, spec, params, row_args, backends, own, batch_calls) -> Iterator[list[dict]]:
+def _answer_local(todo, cfg, spec, params, row_args, backends, batch_calls) -> Iterator[list[dict]]:
     """Rows in parts of `answer.batch_questions`, as questions finish; `backends` stay open (their owner
-    closes them)."""
+    closes them). The generation model is loaded first (a model that cannot load is one error, not one per row)."""
     from pipeline.engine.continuous import make_engine
 
     engine = make_engine(cfg, backends)
     try:
-        if own:
-            load_generator(backends)
+        load_generator(backends)
         for outcomes in engine.stream_batches(todo, spec.program, params, cfg.answer.batch_questions):
             batch_calls.update(engine.batch_calls)
             yield [make_row(o, **row_args) for o in outcomes]

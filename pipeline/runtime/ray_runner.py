@@ -52,7 +52,8 @@ class EngineActor:
 
 
 def init_ray(cfg: DynragConfig) -> bool:
-    """Connect to `runtime.ray_address` or start a local instance; True if this call started it."""
+    """Connect to `runtime.ray_address` or start a local instance (address "local": a `ray start` cluster running
+    on the machine is joined only when named); True if this call started it."""
     import ray
 
     if ray.is_initialized():
@@ -66,7 +67,7 @@ def init_ray(cfg: DynragConfig) -> bool:
         if cfg.runtime.ray_address:
             ray.init(address=cfg.runtime.ray_address, **kwargs)
         else:
-            ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+            ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return True
 
