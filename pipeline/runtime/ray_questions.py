@@ -2,7 +2,7 @@
 
     ds = ray.data.read_datasource(QuestionSource(dataset, cfg, done, limit, block_rows=64))
 
-One read task streams the file through dynrag's own loader (`load_questions`: every format, fsspec URIs,
+One read task (on the driver's node for a local file) streams the file through dynrag's own loader (`load_questions`: every format, fsspec URIs,
 `dpr:` sets) and `pending_questions`, exactly as an in-process run reads it: a bad line is the same error
 row with the same `dynrag:line-N` id, duplicate ids are found over the whole file, `limit` takes the first
 `limit` questions of the file (error rows count, blank lines do not) and the ids in `done` (answered under
@@ -34,6 +34,13 @@ class QuestionSource(Datasource):
         super().__init__()
         self.source, self.cfg_json, self.done = source, cfg.model_dump(mode="json"), frozenset(done)
         self.limit, self.block_rows = limit, block_rows
+
+    @property
+    def supports_distributed_reads(self) -> bool:
+        """False for a local file (or `dpr:` set): Ray then reads it on the driver's node, where it was found."""
+        from indexing.remote import is_remote
+
+        return is_remote(self.source)
 
     def estimate_inmemory_data_size(self) -> int | None:
         return None

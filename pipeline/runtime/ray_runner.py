@@ -64,7 +64,7 @@ class EngineActor:
 
 
 def init_ray(cfg: DynragConfig) -> bool:
-    """Connect to `runtime.ray_address` or start a local instance; True if this call started it."""
+    """Connect to `runtime.ray_address` (or $RAY_ADDRESS) or start a local instance; True if this call did either."""
     import ray
 
     if ray.is_initialized():
@@ -75,10 +75,11 @@ def init_ray(cfg: DynragConfig) -> bool:
     from indexing.java import jvm_signals_kept
 
     with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
-        if cfg.runtime.ray_address:
-            ray.init(address=cfg.runtime.ray_address, **kwargs)
-        else:
-            ray.init(num_cpus=cfg.ray.num_cpus, **kwargs)
+        address = cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS")  # set for a Ray job's driver
+        if address:
+            ray.init(address=address, **kwargs)
+        else:  # "local": a new instance, never a cluster that someone's `ray start` left on this machine
+            ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return True
 
@@ -95,9 +96,7 @@ def answer_with_ray(dataset: str, out: str, cfg: DynragConfig, index_dir: str | 
                     header: dict[str, str] | None, done: set[str], limit: int | None) -> Iterator[dict[str, Any]]:
     """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from indexing.remote import is_remote
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_questions import QuestionSource
@@ -113,12 +112,7 @@ def answer_with_ray(dataset: str, out: str, cfg: DynragConfig, index_dir: str | 
         if cfg.ray.scorer_actors:
             pools["scorer"] = start_pool(cfg, "scorer")
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
-        read_args = {}
-        if not is_remote(dataset):  # a local file (or dpr: set) is read where the driver found it
-            here = ray.get_runtime_context().get_node_id()
-            read_args["scheduling_strategy"] = NodeAffinitySchedulingStrategy(here, soft=False)
-        ds = ray.data.read_datasource(QuestionSource(_for_workers(dataset), cfg, done, limit, batch),
-                                      ray_remote_args=read_args)
+        ds = ray.data.read_datasource(QuestionSource(_for_workers(dataset), cfg, done, limit, batch))
         out = _for_workers(out)
         ds = ds.map_batches(
             EngineActor,
