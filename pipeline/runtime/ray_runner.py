@@ -59,6 +59,8 @@ class EngineActor:
         outcomes = self.engine.run(questions, self.spec.program, self.params) if questions else []
         rows = [make_row(o, **self.row_args) for o in outcomes]
         part = self.writer.write(rows)
+        if part:
+            fault_point("ray.part_written")
         report = batch_report(rows, int(sum(batch["skipped"])), self.engine.new_calls())
         return {"part": [part or ""], "report": [json.dumps(report)]}
 
