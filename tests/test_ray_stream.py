@@ -15,6 +15,7 @@ from pipeline.errors import DynragError
 from pipeline.io import datasets, output
 from pipeline.io.output import PartWriter, batch_report, part_files
 from pipeline.runtime.answer import run_answer
+from test_cluster_s3 import s3  # noqa: F401  (the loopback S3 server fixture)
 
 COLUMNS = ["question_id", "prediction", "error", "error_kind", "retrieval_calls"]
 
@@ -134,5 +135,27 @@ def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(data_dir,
     mine, theirs = both(None)  # resume: only the rest is answered, the repeated id as an error row
     rows = _rows(remote)
     assert rows == _rows(local) and len(rows) == 8 and sum(r["error"] is not None for r in rows) == 2
-    assert (theirs["new_rows"], theirs["skipped_already_answered"]) == (mine["new_rows"], mine["skipped_already_answered"]) == (4, 4)
+    counts = [(s["new_rows"], s["skipped_already_answered"]) for s in (theirs, mine)]
+    assert counts == [(4, 4), (4, 4)]
     assert pl.read_parquet(f"{remote}/parts/*.parquet").height == 8  # no row written twice
+
+
+def test_ray_reads_questions_from_and_writes_rows_to_s3(s3, ray_cluster, data_dir, tmp_path):
+    """fsspec URIs on the workers: the read task opens the dataset on S3 and the actors write their parts
+    there (the S3 settings reach them through the environment of the local Ray)."""
+    fs, bucket = s3
+    fs.pipe(f"{bucket}/q.jsonl", _dataset(data_dir, tmp_path / "q.jsonl").read_bytes())
+    cfg = DynragConfig()
+    cfg.generation.backend = "none"
+    cfg.answer.progress = False
+    cfg.answer.batch_questions = 3
+    dataset, remote = f"s3://{bucket}/q.jsonl", f"s3://{bucket}/run"
+    mine = run_answer(dataset, str(tmp_path / "local"), method="no-retrieval", limit=6, cfg=cfg)
+    cfg.runtime.mode = "ray"
+    theirs = run_answer(dataset, remote, method="no-retrieval", limit=6, cfg=cfg)
+    assert (theirs["rows"], theirs["errors"]) == (mine["rows"], mine["errors"]) == (6, 1)
+    key = ["question_id", "prediction", "error"]
+    rows = [output.read_rows(out, key).sort_by("question_id") for out in (remote, str(tmp_path / "local"))]
+    assert rows[0] == rows[1]
+    assert all(p.rsplit("/", 1)[1].startswith(f"part-{theirs['run_id']}-") for p in part_files(remote))
+    assert fs.exists(f"{bucket}/run/run.json")

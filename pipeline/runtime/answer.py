@@ -171,8 +171,9 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
     # a new folder's configuration, written with its first rows
-    header = {RUN_FILE: json.dumps({"method": spec.name, "config_hash": chash, "settings": settings}, indent=2, default=str),
-              "config.resolved.yaml": resolved_yaml(cfg)} if new_output else None
+    saved = {"method": spec.name, "config_hash": chash, "settings": settings}
+    header = {RUN_FILE: json.dumps(saved, indent=2, default=str), "config.resolved.yaml": resolved_yaml(cfg)} \
+        if new_output else None
 
     bar = None
     if show:

@@ -2,13 +2,14 @@
 
     ds = ray.data.read_datasource(QuestionSource(dataset, cfg, done, limit, block_rows=64))
 
-One read task (on the driver's node for a local file) streams the file through dynrag's own loader (`load_questions`: every format, fsspec URIs,
-`dpr:` sets) and `pending_questions`, exactly as an in-process run reads it: a bad line is the same error
-row with the same `dynrag:line-N` id, duplicate ids are found over the whole file, `limit` takes the first
-`limit` questions of the file (error rows count, blank lines do not) and the ids in `done` (answered under
-the output) are dropped. Ray's `read_text`/`read_parquet` are not used: they decode a whole file as UTF-8
-(one bad byte fails every row), split lines differently and number none, while ids, duplicates and the
-format are decided in file order anyway, so a file is one sequential read.
+One read task streams the file through dynrag's own loader (`load_questions`: every format, fsspec
+URIs, `dpr:` sets) and `pending_questions`, exactly as an in-process run reads it: a bad line is the same
+error row with the same `dynrag:line-N` id, duplicate ids are found over the whole file, `limit` takes the
+first `limit` questions of the file (error rows count, blank lines do not) and the ids in `done` (answered
+under the output) are dropped. A local file is read on the driver's node, where it was found. Ray's
+`read_text`/`read_parquet` are not used: `read_text` reads a whole file at once and decodes it as UTF-8 (one bad byte fails
+every row), splits lines at other characters than the loader (U+2028, form feeds) and numbers none, and
+ids, duplicates and the format are decided in file order anyway, so a file is one sequential read.
 
 Rows: `q` (a Question as JSON) and `skipped` (questions dropped as answered just before it). The skips
 after the last question come as a final row with no `q`, so the engine actors' reports add up to the
