@@ -84,10 +84,11 @@ def _settings(cfg) -> dict:
     e, i = cfg.embedding, cfg.index
     embedding = {"model": e.model, "dtype": e.dtype, "max_seq_length": e.max_seq_length, "input": "title\\ntext"}
     return {
+        **({} if i.dense else {"dense": False}),  # absent: dense (what every index built before the flag is)
         "embedding": embedding,
         "embedding_hash": _hash(embedding),
         "faiss_factory": i.faiss_factory,
-        **({"faiss_train_size": i.faiss_train_size} if is_ivf(i.faiss_factory) else {}),
+        **({"faiss_train_size": i.faiss_train_size} if i.dense and is_ivf(i.faiss_factory) else {}),
         "passage_words": i.passage_words,
         "shard_size": effective_shard_size(cfg),
         "lucene": {"collection": "JsonCollection", "contents": "title\\ntext",
@@ -133,9 +134,11 @@ class _Builder:
         self.sources, self.root, self.cfg = sources, root, cfg
         self.fmt, self.fields, self.on_bad_line = fmt, fields, on_bad_line
         self.settings = _settings(cfg)
+        self.dense = cfg.index.dense
+        self.ivf = self.dense and is_ivf(self.settings["faiss_factory"])  # shards filled from a shared template
         self.settings_hash = _hash({"e": self.settings["embedding_hash"], "f": self.settings["faiss_factory"],
                                     "t": self.settings.get("faiss_train_size"), "l": self.settings["lucene"],
-                                    "format": FORMAT_VERSION})
+                                    "format": FORMAT_VERSION, **({} if self.dense else {"dense": False})})
         self.template: dict | None = None  # the IVF template this build's shards are filled from (part of their keys)
         self.shards_dir = root / "shards"
         self.staging = root / "staging"
@@ -169,7 +172,7 @@ class _Builder:
         )
         passages = _progress(passages_of(records, self.cfg.index.passage_words, self.passage_stats), "passages", "psg")
         metas = []
-        ivf_untrained = is_ivf(self.settings["faiss_factory"]) and self.template is None
+        ivf_untrained = self.ivf and self.template is None
         for group in shard_stream(passages, self.settings["shard_size"]):
             ch = content_hash(group)
             # with a template still to train, keys are set after training (`_stage_template`); no shard
@@ -266,7 +269,7 @@ class _Builder:
         interrupted attempt of this build trained (`staging/.template.json`), if its file is intact."""
         from indexing.manifest import check_file
 
-        if not is_ivf(self.settings["faiss_factory"]):
+        if not self.ivf:
             return None
         marker = self.staging / ".template.json"
         candidates = [((prev or {}).get("faiss_template"), False),  # published: checked like any version file
@@ -283,7 +286,7 @@ class _Builder:
 
     def _stage_template(self, metas: list[dict]) -> None:
         """After stage 1, for an IVF factory without a known template: train one, then key the shards by it."""
-        if self.template is not None or not is_ivf(self.settings["faiss_factory"]):
+        if self.template is not None or not self.ivf:
             return
         from indexing.manifest import atomic_write
 
@@ -333,7 +336,7 @@ class _Builder:
         tasks running in parallel with the embedding stage (ray mode; awaited by `_wait`)."""
         cfg = self.cfg
         for m in metas:
-            args = (str(self._stage_dir(m)), str(self.shards_dir / m["key"]), cfg.index.faiss_factory,
+            args = (str(self._stage_dir(m)), str(self.shards_dir / m["key"]), cfg.index.faiss_factory if self.dense else None,
                     cfg.index.threads, str(self.root / self.template["path"]) if self.template else None,
                     self.settings["lucene"]["analyzer"])
             if cfg.ray.enabled:
@@ -374,6 +377,11 @@ class _Builder:
         if not todo:
             return
         t = time.perf_counter()
+        if not self.dense:  # BM25 only: no vectors to embed, no FAISS
+            self._finalize(todo)
+            self._wait()
+            self.timings["embed_and_index_s"] = time.perf_counter() - t
+            return
         cache, dim = self._vector_cache(prev, keep)
         files, plans = self._plan_embedding(todo, cache)
         ready = [todo[i] for i in range(len(todo)) if i not in plans]  # vectors staged by an earlier attempt
@@ -453,7 +461,7 @@ class _Builder:
         for m in metas:
             d = self.shards_dir / m["key"]
             m["files"] = json.loads((d / "checksums.json").read_text())
-            if dim is None:
+            if dim is None and self.dense:
                 dim = int(np.load(d / "vectors.npy", mmap_mode="r").shape[1])
         keys = [m["key"] for m in metas]
         unchanged = prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
@@ -522,10 +530,10 @@ class _Builder:
         return report
 
 
-def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int, template: str | None,
+def finalize_shard(staging_dir: str, final_dir: str, factory: str | None, threads: int, template: str | None,
                    analyzer: dict) -> dict[str, float]:
-    """Build one shard's FAISS and Lucene indexes in staging, checksum, and move it into place;
-    returns the seconds of each step."""
+    """Build one shard's FAISS (unless `factory` is None: a BM25-only index) and Lucene indexes in staging,
+    checksum, and move it into place; returns the seconds of each step."""
     from indexing.dense import build_faiss
     from indexing.sparse import build_lucene
 
@@ -534,7 +542,8 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str, threads: int,
         shutil.rmtree(src, ignore_errors=True)
         return {}
     t0 = time.perf_counter()
-    build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index", Path(template) if template else None)
+    if factory:
+        build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index", Path(template) if template else None)
     fault_point("shard.faiss_written")
     t1 = time.perf_counter()
     t = read_table(src)

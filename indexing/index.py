@@ -110,6 +110,9 @@ class Index:
         if not queries:
             return []
         if retriever == "dense":
+            if self.manifest["settings"].get("dense") is False:
+                raise SearchError(f"{self.root} is a BM25-only index (built with index.dense=false): search it with "
+                                  "bm25, or rebuild it with --set index.dense=true")
             S, SH, R = self._shards().search(self.encode_queries(queries), k)
             return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
                     for i in range(len(queries))]

@@ -8,7 +8,8 @@ log = logging.getLogger(__name__)
 
 
 def ensure_ray(cfg) -> None:
-    """Join `cfg.ray.address`, or start a local instance; no-op when Ray is already up."""
+    """Join `cfg.ray.address`, or start a local instance (never a `ray start` cluster found on the machine:
+    "local"); no-op when Ray is already up."""
     import ray
 
     if ray.is_initialized():
@@ -18,7 +19,7 @@ def ensure_ray(cfg) -> None:
 
     with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM relies on
         ray.init(
-            address=cfg.ray.address,
+            address=cfg.ray.address or "local",
             num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
             include_dashboard=False,
             log_to_driver=False,

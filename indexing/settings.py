@@ -33,6 +33,9 @@ class EmbeddingConfig(Section):
 
 class IndexConfig(Section):
     shard_size: int = Field(50_000, ge=1, description="passages per shard")
+    dense: bool = Field(
+        True, description="embed the passages and build FAISS indexes; false: a BM25-only index (no embedding stage; "
+        "dense search is refused), e.g. when BM25 is the only retriever used. Turning it on later rebuilds the shards")
     faiss_factory: str = Field(
         "Flat", description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
         "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all shards")

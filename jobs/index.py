@@ -38,14 +38,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = isub.add_parser("search", help="top-k passages for queries, with scores")
     s.add_argument("queries", nargs="+", metavar="QUERY")
     s.add_argument("--index", required=True, metavar="DIR")
-    s.add_argument("--retriever", default="both", choices=["bm25", "dense", "both"])
+    s.add_argument("--retriever", default="both", choices=["bm25", "dense", "both"],
+                   help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false)")
     s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
     s.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     add_config_args(s)
     s.set_defaults(func=_search)
 
     i = isub.add_parser("info", help="describe the published version of an index")
-    i.add_argument("index", metavar="DIR")
+    i.add_argument("--index", required=True, metavar="DIR")
     i.add_argument("--json", action="store_true",
                    help="print the manifest as JSON, with the search-time BM25 settings under bm25_search")
     add_config_args(i)
@@ -91,8 +92,9 @@ def _search(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     _quiet()
-    retrievers = ["bm25", "dense"] if args.retriever == "both" else [args.retriever]
     with open_index(args.index, cfg.index_settings()) as index:
+        dense = index.manifest["settings"].get("dense", True)
+        retrievers = ["bm25", "dense"][:1 + dense] if args.retriever == "both" else [args.retriever]
         for retriever in retrievers:
             try:
                 results = index.search(args.queries, k=args.k, retriever=retriever)

@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -50,9 +51,40 @@ def _fileno(stream) -> int | None:
 
 
 @contextlib.contextmanager
-def divert_logs(path: str | os.PathLike, level: str = "INFO", chatty: tuple[str, ...] = ()) -> Iterator[Path | None]:
+def divert_to_output(out: str, level: str = "INFO") -> Iterator[None]:
+    """Divert third-party output to OUT/dynrag.log for a job whose output folder `out` may not exist yet (a
+    refused job must leave nothing): the block logs to a temporary file, appended to OUT/dynrag.log at the
+    end if OUT exists then, else dropped; the path is printed when the block succeeds (a failed job's terminal
+    shows its one error line). A remote OUT (s3://...) is not diverted."""
+    from indexing.remote import is_remote
+
+    if level == "DEBUG" or is_remote(out):
+        yield
+        return
+    import tempfile
+
+    fd, staged = tempfile.mkstemp(prefix="dynrag-", suffix=".log")
+    os.close(fd)
+    staged, target, ok = Path(staged), Path(out) / "dynrag.log", False
+    try:
+        with divert_logs(staged, level, announce=False):
+            yield
+        ok = True
+    finally:
+        if target.parent.is_dir():
+            with open(target, "ab") as f, open(staged, "rb") as src:
+                shutil.copyfileobj(src, f)
+            if ok:
+                print(f"library logs and warnings: {target}", file=sys.stderr)
+        staged.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def divert_logs(path: str | os.PathLike, level: str = "INFO", chatty: tuple[str, ...] = (),
+                announce: bool = True) -> Iterator[Path | None]:
     """Divert third-party output to `path` (appended) while the block runs; yields the path (None at DEBUG).
-    Own loggers under `chatty` (e.g. "indexing") show only warnings on the terminal; the file has all."""
+    Own loggers under `chatty` (e.g. "indexing") show only warnings on the terminal; the file has all.
+    `announce`: print the file's path on entering."""
     if level == "DEBUG":
         yield None
         return
@@ -81,7 +113,8 @@ def divert_logs(path: str | os.PathLike, level: str = "INFO", chatty: tuple[str,
             root.handlers = [terminal, to_file]
             root.setLevel(min(getattr(logging, level), logging.INFO))
             logging.captureWarnings(True)
-            print(f"library logs and warnings: {path}", file=sys.stderr)
+            if announce:
+                print(f"library logs and warnings: {path}", file=sys.stderr)
             yield path
         finally:
             logging.captureWarnings(False)

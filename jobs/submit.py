@@ -64,7 +64,7 @@ def job_spec(args: argparse.Namespace) -> dict:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise ConfigError("no command to submit: give it after `--`, e.g. dynrag submit -- index info s3://b/idx")
+        raise ConfigError("no command to submit: give it after `--`, e.g. dynrag submit -- index info --index s3://b/idx")
     if "--config" in command:
         raise ConfigError("give --config before `--` (it is resolved here and shipped with the job)")
     cfg = load_config(args.config, [*JOB_DEFAULTS, *args.overrides])

@@ -162,3 +162,20 @@ def test_bench_pipeline_runs_every_method_on_both_engines(capsys):
                                                          for e in ("lockstep", "continuous")]
     assert all({"questions_per_s", "generator_busy", "mean_latency_s"} <= set(r) for r in out)
     assert all(0 <= r["generator_busy"] <= 1 and r["decode_steps"] >= 1 for r in out)
+
+
+def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_beside_the_driver(tmp_path):
+    """jobs/bench/flashrag.py lies beside the driver script: the side's command must import the real package."""
+    import os
+
+    from jobs.bench.flashrag import flashrag_command
+
+    fake = tmp_path / "site" / "flashrag"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"threads": 1}))
+    r = subprocess.run(flashrag_command(sys.executable, config), env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+                       capture_output=True, text=True, timeout=300)
+    assert "the flashrag package" in r.stdout, r.stderr[-2000:]

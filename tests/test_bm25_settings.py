@@ -48,11 +48,11 @@ def test_the_analyzer_is_chosen_at_build_and_used_by_search(indexes):
 
 
 def test_index_info_shows_k1_b_and_the_analyzer(indexes, capsys):
-    assert main(["index", "info", str(indexes["plain"]), "--json", "--set", "index.bm25_k1=1.2",
+    assert main(["index", "info", "--index", str(indexes["plain"]), "--json", "--set", "index.bm25_k1=1.2",
                  "--set", "index.bm25_b=0.75"]) == 0
     shown = json.loads(capsys.readouterr().out)["bm25_search"]
     assert shown == {"k1": 1.2, "b": 0.75, "stemmer": "none", "stopwords": False}
-    assert main(["index", "info", str(indexes["default"])]) == 0
+    assert main(["index", "info", "--index", str(indexes["default"])]) == 0
     assert "k1 0.9, b 0.4" in (out := capsys.readouterr().out) and "stemmer porter, English stop words dropped" in out
 
 

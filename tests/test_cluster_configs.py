@@ -182,8 +182,29 @@ def test_submit_job_spec_ships_the_resolved_config(tmp_path):
     assert shipped["ray"]["actors"] == 3 and shipped["runtime"] == {**shipped["runtime"], "mode": "ray", "ray_address": "auto"}
     assert shipped["generation"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
     with pytest.raises(ConfigError, match="ray.actors"):
-        job_spec(parser.parse_args(["submit", "--set", "ray.actors=0", "--", "index", "info", "x"]))
+        job_spec(parser.parse_args(["submit", "--set", "ray.actors=0", "--", "index", "info", "--index", "x"]))
     with pytest.raises(ConfigError, match="no command"):
         job_spec(parser.parse_args(["submit"]))
     with pytest.raises(ConfigError, match="before `--`"):
-        job_spec(parser.parse_args(["submit", "--", "index", "info", "x", "--config", "a.yaml"]))
+        job_spec(parser.parse_args(["submit", "--", "index", "info", "--index", "x", "--config", "a.yaml"]))
+
+
+def test_a_local_run_starts_its_own_ray_even_beside_a_ray_start_cluster(monkeypatch):
+    """Without a configured address, the answer job and the index build start a local Ray ("local"): a plain
+    ray.init() would join any `ray start` cluster of the machine, and refuse num_cpus there."""
+    import ray
+
+    from indexing.raytools import ensure_ray
+    from pipeline.runtime.ray_runner import init_ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(ray.data.DataContext, "get_current", lambda: type("C", (), {})())
+    cfg = load_config(None, [])
+    init_ray(cfg)
+    ensure_ray(cfg.index_settings())
+    assert [c["address"] for c in calls] == ["local", "local"]
+    calls.clear()
+    init_ray(load_config(None, ["runtime.ray_address=ray://head:10001"]))
+    assert calls[0]["address"] == "ray://head:10001" and "num_cpus" not in calls[0]

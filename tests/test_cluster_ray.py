@@ -150,6 +150,6 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
 @pytest.mark.slow
 def test_failed_job_reports_failure(ray_head, tmp_path):
     """A job whose command fails ends FAILED and `dynrag submit` exits non-zero with the job's error."""
-    res = _submit(ray_head, tmp_path, "index", "info", str(tmp_path / "no-index"), overrides=[])
+    res = _submit(ray_head, tmp_path, "index", "info", "--index", str(tmp_path / "no-index"), overrides=[])
     assert res.returncode == 1
     assert "FAILED" in res.stderr and "no index at" in res.stdout + res.stderr

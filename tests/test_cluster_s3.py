@@ -71,7 +71,7 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
                 assert s3.size(obj) == meta["bytes"]
     assert not list((tmp_path / "index-cache" / "builds").iterdir())  # the local build directory is gone
     capsys.readouterr()
-    assert dynrag(["index", "info", index, "--json"]) == 0
+    assert dynrag(["index", "info", "--index", index, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["version"] == 1
 
     # refresh with two more questions' paragraphs: incremental, only new shards uploaded, v1 kept

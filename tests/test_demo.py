@@ -101,6 +101,17 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
     for method in ("no-retrieval", "sr-rag"):
         assert json.loads((out / "answers" / method / "summary.json").read_text())["rows"] == 3
     assert stderr.count("library logs and warnings:") == 1 and (out / "dynrag.log").is_file()
+    # the rows are filed under the name `dynrag answer --dataset dpr:trivia-test` gives its rows
+    import polars as pl
+
+    from pipeline.io.datasets import load_questions
+
+    named = {q.dataset for q in load_questions("dpr:trivia-test")}
+    assert set(pl.read_parquet(out / "answers" / "sr-rag" / "parts").get_column("dataset")) == named == {"dpr-trivia-test"}
+    # a rerun with every row present starts no model
+    assert main(["demo", "--out", str(out), "--limit", "3", "--set", f"generation.model={model}"]) == 0
+    assert made == [str(model)]
+    assert "sr-rag" in capfd.readouterr().out
 
 
 def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
@@ -153,6 +164,35 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
         return demo_config(argparse.Namespace(config=None, overrides=list(sets)))
 
     plain = cfg()
-    assert (plain.generation.model, plain.embedding.dtype) == ("qwen2.5-0.5b-instruct", "bfloat16")
-    mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32")
-    assert (mine.generation.model, mine.embedding.dtype) == ("smollm2-135m-instruct", "float32")
+    assert (plain.generation.model, plain.embedding.dtype, plain.index.dense) == ("qwen2.5-0.5b-instruct", "bfloat16", False)
+    mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32", "index.dense=true")
+    assert (mine.generation.model, mine.embedding.dtype, mine.index.dense) == ("smollm2-135m-instruct", "float32", True)
+
+
+def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_nothing(monkeypatch, tmp_path, capfd):
+    def chatty_model(prompt):
+        logging.getLogger("some_library.engine").warning("engine chatter")
+        os.write(2, b"written to fd 2 by the engine\n")
+        return "Answer: Paris"
+
+    monkeypatch.setattr(backends_module, "make_generator", lambda cfg: RecordingGenerator(chatty_model))
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"capital {i}?", "answer": ["Paris"]}) + "\n"
+                            for i in range(3)))
+    model = tmp_path / "model"
+    model.mkdir()
+    out = tmp_path / "run"
+    args = ["answer", "--dataset", str(data), "--method", "no-retrieval", "--out", str(out), "--no-progress",
+            "--set", f"generation.model={model}"]
+    assert main(args) == 0
+    stdout, stderr = capfd.readouterr()
+    terminal, logged = stdout + stderr, (out / "dynrag.log").read_text()
+    assert "rows 3 (answered 3" in stdout and "EM 1.000" in stdout
+    assert stderr.count(f"library logs and warnings: {out / 'dynrag.log'}") == 1
+    for text in ("engine chatter", "written to fd 2 by the engine"):
+        assert text in logged and text not in terminal, text
+
+    assert main([*args[:2], str(tmp_path / "missing.jsonl"), *args[3:6], str(tmp_path / "refused"), *args[7:]]) == 2
+    err = capfd.readouterr().err
+    assert [x for x in err.splitlines() if x.strip()][0].startswith("dynrag: error:") and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "refused").exists()

@@ -227,7 +227,7 @@ def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path
     dev = tmp_path / "my_dev.jsonl"
     dev.write_text("\n".join(lines) + "\n")
     common = ["--k", "3", "--methods", "bm25,qdc", "--set", "embedding.model=hash", "--set", "method.params.retriever=bm25"]
-    assert main(["eval-drrag", "--dataset", str(dev), "--format", "musique", "--out", str(tmp_path / "out"), *common]) == 0
+    assert main(["eval-drrag", "--dataset", str(dev), "--dataset-format", "musique", "--out", str(tmp_path / "out"), *common]) == 0
     rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
     assert {(r["dataset"], r["method"], r["questions"]) for r in rows} == {("my_dev", "bm25", 2), ("my_dev", "qdc", 2)}
     assert all(0 < r["recall"] <= 1 and r["docs"] == 3 for r in rows)  # MuSiQue labels its supporting paragraphs
@@ -261,7 +261,7 @@ def test_classifier_auc_labels_judged_pairs_by_paragraph_id_as_recall_does():
 
 
 def test_eval_drrag_indexes_an_ircot_file_named_by_its_question_format(data_dir, tmp_path):
-    """--format hotpotqa-ircot names the question format; the corpus reader has no such name and detects the
+    """--dataset-format hotpotqa-ircot names the question format; the corpus reader has no such name and detects the
     file itself (IRCoT's `contexts` are HotpotQA paragraphs)."""
     import json as _json
 
@@ -270,7 +270,7 @@ def test_eval_drrag_indexes_an_ircot_file_named_by_its_question_format(data_dir,
     lines = (data_dir / "hotpotqa" / "dev_400.jsonl").read_text().splitlines()[:2]
     dev = tmp_path / "ircot_dev.jsonl"
     dev.write_text("\n".join(lines) + "\n")
-    assert main(["eval-drrag", "--dataset", str(dev), "--format", "hotpotqa-ircot", "--out", str(tmp_path / "out"),
+    assert main(["eval-drrag", "--dataset", str(dev), "--dataset-format", "hotpotqa-ircot", "--out", str(tmp_path / "out"),
                  "--k", "3", "--methods", "bm25", "--set", "embedding.model=hash"]) == 0
     rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
     assert [(r["dataset"], r["method"], r["questions"]) for r in rows] == [("ircot_dev", "bm25", 2)]

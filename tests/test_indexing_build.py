@@ -190,9 +190,9 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert main(["index", "search", "--index", str(root), "-k", "2", "--retriever", "bm25", "Kiss and Tell"]) == 0
     out = capsys.readouterr().out
     assert "[bm25] Kiss and Tell" in out and " 1. " in out and " 2. " in out
-    assert main(["index", "info", str(root)]) == 0
+    assert main(["index", "info", "--index", str(root)]) == 0
     assert "version 1" in capsys.readouterr().out
-    assert main(["index", "info", str(root), "--json"]) == 0
+    assert main(["index", "info", "--index", str(root), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["bm25"] == read_manifest(root)["bm25"]  # the manifest's entry, kept
     assert info["bm25_search"] == {"k1": 0.9, "b": 0.4, "stemmer": "porter", "stopwords": True}
@@ -206,3 +206,34 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert main(["index", "build", str(bad), "--index", str(idx), "--skip-bad-lines", "--set", "runtime.mode=local"]) == 0
     out = capsys.readouterr().out
     assert "published version 1: 1 passages" in out and "1 bad lines skipped" in out and f"skipped {bad}:2" in out
+
+
+def test_a_bm25_only_index_skips_embedding_and_gains_vectors_later(built, hotpot, tmp_path):
+    """index.dense=false: no embedding stage, no vectors or FAISS files; BM25 hits equal the full index's; dense
+    search is refused in one clear line; a later build with dense on over the same folder adds the dense side."""
+    from indexing.index import SearchError
+    from jobs.cli import main
+
+    path, questions = hotpot
+    full_root, full_cfg, _ = built
+    root = tmp_path / "bm25-only"
+    shard_size = full_cfg.index.shard_size
+    cfg = config(**{"index.shard_size": shard_size, "index.dense": "false"})
+    report = build_index([str(path)], str(root), cfg.index_settings())
+    assert report["passages_embedded"] == 0 and "embed_s" not in report
+    names = {p.name for p in (root / "shards").rglob("*") if p.is_file()}
+    assert "passages.arrow" in names and not names & {"vectors.npy", "faiss.index"}
+    assert read_manifest(root)["dim"] is None and read_manifest(root)["settings"]["dense"] is False
+    queries = [q["question_text"] for q in questions[:10]]
+    with open_index(str(root), cfg.index_settings()) as idx, open_index(str(full_root), full_cfg.index_settings()) as full:
+        assert [[h.id for h in hs] for hs in idx.search(queries, 5, "bm25")] == \
+               [[h.id for h in hs] for hs in full.search(queries, 5, "bm25")]
+        with pytest.raises(SearchError, match="BM25-only index .* index.dense=true"):
+            idx.search(queries, 5, "dense")
+    assert main(["index", "verify", "--index", str(root)]) == 0
+    # the same corpus with dense on: a new version with vectors, searched like the full index
+    again = build_index([str(path)], str(root), config(**{"index.shard_size": shard_size}).index_settings())
+    assert again["published"] and again["passages_embedded"] == report["passages"]
+    with open_index(str(root), full_cfg.index_settings()) as idx, open_index(str(full_root), full_cfg.index_settings()) as full:
+        assert [[h.id for h in hs] for hs in idx.search(queries, 5, "dense")] == \
+               [[h.id for h in hs] for hs in full.search(queries, 5, "dense")]

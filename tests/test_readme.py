@@ -37,3 +37,33 @@ def test_documented_command_runs(command):
                          timeout=120, cwd=README.parent)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip()
+
+
+def _subcommands(parser, path=()):
+    """(command path, parser) for every leaf subcommand of the CLI."""
+    import argparse
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from _subcommands(child, (*path, name))
+
+
+# one spelling per kind of input across commands: dest -> the flag that sets it
+CONSISTENT_FLAGS = {"index": "--index", "dataset": "--dataset", "dataset_format": "--dataset-format", "out": "--out",
+                    "limit": "--limit", "json": "--json"}
+
+
+def test_flags_are_spelled_alike_in_every_command():
+    """An index, a dataset, its format, an output folder, a limit and JSON output are the same flag in every command
+    that takes them (no positional index, no --format for a dataset's format)."""
+    checked = 0
+    for path, parser in _subcommands(build_parser()):
+        for action in parser._actions:
+            want = CONSISTENT_FLAGS.get(action.dest)
+            if want is not None:
+                assert want in action.option_strings, f"dynrag {' '.join(path)}: {action.dest} is {action.option_strings or 'positional'}, not {want}"
+                checked += 1
+    assert checked > 30  # the walk reached the subcommands

@@ -27,6 +27,12 @@ from jobs.bench.rss import GIB, run_measured
 DRIVER = Path(__file__).with_name("flashrag_driver.py")
 
 
+def flashrag_command(python, config: Path) -> list[str]:
+    """FlashRAG's side: the driver as a script under FlashRAG's python. -P: the driver's folder is not put on
+    sys.path, where this module (flashrag.py) would shadow the flashrag package."""
+    return [str(python), "-P", str(DRIVER), str(config)]
+
+
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
@@ -141,7 +147,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
                         "--warmup", str(warm["dynrag"]), "--set", f"retrieval.k={args.k}",
                         *(["--config", args.config] if args.config else []),
                         *[a for o in args.overrides for a in ("--set", o)]],
-             "flashrag": [str(py), str(DRIVER), str(work / "flashrag.json")]}
+             "flashrag": flashrag_command(py, work / "flashrag.json")}
     reps = []
     for rep in range(args.repeats):
         order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]

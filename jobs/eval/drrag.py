@@ -3,7 +3,7 @@ QDC, CIS and CFS at k = 3, 4, 6) on the multi-hop dev sets, each over its own pa
 
     dynrag eval-drrag --classifier models/drrag-clf [--datasets hotpotqa,musique,2wiki] [--k 3,4,6]
                       [--limit N] [--out runs/drrag-table5] [--indexes DIR] [--generate]
-    dynrag eval-drrag --classifier DIR --dataset dev.jsonl [--format musique]   # any file with supporting labels
+    dynrag eval-drrag --classifier DIR --dataset dev.jsonl [--dataset-format musique]   # any file with supporting labels
 
 Every method runs through the answer job (rows under OUT/<dataset>/<method>-k<k>, resumable). By
 default no model generates (generation.backend=none): recall and document counts do not depend on the
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--datasets", default="hotpotqa,musique,2wiki", help="comma-separated: " + ", ".join(DEV_SETS))
     p.add_argument("--dataset", metavar="FILE", help="instead of --datasets: any dev file whose questions carry "
                                                      "supporting paragraphs; its paragraphs become the corpus")
-    p.add_argument("--format", metavar="FMT", help="--dataset's format (dataset.format: hotpotqa, musique, 2wiki, ...; "
+    p.add_argument("--dataset-format", metavar="FMT", help="--dataset's format (dataset.format: hotpotqa, musique, 2wiki, ...; "
                                                     "default: detected)")
     p.add_argument("--k", default="3,4,6", help="comma-separated document budgets (default 3,4,6 as the paper)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
@@ -169,10 +169,10 @@ def _sources(cfg, args, datasets: list[str], indexes: Path) -> list[tuple[str, P
     if args.dataset is None:
         return [(ds, dev_file(cfg, ds), dev_index(cfg, ds, indexes)) for ds in datasets]
     file = data_path(cfg, str(Path(args.dataset).resolve()))
-    _require_labels(file, cfg, args.format)
+    _require_labels(file, cfg, args.dataset_format)
     name = Path(file).name.split(".")[0]
     # a question format the corpus reader does not know (hotpotqa-ircot, ...): its auto detection reads the file
-    return [(name, file, ensure_index(file, args.format if args.format in FORMATS else None, indexes / name, cfg))]
+    return [(name, file, ensure_index(file, args.dataset_format if args.dataset_format in FORMATS else None, indexes / name, cfg))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     indexes = Path(args.indexes) if args.indexes else out / "indexes"
     sources = _sources(cfg, args, datasets, indexes)
     rows = evaluate(cfg, str(Path(args.classifier).resolve()) if args.classifier else "", sources, ks, methods, args.limit,
-                    out, args.generate, dataset_format=args.format)
+                    out, args.generate, dataset_format=args.dataset_format)
     text = table(rows, args.generate) + "\n\n" + "\n".join(ordering(rows))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table5.md").write_text(text + "\n", encoding="utf-8")

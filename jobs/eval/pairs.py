@@ -55,7 +55,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=100, help="first N questions (default %(default)s)")
     p.add_argument("--methods", default="main", help="main, ablation, all, or comma-separated labels: "
                                                      + ", ".join(RUNS))
-    p.add_argument("--format", dest="dataset_format", help="dataset format (default: auto)")
+    p.add_argument("--dataset-format", help="dataset format (default: auto)")
     p.add_argument("--out", default="runs/eval-pairs", metavar="DIR", help="rows per run and table.md go here")
 
 

@@ -55,15 +55,20 @@ def answerable(questions: Iterable[Question], sections: dict[str, list[str]], n:
             yield q
 
 
+def check_count(n: int) -> None:
+    from pipeline.errors import DynragError
+
+    if n < 1:
+        raise DynragError(f"the demo needs at least one question (got {n})")
+
+
 def demo_questions(name: str, n: int, cache_dir: str | os.PathLike) -> Path:
     """JSONL {id, question, answer} of the first `n` answerable questions of packaged set `name` (RULE),
     made once under `<cache_dir>/embedded` (a few seconds); ids are `<name>-<line in the packaged file>`."""
     from pipeline.assets.embedded import dpr_questions, wikipedia_lead_sections
-    from pipeline.errors import DynragError
     from pipeline.io.datasets import MADE, load_questions
 
-    if n < 1:
-        raise DynragError(f"the demo needs at least one question (got {n})")
+    check_count(n)
     source = dpr_questions(name, cache_dir)
     target = source.parent / f"demo-{name}-{n}-v{VERSION}.jsonl"
     if target.exists():

@@ -10,8 +10,9 @@ Questions already answered under `out` (by id) are skipped, so rerunning after a
 In-process the driver reads the questions, runs the engine and writes each batch as a part. With
 `runtime.mode=ray` the driver reads only the dataset's first record (to fail fast on a missing or
 unreadable file) and the answered ids; the questions stream from the file through Ray Data and the
-engine actors write the parts (ray_runner.py). Either way the driver gets one small report per batch
-(`batch_report`), from which it shows progress and sums the run's counts.
+engine actors write the parts (ray_runner.py); so a Ray rerun with nothing left to answer still starts
+Ray and the engine actors (not their models), where in-process nothing starts. Either way the driver
+gets one small report per batch (`batch_report`), from which it shows progress and sums the counts.
 """
 
 from __future__ import annotations
@@ -91,8 +92,7 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
         if cfg.runtime.mode == "ray":  # the actors read the dataset themselves (ray_questions.py)
             questions.close()
-        own = backends is None
-        if own:
+        if backends is None:
             backends = preflight(cfg, index, stack)
         settings = run_settings(cfg, params)
         chash = config_hash(*settings.values())
@@ -102,7 +102,7 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         todo = None if cfg.runtime.mode == "ray" else itertools.chain(first, questions)
         return _run_answer(dataset, out, todo, index=index, spec=spec, params=params,
                            settings=settings, chash=chash, new_output=saved is None, limit=limit, cfg=cfg,
-                           backends=backends, own=own, progress=progress)
+                           backends=backends, progress=progress)
 
 
 def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack) -> Any:
@@ -162,7 +162,7 @@ def load_generator(backends) -> None:
 
 
 def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends,
-                own, progress) -> dict[str, Any]:
+                progress) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
 
@@ -190,8 +190,12 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
         else:
             counts: dict[str, int] = {}
             todo = pending_questions(questions, done, limit, counts)
-            reports = _answer_local(todo, counts, PartWriter(out, run_id, header), cfg, spec, params, row_args,
-                                    backends, own)
+            head = list(itertools.islice(todo, 1))  # nothing to answer: no engine (nor model) starts
+            if head:
+                reports = _answer_local(itertools.chain(head, todo), counts, PartWriter(out, run_id, header), cfg,
+                                        spec, params, row_args, backends)
+            else:
+                reports = iter([batch_report([], counts["skipped"], {})])
         with contextlib.closing(reports):
             for report in reports:
                 written += report["rows"]
@@ -221,17 +225,17 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     return summary
 
 
-def _answer_local(todo, counts, writer, cfg, spec, params, row_args, backends, own) -> Iterator[dict[str, Any]]:
+def _answer_local(todo, counts, writer, cfg, spec, params, row_args, backends) -> Iterator[dict[str, Any]]:
     """Answer `todo` (pending_questions, counting into `counts`) in parts of `answer.batch_questions`, as
     questions finish, each written by `writer`; yields a batch_report per part. `backends` stay open
-    (their owner closes them)."""
+    (their owner closes them). The generation model is loaded first (a model that cannot load is one
+    error, not one per row)."""
     from pipeline.engine.continuous import make_engine
 
     engine = make_engine(cfg, backends)
     reported = 0  # questions skipped as answered, reported so far
     try:
-        if own:
-            load_generator(backends)
+        load_generator(backends)
         for outcomes in engine.stream_batches(todo, spec.program, params, cfg.answer.batch_questions):
             rows = [make_row(o, **row_args) for o in outcomes]
             writer.write(rows)

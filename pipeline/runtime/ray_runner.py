@@ -66,7 +66,8 @@ class EngineActor:
 
 
 def init_ray(cfg: DynragConfig) -> bool:
-    """Connect to `runtime.ray_address` (or $RAY_ADDRESS) or start a local instance; True if this call did either."""
+    """Connect to `runtime.ray_address` or start a local instance (address "local": a `ray start` cluster running
+    on the machine is joined only when named); True if this call started it."""
     import ray
 
     if ray.is_initialized():
@@ -77,10 +78,9 @@ def init_ray(cfg: DynragConfig) -> bool:
     from indexing.java import jvm_signals_kept
 
     with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
-        address = cfg.runtime.ray_address or os.environ.get("RAY_ADDRESS")  # set for a Ray job's driver
-        if address:
-            ray.init(address=address, **kwargs)
-        else:  # "local": a new instance, never a cluster that someone's `ray start` left on this machine
+        if cfg.runtime.ray_address:
+            ray.init(address=cfg.runtime.ray_address, **kwargs)
+        else:
             ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return True
