@@ -195,7 +195,7 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
                 reports = _answer_local(itertools.chain(head, todo), counts, PartWriter(out, run_id, header), cfg,
                                         spec, params, row_args, backends)
             else:
-                reports = iter([batch_report([], counts["skipped"], {})])
+                reports = (r for r in [batch_report([], counts["skipped"], {})])
         with contextlib.closing(reports):
             for report in reports:
                 written += report["rows"]
