@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from indexing.errors import IndexingError
+from indexing.java import cap_jvm_heap
 from indexing.hits import Hit
 from indexing.manifest import read_manifest, verify_version
 
@@ -50,6 +51,7 @@ class Index:
         if wanted != self.analyzer:
             log.warning("the BM25 index was built with analyzer %s, the configuration asks for %s; searching with "
                         "the index's (rebuild it to change)", self.analyzer, wanted)
+        cap_jvm_heap(cfg.index.jvm_heap_mb)  # before this process's JVM starts (the searcher starts it)
         self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b, self.analyzer)
         self._encoder = None
         self._lock = threading.Lock()

@@ -113,6 +113,17 @@ def quiet_java_logs() -> None:
     _QUIET = True
 
 
+def cap_jvm_heap(heap_mb: int | None) -> bool:
+    """A maximum heap (-Xmx) for this process's JVM, when it has not started yet; returns whether it applied."""
+    import jnius_config
+
+    if heap_mb is None or jnius_config.vm_running:
+        return False
+    ensure_java()
+    jnius_config.add_options(f"-Xmx{heap_mb}m")
+    return True
+
+
 def bound_jvm_memory(heap_mb: int) -> bool:
     """Keep the JVM's memory a constant of the loaded JVM rather than growing with the corpus: a fixed
     heap of `heap_mb`, committed and touched at start (-Xms = -Xmx, AlwaysPreTouch), and the C1 JIT

@@ -49,6 +49,10 @@ class IndexConfig(Section):
         "porter", description="the BM25 analyzer's stemmer, fixed when the index is built (a search uses the index's)")
     bm25_stopwords: bool = Field(True, description="the BM25 analyzer drops English stop words (fixed at build)")
     threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
+    jvm_heap_mb: int | None = Field(
+        None, ge=64, description="maximum Java heap of a process that opens an index for BM25 search (the JVM's own "
+        "default is a quarter of the machine's memory, per process): set it where several index holders share a node, "
+        "e.g. retrieval actors. Applies when the process starts its JVM")
     embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: embedding actors (one GPU each when CUDA is present)")
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")

@@ -73,3 +73,36 @@ def test_the_jvm_keeps_its_signal_handlers_when_ray_starts_after_it():
     out = subprocess.run([sys.executable, "-c", RAY_PROBE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "same"
+
+
+HEAP_PROBE = textwrap.dedent("""
+    import sys
+    from indexing import open_index
+    from pipeline.config import load_config
+
+    cfg = load_config(None, sys.argv[2:])
+    with open_index(sys.argv[1], cfg.index_settings()) as index:
+        assert index.search(["capital of France"], 1, "bm25")[0][0].title == "Paris"
+        from jnius import autoclass
+        print(autoclass("java.lang.Runtime").getRuntime().maxMemory() // 2**20)
+""")
+
+
+def test_index_jvm_heap_mb_caps_the_heap_of_a_searching_process(tmp_path):
+    """index.jvm_heap_mb bounds the JVM a search process starts (default: a quarter of the machine's memory)."""
+    from indexing import build_index
+    from pipeline.config import load_config
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "p", "title": "Paris", "text": "Paris is the capital of France."}\n'
+                      '{"id": "b", "title": "Berlin", "text": "Berlin is the capital of Germany."}\n')
+    build_index([str(corpus)], str(tmp_path / "idx"), load_config(None, ["index.dense=false"]).index_settings())
+
+    def max_heap_mib(*sets):
+        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(tmp_path / "idx"), *sets], capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert 200 <= max_heap_mib("index.jvm_heap_mb=256") <= 256
+    assert max_heap_mib() > 1024  # the JVM's default on this machine (24 GiB: about 6 GiB)
