@@ -107,7 +107,8 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools(monkeypatch):
     retrieval, scorer = [InlineActor(), InlineActor()], [InlineActor()]
     cfg = DynragConfig()
     cfg.method.name = "pairs"
-    engine = EngineActor(cfg.model_dump(mode="json"), None, {}, {"retrieval": retrieval, "scorer": scorer})
+    engine = EngineActor(cfg.model_dump(mode="json"), None, {"run_id": "r"}, "memory://rows", None,
+                         {"retrieval": retrieval, "scorer": scorer})
     b = engine.backends  # no index (None) and no models: every part but the generator comes from a pool
     queries = [f"query {i}" for i in range(5)]
     assert b.search(queries, 3, "bm25") == SimRetriever().search(queries, 3)

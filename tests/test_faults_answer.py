@@ -120,8 +120,10 @@ def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_pa
 
 def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
+    # paused in the engine actor right after its first part (the actors write the parts, and would
+    # otherwise go on while the driver waits)
     proc = run_until_paused(answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"),
-                            "answer.part_written", pauses)
+                            "ray.part_written", pauses)
     try:
         ray_processes = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)

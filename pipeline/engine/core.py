@@ -94,6 +94,7 @@ class BaseEngine:
         self.batch_calls: dict[str, int] = defaultdict(int)  # backend calls made, by kind
         self.batch_seconds: dict[str, float] = defaultdict(float)  # time inside them, by kind
         self._stats_lock = threading.Lock()  # batches may be served from several threads
+        self._calls_seen: dict[str, int] = {}  # batch_calls at the previous new_calls()
 
     # ---- public ---------------------------------------------------------------------------
     def run(self, questions: list[Question], program: Callable[[Question, Any], Generator], params: Any) -> list[Outcome]:
@@ -108,6 +109,14 @@ class BaseEngine:
                        n: int | None) -> Iterator[list[Outcome]]:
         """`stream`'s outcomes in lists of `n` (the last may be shorter), e.g. one output part each."""
         return batched(self.stream(questions, program, params), n)
+
+    def new_calls(self) -> dict[str, int]:
+        """Backend calls (by kind) made since the previous `new_calls()`: a batch's share, for its report."""
+        with self._stats_lock:
+            now = dict(self.batch_calls)
+        new = {k: v - self._calls_seen.get(k, 0) for k, v in now.items() if v != self._calls_seen.get(k, 0)}
+        self._calls_seen = now
+        return new
 
     def close(self) -> None:
         """Release what the engine holds (its worker threads, if any); the backends stay open."""

@@ -20,6 +20,9 @@ JSON) becomes a Question with `error` set, so it gets an error row; the others a
 dynrag makes (a record without an id, an unreadable line, a repeated id) live in the namespace `dynrag:`,
 which a file's own ids cannot take: a record whose id starts with it is an error row.
 
+`pending_questions` takes what a run answers from them: the first `limit`, less the ids already answered
+(in-process and in a Ray read task alike, pipeline/runtime/ray_questions.py).
+
 Sources are local files, `dpr:<set>`, or fsspec URIs (`s3://`, `gs://`, `hf://datasets/...`); a URI that
 cannot be reached fails at once with one line saying how to get the file.
 """
@@ -27,11 +30,12 @@ cannot be reached fails at once with one line saying how to get the file.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from indexing.passages import paragraph_id
 from indexing.readers import join_sentences
@@ -318,3 +322,15 @@ def _generic(dc):
         return r.get(dc.id_field), r.get(dc.question_field), _answers(r.get(dc.answers_field)), [(str(s), "") for s in support]
 
     return parse
+
+
+def pending_questions(questions: Iterable[Question], done: set[str], limit: int | None,
+                      counts: dict[str, int]) -> Iterator[Question]:
+    """The first `limit` of `questions` (the dataset, streamed: never held in memory) whose id is not in
+    `done` (the ids answered under the output); `counts["skipped"]` counts those that were."""
+    counts["skipped"] = 0
+    for q in itertools.islice(questions, limit):
+        if q.id in done:
+            counts["skipped"] += 1
+        else:
+            yield q

@@ -2,8 +2,9 @@
 
 Rows live in `<out>/parts/part-*.parquet`, each file written whole and then renamed into place, so a
 killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
-the ids already written and a resumed run answers only the others. `summarize(out)` reads all parts.
-Local paths and fsspec URIs (s3://, gs://) both work.
+the ids already written and a resumed run answers only the others; a part is named by its run and its
+question ids (`PartWriter`), so a batch written twice (a retried Ray task) replaces its own part.
+`summarize(out)` reads all parts. Local paths and fsspec URIs (s3://, gs://) both work.
 
 Time columns: `time_<stage>_s` is the question's share of the batched calls it took part in (its cost;
 `time_total_s` their sum), while `latency_s` is its own wall time from its first request to its answer,
@@ -12,6 +13,7 @@ queueing behind other questions included (parts written before it existed read i
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -102,17 +104,18 @@ def _is_local(fs) -> bool:
     return "file" in proto or "local" in proto
 
 
-def write_part(out: str, rows: list[dict[str, Any]]) -> str | None:
-    """Write rows as one new part file, atomically; returns its path."""
+def write_part(out: str, rows: list[dict[str, Any]], key: str | None = None) -> str | None:
+    """Write rows as one part file `part-<key>.parquet` (a fresh key when None), atomically; returns its path.
+    A part of the same key is replaced."""
     if not rows:
         return None
     fs, base = _fs(out)
     parts = f"{base}/parts"
     fs.makedirs(parts, exist_ok=True)
-    name = f"part-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}.parquet"
+    name = f"part-{key or time.strftime('%Y%m%d-%H%M%S') + '-' + uuid.uuid4().hex[:8]}.parquet"
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
     if _is_local(fs):
-        tmp = f"{parts}/.{name}.tmp"
+        tmp = f"{parts}/.{name}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: two may write the same key
         try:
             pq.write_table(table, tmp)
             with open(tmp, "rb+") as fh:  # durable before it becomes visible
@@ -126,6 +129,34 @@ def write_part(out: str, rows: list[dict[str, Any]]) -> str | None:
         with fs.open(f"{parts}/{name}", "wb") as fh:
             pq.write_table(table, fh)
     return f"{parts}/{name}"
+
+
+class PartWriter:
+    """Writes one run's parts under `out`, from the driver (in-process) or from each Ray engine actor.
+
+    Before its first part it writes `header` (file name -> text: the settings of a new output folder), so
+    a folder holding rows always says which configuration wrote them. Each part is keyed by the run id
+    and a digest of its question ids: a batch written again, as by a Ray task retried after its actor
+    died, replaces its part rather than adding a second copy of its rows."""
+
+    def __init__(self, out: str, run_id: str, header: dict[str, str] | None = None):
+        self.out, self.run_id, self.header = out, run_id, dict(header or {})
+
+    def write(self, rows: list[dict[str, Any]]) -> str | None:
+        if not rows:
+            return None
+        for name, text in self.header.items():
+            write_text(self.out, name, text)
+        self.header = {}
+        digest = hashlib.sha1("\n".join(sorted(r["question_id"] for r in rows)).encode()).hexdigest()[:12]
+        return write_part(self.out, rows, f"{self.run_id}-{digest}")
+
+
+def batch_report(rows: list[dict[str, Any]], skipped: int, calls: dict[str, int]) -> dict[str, Any]:
+    """What an answer job's driver learns of one written batch: its rows and error rows, the questions
+    skipped as already answered since the previous report, and the backend calls made (by kind)."""
+    return {"rows": len(rows), "errors": sum(r["error"] is not None for r in rows), "skipped": skipped,
+            "calls": calls}
 
 
 def part_files(out: str) -> list[str]:
@@ -228,7 +259,7 @@ def write_text(out: str, name: str, text: str) -> str:
     fs.makedirs(base, exist_ok=True)
     target = f"{base}/{name}"
     if _is_local(fs):
-        tmp = f"{target}.tmp"
+        tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: Ray actors write the same header
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, target)

@@ -8,6 +8,9 @@ it made it and wrote nothing), and the half-written part files such a process ca
 refused job says who holds the folder. Remote outputs (s3://, gs://) cannot be locked this way: two
 jobs there both run, their part files never overwrite each other (each has a fresh name), and rows
 are read one per question id (output.read_rows), so each question counts once.
+
+With Ray the engine actors write the parts themselves: `check_shared(out)`, in each actor, refuses a
+local folder whose lock file that actor cannot see (a node that does not share the driver's disk).
 """
 
 from __future__ import annotations
@@ -77,3 +80,14 @@ def _acquire(path: str, out: str) -> int:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd
         os.close(fd)
+
+
+def check_shared(out: str) -> None:
+    """Raise unless this process sees the answer job's local output folder (its lock file), as a Ray actor on
+    another node does only when the folder is on storage shared with the driver's node. URIs pass."""
+    if "://" in out and not out.startswith("file://"):
+        return
+    if not os.path.exists(os.path.join(out.removeprefix("file://"), LOCK_NAME)):
+        raise DynragError(f"the output folder {out} of the answer job is not visible on {socket.gethostname()}: "
+                          "on a Ray cluster of several nodes --out must be shared by every node (s3://, gs://, "
+                          "or a filesystem mounted at the same path on each)")

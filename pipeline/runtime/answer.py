@@ -6,26 +6,33 @@
     summary["em"], summary["f1"], summary["time_per_question_s"]["total"]
 
 Questions already answered under `out` (by id) are skipped, so rerunning after a kill resumes.
+
+In-process the driver reads the questions, runs the engine and writes each batch as a part. With
+`runtime.mode=ray` the driver reads only the dataset's first record (to fail fast on a missing or
+unreadable file) and the answered ids; the questions stream from the file through Ray Data and the
+engine actors write the parts (ray_runner.py); so a Ray rerun with nothing left to answer still starts
+Ray and the engine actors (not their models), where in-process nothing starts. Either way the driver
+gets one small report per batch (`batch_report`), from which it shows progress and sums the counts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import time
 import uuid
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from pipeline.config import DynragConfig, resolved_yaml
-from pipeline.io.datasets import load_questions
+from pipeline.io.datasets import load_questions, pending_questions
 from pipeline.methods.registry import config_hash, get_method
 from indexing.faults import fault_point
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
-from pipeline.io.output import answered_ids, make_row, read_json, summarize, write_json, write_part, write_text
+from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock
-from pipeline.engine.requests import Question
 from pipeline.runtime.signals import stop_on_sigterm
 
 log = logging.getLogger(__name__)
@@ -61,19 +68,6 @@ def check_same_run(out: str, settings: dict[str, Any], chash: str) -> dict[str, 
                       "rerun with its settings, or choose another --out")
 
 
-def pending_questions(questions: Iterable[Question], out: str, limit: int | None,
-                      counts: dict[str, int]) -> Iterator[Question]:
-    """The first `limit` of `questions` (the dataset, streamed: never held in memory) that have no row
-    under `out` yet; `counts["skipped"]` counts those that had one."""
-    done = answered_ids(out)
-    counts["skipped"] = 0
-    for q in itertools.islice(questions, limit):
-        if q.id in done:
-            counts["skipped"] += 1
-        else:
-            yield q
-
-
 def run_answer(dataset: str, out: str, *, index: str | None = None, method: str | None = None,
                limit: int | None = None, cfg: DynragConfig | None = None, dataset_format: str | None = None,
                backends: Any = None, progress: bool | None = None) -> dict[str, Any]:
@@ -96,6 +90,8 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         questions = load_questions(dataset, cfg)
         stack.callback(questions.close)
         first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
+        if cfg.runtime.mode == "ray":  # the actors read the dataset themselves (ray_questions.py)
+            questions.close()
         if backends is None:
             backends = preflight(cfg, index, stack)
         settings = run_settings(cfg, params)
@@ -103,7 +99,8 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         saved = check_same_run(out, settings, chash)
         stack.enter_context(output_lock(out))
         stack.enter_context(stop_on_sigterm())
-        return _run_answer(dataset, out, itertools.chain(first, questions), index=index, spec=spec, params=params,
+        todo = None if cfg.runtime.mode == "ray" else itertools.chain(first, questions)
+        return _run_answer(dataset, out, todo, index=index, spec=spec, params=params,
                            settings=settings, chash=chash, new_output=saved is None, limit=limit, cfg=cfg,
                            backends=backends, progress=progress)
 
@@ -170,39 +167,45 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
-    counts: dict[str, int] = {}
-    todo = pending_questions(questions, out, limit, counts)
-    head = list(itertools.islice(todo, 1))  # nothing to answer: no engine (nor model) starts
-    todo = itertools.chain(head, todo)
+    done = answered_ids(out)
     row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
                     model=cfg.generation.model)
+    # a new folder's configuration, written with its first rows
+    saved = {"method": spec.name, "config_hash": chash, "settings": settings}
+    header = {RUN_FILE: json.dumps(saved, indent=2, default=str), "config.resolved.yaml": resolved_yaml(cfg)} \
+        if new_output else None
 
     bar = None
     if show:
         from tqdm import tqdm
 
         bar = tqdm(total=limit, unit="q", desc=f"{spec.name}", dynamic_ncols=True)
-    written = 0
+    written = skipped = 0
     batch_calls: dict[str, int] = {}
     try:
-        if not head:
-            batches = (rows for rows in ())
-        elif cfg.runtime.mode == "ray":
+        if cfg.runtime.mode == "ray":
             from pipeline.runtime.ray_runner import answer_with_ray
 
-            batches = answer_with_ray(list(todo), cfg, index, row_args)
+            reports = answer_with_ray(dataset, out, cfg, index, row_args, header=header, done=done, limit=limit)
         else:
-            batches = _answer_local(todo, cfg, spec, params, row_args, backends, batch_calls)
-        with contextlib.closing(batches):
-            for rows in batches:
-                if new_output and not written:  # the folder's configuration, saved with its first rows
-                    write_json(out, RUN_FILE, {"method": spec.name, "config_hash": chash, "settings": settings})
-                    write_text(out, "config.resolved.yaml", resolved_yaml(cfg))
-                write_part(out, rows)
-                written += len(rows)
-                fault_point("answer.part_written")
-                if bar is not None:
-                    bar.update(len(rows))
+            counts: dict[str, int] = {}
+            todo = pending_questions(questions, done, limit, counts)
+            head = list(itertools.islice(todo, 1))  # nothing to answer: no engine (nor model) starts
+            if head:
+                reports = _answer_local(itertools.chain(head, todo), counts, PartWriter(out, run_id, header), cfg,
+                                        spec, params, row_args, backends)
+            else:
+                reports = (r for r in [batch_report([], counts["skipped"], {})])
+        with contextlib.closing(reports):
+            for report in reports:
+                written += report["rows"]
+                skipped += report["skipped"]
+                for kind, n in report["calls"].items():
+                    batch_calls[kind] = batch_calls.get(kind, 0) + n
+                if report["rows"]:
+                    fault_point("answer.part_written")
+                    if bar is not None:
+                        bar.update(report["rows"])
     except KeyboardInterrupt as stop:
         log.warning("%s: %d rows of this run are under %s; rerun the same command to answer the rest",
                     stop or "interrupted", written, out)
@@ -210,7 +213,6 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     finally:
         if bar is not None:
             bar.close()
-    skipped = counts.get("skipped", 0)
     if skipped:
         log.info("resumed: %d questions already had a row under %s", skipped, out)
     wall = time.perf_counter() - t0
@@ -223,16 +225,23 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     return summary
 
 
-def _answer_local(todo, cfg, spec, params, row_args, backends, batch_calls) -> Iterator[list[dict]]:
-    """Rows in parts of `answer.batch_questions`, as questions finish; `backends` stay open (their owner
-    closes them). The generation model is loaded first (a model that cannot load is one error, not one per row)."""
+def _answer_local(todo, counts, writer, cfg, spec, params, row_args, backends) -> Iterator[dict[str, Any]]:
+    """Answer `todo` (pending_questions, counting into `counts`) in parts of `answer.batch_questions`, as
+    questions finish, each written by `writer`; yields a batch_report per part. `backends` stay open
+    (their owner closes them). The generation model is loaded first (a model that cannot load is one
+    error, not one per row)."""
     from pipeline.engine.continuous import make_engine
 
     engine = make_engine(cfg, backends)
+    reported = 0  # questions skipped as answered, reported so far
     try:
         load_generator(backends)
         for outcomes in engine.stream_batches(todo, spec.program, params, cfg.answer.batch_questions):
-            batch_calls.update(engine.batch_calls)
-            yield [make_row(o, **row_args) for o in outcomes]
+            rows = [make_row(o, **row_args) for o in outcomes]
+            writer.write(rows)
+            yield batch_report(rows, counts["skipped"] - reported, engine.new_calls())
+            reported = counts["skipped"]
+        if counts.get("skipped", 0) > reported:
+            yield batch_report([], counts["skipped"] - reported, {})
     finally:
         engine.close()

@@ -1,0 +1,68 @@
+"""The questions of an answer job as a Ray Data dataset, read from the file on a worker (`runtime.mode=ray`).
+
+    ds = ray.data.read_datasource(QuestionSource(dataset, cfg, done, limit, block_rows=64))
+
+One read task streams the file through dynrag's own loader (`load_questions`: every format, fsspec
+URIs, `dpr:` sets) and `pending_questions`, exactly as an in-process run reads it: a bad line is the same
+error row with the same `dynrag:line-N` id, duplicate ids are found over the whole file, `limit` takes the
+first `limit` questions of the file (error rows count, blank lines do not) and the ids in `done` (answered
+under the output) are dropped. A local file is read on the driver's node, where it was found. Ray's
+`read_text`/`read_parquet` are not used: `read_text` reads a whole file at once and decodes it as UTF-8 (one bad byte fails
+every row), splits lines at other characters than the loader (U+2028, form feeds) and numbers none, and
+ids, duplicates and the format are decided in file order anyway, so a file is one sequential read.
+
+Rows: `q` (a Question as JSON) and `skipped` (questions dropped as answered just before it). The skips
+after the last question come as a final row with no `q`, so the engine actors' reports add up to the
+in-process count. The read depends only on the file and `done`, so a retried read task yields the same
+rows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pyarrow as pa
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from pipeline.config import DynragConfig
+from pipeline.engine.core import batched
+
+
+class QuestionSource(Datasource):
+    def __init__(self, source: str, cfg: DynragConfig, done: set[str], limit: int | None, block_rows: int):
+        super().__init__()
+        self.source, self.cfg_json, self.done = source, cfg.model_dump(mode="json"), frozenset(done)
+        self.limit, self.block_rows = limit, block_rows
+
+    @property
+    def supports_distributed_reads(self) -> bool:
+        """False for a local file (or `dpr:` set): Ray then reads it on the driver's node, where it was found."""
+        from indexing.remote import is_remote
+
+        return is_remote(self.source)
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context=None) -> list[ReadTask]:
+        meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=[self.source])
+        return [ReadTask(self._read, meta)]
+
+    def _read(self) -> Iterator[pa.Table]:
+        from pipeline.io.datasets import load_questions, pending_questions
+
+        counts: dict[str, int] = {}
+        questions = load_questions(self.source, DynragConfig.model_validate(self.cfg_json))
+        reported = 0
+        try:
+            for chunk in batched(pending_questions(questions, self.done, self.limit, counts), self.block_rows):
+                skipped = [counts["skipped"] - reported] + [0] * (len(chunk) - 1)
+                reported = counts["skipped"]
+                yield pa.table({"q": [json.dumps(q.to_dict()) for q in chunk], "skipped": skipped})
+            if counts.get("skipped", 0) > reported:
+                yield pa.table({"q": pa.array([None], pa.string()), "skipped": [counts["skipped"] - reported]})
+        finally:
+            questions.close()

@@ -1,0 +1,161 @@
+"""Ray mode streams: the dataset is read through Ray Data on a worker (dynrag's own loader, so bad lines are
+the same error rows), the engine actors write the parts, and the driver only sums their reports. The
+rows, `--limit` and resume equal the in-process run's."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
+from pipeline.config import DynragConfig
+from pipeline.errors import DynragError
+from pipeline.io import datasets, output
+from pipeline.io.output import PartWriter, batch_report, part_files
+from pipeline.runtime.answer import run_answer
+from test_cluster_s3 import s3  # noqa: F401  (the loopback S3 server fixture)
+
+COLUMNS = ["question_id", "prediction", "error", "error_kind", "retrieval_calls"]
+
+
+def _dataset(data_dir, path):
+    """Six questions with a bad line (line 3), a blank line and a repeated id (the last line)."""
+    lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:6]
+    path.write_text("\n".join([*lines[:2], "{not json", "", *lines[2:], lines[0]]) + "\n", encoding="utf-8")
+    return path
+
+
+def _rows(out) -> list[dict]:
+    return pl.read_parquet(f"{out}/parts/*.parquet").select(COLUMNS).sort("question_id").to_dicts()
+
+
+def test_question_source_reads_like_in_process(data_dir, tmp_path):
+    """The read task's rows (no Ray needed): the first `limit` questions of the file less the answered ids,
+    error rows included, with every skip counted once."""
+    from pipeline.runtime.ray_questions import QuestionSource
+
+    path = _dataset(data_dir, tmp_path / "q.jsonl")
+    cfg = DynragConfig()
+    every = list(datasets.load_questions(str(path), cfg))
+    assert [q.id for q in every][2] == "dynrag:line-3" and every[-1].id.startswith("dynrag:dup2-")
+    done = {every[0].id, every[3].id, every[5].id}  # the last one lies past a limit of 5
+
+    def read(limit, block_rows):
+        tables = list(QuestionSource(str(path), cfg, done, limit, block_rows)._read())
+        rows = [r for t in tables for r in t.to_pylist()]
+        return [json.loads(r["q"])["id"] for r in rows if r["q"]], sum(r["skipped"] for r in rows)
+
+    for block_rows in (1, 2, 50):
+        assert read(5, block_rows) == ([every[i].id for i in (1, 2, 4)], 2)
+        assert read(None, block_rows) == ([every[i].id for i in (1, 2, 4, 6, 7)], 3)
+    assert read(1, 2) == ([], 1)  # only a skip: a row with no question carries it
+
+
+def test_part_writer_is_idempotent_and_writes_the_header_first(tmp_path):
+    from eval_fixtures import fake_row
+
+    out = str(tmp_path / "run")
+    rows = [fake_row(i, dataset="d", method="m", params={}, f1=1.0, total_s=1.0) for i in range(3)]
+    writer = PartWriter(out, "run1", {"run.json": "{}"})
+    assert writer.write([]) is None and not (tmp_path / "run").exists()  # nothing to write: no header either
+    first = writer.write(rows)
+    assert (tmp_path / "run" / "run.json").read_text() == "{}"
+    again = PartWriter(out, "run1").write(list(reversed(rows)))  # the same batch, written again (a retry)
+    assert again == first and part_files(out) == [first]
+    assert PartWriter(out, "run2").write(rows) != first  # another run's part of the same ids: its own file
+    assert batch_report(rows, 2, {"generate": 1}) == {"rows": 3, "errors": 0, "skipped": 2, "calls": {"generate": 1}}
+
+
+def test_an_actor_refuses_an_output_folder_it_cannot_see(tmp_path):
+    from pipeline.io.output_lock import check_shared, output_lock
+
+    out = str(tmp_path / "run")
+    with pytest.raises(DynragError, match="must be shared by every node"):
+        check_shared(out)
+    with output_lock(out):
+        check_shared(out)  # the driver holds the lock: its file is visible here
+    check_shared("s3://bucket/run")
+
+
+@pytest.fixture
+def ray_cluster(tmp_path_factory):
+    """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running)."""
+    import ray
+
+    from pipeline.runtime.ray_runner import init_ray
+
+    cfg = DynragConfig()
+    cfg.ray.num_cpus = 4
+    init_ray(cfg)
+    yield
+    ray.shutdown()
+
+
+def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(data_dir, tmp_path_factory, tmp_path,
+                                                                       monkeypatch, ray_cluster):
+    index = str(build_hotpot_index(data_dir, tmp_path_factory, 20))
+    dataset = str(_dataset(data_dir, tmp_path / "questions.jsonl"))
+    cfg = DynragConfig()
+    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
+    cfg.generation.backend = "transformers"
+    cfg.generation.max_new_tokens = 8
+    cfg.answer.progress = False
+    cfg.answer.batch_questions = 2
+    local, remote = str(tmp_path / "local"), str(tmp_path / "ray")
+
+    def both(limit):
+        mine = run_answer(dataset, local, index=index, method="sr-rag", limit=limit, cfg=cfg)
+        ray_cfg = cfg.model_copy(deep=True)
+        ray_cfg.runtime.mode, ray_cfg.ray.actors, ray_cfg.ray.actor_num_cpus = "ray", 2, 0.5
+        with monkeypatch.context() as m:  # this process reads one record (the fail-fast check) and writes no part
+            reads = datasets._records
+
+            def first_record_only(source, f):
+                for n, rec in enumerate(reads(source, f)):
+                    assert n == 0, "the driver read past the first record"
+                    yield rec
+
+            m.setattr(datasets, "_records", first_record_only)
+            m.setattr(output, "write_part", lambda *a, **k: pytest.fail("the driver wrote a part"))
+            before = set(part_files(remote))
+            theirs = run_answer(dataset, remote, index=index, method="sr-rag", limit=limit, cfg=ray_cfg)
+        new = set(part_files(remote)) - before  # written by the actors, one per batch, keyed by the run
+        assert new and all(p.rsplit("/", 1)[1].startswith(f"part-{theirs['run_id']}-") for p in new)
+        return mine, theirs
+
+    mine, theirs = both(4)  # the first 4 questions of the file: 2, the bad line's error row, 1
+    assert _rows(remote) == _rows(local)
+    assert [r["question_id"] for r in _rows(remote)].count("dynrag:line-3") == 1 and len(_rows(remote)) == 4
+    assert (theirs["new_rows"], theirs["errors"], theirs["skipped_already_answered"]) == (4, 1, 0)
+    assert set(theirs["backend_batch_calls"]) == set(mine["backend_batch_calls"]) != set()  # summed over the actors
+    assert json.loads((tmp_path / "ray" / "run.json").read_text())["config_hash"] == theirs["config_hash"]
+
+    mine, theirs = both(None)  # resume: only the rest is answered, the repeated id as an error row
+    rows = _rows(remote)
+    assert rows == _rows(local) and len(rows) == 8 and sum(r["error"] is not None for r in rows) == 2
+    counts = [(s["new_rows"], s["skipped_already_answered"]) for s in (theirs, mine)]
+    assert counts == [(4, 4), (4, 4)]
+    assert pl.read_parquet(f"{remote}/parts/*.parquet").height == 8  # no row written twice
+
+
+def test_ray_reads_questions_from_and_writes_rows_to_s3(s3, ray_cluster, data_dir, tmp_path):
+    """fsspec URIs on the workers: the read task opens the dataset on S3 and the actors write their parts
+    there (the S3 settings reach them through the environment of the local Ray)."""
+    fs, bucket = s3
+    fs.pipe(f"{bucket}/q.jsonl", _dataset(data_dir, tmp_path / "q.jsonl").read_bytes())
+    cfg = DynragConfig()
+    cfg.generation.backend = "none"
+    cfg.answer.progress = False
+    cfg.answer.batch_questions = 3
+    dataset, remote = f"s3://{bucket}/q.jsonl", f"s3://{bucket}/run"
+    mine = run_answer(dataset, str(tmp_path / "local"), method="no-retrieval", limit=6, cfg=cfg)
+    cfg.runtime.mode = "ray"
+    theirs = run_answer(dataset, remote, method="no-retrieval", limit=6, cfg=cfg)
+    assert (theirs["rows"], theirs["errors"]) == (mine["rows"], mine["errors"]) == (6, 1)
+    key = ["question_id", "prediction", "error"]
+    rows = [output.read_rows(out, key).sort_by("question_id") for out in (remote, str(tmp_path / "local"))]
+    assert rows[0] == rows[1]
+    assert all(p.rsplit("/", 1)[1].startswith(f"part-{theirs['run_id']}-") for p in part_files(remote))
+    assert fs.exists(f"{bucket}/run/run.json")
