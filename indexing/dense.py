@@ -138,16 +138,45 @@ def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer=None):
     return index
 
 
+def merged_ivf(indexes: list):
+    """One IVF index holding the inverted lists of every shard (all filled from one template, so their lists
+    agree), ids numbered shard after shard as in a ShardSet: what a GPU searches, as faiss's IndexShardsIVF
+    does not run there. The shards are left as they were (their copies are merged)."""
+    import faiss
+
+    merged = faiss.clone_index(indexes[0])
+    ivf = faiss.extract_index_ivf(merged)
+    for ix in indexes[1:]:
+        copy = faiss.clone_index(ix)  # kept referenced: the extracted IVF is a view of it
+        ivf.merge_from(faiss.extract_index_ivf(copy), ivf.ntotal)
+    merged.ntotal = ivf.ntotal  # a wrapper (e.g. a pre-transform) counts its inner index's vectors
+    return merged
+
+
 class ShardSet:
     """All shards' FAISS indexes searched as one (threaded; ids numbered shard after shard), each hit
     mapped back to (shard, row): `faiss.IndexShards`, or `faiss.IndexShardsIVF` over the shared
-    `quantizer` of IVF shards. With Flat shards the top-k equals one index's over all vectors."""
+    `quantizer` of IVF shards. With Flat shards the top-k equals one index's over all vectors.
+    Where faiss sees a GPU (`gpus`: None asks faiss), IVF shards are merged into one index (`merged_ivf`) and
+    searched on every GPU; `merge=True` takes that path on the CPU too (tests: same hits)."""
 
-    def __init__(self, indexes: list, quantizer=None, nprobe: int = 1):
+    def __init__(self, indexes: list, quantizer=None, nprobe: int = 1, gpus: int | None = None, merge: bool = False):
         import faiss
 
         self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])
         self.params = None
+        if gpus is None:
+            gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+        if quantizer is not None and indexes and (gpus > 0 or merge):
+            merged = merged_ivf(indexes)
+            nprobe = min(nprobe, quantizer.ntotal)
+            if gpus > 0:
+                merged = faiss.index_cpu_to_all_gpus(merged)
+                faiss.GpuParameterSpace().set_index_parameter(merged, "nprobe", nprobe)
+            else:
+                faiss.extract_index_ivf(merged).nprobe = nprobe
+            self.shards, self._indexes = merged, [merged]
+            return
         if quantizer is not None:
             nprobe = min(nprobe, quantizer.ntotal)  # more probes than lists misaligns IndexShardsIVF's assignments
             for ix in indexes:

@@ -126,3 +126,26 @@ def test_build_faiss_reads_the_template_once_and_leaves_it_unchanged(tmp_path, m
     train_template(vecs[1::2], "IVF8,SQ8", template)
     build_faiss(vecs[:10], "IVF8,SQ8", tmp_path / "again.index", template)
     assert reads.count(str(template)) == 2
+
+
+def test_ivf_shards_merged_for_a_gpu_search_as_the_shard_set_does(tmp_path):
+    """The GPU path (IVF shards merged into one index, since IndexShardsIVF does not run on a GPU), taken on the
+    CPU: the same scores and (shard, row) hits as the shard set, and the shards themselves stay unchanged."""
+    rng = np.random.default_rng(5)
+    vecs = unit(rng, 2400)
+    template = tmp_path / "template.index"
+    train_template(vecs[::3], "IVF16,PQ8", template)
+    parts = np.array_split(vecs, 3)
+    for i, p in enumerate(parts):
+        build_faiss(p, "IVF16,PQ8", tmp_path / f"{i}.index", template)
+    quantizer = load_template_quantizer(template)
+    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(3)]
+    queries = unit(rng, 40)
+    S, SH, R = ShardSet(shards, quantizer, nprobe=4, gpus=0).search(queries, k=10)
+    S2, SH2, R2 = ShardSet(shards, quantizer, nprobe=4, gpus=0, merge=True).search(queries, k=10)
+    np.testing.assert_allclose(S2, S, rtol=1e-5)
+    assert np.mean((SH2 == SH) & (R2 == R)) > 0.99  # equal up to ties of equal codes
+    assert [s.ntotal for s in shards] == [len(p) for p in parts]
+    # nprobe reaches the merged index: probing every list differs
+    S3, _, _ = ShardSet(shards, quantizer, nprobe=16, gpus=0, merge=True).search(queries, k=10)
+    assert not np.allclose(S3, S2)
