@@ -53,19 +53,27 @@ def test_bad_factory_and_untrainable_shard(tmp_path):
         build_faiss(unit(rng, 10), "IVF64,Flat", tmp_path / "b.index")
 
 
+def ivf_shards(tmp_path, vecs, factory: str, n: int) -> tuple:
+    """A template trained on every third vector, `n` shards filled from it: (quantizer, shards, parts)."""
+    template = tmp_path / "template.index"
+    train_template(vecs[::3], factory, template)
+    parts = np.array_split(vecs, n)
+    for i, p in enumerate(parts):
+        build_faiss(p, factory, tmp_path / f"{i}.index", template)
+    quantizer = load_template_quantizer(template)
+    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(n)]
+    return quantizer, shards, parts
+
+
 def test_ivf_shards_share_one_trained_quantizer_and_equal_one_index(tmp_path):
     """Shards filled from one trained template hold no quantizer of their own; searched together they
     return what one index over all vectors, from the same template, returns."""
     rng = np.random.default_rng(3)
     vecs = unit(rng, 3000)
-    template = tmp_path / "template.index"
-    train_template(vecs[::3], "IVF16,PQ8", template)
-    parts = np.array_split(vecs, 4)
-    for i, p in enumerate(parts):
-        build_faiss(p, "IVF16,PQ8", tmp_path / f"{i}.index", template)
+    quantizer, shards, parts = ivf_shards(tmp_path, vecs, "IVF16,PQ8", 4)
+    for i in range(4):
         assert faiss.extract_index_ivf(faiss.read_index(str(tmp_path / f"{i}.index"))).quantizer.ntotal == 0
-    quantizer = load_template_quantizer(template)
-    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(4)]
+    template = tmp_path / "template.index"
     S, SH, R = ShardSet(shards, quantizer, nprobe=40).search(vecs[:50], k=10)  # 40 > 16 lists: clamped
     one = faiss.read_index(str(template))
     one.add(vecs)
@@ -84,13 +92,8 @@ def test_ivf_shards_probing_some_lists_equal_one_index(tmp_path, factory):
     (and differs from probing every list)."""
     rng = np.random.default_rng(4)
     vecs = unit(rng, 3000)
+    quantizer, shards, parts = ivf_shards(tmp_path, vecs, factory, 3)
     template = tmp_path / "template.index"
-    train_template(vecs[::3], factory, template)
-    parts = np.array_split(vecs, 3)
-    for i, p in enumerate(parts):
-        build_faiss(p, factory, tmp_path / f"{i}.index", template)
-    quantizer = load_template_quantizer(template)
-    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(3)]
     queries = unit(rng, 60)  # not stored vectors: their neighbours spread over several lists
     S, SH, R = ShardSet(shards, quantizer, nprobe=4).search(queries, k=10)
     one = faiss.read_index(str(template))
@@ -133,13 +136,7 @@ def test_ivf_shards_merged_for_a_gpu_search_as_the_shard_set_does(tmp_path):
     CPU: the same scores and (shard, row) hits as the shard set, and the shards themselves stay unchanged."""
     rng = np.random.default_rng(5)
     vecs = unit(rng, 2400)
-    template = tmp_path / "template.index"
-    train_template(vecs[::3], "IVF16,PQ8", template)
-    parts = np.array_split(vecs, 3)
-    for i, p in enumerate(parts):
-        build_faiss(p, "IVF16,PQ8", tmp_path / f"{i}.index", template)
-    quantizer = load_template_quantizer(template)
-    shards = [load_faiss(tmp_path / f"{i}.index", nprobe=4, ef_search=16, quantizer=quantizer) for i in range(3)]
+    quantizer, shards, parts = ivf_shards(tmp_path, vecs, "IVF16,PQ8", 3)
     queries = unit(rng, 40)
     S, SH, R = ShardSet(shards, quantizer, nprobe=4, gpus=0).search(queries, k=10)
     S2, SH2, R2 = ShardSet(shards, quantizer, nprobe=4, gpus=0, merge=True).search(queries, k=10)
