@@ -1,24 +1,29 @@
-"""`DigestSet`: a set of 64-bit digests in about 8 bytes each (plus 8 for an attached value), for
-checks that must span a whole corpus, such as duplicate passage ids, in bounded memory: a Python
-dict spends ~100 bytes an entry, which for 21M passages is more than the corpus budget itself.
+"""`DigestSet`: a set of 64-bit digests in about 12 bytes each (8 for the digest, 4 for an attached
+32-bit value), for checks that must span a whole corpus, such as duplicate passage ids, in bounded
+memory: a Python dict spends ~100 bytes an entry, which for 21M passages is more than the corpus
+budget itself.
 
 Recent additions sit in a small dict; every `run` of them becomes a sorted numpy run, and runs of
-similar size are merged (a log-structured merge), so lookups cost a few binary searches.
+similar size are merged (a log-structured merge), so lookups cost a few binary searches. A merge
+interleaves two sorted runs by binary search (no argsort, no concatenated copy): its transient memory
+is the merged run plus 8 bytes a key of the smaller run.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+VALUE_MASK = 0xFFFFFFFF  # values are kept to their low 32 bits
+
 
 class DigestSet:
     def __init__(self, run: int = 1 << 12):
         self._recent: dict[int, int] = {}
-        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted keys, values), largest first
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []  # (sorted uint64 keys, uint32 values), largest first
         self._run = run
 
     def get(self, key: int) -> int | None:
-        """The value stored with `key`, or None if it was never added."""
+        """The value stored with `key` (its low 32 bits), or None if it was never added."""
         if key in self._recent:
             return self._recent[key]
         k = np.uint64(key)
@@ -29,23 +34,31 @@ class DigestSet:
         return None
 
     def add(self, key: int, value: int = 0) -> None:
-        self._recent[key] = value
+        self._recent[key] = value & VALUE_MASK
         if len(self._recent) >= self._run:
             self._flush()
 
     def _flush(self) -> None:
         keys = np.fromiter(self._recent.keys(), dtype=np.uint64, count=len(self._recent))
-        values = np.fromiter(self._recent.values(), dtype=np.uint64, count=len(self._recent))
+        values = np.fromiter(self._recent.values(), dtype=np.uint32, count=len(self._recent))
         self._recent = {}
-        self._runs.append(_sorted(keys, values))
+        order = np.argsort(keys)
+        self._runs.append((keys[order], values[order]))
         while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
-            (k1, v1), (k2, v2) = self._runs.pop(), self._runs.pop()
-            self._runs.append(_sorted(np.concatenate([k2, k1]), np.concatenate([v2, v1])))
+            newer, older = self._runs.pop(), self._runs.pop()
+            self._runs.append(_merge(older, newer))
 
     def __len__(self) -> int:
         return len(self._recent) + sum(len(k) for k, _ in self._runs)
 
 
-def _sorted(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(keys, kind="stable")
-    return keys[order], values[order]
+def _merge(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """One sorted run of both; a key in both keeps both entries, the older first (lookups find it)."""
+    (ok, ov), (nk, nv) = older, newer
+    at = np.searchsorted(ok, nk, side="right") + np.arange(len(nk))  # each newer key's place in the merged run
+    keys, values = np.empty(len(ok) + len(nk), np.uint64), np.empty(len(ok) + len(nk), np.uint32)
+    keys[at], values[at] = nk, nv
+    rest = np.ones(len(keys), bool)
+    rest[at] = False
+    keys[rest], values[rest] = ok, ov
+    return keys, values

@@ -93,7 +93,7 @@ class PassageStats:
 
 def passages_of(records: Iterable[Record], size: int, stats: PassageStats | None = None) -> Iterator[Passage]:
     """Split records into passages and drop repeated ids (first kept). Holds a `DigestSet` of id
-    digests (about 16 bytes per passage) to merge duplicates across the whole stream."""
+    digests (about 12 bytes per passage) to merge duplicates across the whole stream."""
     stats = stats if stats is not None else PassageStats()
     seen = DigestSet()
     for rec in records:
@@ -102,7 +102,7 @@ def passages_of(records: Iterable[Record], size: int, stats: PassageStats | None
             stats.empty += 1
         for p in ps:
             key = id_hash(p.id)
-            text_key = hash((p.title, p.text)) & 0xFFFFFFFFFFFFFFFF
+            text_key = hash((p.title, p.text)) & 0xFFFFFFFF
             known = seen.get(key)
             if known is not None:
                 stats.duplicates += 1
