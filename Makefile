@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 setup:
 	bash scripts/setup.sh
 
-demo: setup
+demo:  # setup prepares the demo's model only (jobs/demo.py: Qwen; its index is BM25 only, no encoder)
+	DYNRAG_MODELS=qwen2.5-0.5b-instruct bash scripts/setup.sh
 	$(VENV)/bin/dynrag demo
 
 test: setup
