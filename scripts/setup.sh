@@ -36,7 +36,7 @@ fi
 stamp="$venv/.dynrag-installed"
 want=$(cat requirements/cpu.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing the locked CPU stack ($(wc -l < requirements/cpu.lock) packages; first time takes a few minutes)"
+  say "installing the locked CPU stack ($(wc -l < requirements/cpu.lock) packages; about a minute the first time)"
   pip_install "uv==$uv_version"
   uv_install -r requirements/cpu.lock
   uv_install -e .
