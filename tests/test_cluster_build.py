@@ -53,6 +53,9 @@ def cluster(tmp_path_factory):
         for k, v in env.items():
             mp.setenv(k, v)  # before the nodes start: their workers inherit it
         temp = tempfile.mkdtemp(prefix="dynrag-rc-", dir="/tmp")  # short: Ray's socket paths live below it
+        # Cluster writes its address to <system temp>/ray/ray_current_cluster without making that folder,
+        # which a fresh machine (CI) does not have until some Ray session made it
+        Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray").mkdir(exist_ok=True)
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": temp})
         workers = [c.add_node(num_cpus=1, resources={f"node_{i}": 1}) for i in (1, 2)]
         c.wait_for_nodes()
