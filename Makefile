@@ -1,6 +1,10 @@
 # The two commands of the README, plus the slow tests and the benchmarks.
 # Everything goes through scripts/setup.sh, which is idempotent.
 VENV ?= .venv
+# Python's bytecode cache is written (lazily, into .venv and the tree) even where the environment turns it
+# off: without .pyc files every process compiles torch's and vLLM's sources again (importing vllm took
+# 22 s instead of 6.6 s here, and a vLLM start imports it in three processes; the tests run many processes).
+unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 
 .PHONY: setup demo test test-slow test-faults bench

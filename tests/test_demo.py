@@ -164,9 +164,11 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
         return demo_config(argparse.Namespace(config=None, overrides=list(sets)))
 
     plain = cfg()
-    assert (plain.generation.model, plain.embedding.dtype, plain.index.dense) == ("qwen2.5-0.5b-instruct", "bfloat16", False)
-    mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32", "index.dense=true")
-    assert (mine.generation.model, mine.embedding.dtype, mine.index.dense) == ("smollm2-135m-instruct", "float32", True)
+    assert (plain.generation.model, plain.embedding.dtype, plain.index.dense, plain.retrieval.k) == (
+        "qwen2.5-0.5b-instruct", "bfloat16", False, 3)
+    mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32", "index.dense=true", "retrieval.k=5")
+    assert (mine.generation.model, mine.embedding.dtype, mine.index.dense, mine.retrieval.k) == (
+        "smollm2-135m-instruct", "float32", True, 5)
 
 
 def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_nothing(monkeypatch, tmp_path, capfd):
