@@ -124,6 +124,7 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
 def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
     import jobs.bench.flashrag as bench
     import jobs.bench.flashrag_env
+    import jobs.bench.roofline
     import pipeline.assets.models
     from jobs.bench.rss import Measured
     from jobs.cli import build_parser
@@ -133,13 +134,16 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     def fake(cmd, **_):
         side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
         order.append(side)
-        r = {"questions": 2, "seconds": 4.0, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
+        r = {"questions": 2, "seconds": 4e-6, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
+             "prompt_tokens_per_question": 100.0, "completion_tokens_per_question": 10.0,
              "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
 
     monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
-    monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: "/m/smollm2-135m-instruct")
+    model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
+    monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
     monkeypatch.setattr(bench, "prepare", lambda *a: {"questions": 2, "passages": 5})
+    monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(bench, "run_measured", fake)
     args = build_parser().parse_args(["bench", "flashrag", "--repeats", "2", "--json", "--workdir", str(tmp_path)])
     assert args.func(args) == 0
@@ -149,7 +153,43 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     rep = figures["repeats"][0]
     assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
     assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]
-    assert json.loads((tmp_path / "flashrag.json").read_text())["model_path"] == "/m/smollm2-135m-instruct"
+    assert json.loads((tmp_path / "flashrag.json").read_text())["model_path"] == str(model)
+    # 2 questions x (2 x 64 FLOPs a prompt token x 100 + 2 x (64 + 400) a generated token x 10) in 4 us
+    assert rep["dynrag"]["model_gflops"] == rep["flashrag"]["model_gflops"] == 11.0
+    assert figures["matmul_gflops"] == 0.0  # rounded to 0.1
+
+
+def save_weights(folder, shapes: dict) -> str:
+    from safetensors.torch import save_file
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.zeros(s) for k, s in shapes.items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_flops_per_token_counts_every_matrix_and_the_head_only_for_generated_tokens(tmp_path):
+    from jobs.bench.roofline import achieved_gflops, flops_per_token
+
+    hidden, vocab, inter = 8, 50, 12
+    layer = {"q": (hidden, hidden), "k": (4, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+    body = sum(a * b for a, b in layer.values())
+    shapes = {f"model.layers.0.{k}.weight": s for k, s in layer.items()}
+    shapes |= {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}  # 1-D: no matmul
+    tied = save_weights(tmp_path / "tied", shapes)
+    assert flops_per_token(tied) == (2 * body, 2 * (body + vocab * hidden))
+    untied = save_weights(tmp_path / "untied", shapes | {"lm_head.weight": (vocab + 2, hidden)})
+    assert flops_per_token(untied) == (2 * body, 2 * (body + (vocab + 2) * hidden))
+    assert achieved_gflops(untied, 10, 2, questions=3, seconds=2.0) == pytest.approx(
+        (2 * body * 10 + 2 * (body + (vocab + 2) * hidden) * 2) * 3 / 2.0 / 1e9)
+    with pytest.raises(FileNotFoundError):
+        flops_per_token(tmp_path)
+
+
+def test_matmul_gflops_is_a_positive_rate():
+    from jobs.bench.roofline import matmul_gflops
+
+    assert 0.1 < matmul_gflops(n=128, seconds=0.2) < 1e5
 
 
 def test_bench_pipeline_runs_every_method_on_both_engines(capsys):

@@ -8,7 +8,8 @@ the cache dir, installed on first use, through `jobs/bench/flashrag_driver.py`. 
 per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
 questions (startup, not in the rate), then times its pipeline over the questions: that rate is the
 figure. Also printed: whole-process wall time, peak RSS of each process tree (vLLM's engine core
-included), how many predictions agree and how far the two retrievers' top-k agree.
+included), how many predictions agree and how far the two retrievers' top-k agree, and each side's model
+GFLOP/s against a matrix product measured here (`jobs/bench/roofline.py`: what bounds the ratio on a CPU).
 """
 
 from __future__ import annotations
@@ -131,12 +132,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args, cfg, dataset: str, work: Path) -> int:
     from jobs.bench.flashrag_env import ensure_flashrag
+    from jobs.bench.roofline import achieved_gflops, matmul_gflops
     from pipeline.assets.models import resolve_model
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
     py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
     sizes = prepare(cfg, dataset, args.limit, work)
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+    peak = round(matmul_gflops(cfg.generation.dtype), 1)  # measured before either side starts, on an idle process
     warm = {"dynrag": min(args.limit, cfg.answer.batch_questions), "flashrag": args.flashrag_batch}
     if args.warmup is not None:
         warm = dict.fromkeys(warm, args.warmup)
@@ -161,12 +164,16 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         got["ratio"] = round(got["dynrag"]["questions_per_s"] / got["flashrag"]["questions_per_s"], 2)
         got["wall_ratio"] = round(got["flashrag"]["process_wall_s"] / got["dynrag"]["process_wall_s"], 2)
         got["agreement"] = agreement(got["dynrag"], got["flashrag"])
+        tokens = got["dynrag"]["prompt_tokens_per_question"], got["dynrag"]["completion_tokens_per_question"]
+        for side in ("dynrag", "flashrag"):  # the same prompts on both sides: dynrag's rows count their tokens
+            got[side]["model_gflops"] = round(achieved_gflops(model_path, *tokens, got[side]["questions"],
+                                                              got[side]["seconds"]), 1)
         for side in ("dynrag", "flashrag"):
             del got[side]["predictions"], got[side]["doc_ids"]
         reps.append(got)
     figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
                "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
-               "warmup_questions": warm, "repeats": reps,
+               "warmup_questions": warm, "matmul_gflops": peak, "repeats": reps,
                "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3)}
     if args.json:
         print(json.dumps(figures, indent=1))
@@ -180,9 +187,12 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
             s = r[side]
             print(f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
                   f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
-                  f"load average {s['load_average_1min_after']})")
+                  f"load average {s['load_average_1min_after']}; model {s['model_gflops']} GFLOP/s)")
         a = r["agreement"]
         print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); same prediction "
               f"{a['same_prediction']}/{a['compared']}, top-{args.k} overlap {a['topk_overlap']}")
+    slow = min(min(r["dynrag"]["model_gflops"], r["flashrag"]["model_gflops"]) for r in reps)
+    print(f"arithmetic: a {cfg.generation.dtype} matrix product runs at {peak} GFLOP/s here; at the slower side's "
+          f"{slow} GFLOP/s no ratio above {peak / max(slow, 0.1):.1f}x is possible on this machine")
     print(f"dynrag sr-rag / FlashRAG questions/s: {figures['ratio_median']} (median of {len(reps)}; goal >= 5)")
     return 0
