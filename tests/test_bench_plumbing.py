@@ -150,6 +150,7 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
     figures = json.loads(capsys.readouterr().out)
     assert figures["ratio_median"] == 10.0 and len(figures["repeats"]) == 2
+    assert figures["warmup_questions"] == {"dynrag": 16, "flashrag": 16}  # the same untimed work on both sides
     rep = figures["repeats"][0]
     assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
     assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]

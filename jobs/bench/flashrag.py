@@ -44,9 +44,8 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating which goes first")
     p.add_argument("--warmup", type=int, default=None,
-                   help="questions each side answers before timing (default: one batch of that side's own size: "
-                        "FlashRAG --flashrag-batch, dynrag min(--limit, answer.batch_questions); vLLM's first batch "
-                        "of a new size ran 2.4x slower here)")
+                   help="questions each side answers before timing (default: --flashrag-batch on both sides: the same "
+                        "untimed work, so that whole processes compare like for like)")
     p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
     p.add_argument("--workdir", help="where corpus, indexes and outputs go (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -140,9 +139,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     sizes = prepare(cfg, dataset, args.limit, work)
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
     peak = round(matmul_gflops(cfg.generation.dtype), 1)  # measured before either side starts, on an idle process
-    warm = {"dynrag": min(args.limit, cfg.answer.batch_questions), "flashrag": args.flashrag_batch}
-    if args.warmup is not None:
-        warm = dict.fromkeys(warm, args.warmup)
+    warm = dict.fromkeys(("dynrag", "flashrag"), args.flashrag_batch if args.warmup is None else args.warmup)
     dcfg = driver_config(cfg, model_path, work, args.k, warm["flashrag"], args.flashrag_batch)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
     sides = {"dynrag": [sys.executable, "-m", "jobs.bench.flashrag_side", "--index", str(work / "index"),
