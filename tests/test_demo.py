@@ -97,7 +97,7 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
     rows = {line.split()[0]: line.split() for line in stdout.splitlines() if re.match(r"(no-retrieval|sr-rag) +\d", line)}
     assert rows["no-retrieval"][1:3] == ["0.000", "0.000"]
     assert float(rows["sr-rag"][1]) > 0  # Scorpio, France
-    assert "sr-rag parameters: k=5, retriever=bm25" in stdout  # resolved from the retrieval section
+    assert "sr-rag parameters: k=3, retriever=bm25" in stdout  # resolved from the retrieval section (the demo's k)
     for method in ("no-retrieval", "sr-rag"):
         assert json.loads((out / "answers" / method / "summary.json").read_text())["rows"] == 3
     assert stderr.count("library logs and warnings:") == 1 and (out / "dynrag.log").is_file()
