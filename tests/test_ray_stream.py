@@ -103,6 +103,7 @@ def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(data_dir,
     cfg.generation.max_new_tokens = 8
     cfg.answer.progress = False
     cfg.answer.batch_questions = 2
+    cfg.retrieval.k = 2  # the tiny tokenizer spends ~4 tokens a word: five passages overran 2,048 tokens (fixture kit)
     local, remote = str(tmp_path / "local"), str(tmp_path / "ray")
 
     def both(limit):
