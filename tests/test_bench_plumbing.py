@@ -32,7 +32,9 @@ def test_flashrag_prompt_renders_dynrag_prompt():
 
 def test_driver_config_is_complete_and_matches_dynrag(tmp_path):
     cfg = load_config(None, ["generation.max_new_tokens=24", "index.bm25_k1=1.1"])
-    c = driver_config(cfg, "/models/smollm2-135m-instruct", tmp_path, k=4, warmup=2, batch=8)
+    c = driver_config(cfg, "/models/smollm2-135m-instruct", tmp_path, k=4, warmup=True, batch=8)
+    assert c["warmup_questions"] == str(tmp_path / "warmup.jsonl")
+    assert driver_config(cfg, "/m", tmp_path, k=4, warmup=False, batch=8)["warmup_questions"] is None
     json.dumps(c)  # handed over as a JSON file
     fc = flashrag_config(c)
     assert fc["generator_model_path"] == "/models/smollm2-135m-instruct" and fc["retrieval_topk"] == 4
@@ -97,7 +99,7 @@ def test_bench_flashrag_end_to_end(data_dir, tmp_path):
     rep = figures["repeats"][0]
     assert rep["dynrag"]["questions"] == 3 and rep["flashrag"]["questions"] == 3
     assert rep["dynrag"]["peak_rss_gib"] > 0 and rep["flashrag"]["peak_rss_gib"] > 0
-    assert rep["agreement"]["compared"] == 3
+    assert rep["agreement"]["compared"] == 3 and figures["warmup_questions"] == 1
 
 
 def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, tmp_path):
@@ -129,11 +131,12 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     from jobs.bench.rss import Measured
     from jobs.cli import build_parser
 
-    order = []
+    order, commands = [], {}
 
     def fake(cmd, **_):
         side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
         order.append(side)
+        commands[side] = cmd
         r = {"questions": 2, "seconds": 4e-6, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
              "prompt_tokens_per_question": 100.0, "completion_tokens_per_question": 10.0,
              "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
@@ -142,15 +145,20 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
     model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
     monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
-    monkeypatch.setattr(bench, "prepare", lambda *a: {"questions": 2, "passages": 5})
+    monkeypatch.setattr(bench, "prepare", lambda cfg, ds, limit, warmup, work: {
+        "questions": limit, "warmup_questions": min(warmup, 3), "passages": 5})  # a file of limit + 3 questions
     monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(bench, "run_measured", fake)
-    args = build_parser().parse_args(["bench", "flashrag", "--repeats", "2", "--json", "--workdir", str(tmp_path)])
+    args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir",
+                                      str(tmp_path)])
     assert args.func(args) == 0
     assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
     figures = json.loads(capsys.readouterr().out)
     assert figures["ratio_median"] == 10.0 and len(figures["repeats"]) == 2
-    assert figures["warmup_questions"] == {"dynrag": 16, "flashrag": 16}  # the same untimed work on both sides
+    # both sides warm up on the questions after the timed ones (16 asked, 3 left in the file), never on timed ones
+    assert figures["warmup_questions"] == 3
+    assert commands["dynrag"][commands["dynrag"].index("--warmup") + 1] == str(tmp_path / "warmup.jsonl")
+    assert json.loads((tmp_path / "flashrag.json").read_text())["warmup_questions"] == str(tmp_path / "warmup.jsonl")
     rep = figures["repeats"][0]
     assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
     assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]

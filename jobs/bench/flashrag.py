@@ -6,7 +6,8 @@ folder, dtype, prompt text, k, max new tokens and greedy decoding on both sides;
 FlashRAG (PyPI flashrag-dev 0.1.2, transformers generation) runs from its own virtual environment under
 the cache dir, installed on first use, through `jobs/bench/flashrag_driver.py`. Each side is a fresh process
 per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
-questions (startup, not in the rate), then times its pipeline over the questions: that rate is the
+questions that follow the timed ones in the file (startup, not in the rate: never the timed questions, whose
+prompts vLLM's prefix cache would then serve), then times its pipeline over the questions: that rate is the
 figure. Also printed: whole-process wall time, peak RSS of each process tree (vLLM's engine core
 included), how many predictions agree and how far the two retrievers' top-k agree, and each side's model
 GFLOP/s against a matrix product measured here (`jobs/bench/roofline.py`: what bounds the ratio on a CPU).
@@ -44,8 +45,8 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating which goes first")
     p.add_argument("--warmup", type=int, default=None,
-                   help="questions each side answers before timing (default: --flashrag-batch on both sides: the same "
-                        "untimed work, so that whole processes compare like for like)")
+                   help="questions each side answers before timing, taken after the --limit timed ones in the file "
+                        "(default: --flashrag-batch on both sides, or as many as the file has left; 0: none)")
     p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
     p.add_argument("--workdir", help="where corpus, indexes and outputs go (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -64,8 +65,9 @@ def flashrag_prompt() -> tuple[str, str, str]:
     return system, user.replace(format_docs(mark), "{reference}"), format_docs(mark).replace("Doc 1", "Doc {i}", 1)
 
 
-def prepare(cfg, dataset: str, limit: int, work: Path) -> dict:
-    """Questions, corpus (dynrag JSONL and FlashRAG JSONL) and the dynrag index under `work`."""
+def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
+    """Timed questions, warm-up questions (the next `warmup` of the file, as many as there are), corpus (dynrag
+    JSONL and FlashRAG JSONL) and the dynrag index under `work`."""
     import itertools
 
     from indexing import build_index
@@ -73,23 +75,25 @@ def prepare(cfg, dataset: str, limit: int, work: Path) -> dict:
     from indexing.readers import read_corpus
     from pipeline.io.datasets import load_questions
 
-    qs = list(itertools.islice((q for q in load_questions(dataset, cfg) if not q.error), limit))
-    (work / "questions.jsonl").write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": q.answers,
-                                                              "golden_answers": q.answers}) + "\n" for q in qs))
+    qs = list(itertools.islice((q for q in load_questions(dataset, cfg) if not q.error), limit + warmup))
+    for name, part in (("questions.jsonl", qs[:limit]), ("warmup.jsonl", qs[limit:])):
+        (work / name).write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": q.answers,
+                                                     "golden_answers": q.answers}) + "\n" for q in part))
     passages = list(passages_of(read_corpus(dataset), cfg.index.passage_words))
     (work / "corpus.jsonl").write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
                                                for p in passages))
     (work / "corpus_flashrag.jsonl").write_text("".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"})
                                                         + "\n" for p in passages))
     build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg.index_settings())
-    return {"questions": len(qs), "passages": len(passages)}
+    return {"questions": len(qs[:limit]), "warmup_questions": len(qs[limit:]), "passages": len(passages)}
 
 
-def driver_config(cfg, model_path: str, work: Path, k: int, warmup: int, batch: int) -> dict:
+def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch: int) -> dict:
     system, user, doc_format = flashrag_prompt()
     return {"model_path": model_path, "corpus": str(work / "corpus_flashrag.jsonl"), "questions": str(work / "questions.jsonl"),
             "work": str(work / "flashrag"), "k": k, "max_new_tokens": cfg.generation.max_new_tokens,
-            "dtype": cfg.generation.dtype, "batch_size": batch, "threads": cfg.index.threads, "warmup": warmup,
+            "dtype": cfg.generation.dtype, "batch_size": batch, "threads": cfg.index.threads,
+            "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
             "bm25_k1": cfg.index.bm25_k1, "bm25_b": cfg.index.bm25_b, "system_prompt": system, "user_prompt": user,
             "doc_format": doc_format}
 
@@ -136,15 +140,15 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
     py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
-    sizes = prepare(cfg, dataset, args.limit, work)
+    sizes = prepare(cfg, dataset, args.limit, args.flashrag_batch if args.warmup is None else args.warmup, work)
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
     peak = round(matmul_gflops(cfg.generation.dtype), 1)  # measured before either side starts, on an idle process
-    warm = dict.fromkeys(("dynrag", "flashrag"), args.flashrag_batch if args.warmup is None else args.warmup)
-    dcfg = driver_config(cfg, model_path, work, args.k, warm["flashrag"], args.flashrag_batch)
+    warm = sizes["warmup_questions"]
+    dcfg = driver_config(cfg, model_path, work, args.k, warm > 0, args.flashrag_batch)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
     sides = {"dynrag": [sys.executable, "-m", "jobs.bench.flashrag_side", "--index", str(work / "index"),
                         "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
-                        "--warmup", str(warm["dynrag"]), "--set", f"retrieval.k={args.k}",
+                        *(["--warmup", str(work / "warmup.jsonl")] if warm else []), "--set", f"retrieval.k={args.k}",
                         *(["--config", args.config] if args.config else []),
                         *[a for o in args.overrides for a in ("--set", o)]],
              "flashrag": flashrag_command(py, work / "flashrag.json")}
@@ -177,8 +181,8 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         return 0
     print(f"sr-rag vs FlashRAG standard RAG: {sizes['questions']} questions of {dataset}, {sizes['passages']} passages, "
           f"BM25 top-{args.k}, {model_path} ({cfg.generation.dtype}), {cfg.generation.max_new_tokens} new tokens, greedy; "
-          f"{args.repeats} repeat(s), alternating which side runs first; untimed warm-up questions: dynrag "
-          f"{warm['dynrag']}, FlashRAG {warm['flashrag']}")
+          f"{args.repeats} repeat(s), alternating which side runs first; untimed warm-up on {warm} other questions "
+          f"on each side")
     for i, r in enumerate(figures["repeats"], 1):
         for side in ("dynrag", "flashrag"):
             s = r[side]

@@ -82,9 +82,12 @@ def main(config_path: str) -> None:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
     if dtype is not None:
         pipeline.generator.model.to(dtype)
-    questions = [json.loads(line) for line in Path(c["questions"]).read_text(encoding="utf-8").splitlines() if line]
-    if c["warmup"]:
-        pipeline.run(Dataset(config, data=[_item(q) for q in questions[:c["warmup"]]]), do_eval=False)
+    def read(path):
+        return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+
+    questions = read(c["questions"])
+    if c["warmup_questions"]:  # other questions than the timed ones
+        pipeline.run(Dataset(config, data=[_item(q) for q in read(c["warmup_questions"])]), do_eval=False)
     startup = time.perf_counter() - T_START
     dataset = Dataset(config, data=[_item(q) for q in questions])
     t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """dynrag's side of `dynrag bench flashrag`, run as its own process so its memory is measured alone:
 `python -m jobs.bench.flashrag_side --index DIR --questions FILE --out DIR [--set ...]`.
 
-Loads the backends, answers `--warmup` questions (startup, untimed), then times one `run_answer` of
+Loads the backends, answers the `--warmup` file's questions (startup, untimed), then times one `run_answer` of
 sr-rag over all questions (read, retrieve, prompt, generate, score, write Parquet); prints one JSON line.
 """
 
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--index", required=True)
     p.add_argument("--questions", required=True, help="JSONL with id, question, answers")
     p.add_argument("--out", required=True)
-    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--warmup", metavar="FILE", help="JSONL of warm-up questions (none of the timed ones)")
     p.add_argument("--config")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args(argv)
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     backends = Backends(cfg, args.index)
     try:
         if args.warmup:
-            run_answer(args.questions, f"{args.out}/warmup", index=args.index, method="sr-rag", limit=args.warmup,
-                       cfg=cfg, backends=backends)
+            run_answer(args.warmup, f"{args.out}/warmup", index=args.index, method="sr-rag", cfg=cfg, backends=backends)
         startup = time.perf_counter() - T_START
         t0 = time.perf_counter()
         summary = run_answer(args.questions, f"{args.out}/run", index=args.index, method="sr-rag", cfg=cfg,
