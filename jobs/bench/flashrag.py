@@ -174,7 +174,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         reps.append(got)
     figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
                "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
-               "warmup_questions": warm, "matmul_gflops": peak, "repeats": reps,
+               "matmul_gflops": peak, "repeats": reps,
                "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3)}
     if args.json:
         print(json.dumps(figures, indent=1))
