@@ -22,7 +22,6 @@ BASELINE = "no-retrieval"
 # (25.9 vs 13.6 at load 6; top-10 dense hits 98.7% the same, top-1 99.5%, 200 questions over 3,000 passages),
 # where the index has vectors: by default the demo's index is BM25 only (its sr-rag searches BM25; embedding
 # 10,987 passages was the largest part of a first run),
-# and the demo's sr-rag searches BM25 anyway
 # and k = 3 passages (EM/F1 0.36/0.42 against k = 5's 0.44/0.48 on the 50 default questions, at 3.5 s a
 # question instead of 6.1: the prompt's passages are most of a CPU's work)
 DEMO_DEFAULTS = {"generation": {"model": "qwen2.5-0.5b-instruct"}, "embedding": {"dtype": "bfloat16"},

@@ -168,7 +168,8 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     assert figures["matmul_gflops"] == 0.0  # rounded to 0.1
 
 
-def save_weights(folder, shapes: dict) -> str:
+def save_weights(folder, shapes: dict):
+    """A model folder holding only zero weights of these shapes (what roofline.py reads)."""
     from safetensors.torch import save_file
     import torch
 
