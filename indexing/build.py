@@ -45,6 +45,7 @@ import numpy as np
 from indexing.dense import is_ivf
 from indexing.embed import EncoderSpec, embed_batches, embed_input
 from indexing.errors import IndexingError
+from indexing.faults import fault_point
 from indexing.manifest import (
     FORMAT_VERSION,
     build_lock,
@@ -57,10 +58,9 @@ from indexing.manifest import (
 from indexing.native_memory import release_free_memory
 from indexing.passages import PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, expand_sources, read_corpus
+from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
 from indexing.store import read_table, write_store
-from indexing.faults import fault_point
-from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 

@@ -162,7 +162,7 @@ class UnitJob:
     """What a worker needs for one unit: plain values (no settings object, no model resolver, crosses over)."""
 
     unit: str
-    store: "ShardStorage"
+    store: ShardStorage
     fmt: str
     fields: dict | None
     on_bad_line: str
@@ -198,7 +198,7 @@ def _passages(job: UnitJob, rs: ReadStats, ps: PassageStats):
 
 
 def _digest(title: str, text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{title}\n{text}".encode("utf-8"), digest_size=8).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(f"{title}\n{text}".encode(), digest_size=8).digest(), "little")
 
 
 # ---- round 1 ----
@@ -221,7 +221,7 @@ def sample_unit(job: UnitJob, rows: np.ndarray) -> list[str]:
     return out
 
 
-def train_unit_template(spec: EncoderSpec, factory: str, store: "ShardStorage", settings_hash: str,
+def train_unit_template(spec: EncoderSpec, factory: str, store: ShardStorage, settings_hash: str,
                         *samples: list[str]) -> dict:
     """Embed the sample, train the IVF template, write `trained/<sha>.index`; return its manifest entry."""
     from indexing.dense import train_template

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class EncoderSpec:
     max_seq_length: int = 256
 
     @classmethod
-    def from_config(cls, cfg, *, build: bool = False) -> "EncoderSpec":
+    def from_config(cls, cfg, *, build: bool = False) -> EncoderSpec:
         """The configured encoder; for a build (`build=True`) its batch fits `index.memory_budget_mb`."""
         e = cfg.embedding
         path = cfg.model_path(e.model)

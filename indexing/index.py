@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from indexing.errors import IndexingError
-from indexing.java import cap_jvm_heap
 from indexing.hits import Hit
+from indexing.java import cap_jvm_heap
 from indexing.manifest import read_manifest, verify_version
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from indexing.errors import CorruptIndexError, IndexingError
 from indexing.faults import fault_point

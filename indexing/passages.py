@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from indexing.digests import DigestSet
 from indexing.readers import Record
@@ -46,7 +46,7 @@ def normalise(text: str) -> str:
 
 def paragraph_id(title: str, text: str) -> str:
     """The content-derived id of a paragraph without a source id (before any chunk suffix)."""
-    digest = hashlib.sha1(f"{normalise(title)}\n{normalise(text)}".encode("utf-8")).hexdigest()
+    digest = hashlib.sha1(f"{normalise(title)}\n{normalise(text)}".encode()).hexdigest()
     return "p" + digest[:16]
 
 

@@ -27,8 +27,9 @@ import csv
 import json
 import logging
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from indexing.errors import IndexingError
 

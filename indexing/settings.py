@@ -7,8 +7,9 @@ configuration composes it (`DynragConfig.index_settings()`), resolving model nam
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 

@@ -16,10 +16,9 @@ whose key already exists is reused as is. Its passages are stored by store.py.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from indexing.passages import Passage, id_hash
-
 
 # A shard's passages at their largest in a build (Python strings, Arrow columns and Lucene's copy of
 # ~7-byte words, plus two float32 copies of a vector of up to 768 dimensions), in bytes per word/passage.

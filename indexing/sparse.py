@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from indexing.java import ensure_java, quiet_java_logs
 
@@ -104,6 +104,8 @@ def merge_lucene(shard_indexes: list[Path], out: Path, max_segments: int = 0) ->
     then force-merged down to `max_segments` segments when that is > 0 (fewer segments, faster search)."""
     ensure_java()
     from pyserini.pyclass import autoclass  # configures the classpath; first: importing jnius starts the JVM
+
+    # isort: split
     from jnius import cast
 
     fs = autoclass("org.apache.lucene.store.FSDirectory")

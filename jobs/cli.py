@@ -7,8 +7,8 @@ import importlib
 import logging
 import sys
 
-from pipeline.config import DynragConfig, load_config
 from indexing.errors import IndexingError
+from pipeline.config import DynragConfig, load_config
 from pipeline.errors import DynragError
 
 log = logging.getLogger("dynrag")

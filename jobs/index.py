@@ -124,9 +124,7 @@ def _info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from indexing.manifest import read_manifest
-
     from indexing.remote import is_remote, remote_manifest
-
     from jobs.cli import config_from_args
 
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))

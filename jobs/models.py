@@ -49,8 +49,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_prepare(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.errors import DynragError
     from pipeline.assets.models import KNOWN_MODELS, prepare_model
+    from pipeline.errors import DynragError
 
     cache = config_from_args(args).paths.cache_dir
     names = list(KNOWN_MODELS) if args.all else args.names
@@ -64,8 +64,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.errors import DynragError
     from pipeline.assets.models import is_prepared, verify_model
+    from pipeline.errors import DynragError
 
     cache = config_from_args(args).paths.cache_dir
     for name in args.names:

@@ -13,8 +13,8 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 OWN = ("dynrag", "jobs", "pipeline", "indexing", "__main__")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -72,9 +72,9 @@ def bare_generate(gen, calls) -> tuple[int, float]:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
     from pipeline.backends.vllm_gen import VllmGenerator
+    from pipeline.runtime.answer import run_answer
 
     cfg = config_from_args(args)
     cfg.generation.backend = "vllm"

@@ -48,8 +48,8 @@ def _timed(engine, backends, questions, spec, params, one_at_a_time: bool) -> di
 
 def bench(cfg, dataset: str, index: str, method: str, limit: int) -> dict:
     from pipeline.backends import Backends
-    from pipeline.io.datasets import load_questions
     from pipeline.engine.core import Engine
+    from pipeline.io.datasets import load_questions
     from pipeline.methods.registry import get_method
 
     questions = [q for q in load_questions(dataset, cfg) if not q.error][:limit]

@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import polars as pl
 
-    from pipeline.runtime.answer import run_answer
     from pipeline.backends import Backends
     from pipeline.config import load_config
+    from pipeline.runtime.answer import run_answer
 
     shutil.rmtree(args.out, ignore_errors=True)  # a fresh run, never a resumed one
     cfg = load_config(args.config, [*args.overrides, "dataset.format=generic", "answer.progress=false"])

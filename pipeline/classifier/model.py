@@ -17,13 +17,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from pipeline.classifier.meta import (FORMAT_VERSION, META, ClassifierError, ClassifierMeta, ThresholdClassifier,
-                                      check_item, write_meta)
+from pipeline.classifier.meta import (
+    FORMAT_VERSION,
+    META,
+    ClassifierError,
+    ClassifierMeta,
+    ThresholdClassifier,
+    check_item,
+    write_meta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +178,7 @@ class Classifier(ThresholdClassifier):
         self.encoder = InputEncoder(tokenizer, meta.max_length, meta.max_query_tokens)
 
     @classmethod
-    def from_base(cls, base_folder: str, meta: ClassifierMeta, device: str = "auto") -> "Classifier":
+    def from_base(cls, base_folder: str, meta: ClassifierMeta, device: str = "auto") -> Classifier:
         """A fresh 2-way head on a pretrained encoder (the starting point of training)."""
         from transformers import AutoModel, AutoTokenizer
 

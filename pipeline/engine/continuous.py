@@ -20,7 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from pipeline.backends.streaming import collect
 from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _prompts, _size, _State

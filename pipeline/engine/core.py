@@ -16,11 +16,12 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Iterable, Iterator
+from typing import Any
 
-from pipeline.errors import QuestionError
 from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, Score
+from pipeline.errors import QuestionError
 
 log = logging.getLogger(__name__)
 

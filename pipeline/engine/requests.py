@@ -127,7 +127,7 @@ class Question:
                 "error": self.error}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Question":
+    def from_dict(cls, d: dict) -> Question:
         return cls(id=str(d["id"]), question=d.get("question") or "", answers=list(d.get("answers") or []),
                    dataset=d.get("dataset") or "", supporting_titles=list(d.get("supporting_titles") or []),
                    supporting_ids=list(d.get("supporting_ids") or []),

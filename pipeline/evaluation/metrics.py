@@ -10,7 +10,7 @@ import itertools
 import re
 import string
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from indexing.passages import parent_id
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from pipeline.engine.core import STAGES

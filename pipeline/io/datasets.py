@@ -34,14 +34,15 @@ import itertools
 import json
 import logging
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from indexing.passages import paragraph_id
 from indexing.readers import join_sentences
 from pipeline.config import DynragConfig
-from pipeline.errors import DynragError, first_line
 from pipeline.engine.requests import Question
+from pipeline.errors import DynragError, first_line
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.engine.core import STAGES, Outcome
 from indexing.passages import parent_id
+from pipeline.engine.core import STAGES, Outcome
 from pipeline.evaluation.metrics import answer_metrics, support_recall
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ s1 = s2 = −1 scores 1, as the formula says. Retrieved candidates have θ1 or �
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Generator, Literal
+from collections.abc import Generator
+from typing import Any, Literal
 
 from pydantic import Field
 
-from pipeline.methods.registry import MethodParams, register_method
-from pipeline.methods.prompts import direct_prompt, extract_answer, rag_prompt
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve
+from pipeline.methods.prompts import direct_prompt, extract_answer, rag_prompt
+from pipeline.methods.registry import MethodParams, register_method
 
 
 class NoRetrievalParams(MethodParams):

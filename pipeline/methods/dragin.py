@@ -24,19 +24,30 @@ Rows' `extra` hold retrievals, generated tokens, hallucination points (triggers)
 from __future__ import annotations
 
 import re
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generator, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
-from pipeline.methods.dragin_math import (Candidate, ends_sentence, first_above, qfs_query, rind, semantic_mask,
-                                          sentence_relative, sentence_spans, truncate, word_spans)
+from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.methods.dragin_math import (
+    Candidate,
+    ends_sentence,
+    first_above,
+    qfs_query,
+    rind,
+    semantic_mask,
+    sentence_relative,
+    sentence_spans,
+    truncate,
+    word_spans,
+)
 from pipeline.methods.prompts import SO_THE_ANSWER_IS, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
-from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
 
 PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"
 

@@ -20,15 +20,16 @@ blocked on, so with the default window of 1 it makes exactly the classifications
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Generator, Literal, Sequence
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from indexing.hits import Hit
 from pipeline.classifier.data import format_document
+from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, Score
 from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodParams, register_method
-from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, Score
 
 PAPER = "DR-RAG (Hei et al.), Sec. 2.2, Eqs. 1-4, Algorithm 1"
 
@@ -131,7 +132,7 @@ class ClassifierParams(TwoStageParams):
                               "1 classifies exactly what Algorithm 1 does, more saves rounds but may classify "
                               "candidates after the first positive")
 
-    def with_config(self, cfg) -> "ClassifierParams":
+    def with_config(self, cfg) -> ClassifierParams:
         if self.threshold is not None:
             return self
         from pipeline.backends.scoring import classifier_path

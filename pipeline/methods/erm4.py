@@ -28,17 +28,29 @@ batch reached its lookup; the pairs of each answered question are added right af
 from __future__ import annotations
 
 import re
-from typing import Any, Generator, Literal, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any, Literal
 
 from pydantic import Field
 
 from indexing.hits import Hit
 from pipeline.backends import make_generator, register_backend
 from pipeline.classifier.data import format_document
+from pipeline.engine.requests import (
+    Answer,
+    Call,
+    Completion,
+    Embed,
+    Generate,
+    Question,
+    Request,
+    Retrieve,
+    SamplingSpec,
+    Score,
+)
+from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
 from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodParams, register_method
-from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, SamplingSpec, Score
-from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
 
 PAPER = "ERM4 (Shi et al.)"
 

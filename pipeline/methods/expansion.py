@@ -13,14 +13,15 @@ PAIRS methods do (pipeline/methods/pairs.py), so only the retrieval signal diffe
 
 from __future__ import annotations
 
-from typing import Any, Generator
+from collections.abc import Generator
+from typing import Any
 
 from pydantic import Field
 
-from pipeline.methods.ais import top_k
-from pipeline.methods.registry import register_method
-from pipeline.methods.pairs import GenerationParams, answer_from_docs, doc_text
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.methods.ais import top_k
+from pipeline.methods.pairs import GenerationParams, answer_from_docs, doc_text
+from pipeline.methods.registry import register_method
 
 PAPER = "PAIRS (Chen et al., 2025) baselines"
 

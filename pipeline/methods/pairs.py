@@ -20,21 +20,30 @@ short-answer prompts (a 135M model answers Fig. 9 (b) with whole sentences, whic
 from __future__ import annotations
 
 import re
-from typing import Any, Generator, Literal, Sequence
+from collections.abc import Generator, Sequence
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from indexing.embed import embed_input
 from indexing.hits import Hit
+from pipeline.classifier.data import format_document
+from pipeline.engine.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
 from pipeline.methods.ais import (
-    ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_echo, is_numeric, merge_paths, rerank_score,
+    ais_score,
+    answers_agree,
+    dynamic_alpha,
+    dynamic_score,
+    fixed_ratio,
+    is_echo,
+    is_numeric,
+    merge_paths,
+    rerank_score,
     top_k,
 )
-from pipeline.classifier.data import format_document
-from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.prompts import direct_prompt, extract_answer, format_docs, rag_prompt
-from pipeline.engine.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.methods.registry import MethodParams, register_method
 
 PromptStyle = Literal["fig9", "short"]
 

@@ -7,7 +7,7 @@ documents listed as `Doc i (Title: t) text`, then the question, then "Answer:".
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from indexing.hits import Hit
 

@@ -15,14 +15,15 @@ import hashlib
 import importlib
 import json
 import pkgutil
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.errors import DynragError
 from pipeline.engine.requests import Answer, Question, Request
+from pipeline.errors import DynragError
 
 Program = Callable[[Question, Any], Generator[Request, Any, Answer]]
 
@@ -37,7 +38,7 @@ class MethodParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    def with_config(self, cfg) -> "MethodParams":
+    def with_config(self, cfg) -> MethodParams:
         """These parameters with the defaults that depend on the run's configuration filled in."""
         return self
 

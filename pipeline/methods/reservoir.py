@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -177,7 +178,7 @@ class Reservoir:
         order = [j for j in np.argsort(-sims, kind="stable") if sims[j] >= tau][:limit]
         return pop, [Hit(ids[j] or f"memory:{titles[j]}", titles[j], contents[j], float(sims[j])) for j in order]
 
-    def backup(self, dest: str | Path) -> "Reservoir":
+    def backup(self, dest: str | Path) -> Reservoir:
         """A consistent copy at `dest` (SQLite online backup), opened; for experiments from one state."""
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -23,16 +23,17 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from pipeline.config import DynragConfig, resolved_yaml
-from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.methods.registry import config_hash, get_method
 from indexing.faults import fault_point
+from pipeline.config import DynragConfig, resolved_yaml
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
+from pipeline.io.datasets import load_questions, pending_questions
 from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock
+from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.signals import stop_on_sigterm
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ rows.
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 from ray.data.block import BlockMetadata

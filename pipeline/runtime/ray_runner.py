@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Question
