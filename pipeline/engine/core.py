@@ -18,6 +18,7 @@ import traceback
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, Score
@@ -227,7 +228,7 @@ class BaseEngine:
             queries = [q for st in group for q in st.pending.queries]
             kmax = max(resolved[id(st)][0] for st in group)
             try:
-                hits, dt = self._call("retrieve", lambda: self.backends.search(queries, kmax, retriever), len(queries))
+                hits, dt = self._call("retrieve", partial(self.backends.search, queries, kmax, retriever), len(queries))
             except Exception as err:
                 deliveries += self._per_question(group, self._serve_retrieve, err)
                 continue
@@ -262,7 +263,7 @@ class BaseEngine:
         for gk, group in groups.items():
             flat = [it for st in group for it in items(st.pending)]
             try:
-                results, dt = self._call(kind(gk), lambda: fn(gk, flat), len(flat))
+                results, dt = self._call(kind(gk), partial(fn, gk, flat), len(flat))
             except Exception as err:
                 deliveries += self._per_question(group, self.serve, err)
                 continue

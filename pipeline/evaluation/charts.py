@@ -47,8 +47,8 @@ def _svg(fig: Figure, chart_id: str, kind: str, series: list[tuple[str, list[str
             + text[root.end():])  # no XML prolog, DOCTYPE or namespaces: HTML parses inline SVG without them
     for i, (name, tips) in enumerate(series):
         group, marks = re.search(rf'( *)<g id="s{i}">(.*?)\n\1</g>', text, re.S), iter(tips)
-        body = re.sub(rf"<{mark} ([^>]*)/>", lambda m: f"<{mark} {m[1]}><title>{escape(next(marks))}</title></{mark}>",
-                      group[2])
+        body = re.sub(rf"<{mark} ([^>]*)/>",
+                      lambda m, marks=marks: f"<{mark} {m[1]}><title>{escape(next(marks))}</title></{mark}>", group[2])
         text = f'{text[:group.end(1)]}<g class="series" data-series="{escape(name)}">{body}{text[group.end(2):]}'
     return text
 
