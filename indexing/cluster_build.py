@@ -453,7 +453,7 @@ class _ClusterBuilder(_Builder):
 
     def _collect(self, units: list[str], counts: list[dict], results: list[dict]) -> list[dict]:
         metas, nodes = [], {}
-        for unit, count, r in zip(units, counts, results):
+        for _unit, count, r in zip(units, counts, results):
             metas += r["shards"]
             self.embedded += r["embedded"]
             self.vectors_reused += r["vectors_reused"]

@@ -95,7 +95,7 @@ def _pull_files(fs, wanted: list[tuple[str, Path, dict | None]]) -> int:
             loc.parent.mkdir(parents=True, exist_ok=True)
         if todo:
             fs.get([r for r, *_ in todo], [str(tmp) for *_, tmp in todo])
-        for r, loc, want, tmp in todo:
+        for r, _loc, want, tmp in todo:
             if want is not None:
                 check_file(tmp, want, name=r)
         for _, loc, _, tmp in todo:

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(args.config, [*args.overrides, "dataset.format=generic", "answer.progress=false"])
     backends = Backends(cfg, args.index)
     try:
-        backends.generator, backends.retriever  # loaded before the clock, as FlashRAG's pipeline loads its models
+        _ = backends.generator, backends.retriever  # loaded before the clock, as FlashRAG's pipeline loads its models
         if args.warmup:
             run_answer(args.warmup, f"{args.out}/warmup", index=args.index, method="sr-rag", cfg=cfg, backends=backends)
         startup = time.perf_counter() - T_START

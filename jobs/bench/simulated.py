@@ -43,7 +43,7 @@ def tokens(text) -> int:
     return int(1.3 * len(str(text).split())) + 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class Cost:
     scale: float = 1.0  # 0: free; 0.1: ten times faster than the model
 
@@ -53,11 +53,14 @@ class Cost:
         return seconds * self.scale
 
 
+FREE = Cost(0)  # the default of the simulated backends: one shared instance (frozen)
+
+
 class SimGenerator(StreamingGenerator):
     """A streaming generator with the GPU model above; `busy_s` is the time with a sequence in flight,
     `steps` the running sequences of each decode step."""
 
-    def __init__(self, cost: Cost = Cost(0), max_seqs: int = 256):
+    def __init__(self, cost: Cost = FREE, max_seqs: int = 256):
         self.cost, self.max_seqs, self.steps = cost, max_seqs, []
         self.flight = InFlight()
         self._waiting: deque[list] = deque()  # [completion, steps left, done, key]
@@ -111,7 +114,7 @@ class SimGenerator(StreamingGenerator):
 class SimRetriever:
     """A synthetic corpus of `n` passages; a query's hits are picked by its hash."""
 
-    def __init__(self, cost: Cost = Cost(0), n: int = 10_000):
+    def __init__(self, cost: Cost = FREE, n: int = 10_000):
         self.cost, self.n = cost, n
 
     def search(self, queries, k, retriever="bm25"):
@@ -128,7 +131,7 @@ class SimRetriever:
 class SimScorer:
     """Classifier scores and embeddings from hashes, with the CPU costs above."""
 
-    def __init__(self, cost: Cost = Cost(0)):
+    def __init__(self, cost: Cost = FREE):
         self.cost = cost
 
     def score(self, items, classifier="default"):
@@ -145,7 +148,7 @@ class WordAttention:
     """DRAGIN's `attention.stats` on word-level tokens: entropy 3 on `uncertain` words (0.5 elsewhere), a_max 0.5
     (0 for the last token); every generated token attends strongly to the question's words."""
 
-    def __init__(self, uncertain: str = "Zorblat", cost: Cost = Cost(0)):
+    def __init__(self, uncertain: str = "Zorblat", cost: Cost = FREE):
         self.uncertain, self.cost, self.calls = uncertain, cost, []
 
     def stats(self, items):

@@ -240,7 +240,7 @@ def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0
         per_q = _cap_total(per_q, max_examples)
     train: list[Example] = []
     dev: list[Example] = []
-    for name, questions in per_q.items():
+    for questions in per_q.values():
         n_dev = max(1, round(len(questions) * dev_fraction)) if len(questions) > 1 else 0
         for exs in questions[:n_dev]:
             dev.extend(exs)

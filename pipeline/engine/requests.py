@@ -18,12 +18,12 @@ When the program returns, its return value is an `Answer`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from indexing.hits import Hit
 
 # A prompt is a plain user message (str, the chat template is applied) or a list of chat messages.
-Prompt = Union[str, list[dict[str, str]]]
+Prompt = str | list[dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Call:
     stage: str = "method"  # which per-stage time it counts under (engine.STAGES)
 
 
-Request = Union[Generate, Retrieve, Score, Embed, Call]
+Request = Generate | Retrieve | Score | Embed | Call
 
 
 @dataclass

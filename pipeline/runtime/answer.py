@@ -153,7 +153,7 @@ def load_generator(backends) -> None:
     from pipeline.backends import BackendError
 
     try:
-        backends.generator
+        _ = backends.generator  # a property: loads the model
     except Exception as exc:
         detail = first_line(exc)
         if "custom code" in str(exc) or "trust_remote_code" in str(exc):
