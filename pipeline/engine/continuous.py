@@ -20,21 +20,22 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends.streaming import collect
-from pipeline.engine.core import BaseEngine, Engine, Outcome, _kind, _prompts, _size, _State
-from pipeline.engine.requests import Call
+from pipeline.config import DynragConfig
+from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
+from pipeline.engine.requests import Call, Question, Request
 
 
-def lane(req) -> str:
+def lane(req: Request) -> str:
     return f"call:{req.backend}" if isinstance(req, Call) else _kind(req).lower()
 
 
 class ContinuousEngine(BaseEngine):
     def __init__(self, backends: Any, *, max_in_flight: int = 256, batch_wait_s: float = 0.01,
-                 caps: dict[str, int] | None = None, batch_items: int = 256, **kw):
+                 caps: dict[str, int] | None = None, batch_items: int = 256, **kw: Any):
         super().__init__(backends, **kw)
         self.max_in_flight, self.batch_wait_s = max_in_flight, batch_wait_s
         self.caps, self.batch_items = dict(caps or {}), batch_items  # items per batch, by lane; else batch_items
@@ -46,7 +47,8 @@ class ContinuousEngine(BaseEngine):
         self._jobs.clear()
 
     # ---- the coordinator ---------------------------------------------------------------------
-    def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+    def _outcomes(self, questions: Iterable[Question], program: Program,
+                  params: Any) -> Iterator[tuple[int, Outcome]]:
         inbox: queue.Queue = queue.Queue()  # (lane, deliveries) from the workers, for this run only
         waiting: dict[str, deque[tuple[float, _State]]] = {}  # lane -> (queued at, program), oldest first
         busy: dict[str, int] = {}  # lane -> batches (or streamed requests) in flight
@@ -114,7 +116,8 @@ class ContinuousEngine(BaseEngine):
             full = sum(_size(st.pending) for _, st in items) >= cap
             left = self.batch_wait_s - (now - items[0][0])
             if full or not busy or left <= 0:
-                batch, n = [], 0
+                batch: list[_State] = []
+                n = 0
                 while items and (not batch or n + _size(items[0][1].pending) <= cap):
                     st = items.popleft()[1]
                     batch.append(st)
@@ -164,7 +167,7 @@ class ContinuousEngine(BaseEngine):
             inbox.put((name, deliveries))
 
 
-def make_engine(cfg, backends: Any) -> BaseEngine:
+def make_engine(cfg: DynragConfig, backends: Any) -> BaseEngine:
     """The engine `answer.engine` names, configured from `cfg` (a DynragConfig)."""
     a = cfg.answer
     if a.engine == "lockstep":

@@ -19,12 +19,25 @@ from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from pipeline.engine.requests import Answer, Call, Completion, Embed, Generate, Question, Request, Retrieve, Score
+from pipeline.engine.requests import (
+    Answer,
+    Call,
+    Completion,
+    Embed,
+    Generate,
+    Prompt,
+    Question,
+    Request,
+    Retrieve,
+    SamplingSpec,
+    Score,
+)
 from pipeline.errors import QuestionError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 STAGES = ("retrieval", "classification", "generation", "embedding", "attention", "method")  # attention: DRAGIN's pass
 
@@ -65,8 +78,8 @@ class Outcome:
 @dataclass
 class _State:
     index: int
-    gen: Generator[Request, Any, Answer]
-    question: Question | None = None
+    gen: Generator[Request, Any, Any]
+    question: Question
     trace: Trace = field(default_factory=Trace)
     pending: Request | None = None
     answer: Answer | None = None
@@ -78,7 +91,15 @@ def _kind(req: Request) -> str:
     return type(req).__name__
 
 
+def _pending(st: _State) -> Request:
+    """The request `st` waits on: every state handed to a server has one."""
+    return cast(Request, st.pending)
+
+
 Delivery = tuple[_State, Any, "BaseException | None"]  # a program, the value sent to it, or the error thrown in
+# A method program: started with a question and its parameters, it yields requests and returns its answer
+# (an Answer, or a value whose str() is the prediction).
+Program = Callable[[Question, Any], Generator[Request, Any, Any]]
 
 
 class BaseEngine:
@@ -99,15 +120,15 @@ class BaseEngine:
         self._calls_seen: dict[str, int] = {}  # batch_calls at the previous new_calls()
 
     # ---- public ---------------------------------------------------------------------------
-    def run(self, questions: list[Question], program: Callable[[Question, Any], Generator], params: Any) -> list[Outcome]:
+    def run(self, questions: list[Question], program: Program, params: Any) -> list[Outcome]:
         """Every question's outcome, in the order given."""
         return [o for _, o in sorted(self._outcomes(questions, program, params), key=lambda t: t[0])]
 
-    def stream(self, questions: Iterable[Question], program: Callable, params: Any) -> Iterator[Outcome]:
+    def stream(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[Outcome]:
         """Outcomes as questions finish (any order); `questions` is consumed lazily."""
         return (o for _, o in self._outcomes(questions, program, params))
 
-    def stream_batches(self, questions: Iterable[Question], program: Callable, params: Any,
+    def stream_batches(self, questions: Iterable[Question], program: Program, params: Any,
                        n: int | None) -> Iterator[list[Outcome]]:
         """`stream`'s outcomes in lists of `n` (the last may be shorter), e.g. one output part each."""
         return batched(self.stream(questions, program, params), n)
@@ -123,11 +144,12 @@ class BaseEngine:
     def close(self) -> None:
         """Release what the engine holds (its worker threads, if any); the backends stay open."""
 
-    def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+    def _outcomes(self, questions: Iterable[Question], program: Program,
+                  params: Any) -> Iterator[tuple[int, Outcome]]:
         raise NotImplementedError
 
     # ---- stepping a program ---------------------------------------------------------------
-    def _start(self, i: int, q: Question, program: Callable, params: Any) -> _State | Outcome:
+    def _start(self, i: int, q: Question, program: Program, params: Any) -> _State | Outcome:
         """A started program, advanced to its first request, or the question's outcome when it has none."""
         if q.error:
             return Outcome(q, None, Trace(), q.error, "input")
@@ -173,7 +195,7 @@ class BaseEngine:
     def serve(self, states: list[_State]) -> list[Delivery]:
         """One batched backend call per group of `states` (all pending the same kind), with the accounting;
         returns what to send each program. Does not advance them (the caller does)."""
-        return getattr(self, f"_serve_{_kind(states[0].pending).lower()}")(states)
+        return getattr(self, f"_serve_{_kind(_pending(states[0])).lower()}")(states)
 
     def _call(self, kind: str, fn: Callable[[], Any], expected: int) -> tuple[Any, float]:
         t0 = self.clock()
@@ -200,16 +222,16 @@ class BaseEngine:
     @staticmethod
     def _generated(states: list[_State], owner: list[_State], outs: list, costs: list[float]) -> list[Delivery]:
         """Account each prompt's output (`costs`: its share of generation time) to its program; what to send each."""
-        results: dict[int, list] = defaultdict(list)
+        results: dict[int, list[Any]] = defaultdict(list)
         for st, out, cost in zip(owner, outs, costs):
             st.trace.time["generation"] += cost
             st.trace.llm_calls += not (isinstance(out, Completion) and out.finish_reason == "none")  # no model ran
             if not isinstance(out, BaseException):
                 st.trace.prompt_tokens += out.prompt_tokens
                 st.trace.completion_tokens += out.completion_tokens
-                st.trace.generations.append({"stage": st.pending.stage, "text": out.text})
+                st.trace.generations.append({"stage": cast(Generate, st.pending).stage, "text": out.text})
             results[id(st)].append(out)
-        deliveries = []
+        deliveries: list[Delivery] = []
         for st in states:
             res = results[id(st)]
             failed = next((r for r in res if isinstance(r, BaseException)), None)
@@ -220,12 +242,12 @@ class BaseEngine:
         groups: dict[str, list[_State]] = defaultdict(list)
         resolved: dict[int, tuple[int, str]] = {}
         for st in states:
-            k, retriever = self.backends.defaults(st.pending)
+            k, retriever = self.backends.defaults(_pending(st))
             resolved[id(st)] = (k, retriever)
             groups[retriever].append(st)
         deliveries: list[Delivery] = []
         for retriever, group in groups.items():
-            queries = [q for st in group for q in st.pending.queries]
+            queries = [q for st in group for q in cast(Retrieve, st.pending).queries]
             kmax = max(resolved[id(st)][0] for st in group)
             try:
                 hits, dt = self._call("retrieve", partial(self.backends.search, queries, kmax, retriever), len(queries))
@@ -234,7 +256,7 @@ class BaseEngine:
                 continue
             pos = 0
             for st in group:
-                req: Retrieve = st.pending
+                req = cast(Retrieve, st.pending)
                 k = resolved[id(st)][0]
                 mine = [list(h[:k]) for h in hits[pos:pos + len(req.queries)]]
                 pos += len(req.queries)
@@ -243,7 +265,7 @@ class BaseEngine:
                 tr.retrieval_calls += len(req.queries)
                 tr.time["retrieval"] += dt * len(req.queries) / max(len(queries), 1)
                 step = req.step or f"retrieve-{tr.retrieve_rounds}"
-                at = self.clock() - tr.started  # when, in the question (started: at its first request)
+                at = self.clock() - cast(float, tr.started)  # when, in the question (started: at its first request)
                 for qi, ranked in enumerate(mine):
                     for rank, h in enumerate(ranked, 1):
                         tr.retrieved.append({"id": h.id, "title": h.title, "score": float(h.score), "rank": rank,
@@ -252,16 +274,17 @@ class BaseEngine:
                 deliveries.append((st, mine, None))
         return deliveries
 
-    def _serve_grouped(self, states: list[_State], key: Callable[[Request], Any], items: Callable[[Request], list],
-                       kind: Callable[[Any], str], fn: Callable[[Any, list], Any],
+    def _serve_grouped(self, states: list[_State], key: Callable[[Any], Any], items: Callable[[Any], list[Any]],
+                       kind: Callable[[Any], str], fn: Callable[[Any, list[Any]], Any],
                        account: Callable[[_State, int, float], None]) -> list[Delivery]:
-        """Score, Embed and Call: one backend call per group (same `key`), results split by item counts."""
+        """Score, Embed and Call: one backend call per group (same `key`), results split by item counts.
+        `key` and `items` take a request of the states' one kind (Score, Embed or Call)."""
         groups: dict[Any, list[_State]] = defaultdict(list)
         for st in states:
-            groups[key(st.pending)].append(st)
+            groups[key(_pending(st))].append(st)
         deliveries: list[Delivery] = []
         for gk, group in groups.items():
-            flat = [it for st in group for it in items(st.pending)]
+            flat = [it for st in group for it in items(_pending(st))]
             try:
                 results, dt = self._call(kind(gk), partial(fn, gk, flat), len(flat))
             except Exception as err:
@@ -269,31 +292,32 @@ class BaseEngine:
                 continue
             pos = 0
             for st in group:
-                n = len(items(st.pending))
+                n = len(items(_pending(st)))
                 account(st, n, dt * n / max(len(flat), 1))
                 deliveries.append((st, results[pos:pos + n], None))
                 pos += n
         return deliveries
 
     def _serve_score(self, states: list[_State]) -> list[Delivery]:
-        def account(st, n, secs):
+        def account(st: _State, n: int, secs: float) -> None:
             st.trace.classifier_calls += n
             st.trace.time["classification"] += secs
         return self._serve_grouped(states, lambda r: r.classifier, lambda r: r.items, lambda _: "score",
                                    lambda name, items: [*self.backends.score(items, name)], account)
 
     def _serve_embed(self, states: list[_State]) -> list[Delivery]:
-        def account(st, n, secs):
+        def account(st: _State, n: int, secs: float) -> None:
             st.trace.embedding_calls += n
             st.trace.time["embedding"] += secs
         return self._serve_grouped(states, lambda r: r.model, lambda r: r.texts, lambda _: "embed",
                                    lambda model, texts: self.backends.embed(texts, model), account)
 
     def _serve_call(self, states: list[_State]) -> list[Delivery]:
-        def account(st, n, secs):
-            name = f"{st.pending.backend}.{st.pending.op}"
+        def account(st: _State, n: int, secs: float) -> None:
+            req = cast(Call, st.pending)
+            name = f"{req.backend}.{req.op}"
             st.trace.backend_calls[name] = st.trace.backend_calls.get(name, 0) + n
-            st.trace.time[st.pending.stage] += secs
+            st.trace.time[req.stage] += secs
         return self._serve_grouped(states, lambda r: (r.backend, r.op), lambda r: r.items, lambda k: f"{k[0]}.{k[1]}",
                                    lambda k, items: [*self.backends.call(k[0], k[1], items)], account)
 
@@ -303,7 +327,7 @@ class BaseEngine:
         if len(states) == 1:
             return [(states[0], None, err)]
         log.warning("a batched %s call over %d questions failed (%s); retrying per question",
-                    _kind(states[0].pending), len(states), err)
+                    _kind(_pending(states[0])), len(states), err)
         return [d for st in states for d in serve([st])]
 
 
@@ -312,25 +336,29 @@ class Engine(BaseEngine):
     round serves every pending request of one kind (the kind with the most waiting items) and waits for it
     before the next round, and the next questions start when the whole batch has finished."""
 
-    def __init__(self, backends: Any, batch_questions: int | None = None, **kw):
+    def __init__(self, backends: Any, batch_questions: int | None = None, **kw: Any):
         super().__init__(backends, **kw)
         self.batch_questions = batch_questions
 
-    def _outcomes(self, questions, program, params) -> Iterator[tuple[int, Outcome]]:
+    def _outcomes(self, questions: Iterable[Question], program: Program,
+                  params: Any) -> Iterator[tuple[int, Outcome]]:
         for wave in self._waves(questions, program, params):
             yield from wave
 
-    def stream_batches(self, questions, program, params, n: int | None) -> Iterator[list[Outcome]]:
+    def stream_batches(self, questions: Iterable[Question], program: Program, params: Any,
+                       n: int | None) -> Iterator[list[Outcome]]:
         if n != self.batch_questions:
             return super().stream_batches(questions, program, params, n)
         return ([o for _, o in wave] for wave in self._waves(questions, program, params))  # a wave is a batch
 
-    def _waves(self, questions, program, params) -> Iterator[Iterator[tuple[int, Outcome]]]:
+    def _waves(self, questions: Iterable[Question], program: Program,
+               params: Any) -> Iterator[Iterator[tuple[int, Outcome]]]:
         """Each batch of `batch_questions`, run in lockstep: its outcomes, as they are decided."""
         for batch in batched(enumerate(questions), self.batch_questions):
             yield self._lockstep(batch, program, params)
 
-    def _lockstep(self, batch, program, params) -> Iterator[tuple[int, Outcome]]:
+    def _lockstep(self, batch: list[tuple[int, Question]], program: Program,
+                  params: Any) -> Iterator[tuple[int, Outcome]]:
         states: list[_State] = []
         for i, q in batch:
             st = self._start(i, q, program, params)
@@ -352,7 +380,7 @@ class Engine(BaseEngine):
             yield st.index, self._outcome(st)
 
 
-def batched(items: Iterable, n: int | None) -> Iterator[list]:
+def batched(items: Iterable[T], n: int | None) -> Iterator[list[T]]:
     """`items` in lists of `n` in order, the last one shorter (None: one list of them all)."""
     it = iter(items)
     while batch := list(itertools.islice(it, n)):
@@ -371,11 +399,14 @@ def _size(req: Request | None) -> int:
     return len(req.texts)
 
 
-def _prompts(states: list[_State]) -> tuple[list, list, list, list[_State]]:
+def _prompts(states: list[_State]) -> tuple[list[Prompt], list[SamplingSpec], list[bool], list[_State]]:
     """The prompts of `states`' Generate requests, flat, with each one's sampling, chat flag and program."""
-    prompts, samplings, chats, owner = [], [], [], []
+    prompts: list[Prompt] = []
+    samplings: list[SamplingSpec] = []
+    chats: list[bool] = []
+    owner: list[_State] = []
     for st in states:
-        req: Generate = st.pending
+        req = cast(Generate, st.pending)
         for p in req.prompts:
             prompts.append(p)
             samplings.append(req.sampling)
