@@ -13,34 +13,40 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
 from indexing.hits import Hit
 from indexing.settings import IndexSettings
 
+if TYPE_CHECKING:
+    from indexing.index import Index
 
-def build_index(sources, index_dir: str | os.PathLike, cfg: IndexSettings, **options) -> dict:
+
+def build_index(sources: str | os.PathLike | Iterable[str | os.PathLike], index_dir: str | os.PathLike,
+                cfg: IndexSettings, **options: Any) -> dict:
     """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI) from
     `sources` (files, URIs or globs); return a report. In-process, a remote index is built locally and uploaded
     (remote.py); with `cfg.ray.enabled`, Ray workers build and write the shards (cluster_build.py). `options`:
     fmt, fields, on_bad_line (see indexing.build.build_local_index)."""
     from indexing.remote import build_remote_index, is_remote
 
-    sources = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
+    names = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers (cluster_build.py)
         from indexing.cluster_build import build_cluster_index, build_remote_cluster_index
 
         if is_remote(index_dir):
-            return build_remote_cluster_index(sources, str(index_dir), cfg, **options)
-        return build_cluster_index(sources, index_dir, cfg, **options)
+            return build_remote_cluster_index(names, str(index_dir), cfg, **options)
+        return build_cluster_index(names, index_dir, cfg, **options)
     if is_remote(index_dir):
-        return build_remote_index(sources, str(index_dir), cfg, **options)
+        return build_remote_index(names, str(index_dir), cfg, **options)
     from indexing.build import build_local_index
 
-    return build_local_index(sources, index_dir, cfg, **options)
+    return build_local_index(names, index_dir, cfg, **options)
 
 
-def open_index(index_dir, cfg: IndexSettings, version: str | None = None):
+def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | None = None) -> Index:
     """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002'). A
     remote `index_dir` is pulled into a local cache first (remote.py)."""
     from indexing.remote import is_remote, open_remote_index

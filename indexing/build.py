@@ -38,7 +38,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -73,7 +75,7 @@ class BuildError(IndexingError):
     """The build cannot proceed (no sources, an empty corpus, ...)."""
 
 
-def _hash(obj) -> str:
+def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -81,7 +83,7 @@ def _ehash(title: str, text: str) -> bytes:
     return hashlib.blake2b(embed_input(title, text).encode("utf-8"), digest_size=12).digest()
 
 
-def _settings(cfg) -> dict:
+def _settings(cfg: IndexSettings) -> dict:
     from indexing.sparse import configured_analyzer
 
     e, i = cfg.embedding, cfg.index
@@ -100,7 +102,7 @@ def _settings(cfg) -> dict:
     }
 
 
-def _progress(iterable, desc: str, unit: str, total: int | None = None):
+def _progress(iterable: Iterable[Any] | None, desc: str, unit: str, total: int | None = None) -> Any:
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, unit=unit, total=total, disable=None, mininterval=1.0, leave=False)
@@ -135,7 +137,8 @@ def build_local_index(
 
 
 class _Builder:
-    def __init__(self, sources, root: Path, cfg, fmt, fields, on_bad_line):
+    def __init__(self, sources: list[str], root: Path, cfg: IndexSettings, fmt: str, fields: dict | None,
+                 on_bad_line: str):
         self.sources, self.root, self.cfg = sources, root, cfg
         self.fmt, self.fields, self.on_bad_line = fmt, fields, on_bad_line
         self.settings = _settings(cfg)
@@ -365,7 +368,8 @@ class _Builder:
         ready = [todo[i] for i in range(len(todo)) if i not in plans]  # vectors staged by an earlier attempt
         for i, (n_new, cached) in plans.items():
             if not n_new:  # every vector comes from the previous version
-                self._assemble(todo[i], cached, np.zeros(0, int), None, dim)
+                # every vector cached: the previous version had vectors, so a dim
+                self._assemble(todo[i], cached, np.zeros(0, int), None, cast(int, dim))
                 ready.append(todo[i])
         self._finalize(ready)
         n_embed = sum(p[0] for p in plans.values())
@@ -374,7 +378,9 @@ class _Builder:
                  n_embed, len(files), sum(len(p[1]) for p in plans.values()))
         t_embed = time.perf_counter()
         bar = _progress(None, "embedding", "psg", total=n_embed)
-        current, rows, vecs = None, [], []
+        current: int | None = None
+        rows: list[np.ndarray] = []
+        vecs: list[np.ndarray] = []
         last_log = t_embed
         flushing = [0.0]  # seconds spent outside the encoder: assembling vectors, shard indexes
 
@@ -472,7 +478,7 @@ class _Builder:
         dim = self._describe_shards(metas)
         keys = [m["key"] for m in metas]
         unchanged = prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
-        if unchanged:
+        if unchanged and prev is not None:
             version = prev["version"]
             log.info("corpus and settings unchanged: version %d stays published", version)
         else:

@@ -45,7 +45,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -53,15 +55,18 @@ from indexing.build import BuildError, _Builder, _ehash, build_local_index, fina
 from indexing.embed import HASH_ENCODER, EncoderSpec, embed_input, get_encoder
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
-from indexing.passages import PassageStats, id_hash
+from indexing.passages import Passage, PassageStats, id_hash
 from indexing.readers import ReadStats, expand_sources
 from indexing.shards import content_hash, shard_key, shard_stream
 from indexing.store import read_table, write_store
 
+if TYPE_CHECKING:
+    from indexing.settings import IndexSettings
+
 log = logging.getLogger(__name__)
 
 
-def build_cluster_index(sources: list[str], index_dir, cfg, **options) -> dict:
+def build_cluster_index(sources: list[str], index_dir: str | os.PathLike, cfg: IndexSettings, **options: Any) -> dict:
     """`build_local_index` with stages 1-3 on Ray workers (see the module doc)."""
     return build_local_index(sources, index_dir, cfg, builder=_ClusterBuilder, **options)
 
@@ -76,9 +81,9 @@ class ShardStorage:
         from indexing.remote import is_remote
 
         self.root, self.remote = root, is_remote(root)
-        self.local = Path(scratch if self.remote else root)
+        self.local = Path(cast(str, scratch) if self.remote else root)  # a remote root always comes with a scratch
 
-    def _fs(self):
+    def _fs(self) -> tuple[Any, str]:
         from indexing.remote import _store
 
         return _store(self.root)
@@ -131,7 +136,7 @@ class ShardStorage:
             fs, base = self._fs()
             fs.put_file(str(path), f"{base}/{rel}")
 
-    def finish(self, stage: Path, key: str, *index_args) -> dict[str, float]:
+    def finish(self, stage: Path, key: str, *index_args: Any) -> dict[str, float]:
         """FAISS, Lucene and checksums of a staged shard, then into `shards/<key>/`; returns seconds."""
         done = self.local / ("shards" if not self.remote else "uploading") / key
         done.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +195,7 @@ def _node() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
-def _passages(job: UnitJob, rs: ReadStats, ps: PassageStats):
+def _passages(job: UnitJob, rs: ReadStats, ps: PassageStats) -> Iterator[Passage]:
     from indexing.passages import passages_of
     from indexing.readers import read_corpus
 
@@ -251,10 +256,10 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
     seen = seen[np.argsort(seen[:, 0], kind="stable")]
     keys, digests = np.ascontiguousarray(seen[:, 0]), np.ascontiguousarray(seen[:, 1])
     rs, ps = ReadStats(), PassageStats()
-    out = {"node": _node(), "shards": [], "built": 0, "reembedded": [], "embedded": 0, "vectors_reused": 0,
+    out: dict[str, Any] = {"node": _node(), "shards": [], "built": 0, "reembedded": [], "embedded": 0, "vectors_reused": 0,
            "duplicates": 0, "conflicting": 0, "timings": {}}
 
-    def fresh():
+    def fresh() -> Iterator[Passage]:
         for p in _passages(job, rs, ps):
             h = np.uint64(id_hash(p.id))
             i = int(np.searchsorted(keys, h))
@@ -266,7 +271,7 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
 
     for group in shard_stream(fresh(), job.shard_size):
         ch = content_hash(group)
-        meta = {"key": job.key(ch), "passages": len(group), "content_hash": ch,
+        meta: dict[str, Any] = {"key": job.key(ch), "passages": len(group), "content_hash": ch,
                 "first_id": group[0].id, "last_id": group[-1].id}
         if not job.store.has(meta["key"]):
             _build_shard(job, group, meta, out)
@@ -310,8 +315,8 @@ def _build_shard(job: UnitJob, group: list, meta: dict, out: dict) -> None:
             out["reembedded"].append(meta["key"])
         _tally(out["timings"], {"embed_s": time.perf_counter() - t})
         fault_point("build.shard_embedded")
-    t = job.template
-    template = str(job.store.fetch(t["path"], {"sha256": t["sha256"], "bytes": t["bytes"]})) if t else None
+    tpl = job.template
+    template = str(job.store.fetch(tpl["path"], {"sha256": tpl["sha256"], "bytes": tpl["bytes"]})) if tpl else None
     factory = job.factory if job.dense else None
     _tally(out["timings"], job.store.finish(stage, meta["key"], factory, job.threads, template, job.analyzer))
 
@@ -380,7 +385,7 @@ def _gather(refs: list) -> list:
 class _ClusterBuilder(_Builder):
     """build._Builder with stages 1-3 as Ray tasks (the module doc); stage 4 is the base class's."""
 
-    def __init__(self, *args):
+    def __init__(self, *args: Any):
         super().__init__(*args)
         self.store = ShardStorage(str(self.root))
         self.dim: int | None = None
@@ -396,7 +401,7 @@ class _ClusterBuilder(_Builder):
             analyzer=self.settings["lucene"]["analyzer"], spec=EncoderSpec.from_config(cfg, build=True),
             reuse_from=tuple((s["key"], s["first_id"], s["last_id"],
                               {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
-                             for s in prev["shards"]) if same_model else (),
+                             for s in prev["shards"]) if same_model and prev is not None else (),
             release=bool(cfg.index.memory_budget_mb), dense=self.dense, template=self.template)
 
     def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
@@ -433,7 +438,7 @@ class _ClusterBuilder(_Builder):
         fault_point("build.passages_staged")
         return metas, sum(r["built"] for r in results)
 
-    def _train_on_cluster(self, task, embedding_task, jobs: list[UnitJob], counts: list[int]) -> dict:
+    def _train_on_cluster(self, task: Any, embedding_task: Any, jobs: list[UnitJob], counts: list[int]) -> dict:
         from indexing.manifest import atomic_write
 
         total = sum(counts)
@@ -452,7 +457,8 @@ class _ClusterBuilder(_Builder):
         return template
 
     def _collect(self, units: list[str], counts: list[dict], results: list[dict]) -> list[dict]:
-        metas, nodes = [], {}
+        metas: list[dict] = []
+        nodes: dict[str, int] = {}
         for _unit, count, r in zip(units, counts, results):
             metas += r["shards"]
             self.embedded += r["embedded"]
@@ -478,8 +484,8 @@ class _ClusterBuilder(_Builder):
         return self.dim  # the tasks set each shard's files; None for a BM25-only index
 
 
-def build_remote_cluster_index(sources: list[str], uri: str, cfg, *, fmt: str = "auto", fields: dict | None = None,
-                               on_bad_line: str = "error") -> dict:
+def build_remote_cluster_index(sources: list[str], uri: str, cfg: IndexSettings, *, fmt: str = "auto",
+                               fields: dict | None = None, on_bad_line: str = "error") -> dict:
     """The cluster build of an fsspec index (s3://, gs://, ...): see `_RemoteClusterBuilder`."""
     import shutil
     import tempfile

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def is_ivf(factory: str) -> bool:
     return "IVF" in factory
 
 
-def _factory(d: int, factory: str):
+def _factory(d: int, factory: str) -> Any:
     import faiss
 
     try:
@@ -42,7 +43,7 @@ def _factory(d: int, factory: str):
         raise DenseIndexError(f"index.faiss_factory={factory!r} is not a valid FAISS factory string: {exc}") from None
 
 
-def _train(index, vectors: np.ndarray, what: str) -> None:
+def _train(index: Any, vectors: np.ndarray, what: str) -> None:
     try:
         index.train(vectors)
     except RuntimeError as exc:
@@ -52,7 +53,7 @@ def _train(index, vectors: np.ndarray, what: str) -> None:
         ) from None
 
 
-def _write(index, out: Path) -> None:
+def _write(index: Any, out: Path) -> None:
     import faiss
 
     tmp = out.with_name(out.name + ".tmp")
@@ -72,7 +73,7 @@ _TEMPLATES: dict[tuple, object] = {}  # the template last read by this process: 
 _TEMPLATES_LOCK = threading.Lock()
 
 
-def _template(path: Path):
+def _template(path: Path) -> Any:
     """The trained template at `path`, read from disk once per process (a build fills every shard from
     one); callers copy it (`faiss.clone_index`), never change it."""
     import faiss
@@ -110,7 +111,7 @@ def build_faiss(vectors: np.ndarray, factory: str, out: Path, template: Path | N
     _write(index, out)
 
 
-def load_template_quantizer(path: Path):
+def load_template_quantizer(path: Path) -> Any:
     """The coarse quantizer of a trained template, to be shared by every shard (kept alive by the caller)."""
     import faiss
 
@@ -120,7 +121,7 @@ def load_template_quantizer(path: Path):
     return ivf.quantizer
 
 
-def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer=None):
+def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer: Any = None) -> Any:
     import faiss
 
     index = faiss.read_index(str(path))
@@ -138,7 +139,7 @@ def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer=None):
     return index
 
 
-def merged_ivf(indexes: list):
+def merged_ivf(indexes: list) -> Any:
     """One IVF index holding the inverted lists of every shard (all filled from one template, so their lists
     agree), ids numbered shard after shard as in a ShardSet: what a GPU searches, as faiss's IndexShardsIVF
     does not run there. The shards are left as they were (their copies are merged)."""
@@ -160,7 +161,8 @@ class ShardSet:
     Where faiss sees a GPU (`gpus`: None asks faiss), IVF shards are merged into one index (`merged_ivf`) and
     searched on every GPU; `merge=True` takes that path on the CPU too (tests: same hits)."""
 
-    def __init__(self, indexes: list, quantizer=None, nprobe: int = 1, gpus: int | None = None, merge: bool = False):
+    def __init__(self, indexes: list, quantizer: Any = None, nprobe: int = 1, gpus: int | None = None,
+                 merge: bool = False):
         import faiss
 
         self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])
@@ -182,10 +184,12 @@ class ShardSet:
             for ix in indexes:
                 faiss.extract_index_ivf(ix).nprobe = nprobe  # it checks that each shard's equals the search's
             self.shards = faiss.IndexShardsIVF(quantizer, quantizer.ntotal, True, True)
-            self.params = faiss.SearchParametersIVF(nprobe=nprobe)
+            # faiss's stub lacks the keyword arguments its Python wrapper adds to SearchParameters classes
+            self.params = faiss.SearchParametersIVF(nprobe=nprobe)  # type: ignore[call-arg]
             self._quantizer = quantizer
         else:
-            self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None
+            # faiss's stub has only IndexShards(d); the SWIG class also takes (d, threaded, successive_ids)
+            self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None  # type: ignore[call-arg]
         for ix in indexes:
             self.shards.add_shard(ix)
         self._indexes = indexes  # the Python wrappers own the shards IndexShards points to

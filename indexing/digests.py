@@ -56,9 +56,10 @@ def _merge(older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.nda
     """One sorted run of both; a key in both keeps both entries, the older first (lookups find it)."""
     (ok, ov), (nk, nv) = older, newer
     at = np.searchsorted(ok, nk, side="right") + np.arange(len(nk))  # each newer key's place in the merged run
-    keys, values = np.empty(len(ok) + len(nk), np.uint64), np.empty(len(ok) + len(nk), np.uint32)
+    keys: np.ndarray = np.empty(len(ok) + len(nk), np.uint64)
+    values: np.ndarray = np.empty(len(ok) + len(nk), np.uint32)
     keys[at], values[at] = nk, nv
-    rest = np.ones(len(keys), bool)
+    rest: np.ndarray = np.ones(len(keys), bool)
     rest[at] = False
     keys[rest], values[rest] = ok, ov
     return keys, values

@@ -15,8 +15,12 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ class EncoderSpec:
     max_seq_length: int = 256
 
     @classmethod
-    def from_config(cls, cfg, *, build: bool = False) -> EncoderSpec:
+    def from_config(cls, cfg: IndexSettings, *, build: bool = False) -> EncoderSpec:
         """The configured encoder; for a build (`build=True`) its batch fits `index.memory_budget_mb`."""
         e = cfg.embedding
         path = cfg.model_path(e.model)
@@ -116,7 +120,7 @@ class HashEncoder:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         n = len(texts)
-        out = np.zeros((n, self.dim), dtype=np.float64)
+        out: np.ndarray = np.zeros((n, self.dim), dtype=np.float64)
         b = np.frombuffer("\n".join(t.lower().replace("\n", " ") for t in texts).encode("utf-8"), dtype=np.uint8)
         word = b > 32
         if n and word.any():
@@ -176,7 +180,7 @@ def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | HashE
             yield np.asarray(cols["shard"]), np.asarray(cols["row"]), vecs
 
 
-def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _ray_batches(files: list[str], spec: EncoderSpec, cfg: IndexSettings) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     import ray
 
     from indexing.raytools import ensure_ray
@@ -202,7 +206,8 @@ def _ray_batches(files: list[str], spec: EncoderSpec, cfg) -> Iterator[tuple[np.
         yield batch["shard"], batch["row"], np.asarray(batch["vector"], dtype=np.float32)
 
 
-def embed_batches(files: list[str], spec: EncoderSpec, cfg, *, encoder: Encoder | HashEncoder | None = None):
+def embed_batches(files: list[str], spec: EncoderSpec, cfg: IndexSettings, *,
+                  encoder: Encoder | HashEncoder | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Yield (shard, row, vectors) batches over `files`, in order, per `runtime.mode`."""
     if not files:
         return iter(())

@@ -14,8 +14,10 @@ shards' sorted, memory-mapped `ids.npy`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -23,6 +25,11 @@ from indexing.errors import IndexingError
 from indexing.hits import Hit
 from indexing.java import cap_jvm_heap
 from indexing.manifest import read_manifest, verify_version
+
+if TYPE_CHECKING:
+    from indexing.dense import ShardSet
+    from indexing.embed import Encoder, HashEncoder
+    from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +41,7 @@ class SearchError(IndexingError, ValueError):
 
 
 class Index:
-    def __init__(self, root: Path, cfg, manifest: dict):
+    def __init__(self, root: Path, cfg: IndexSettings, manifest: dict):
         from indexing.sparse import LuceneShard, configured_analyzer, index_analyzer
         from indexing.store import PassageStore
 
@@ -44,7 +51,7 @@ class Index:
             verify_version(root, manifest, full=False, search_only=True)
         self._dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
         self._stores = [PassageStore(d) for d in self._dirs]
-        self._faiss = None
+        self._faiss: ShardSet | None = None
         bm25 = root / "versions" / f"v{self.version:06d}" / manifest["bm25"]["path"]
         self.analyzer = index_analyzer(manifest["settings"])
         wanted = configured_analyzer(cfg.index)
@@ -53,7 +60,7 @@ class Index:
                         "the index's (rebuild it to change)", self.analyzer, wanted)
         cap_jvm_heap(cfg.index.jvm_heap_mb)  # before this process's JVM starts (the searcher starts it)
         self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b, self.analyzer)
-        self._encoder = None
+        self._encoder: Encoder | HashEncoder | None = None
         self._lock = threading.Lock()
 
     # ---- lookups ----
@@ -127,9 +134,10 @@ class Index:
             missing = flat[found.index(None)][0]
             raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
         ends = np.cumsum([len(hits) for hits in results])
-        return [found[end - len(hits):end] for hits, end in zip(results, ends)]
+        hits_found = cast("list[Hit]", found)  # no None left: checked above
+        return [hits_found[end - len(hits):end] for hits, end in zip(results, ends)]
 
-    def _shards(self):
+    def _shards(self) -> ShardSet:
         """All shards' FAISS indexes (dense.ShardSet), read on first use."""
         with self._lock:
             if self._faiss is None:
@@ -160,14 +168,14 @@ class Index:
     def close(self) -> None:
         self._lucene.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Index:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def open_local_index(index_dir, cfg, version: str | None = None) -> Index:
+def open_local_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | None = None) -> Index:
     """Open the published version of the local index at `index_dir` (or a named older version, e.g. 'v000002')."""
     root = Path(index_dir)
     manifest = read_manifest(root, version)

@@ -22,6 +22,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +77,12 @@ _JVM_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
 
 
 @contextlib.contextmanager
-def jvm_signals_kept():
+def jvm_signals_kept() -> Iterator[None]:
     """Run the body, then restore the handlers the JVM had for the signals it uses internally (only
     when a JVM runs in this process, on Linux)."""
     import jnius_config
 
-    libc = ctypes.CDLL(None) if jnius_config.vm_running and sys.platform == "linux" else None  # _SigAction is glibc's
+    libc: Any = ctypes.CDLL(None) if jnius_config.vm_running and sys.platform == "linux" else None  # _SigAction is glibc's
     saved = {}
     for sig in _JVM_SIGNALS if libc is not None else ():
         saved[sig] = _SigAction()

@@ -36,7 +36,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from indexing.errors import CorruptIndexError, IndexingError
@@ -77,7 +77,7 @@ def checksums_text(sums: dict[str, dict]) -> str:
 def check_file(path: Path, want: dict, *, full: bool = True, name: str | None = None) -> None:
     """Raise CorruptIndexError unless `path` is present with the `bytes` (and, when `full`, the `sha256`)
     of `want`; messages name the file as `name` (default: `path`)."""
-    name = name or path
+    name = name or str(path)
     if not path.is_file():
         raise CorruptIndexError(f"index file {name} is missing")
     size = path.stat().st_size
@@ -245,7 +245,7 @@ def collect_garbage(root: Path, keep_versions: int) -> None:
 
 
 @contextlib.contextmanager
-def build_lock(root: Path):
+def build_lock(root: Path) -> Iterator[None]:
     """One builder per index directory; a second one fails at once rather than interleaving. The lock file
     goes when the build ends, and so does the folder if this build created it and leaves it empty."""
     created = not root.exists()

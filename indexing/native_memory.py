@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters
 
 
-def _glibc():
+def _glibc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 
 
-def ensure_ray(cfg) -> None:
+def ensure_ray(cfg: IndexSettings) -> None:
     """Join `cfg.ray.address`, or start a local instance (never a `ray start` cluster found on the machine:
     "local"); no-op when Ray is already up."""
     import ray
@@ -38,7 +42,7 @@ def gpus_or_fallback(gpus: float, fallback: bool, what: str) -> float:
     return gpus
 
 
-def embed_actor_gpus(cfg, driver_device: str) -> float:
+def embed_actor_gpus(cfg: IndexSettings, driver_device: str) -> float:
     """GPUs per embedding actor: `cfg.ray.embed_actor_num_gpus`, else 1 when the driver itself sees CUDA."""
     want = cfg.ray.embed_actor_num_gpus
     if want is None:

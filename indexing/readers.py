@@ -29,7 +29,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from indexing.errors import IndexingError
 
@@ -71,7 +71,7 @@ class _Bad(Exception):
     """A malformed record; turned into a CorpusError or a skip by `read_corpus`."""
 
 
-def _open(path: str, mode: str = "rt"):
+def _open(path: str, mode: str = "rt") -> Any:
     import fsspec
 
     try:
@@ -131,7 +131,7 @@ def _generic(obj: Any, fields: dict) -> Iterator[Record]:
     id_key, title_key, text_key = fields.get("id"), fields.get("title"), fields.get("text") or "text"
     if "_has_ids" not in fields:
         fields["_has_ids"] = bool(id_key) and id_key in obj
-    source_id = _str(obj, id_key) if fields["_has_ids"] else None
+    source_id = _str(obj, cast(str, id_key)) if fields["_has_ids"] else None  # _has_ids: id_key is set
     if source_id is not None and not source_id.strip():
         raise _Bad(f"empty {id_key!r}")
     title = _str(obj, title_key, required=False) if title_key else ""

@@ -31,9 +31,15 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
+
+if TYPE_CHECKING:
+    from indexing.index import Index
+    from indexing.settings import IndexSettings
 from indexing.manifest import (
     SHARED_FOLDERS,
     atomic_write,
@@ -49,7 +55,7 @@ from indexing.manifest import (
 log = logging.getLogger(__name__)
 
 
-def is_remote(path) -> bool:
+def is_remote(path: str | os.PathLike) -> bool:
     """True for an fsspec URI whose scheme is not the local file system (s3://, gs://, az://, memory://)."""
     text = str(path)
     if "://" not in text:
@@ -57,7 +63,7 @@ def is_remote(path) -> bool:
     return text.split("://", 1)[0].lower() not in ("file", "local")
 
 
-def _store(uri: str):
+def _store(uri: str) -> tuple[Any, str]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(uri)
@@ -78,13 +84,13 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
         raise IndexingError(f"{uri}: version {version} has no manifest.json") from None
 
 
-def cache_root(uri: str, cfg) -> Path:
+def cache_root(uri: str, cfg: IndexSettings) -> Path:
     key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
     base = cfg.index.remote_cache_dir or Path(cfg.cache_dir) / "index-cache"
     return Path(base).expanduser() / key
 
 
-def _pull_files(fs, wanted: list[tuple[str, Path, dict | None]]) -> int:
+def _pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int:
     """Download the files `(remote path, local path, {sha256, bytes} or None)` not yet cached, in one
     batched `fs.get` (concurrent on object stores), each under a temporary name, checked, then renamed
     into place. Returns how many were pulled."""
@@ -106,7 +112,7 @@ def _pull_files(fs, wanted: list[tuple[str, Path, dict | None]]) -> int:
     return len(todo)
 
 
-def pull_version(uri: str, cfg, version: str | None = None, *, search_only: bool = False) -> tuple[Path, dict]:
+def pull_version(uri: str, cfg: IndexSettings, version: str | None = None, *, search_only: bool = False) -> tuple[Path, dict]:
     """Make the version's files (with `search_only`, those search reads) present in the local cache;
     returns (cache root, manifest)."""
     fs, root = _store(uri)
@@ -136,7 +142,7 @@ def pull_version(uri: str, cfg, version: str | None = None, *, search_only: bool
     return local, manifest
 
 
-def open_remote_index(uri: str, cfg, version: str | None = None):
+def open_remote_index(uri: str, cfg: IndexSettings, version: str | None = None) -> Index:
     """`open_index` for a remote index: pull the version into the local cache once, open it there."""
     from indexing.index import open_local_index
 
@@ -151,7 +157,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _seed(uri: str, cfg, work: Path) -> dict | None:
+def _seed(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
     """Copy the remote's published version into `work` (from the cache) so the build is incremental."""
     fs, root = _store(uri)
     if not fs.exists(f"{root}/CURRENT"):
@@ -169,7 +175,7 @@ def _seed(uri: str, cfg, work: Path) -> dict | None:
     return manifest
 
 
-def _upload_dir(fs, local_dir: Path, remote_dir: str, last: str) -> None:
+def _upload_dir(fs: Any, local_dir: Path, remote_dir: str, last: str) -> None:
     """Upload every file under `local_dir`, the file named `last` after all others."""
     files = sorted(p for p in local_dir.rglob("*") if p.is_file())
     for p in sorted(files, key=lambda p: p.name == last):
@@ -217,7 +223,7 @@ def collect_remote_garbage(uri: str, keep_versions: int) -> None:
                 fs.rm(entry, recursive=True)
 
 
-def build_remote_index(sources: list[str], uri: str, cfg, **kwargs) -> dict:
+def build_remote_index(sources: list[str], uri: str, cfg: IndexSettings, **kwargs: Any) -> dict:
     """`build_index` for a remote index directory: build locally, then upload (see the module doc)."""
     from indexing.build import build_local_index
     from indexing.manifest import read_manifest

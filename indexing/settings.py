@@ -75,7 +75,7 @@ class IndexConfig(Section):
 
     @field_validator("verify", mode="before")
     @classmethod
-    def _checksum_moved(cls, value):
+    def _checksum_moved(cls, value: object) -> object:
         if value == "checksum":
             raise ValueError("index.verify=checksum was removed (opening no longer hashes the index): checksums are "
                              "checked when shards are written and pulled; run `dynrag index verify --index DIR`")

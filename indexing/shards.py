@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from indexing.passages import Passage, id_hash
+
+if TYPE_CHECKING:
+    from indexing.settings import IndexSettings
 
 # A shard's passages at their largest in a build (Python strings, Arrow columns and Lucene's copy of
 # ~7-byte words, plus two float32 copies of a vector of up to 768 dimensions), in bytes per word/passage.
@@ -27,7 +31,7 @@ _BYTES_PER_PASSAGE = 3 * 200 + 2 * 4 * 768
 SHARD_SHARE = 0.75  # of index.memory_budget_mb for the largest shard; the rest for one embedding batch
 
 
-def effective_shard_size(cfg) -> int:
+def effective_shard_size(cfg: IndexSettings) -> int:
     """`index.shard_size`, capped when `index.memory_budget_mb` is set so that the largest shard
     (4 x the mean size, see shard_stream) fits in its share of the budget."""
     i = cfg.index
@@ -37,7 +41,7 @@ def effective_shard_size(cfg) -> int:
     return max(1, min(i.shard_size, int(SHARD_SHARE * i.memory_budget_mb * 2**20) // (4 * per_passage)))
 
 
-def effective_embed_batch(cfg, model_config: dict) -> int:
+def effective_embed_batch(cfg: IndexSettings, model_config: dict) -> int:
     """`embedding.batch_size`, capped when `index.memory_budget_mb` is set so that one batch's activations fit
     in the rest of the budget. Per text, a transformer layer at sequence length L holds the hidden states and
     Q, K, V (4 x L x hidden), the feed-forward's L x intermediate and attention scores and probabilities

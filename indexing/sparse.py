@@ -18,8 +18,12 @@ import logging
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from indexing.java import ensure_java, quiet_java_logs
+
+if TYPE_CHECKING:
+    from indexing.settings import IndexConfig
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +31,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ANALYZER = {"stemmer": "porter", "stopwords": True}  # Anserini's and pyserini's default English analyzer
 
 
-def configured_analyzer(index_config) -> dict:
+def configured_analyzer(index_config: IndexConfig) -> dict:
     """The analyzer the `index` section asks for (index.bm25_stemmer, index.bm25_stopwords)."""
     return {"stemmer": index_config.bm25_stemmer, "stopwords": index_config.bm25_stopwords}
 
@@ -71,10 +75,10 @@ class LuceneShard:
 
     def __init__(self, path: Path, k1: float, b: float, analyzer: dict = DEFAULT_ANALYZER):
         self.path, self.k1, self.b, self.analyzer = path, k1, b, analyzer
-        self._searcher = None
+        self._searcher: Any = None  # pyserini's LuceneSearcher
 
     @property
-    def searcher(self):
+    def searcher(self) -> Any:
         if self._searcher is None:
             ensure_java()
             from pyserini.analysis import get_lucene_analyzer

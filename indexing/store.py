@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -50,21 +52,21 @@ def write_store(passages: list, shard_dir: Path) -> None:
     table = table.replace_schema_metadata({"rows_per_batch": str(ROWS_PER_BATCH)})
     _atomic(shard_dir / "ids.npy", lambda f: np.save(f, keys))
 
-    def arrow(f):
+    def arrow(f: BinaryIO) -> None:
         with ipc.new_file(f, table.schema) as w:
             w.write_table(table, max_chunksize=ROWS_PER_BATCH)
 
     _atomic(shard_dir / "passages.arrow", arrow)
 
 
-def _atomic(path: Path, write) -> None:
+def _atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         write(f)
     os.replace(tmp, path)
 
 
-def read_table(shard_dir: Path):
+def read_table(shard_dir: Path) -> Any:
     """The whole shard as one Arrow table, memory-mapped (for builds, which read every row anyway)."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
@@ -77,7 +79,8 @@ class PassageStore:
 
     def __init__(self, shard_dir: Path):
         self.dir = shard_dir
-        self._keys = self._reader = None
+        self._keys: Any = None  # the sorted id hashes (memory-mapped) and the Arrow reader, set by _open
+        self._reader: Any = None
         self._lock = threading.Lock()
 
     def _open(self) -> None:
@@ -95,8 +98,9 @@ class PassageStore:
         """Row of each id hash in this shard, or -1."""
         if self._reader is None:
             self._open()
-        pos = np.searchsorted(self._keys, hashes)
-        ok = pos < len(self._keys)
+        # an array of positions: numpy's stub takes the scalar overload when the first argument is untyped
+        pos: np.ndarray = np.searchsorted(self._keys, hashes)  # type: ignore[assignment]
+        ok: np.ndarray = pos < len(self._keys)
         ok[ok] = self._keys[pos[ok]] == hashes[ok]
         return np.where(ok, pos, -1)
 
