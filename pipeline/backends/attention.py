@@ -102,8 +102,8 @@ class AttentionPass:
         cand += list(range(n_prompt, len(offsets)))
         return {"ids": list(p["input_ids"]) + list(g["input_ids"]), "n_prompt": n_prompt,
                 "gen_offsets": [(s, e) for s, e in g["offset_mapping"]], "cand": cand,
-                "cand_words": [None if spans[j] is None else full[spans[j][0]:spans[j][1]] for j in cand],
-                "cand_order": [-1 if spans[j] is None else spans[j][0] for j in cand]}
+                "cand_words": [None if (sp := spans[j]) is None else full[sp[0]:sp[1]] for j in cand],
+                "cand_order": [-1 if (sp := spans[j]) is None else sp[0] for j in cand]}
 
     def _forward(self, encs: list[dict], slots: list[int], results: list) -> None:
         import torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
@@ -57,7 +58,7 @@ class HfGenerator:
                 chunk = items[start:start + bs]
                 for (i, _), c in zip(chunk, self._generate_batch([ids for _, ids in chunk], spec)):
                     results[i] = c
-        return results
+        return cast(list[Completion | Exception], results)  # every slot filled
 
     def _generate_batch(self, batch: list[list[int]], spec: SamplingSpec) -> list[Completion]:
         import torch

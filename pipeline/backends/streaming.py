@@ -67,7 +67,12 @@ def generate_all(submit: Callable, prompts, samplings, chats) -> list:
     """A batch `generate` on a streaming generator: submit every prompt, return when all are done."""
     out: list = []
     all_done = threading.Event()
-    done_at = collect(len(prompts), lambda results, _: (out.extend(results), all_done.set()))
+
+    def finish(results: list, _costs: list[float]) -> None:
+        out.extend(results)
+        all_done.set()
+
+    done_at = collect(len(prompts), finish)
     for i, (p, s, c) in enumerate(zip(prompts, samplings, chats)):
         submit(p, s, c, done_at(i))
     if prompts:
@@ -80,4 +85,5 @@ class StreamingGenerator:
     defines (not declared here: `Backends.streams` asks whether the generator has one)."""
 
     def generate(self, prompts, samplings, chats) -> list:
-        return generate_all(self.submit, prompts, samplings, chats)
+        # `submit` is a subclass's: not declared here, as Backends.streams tests for it with hasattr
+        return generate_all(self.submit, prompts, samplings, chats)  # type: ignore[attr-defined]

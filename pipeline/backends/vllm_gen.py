@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, encode
@@ -118,14 +118,14 @@ class VllmGenerator:
 
         encoded = self.encode_all(prompts, chats)
         live = [i for i, e in enumerate(encoded) if not isinstance(e, Exception)]
-        results: list[Completion | Exception] = [e if isinstance(e, Exception) else None for e in encoded]
+        results: list[Completion | Exception | None] = [e if isinstance(e, Exception) else None for e in encoded]
         if live:
             reqs = [TokensPrompt(prompt_token_ids=encoded[i]) for i in live]
-            params = [self.sampling_params(samplings[i], len(encoded[i])) for i in live]
+            params = [self.sampling_params(samplings[i], len(cast(list[int], encoded[i]))) for i in live]
             outs = self.llm.generate(reqs, params, use_tqdm=False)
             for i, ro in zip(live, outs):
                 results[i] = self._completion(ro)
-        return results
+        return cast(list[Completion | Exception], results)  # every slot filled
 
     def _completion(self, ro) -> Completion:
         c = ro.outputs[0]

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.backends.streaming import InFlight, StreamingGenerator
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator
+from pipeline.engine.requests import Completion
 
 
 class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
@@ -46,6 +47,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
     async def _run(self, key: str, ids: list[int], params, done) -> None:
         from vllm.inputs import TokensPrompt
 
+        result: Completion | Exception
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, key):
                 final = out

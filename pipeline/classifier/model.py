@@ -245,7 +245,7 @@ class Classifier(ThresholdClassifier):
         if not items:
             return np.zeros(0, dtype=np.float32)
         order = sorted(range(len(items)), key=lambda i: sum(len(s) for s in items[i]))
-        out = np.empty(len(items), dtype=np.float32)
+        out: np.ndarray = np.empty(len(items), dtype=np.float32)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.classifier.data import KINDS, Example, load_records, make_splits
-from pipeline.classifier.features import train_features
+from pipeline.classifier.features import FeatureClassifier, train_features
 from pipeline.classifier.model import Classifier, ClassifierError, ClassifierMeta
 from pipeline.config import DynragConfig, save_resolved
 
@@ -44,7 +44,7 @@ def binary_metrics(labels: np.ndarray, preds: np.ndarray) -> dict:
             "recall": float(r), "f1": float(f1), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
 
 
-def evaluate(clf: Classifier, examples: list[Example], threshold: float, batch_size: int,
+def evaluate(clf: Classifier | FeatureClassifier, examples: list[Example], threshold: float, batch_size: int,
              scores: np.ndarray | None = None) -> dict:
     """Overall metrics, the majority-class baseline, and accuracy per example kind and per dataset."""
     if scores is None:
@@ -203,6 +203,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     log.info("examples: dev %s", json.dumps(splits.summary["dev"]))
 
     base = resolve_model(cc.base_model, cfg.paths.cache_dir)
+    clf: Classifier | FeatureClassifier
     if cc.model == "features":
         clf, train_log = train_features(cfg, splits, base)
     else:
@@ -239,7 +240,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     return result
 
 
-def _write_outputs(folder: Path, clf: Classifier, result: dict, cfg: DynragConfig, final: Path) -> None:
+def _write_outputs(folder: Path, clf: Classifier | FeatureClassifier, result: dict, cfg: DynragConfig, final: Path) -> None:
     clf.save(folder)
     (folder / "metrics.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     resolved = cfg.model_copy(deep=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import re
 from html import escape
+from typing import cast
 
 from matplotlib import rc_context
 from matplotlib.axes import Axes
@@ -41,12 +42,13 @@ def _svg(fig: Figure, chart_id: str, kind: str, series: list[tuple[str, list[str
     with rc_context({"svg.hashsalt": chart_id}):  # stable ids, unique to this chart within the page
         fig.savefig(buf, format="svg", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
     text = re.sub(r' id="[A-Za-z.\d]+_\d+"', "", buf.getvalue())  # matplotlib's per-figure ids would repeat
-    root = re.search(r'<svg [^>]*?(width="[^"]+" height="[^"]+" viewBox="[^"]+")[^>]*>', text)
+    root = cast(re.Match[str], re.search(r'<svg [^>]*?(width="[^"]+" height="[^"]+" viewBox="[^"]+")[^>]*>', text))
     label = escape(fig.axes[0].get_title("left"))
     text = (f'<svg id="{escape(chart_id)}" class="chart" data-kind="{kind}" {root[1]} role="img" aria-label="{label}">'
             + text[root.end():])  # no XML prolog, DOCTYPE or namespaces: HTML parses inline SVG without them
     for i, (name, tips) in enumerate(series):
-        group, marks = re.search(rf'( *)<g id="s{i}">(.*?)\n\1</g>', text, re.S), iter(tips)
+        group = cast(re.Match[str], re.search(rf'( *)<g id="s{i}">(.*?)\n\1</g>', text, re.S))  # each series has one
+        marks = iter(tips)
         body = re.sub(rf"<{mark} ([^>]*)/>",
                       lambda m, marks=marks: f"<{mark} {m[1]}><title>{escape(next(marks))}</title></{mark}>", group[2])
         text = f'{text[:group.end(1)]}<g class="series" data-series="{escape(name)}">{body}{text[group.end(2):]}'

@@ -168,7 +168,7 @@ def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig,
     return run_methods(str(questions), index, runs, cfg, out / name, limit=exp.limit, dataset_format=ds.format)
 
 
-def run_experiment(path: str, overrides: list[str] = ()) -> dict[str, Any]:
+def run_experiment(path: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Run (or resume) the experiment file at `path`; returns the output folder, run summaries and report paths."""
     from pipeline.evaluation.report import write_report
     from pipeline.evaluation.table import evaluate

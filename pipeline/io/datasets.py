@@ -34,9 +34,9 @@ import itertools
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Set
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from indexing.passages import paragraph_id
 from indexing.readers import join_sentences
@@ -99,7 +99,7 @@ def _answers(*values: Any) -> list[str]:
 
 def _from_facts(facts: Any, context: Any) -> list[tuple[str, str]]:
     """HotpotQA / 2Wiki: the supporting titles of `supporting_facts`, each with its paragraph from `context`."""
-    paragraphs = {}
+    paragraphs: dict[str, str] = {}
     for pair in _as_list(context):
         if isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str):
             try:
@@ -115,7 +115,7 @@ def _supporting(paragraphs: Any) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for p in _as_list(paragraphs):
         if isinstance(p, dict) and p.get("is_supporting") in (True, "True", "true", 1) and isinstance(p.get("title"), str):
-            pair = (p["title"], p.get("paragraph_text") if isinstance(p.get("paragraph_text"), str) else "")
+            pair = (p["title"], p["paragraph_text"] if isinstance(p.get("paragraph_text"), str) else "")
             if pair not in out:
                 out.append(pair)
     return out
@@ -251,7 +251,8 @@ def _records(source: str, f) -> Iterator[tuple[int, dict | None, str | None]]:
             yield i, None, f"line {i} is neither JSON nor question<TAB>answers"
 
 
-def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | None = None) -> Iterator[Question]:
+def load_questions(source: str, cfg: DynragConfig | None = None, *,
+                   fmt: str | None = None) -> Generator[Question, None, None]:
     """Yield the questions of a file or URI (or `dpr:<set>`), bad records as error Questions."""
     cfg = cfg or DynragConfig()
     dc = cfg.dataset
@@ -271,7 +272,7 @@ def load_questions(source: str, cfg: DynragConfig | None = None, *, fmt: str | N
 
 def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Question]:
     seen: dict[str, int] = {}
-    parser = None
+    parser: Callable[[dict], tuple] | None = None
     lineno = 0
     for lineno, rec, err in _records(source, f):
         if parser is None and rec is not None:
@@ -285,14 +286,14 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
             yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name or "", error=err)
             continue
         try:
-            qid, text, answers, support = parser(rec)
+            qid, text, answers, support = cast(Callable[[dict], tuple], parser)(rec)  # set at the first record
         except Exception as exc:  # a malformed record of a known format
-            yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name, error=f"unreadable record: {exc}")
+            yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name or "", error=f"unreadable record: {exc}")
             continue
         own = str(qid) if qid not in (None, "") else None
         qid = own if own is not None and not own.startswith(MADE) else f"{MADE}line-{lineno}"
         q = Question(id=qid, question=text.strip() if isinstance(text, str) else "", answers=answers,
-                     dataset=name, supporting_titles=[title for title, _ in support],
+                     dataset=name or "", supporting_titles=[title for title, _ in support],
                      supporting_ids=[paragraph_id(title, text) if text else "" for title, text in support])
         if own is not None and own.startswith(MADE):
             q.error = f"question id {own!r} starts with {MADE!r}, which dynrag keeps for the ids it makes"
@@ -325,7 +326,7 @@ def _generic(dc):
     return parse
 
 
-def pending_questions(questions: Iterable[Question], done: set[str], limit: int | None,
+def pending_questions(questions: Iterable[Question], done: Set[str], limit: int | None,
                       counts: dict[str, int]) -> Iterator[Question]:
     """The first `limit` of `questions` (the dataset, streamed: never held in memory) whose id is not in
     `done` (the ids answered under the output); `counts["skipped"]` counts those that were."""

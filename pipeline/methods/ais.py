@@ -75,7 +75,7 @@ def merge_paths(paths: dict[str, Sequence[Hit]]) -> tuple[list[Hit], list[list[s
     return list(merged.values()), [found_by[i] for i in merged]
 
 
-def top_k(hits: Sequence[Hit], scores: Sequence[float], k: int) -> list[Hit]:
+def top_k(hits: Sequence[Hit], scores: Sequence[float] | np.ndarray, k: int) -> list[Hit]:
     """Algorithm 1 line 9: the k hits of highest score (ties keep candidate order)."""
     order = sorted(range(len(hits)), key=lambda i: -float(scores[i]))
     return [hits[i] for i in order[:k]]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import Field
@@ -188,7 +188,8 @@ class Run:
         extra = {"retrievals": self.retrievals, "generated_tokens": self.generated, "hallucination_points": self.triggers,
                  "retrieval_at_tokens": self.at_tokens,
                  "queries": self.queries, "answer_forced": forced, **extra}
-        return Answer(ans, raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0, extra=extra)
+        return Answer(cast(str, ans), raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0,
+                      extra=extra)  # ans: the marked answer, or the forced one ("" at worst)
 
 
 def _token_offsets(pieces: Sequence[str], text: str) -> list[tuple[int, int]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def qfs_query(weights: np.ndarray, candidates: list[Candidate], n: int, skip_sto
     ranked = sorted(ok, key=lambda k: (-float(weights[k]), k))[:n]
     chosen: dict[int, str] = {}
     for k in ranked:
-        chosen.setdefault(candidates[k].order, candidates[k].word)
+        chosen.setdefault(candidates[k].order, cast(str, candidates[k].word))  # `ok` kept words only
     return " ".join(chosen[o] for o in sorted(chosen))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -93,8 +93,10 @@ def answer_prompt(question: str, style: PromptStyle, docs: Sequence[Hit] | None 
     if docs is None and context is None:
         return direct_answer_prompt(question) if style == "fig9" else direct_prompt(question)
     if style == "fig9":
-        return context_answer_prompt(question, context if context is not None else (format_docs(docs) or "(none)"))
-    return rag_prompt(question, docs if context is None else [Hit("pseudo-context", "", context, 0.0)])
+        return context_answer_prompt(question, context if context is not None
+                                     else (format_docs(cast(Sequence[Hit], docs)) or "(none)"))
+    # docs is set when context is None (the direct prompt returned above)
+    return rag_prompt(question, cast(Sequence[Hit], docs) if context is None else [Hit("pseudo-context", "", context, 0.0)])
 
 
 def doc_text(h: Hit) -> str:
@@ -185,8 +187,7 @@ def dpr_ais_select(question: str, pseudo: str, p: DprAisParams) -> Generator[Req
     elif p.selection == "fixed-1q2p":
         chosen = fixed_ratio(q_hits, p_hits, 1, 2)
     elif p.selection == "rerank":
-        ks = yield Score([(question, doc_text(h)) for h in cands] + [(pseudo, doc_text(h)) for h in cands],
-                         classifier=p.reranker)
+        ks = yield Score([(q, doc_text(h)) for q in (question, pseudo) for h in cands], classifier=p.reranker)
         scores = rerank_score(ks[:len(cands)], ks[len(cands):])
         chosen = top_k(cands, scores, p.k)
         info["scores"] = [round(float(s), 4) for s in scores]

@@ -23,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 from indexing.faults import fault_point
@@ -84,7 +84,7 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
     if method:
         cfg.method.name = method
     if dataset_format:
-        cfg.dataset.format = dataset_format
+        cfg.dataset.format = dataset_format  # type: ignore[assignment]  # a str, checked on assignment (validate_assignment)
     spec = get_method(cfg.method.name)
     params = spec.params(cfg.method.params, cfg)
     with contextlib.ExitStack() as stack:
@@ -226,7 +226,7 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     return summary
 
 
-def _answer_local(todo, counts, writer, cfg, spec, params, row_args, backends) -> Iterator[dict[str, Any]]:
+def _answer_local(todo, counts, writer, cfg, spec, params, row_args, backends) -> Generator[dict[str, Any], None, None]:
     """Answer `todo` (pending_questions, counting into `counts`) in parts of `answer.batch_questions`, as
     questions finish, each written by `writer`; yields a batch_report per part. `backends` stay open
     (their owner closes them). The generation model is loaded first (a model that cannot load is one

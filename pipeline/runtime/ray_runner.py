@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator
+from typing import Any, overload
 
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Question
@@ -87,6 +87,18 @@ def init_ray(cfg: DynragConfig) -> bool:
     return True
 
 
+@overload
+def _for_workers(path: str) -> str: ...
+
+
+@overload
+def _for_workers(path: None) -> None: ...
+
+
+@overload
+def _for_workers(path: str | None) -> str | None: ...
+
+
 def _for_workers(path: str | None) -> str | None:
     """A local path made absolute for the workers; URIs (s3://...; each node pulls a remote index once) and
     `dpr:` sets as given."""
@@ -96,7 +108,7 @@ def _for_workers(path: str | None) -> str | None:
 
 
 def answer_with_ray(dataset: str, out: str, cfg: DynragConfig, index_dir: str | None, row_args: dict, *,
-                    header: dict[str, str] | None, done: set[str], limit: int | None) -> Iterator[dict[str, Any]]:
+                    header: dict[str, str] | None, done: set[str], limit: int | None) -> Generator[dict[str, Any], None, None]:
     """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes."""
     import ray
 
