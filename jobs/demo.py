@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ BASELINE = "no-retrieval"
 # 10,987 passages was the largest part of a first run),
 # and k = 3 passages (EM/F1 0.36/0.42 against k = 5's 0.44/0.48 on the 50 default questions, at 3.5 s a
 # question instead of 6.1: the prompt's passages are most of a CPU's work)
-DEMO_DEFAULTS = {"generation": {"model": "qwen2.5-0.5b-instruct"}, "embedding": {"dtype": "bfloat16"},
+DEMO_DEFAULTS: dict[str, dict[str, Any]] = {"generation": {"model": "qwen2.5-0.5b-instruct"}, "embedding": {"dtype": "bfloat16"},
                  "index": {"dense": False}, "retrieval": {"k": 3}}
 
 

@@ -63,9 +63,9 @@ def divert_to_output(out: str, level: str = "INFO") -> Iterator[None]:
         return
     import tempfile
 
-    fd, staged = tempfile.mkstemp(prefix="dynrag-", suffix=".log")
+    fd, staged_name = tempfile.mkstemp(prefix="dynrag-", suffix=".log")
     os.close(fd)
-    staged, target, ok = Path(staged), Path(out) / "dynrag.log", False
+    staged, target, ok = Path(staged_name), Path(out) / "dynrag.log", False
     try:
         with divert_logs(staged, level, announce=False):
             yield

@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from jobs.bench.rss import GIB, run_measured
 
@@ -155,7 +156,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     reps = []
     for rep in range(args.repeats):
         order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
-        got = {}
+        got: dict[str, Any] = {}
         for side in order:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
             got[side] = r = parse_result(run_measured(sides[side]))

@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import cast
 
 from jobs.bench.rss import GIB, TreeRss
 
@@ -72,7 +73,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     import pyarrow.parquet as pq
 
     from indexing import build_index, open_index
-    from indexing.embed import EncoderSpec, embed_batches, embed_input, get_encoder
+    from indexing.embed import Encoder, EncoderSpec, embed_batches, embed_input, get_encoder
     from indexing.java import ensure_java
     from indexing.passages import passages_of
     from indexing.readers import read_corpus
@@ -95,7 +96,8 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
 
     # 1. embedding stage vs raw encode, alternated
     spec = EncoderSpec.from_config(cfg.index_settings())
-    encoder = get_encoder(spec)  # loaded once per process; the raw side uses the very same model object
+    # loaded once per process; the raw side uses the very same model object (a model's: not embedding.model=hash)
+    encoder = cast(Encoder, get_encoder(spec))
     encoder.model.encode(texts[:16], batch_size=spec.batch_size)
     raw_rates, stage_rates = [], []
     mem = TreeRss().start()  # peak RSS of this process tree per phase (one process: later phases include earlier)

@@ -67,7 +67,7 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
         raise RuntimeError(f"{method} on the {engine} engine: {len(errors)} error rows, e.g. {errors[0]}")
     return {"method": method, "engine": engine, "questions_per_s": round(n / wall, 2),
             "generator_busy": round(gen.busy_s / wall, 3),
-            "mean_latency_s": round(sum(o.trace.latency_s for o in outcomes) / n, 3),
+            "mean_latency_s": round(sum(o.trace.latency_s or 0.0 for o in outcomes) / n, 3),
             "decode_steps": len(gen.steps), "mean_running": round(sum(gen.steps) / max(len(gen.steps), 1), 1)}
 
 

@@ -61,7 +61,8 @@ class SimGenerator(StreamingGenerator):
     `steps` the running sequences of each decode step."""
 
     def __init__(self, cost: Cost = FREE, max_seqs: int = 256):
-        self.cost, self.max_seqs, self.steps = cost, max_seqs, []
+        self.cost, self.max_seqs = cost, max_seqs
+        self.steps: list[int] = []
         self.flight = InFlight()
         self._waiting: deque[list] = deque()  # [completion, steps left, done, key]
         self._cv = threading.Condition()
@@ -149,7 +150,8 @@ class WordAttention:
     (0 for the last token); every generated token attends strongly to the question's words."""
 
     def __init__(self, uncertain: str = "Zorblat", cost: Cost = FREE):
-        self.uncertain, self.cost, self.calls = uncertain, cost, []
+        self.uncertain, self.cost = uncertain, cost
+        self.calls: list[int] = []
 
     def stats(self, items):
         self.calls.append(len(items))

@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import DynragError
 from pipeline.evaluation.runs import extra_summary
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 # hypothesis for multi-hop questions (Sec. 3.2)
 COMMON = {"k": 3, "max_knowledge": 9, "rewrite_tokens": 64}
 PLUS = {**COMMON, "max_queries": 3}
-TABLE1 = [("(i) Direct", "no-retrieval", {}),
+TABLE1: list[tuple[str, str, dict[str, Any]]] = [("(i) Direct", "no-retrieval", {}),
           ("(ii) Rewriter-Retriever-Reader", "rewrite-retrieve-read", COMMON),
           ("(iii) Rewriter+-Retriever-Reader", "erm4-rewriter", PLUS),
           ("(iv) Rewriter+-Retriever-Filter-Reader", "erm4", {**PLUS, "reservoir": False, "hypothesis": "weak"})]

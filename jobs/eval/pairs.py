@@ -18,11 +18,12 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 # label -> (method, params); k = 3 documents and dense retrieval everywhere (PAIRS implementation details)
-RUNS = {
+RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "no-retrieval": ("no-retrieval", {}),
     "sr-rag": ("sr-rag", {"k": 3, "retriever": "dense"}),
     "hyde": ("hyde", {}),
