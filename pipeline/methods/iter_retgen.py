@@ -42,7 +42,8 @@ class IterRetGenParams(MethodParams):
     iterations: int = Field(2, ge=1, le=10, description="T, retrieval-generation iterations (paper varies T; "
                                                         "FlashRAG: 3)")
     k: int | None = Field(None, ge=1, le=100, description="paragraphs retrieved per iteration (None: retrieval.k)")
-    max_tokens: int | None = Field(None, ge=1, description="new tokens per generation (None: generation.max_new_tokens)")
+    max_tokens: int | None = Field(None, ge=1, description="new tokens per generation "
+                                                           "(None: generation.max_new_tokens)")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
     template: PromptTemplate | None = Field(None, description="generation prompt; fields {reference} {question}; "
                                                               "None: our own (CoT ending in the answer)")

@@ -65,7 +65,8 @@ def _shot(question: str, steps: list[tuple[str, str]], final: str) -> str:
 DEFAULT_TEMPLATE = PromptTemplate(chat=False, user="".join(_shot(*s) for s in _SHOTS)
                                   + "Question: {question}\nAre follow up questions needed here:")
 DEFAULT_ANSWER_TEMPLATE = PromptTemplate(
-    system=RAG_SYSTEM, user="The following are given documents.\n\n{reference}\nAnswer the question: {question}\nAnswer:")
+    system=RAG_SYSTEM,
+    user="The following are given documents.\n\n{reference}\nAnswer the question: {question}\nAnswer:")
 
 
 class SelfAskParams(MethodParams):

@@ -144,7 +144,8 @@ def sure(q: Question, p: SureParams) -> Generator[Request, Any, Answer]:
     hits: list[Hit] = (yield Retrieve([q.question], k=p.k, retriever=p.retriever, step="retrieve", path="query"))[0]
     tpl = p.template("candidates")
     prompt = tpl.render(hits, question=q.question, n=p.candidates, N=len(hits))
-    raw = (yield from _ask([prompt], tpl, "candidates", _spec(p, 32 * p.candidates, regex=candidate_regex(p.candidates))))[0]
+    spec = _spec(p, 32 * p.candidates, regex=candidate_regex(p.candidates))
+    raw = (yield from _ask([prompt], tpl, "candidates", spec))[0]
     cands = parse_candidates(raw, p.candidates)
     extra: dict[str, Any] = {"candidates": cands, "candidates_parsed": bool(cands)}
     if len(cands) < 2:
