@@ -40,6 +40,8 @@ class Script:
 
     def generate(self, prompts, samplings, chats):
         self.calls.append(len(prompts))
+        if len(self.calls) > 50:
+            raise RuntimeError("runaway program: over 50 generate calls")
         out = []
         for p, s, chat in zip(prompts, samplings, chats):
             text = p if isinstance(p, str) else "\n\n".join(m["content"] for m in p)
@@ -285,3 +287,38 @@ def test_many_questions_share_batched_calls():
     qs = [Question(str(i), Q) for i in range(4)]
     outs, gen, ret = run("iter-retgen", {"iterations": 2}, [], default="Titanic", questions=qs)
     assert gen.calls == [4, 4] and ret.calls == [4, 4] and len(outs) == 4
+
+
+class Counting(Script):
+    """Replies in turn, one per prompt (`replies` as a list of texts)."""
+
+    def __init__(self, texts: list[str]):
+        super().__init__([])
+        self.texts = iter(texts)
+
+    def generate(self, prompts, samplings, chats):
+        self.calls.append(len(prompts))
+        self.log += [(str(p), s) for p, s in zip(prompts, samplings)]
+        return [Completion(next(self.texts), prompt_tokens=1, completion_tokens=1) for _ in prompts]
+
+
+def test_iter_retgen_each_query_carries_the_latest_generation_and_the_last_one_answers():
+    gen = Counting(["Rome is old.", "Ottawa is a capital.", "So the answer is: Ottawa"])
+    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=MemoryRetriever(PASSAGES)))
+    spec = get_method("iter-retgen")
+    (o,) = engine.run([Question("1", Q)], spec.program, spec.params({"iterations": 3, "k": 1}))
+    a = o.answer
+    assert a.extra["queries"] == [Q, f"{Q} Rome is old.", f"{Q} Ottawa is a capital."]
+    assert a.prediction == "Ottawa" and a.raw_output == "So the answer is: Ottawa"
+    assert [h.id for h in a.used_docs] == [d["id"] for d in o.trace.retrieved if d["round"] == 3]
+
+
+def test_self_ask_a_follow_up_before_a_final_answer_is_asked_first():
+    assert read_step("Follow up: A?\nSo the final answer is: X") == ("Follow up: A?\n", "A?", None)
+
+
+def test_self_ask_an_empty_intermediate_answer_is_inserted_as_unknown():
+    replies = [("Intermediate answer: unknown\n", "So the final answer is: none"), ("Answer the question:", "")] \
+        + SELF_ASK[-1:]
+    (o,), _, _ = run("self-ask", {}, replies)
+    assert o.answer.extra["follow_ups"][0]["answer"] == "unknown" and o.answer.prediction == "none"
