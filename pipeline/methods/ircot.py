@@ -149,4 +149,4 @@ def ircot(q: Question, p: IrcotParams) -> Generator[Request, Any, Answer]:
         answer = extract_answer((yield from chain.reason(32, suffix=suffix)).split("\n", 1)[0])
     extra = {"cot": chain.cot, "steps": len(chain.cot), "queries": chain.queries, "paragraphs": len(chain.paragraphs),
              "stopped": stopped, "answer_forced": forced}
-    return Answer(answer, " ".join(chain.cot), used_docs=list(chain.paragraphs), extra=extra)
+    return Answer(answer or "", " ".join(chain.cot), used_docs=list(chain.paragraphs), extra=extra)

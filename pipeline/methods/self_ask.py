@@ -120,7 +120,8 @@ def answer_follow_up(follow: str, p: SelfAskParams, reader: PromptTemplate, foll
                  description="self-ask: the model writes follow-up questions, each answered from retrieval")
 def self_ask(q: Question, p: SelfAskParams) -> Generator[Request, Any, Answer]:
     tpl, reader = p.template or DEFAULT_TEMPLATE, p.answer_template or DEFAULT_ANSWER_TEMPLATE
-    transcript, hits = "", []
+    transcript = ""
+    hits: list[Hit] = []
     follow_ups: list[dict[str, str]] = []
     used: dict[str, Hit] = {}
     step_spec = SamplingSpec(max_tokens=p.step_tokens, stop=STOPS)
@@ -144,6 +145,6 @@ def self_ask(q: Question, p: SelfAskParams) -> Generator[Request, Any, Answer]:
         said = yield from _generate(prompt, tpl.chat, SamplingSpec(max_tokens=32, stop=("\n",)), "self-ask")
         answer = extract_answer(said)
     extra = {"follow_ups": follow_ups, "stopped": stopped, "answer_forced": forced}
-    return Answer(answer, transcript.strip(), used_docs=list(used.values()),
+    return Answer(answer or "", transcript.strip(), used_docs=list(used.values()),
                   retrieval_triggered=bool(follow_ups), extra=extra)
 
