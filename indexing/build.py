@@ -455,7 +455,7 @@ class _Builder:
     def _publish(self, manifest: dict, metas: list[dict]) -> None:
         """Stage 4: the version's BM25 index, the manifest, CURRENT; then old versions are collected."""
         self._publish_here(manifest, metas)
-        collect_garbage(self.root, self.cfg.index.keep_versions)
+        collect_garbage(self.root, self.cfg.index.keep_versions, published=manifest)
 
     def _publish_here(self, manifest: dict, metas: list[dict]) -> None:
         bm25 = self._merge_bm25(metas)

@@ -36,7 +36,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from indexing.errors import CorruptIndexError, IndexingError
@@ -48,11 +48,15 @@ FORMAT_VERSION = 2  # 2: passages.arrow + ids.npy (was passages.parquet)
 SEARCH_FILES = ("passages.arrow", "ids.npy", "faiss.index")
 
 
+HASH_BLOCK = 1 << 18  # one reused buffer: a fresh 4 MiB block per read showed as 4 MiB of a build's peak memory
+
+
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    h, buf = hashlib.sha256(), bytearray(HASH_BLOCK)
+    view = memoryview(buf)
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 
@@ -93,10 +97,11 @@ def verify_shard(shard_dir: Path, expected: dict[str, dict], *, full: bool = Tru
         check_file(shard_dir / rel, want, full=full)
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str | Iterable[str]) -> None:
+    """Write `text` (a string, or its pieces: a large JSON document is never one string) to `path` atomically."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+        f.writelines([text] if isinstance(text, str) else text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -174,7 +179,8 @@ def publish(root: Path, manifest: dict, extra: dict[str, Path] | None = None) ->
     tmp.mkdir()
     for sub, path in (extra or {}).items():
         os.rename(path, tmp / sub)
-    atomic_write(tmp / "manifest.json", json.dumps(manifest, indent=1))
+    # written piece by piece: a manifest lists every file of every shard (megabytes as one string)
+    atomic_write(tmp / "manifest.json", json.JSONEncoder(indent=1).iterencode(manifest))
     fault_point("publish.manifest_written")
     final = versions / name
     if final.exists():  # an earlier attempt published the directory but crashed before CURRENT
@@ -212,7 +218,7 @@ def versions_to_keep(versions: list[str], current: str | None, keep_versions: in
 SHARED_FOLDERS = ("shards", "trained")  # what versions share, by name: removed once no kept version uses it
 
 
-def used_by(manifests: list[dict]) -> dict[str, set[str]]:
+def used_by(manifests: Iterable[dict]) -> dict[str, set[str]]:
     """The entries of SHARED_FOLDERS that these (kept) versions use: {"shards": shard keys, "trained":
     template file names}; everything else in those folders is garbage (`collect_garbage`, remote.py)."""
     used: dict[str, set[str]] = {folder: set() for folder in SHARED_FOLDERS}
@@ -224,12 +230,15 @@ def used_by(manifests: list[dict]) -> dict[str, set[str]]:
     return used
 
 
-def collect_garbage(root: Path, keep_versions: int) -> None:
-    """Drop the versions `versions_to_keep` does not keep, and shards and templates no kept version uses."""
+def collect_garbage(root: Path, keep_versions: int, published: dict | None = None) -> None:
+    """Drop the versions `versions_to_keep` does not keep, and shards and templates no kept version uses.
+    `published`: the manifest a build just wrote, used as is rather than read again (a manifest lists every
+    file of every shard: megabytes of dicts); the other kept ones are read one at a time."""
     versions = sorted(p.name for p in (root / "versions").iterdir() if p.is_dir() and p.name.startswith("v"))
     keep = versions_to_keep(versions, current_version(root), keep_versions,
                             lambda v: (root / "versions" / v / "manifest.json").stat().st_mtime)
-    used = used_by([read_manifest(root, v) for v in versions if v in keep])
+    known = {version_name(published["version"]): published} if published else {}
+    used = used_by(known.get(v) or read_manifest(root, v) for v in versions if v in keep)
     for v in versions:
         if v not in keep:
             shutil.rmtree(root / "versions" / v, ignore_errors=True)
