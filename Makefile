@@ -7,7 +7,7 @@ VENV ?= .venv
 unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-slow test-faults bench
+.PHONY: setup demo lint test test-slow test-faults bench
 setup:
 	bash scripts/setup.sh
 
@@ -15,7 +15,13 @@ demo:  # setup prepares the demo's model only (jobs/demo.py: Qwen; its index is 
 	DYNRAG_MODELS=qwen2.5-0.5b-instruct bash scripts/setup.sh
 	$(VENV)/bin/dynrag demo
 
-test: setup
+# ruff (lint, then the formatter's check) and mypy, configured in pyproject.toml; about 10 s
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	bash scripts/run_tests.sh
 
 test-slow: setup

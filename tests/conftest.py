@@ -95,3 +95,54 @@ def nq_dev(data_dir, tmp_path_factory) -> Path:
 def cache_dir() -> Path:
     """The shared model/package cache (prepared models are reused across tests and runs)."""
     return Path(default_cache_dir())
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg(tmp_path_factory):
+    """The tiny random-weight model (tests/tiny_model.py) on vLLM: 8 new tokens, 1 GiB of KV cache, 3 sequences
+    at once. Shared by the session: take `model_copy(deep=True)` before changing it."""
+    from engine_fixtures import tiny_model_path
+
+    from pipeline.config import DynragConfig
+
+    cfg = DynragConfig()
+    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
+    cfg.generation.kv_cache_gib = 1
+    cfg.generation.max_new_tokens = 8
+    cfg.generation.max_model_len = 4096  # the tiny tokenizer spends about one token per 2-3 characters
+    cfg.generation.engine_kwargs.max_num_seqs = 3  # a batch of more prompts runs in waves (engine_kwargs applied)
+    cfg.answer.progress = False
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm(tiny_cfg):
+    """One batched vLLM engine (`VllmGenerator`) on the tiny model for every test of the session that needs one:
+    an engine start costs 20-60 s here."""
+    from pipeline.backends.vllm_gen import VllmGenerator
+
+    gen = VllmGenerator(tiny_cfg.model_copy(deep=True))
+    yield gen
+    gen.close()
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """S3 on loopback (moto's server): an s3fs filesystem and a fresh bucket; AWS_* point every client at it."""
+    import uuid
+
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is a test dependency (pyproject `test` extra)")
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is a test dependency (pyproject `test` extra)")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+        monkeypatch.setenv(k, v)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    bucket = f"dynrag-{uuid.uuid4().hex[:12]}"  # moto keeps its state per process: a fresh bucket per test
+    fs.mkdir(bucket)
+    yield fs, bucket
+    s3fs.S3FileSystem.clear_instance_cache()
+    server.stop()

@@ -9,8 +9,17 @@ import pytest
 
 from indexing.hits import Hit
 from pipeline.methods.ais import (
-    ais_score, answers_agree, dynamic_alpha, dynamic_score, fixed_ratio, is_echo, is_numeric, merge_paths,
-    optimal_alpha, rerank_score, top_k,
+    ais_score,
+    answers_agree,
+    dynamic_alpha,
+    dynamic_score,
+    fixed_ratio,
+    is_echo,
+    is_numeric,
+    merge_paths,
+    optimal_alpha,
+    rerank_score,
+    top_k,
 )
 
 

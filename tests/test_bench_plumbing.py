@@ -14,8 +14,8 @@ import pytest
 
 from indexing.hits import Hit
 from jobs.bench.flashrag import agreement, driver_config, flashrag_prompt
-from jobs.bench.rss import TreeRss, run_measured
 from jobs.bench.flashrag_driver import flashrag_config, read_result
+from jobs.bench.rss import TreeRss, run_measured
 from pipeline.config import load_config
 from pipeline.methods.prompts import rag_prompt
 
@@ -170,8 +170,8 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
 
 def save_weights(folder, shapes: dict):
     """A model folder holding only zero weights of these shapes (what roofline.py reads)."""
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: torch.zeros(s) for k, s in shapes.items()}, str(folder / "model.safetensors"))

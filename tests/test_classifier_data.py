@@ -9,8 +9,19 @@ from collections import Counter
 import pytest
 
 from pipeline.classifier.data import (
-    DISTRACTOR_DISTRACTOR, DISTRACTOR_GOLD, GOLD_DISTRACTOR, POSITIVE, ClassifierDataError, Record, build_examples,
-    canonical_name, format_document, load_records, make_splits, read_musique, read_official,
+    DISTRACTOR_DISTRACTOR,
+    DISTRACTOR_GOLD,
+    GOLD_DISTRACTOR,
+    POSITIVE,
+    ClassifierDataError,
+    Record,
+    build_examples,
+    canonical_name,
+    format_document,
+    load_records,
+    make_splits,
+    read_musique,
+    read_official,
 )
 
 HOTPOT = [{

@@ -29,9 +29,10 @@ def toy_kit(folder, n=40):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, cache_dir):
+    from tiny_encoder import build_tiny_encoder
+
     from pipeline.assets.models import is_prepared
     from pipeline.classifier.train import train_classifier
-    from tiny_encoder import build_tiny_encoder
 
     if not is_prepared("all-minilm-l6-v2", cache_dir):
         pytest.skip("all-minilm-l6-v2 (its tokenizer) is not prepared")

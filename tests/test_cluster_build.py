@@ -23,6 +23,8 @@ from indexing.errors import IndexingError
 from indexing.manifest import read_manifest, verify_version
 from pipeline.config import load_config
 
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+
 ray = pytest.importorskip("ray")
 
 # loopback only, no token auth, no worker killing by Ray's memory monitor (it counts the shared machine's memory)
@@ -206,7 +208,7 @@ def test_killed_build_resumes_on_rerun(cluster, rows, tmp_path):
 
     report = build_index(sources, tmp_path / "idx", settings(cluster))
     assert report["version"] == 1 and report["passages_embedded"] < report["passages"]
-    ref = build_index(sources, tmp_path / "ref", settings(cluster))
+    build_index(sources, tmp_path / "ref", settings(cluster))  # the reference: an uninterrupted build
     assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == \
         [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
     verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
@@ -232,7 +234,7 @@ def test_killed_worker_is_retried(cluster, rows, tmp_path):
     # shards the killed attempt had finished count as reused, as in a rerun
     assert result["published"] and result["shards_built"] + result["shards_reused"] == result["shards"]
     assert result["passages_embedded"] < result["passages"]  # the retry reused the killed attempt's vectors
-    undisturbed = build_index(sources, tmp_path / "ref", settings(cluster))
+    build_index(sources, tmp_path / "ref", settings(cluster))  # an undisturbed build
     assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == \
         [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
     verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
@@ -267,6 +269,7 @@ def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster,
 
     def serve(uri: str, cache: str, queries: list[str]):
         import ray as r
+
         from indexing import open_index as open_
         from pipeline.config import load_config as load
 

@@ -136,8 +136,9 @@ def test_dynrag_configs_map_resources_to_the_cluster():
 
 
 def test_guide_commands_parse_and_match_the_tests():
-    from jobs.cli import build_parser
     from test_cluster_ray import RAY_ENV, RAY_START
+
+    from jobs.cli import build_parser
 
     parser = build_parser()
     commands = _guide_commands()

@@ -19,7 +19,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from engine_fixtures import HOTPOT, hotpot_subset, tiny_model_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,7 +76,7 @@ def ray_head():
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ray start failed: {(Path(temp) / 'ray-start.log').read_text()[-3000:]}")
+                    raise RuntimeError(f"ray start failed: {(Path(temp) / 'ray-start.log').read_text()[-3000:]}") from None
                 time.sleep(1)
         yield address
     finally:

@@ -5,34 +5,14 @@ the index into a local cache once and writes its rows to S3."""
 from __future__ import annotations
 
 import json
-import uuid
 
 import pytest
-
 from engine_fixtures import HOTPOT, tiny_model_path
+
 from jobs.cli import main as dynrag
 
 N_CORPUS = 10  # HotpotQA dev questions whose context paragraphs form the corpus (~100 passages)
 N_ANSWER = 4
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is a test dependency (pyproject `test` extra)")
-    s3fs = pytest.importorskip("s3fs", reason="s3fs is a test dependency (pyproject `test` extra)")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
-        monkeypatch.setenv(k, v)
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs = s3fs.S3FileSystem()
-    bucket = f"dynrag-{uuid.uuid4().hex[:12]}"  # moto keeps its state per process: a fresh bucket per test
-    fs.mkdir(bucket)
-    yield fs, bucket
-    s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()
 
 
 def _config_file(tmp_path, model: str | None = None) -> str:

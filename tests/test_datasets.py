@@ -6,12 +6,12 @@ import json
 
 import polars as pl
 import pytest
-
 from fakes import RecordingGenerator
-from pipeline.runtime.answer import run_answer
+
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.io.datasets import DatasetError, load_questions
+from pipeline.runtime.answer import run_answer
 
 FILES = {
     "hotpotqa/dev_400.jsonl": ("hotpotqa", True),

@@ -11,10 +11,10 @@ import sys
 import warnings
 
 import pytest
+from fakes import RecordingGenerator
 
 import pipeline.assets.embedded as embedded
 import pipeline.backends as backends_module
-from fakes import RecordingGenerator
 from jobs.cli import main, setup_logging
 from jobs.quiet import divert_logs
 from pipeline.assets.demo_questions import answerable, demo_questions, sections_by_title
@@ -120,7 +120,7 @@ def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
     with divert_logs(path, "INFO") as shown:
         logging.getLogger("some_library.engine").warning("library warning record")
         logging.getLogger("pipeline.demo").info("own progress record")
-        warnings.warn("a python warning")
+        warnings.warn("a python warning", stacklevel=1)
         os.write(2, b"written to fd 2 by a child process or the JVM\n")
         lib = logging.getLogger("transformers.demo_test")  # a library with its own handler on sys.stdout
         lib.addHandler(logging.StreamHandler(sys.stdout))

@@ -4,18 +4,17 @@ many items and its entropy / attention equal an unpadded single-sequence forward
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from engine_fixtures import tiny_model_path
 from fakes import PIECE, FakeAttention, MemoryRetriever
+
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.methods.dragin_math import word_spans
 from pipeline.engine.core import Engine
-from pipeline.methods.registry import get_method
 from pipeline.engine.requests import Completion, Question, TokenLogprob
+from pipeline.methods.dragin_math import word_spans
+from pipeline.methods.registry import get_method
 
 PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
             ("p2", "Paris", "Paris is the capital of France."),

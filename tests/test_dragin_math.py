@@ -5,9 +5,20 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.methods.dragin_math import (Candidate, candidates_for, entropy, first_above, max_later_attention, qfs_query, rind,
-                                  semantic_mask, sentence_spans, truncate, word_spans)
 from pipeline.methods.dragin import complete, cot_prompt, table9
+from pipeline.methods.dragin_math import (
+    Candidate,
+    candidates_for,
+    entropy,
+    first_above,
+    max_later_attention,
+    qfs_query,
+    rind,
+    semantic_mask,
+    sentence_spans,
+    truncate,
+    word_spans,
+)
 
 # "the Nile flows" as four tokens: "the", " Nile", " flo", "ws"
 TEXT = "the Nile flows"

@@ -1,16 +1,15 @@
 """DR-RAG's selection rules (Eqs. 1, 3, 4; Algorithm 1) on hand-made cases, and the programs through the engine."""
 
 import pytest
+from fakes import RecordingGenerator
 
 from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods.registry import get_method
-from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, qdc_select
 from pipeline.engine.requests import Question
-from fakes import RecordingGenerator
-
+from pipeline.methods.drrag import cfs_walk, cis_keep, concat_query, qdc_select
+from pipeline.methods.registry import get_method
 
 # -- Eq. (1): QDC ------------------------------------------------------------------------------------
 

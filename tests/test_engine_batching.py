@@ -1,13 +1,13 @@
 """The engine batches every pending request of one kind into one backend call, and isolates errors."""
 
 import pytest
+from fakes import MemoryRetriever, RecordingGenerator
 
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods.registry import get_method
 from pipeline.engine.requests import Answer, Generate, Question, Retrieve
-from fakes import MemoryRetriever, RecordingGenerator
+from pipeline.methods.registry import get_method
 
 PASSAGES = [("p1", "Paris", "Paris is the capital of France."),
             ("p2", "Berlin", "Berlin is the capital of Germany."),

@@ -8,13 +8,13 @@ import json
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from engine_fixtures import HOTPOT, build_hotpot_index, supporting_titles_raw
 
-from engine_fixtures import HOTPOT, build_hotpot_index, supporting_titles_raw, tiny_model_path
-from pipeline.runtime.answer import run_answer
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.evaluation.metrics import answer_metrics
 from pipeline.io.output import SCHEMA, part_files
+from pipeline.runtime.answer import run_answer
 
 N = 15  # the HotpotQA dev questions of the fixture kit: the same run with or without the whole kit
 
@@ -22,26 +22,6 @@ N = 15  # the HotpotQA dev questions of the fixture kit: the same run with or wi
 @pytest.fixture(scope="module")
 def hotpot_index(data_dir, tmp_path_factory):
     return build_hotpot_index(data_dir, tmp_path_factory, N)
-
-
-@pytest.fixture(scope="module")
-def tiny_cfg(tmp_path_factory):
-    cfg = DynragConfig()
-    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
-    cfg.generation.kv_cache_gib = 1
-    cfg.generation.max_new_tokens = 8
-    cfg.generation.max_model_len = 4096  # the tiny tokenizer spends about one token per 2-3 characters
-    cfg.answer.progress = False
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def tiny_vllm(tiny_cfg):
-    from pipeline.backends.vllm_gen import VllmGenerator
-
-    gen = VllmGenerator(tiny_cfg)
-    yield gen
-    gen.close()
 
 
 def _check_rows(out, method, data_dir, retrieves: bool):
@@ -53,7 +33,7 @@ def _check_rows(out, method, data_dir, retrieves: bool):
     assert df["error"].null_count() == N
     assert set(df["method"]) == {method}
     gold_raw = supporting_titles_raw(data_dir, N)
-    for row, gold in zip(df.sort("question_id").iter_rows(named=True), [None] * N):
+    for row in df.sort("question_id").iter_rows(named=True):
         m = answer_metrics(row["prediction"], row["gold_answers"])
         assert (row["em"], row["f1"], row["acc"]) == (m["em"], m["f1"], m["acc"])
         assert row["llm_calls"] == 1 and row["completion_tokens"] > 0 and row["prompt_tokens"] > 0
@@ -67,7 +47,7 @@ def _check_rows(out, method, data_dir, retrieves: bool):
             assert row["retrieval_calls"] == 0 and row["retrieved"] == [] and row["support_recall"] is None
     # gold-document recall against the raw file's is_supporting flags, in dataset order
     rows = {r["question_id"]: r for r in df.iter_rows(named=True)}
-    order = [json.loads(l)["question_id"] for l in (data_dir / HOTPOT).read_text().splitlines()[:N]]
+    order = [json.loads(line)["question_id"] for line in (data_dir / HOTPOT).read_text().splitlines()[:N]]
     for qid, gold in zip(order, gold_raw):
         r = rows[qid]
         assert set(r["gold_supporting_titles"]) == gold
@@ -77,24 +57,29 @@ def _check_rows(out, method, data_dir, retrieves: bool):
     return df
 
 
-# before the module's shared engine starts, so that one vLLM engine runs at a time
-def test_engine_kwargs_reach_the_vllm_engine(tiny_cfg):
-    from pipeline.backends.vllm_gen import VllmGenerator
+def test_engine_kwargs_reach_vllms_engine_config(tiny_cfg):
+    """The seam: what `VllmGenerator` hands `vllm.LLM` (`llm_kwargs`) is accepted by vLLM and becomes its engine's
+    configuration, checked without starting a second engine (the session engine's own is checked below)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from pipeline.backends.vllm_gen import llm_kwargs
+
+    g = tiny_cfg.model_copy(deep=True).generation
+    g.max_model_len = 1024
+    g.engine_kwargs.max_num_seqs = 5
+    g.engine_kwargs.enable_prefix_caching = False
+    vc = EngineArgs(**llm_kwargs(g, g.model, gpu=False)).create_engine_config()
+    assert vc.scheduler_config.max_num_seqs == 5 and vc.cache_config.enable_prefix_caching is False
+    assert vc.model_config.max_model_len == 1024 and vc.model_config.enforce_eager is True
+
+
+def test_the_session_engine_runs_with_its_engine_kwargs(tiny_vllm):
     from pipeline.engine.requests import SamplingSpec
 
-    cfg = tiny_cfg.model_copy(deep=True)
-    cfg.generation.max_model_len = 1024
-    cfg.generation.engine_kwargs.max_num_seqs = 3
-    cfg.generation.engine_kwargs.enable_prefix_caching = False
-    gen = VllmGenerator(cfg)
-    try:
-        vc = gen.llm.llm_engine.vllm_config  # what the engine was built with
-        assert vc.scheduler_config.max_num_seqs == 3 and vc.cache_config.enable_prefix_caching is False
-        assert vc.model_config.max_model_len == 1024
-        outs = gen.generate(["a question?"] * 5, [SamplingSpec(max_tokens=4)] * 5, [True] * 5)  # 5 prompts, 3 at once
-        assert [o.completion_tokens for o in outs] == [4] * 5 and len({o.text for o in outs}) == 1
-    finally:
-        gen.close()
+    vc = tiny_vllm.llm.llm_engine.vllm_config  # what the engine was built with
+    assert vc.scheduler_config.max_num_seqs == 3 and vc.model_config.max_model_len == 4096
+    outs = tiny_vllm.generate(["a question?"] * 5, [SamplingSpec(max_tokens=4)] * 5, [True] * 5)  # 3 at once
+    assert [o.completion_tokens for o in outs] == [4] * 5 and len({o.text for o in outs}) == 1
 
 
 def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path):

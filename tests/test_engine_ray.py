@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import polars as pl
 import pytest
-
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
-from pipeline.runtime.answer import run_answer
+
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
+from pipeline.runtime.answer import run_answer
+
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
 
 N = 8
 
@@ -33,7 +35,10 @@ def _predictions(out) -> dict[str, str]:
     return dict(zip(df["question_id"], df["prediction"]))
 
 
-@pytest.mark.parametrize("backend", ["transformers", pytest.param("vllm", marks=pytest.mark.slow)])
+# slow on both backends (70 s and more): tests/test_ray_stream.py checks the same (sr-rag rows through Ray Data
+# equal the in-process rows, transformers backend) on every run; the pools test below keeps one Ray run here
+@pytest.mark.parametrize("backend", [pytest.param("transformers", marks=pytest.mark.slow),
+                                     pytest.param("vllm", marks=pytest.mark.slow)])
 def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
     index = build_hotpot_index(data_dir, tmp_path_factory, 20)
     cfg = _cfg(tmp_path_factory, backend)

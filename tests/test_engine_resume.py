@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import polars as pl
-
 from engine_fixtures import HOTPOT, at_least, tiny_model_path
+
 from pipeline.io.output import part_files
 
 N = 200

@@ -46,7 +46,7 @@ def test_tau_sweep_gives_no_saving_from_run_order_alone():
     for taus in ([0.6, 1.0], [1.0, 0.6]):
         calls = []
 
-        def run_one(tau, folder):
+        def run_one(tau, folder, calls=calls):
             calls.append((tau, folder))
             return {"time_s": 2.0 if len(calls) == 1 else 1.0, "tau": tau}
 
@@ -61,10 +61,11 @@ def test_table2_runs_through_the_shared_runner_with_reservoir_copies(tmp_path):
     """Table 2 end to end with fakes: the first set fills the reservoir; each tau run answers the second set
     from its own copy of it (the first set's reservoir never changes), through run_methods on the given backends."""
     from fakes import MemoryRetriever, RecordingGenerator
+    from test_erm4_methods import PASSAGES, WordEmbedder, reply
+
     from jobs.eval.erm4 import table2
     from pipeline.backends import Backends
     from pipeline.methods.reservoir import Reservoir
-    from test_erm4_methods import PASSAGES, WordEmbedder, reply
 
     dev = tmp_path / "dev.jsonl"
     dev.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["James Cameron"]}) + "\n" for i, q in

@@ -5,16 +5,16 @@ import re
 
 import numpy as np
 import pytest
+from fakes import MemoryRetriever, RecordingGenerator
 
 from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods.registry import MethodError, get_method
-from pipeline.methods.erm4 import mixed_order, nli_label, parse_query, parse_rewriter_plus
 from pipeline.engine.requests import Question
+from pipeline.methods.erm4 import mixed_order, nli_label, parse_query, parse_rewriter_plus
+from pipeline.methods.registry import MethodError, get_method
 from pipeline.methods.reservoir import Reservoir
-from fakes import MemoryRetriever, RecordingGenerator
 
 Q = "who directed the film that won best picture in 1998?"
 

@@ -10,8 +10,14 @@ import numpy as np
 import pytest
 
 from pipeline.config import DynragConfig
-from pipeline.methods.reservoir import (Knowledge, Reservoir, ReservoirBackend, ReservoirError, popularity,
-                                within_boundary)
+from pipeline.methods.reservoir import (
+    Knowledge,
+    Reservoir,
+    ReservoirBackend,
+    ReservoirError,
+    popularity,
+    within_boundary,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

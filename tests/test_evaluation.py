@@ -7,8 +7,8 @@ import json
 
 import polars as pl
 import pytest
-
 from eval_fixtures import drrag_like_runs, fake_row, fake_run
+
 from pipeline.errors import DynragError
 from pipeline.evaluation.experiment import Experiment, MethodRuns, grid_runs, load_experiment
 from pipeline.evaluation.runs import load_runs
@@ -125,6 +125,7 @@ def test_runs_sort_k_by_value(tmp_path):
 
 def test_extra_summary_means_counts_takes_labels_and_skips_error_rows(tmp_path):
     from eval_fixtures import fake_row
+
     from pipeline.evaluation.runs import extra_summary
 
     extras = [{"generated_tokens": 10, "entropy": "exact", "backoff": True},

@@ -5,8 +5,8 @@ rerun answers nothing and builds nothing), and ends with the evaluation table an
 from __future__ import annotations
 
 import yaml
-
 from engine_fixtures import hotpot_subset
+
 from jobs.cli import main
 from pipeline.evaluation.experiment import run_experiment
 from pipeline.io.output import part_files

@@ -16,8 +16,8 @@ import time
 import polars as pl
 import psutil
 import pytest
-
 from fault_tools import cli, env_for, kill_at, kill_group, run, run_until_paused, start
+
 from pipeline.io.output import part_files
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]

@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 import pytest
-
 from fault_tools import IndexReader, cli, kill_at, run
+
 from indexing import open_index
-from jobs.cli import main
 from indexing.manifest import RETIRED_GRACE_S, collect_garbage, read_manifest, verify_version
+from jobs.cli import main
 from pipeline.config import load_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(2400)]

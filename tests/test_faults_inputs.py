@@ -10,8 +10,8 @@ import shutil
 
 import polars as pl
 import pytest
-
 from fault_tools import damage_faiss_header, one_error_line
+
 from jobs.cli import main
 
 pytestmark = pytest.mark.faults

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fault_tools import ROOT, cli, env_for
 from tiny_encoder import build_tiny_encoder
 

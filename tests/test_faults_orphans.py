@@ -14,7 +14,6 @@ import time
 
 import psutil
 import pytest
-
 from fault_tools import ROOT
 from test_orphan_guard import wait_gone
 

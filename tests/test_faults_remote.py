@@ -9,10 +9,9 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-
 from fault_tools import cli, env_for, start
+
 from pipeline.io.output import part_files, read_rows
-from test_cluster_s3 import s3  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 

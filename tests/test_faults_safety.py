@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from engine_fixtures import tiny_model_path
+
 from jobs.cli import main
 from pipeline.config import DynragConfig
 

@@ -10,7 +10,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from fault_tools import cli, damage_faiss_header, env_for, one_error_line, run
 
 pytestmark = pytest.mark.faults

@@ -3,7 +3,14 @@
 import pytest
 
 from indexing.passages import paragraph_id
-from pipeline.evaluation.metrics import accuracy, answer_metrics, exact_match, f1_precision_recall, normalize_answer, support_recall
+from pipeline.evaluation.metrics import (
+    accuracy,
+    answer_metrics,
+    exact_match,
+    f1_precision_recall,
+    normalize_answer,
+    support_recall,
+)
 
 
 def test_normalisation_drops_case_punctuation_articles_and_spaces():

@@ -8,10 +8,9 @@ import json
 
 import polars as pl
 import pytest
-from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
+from engine_fixtures import HOTPOT, build_hotpot_index
 
 from pipeline.backends import Backends
-from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
 
 N = 6  # questions per method
@@ -31,34 +30,17 @@ def hotpot_index(data_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_cfg(tmp_path_factory):
-    cfg = DynragConfig()
-    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
-    cfg.generation.kv_cache_gib = 1
-    cfg.generation.max_new_tokens = 8
-    cfg.generation.max_model_len = 4096
-    cfg.answer.progress = False
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def answered(data_dir, hotpot_index, tiny_cfg, tmp_path_factory):
-    """Every method's rows and summary, from one vLLM engine."""
-    from pipeline.backends.vllm_gen import VllmGenerator
-
-    gen = VllmGenerator(tiny_cfg)
+def answered(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path_factory):
+    """Every method's rows and summary, from the session's vLLM engine."""
     out = {}
-    try:
-        backends = Backends(tiny_cfg, str(hotpot_index), generator=gen)
-        for method, params in METHODS.items():
-            cfg = tiny_cfg.model_copy(deep=True)
-            cfg.method.name, cfg.method.params = method, params
-            folder = tmp_path_factory.mktemp(method)
-            summary = run_answer(str(data_dir / HOTPOT), str(folder), index=str(hotpot_index), method=method,
-                                 limit=N, cfg=cfg, backends=backends)
-            out[method] = (summary, pl.read_parquet(f"{folder}/parts/*.parquet"))
-    finally:
-        gen.close()
+    backends = Backends(tiny_cfg, str(hotpot_index), generator=tiny_vllm)
+    for method, params in METHODS.items():
+        cfg = tiny_cfg.model_copy(deep=True)
+        cfg.method.name, cfg.method.params = method, params
+        folder = tmp_path_factory.mktemp(method)
+        summary = run_answer(str(data_dir / HOTPOT), str(folder), index=str(hotpot_index), method=method,
+                             limit=N, cfg=cfg, backends=backends)
+        out[method] = (summary, pl.read_parquet(f"{folder}/parts/*.parquet"))
     return out
 
 

@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import psutil
-
 from fault_tools import ROOT
 
 OWNER = textwrap.dedent("""

@@ -8,17 +8,17 @@ import math
 
 import numpy as np
 import pytest
+from fakes import RecordingGenerator
 
 from indexing.embed import embed_input
 from indexing.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
-from pipeline.methods.registry import MethodError, get_method
-from pipeline.methods.pairs import tagged_answer
-from pipeline.io.output import make_row
 from pipeline.engine.requests import Question
-from fakes import RecordingGenerator
+from pipeline.io.output import make_row
+from pipeline.methods.pairs import tagged_answer
+from pipeline.methods.registry import MethodError, get_method
 
 Q = "Where was the author of Book X born?"
 PSEUDO = "Book X was written by Ann, who was born in Paris."

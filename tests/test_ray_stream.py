@@ -8,14 +8,15 @@ import json
 
 import polars as pl
 import pytest
-
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
+
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
 from pipeline.io import datasets, output
 from pipeline.io.output import PartWriter, batch_report, part_files
 from pipeline.runtime.answer import run_answer
-from test_cluster_s3 import s3  # noqa: F401  (the loopback S3 server fixture)
+
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
 
 COLUMNS = ["question_id", "prediction", "error", "error_kind", "retrieval_calls"]
 

@@ -17,8 +17,8 @@ from html import unescape
 from pathlib import Path
 
 import pytest
-
 from eval_fixtures import drrag_like_runs, fake_run
+
 from pipeline.evaluation.report import render, write_report
 from pipeline.evaluation.runs import load_runs
 

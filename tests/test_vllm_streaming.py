@@ -9,9 +9,7 @@ import threading
 
 import pytest
 
-from engine_fixtures import tiny_model_path
 from pipeline.backends import Backends, make_generator
-from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Generate, Question, SamplingSpec
@@ -25,10 +23,12 @@ SPECS.append(SamplingSpec(max_tokens=8, choice=LABELS))  # structured outputs th
 
 
 @pytest.fixture(scope="module")
-def tiny_cfg(tmp_path_factory):
-    return DynragConfig.model_validate({"generation": {
-        "model": str(tiny_model_path(tmp_path_factory)), "kv_cache_gib": 1, "max_model_len": 1024,
-        "engine_kwargs": {"max_num_seqs": 3}}})
+def stream_cfg(tiny_cfg):
+    """The session's tiny model settings (3 sequences at once) on the streaming generator."""
+    cfg = tiny_cfg.model_copy(deep=True)
+    cfg.generation.max_model_len = 1024
+    cfg.generation.streaming = True
+    return cfg
 
 
 def two_rounds(q: Question, params):
@@ -37,10 +37,10 @@ def two_rounds(q: Question, params):
     return Answer(second.text)
 
 
-def test_streamed_vllm_matches_batched_vllm(tiny_cfg):
+def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
     from pipeline.backends.vllm_stream import VllmStreamingGenerator
 
-    gen = make_generator(tiny_cfg)
+    gen = make_generator(stream_cfg)
     try:
         assert isinstance(gen, VllmStreamingGenerator)
         assert gen.llm.vllm_config.scheduler_config.max_num_seqs == 3  # engine_kwargs reach the async engine
@@ -57,12 +57,12 @@ def test_streamed_vllm_matches_batched_vllm(tiny_cfg):
         gen.submit(PROMPTS[1], SamplingSpec(max_tokens=2), True, done_as("short"))
         assert finished.wait(120)
         qs = [Question(str(i), p) for i, p in enumerate(PROMPTS[:4] * 2)]
-        eng = ContinuousEngine(Backends(tiny_cfg, generator=gen), batch_wait_s=0.001)
+        eng = ContinuousEngine(Backends(stream_cfg, generator=gen), batch_wait_s=0.001)
         try:
             continuous = eng.run(qs, two_rounds, None)
         finally:
             eng.close()
-        lockstep = Engine(Backends(tiny_cfg, generator=gen)).run(qs, two_rounds, None)
+        lockstep = Engine(Backends(stream_cfg, generator=gen)).run(qs, two_rounds, None)
     finally:
         gen.close()
     assert not asyncio.all_tasks(gen._loop)  # no task left pending ("Task was destroyed but it is pending!" at exit)
@@ -71,12 +71,7 @@ def test_streamed_vllm_matches_batched_vllm(tiny_cfg):
     assert [o.answer.prediction for o in continuous] == [o.answer.prediction for o in lockstep]
     assert [o.trace.llm_calls for o in continuous] == [2] * len(qs)
 
-    tiny_cfg.generation.streaming = False
-    batched_gen = make_generator(tiny_cfg)
-    try:
-        batched = batched_gen.generate(PROMPTS, SPECS, [True] * len(PROMPTS))
-    finally:
-        batched_gen.close()
+    batched = tiny_vllm.generate(PROMPTS, SPECS, [True] * len(PROMPTS))  # the session's batched engine
     assert streamed[-1].text in LABELS
     for s, b in zip(streamed, batched):
         assert (s.text, s.token_ids, s.prompt_tokens, s.finish_reason) == (b.text, b.token_ids, b.prompt_tokens,
