@@ -24,8 +24,12 @@ if TYPE_CHECKING:
     from indexing.index import Index
 
 
-def build_index(sources: str | os.PathLike | Iterable[str | os.PathLike], index_dir: str | os.PathLike,
-                cfg: IndexSettings, **options: Any) -> dict:
+def build_index(
+    sources: str | os.PathLike | Iterable[str | os.PathLike],
+    index_dir: str | os.PathLike,
+    cfg: IndexSettings,
+    **options: Any,
+) -> dict:
     """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI) from
     `sources` (files, URIs or globs); return a report. In-process, a remote index is built locally and uploaded
     (remote.py); with `cfg.ray.enabled`, Ray workers build and write the shards (cluster_build.py). `options`:

@@ -96,8 +96,7 @@ def _settings(cfg: IndexSettings) -> dict:
         **({"faiss_train_size": i.faiss_train_size} if i.dense and is_ivf(i.faiss_factory) else {}),
         "passage_words": i.passage_words,
         "shard_size": effective_shard_size(cfg),
-        "lucene": {"collection": "JsonCollection", "contents": "title\\ntext",
-                   "analyzer": configured_analyzer(i)},
+        "lucene": {"collection": "JsonCollection", "contents": "title\\ntext", "analyzer": configured_analyzer(i)},
         "bm25_segments": i.bm25_segments,
     }
 
@@ -137,16 +136,24 @@ def build_local_index(
 
 
 class _Builder:
-    def __init__(self, sources: list[str], root: Path, cfg: IndexSettings, fmt: str, fields: dict | None,
-                 on_bad_line: str):
+    def __init__(
+        self, sources: list[str], root: Path, cfg: IndexSettings, fmt: str, fields: dict | None, on_bad_line: str
+    ):
         self.sources, self.root, self.cfg = sources, root, cfg
         self.fmt, self.fields, self.on_bad_line = fmt, fields, on_bad_line
         self.settings = _settings(cfg)
         self.dense = cfg.index.dense
         self.ivf = self.dense and is_ivf(self.settings["faiss_factory"])  # shards filled from a shared template
-        self.settings_hash = _hash({"e": self.settings["embedding_hash"], "f": self.settings["faiss_factory"],
-                                    "t": self.settings.get("faiss_train_size"), "l": self.settings["lucene"],
-                                    "format": FORMAT_VERSION, **({} if self.dense else {"dense": False})})
+        self.settings_hash = _hash(
+            {
+                "e": self.settings["embedding_hash"],
+                "f": self.settings["faiss_factory"],
+                "t": self.settings.get("faiss_train_size"),
+                "l": self.settings["lucene"],
+                "format": FORMAT_VERSION,
+                **({} if self.dense else {"dense": False}),
+            }
+        )
         self.template: dict | None = None  # the IVF template this build's shards are filled from (part of their keys)
         self.shards_dir = root / "shards"
         self.staging = root / "staging"
@@ -186,8 +193,13 @@ class _Builder:
             # with a template still to train, keys are set after training (`_stage_template`); no shard
             # under shards/ can have it yet, so every shard is staged
             key = None if ivf_untrained else self._shard_key(ch)
-            meta = {"key": key, "passages": len(group), "content_hash": ch,
-                    "first_id": group[0].id, "last_id": group[-1].id}
+            meta = {
+                "key": key,
+                "passages": len(group),
+                "content_hash": ch,
+                "first_id": group[0].id,
+                "last_id": group[-1].id,
+            }
             if key is None or not (self.shards_dir / key / "checksums.json").is_file():
                 target = self._stage_dir(meta)
                 if not (target / "passages.arrow").is_file():
@@ -195,12 +207,19 @@ class _Builder:
                     write_store(group, target)
             metas.append(meta)
         if self.read_stats.records == 0 or not metas:
-            raise BuildError(f"no passages in {', '.join(self.sources)}"
-                             + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else ""))
+            raise BuildError(
+                f"no passages in {', '.join(self.sources)}"
+                + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else "")
+            )
         self.timings["passages_s"] = time.perf_counter() - t
-        log.info("stage passages: %d records -> %d passages (%d duplicates merged) in %d shards, %.1fs",
-                 self.read_stats.records, self.passage_stats.passages, self.passage_stats.duplicates,
-                 len(metas), self.timings["passages_s"])
+        log.info(
+            "stage passages: %d records -> %d passages (%d duplicates merged) in %d shards, %.1fs",
+            self.read_stats.records,
+            self.passage_stats.passages,
+            self.passage_stats.duplicates,
+            len(metas),
+            self.timings["passages_s"],
+        )
         return metas
 
     # ---- stage 2 helpers ----
@@ -241,11 +260,16 @@ class _Builder:
             plans[i] = (len(new_rows), cached)  # a count: the rows themselves go to disk, not memory
             if new_rows:
                 f = d / "to_embed.parquet"
-                pq.write_table(pa.table({
-                    "shard": np.full(len(new_rows), i, dtype=np.int64),
-                    "row": np.asarray(new_rows, dtype=np.int64),
-                    "text": [embed_input(titles[r], texts[r]) for r in new_rows],
-                }), f)
+                pq.write_table(
+                    pa.table(
+                        {
+                            "shard": np.full(len(new_rows), i, dtype=np.int64),
+                            "row": np.asarray(new_rows, dtype=np.int64),
+                            "text": [embed_input(titles[r], texts[r]) for r in new_rows],
+                        }
+                    ),
+                    f,
+                )
                 files.append(str(f))
             del t, titles, texts
             self._release()
@@ -280,8 +304,10 @@ class _Builder:
         if not self.ivf:
             return None
         marker = self.staging / ".template.json"
-        candidates = [((prev or {}).get("faiss_template"), False),  # published: checked like any version file
-                      (json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None, True)]
+        candidates = [
+            ((prev or {}).get("faiss_template"), False),  # published: checked like any version file
+            (json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else None, True),
+        ]
         for t, full in candidates:
             if t and t.get("settings_hash") == self.settings_hash:
                 try:
@@ -316,14 +342,17 @@ class _Builder:
             rows = picks[(picks >= start) & (picks < start + m["passages"])] - start
             if len(rows):  # every shard is staged when a template is trained (stage 1)
                 tab = read_table(self._stage_dir(m)).take(rows)
-                texts += [embed_input(a, b) for a, b in zip(tab.column("title").to_pylist(), tab.column("text").to_pylist())]
+                texts += [
+                    embed_input(a, b) for a, b in zip(tab.column("title").to_pylist(), tab.column("text").to_pylist())
+                ]
             start += m["passages"]
         sample = self.staging / ".train.parquet"
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"shard": np.zeros(len(texts), np.int64), "row": np.arange(len(texts)), "text": texts}),
-                       sample)
+        pq.write_table(
+            pa.table({"shard": np.zeros(len(texts), np.int64), "row": np.arange(len(texts)), "text": texts}), sample
+        )
         spec = EncoderSpec.from_config(self.cfg, build=True)
         vecs = np.concatenate([v for _, _, v in embed_batches([str(sample)], spec, self.cfg)])
         out = self.root / "trained" / ".template.tmp"
@@ -334,19 +363,34 @@ class _Builder:
         os.replace(out, final)
         sample.unlink()
         self.timings["faiss_train_s"] = time.perf_counter() - t
-        log.info("trained %s on %d passages in %.1fs", self.cfg.index.faiss_factory, len(texts), self.timings["faiss_train_s"])
-        return {"path": f"trained/{final.name}", "sha256": digest, "bytes": final.stat().st_size,
-                "settings_hash": self.settings_hash}
+        log.info(
+            "trained %s on %d passages in %.1fs",
+            self.cfg.index.faiss_factory,
+            len(texts),
+            self.timings["faiss_train_s"],
+        )
+        return {
+            "path": f"trained/{final.name}",
+            "sha256": digest,
+            "bytes": final.stat().st_size,
+            "settings_hash": self.settings_hash,
+        }
 
     # ---- stage 3 ----
     def _finalize(self, metas: list[dict]) -> None:
         """Build the shards' FAISS + Lucene indexes in this process (a cluster build does it on the workers)."""
         cfg = self.cfg
         for m in metas:
-            self._tally(finalize_shard(str(self._stage_dir(m)), str(self.shards_dir / m["key"]),
-                                       cfg.index.faiss_factory if self.dense else None, cfg.index.threads,
-                                       str(self.root / self.template["path"]) if self.template else None,
-                                       self.settings["lucene"]["analyzer"]))
+            self._tally(
+                finalize_shard(
+                    str(self._stage_dir(m)),
+                    str(self.shards_dir / m["key"]),
+                    cfg.index.faiss_factory if self.dense else None,
+                    cfg.index.threads,
+                    str(self.root / self.template["path"]) if self.template else None,
+                    self.settings["lucene"]["analyzer"],
+                )
+            )
             self._release()
 
     def _tally(self, seconds: dict[str, float]) -> None:
@@ -374,8 +418,12 @@ class _Builder:
         self._finalize(ready)
         n_embed = sum(p[0] for p in plans.values())
         spec = EncoderSpec.from_config(self.cfg, build=True)
-        log.info("stage embed: %d passages to embed in %d shards (%d vectors reused)",
-                 n_embed, len(files), sum(len(p[1]) for p in plans.values()))
+        log.info(
+            "stage embed: %d passages to embed in %d shards (%d vectors reused)",
+            n_embed,
+            len(files),
+            sum(len(p[1]) for p in plans.values()),
+        )
         t_embed = time.perf_counter()
         bar = _progress(None, "embedding", "psg", total=n_embed)
         current: int | None = None
@@ -409,8 +457,13 @@ class _Builder:
             if time.perf_counter() - last_log > 15:
                 last_log = time.perf_counter()
                 rate = self.embedded / (last_log - t_embed)
-                log.info("embedded %d/%d passages (%.1f/s), %d shards done", self.embedded, n_embed, rate,
-                         len(self.reembedded_shards))
+                log.info(
+                    "embedded %d/%d passages (%.1f/s), %d shards done",
+                    self.embedded,
+                    n_embed,
+                    rate,
+                    len(self.reembedded_shards),
+                )
         if current is not None:
             flush(current)
         bar.close()
@@ -477,7 +530,9 @@ class _Builder:
         metas, n_new = self._build_shards(prev)
         dim = self._describe_shards(metas)
         keys = [m["key"] for m in metas]
-        unchanged = prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
+        unchanged = (
+            prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
+        )
         if unchanged and prev is not None:
             version = prev["version"]
             log.info("corpus and settings unchanged: version %d stays published", version)
@@ -530,14 +585,24 @@ class _Builder:
             "seconds": round(seconds, 3),
             **{k: round(v, 3) for k, v in self.timings.items()},
         }
-        log.info("build done: version %s, %d passages, %d shards (%d reused, %d built, %d re-embedded), "
-                 "%d passages embedded, %.1fs", version, report["passages"], report["shards"],
-                 report["shards_reused"], report["shards_built"], report["shards_reembedded"], self.embedded, seconds)
+        log.info(
+            "build done: version %s, %d passages, %d shards (%d reused, %d built, %d re-embedded), "
+            "%d passages embedded, %.1fs",
+            version,
+            report["passages"],
+            report["shards"],
+            report["shards_reused"],
+            report["shards_built"],
+            report["shards_reembedded"],
+            self.embedded,
+            seconds,
+        )
         return report
 
 
-def finalize_shard(staging_dir: str, final_dir: str, factory: str | None, threads: int, template: str | None,
-                   analyzer: dict) -> dict[str, float]:
+def finalize_shard(
+    staging_dir: str, final_dir: str, factory: str | None, threads: int, template: str | None, analyzer: dict
+) -> dict[str, float]:
     """Build one shard's FAISS (unless `factory` is None: a BM25-only index) and Lucene indexes in staging,
     checksum, and move it into place; returns the seconds of each step."""
     from indexing.dense import build_faiss
@@ -553,8 +618,10 @@ def finalize_shard(staging_dir: str, final_dir: str, factory: str | None, thread
     fault_point("shard.faiss_written")
     t1 = time.perf_counter()
     t = read_table(src)
-    docs = ((i, embed_input(ti, tx)) for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(),
-                                                       t.column("text").to_pylist()))
+    docs = (
+        (i, embed_input(ti, tx))
+        for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(), t.column("text").to_pylist())
+    )
     build_lucene(docs, src / "lucene", threads, analyzer)
     fault_point("shard.lucene_written")
     t2 = time.perf_counter()

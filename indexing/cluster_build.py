@@ -106,7 +106,9 @@ class ShardStorage:
         import fsspec
 
         npy = np.lib.format
-        path = f"{self.root}/shards/{key}/vectors.npy" if self.remote else str(self.local / "shards" / key / "vectors.npy")
+        path = (
+            f"{self.root}/shards/{key}/vectors.npy" if self.remote else str(self.local / "shards" / key / "vectors.npy")
+        )
         with fsspec.open(path, "rb") as f:
             version = npy.read_magic(f)
             shape = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)[0]
@@ -199,7 +201,9 @@ def _passages(job: UnitJob, rs: ReadStats, ps: PassageStats) -> Iterator[Passage
     from indexing.passages import passages_of
     from indexing.readers import read_corpus
 
-    return passages_of(read_corpus(job.unit, job.fmt, dict(job.fields or {}), job.on_bad_line, rs), job.passage_words, ps)
+    return passages_of(
+        read_corpus(job.unit, job.fmt, dict(job.fields or {}), job.on_bad_line, rs), job.passage_words, ps
+    )
 
 
 def _digest(title: str, text: str) -> int:
@@ -210,8 +214,10 @@ def _digest(title: str, text: str) -> int:
 def scan_unit(job: UnitJob) -> tuple[dict, np.ndarray]:
     """The unit's counts (small, for the driver) and its (id hash, text digest) pairs sorted by id hash."""
     rs, ps = ReadStats(), PassageStats()
-    flat = np.fromiter(itertools.chain.from_iterable((id_hash(p.id), _digest(p.title, p.text))
-                                                     for p in _passages(job, rs, ps)), dtype=np.uint64)
+    flat = np.fromiter(
+        itertools.chain.from_iterable((id_hash(p.id), _digest(p.title, p.text)) for p in _passages(job, rs, ps)),
+        dtype=np.uint64,
+    )
     pairs = flat.reshape(-1, 2)
     return {"passages": len(pairs), "node": _node()}, pairs[np.argsort(pairs[:, 0], kind="stable")]
 
@@ -226,8 +232,9 @@ def sample_unit(job: UnitJob, rows: np.ndarray) -> list[str]:
     return out
 
 
-def train_unit_template(spec: EncoderSpec, factory: str, store: ShardStorage, settings_hash: str,
-                        *samples: list[str]) -> dict:
+def train_unit_template(
+    spec: EncoderSpec, factory: str, store: ShardStorage, settings_hash: str, *samples: list[str]
+) -> dict:
     """Embed the sample, train the IVF template, write `trained/<sha>.index`; return its manifest entry."""
     from indexing.dense import train_template
     from indexing.manifest import sha256_file
@@ -242,8 +249,14 @@ def train_unit_template(spec: EncoderSpec, factory: str, store: ShardStorage, se
     final = out.with_name(f"{digest[:16]}.index")
     os.replace(out, final)
     store.put(final, f"trained/{final.name}")
-    return {"path": f"trained/{final.name}", "sha256": digest, "bytes": final.stat().st_size,
-            "settings_hash": settings_hash, "seconds": time.perf_counter() - t, "passages": len(texts)}
+    return {
+        "path": f"trained/{final.name}",
+        "sha256": digest,
+        "bytes": final.stat().st_size,
+        "settings_hash": settings_hash,
+        "seconds": time.perf_counter() - t,
+        "passages": len(texts),
+    }
 
 
 # ---- round 3 ----
@@ -256,8 +269,17 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
     seen = seen[np.argsort(seen[:, 0], kind="stable")]
     keys, digests = np.ascontiguousarray(seen[:, 0]), np.ascontiguousarray(seen[:, 1])
     rs, ps = ReadStats(), PassageStats()
-    out: dict[str, Any] = {"node": _node(), "shards": [], "built": 0, "reembedded": [], "embedded": 0, "vectors_reused": 0,
-           "duplicates": 0, "conflicting": 0, "timings": {}}
+    out: dict[str, Any] = {
+        "node": _node(),
+        "shards": [],
+        "built": 0,
+        "reembedded": [],
+        "embedded": 0,
+        "vectors_reused": 0,
+        "duplicates": 0,
+        "conflicting": 0,
+        "timings": {},
+    }
 
     def fresh() -> Iterator[Passage]:
         for p in _passages(job, rs, ps):
@@ -271,8 +293,13 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
 
     for group in shard_stream(fresh(), job.shard_size):
         ch = content_hash(group)
-        meta: dict[str, Any] = {"key": job.key(ch), "passages": len(group), "content_hash": ch,
-                "first_id": group[0].id, "last_id": group[-1].id}
+        meta: dict[str, Any] = {
+            "key": job.key(ch),
+            "passages": len(group),
+            "content_hash": ch,
+            "first_id": group[0].id,
+            "last_id": group[-1].id,
+        }
         if not job.store.has(meta["key"]):
             _build_shard(job, group, meta, out)
             if job.release:
@@ -340,7 +367,7 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     todo = [r for r, h in enumerate(hits) if h is None]
     encoder = get_encoder(job.spec)
     step = job.spec.batch_size * 4
-    new = [encoder.encode([inputs[r] for r in todo[i:i + step]]) for i in range(0, len(todo), step)]
+    new = [encoder.encode([inputs[r] for r in todo[i : i + step]]) for i in range(0, len(todo), step)]
     copied = [(r, h) for r, h in enumerate(hits) if h is not None]
     dim = new[0].shape[1] if new else np.load(old_dirs[copied[0][1][0]] / "vectors.npy", mmap_mode="r").shape[1]
     vecs = np.zeros((len(inputs), dim), dtype=np.float32)
@@ -392,17 +419,35 @@ class _ClusterBuilder(_Builder):
 
     def _job(self, unit: str, prev: dict | None) -> UnitJob:
         cfg = self.cfg
-        same_model = (self.dense and prev is not None and prev["settings"].get("dense", True)
-                      and prev["settings"]["embedding_hash"] == self.settings["embedding_hash"])
+        same_model = (
+            self.dense
+            and prev is not None
+            and prev["settings"].get("dense", True)
+            and prev["settings"]["embedding_hash"] == self.settings["embedding_hash"]
+        )
         return UnitJob(
-            unit=unit, store=self.store, fmt=self.fmt, fields=self.fields, on_bad_line=self.on_bad_line,
-            passage_words=cfg.index.passage_words, shard_size=self.settings["shard_size"],
-            settings_hash=self.settings_hash, factory=cfg.index.faiss_factory, threads=cfg.index.threads,
-            analyzer=self.settings["lucene"]["analyzer"], spec=EncoderSpec.from_config(cfg, build=True),
-            reuse_from=tuple((s["key"], s["first_id"], s["last_id"],
-                              {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
-                             for s in prev["shards"]) if same_model and prev is not None else (),
-            release=bool(cfg.index.memory_budget_mb), dense=self.dense, template=self.template)
+            unit=unit,
+            store=self.store,
+            fmt=self.fmt,
+            fields=self.fields,
+            on_bad_line=self.on_bad_line,
+            passage_words=cfg.index.passage_words,
+            shard_size=self.settings["shard_size"],
+            settings_hash=self.settings_hash,
+            factory=cfg.index.faiss_factory,
+            threads=cfg.index.threads,
+            analyzer=self.settings["lucene"]["analyzer"],
+            spec=EncoderSpec.from_config(cfg, build=True),
+            reuse_from=tuple(
+                (s["key"], s["first_id"], s["last_id"], {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
+                for s in prev["shards"]
+            )
+            if same_model and prev is not None
+            else (),
+            release=bool(cfg.index.memory_budget_mb),
+            dense=self.dense,
+            template=self.template,
+        )
 
     def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
         import ray
@@ -442,15 +487,22 @@ class _ClusterBuilder(_Builder):
         from indexing.manifest import atomic_write
 
         total = sum(counts)
-        picks = np.unique(np.linspace(0, max(total - 1, 0), min(total, self.cfg.index.faiss_train_size)).astype(np.int64))
+        picks = np.unique(
+            np.linspace(0, max(total - 1, 0), min(total, self.cfg.index.faiss_train_size)).astype(np.int64)
+        )
         samples, start = [], 0
         for job, n in zip(jobs, counts):
             rows = picks[(picks >= start) & (picks < start + n)] - start
             if len(rows):
                 samples.append(task(sample_unit).remote(job, rows))
             start += n
-        template = _gather([embedding_task(train_unit_template).remote(jobs[0].spec, self.cfg.index.faiss_factory,
-                                                             self.store, self.settings_hash, *samples)])[0]
+        template = _gather(
+            [
+                embedding_task(train_unit_template).remote(
+                    jobs[0].spec, self.cfg.index.faiss_factory, self.store, self.settings_hash, *samples
+                )
+            ]
+        )[0]
         self.timings["faiss_train_s"] = template.pop("seconds")
         log.info("trained %s on %d passages on the cluster", self.cfg.index.faiss_factory, template.pop("passages"))
         atomic_write(self.staging / ".template.json", json.dumps(template))  # a rerun reuses it
@@ -473,8 +525,10 @@ class _ClusterBuilder(_Builder):
             for node in (count["node"], r["node"]):
                 nodes[node] = nodes.get(node, 0) + 1
         if self.read_stats.records == 0 or not metas:
-            raise BuildError(f"no passages in {', '.join(self.sources)}"
-                             + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else ""))
+            raise BuildError(
+                f"no passages in {', '.join(self.sources)}"
+                + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else "")
+            )
         self.dim = results[0]["dim"]
         self.extra = {"units": len(units), "tasks_by_node": nodes}
         log.info("cluster build: %d units, %d shards, tasks on %d nodes", len(units), len(metas), len(nodes))
@@ -484,8 +538,15 @@ class _ClusterBuilder(_Builder):
         return self.dim  # the tasks set each shard's files; None for a BM25-only index
 
 
-def build_remote_cluster_index(sources: list[str], uri: str, cfg: IndexSettings, *, fmt: str = "auto",
-                               fields: dict | None = None, on_bad_line: str = "error") -> dict:
+def build_remote_cluster_index(
+    sources: list[str],
+    uri: str,
+    cfg: IndexSettings,
+    *,
+    fmt: str = "auto",
+    fields: dict | None = None,
+    on_bad_line: str = "error",
+) -> dict:
     """The cluster build of an fsspec index (s3://, gs://, ...): see `_RemoteClusterBuilder`."""
     import shutil
     import tempfile
@@ -530,8 +591,15 @@ class _RemoteClusterBuilder(_ClusterBuilder):
 
         fs, base = _store(self.uri)
         t = time.perf_counter()
-        _pull_files(fs, [(f"{base}/shards/{m['key']}/{rel}", self.shards_dir / m["key"] / rel, want)
-                         for m in metas for rel, want in m["files"].items() if rel.startswith("lucene/")])
+        _pull_files(
+            fs,
+            [
+                (f"{base}/shards/{m['key']}/{rel}", self.shards_dir / m["key"] / rel, want)
+                for m in metas
+                for rel, want in m["files"].items()
+                if rel.startswith("lucene/")
+            ],
+        )
         self.timings["lucene_pull_s"] = time.perf_counter() - t
         self._publish_here(manifest, metas)
         upload_version(self.root, self.uri, manifest)

@@ -161,8 +161,9 @@ class ShardSet:
     Where faiss sees a GPU (`gpus`: None asks faiss), IVF shards are merged into one index (`merged_ivf`) and
     searched on every GPU; `merge=True` takes that path on the CPU too (tests: same hits)."""
 
-    def __init__(self, indexes: list, quantizer: Any = None, nprobe: int = 1, gpus: int | None = None,
-                 merge: bool = False):
+    def __init__(
+        self, indexes: list, quantizer: Any = None, nprobe: int = 1, gpus: int | None = None, merge: bool = False
+    ):
         import faiss
 
         self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])

@@ -51,8 +51,14 @@ class EncoderSpec:
             from indexing.shards import effective_embed_batch
 
             batch = effective_embed_batch(cfg, _model_config(path))
-        return cls(model_path=path, model_name=e.model, device=e.device, dtype=e.dtype, batch_size=batch,
-                   max_seq_length=e.max_seq_length)
+        return cls(
+            model_path=path,
+            model_name=e.model,
+            device=e.device,
+            dtype=e.dtype,
+            batch_size=batch,
+            max_seq_length=e.max_seq_length,
+        )
 
 
 def _model_config(path: str) -> dict:
@@ -129,12 +135,15 @@ class HashEncoder:
             begin = np.flatnonzero(start)
             wid = np.cumsum(start)[word] - 1
             pos = np.flatnonzero(word) - begin[wid]
-            h = np.add.reduceat(b[word].astype(np.uint64) * self._MUL[pos % 32], np.flatnonzero(np.diff(wid, prepend=-1)))
+            h = np.add.reduceat(
+                b[word].astype(np.uint64) * self._MUL[pos % 32], np.flatnonzero(np.diff(wid, prepend=-1))
+            )
             h = (h ^ (h >> np.uint64(29))) * np.uint64(0xBF58476D1CE4E5B9)
             h ^= h >> np.uint64(32)
             sign = ((h >> np.uint64(40)) & np.uint64(1)).astype(np.float64) * 2 - 1
-            out = np.bincount(doc * self.dim + (h % np.uint64(self.dim)).astype(np.int64), weights=sign,
-                              minlength=n * self.dim).reshape(n, self.dim)
+            out = np.bincount(
+                doc * self.dim + (h % np.uint64(self.dim)).astype(np.int64), weights=sign, minlength=n * self.dim
+            ).reshape(n, self.dim)
         norm = np.linalg.norm(out, axis=1, keepdims=True)
         return (out / np.where(norm > 0, norm, 1)).astype(np.float32)
 
@@ -168,7 +177,9 @@ class EmbedActor:
         return {"shard": batch["shard"], "row": batch["row"], "vector": vecs}
 
 
-def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | HashEncoder | None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _local_batches(
+    files: list[str], spec: EncoderSpec, encoder: Encoder | HashEncoder | None
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     import pyarrow.parquet as pq
 
     encoder = encoder or get_encoder(spec)
@@ -180,7 +191,9 @@ def _local_batches(files: list[str], spec: EncoderSpec, encoder: Encoder | HashE
             yield np.asarray(cols["shard"]), np.asarray(cols["row"]), vecs
 
 
-def _ray_batches(files: list[str], spec: EncoderSpec, cfg: IndexSettings) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _ray_batches(
+    files: list[str], spec: EncoderSpec, cfg: IndexSettings
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     import ray
 
     from indexing.raytools import ensure_ray
@@ -206,8 +219,9 @@ def _ray_batches(files: list[str], spec: EncoderSpec, cfg: IndexSettings) -> Ite
         yield batch["shard"], batch["row"], np.asarray(batch["vector"], dtype=np.float32)
 
 
-def embed_batches(files: list[str], spec: EncoderSpec, cfg: IndexSettings, *,
-                  encoder: Encoder | HashEncoder | None = None) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def embed_batches(
+    files: list[str], spec: EncoderSpec, cfg: IndexSettings, *, encoder: Encoder | HashEncoder | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Yield (shard, row, vectors) batches over `files`, in order, per `runtime.mode`."""
     if not files:
         return iter(())

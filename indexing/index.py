@@ -56,8 +56,12 @@ class Index:
         self.analyzer = index_analyzer(manifest["settings"])
         wanted = configured_analyzer(cfg.index)
         if wanted != self.analyzer:
-            log.warning("the BM25 index was built with analyzer %s, the configuration asks for %s; searching with "
-                        "the index's (rebuild it to change)", self.analyzer, wanted)
+            log.warning(
+                "the BM25 index was built with analyzer %s, the configuration asks for %s; searching with "
+                "the index's (rebuild it to change)",
+                self.analyzer,
+                wanted,
+            )
         cap_jvm_heap(cfg.index.jvm_heap_mb)  # before this process's JVM starts (the searcher starts it)
         self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b, self.analyzer)
         self._encoder: Encoder | HashEncoder | None = None
@@ -100,11 +104,20 @@ class Index:
                 spec = EncoderSpec.from_config(self.cfg)
                 want = self.manifest["settings"]["embedding"]
                 if spec.model_name != want["model"]:
-                    log.warning("index was embedded with %s but embedding.model is %s; using %s",
-                                want["model"], spec.model_name, want["model"])
-                    spec = EncoderSpec(self.cfg.model_path(want["model"]), want["model"],
-                                       self.cfg.embedding.device, want["dtype"], self.cfg.embedding.batch_size,
-                                       want["max_seq_length"])
+                    log.warning(
+                        "index was embedded with %s but embedding.model is %s; using %s",
+                        want["model"],
+                        spec.model_name,
+                        want["model"],
+                    )
+                    spec = EncoderSpec(
+                        self.cfg.model_path(want["model"]),
+                        want["model"],
+                        self.cfg.embedding.device,
+                        want["dtype"],
+                        self.cfg.embedding.batch_size,
+                        want["max_seq_length"],
+                    )
                 self._encoder = get_encoder(spec)
         return self._encoder.encode(queries)
 
@@ -120,11 +133,15 @@ class Index:
             return []
         if retriever == "dense":
             if self.manifest["settings"].get("dense") is False:
-                raise SearchError(f"{self.root} is a BM25-only index (built with index.dense=false): search it with "
-                                  "bm25, or rebuild it with --set index.dense=true")
+                raise SearchError(
+                    f"{self.root} is a BM25-only index (built with index.dense=false): search it with "
+                    "bm25, or rebuild it with --set index.dense=true"
+                )
             S, SH, R = self._shards().search(self.encode_queries(queries), k)
-            return [[self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
-                    for i in range(len(queries))]
+            return [
+                [self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
+                for i in range(len(queries))
+            ]
         from indexing.sparse import batch_search
 
         results = batch_search(self._lucene, queries, k, self.cfg.index.threads)
@@ -135,7 +152,7 @@ class Index:
             raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
         ends = np.cumsum([len(hits) for hits in results])
         hits_found = cast("list[Hit]", found)  # no None left: checked above
-        return [hits_found[end - len(hits):end] for hits, end in zip(results, ends)]
+        return [hits_found[end - len(hits) : end] for hits, end in zip(results, ends)]
 
     def _shards(self) -> ShardSet:
         """All shards' FAISS indexes (dense.ShardSet), read on first use."""
@@ -146,8 +163,11 @@ class Index:
                 i = self.cfg.index
                 template = self.manifest.get("faiss_template")
                 quantizer = load_template_quantizer(self.root / template["path"]) if template else None
-                self._faiss = ShardSet([load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search, quantizer)
-                                        for d in self._dirs], quantizer, i.faiss_nprobe)
+                self._faiss = ShardSet(
+                    [load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search, quantizer) for d in self._dirs],
+                    quantizer,
+                    i.faiss_nprobe,
+                )
         return self._faiss
 
     def info(self) -> dict:
@@ -179,6 +199,11 @@ def open_local_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: 
     """Open the published version of the local index at `index_dir` (or a named older version, e.g. 'v000002')."""
     root = Path(index_dir)
     manifest = read_manifest(root, version)
-    log.info("opened %s version %s: %d passages in %d shards", root, manifest["version"], manifest["passages"],
-             len(manifest["shards"]))
+    log.info(
+        "opened %s version %s: %d passages in %d shards",
+        root,
+        manifest["version"],
+        manifest["passages"],
+        len(manifest["shards"]),
+    )
     return Index(root, cfg, manifest)

@@ -69,8 +69,12 @@ def ensure_java() -> None:
 
 
 class _SigAction(ctypes.Structure):  # glibc's struct sigaction on Linux
-    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
-                ("restorer", ctypes.c_void_p)]
+    _fields_ = [
+        ("handler", ctypes.c_void_p),
+        ("mask", ctypes.c_ulong * 16),
+        ("flags", ctypes.c_int),
+        ("restorer", ctypes.c_void_p),
+    ]
 
 
 _JVM_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
@@ -82,7 +86,9 @@ def jvm_signals_kept() -> Iterator[None]:
     when a JVM runs in this process, on Linux)."""
     import jnius_config
 
-    libc: Any = ctypes.CDLL(None) if jnius_config.vm_running and sys.platform == "linux" else None  # _SigAction is glibc's
+    libc: Any = (
+        ctypes.CDLL(None) if jnius_config.vm_running and sys.platform == "linux" else None
+    )  # _SigAction is glibc's
     saved = {}
     for sig in _JVM_SIGNALS if libc is not None else ():
         saved[sig] = _SigAction()

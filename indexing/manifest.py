@@ -140,8 +140,10 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
 def check_format(manifest: dict, where: str) -> None:
     found = manifest.get("format")
     if found != FORMAT_VERSION:
-        raise IndexingError(f"index {where} has format {found!r}, this dynrag reads format {FORMAT_VERSION}: rebuild it "
-                            "into a new directory (`dynrag index build SOURCES --index NEW_DIR`)")
+        raise IndexingError(
+            f"index {where} has format {found!r}, this dynrag reads format {FORMAT_VERSION}: rebuild it "
+            "into a new directory (`dynrag index build SOURCES --index NEW_DIR`)"
+        )
 
 
 def version_files(manifest: dict, search_only: bool = False) -> list[tuple[str, dict[str, dict]]]:
@@ -206,8 +208,9 @@ def _fsync_dir(path: Path) -> None:
 RETIRED_GRACE_S = 24 * 3600  # how long a superseded version stays for the readers that opened it
 
 
-def versions_to_keep(versions: list[str], current: str | None, keep_versions: int,
-                     published_at: Callable[[str], float]) -> set[str]:
+def versions_to_keep(
+    versions: list[str], current: str | None, keep_versions: int, published_at: Callable[[str], float]
+) -> set[str]:
     """CURRENT, the newest `keep_versions` versions, and each version whose successor was published less
     than RETIRED_GRACE_S ago (a reader may still hold it); `versions` sorted, oldest first."""
     now = time.time()
@@ -235,8 +238,12 @@ def collect_garbage(root: Path, keep_versions: int, published: dict | None = Non
     `published`: the manifest a build just wrote, used as is rather than read again (a manifest lists every
     file of every shard: megabytes of dicts); the other kept ones are read one at a time."""
     versions = sorted(p.name for p in (root / "versions").iterdir() if p.is_dir() and p.name.startswith("v"))
-    keep = versions_to_keep(versions, current_version(root), keep_versions,
-                            lambda v: (root / "versions" / v / "manifest.json").stat().st_mtime)
+    keep = versions_to_keep(
+        versions,
+        current_version(root),
+        keep_versions,
+        lambda v: (root / "versions" / v / "manifest.json").stat().st_mtime,
+    )
     known = {version_name(published["version"]): published} if published else {}
     used = used_by(known.get(v) or read_manifest(root, v) for v in versions if v in keep)
     for v in versions:

@@ -44,8 +44,11 @@ def bound_native_memory(jvm_heap_mb: int) -> None:
         _LIBC.mallopt(M_ARENA_MAX, 2)
     backend = pa.default_memory_pool().backend_name
     if backend != "system":
-        log.warning("pyarrow's %s memory pool is in use (ARROW_DEFAULT_MEMORY_POOL was set after pyarrow was "
-                    "imported): it keeps freed memory, so index.memory_budget_mb may be exceeded", backend)
+        log.warning(
+            "pyarrow's %s memory pool is in use (ARROW_DEFAULT_MEMORY_POOL was set after pyarrow was "
+            "imported): it keeps freed memory, so index.memory_budget_mb may be exceeded",
+            backend,
+        )
 
 
 def release_free_memory() -> None:

@@ -256,7 +256,11 @@ def _tsv_records(path: str, stats: ReadStats, skip: bool) -> Iterator[Record]:
                 continue
             where = f"{path}:{reader.line_num}"
             if len(row) != len(cols) or not row[i_id].strip():
-                reason = f"expected {len(cols)} tab-separated fields, got {len(row)}" if len(row) != len(cols) else "empty id"
+                reason = (
+                    f"expected {len(cols)} tab-separated fields, got {len(row)}"
+                    if len(row) != len(cols)
+                    else "empty id"
+                )
                 if not skip:
                     raise CorpusError(f"{where}: {reason}")
                 stats.skip(where, reason)
@@ -387,8 +391,9 @@ def read_corpus(
     try:
         yield from _records(path, fmt, fields, skip, stats)
     except UnicodeDecodeError as exc:  # TSV and JSON files are decoded as they are read
-        raise CorpusError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start} of a block); "
-                          "corpus files must be UTF-8") from None
+        raise CorpusError(
+            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start} of a block); corpus files must be UTF-8"
+        ) from None
 
 
 def _records(path: str, fmt: str, fields: dict, skip: bool, stats: ReadStats) -> Iterator[Record]:

@@ -77,7 +77,9 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
         try:
             version = fs.cat_file(f"{root}/CURRENT").decode().strip()
         except FileNotFoundError:
-            raise IndexingError(f"no published index at {uri} (no CURRENT object); build one with `dynrag index build`") from None
+            raise IndexingError(
+                f"no published index at {uri} (no CURRENT object); build one with `dynrag index build`"
+            ) from None
     try:
         return json.loads(fs.cat_file(f"{root}/versions/{version}/manifest.json"))
     except FileNotFoundError:
@@ -94,8 +96,11 @@ def _pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int
     """Download the files `(remote path, local path, {sha256, bytes} or None)` not yet cached, in one
     batched `fs.get` (concurrent on object stores), each under a temporary name, checked, then renamed
     into place. Returns how many were pulled."""
-    todo = [(r, loc, want, loc.with_name(f".{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp"))
-            for r, loc, want in wanted if not loc.is_file()]
+    todo = [
+        (r, loc, want, loc.with_name(f".{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp"))
+        for r, loc, want in wanted
+        if not loc.is_file()
+    ]
     try:
         for _, loc, _, _ in todo:
             loc.parent.mkdir(parents=True, exist_ok=True)
@@ -112,7 +117,9 @@ def _pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int
     return len(todo)
 
 
-def pull_version(uri: str, cfg: IndexSettings, version: str | None = None, *, search_only: bool = False) -> tuple[Path, dict]:
+def pull_version(
+    uri: str, cfg: IndexSettings, version: str | None = None, *, search_only: bool = False
+) -> tuple[Path, dict]:
     """Make the version's files (with `search_only`, those search reads) present in the local cache;
     returns (cache root, manifest)."""
     fs, root = _store(uri)
@@ -121,24 +128,38 @@ def pull_version(uri: str, cfg: IndexSettings, version: str | None = None, *, se
     name = version_name(manifest["version"])
     local = cache_root(uri, cfg)
     vdir = local / "versions" / name
-    if (vdir / "manifest.json").is_file() and json.loads((vdir / "manifest.json").read_text(encoding="utf-8")) != manifest:
+    if (vdir / "manifest.json").is_file() and json.loads(
+        (vdir / "manifest.json").read_text(encoding="utf-8")
+    ) != manifest:
         # the store was rebuilt from scratch since: same version number, other content
         stale = vdir.with_name(f".{name}.{uuid.uuid4().hex[:6]}.stale")
         os.rename(vdir, stale)
         shutil.rmtree(stale, ignore_errors=True)
     t = time.perf_counter()
-    wanted = [(f"{root}/{rel}/{f}", local / rel / f, want)
-              for rel, files in version_files(manifest, search_only) for f, want in files.items()]
+    wanted = [
+        (f"{root}/{rel}/{f}", local / rel / f, want)
+        for rel, files in version_files(manifest, search_only)
+        for f, want in files.items()
+    ]
     pulled = _pull_files(fs, wanted)
     if not search_only:  # a build's seed: the marker of a complete shard, whose content is the manifest's list
         for s in manifest["shards"]:
             marker = local / "shards" / s["key"] / "checksums.json"
             if not marker.is_file():
                 atomic_write(marker, checksums_text(s["files"]))
-    _pull_files(fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)])  # last: marks the version
+    _pull_files(
+        fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
+    )  # last: marks the version
     (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
-    log.info("index %s %s: %d of %d files pulled into %s (%.1fs); the rest were cached",
-             uri, name, pulled, len(wanted), local, time.perf_counter() - t)
+    log.info(
+        "index %s %s: %d of %d files pulled into %s (%.1fs); the rest were cached",
+        uri,
+        name,
+        pulled,
+        len(wanted),
+        local,
+        time.perf_counter() - t,
+    )
     return local, manifest
 
 
@@ -210,8 +231,9 @@ def collect_remote_garbage(uri: str, keep_versions: int) -> None:
     current = fs.cat_file(f"{root}/CURRENT").decode().strip()
     versions = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{root}/versions", detail=False))
     versions = [v for v in versions if v.startswith("v")]
-    keep = versions_to_keep(versions, current, keep_versions,
-                            lambda v: fs.modified(f"{root}/versions/{v}/manifest.json").timestamp())
+    keep = versions_to_keep(
+        versions, current, keep_versions, lambda v: fs.modified(f"{root}/versions/{v}/manifest.json").timestamp()
+    )
     used = used_by([remote_manifest(uri, v) for v in versions if v in keep])
     for v in versions:
         if v not in keep:

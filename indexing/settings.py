@@ -35,50 +35,77 @@ class EmbeddingConfig(Section):
 class IndexConfig(Section):
     shard_size: int = Field(50_000, ge=1, description="passages per shard")
     dense: bool = Field(
-        True, description="embed the passages and build FAISS indexes; false: a BM25-only index (no embedding stage; "
-        "dense search is refused), e.g. when BM25 is the only retriever used. Turning it on later rebuilds the shards")
+        True,
+        description="embed the passages and build FAISS indexes; false: a BM25-only index (no embedding stage; "
+        "dense search is refused), e.g. when BM25 is the only retriever used. Turning it on later rebuilds the shards",
+    )
     faiss_factory: str = Field(
-        "Flat", description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
-        "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all shards")
+        "Flat",
+        description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
+        "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all shards",
+    )
     faiss_train_size: int = Field(
-        100_000, ge=1, description="IVF factories: passages sampled evenly over the corpus and embedded to train the "
-        "shared quantizer and codebooks, at the first build (later builds of the index reuse them)")
+        100_000,
+        ge=1,
+        description="IVF factories: passages sampled evenly over the corpus and embedded to train the "
+        "shared quantizer and codebooks, at the first build (later builds of the index reuse them)",
+    )
     passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
     bm25_k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (search time; Anserini's default)")
     bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (search time; Anserini's default)")
     bm25_stemmer: Literal["porter", "krovetz", "none"] = Field(
-        "porter", description="the BM25 analyzer's stemmer, fixed when the index is built (a search uses the index's)")
+        "porter", description="the BM25 analyzer's stemmer, fixed when the index is built (a search uses the index's)"
+    )
     bm25_stopwords: bool = Field(True, description="the BM25 analyzer drops English stop words (fixed at build)")
     threads: int = Field(2, ge=1, description="threads for BM25 batch search and index builds")
     jvm_heap_mb: int | None = Field(
-        None, ge=64, description="maximum Java heap of a process that opens an index for BM25 search (the JVM's own "
+        None,
+        ge=64,
+        description="maximum Java heap of a process that opens an index for BM25 search (the JVM's own "
         "default is a quarter of the machine's memory, per process): set it where several index holders share a node, "
-        "e.g. retrieval actors. Applies when the process starts its JVM")
-    embed_actors: int = Field(1, ge=1, description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
-                              "each when CUDA is present); a cluster build embeds in its per-file tasks instead")
+        "e.g. retrieval actors. Applies when the process starts its JVM",
+    )
+    embed_actors: int = Field(
+        1,
+        ge=1,
+        description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
+        "each when CUDA is present); a cluster build embeds in its per-file tasks instead",
+    )
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
     keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
     bm25_segments: int = Field(
-        1, ge=0, description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
+        1,
+        ge=0,
+        description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
         "most this many segments: faster search for a re-merge per version; 0 keeps the shards' segments as they are "
-        "(the cheapest refresh for very large corpora)")
+        "(the cheapest refresh for very large corpora)",
+    )
     remote_cache_dir: str | None = Field(
-        None, description="where a remote index (s3://, gs://, az://) is pulled to on each machine, once per version "
-        "(None: <paths.cache_dir>/index-cache)")
+        None,
+        description="where a remote index (s3://, gs://, az://) is pulled to on each machine, once per version "
+        "(None: <paths.cache_dir>/index-cache)",
+    )
     memory_budget_mb: int | None = Field(
-        None, ge=4, description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
-        "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides")
+        None,
+        ge=4,
+        description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
+        "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides",
+    )
     verify: Literal["size", "none"] = Field(
-        "size", description="at open: check that the files search reads are present at their recorded sizes, or "
-        "nothing; sha256 is checked when files are written and pulled, and by `dynrag index verify`")
+        "size",
+        description="at open: check that the files search reads are present at their recorded sizes, or "
+        "nothing; sha256 is checked when files are written and pulled, and by `dynrag index verify`",
+    )
 
     @field_validator("verify", mode="before")
     @classmethod
     def _checksum_moved(cls, value: object) -> object:
         if value == "checksum":
-            raise ValueError("index.verify=checksum was removed (opening no longer hashes the index): checksums are "
-                             "checked when shards are written and pulled; run `dynrag index verify --index DIR`")
+            raise ValueError(
+                "index.verify=checksum was removed (opening no longer hashes the index): checksums are "
+                "checked when shards are written and pulled; run `dynrag index verify --index DIR`"
+            )
         return value
 
 
@@ -111,5 +138,7 @@ class IndexSettings(Section):
             return self.resolve_model(name)
         if Path(name).expanduser().is_dir():
             return str(Path(name).expanduser())
-        raise IndexingError(f"embedding model {name!r} is not a local folder (pass IndexSettings(resolve_model=...) "
-                            "to resolve model names)")
+        raise IndexingError(
+            f"embedding model {name!r} is not a local folder (pass IndexSettings(resolve_model=...) "
+            "to resolve model names)"
+        )

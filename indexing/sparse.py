@@ -87,8 +87,9 @@ class LuceneShard:
             quiet_java_logs()
             self._searcher = LuceneSearcher(str(self.path))
             stemmer = self.analyzer["stemmer"]
-            self._searcher.set_analyzer(get_lucene_analyzer(stemming=stemmer != "none", stemmer=stemmer,
-                                                            stopwords=self.analyzer["stopwords"]))
+            self._searcher.set_analyzer(
+                get_lucene_analyzer(stemming=stemmer != "none", stemmer=stemmer, stopwords=self.analyzer["stopwords"])
+            )
             self._searcher.set_bm25(self.k1, self.b)
         return self._searcher
 
@@ -115,7 +116,8 @@ def merge_lucene(shard_indexes: list[Path], out: Path, max_segments: int = 0) ->
     fs = autoclass("org.apache.lucene.store.FSDirectory")
     paths = autoclass("java.nio.file.Paths")
     config = autoclass("org.apache.lucene.index.IndexWriterConfig")(
-        autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance())
+        autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+    )
     config.setOpenMode(autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode").CREATE)
     if out.exists():
         shutil.rmtree(out)

@@ -45,8 +45,10 @@ def write_store(passages: list, shard_dir: Path) -> None:
     keys = keys[order]
     same = np.flatnonzero(keys[1:] == keys[:-1])
     if len(same):  # 64-bit hashes: about one chance in 10^10 for a 50k-passage shard
-        raise IndexingError(f"passage ids {sorted(p.id for p in passages if id_hash(p.id) == keys[same[0]])} share "
-                            "a 64-bit hash; rename one")
+        raise IndexingError(
+            f"passage ids {sorted(p.id for p in passages if id_hash(p.id) == keys[same[0]])} share "
+            "a 64-bit hash; rename one"
+        )
     ps = [passages[i] for i in order]
     table = pa.table({"id": [p.id for p in ps], "title": [p.title for p in ps], "text": [p.text for p in ps]})
     table = table.replace_schema_metadata({"rows_per_batch": str(ROWS_PER_BATCH)})

@@ -12,19 +12,31 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = sub.add_parser("answer", help="answer a dataset with a RAG method, one Parquet row per question",
-                       description="Answer every question of a dataset with a method. Rows go to OUT/parts/*.parquet; "
-                       "rerunning the same command resumes: questions that have a row are skipped, except rows whose error is not "
-                       "the question's own (error_kind=system: a backend, index, model or I/O failure), which are "
-                       "answered again; error rows of bad input (error_kind=input) stay. An output folder holds one "
-                       "method and configuration: a rerun with other settings is refused.")
+    p = sub.add_parser(
+        "answer",
+        help="answer a dataset with a RAG method, one Parquet row per question",
+        description="Answer every question of a dataset with a method. Rows go to OUT/parts/*.parquet; "
+        "rerunning the same command resumes: questions that have a row are skipped, except rows whose error is not "
+        "the question's own (error_kind=system: a backend, index, model or I/O failure), which are "
+        "answered again; error rows of bad input (error_kind=input) stay. An output folder holds one "
+        "method and configuration: a rerun with other settings is refused.",
+    )
     io = p.add_argument_group("input / output")
-    io.add_argument("--dataset", required=True, metavar="FILE_OR_URI",
-                    help="question file (JSONL/JSON/Parquet, local or fsspec URI) or dpr:<set>, e.g. dpr:nq-test")
-    io.add_argument("--dataset-format", default=None, metavar="FORMAT",
-                    help="auto (default), hotpotqa, hotpotqa-ircot, 2wiki, musique, qa, triviaqa, strategyqa, "
-                    "dpr-topics, generic")
-    io.add_argument("--index", metavar="DIR", help="index folder built by `dynrag index` (needed by methods that retrieve)")
+    io.add_argument(
+        "--dataset",
+        required=True,
+        metavar="FILE_OR_URI",
+        help="question file (JSONL/JSON/Parquet, local or fsspec URI) or dpr:<set>, e.g. dpr:nq-test",
+    )
+    io.add_argument(
+        "--dataset-format",
+        default=None,
+        metavar="FORMAT",
+        help="auto (default), hotpotqa, hotpotqa-ircot, 2wiki, musique, qa, triviaqa, strategyqa, dpr-topics, generic",
+    )
+    io.add_argument(
+        "--index", metavar="DIR", help="index folder built by `dynrag index` (needed by methods that retrieve)"
+    )
     io.add_argument("--out", required=True, metavar="DIR", help="output folder (local path or fsspec URI)")
     io.add_argument("--limit", type=int, metavar="N", help="answer only the first N questions of the dataset")
     p.add_argument("--method", metavar="NAME", help="method name (dynrag methods); default: method.name of the config")
@@ -40,8 +52,16 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     with divert_to_output(args.out, getattr(args, "log_level", "INFO")):  # library logs and warnings to OUT/dynrag.log
-        summary = run_answer(args.dataset, args.out, index=args.index, method=args.method, limit=args.limit, cfg=cfg,
-                             dataset_format=args.dataset_format, progress=False if args.no_progress else None)
+        summary = run_answer(
+            args.dataset,
+            args.out,
+            index=args.index,
+            method=args.method,
+            limit=args.limit,
+            cfg=cfg,
+            dataset_format=args.dataset_format,
+            progress=False if args.no_progress else None,
+        )
     print(format_summary(summary))
     return 0
 

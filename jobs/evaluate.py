@@ -12,13 +12,19 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    ev = sub.add_parser("evaluate", help="table per dataset of EM/F1/Acc, recall, calls and times of finished runs",
-                        description=__doc__.split("\n\n")[0])
+    ev = sub.add_parser(
+        "evaluate",
+        help="table per dataset of EM/F1/Acc, recall, calls and times of finished runs",
+        description=__doc__.split("\n\n")[0],
+    )
     ev.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders, or folders holding run folders")
     ev.add_argument("--out", metavar="DIR", help="write evaluation.{md,csv,parquet} here (default: the first OUT_DIR)")
     ev.set_defaults(func=run_evaluate)
-    rep = sub.add_parser("report", help="self-contained HTML report (tables and plots) of finished runs",
-                         description=__doc__.split("\n\n")[0])
+    rep = sub.add_parser(
+        "report",
+        help="self-contained HTML report (tables and plots) of finished runs",
+        description=__doc__.split("\n\n")[0],
+    )
     rep.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders, or folders holding run folders")
     rep.add_argument("--html", required=True, metavar="FILE", help="the HTML file to write")
     rep.add_argument("--title", default="dynrag evaluation")

@@ -14,8 +14,11 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = sub.add_parser("experiment", help="run datasets x methods x params, then evaluate and report (resumable)",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "experiment",
+        help="run datasets x methods x params, then evaluate and report (resumable)",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("experiment", metavar="CONFIG.yaml", help="the experiment file (see experiments/)")
     add_config_args(p)
     p.set_defaults(func=run)

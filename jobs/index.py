@@ -8,28 +8,49 @@ import logging
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("auto", "dpr-tsv", "flashrag-jsonl", "jsonl", "parquet", "hotpotqa", "2wiki", "musique", "wiki-lead-sections")
+FORMATS = (
+    "auto",
+    "dpr-tsv",
+    "flashrag-jsonl",
+    "jsonl",
+    "parquet",
+    "hotpotqa",
+    "2wiki",
+    "musique",
+    "wiki-lead-sections",
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = sub.add_parser("index", help="build, refresh, search and describe BM25 + FAISS indexes",
-                       description="Corpus files in, a versioned BM25 (pyserini) + dense (FAISS) index out.")
+    p = sub.add_parser(
+        "index",
+        help="build, refresh, search and describe BM25 + FAISS indexes",
+        description="Corpus files in, a versioned BM25 (pyserini) + dense (FAISS) index out.",
+    )
     isub = p.add_subparsers(dest="index_command", required=True, metavar="ACTION")
 
-    b = isub.add_parser("build", help="build an index, or refresh it incrementally when --index already holds one",
-                        description="Read corpus files or URIs (local, memory://, s3://, gs://), split them into "
-                        "passages, embed and index them in shards, and publish a new version atomically. "
-                        "Rerunning on a changed corpus re-embeds only what changed; an interrupted build resumes.")
+    b = isub.add_parser(
+        "build",
+        help="build an index, or refresh it incrementally when --index already holds one",
+        description="Read corpus files or URIs (local, memory://, s3://, gs://), split them into "
+        "passages, embed and index them in shards, and publish a new version atomically. "
+        "Rerunning on a changed corpus re-embeds only what changed; an interrupted build resumes.",
+    )
     g = b.add_argument_group("input")
     g.add_argument("sources", nargs="+", metavar="SOURCE", help="corpus files or URIs, read in this order")
     g.add_argument("--format", default="auto", choices=FORMATS, help="corpus format (default: detect)")
-    g.add_argument("--id-field", default=None, help="jsonl/parquet: field holding the id (default id; absent: ids from content)")
+    g.add_argument(
+        "--id-field", default=None, help="jsonl/parquet: field holding the id (default id; absent: ids from content)"
+    )
     g.add_argument("--title-field", default=None, help="jsonl/parquet: field holding the title (default title)")
     g.add_argument("--text-field", default=None, help="jsonl/parquet: field holding the text (default text)")
-    g.add_argument("--skip-bad-lines", action="store_true",
-                   help="skip malformed records (counted and reported) instead of stopping at the first one")
+    g.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip malformed records (counted and reported) instead of stopping at the first one",
+    )
     o = b.add_argument_group("output")
     o.add_argument("--index", required=True, metavar="DIR", help="index directory (created, or refreshed)")
     add_config_args(b)
@@ -38,8 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = isub.add_parser("search", help="top-k passages for queries, with scores")
     s.add_argument("queries", nargs="+", metavar="QUERY")
     s.add_argument("--index", required=True, metavar="DIR")
-    s.add_argument("--retriever", default="both", choices=["bm25", "dense", "both"],
-                   help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false)")
+    s.add_argument(
+        "--retriever",
+        default="both",
+        choices=["bm25", "dense", "both"],
+        help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false)",
+    )
     s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
     s.add_argument("--json", action="store_true", help="print JSON lines instead of text")
     add_config_args(s)
@@ -47,14 +72,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     i = isub.add_parser("info", help="describe the published version of an index")
     i.add_argument("--index", required=True, metavar="DIR")
-    i.add_argument("--json", action="store_true",
-                   help="print the manifest as JSON, with the search-time BM25 settings under bm25_search")
+    i.add_argument(
+        "--json",
+        action="store_true",
+        help="print the manifest as JSON, with the search-time BM25 settings under bm25_search",
+    )
     add_config_args(i)
     i.set_defaults(func=_info)
 
-    v = isub.add_parser("verify", help="check every file of the published version against its sha256",
-                        description="The full check that opening skips: sha256 and size of every file of the published "
-                        "version (a remote index is pulled into the local cache first). Exit 2 names the first bad file.")
+    v = isub.add_parser(
+        "verify",
+        help="check every file of the published version against its sha256",
+        description="The full check that opening skips: sha256 and size of every file of the published "
+        "version (a remote index is pulled into the local cache first). Exit 2 names the first bad file.",
+    )
     v.add_argument("--index", required=True, metavar="DIR")
     add_config_args(v)
     v.set_defaults(func=_verify)
@@ -72,14 +103,22 @@ def _build(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     _quiet()
     fields = {k: v for k, v in (("id", args.id_field), ("title", args.title_field), ("text", args.text_field)) if v}
-    report = build_index(args.sources, args.index, cfg.index_settings(), fmt=args.format, fields=fields or None,
-                         on_bad_line="skip" if args.skip_bad_lines else "error")
+    report = build_index(
+        args.sources,
+        args.index,
+        cfg.index_settings(),
+        fmt=args.format,
+        fields=fields or None,
+        on_bad_line="skip" if args.skip_bad_lines else "error",
+    )
     state = "published" if report["published"] else "unchanged, still"
-    print(f"{args.index}: {state} version {report['version']}: {report['passages']} passages in {report['shards']} shards "
-          f"({report['shards_reused']} reused, {report['shards_built']} built, {report['shards_reembedded']} re-embedded); "
-          f"{report['passages_embedded']} passages embedded, {report['vectors_reused']} vectors reused; "
-          f"{report['duplicates_merged']} duplicates merged; {report['bad_lines_skipped']} bad lines skipped; "
-          f"{report['seconds']:.1f}s")
+    print(
+        f"{args.index}: {state} version {report['version']}: {report['passages']} passages in {report['shards']} shards "
+        f"({report['shards_reused']} reused, {report['shards_built']} built, {report['shards_reembedded']} re-embedded); "
+        f"{report['passages_embedded']} passages embedded, {report['vectors_reused']} vectors reused; "
+        f"{report['duplicates_merged']} duplicates merged; {report['bad_lines_skipped']} bad lines skipped; "
+        f"{report['seconds']:.1f}s"
+    )
     for where in report["skipped_examples"]:
         print(f"  skipped {where}")
     return 0
@@ -94,7 +133,7 @@ def _search(args: argparse.Namespace) -> int:
     _quiet()
     with open_index(args.index, cfg.index_settings()) as index:
         dense = index.manifest["settings"].get("dense", True)
-        retrievers = ["bm25", "dense"][:1 + dense] if args.retriever == "both" else [args.retriever]
+        retrievers = ["bm25", "dense"][: 1 + dense] if args.retriever == "both" else [args.retriever]
         for retriever in retrievers:
             try:
                 results = index.search(args.queries, k=args.k, retriever=retriever)
@@ -102,8 +141,12 @@ def _search(args: argparse.Namespace) -> int:
                 raise DynragError(f"cannot search {args.index} ({retriever}): {first_line(exc)}") from exc
             for query, hits in zip(args.queries, results):
                 if args.json:
-                    print(json.dumps({"query": query, "retriever": retriever,
-                                      "hits": [h.__dict__ for h in hits]}, ensure_ascii=False))
+                    print(
+                        json.dumps(
+                            {"query": query, "retriever": retriever, "hits": [h.__dict__ for h in hits]},
+                            ensure_ascii=False,
+                        )
+                    )
                     continue
                 print(f"[{retriever}] {query}")
                 for rank, h in enumerate(hits, 1):
@@ -136,15 +179,21 @@ def _info(args: argparse.Namespace) -> int:
     st, b = m["settings"], m["build"]
     print(f"index {args.index}, version {m['version']} ({m['created']})")
     print(f"  passages   {m['passages']} in {len(sizes)} shards (min {min(sizes)}, max {max(sizes)})")
-    print(f"  embedding  {st['embedding']['model']} ({st['embedding']['dtype']}, dim {m['dim']}); "
-          f"FAISS {st['faiss_factory']}; BM25 Lucene per shard, merged per version")
+    print(
+        f"  embedding  {st['embedding']['model']} ({st['embedding']['dtype']}, dim {m['dim']}); "
+        f"FAISS {st['faiss_factory']}; BM25 Lucene per shard, merged per version"
+    )
     print(f"  passages   {st['passage_words']} words max; shard_size {st['shard_size']}")
     print(f"  sources    {', '.join(m['sources'])}")
     stop = "English stop words dropped" if bm25["stopwords"] else "stop words kept"
-    print(f"  BM25       k1 {bm25['k1']}, b {bm25['b']} (search time: index.bm25_k1, index.bm25_b); analyzer: Lucene "
-          f"English, stemmer {bm25['stemmer']}, {stop} (built with index.bm25_stemmer, index.bm25_stopwords)")
-    print(f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "
-          f"{b['shards_reused']} reused; {b['passages_embedded']} passages embedded, {b['vectors_reused']} vectors reused")
+    print(
+        f"  BM25       k1 {bm25['k1']}, b {bm25['b']} (search time: index.bm25_k1, index.bm25_b); analyzer: Lucene "
+        f"English, stemmer {bm25['stemmer']}, {stop} (built with index.bm25_stemmer, index.bm25_stopwords)"
+    )
+    print(
+        f"  last build {b['shards_built']} shards built ({b['shards_reembedded']} re-embedded), "
+        f"{b['shards_reused']} reused; {b['passages_embedded']} passages embedded, {b['vectors_reused']} vectors reused"
+    )
     return 0
 
 

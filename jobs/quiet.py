@@ -80,8 +80,9 @@ def divert_to_output(out: str, level: str = "INFO") -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def divert_logs(path: str | os.PathLike, level: str = "INFO", chatty: tuple[str, ...] = (),
-                announce: bool = True) -> Iterator[Path | None]:
+def divert_logs(
+    path: str | os.PathLike, level: str = "INFO", chatty: tuple[str, ...] = (), announce: bool = True
+) -> Iterator[Path | None]:
     """Divert third-party output to `path` (appended) while the block runs; yields the path (None at DEBUG).
     Own loggers under `chatty` (e.g. "indexing") show only warnings on the terminal; the file has all.
     `announce`: print the file's path on entering."""
@@ -100,8 +101,9 @@ def divert_logs(path: str | os.PathLike, level: str = "INFO", chatty: tuple[str,
                 stream.flush()
                 saved_fds[fd] = os.dup(fd)
                 if _fileno(stream) == fd:  # the terminal stream itself: keep writing to where fd pointed
-                    stream = os.fdopen(os.dup(fd), "w", buffering=1, encoding=stream.encoding,
-                                       errors="backslashreplace")
+                    stream = os.fdopen(
+                        os.dup(fd), "w", buffering=1, encoding=stream.encoding, errors="backslashreplace"
+                    )
                 setattr(sys, name, _Terminal(stream, logfile))
                 os.dup2(logfile.fileno(), fd)
             terminal = logging.StreamHandler(sys.stderr)

@@ -36,23 +36,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
     p = sub.add_parser(
-        "submit", help="run a dynrag command as a Ray job on a cluster (Ray Jobs API), streaming its logs",
+        "submit",
+        help="run a dynrag command as a Ray job on a cluster (Ray Jobs API), streaming its logs",
         description="Upload the working directory and the resolved configuration, run `dynrag COMMAND ARGS...` as a "
         "Ray job at --address, stream its logs and exit with its status (0: SUCCEEDED).",
         epilog="example: dynrag submit --address http://127.0.0.1:8265 --config cluster/dynrag.yaml -- "
-        "answer --dataset s3://b/dev.jsonl --index s3://b/idx --out s3://b/runs/sr --method sr-rag")
+        "answer --dataset s3://b/dev.jsonl --index s3://b/idx --out s3://b/runs/sr --method sr-rag",
+    )
     g = p.add_argument_group("cluster")
-    g.add_argument("--address", default=os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
-                   help="Ray dashboard address (default $RAY_ADDRESS or http://127.0.0.1:8265)")
+    g.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS", "http://127.0.0.1:8265"),
+        help="Ray dashboard address (default $RAY_ADDRESS or http://127.0.0.1:8265)",
+    )
     g.add_argument("--working-dir", default=".", metavar="DIR", help="folder uploaded as the job's code (default .)")
-    g.add_argument("--runtime-env", metavar="FILE", help="YAML runtime environment merged into the job's "
-                   "(e.g. cluster/runtime_env.yaml: env vars, pip packages)")
+    g.add_argument(
+        "--runtime-env",
+        metavar="FILE",
+        help="YAML runtime environment merged into the job's (e.g. cluster/runtime_env.yaml: env vars, pip packages)",
+    )
     g.add_argument("--python", default="python", help="interpreter on the cluster nodes (default python)")
     g.add_argument("--job-id", help="submission id (default dynrag-COMMAND-TIME)")
     g.add_argument("--no-wait", action="store_true", help="print the job id and return without following it")
     add_config_args(p)
-    p.add_argument("job", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",
-                   help="the dynrag command to run, after `--`, e.g. -- index build CORPUS --index URI")
+    p.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ARGS",
+        help="the dynrag command to run, after `--`, e.g. -- index build CORPUS --index URI",
+    )
     p.set_defaults(func=run)
 
 
@@ -64,7 +76,9 @@ def job_spec(args: argparse.Namespace) -> dict:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise ConfigError("no command to submit: give it after `--`, e.g. dynrag submit -- index info --index s3://b/idx")
+        raise ConfigError(
+            "no command to submit: give it after `--`, e.g. dynrag submit -- index info --index s3://b/idx"
+        )
     if "--config" in command:
         raise ConfigError("give --config before `--` (it is resolved here and shipped with the job)")
     cfg = load_config(args.config, [*JOB_DEFAULTS, *args.overrides])
@@ -81,8 +95,12 @@ def job_spec(args: argparse.Namespace) -> dict:
     env["excludes"] = sorted({*env.get("excludes", []), *EXCLUDES})
     env["env_vars"] = {**env.get("env_vars", {}), CONFIG_ENV: resolved_yaml(cfg)}
     job_id = args.job_id or f"dynrag-{command[0]}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return {"entrypoint": shlex.join([args.python, "-m", "jobs.submit", *command]), "runtime_env": env,
-            "submission_id": job_id, "metadata": {"dynrag_command": shlex.join(command)}}
+    return {
+        "entrypoint": shlex.join([args.python, "-m", "jobs.submit", *command]),
+        "runtime_env": env,
+        "submission_id": job_id,
+        "metadata": {"dynrag_command": shlex.join(command)},
+    }
 
 
 def run(args: argparse.Namespace) -> int:

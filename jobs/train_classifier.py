@@ -21,15 +21,21 @@ from pipeline.config import ConfigError
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "train-classifier", help="train the DR-RAG classifier C(q, d1, d2) on multi-hop supporting labels",
+        "train-classifier",
+        help="train the DR-RAG classifier C(q, d1, d2) on multi-hop supporting labels",
         description="Train the DR-RAG classifier C(q, d1, d2) on Eq. 2's examples (App. A.1): by default a small "
-                    "MLP over frozen embeddings and lexical features, or the paper's fine-tuned cross-encoder; evaluate it on held-out questions and write a model folder with its metrics and config.")
+        "MLP over frozen embeddings and lexical features, or the paper's fine-tuned cross-encoder; evaluate it on held-out questions and write a model folder with its metrics and config.",
+    )
     out = p.add_argument_group("output")
-    out.add_argument("--out", required=True, metavar="DIR", help="model folder to write (must not exist unless --overwrite)")
+    out.add_argument(
+        "--out", required=True, metavar="DIR", help="model folder to write (must not exist unless --overwrite)"
+    )
     out.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
     data = p.add_argument_group("data and training (shortcuts for --set classifier.*)")
     data.add_argument("--model", choices=["features", "cross-encoder"], help="classifier kind (default: features)")
-    data.add_argument("--datasets", metavar="LIST", help="comma-separated: hotpotqa, 2wiki, musique (default: all three)")
+    data.add_argument(
+        "--datasets", metavar="LIST", help="comma-separated: hotpotqa, 2wiki, musique (default: all three)"
+    )
     data.add_argument("--max-examples", type=int, metavar="N", help="cap on examples (train + dev), whole questions")
     data.add_argument("--epochs", type=float, metavar="E", help="training epochs (fractions allowed)")
     data.add_argument("--data-dir", metavar="DIR", help="benchmark data kit (default: paths.data_dir)")
@@ -66,17 +72,23 @@ def run(args: argparse.Namespace) -> int:
         canonical_name(name)
     result = train_classifier(cfg, args.out, overwrite=args.overwrite)
     dev, tr = result["dev"], result["training"]
-    print(f"held-out ({dev['n']} examples, {result['data']['dev']['questions']} questions): "
-          f"accuracy {dev['accuracy']:.4f}  AUC {dev['auc'] or 0:.4f}  precision {dev['precision']:.4f}  recall {dev['recall']:.4f}  "
-          f"f1 {dev['f1']:.4f}  (majority baseline {dev['majority_baseline_accuracy']:.4f})")
+    print(
+        f"held-out ({dev['n']} examples, {result['data']['dev']['questions']} questions): "
+        f"accuracy {dev['accuracy']:.4f}  AUC {dev['auc'] or 0:.4f}  precision {dev['precision']:.4f}  recall {dev['recall']:.4f}  "
+        f"f1 {dev['f1']:.4f}  (majority baseline {dev['majority_baseline_accuracy']:.4f})"
+    )
     for kind, m in dev["by_kind"].items():
         print(f"  {kind:<22} n={m['n']:<5} accuracy {m['accuracy']:.4f}")
     if "threshold_tuning" in dev:
         t = dev["threshold_tuning"]
-        print(f"threshold {t['chosen']:.2f} saved with the model (chosen on {t['calibration_n']} held-out examples; on "
-              f"the other {t['held_out_n']}: accuracy {t['held_out_accuracy_at_chosen']:.4f} vs "
-              f"{t['held_out_accuracy_at_default']:.4f} at {t['default']:.2f})")
-    print(f"trained on {result['data']['train']['examples']} examples in {tr['seconds']} s "
-          f"({tr['examples_per_second']} examples/s); model folder: {args.out}")
+        print(
+            f"threshold {t['chosen']:.2f} saved with the model (chosen on {t['calibration_n']} held-out examples; on "
+            f"the other {t['held_out_n']}: accuracy {t['held_out_accuracy_at_chosen']:.4f} vs "
+            f"{t['held_out_accuracy_at_default']:.4f} at {t['default']:.2f})"
+        )
+    print(
+        f"trained on {result['data']['train']['examples']} examples in {tr['seconds']} s "
+        f"({tr['examples_per_second']} examples/s); model folder: {args.out}"
+    )
     print(f"total: {result['total_seconds'] / 60:.1f} min wall, {result['total_cpu_seconds']:.0f} s of CPU")
     return 0

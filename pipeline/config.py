@@ -39,42 +39,67 @@ class VllmEngineKwargs(Section):
     """Arguments passed through to vLLM's `LLM(...)` (like Ray Data LLM's `engine_kwargs`); null keeps the
     default. Unknown keys are errors."""
 
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="share of each GPU's memory vLLM "
-                                                 "may take (vLLM's default 0.9); a CPU uses generation.kv_cache_gib")
-    tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine spans (default 1: data-parallel "
-                                             "replicas, ray.actors, suit models that fit one GPU)")
-    enable_prefix_caching: bool | None = Field(None, description="reuse the KV cache of shared prompt prefixes (a "
-                                               "method's later rounds repeat its earlier prompt). null: on; vLLM "
-                                               "0.32 turns it off itself where unsupported (MLA models on CPUs without "
-                                               "AMX, RISC-V CPUs)")
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="share of each GPU's memory vLLM may take (vLLM's default 0.9); a CPU uses generation.kv_cache_gib",
+    )
+    tensor_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs one engine spans (default 1: data-parallel "
+        "replicas, ray.actors, suit models that fit one GPU)",
+    )
+    enable_prefix_caching: bool | None = Field(
+        None,
+        description="reuse the KV cache of shared prompt prefixes (a "
+        "method's later rounds repeat its earlier prompt). null: on; vLLM "
+        "0.32 turns it off itself where unsupported (MLA models on CPUs without "
+        "AMX, RISC-V CPUs)",
+    )
     max_num_seqs: int | None = Field(None, ge=1, description="sequences vLLM runs at once (its own batch)")
-    max_model_len: int | None = Field(None, ge=64, description="the same setting as generation.max_model_len "
-                                      "(set either one)")
+    max_model_len: int | None = Field(
+        None, ge=64, description="the same setting as generation.max_model_len (set either one)"
+    )
 
 
 class GenerationConfig(Section):
     model: str = Field("smollm2-135m-instruct", description="known model name, local path or hub name")
     backend: Literal["vllm", "transformers", "none"] = Field(
-        "vllm", description="none: retrieval-only studies (recall, documents in prompt); no model is loaded and "
-                            "every generation is empty, so EM/F1 are meaningless")
+        "vllm",
+        description="none: retrieval-only studies (recall, documents in prompt); no model is loaded and "
+        "every generation is empty, so EM/F1 are meaningless",
+    )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
     temperature: float = Field(0.0, ge=0.0, description="0 is greedy, as the papers do")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(32, ge=1)
     max_model_len: int = Field(2048, ge=64)
-    batch_size: int = Field(64, ge=1, description="prompts per generate call of the continuous engine (its full "
-                            "batch) with a batched generator (transformers, which also runs forward batches of this "
-                            "size, or vllm with streaming=false); a streaming vLLM takes each prompt as it comes and "
-                            "runs at most engine_kwargs.max_num_seqs at once")
+    batch_size: int = Field(
+        64,
+        ge=1,
+        description="prompts per generate call of the continuous engine (its full "
+        "batch) with a batched generator (transformers, which also runs forward batches of this "
+        "size, or vllm with streaming=false); a streaming vLLM takes each prompt as it comes and "
+        "runs at most engine_kwargs.max_num_seqs at once",
+    )
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
-    streaming: bool = Field(True, description="vllm: drive vLLM's async engine, each prompt submitted as it "
-                            "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
-                            "batched LLM.generate calls")
+    streaming: bool = Field(
+        True,
+        description="vllm: drive vLLM's async engine, each prompt submitted as it "
+        "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
+        "batched LLM.generate calls",
+    )
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
-    attention_batch_mib: float = Field(128.0, gt=0, description="DRAGIN's attention pass: last-layer attention "
-                                       "maps per forward batch (items x heads x L x L x 4 bytes). Small suits a CPU, "
-                                       "where the forward is compute-bound and big eager batches only thrash "
-                                       "memory (128 MiB ran 1.8x faster than 1.5 GB here); raise it on a GPU")
+    attention_batch_mib: float = Field(
+        128.0,
+        gt=0,
+        description="DRAGIN's attention pass: last-layer attention "
+        "maps per forward batch (items x heads x L x L x 4 bytes). Small suits a CPU, "
+        "where the forward is compute-bound and big eager batches only thrash "
+        "memory (128 MiB ran 1.8x faster than 1.5 GB here); raise it on a GPU",
+    )
     seed: int = 0
     trust_remote_code: bool = Field(False, description="run code shipped with a model repo (explicit opt-in only)")
 
@@ -83,8 +108,10 @@ class GenerationConfig(Section):
         given = self.engine_kwargs.max_model_len
         if given is not None and given != self.max_model_len:
             if "max_model_len" in self.model_fields_set:
-                raise ValueError(f"max_model_len={self.max_model_len} and engine_kwargs.max_model_len={given} "
-                                 "differ: set one of them")
+                raise ValueError(
+                    f"max_model_len={self.max_model_len} and engine_kwargs.max_model_len={given} "
+                    "differ: set one of them"
+                )
             object.__setattr__(self, "max_model_len", given)
         return self
 
@@ -97,45 +124,90 @@ class RetrievalConfig(Section):
 class ClassifierConfig(Section):
     """The DR-RAG classifier C(q, d1, d2) (paper Sec. 2.2.2, Eq. 2; App. A.1) and its training job."""
 
-    path: str | None = Field(None, description="trained classifier folder: written by `dynrag train-classifier --out`, "
-                             "loaded by the DR-RAG methods (CIS, CFS)")
-    task: Literal["triple", "pair"] = Field("triple", description="triple: C(q, d1, d2) of DR-RAG Eq. 2; pair: a "
-                                            "(q, d) -> relevant reranker (PAIRS Eq. 7), (q, supporting doc) positive, "
-                                            "(q, other doc) negative, 1:1")
-    model: Literal["features", "cross-encoder"] = Field("features", description="features: a small MLP over frozen "
-                            "embeddings and lexical overlaps (minutes on a CPU; held-out accuracy 0.84, AUC 0.92 here); "
-                            "cross-encoder: fine-tune base_model as the paper does (App. A.1; hours on a CPU)")
-    base_model: str = Field("all-minilm-l6-v2", description="the frozen embedder (features) or the encoder to fine-tune "
-                            "(cross-encoder): known model name, local folder or hub name (the paper fine-tuned "
-                            "google/bigbird-roberta-base, App. A.1)")
+    path: str | None = Field(
+        None,
+        description="trained classifier folder: written by `dynrag train-classifier --out`, "
+        "loaded by the DR-RAG methods (CIS, CFS)",
+    )
+    task: Literal["triple", "pair"] = Field(
+        "triple",
+        description="triple: C(q, d1, d2) of DR-RAG Eq. 2; pair: a "
+        "(q, d) -> relevant reranker (PAIRS Eq. 7), (q, supporting doc) positive, "
+        "(q, other doc) negative, 1:1",
+    )
+    model: Literal["features", "cross-encoder"] = Field(
+        "features",
+        description="features: a small MLP over frozen "
+        "embeddings and lexical overlaps (minutes on a CPU; held-out accuracy 0.84, AUC 0.92 here); "
+        "cross-encoder: fine-tune base_model as the paper does (App. A.1; hours on a CPU)",
+    )
+    base_model: str = Field(
+        "all-minilm-l6-v2",
+        description="the frozen embedder (features) or the encoder to fine-tune "
+        "(cross-encoder): known model name, local folder or hub name (the paper fine-tuned "
+        "google/bigbird-roberta-base, App. A.1)",
+    )
     mlp_hidden: int = Field(128, ge=1, description="features: hidden units of the MLP (not from the paper)")
     mlp_alpha: float = Field(1e-2, ge=0.0, description="features: L2 penalty of the MLP")
-    max_length: int = Field(256, ge=16, le=8192, description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "
-                            "longer inputs are truncated, documents sharing the room fairly")
-    pooling: Literal["mean", "cls"] = Field("mean", description="how the encoder's token states become one vector "
-                                            "for the head (mean suits sentence-transformers encoders)")
+    max_length: int = Field(
+        256,
+        ge=16,
+        le=8192,
+        description="tokens per input [CLS] q [SEP] d1 [SEP] d2 [SEP]; "
+        "longer inputs are truncated, documents sharing the room fairly",
+    )
+    pooling: Literal["mean", "cls"] = Field(
+        "mean",
+        description="how the encoder's token states become one vector "
+        "for the head (mean suits sentence-transformers encoders)",
+    )
     max_query_tokens: int = Field(64, ge=4, description="at most this many tokens of the question are kept")
-    datasets: list[str] = Field(["hotpotqa", "2wiki", "musique"], min_length=1,
-                                description="multi-hop training files whose supporting labels give the examples")
-    max_examples_per_dataset: int | None = Field(2300, ge=2, description="cap per dataset, whole questions at a time "
-                                                 "(the paper samples about 2300 per dataset, App. A.1); null: no cap")
+    datasets: list[str] = Field(
+        ["hotpotqa", "2wiki", "musique"],
+        min_length=1,
+        description="multi-hop training files whose supporting labels give the examples",
+    )
+    max_examples_per_dataset: int | None = Field(
+        2300,
+        ge=2,
+        description="cap per dataset, whole questions at a time "
+        "(the paper samples about 2300 per dataset, App. A.1); null: no cap",
+    )
     max_examples: int | None = Field(None, ge=2, description="cap on all examples (train + dev), whole questions")
-    mixed_negative_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of negatives that pair a supporting "
-                                           "with a non-supporting document (the rest pair two non-supporting ones)")
-    dev_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="questions held out for evaluation (split by question)")
-    epochs: float = Field(2.0, gt=0.0, le=100.0, description="cross-encoder: passes over the training examples "
-                          "(fractions allowed)")
+    mixed_negative_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="share of negatives that pair a supporting "
+        "with a non-supporting document (the rest pair two non-supporting ones)",
+    )
+    dev_fraction: float = Field(
+        0.2, gt=0.0, lt=1.0, description="questions held out for evaluation (split by question)"
+    )
+    epochs: float = Field(
+        2.0, gt=0.0, le=100.0, description="cross-encoder: passes over the training examples (fractions allowed)"
+    )
     learning_rate: float = Field(1e-4, gt=0.0, lt=1.0, description="AdamW peak learning rate (not given by the paper)")
-    head_lr_multiplier: float = Field(1.0, gt=0.0, description="the fresh classification head's learning rate "
-                                      "is learning_rate times this")
+    head_lr_multiplier: float = Field(
+        1.0, gt=0.0, description="the fresh classification head's learning rate is learning_rate times this"
+    )
     weight_decay: float = Field(0.01, ge=0.0)
-    warmup_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="linear warm-up share of the steps, then linear decay")
+    warmup_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="linear warm-up share of the steps, then linear decay"
+    )
     batch_size: int = Field(16, ge=1, description="training examples per optimizer step")
     eval_batch_size: int = Field(64, ge=1, description="inputs per forward pass when scoring")
-    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(positive) at or above this is positive "
-                             "(the paper's 'predefined threshold', value not given)")
-    tune_threshold: bool = Field(True, description="after training, pick the threshold with the best accuracy on half "
-                                 "of the dev pairs and save it with the model (CIS/CFS use it unless given one)")
+    threshold: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="P(positive) at or above this is positive (the paper's 'predefined threshold', value not given)",
+    )
+    tune_threshold: bool = Field(
+        True,
+        description="after training, pick the threshold with the best accuracy on half "
+        "of the dev pairs and save it with the model (CIS/CFS use it unless given one)",
+    )
     seed: int = Field(0, description="seeds example sampling, the dev split, initialisation and shuffling")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 leaves torch's default")
@@ -154,8 +226,19 @@ class MethodConfig(Section):
 
 
 class DatasetConfig(Section):
-    format: Literal["auto", "hotpotqa", "hotpotqa-ircot", "2wiki", "musique", "qa", "triviaqa", "strategyqa",
-                    "dpr-topics", "flashrag", "generic"] = Field("auto", description="question file format; auto detects it")
+    format: Literal[
+        "auto",
+        "hotpotqa",
+        "hotpotqa-ircot",
+        "2wiki",
+        "musique",
+        "qa",
+        "triviaqa",
+        "strategyqa",
+        "dpr-topics",
+        "flashrag",
+        "generic",
+    ] = Field("auto", description="question file format; auto detects it")
     name: str | None = Field(None, description="dataset name written in rows (default: from the format or file)")
     id_field: str = Field("id", description="generic format: field holding the question id")
     question_field: str = Field("question", description="generic format: field holding the question")
@@ -171,48 +254,81 @@ class ScoringConfig(Section):
 
 
 class AnswerConfig(Section):
-    batch_questions: int = Field(256, ge=1, description="rows per Parquet part file, and questions per batch of the "
-                                 "lockstep engine")
+    batch_questions: int = Field(
+        256, ge=1, description="rows per Parquet part file, and questions per batch of the lockstep engine"
+    )
     engine: Literal["continuous", "lockstep"] = Field(
-        "continuous", description="continuous: each backend kind served from its own queue while the others serve "
-        "theirs, questions admitted as others finish; lockstep: one kind per round, a batch of questions at a time")
+        "continuous",
+        description="continuous: each backend kind served from its own queue while the others serve "
+        "theirs, questions admitted as others finish; lockstep: one kind per round, a batch of questions at a time",
+    )
     max_in_flight: int = Field(256, ge=1, description="continuous: questions started and not yet finished, at most")
-    batch_wait_s: float = Field(0.01, ge=0, description="continuous: a partial batch waits at most this long for "
-                                "more requests while other backends' batches are in flight")
-    batch_items: int = Field(256, ge=1, description="continuous: items per retrieval, scoring, embedding or named "
-                             "backend call (a full batch; generation uses generation.batch_size)")
+    batch_wait_s: float = Field(
+        0.01,
+        ge=0,
+        description="continuous: a partial batch waits at most this long for "
+        "more requests while other backends' batches are in flight",
+    )
+    batch_items: int = Field(
+        256,
+        ge=1,
+        description="continuous: items per retrieval, scoring, embedding or named "
+        "backend call (a full batch; generation uses generation.batch_size)",
+    )
     progress: bool = Field(True, description="show a progress bar with questions/s")
 
 
 class RayConfig(Section):
     num_cpus: int | None = Field(None, ge=1, description="logical CPUs of a local Ray instance (None: Ray's default)")
-    actors: int = Field(1, ge=1, description="engine actors (data-parallel replicas, each holding a generator and index)")
+    actors: int = Field(
+        1, ge=1, description="engine actors (data-parallel replicas, each holding a generator and index)"
+    )
     actor_num_cpus: float = Field(1.0, gt=0, description="CPUs reserved per engine actor")
     actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per engine actor (1 on a GPU cluster)")
-    batch_questions: int | None = Field(None, ge=1, description="questions per actor batch (None: answer.batch_questions)")
+    batch_questions: int | None = Field(
+        None, ge=1, description="questions per actor batch (None: answer.batch_questions)"
+    )
     actor_resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources per engine actor, to place replicas on a node group "
-        "that advertises them (cluster/ launcher: e.g. {generation: 1} on the GPU workers)")
+        default_factory=dict,
+        description="custom Ray resources per engine actor, to place replicas on a node group "
+        "that advertises them (cluster/ launcher: e.g. {generation: 1} on the GPU workers)",
+    )
     embed_actor_num_gpus: float | None = Field(
-        None, ge=0, description="GPUs per embedding actor of an index build (None: 1 when the driver sees CUDA)")
+        None, ge=0, description="GPUs per embedding actor of an index build (None: 1 when the driver sees CUDA)"
+    )
     gpu_fallback: bool = Field(
-        True, description="on a cluster without GPUs, GPU requests become CPU-only, so a GPU config runs anywhere")
+        True, description="on a cluster without GPUs, GPU requests become CPU-only, so a GPU config runs anywhere"
+    )
     retrieval_actors: int = Field(
-        0, ge=0, description="CPU retrieval actors holding the index, shared by all engine actors "
-        "(0: each engine actor opens the index itself)")
+        0,
+        ge=0,
+        description="CPU retrieval actors holding the index, shared by all engine actors "
+        "(0: each engine actor opens the index itself)",
+    )
     retrieval_actor_num_cpus: float = Field(2.0, gt=0, description="CPUs per retrieval actor (BM25 uses index.threads)")
     retrieval_actor_resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources per retrieval actor, to place them on a node group "
-        "that advertises them (cluster/: {retrieval: 1} on the CPU workers)")
+        default_factory=dict,
+        description="custom Ray resources per retrieval actor, to place them on a node group "
+        "that advertises them (cluster/: {retrieval: 1} on the CPU workers)",
+    )
     scorer_actors: int = Field(
-        0, ge=0, description="actors holding the classifiers, rerankers and embedder, shared by all engine actors "
-        "(0: each engine actor loads them itself)")
+        0,
+        ge=0,
+        description="actors holding the classifiers, rerankers and embedder, shared by all engine actors "
+        "(0: each engine actor loads them itself)",
+    )
     scorer_actor_num_cpus: float = Field(1.0, gt=0, description="CPUs per scorer actor")
-    scorer_actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per scorer actor (a share such as 0.25 on a "
-                                         "GPU node; dropped by gpu_fallback on a cluster without GPUs)")
+    scorer_actor_num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs per scorer actor (a share such as 0.25 on a "
+        "GPU node; dropped by gpu_fallback on a cluster without GPUs)",
+    )
     scorer_actor_resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources per scorer actor, to place them on a node group "
-        "that advertises them (cluster/: {scorer: 1} on the CPU workers)")
+        default_factory=dict,
+        description="custom Ray resources per scorer actor, to place them on a node group "
+        "that advertises them (cluster/: {scorer: 1} on the CPU workers)",
+    )
 
 
 class DynragConfig(Section):
@@ -234,11 +350,18 @@ class DynragConfig(Section):
         from pipeline.assets.models import resolve_model
 
         return IndexSettings(
-            index=self.index, embedding=self.embedding, cache_dir=self.paths.cache_dir,
-            ray=RaySettings(enabled=self.runtime.mode == "ray", address=self.runtime.ray_address,
-                            num_cpus=self.ray.num_cpus, embed_actor_num_gpus=self.ray.embed_actor_num_gpus,
-                            gpu_fallback=self.ray.gpu_fallback),
-            resolve_model=functools.partial(resolve_model, cache_dir=self.paths.cache_dir))
+            index=self.index,
+            embedding=self.embedding,
+            cache_dir=self.paths.cache_dir,
+            ray=RaySettings(
+                enabled=self.runtime.mode == "ray",
+                address=self.runtime.ray_address,
+                num_cpus=self.ray.num_cpus,
+                embed_actor_num_gpus=self.ray.embed_actor_num_gpus,
+                gpu_fallback=self.ray.gpu_fallback,
+            ),
+            resolve_model=functools.partial(resolve_model, cache_dir=self.paths.cache_dir),
+        )
 
 
 def _describe(err: ValidationError) -> str:

@@ -28,12 +28,22 @@ def _carve_kit():
 
 # Records per file: the whole kit (its README's table) and the fixture kit (tests/fixtures/carve_kit.py).
 KIT_RECORDS = {
-    "hotpotqa/dev_400.jsonl": 400, "hotpotqa/train_100.json": 100, "hotpotqa/train_100_corpus.json": 994,
-    "2wikimultihopqa/dev_124.jsonl": 124, "2wikimultihopqa/train_500.json": 500,
-    "2wikimultihopqa/corpus_6119.json": 6119, "musique/dev_150.jsonl": 150, "musique/train_100.json": 100,
-    "musique/train_100_corpus.json": 1890, "nq_open/dev_3610.jsonl": 3610, "triviaqa/sample_150.json": 150,
-    "popqa/test_14267.jsonl": 14267, "webquestions/test_2032.jsonl": 2032, "squad/dev_qa_10570.jsonl": 10570,
-    "strategyqa/sample_229.jsonl": 229, "strategyqa/paragraphs_998.jsonl": 998,
+    "hotpotqa/dev_400.jsonl": 400,
+    "hotpotqa/train_100.json": 100,
+    "hotpotqa/train_100_corpus.json": 994,
+    "2wikimultihopqa/dev_124.jsonl": 124,
+    "2wikimultihopqa/train_500.json": 500,
+    "2wikimultihopqa/corpus_6119.json": 6119,
+    "musique/dev_150.jsonl": 150,
+    "musique/train_100.json": 100,
+    "musique/train_100_corpus.json": 1890,
+    "nq_open/dev_3610.jsonl": 3610,
+    "triviaqa/sample_150.json": 150,
+    "popqa/test_14267.jsonl": 14267,
+    "webquestions/test_2032.jsonl": 2032,
+    "squad/dev_qa_10570.jsonl": 10570,
+    "strategyqa/sample_229.jsonl": 229,
+    "strategyqa/paragraphs_998.jsonl": 998,
     "wikipedia/psgs_w100_sample_1000.jsonl": 1000,
 }
 FIXTURE_RECORDS = _carve_kit().CUTS
@@ -48,8 +58,11 @@ def resolve_data_dir() -> tuple[Path, bool]:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "kit: needs the whole benchmark kit (../shared/data or $DYNRAG_DATA); "
-                                       "deselected where only tests/fixtures/kit is available")
+    config.addinivalue_line(
+        "markers",
+        "kit: needs the whole benchmark kit (../shared/data or $DYNRAG_DATA); "
+        "deselected where only tests/fixtures/kit is available",
+    )
 
 
 def pytest_report_header(config):
@@ -57,8 +70,10 @@ def pytest_report_header(config):
     if whole:
         return f"benchmark data: the whole kit at {d}"
     why = "DYNRAG_DATA names it" if Path(default_data_dir()).is_dir() else f"no kit at {default_data_dir()}"
-    return (f"benchmark data: the fixture kit {d} (the first records of each kit file; {why}); "
-            f"tests marked kit are deselected")
+    return (
+        f"benchmark data: the fixture kit {d} (the first records of each kit file; {why}); "
+        f"tests marked kit are deselected"
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -136,8 +151,11 @@ def s3(monkeypatch):
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }.items():
         monkeypatch.setenv(k, v)
     s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem()

@@ -52,10 +52,12 @@ class MemoryRetriever:
             qt = _tokens(q)
             scores = []
             for i, (d, ln) in enumerate(zip(self.docs, self.lens)):
-                s = sum(self.idf.get(w, 0) * d[w] * (self.k1 + 1) / (d[w] + self.k1 * (1 - self.b + self.b * ln / self.avg))
-                        for w in qt if w in d)
+                s = sum(
+                    self.idf.get(w, 0) * d[w] * (self.k1 + 1) / (d[w] + self.k1 * (1 - self.b + self.b * ln / self.avg))
+                    for w in qt
+                    if w in d
+                )
                 scores.append((s, i))
             scores.sort(key=lambda t: (-t[0], t[1]))
             out.append([Hit(*self.passages[i], score=s) for s, i in scores[:k]])
         return out
-

@@ -31,8 +31,9 @@ def env_for(pause_at: str | None = None, pause_dir: Path | None = None) -> dict:
 
 def start(cmd: list[str], env: dict) -> subprocess.Popen:
     """A CLI process in its own session (so a kill of its group also ends its helpers)."""
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def run(cmd: list[str], env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -92,8 +92,13 @@ def _hits(*ids: str) -> list[Hit]:
 def test_dual_path_merge_dedups_and_keeps_first_order():
     merged, found = merge_paths({"query": _hits("a", "b", "c"), "pseudo-context": _hits("c", "d", "a", "e")})
     assert [h.id for h in merged] == ["a", "b", "c", "d", "e"]
-    assert found == [["query", "pseudo-context"], ["query"], ["query", "pseudo-context"], ["pseudo-context"],
-                     ["pseudo-context"]]
+    assert found == [
+        ["query", "pseudo-context"],
+        ["query"],
+        ["query", "pseudo-context"],
+        ["pseudo-context"],
+        ["pseudo-context"],
+    ]
     merged, _ = merge_paths({"query": _hits("x", "x")})
     assert [h.id for h in merged] == ["x"]
 

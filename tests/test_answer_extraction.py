@@ -7,20 +7,23 @@ from pipeline.methods.dragin import complete
 from pipeline.methods.prompts import SO_THE_ANSWER_IS, extract_answer, marked_answer
 
 
-@pytest.mark.parametrize("text, answer", [
-    ("The answer to this question is: X", "X"),  # was "to this question is: X"
-    (" Jaws is by Steven Spielberg. So the answer is Steven Spielberg.", "Steven Spielberg"),
-    ("Doc 1 says so.\nAnswer: Paris.", "Paris"),
-    ("The answer is: 1960\nmore", "1960"),
-    ('Final answer: "Berlin"', "Berlin"),
-    ("Answer: Paris\nQuestion: Who founded Lyon?\nAnswer: Plancus", "Paris"),  # the model went on: first answer
-    ("Answer:\n\nRome", "Rome"),
-    ('""\n  Answer:\nRome', "Rome"),  # an indented bare marker line: was "r:" (marker found on the stripped line)
-    ("Berlin", "Berlin"),
-    ("  \n\"Oslo\"\nmore text", "Oslo"),
-    ("He answered the call.", "He answered the call"),  # "answered" is no marker
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "text, answer",
+    [
+        ("The answer to this question is: X", "X"),  # was "to this question is: X"
+        (" Jaws is by Steven Spielberg. So the answer is Steven Spielberg.", "Steven Spielberg"),
+        ("Doc 1 says so.\nAnswer: Paris.", "Paris"),
+        ("The answer is: 1960\nmore", "1960"),
+        ('Final answer: "Berlin"', "Berlin"),
+        ("Answer: Paris\nQuestion: Who founded Lyon?\nAnswer: Plancus", "Paris"),  # the model went on: first answer
+        ("Answer:\n\nRome", "Rome"),
+        ('""\n  Answer:\nRome', "Rome"),  # an indented bare marker line: was "r:" (marker found on the stripped line)
+        ("Berlin", "Berlin"),
+        ('  \n"Oslo"\nmore text', "Oslo"),
+        ("He answered the call.", "He answered the call"),  # "answered" is no marker
+        ("", ""),
+    ],
+)
 def test_every_method_extracts_the_same_way(text, answer):
     assert extract_answer(text) == answer
 
@@ -44,5 +47,8 @@ def test_dragin_reads_only_so_the_answer_is():
     assert marked_answer(done, marker=SO_THE_ANSWER_IS) == "Steven Spielberg"
     # same first-marker-with-content and cleaning rule as the general marker
     assert marked_answer('x. So the answer is "".\nQ: y? So the answer is "Oslo".', marker=SO_THE_ANSWER_IS) == "Oslo"
-    assert marked_answer("So the answer is Paris.\nQuestion: z? So the answer is Lyon.", marker=SO_THE_ANSWER_IS) == "Paris"
+    assert (
+        marked_answer("So the answer is Paris.\nQuestion: z? So the answer is Lyon.", marker=SO_THE_ANSWER_IS)
+        == "Paris"
+    )
     assert marked_answer("x. So the answer is", marker=SO_THE_ANSWER_IS) == ""

@@ -43,10 +43,30 @@ def test_driver_config_is_complete_and_matches_dynrag(tmp_path):
     assert fc["bm25_backend"] == "bm25s" and fc["generator_batch_size"] == 8 and fc["metrics"] == []
     assert c["bm25_k1"] == 1.1 and c["dtype"] == "float32" and c["corpus"].endswith("corpus_flashrag.jsonl")
     # every key FlashRAG's Config reads while building the standard pipeline (its basic_config.yaml is missing)
-    for key in ("split", "dataset_name", "data_dir", "model2path", "model2pooling", "method2index", "index_path",
-                "rerank_model_name", "rerank_pooling_method", "metric_setting", "save_note", "save_dir", "seed",
-                "save_retrieval_cache", "use_retrieval_cache", "use_reranker", "refiner_name", "use_fid",
-                "save_metric_score", "save_intermediate_data", "generator_max_input_len", "gpu_num"):
+    for key in (
+        "split",
+        "dataset_name",
+        "data_dir",
+        "model2path",
+        "model2pooling",
+        "method2index",
+        "index_path",
+        "rerank_model_name",
+        "rerank_pooling_method",
+        "metric_setting",
+        "save_note",
+        "save_dir",
+        "seed",
+        "save_retrieval_cache",
+        "use_retrieval_cache",
+        "use_reranker",
+        "refiner_name",
+        "use_fid",
+        "save_metric_score",
+        "save_intermediate_data",
+        "generator_max_input_len",
+        "gpu_num",
+    ):
         assert key in fc, key
 
 
@@ -91,11 +111,29 @@ def test_tree_rss_phases():
 @pytest.mark.slow
 def test_bench_flashrag_end_to_end(data_dir, tmp_path):
     """Installs FlashRAG into its venv if needed (minutes), then runs both sides on 3 questions."""
-    r = subprocess.run([sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", "bench", "flashrag", "--limit", "3",
-                        "--warmup", "1", "--json", "--workdir", str(tmp_path)], capture_output=True, text=True,
-                       timeout=3600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.cli",
+            "--log-level",
+            "WARNING",
+            "bench",
+            "flashrag",
+            "--limit",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    figures = json.loads(r.stdout[r.stdout.index("{"):])
+    figures = json.loads(r.stdout[r.stdout.index("{") :])
     rep = figures["repeats"][0]
     assert rep["dynrag"]["questions"] == 3 and rep["flashrag"]["questions"] == 3
     assert rep["dynrag"]["peak_rss_gib"] > 0 and rep["flashrag"]["peak_rss_gib"] > 0
@@ -111,11 +149,27 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
 
     def fake(cmd, **_):
         seen.append(cmd)
-        return Measured(0 if "dragin" not in cmd else 1, f"figures of {cmd[cmd.index('bench') + 1]}\n", "boom", 1.0, 2**30)
+        return Measured(
+            0 if "dragin" not in cmd else 1, f"figures of {cmd[cmd.index('bench') + 1]}\n", "boom", 1.0, 2**30
+        )
 
     monkeypatch.setattr(bench_all, "run_measured", fake)
-    args = build_parser().parse_args(["bench", "all", "--index", "IDX", "--quick", "--only", "answer", "dragin",
-                                      "--workdir", str(tmp_path), "--set", "generation.max_new_tokens=8"])
+    args = build_parser().parse_args(
+        [
+            "bench",
+            "all",
+            "--index",
+            "IDX",
+            "--quick",
+            "--only",
+            "answer",
+            "dragin",
+            "--workdir",
+            str(tmp_path),
+            "--set",
+            "generation.max_new_tokens=8",
+        ]
+    )
     assert args.func(args) == 1  # dragin "failed"
     assert [c[c.index("bench") + 1] for c in seen] == ["answer", "dragin"]
     assert seen[0][-4:] == ["--limit", "64", "--set", "generation.max_new_tokens=8"] and "IDX" in seen[0]
@@ -137,20 +191,31 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
         side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
         order.append(side)
         commands[side] = cmd
-        r = {"questions": 2, "seconds": 4e-6, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
-             "prompt_tokens_per_question": 100.0, "completion_tokens_per_question": 10.0,
-             "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
+        r = {
+            "questions": 2,
+            "seconds": 4e-6,
+            "startup_s": 3.0,
+            "questions_per_s": 0.5 if side == "dynrag" else 0.05,
+            "prompt_tokens_per_question": 100.0,
+            "completion_tokens_per_question": 10.0,
+            "predictions": {"a": "x", "b": "y"},
+            "doc_ids": {"a": ["1", "2"], "b": ["3", side]},
+        }
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
 
     monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
     model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
     monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
-    monkeypatch.setattr(bench, "prepare", lambda cfg, ds, limit, warmup, work: {
-        "questions": limit, "warmup_questions": min(warmup, 3), "passages": 5})  # a file of limit + 3 questions
+    monkeypatch.setattr(
+        bench,
+        "prepare",
+        lambda cfg, ds, limit, warmup, work: {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5},
+    )  # a file of limit + 3 questions
     monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(bench, "run_measured", fake)
-    args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir",
-                                      str(tmp_path)])
+    args = build_parser().parse_args(
+        ["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir", str(tmp_path)]
+    )
     assert args.func(args) == 0
     assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
     figures = json.loads(capsys.readouterr().out)
@@ -191,7 +256,8 @@ def test_flops_per_token_counts_every_matrix_and_the_head_only_for_generated_tok
     untied = save_weights(tmp_path / "untied", shapes | {"lm_head.weight": (vocab + 2, hidden)})
     assert flops_per_token(untied) == (2 * body, 2 * (body + (vocab + 2) * hidden))
     assert achieved_gflops(untied, 10, 2, questions=3, seconds=2.0) == pytest.approx(
-        (2 * body * 10 + 2 * (body + (vocab + 2) * hidden) * 2) * 3 / 2.0 / 1e9)
+        (2 * body * 10 + 2 * (body + (vocab + 2) * hidden) * 2) * 3 / 2.0 / 1e9
+    )
     with pytest.raises(FileNotFoundError):
         flops_per_token(tmp_path)
 
@@ -208,8 +274,9 @@ def test_bench_pipeline_runs_every_method_on_both_engines(capsys):
 
     main(["bench", "pipeline", "--simulate-gpu", "--questions", "6", "--time-scale", "0", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert [(r["method"], r["engine"]) for r in out] == [(m, e) for m in ("sr-rag", "cfs", "pairs", "dragin")
-                                                         for e in ("lockstep", "continuous")]
+    assert [(r["method"], r["engine"]) for r in out] == [
+        (m, e) for m in ("sr-rag", "cfs", "pairs", "dragin") for e in ("lockstep", "continuous")
+    ]
     assert all({"questions_per_s", "generator_busy", "mean_latency_s"} <= set(r) for r in out)
     assert all(0 <= r["generator_busy"] <= 1 and r["decode_steps"] >= 1 for r in out)
 
@@ -226,6 +293,11 @@ def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_bes
     (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"threads": 1}))
-    r = subprocess.run(flashrag_command(sys.executable, config), env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        flashrag_command(sys.executable, config),
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "the flashrag package" in r.stdout, r.stderr[-2000:]

@@ -10,8 +10,11 @@ import yaml
 
 from jobs.cli import main
 
-DOCS = [("a", "Runners", "The runners were running quickly."), ("b", "Park", "A run in the park."),
-        ("c", "Lake", "Boats on a quiet lake.")]
+DOCS = [
+    ("a", "Runners", "The runners were running quickly."),
+    ("b", "Park", "A run in the park."),
+    ("c", "Lake", "Boats on a quiet lake."),
+]
 HASH = ["--set", "embedding.model=hash"]
 
 
@@ -21,11 +24,15 @@ def indexes(tmp_path_factory):
     corpus = d / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": i, "title": t, "text": x}) + "\n" for i, t, x in DOCS))
     built = {}
-    for name, sets in {"default": [], "plain": ["--set", "index.bm25_stemmer=none",
-                                                "--set", "index.bm25_stopwords=false"]}.items():
+    for name, sets in {
+        "default": [],
+        "plain": ["--set", "index.bm25_stemmer=none", "--set", "index.bm25_stopwords=false"],
+    }.items():
         built[name] = d / name
-        assert main(["--log-level", "ERROR", "index", "build", str(corpus), "--index", str(built[name]), *HASH,
-                     *sets]) == 0
+        assert (
+            main(["--log-level", "ERROR", "index", "build", str(corpus), "--index", str(built[name]), *HASH, *sets])
+            == 0
+        )
     return built
 
 
@@ -48,8 +55,22 @@ def test_the_analyzer_is_chosen_at_build_and_used_by_search(indexes):
 
 
 def test_index_info_shows_k1_b_and_the_analyzer(indexes, capsys):
-    assert main(["index", "info", "--index", str(indexes["plain"]), "--json", "--set", "index.bm25_k1=1.2",
-                 "--set", "index.bm25_b=0.75"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "info",
+                "--index",
+                str(indexes["plain"]),
+                "--json",
+                "--set",
+                "index.bm25_k1=1.2",
+                "--set",
+                "index.bm25_b=0.75",
+            ]
+        )
+        == 0
+    )
     shown = json.loads(capsys.readouterr().out)["bm25_search"]
     assert shown == {"k1": 1.2, "b": 0.75, "stemmer": "none", "stopwords": False}
     assert main(["index", "info", "--index", str(indexes["default"])]) == 0
@@ -60,8 +81,32 @@ def test_a_run_records_the_analyzer_its_index_was_built_with(indexes, tmp_path):
     questions = tmp_path / "q.jsonl"
     questions.write_text(json.dumps({"id": "q1", "question": "who runs in the park?", "answer": ["b"]}) + "\n")
     out = tmp_path / "out"
-    assert main(["--log-level", "ERROR", "answer", "--dataset", str(questions), "--index", str(indexes["plain"]),
-                 "--method", "sr-rag", "--out", str(out), "--no-progress", "--set", "generation.backend=none",
-                 *HASH]) == 0
+    assert (
+        main(
+            [
+                "--log-level",
+                "ERROR",
+                "answer",
+                "--dataset",
+                str(questions),
+                "--index",
+                str(indexes["plain"]),
+                "--method",
+                "sr-rag",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--set",
+                "generation.backend=none",
+                *HASH,
+            ]
+        )
+        == 0
+    )
     index = yaml.safe_load((out / "config.resolved.yaml").read_text())["index"]
-    assert (index["bm25_stemmer"], index["bm25_stopwords"], index["bm25_k1"], index["bm25_b"]) == ("none", False, 0.9, 0.4)
+    assert (index["bm25_stemmer"], index["bm25_stopwords"], index["bm25_k1"], index["bm25_b"]) == (
+        "none",
+        False,
+        0.9,
+        0.4,
+    )

@@ -24,19 +24,24 @@ from pipeline.classifier.data import (
     read_official,
 )
 
-HOTPOT = [{
-    "_id": "q1", "question": "Which city hosts the museum founded by the author of Book X?",
-    "answer": "Paris", "type": "bridge", "level": "hard",
-    "supporting_facts": [["Book X", 0], ["Museum Y", 1], ["Book X", 1]],
-    "context": [
-        ["Book X", ["Book X is a novel by Ann Author.", " Ann founded Museum Y."]],
-        ["Museum Y", ["Museum Y is a museum.", "It is in Paris."]],
-        ["Noise A", ["Noise A is about rivers."]],
-        ["Noise B", ["Noise B is about trains."]],
-        ["Noise C", ["Noise C is about bread."]],
-        ["Noise A", ["A second paragraph with a repeated title."]],
-    ],
-}]
+HOTPOT = [
+    {
+        "_id": "q1",
+        "question": "Which city hosts the museum founded by the author of Book X?",
+        "answer": "Paris",
+        "type": "bridge",
+        "level": "hard",
+        "supporting_facts": [["Book X", 0], ["Museum Y", 1], ["Book X", 1]],
+        "context": [
+            ["Book X", ["Book X is a novel by Ann Author.", " Ann founded Museum Y."]],
+            ["Museum Y", ["Museum Y is a museum.", "It is in Paris."]],
+            ["Noise A", ["Noise A is about rivers."]],
+            ["Noise B", ["Noise B is about trains."]],
+            ["Noise C", ["Noise C is about bread."]],
+            ["Noise A", ["A second paragraph with a repeated title."]],
+        ],
+    }
+]
 
 
 def _write(tmp_path, name, data):
@@ -75,8 +80,12 @@ def test_examples_follow_eq2_exactly(tmp_path):
     for e in neg:  # every negative is exactly one of Eq. 2's negative forms
         g1, g2 = e.doc1 in (bx, my), e.doc2 in (bx, my)
         assert (g1, g2) != (True, True)
-        assert e.kind == {(True, False): GOLD_DISTRACTOR, (False, True): DISTRACTOR_GOLD,
-                          (False, False): DISTRACTOR_DISTRACTOR}[(g1, g2)]
+        assert (
+            e.kind
+            == {(True, False): GOLD_DISTRACTOR, (False, True): DISTRACTOR_GOLD, (False, False): DISTRACTOR_DISTRACTOR}[
+                (g1, g2)
+            ]
+        )
         assert e.doc1 != e.doc2
     assert all(e.question == r.question and e.item[0] == r.question for e in exs)
 
@@ -101,19 +110,34 @@ def test_ratio_kept_when_distractors_are_few():
 
 
 def test_musique_reader(tmp_path):
-    rows = [{"id": "2hop_1", "question": "Q?", "answer": "A", "paragraphs": [
-        {"idx": 0, "title": "T0", "paragraph_text": "zero", "is_supporting": False},
-        {"idx": 1, "title": "T1", "paragraph_text": "one", "is_supporting": True},
-        {"idx": 2, "title": "T1", "paragraph_text": "one", "is_supporting": False},  # duplicate text
-        {"idx": 3, "title": "T1", "paragraph_text": "other part of T1", "is_supporting": True},
-    ]}]
+    rows = [
+        {
+            "id": "2hop_1",
+            "question": "Q?",
+            "answer": "A",
+            "paragraphs": [
+                {"idx": 0, "title": "T0", "paragraph_text": "zero", "is_supporting": False},
+                {"idx": 1, "title": "T1", "paragraph_text": "one", "is_supporting": True},
+                {"idx": 2, "title": "T1", "paragraph_text": "one", "is_supporting": False},  # duplicate text
+                {"idx": 3, "title": "T1", "paragraph_text": "other part of T1", "is_supporting": True},
+            ],
+        }
+    ]
     (r,) = read_musique(_write(tmp_path, "m.json", rows))
     assert r.docs == ("T0: zero", "T1: one", "T1: other part of T1") and r.gold == (False, True, True)
 
 
 def test_split_by_question_never_leaks_and_is_deterministic():
-    recs = [Record(f"q{i}", "ds" if i % 2 else "other", f"question {i}?", tuple(f"q{i}-d{j}" for j in range(6)),
-                   (True, True, False, False, False, False)) for i in range(40)]
+    recs = [
+        Record(
+            f"q{i}",
+            "ds" if i % 2 else "other",
+            f"question {i}?",
+            tuple(f"q{i}-d{j}" for j in range(6)),
+            (True, True, False, False, False, False),
+        )
+        for i in range(40)
+    ]
     s1 = make_splits(recs, seed=3, dev_fraction=0.25)
     s2 = make_splits(recs, seed=3, dev_fraction=0.25)
     assert s1.train == s2.train and s1.dev == s2.dev
@@ -158,8 +182,11 @@ def test_real_train_files_give_balanced_examples(data_dir):
 
 def test_a_datasets_split_does_not_depend_on_the_others():
     def recs(ds, n):
-        return [Record(f"{ds}{i}", ds, "Q?", tuple(f"{ds}{i}-{j}" for j in range(5)), (True, True, False, False, False))
-                for i in range(n)]
+        return [
+            Record(f"{ds}{i}", ds, "Q?", tuple(f"{ds}{i}-{j}" for j in range(5)), (True, True, False, False, False))
+            for i in range(n)
+        ]
+
     alone = make_splits(recs("a", 20), seed=1)
     mixed = make_splits(recs("b", 30) + recs("a", 20), seed=1)
     assert {e.qid for e in alone.dev} == {e.qid for e in mixed.dev if e.dataset == "a"}

@@ -18,10 +18,20 @@ def toy_kit(folder, n=40):
     rows = []
     for i in range(n):
         a, b = f"Alpha{i}", f"Beta{i}"
-        context = [[a, [f"{a} was founded by {b} in the old town."]], [b, [f"{b} was born in Place{i} and wrote songs."]]]
+        context = [
+            [a, [f"{a} was founded by {b} in the old town."]],
+            [b, [f"{b} was born in Place{i} and wrote songs."]],
+        ]
         context += [[f"Gamma{i}x{j}", [f"Gamma{i}x{j} is a river near Delta{i}x{j} with many fish."]] for j in range(6)]
-        rows.append({"_id": f"t{i}", "question": f"Where was the founder of {a} born?", "answer": f"Place{i}",
-                     "context": context, "supporting_facts": [[a, 0], [b, 0]]})
+        rows.append(
+            {
+                "_id": f"t{i}",
+                "question": f"Where was the founder of {a} born?",
+                "answer": f"Place{i}",
+                "context": context,
+                "supporting_facts": [[a, 0], [b, 0]],
+            }
+        )
     (folder / "hotpotqa").mkdir(parents=True)
     (folder / "hotpotqa" / "train_100.json").write_text(json.dumps(rows))
     return folder
@@ -38,9 +48,16 @@ def trained(tmp_path_factory, cache_dir):
         pytest.skip("all-minilm-l6-v2 (its tokenizer) is not prepared")
     root = tmp_path_factory.mktemp("features")
     enc = build_tiny_encoder(root / "tiny", str(cache_dir))
-    cfg = load_config(None, [f"paths.data_dir={toy_kit(root / 'kit')}", f"paths.cache_dir={root / 'cache'}",
-                             f"classifier.base_model={enc}", "classifier.datasets=[hotpotqa]",
-                             "classifier.dev_fraction=0.3"])
+    cfg = load_config(
+        None,
+        [
+            f"paths.data_dir={toy_kit(root / 'kit')}",
+            f"paths.cache_dir={root / 'cache'}",
+            f"classifier.base_model={enc}",
+            "classifier.datasets=[hotpotqa]",
+            "classifier.dev_fraction=0.3",
+        ],
+    )
     assert cfg.classifier.model == "features"  # the default
     return root / "model", train_classifier(cfg, root / "model"), cfg
 
@@ -59,8 +76,12 @@ def test_learns_the_separable_toy_set_where_an_untrained_model_does_not(trained)
     clf = Classifier.load(out)
     splits = make_splits(load_records(cfg.paths.data_dir, ["hotpotqa"]), dev_fraction=0.3)
     # the same embedder and features with an untrained network (all weights zero): P = 0.5 for everything
-    zero = MLP(clf.mlp.mean, clf.mlp.scale, [np.zeros_like(w) for w in clf.mlp.weights],
-               [np.zeros_like(b) for b in clf.mlp.biases])
+    zero = MLP(
+        clf.mlp.mean,
+        clf.mlp.scale,
+        [np.zeros_like(w) for w in clf.mlp.weights],
+        [np.zeros_like(b) for b in clf.mlp.biases],
+    )
     untrained = evaluate(FeatureClassifier(clf.embedder, zero, clf.meta), splits.dev, 0.5, 64)
     assert untrained["accuracy"] == 0.5
     assert evaluate(clf, splits.dev, dev["threshold"], 64)["accuracy"] == dev["accuracy"]
@@ -76,11 +97,19 @@ def test_folder_kind_threshold_and_round_trip(trained, tmp_path):
     assert (out / "mlp.safetensors").is_file() and not any(p.suffix in (".pkl", ".bin") for p in out.iterdir())
     clf = Classifier.load(out)
     assert isinstance(clf, FeatureClassifier) and clf.threshold == meta["threshold"]
-    items = [("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.",
-              "Beta3: Beta3 was born in Place3 and wrote songs."),
-             ("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.",
-              "Gamma3x1: Gamma3x1 is a river near Delta3x1 with many fish."),
-             ("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.")]
+    items = [
+        (
+            "Where was the founder of Alpha3 born?",
+            "Alpha3: Alpha3 was founded by Beta3 in the old town.",
+            "Beta3: Beta3 was born in Place3 and wrote songs.",
+        ),
+        (
+            "Where was the founder of Alpha3 born?",
+            "Alpha3: Alpha3 was founded by Beta3 in the old town.",
+            "Gamma3x1: Gamma3x1 is a river near Delta3x1 with many fish.",
+        ),
+        ("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town."),
+    ]
     scores = clf.score(items)
     assert scores.shape == (3,) and scores[0] > clf.threshold > scores[1]
     clf.save(tmp_path / "copy")
@@ -126,9 +155,14 @@ def test_loads_by_model_key_from_the_run_cache_dir(trained, tmp_path):
     assert meta["training"]["embedder_folder"] == str(Path(cfg.classifier.base_model).resolve())
     assert meta["training"]["data"]["train"]["examples"] > 0 and "created" in meta["training"]
     assert "steps" not in meta["training"] and "final_loss_ema" not in meta["training"]
-    items = [("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.",
-              "Beta3: Beta3 was born in Place3 and wrote songs."),
-             ("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town.")]
+    items = [
+        (
+            "Where was the founder of Alpha3 born?",
+            "Alpha3: Alpha3 was founded by Beta3 in the old town.",
+            "Beta3: Beta3 was born in Place3 and wrote songs.",
+        ),
+        ("Where was the founder of Alpha3 born?", "Alpha3: Alpha3 was founded by Beta3 in the old town."),
+    ]
     expected = Classifier.load(out).score(items)
 
     # a non-default cache holding the (tiny) embedder as the prepared known model all-minilm-l6-v2
@@ -154,10 +188,26 @@ def test_cli_prints_total_wall_and_cpu_time(trained, tmp_path, capsys):
     from jobs.cli import main
 
     out, _, cfg = trained
-    code = main(["train-classifier", "--out", str(tmp_path / "m"), "--data-dir", cfg.paths.data_dir,
-                 "--datasets", "hotpotqa", "--set", f"classifier.base_model={cfg.classifier.base_model}",
-                 "--set", f"paths.cache_dir={cfg.paths.cache_dir}", "--set", "classifier.dev_fraction=0.3"])
+    code = main(
+        [
+            "train-classifier",
+            "--out",
+            str(tmp_path / "m"),
+            "--data-dir",
+            cfg.paths.data_dir,
+            "--datasets",
+            "hotpotqa",
+            "--set",
+            f"classifier.base_model={cfg.classifier.base_model}",
+            "--set",
+            f"paths.cache_dir={cfg.paths.cache_dir}",
+            "--set",
+            "classifier.dev_fraction=0.3",
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
-    assert code == 0 and lines[-1].startswith("total: ") and " min wall, " in lines[-1] and lines[-1].endswith(" s of CPU")
+    assert (
+        code == 0 and lines[-1].startswith("total: ") and " min wall, " in lines[-1] and lines[-1].endswith(" s of CPU")
+    )
     metrics = json.loads((tmp_path / "m" / "metrics.json").read_text())
     assert metrics["total_seconds"] >= 0 and metrics["total_cpu_seconds"] > 0

@@ -57,7 +57,7 @@ def test_truncation_keeps_structure_and_shares_room(tokenizer):
     # the short document is kept whole, the long one gets the rest: 64 - 4 specials - 10 - 2
     seps = [i for i, t in enumerate(ids) if t == sep]
     assert len(seps) == 3
-    assert ids[seps[1] + 1: seps[2]] == _ids(tokenizer, short_doc)
+    assert ids[seps[1] + 1 : seps[2]] == _ids(tokenizer, short_doc)
     assert seps[1] - seps[0] - 1 == 64 - 4 - 10 - len(_ids(tokenizer, short_doc))
     # two long documents: equal shares
     ids, _ = enc.encode_one(("q", long_doc, long_doc))

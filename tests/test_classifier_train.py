@@ -14,9 +14,15 @@ from pipeline.config import load_config
 # Enough to beat the majority on 2 shared cores: about 280 training examples, short inputs, 2 epochs (86 s here).
 LEARNS = [  # the cross-encoder (the default is the feature model: tests/test_classifier_features.py)
     "classifier.model=cross-encoder",
-    "classifier.max_examples=400", "classifier.dev_fraction=0.3", "classifier.epochs=2",
-    "classifier.max_length=64", "classifier.max_query_tokens=24", "classifier.batch_size=8",
-    "classifier.learning_rate=1e-4", "classifier.log_every=10", "classifier.threads=2",
+    "classifier.max_examples=400",
+    "classifier.dev_fraction=0.3",
+    "classifier.epochs=2",
+    "classifier.max_length=64",
+    "classifier.max_query_tokens=24",
+    "classifier.batch_size=8",
+    "classifier.learning_rate=1e-4",
+    "classifier.log_every=10",
+    "classifier.threads=2",
 ]
 # The plumbing (folder, round trip, scorer, CIS/CFS) needs a trained model, not a good one: 80 examples, 1 epoch.
 QUICK = [*LEARNS, "classifier.max_examples=80", "classifier.epochs=1"]
@@ -72,9 +78,14 @@ def test_model_folder_and_round_trip(trained, tmp_path):
     # the same dev split, rebuilt from the saved config, scores exactly as it did before saving
     cfg = load_config(out / "config.resolved.yaml")
     cc = cfg.classifier
-    splits = make_splits(load_records(cfg.paths.data_dir, cc.datasets), seed=cc.seed, dev_fraction=cc.dev_fraction,
-                         mixed_fraction=cc.mixed_negative_fraction, max_per_dataset=cc.max_examples_per_dataset,
-                         max_examples=cc.max_examples)
+    splits = make_splits(
+        load_records(cfg.paths.data_dir, cc.datasets),
+        seed=cc.seed,
+        dev_fraction=cc.dev_fraction,
+        mixed_fraction=cc.mixed_negative_fraction,
+        max_per_dataset=cc.max_examples_per_dataset,
+        max_examples=cc.max_examples,
+    )
     again = evaluate(clf, splits.dev, cc.threshold, 64)
     assert again["accuracy"] == result["dev"]["accuracy"] and again["tp"] == result["dev"]["tp"]
 
@@ -109,17 +120,26 @@ def test_scoring_backend_and_cfs_use_the_trained_folder(trained):
     with pytest.raises(ScorerError, match="no classifier 'other'"):
         scorer.score(items, "other")
 
-    passages = [(f"p{i}", t, x) for i, (t, x) in enumerate([
-        ("Kew Gardens", "Kew Gardens is a botanic garden in Richmond, London."),
-        ("Richmond, London", "Richmond is a town in south-west London on the River Thames."),
-        ("River Thames", "The River Thames flows through southern England including London."),
-        ("Bananas", "Bananas are a fruit.")])]
+    passages = [
+        (f"p{i}", t, x)
+        for i, (t, x) in enumerate(
+            [
+                ("Kew Gardens", "Kew Gardens is a botanic garden in Richmond, London."),
+                ("Richmond, London", "Richmond is a town in south-west London on the River Thames."),
+                ("River Thames", "The River Thames flows through southern England including London."),
+                ("Bananas", "Bananas are a fruit."),
+            ]
+        )
+    ]
     cfg = load_config(None, [f"classifier.path={out}", "classifier.device=cpu"])
     gen = RecordingGenerator(reply=lambda p: "Answer: Richmond")
     engine = Engine(Backends(cfg, generator=gen, retriever=MemoryRetriever(passages)))
     spec = get_method("cfs")
-    res = engine.run([Question("q", "In which town is Kew Gardens?")], spec.program,
-                     spec.params({"k": 3, "k1": 1, "retriever": "bm25", "threshold": 0.01}))[0]
+    res = engine.run(
+        [Question("q", "In which town is Kew Gardens?")],
+        spec.program,
+        spec.params({"k": 3, "k1": 1, "retriever": "bm25", "threshold": 0.01}),
+    )[0]
     assert res.error is None and res.trace.llm_calls == 1 and res.trace.classifier_calls >= 1
     assert len(res.answer.used_docs) == 2  # threshold 0.01: the first candidate of the list is positive
 
@@ -158,11 +178,14 @@ def test_load_rejects_non_model_folders(tmp_path):
         Classifier.load(tmp_path)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--datasets", "hotpotqa,nq"], "unknown training dataset 'nq'"),
-    (["--data-dir", "/nonexistent/data"], "data folder not found: /nonexistent/data"),
-    (["--set", "classifier.epochs=0"], "classifier.epochs"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--datasets", "hotpotqa,nq"], "unknown training dataset 'nq'"),
+        (["--data-dir", "/nonexistent/data"], "data folder not found: /nonexistent/data"),
+        (["--set", "classifier.epochs=0"], "classifier.epochs"),
+    ],
+)
 def test_cli_errors_are_one_line(args, message, tmp_path, capsys):
     code = main(["train-classifier", "--out", str(tmp_path / "m"), *args])
     err = capsys.readouterr().err.strip().splitlines()
@@ -208,6 +231,16 @@ def test_binary_metrics_worked_example():
 
     # labels 1 1 0 0 0, preds 1 0 1 0 0: tp 1, fn 1, fp 1, tn 2; precision = recall = f1 = 1/2, accuracy 3/5
     m = binary_metrics(np.array([1, 1, 0, 0, 0]), np.array([1, 0, 1, 0, 0]))
-    assert m == {"n": 5, "accuracy": 0.6, "precision": 0.5, "recall": 0.5, "f1": 0.5, "tp": 1, "fp": 1, "fn": 1, "tn": 2}
+    assert m == {
+        "n": 5,
+        "accuracy": 0.6,
+        "precision": 0.5,
+        "recall": 0.5,
+        "f1": 0.5,
+        "tp": 1,
+        "fp": 1,
+        "fn": 1,
+        "tn": 2,
+    }
     # nothing predicted positive, nothing positive: the undefined ratios are 0
     assert binary_metrics(np.zeros(3), np.zeros(3))["precision"] == 0.0 == binary_metrics([], [])["f1"]

@@ -48,7 +48,9 @@ def cluster(tmp_path_factory):
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
         server.start()
         host, port = server.get_host_and_port()
-        env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=f"http://{host}:{port}")
+        env.update(
+            AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_ENDPOINT_URL=f"http://{host}:{port}"
+        )
     except ImportError:
         pass
     with pytest.MonkeyPatch.context() as mp:
@@ -63,8 +65,13 @@ def cluster(tmp_path_factory):
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False, configure_logging=False)
         try:
-            yield {"address": c.address, "workers": {w.node_id for w in workers}, "pause_dir": pause_dir,
-                   "node_2": workers[1].node_id, "s3": server is not None}
+            yield {
+                "address": c.address,
+                "workers": {w.node_id for w in workers},
+                "pause_dir": pause_dir,
+                "node_2": workers[1].node_id,
+                "s3": server is not None,
+            }
         finally:
             ray.shutdown()
             c.shutdown()
@@ -87,7 +94,7 @@ def write_corpus(folder: Path, rows: list[dict]) -> list[str]:
     """Four files; the last one also repeats the first file's first two passages."""
     folder.mkdir(parents=True, exist_ok=True)
     q = len(rows) // 4
-    parts = [rows[:q], rows[q:2 * q], rows[2 * q:3 * q], rows[3 * q:] + rows[:2]]
+    parts = [rows[:q], rows[q : 2 * q], rows[2 * q : 3 * q], rows[3 * q :] + rows[:2]]
     paths = []
     for i, part in enumerate(parts):
         p = folder / f"part{i}.jsonl"
@@ -165,8 +172,9 @@ def test_incremental_rebuild_touches_only_the_changed_shard(cluster, rows, tmp_p
     assert report["shards_built"] == 1 and report["shards_reused"] == report["shards"] - 1
     assert report["passages_embedded"] == 1 and report["vectors_reused"] >= 1  # the rest came from the old shard
     full = build_index(sources, tmp_path / "full", settings(cluster))  # the same corpus from scratch
-    assert [s["key"] for s in read_manifest(tmp_path / "full")["shards"]] == \
-        [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]]
+    assert [s["key"] for s in read_manifest(tmp_path / "full")["shards"]] == [
+        s["key"] for s in read_manifest(tmp_path / "idx")["shards"]
+    ]
     assert full["passages_embedded"] == full["passages"]
 
 
@@ -189,8 +197,15 @@ def test_killed_build_resumes_on_rerun(cluster, rows, tmp_path):
     sources = write_corpus(tmp_path / "corpus", rows)
     marker = cluster["pause_dir"] / PAUSE_POINT
     marker.unlink()  # armed
-    sets = [f"--set={k}={v}" for k, v in {"runtime.mode": "ray", "runtime.ray_address": cluster["address"],
-                                          "embedding.model": "hash", "index.shard_size": SHARD}.items()]
+    sets = [
+        f"--set={k}={v}"
+        for k, v in {
+            "runtime.mode": "ray",
+            "runtime.ray_address": cluster["address"],
+            "embedding.model": "hash",
+            "index.shard_size": SHARD,
+        }.items()
+    ]
     driver = start(cli("index", "build", *sources, "--index", str(tmp_path / "idx"), *sets), {**os.environ, **RAY_ENV})
     try:
         deadline = time.monotonic() + 300
@@ -209,8 +224,9 @@ def test_killed_build_resumes_on_rerun(cluster, rows, tmp_path):
     report = build_index(sources, tmp_path / "idx", settings(cluster))
     assert report["version"] == 1 and report["passages_embedded"] < report["passages"]
     build_index(sources, tmp_path / "ref", settings(cluster))  # the reference: an uninterrupted build
-    assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == \
-        [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
+    assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == [
+        s["key"] for s in read_manifest(tmp_path / "ref")["shards"]
+    ]
     verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
     assert hits(tmp_path / "idx", settings(), "bm25") == hits(tmp_path / "ref", settings(), "bm25")
     assert not (tmp_path / "idx" / "staging").exists()
@@ -235,8 +251,9 @@ def test_killed_worker_is_retried(cluster, rows, tmp_path):
     assert result["published"] and result["shards_built"] + result["shards_reused"] == result["shards"]
     assert result["passages_embedded"] < result["passages"]  # the retry reused the killed attempt's vectors
     build_index(sources, tmp_path / "ref", settings(cluster))  # an undisturbed build
-    assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == \
-        [s["key"] for s in read_manifest(tmp_path / "ref")["shards"]]
+    assert [s["key"] for s in read_manifest(tmp_path / "idx")["shards"]] == [
+        s["key"] for s in read_manifest(tmp_path / "ref")["shards"]
+    ]
     verify_version(tmp_path / "idx", read_manifest(tmp_path / "idx"), full=True)
     assert hits(tmp_path / "idx", settings(), "bm25") == hits(tmp_path / "ref", settings(), "bm25")
 
@@ -275,8 +292,10 @@ def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster,
 
         conf = load(overrides=["embedding.model=hash", f"index.remote_cache_dir={cache}"]).index_settings()
         with open_(uri, conf) as idx:
-            found = {kind: [[(h.id, round(h.score, 4)) for h in hs] for hs in idx.search(queries, k=5, retriever=kind)]
-                     for kind in ("bm25", "dense")}
+            found = {
+                kind: [[(h.id, round(h.score, 4)) for h in hs] for hs in idx.search(queries, k=5, retriever=kind)]
+                for kind in ("bm25", "dense")
+            }
         files = sorted(str(p.relative_to(cache)) for p in Path(cache).rglob("*") if p.is_file())
         return r.get_runtime_context().get_node_id(), found, files
 
@@ -298,7 +317,9 @@ def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster,
     again = build_index([f"s3://{bucket}/corpus/part*.jsonl"], uri, cfg)
     assert again["version"] == 2 and again["shards_built"] == 1 and again["passages_embedded"] == 1
     _, _, files2 = ray.get(on_node_2.remote(uri, str(node_cache), QUERIES))
-    new_shards = {f.split("/")[2] for f in files2 if "/shards/" in f} - {f.split("/")[2] for f in files if "/shards/" in f}
+    new_shards = {f.split("/")[2] for f in files2 if "/shards/" in f} - {
+        f.split("/")[2] for f in files if "/shards/" in f
+    }
     assert len(new_shards) == 1  # the node pulled the one new shard; the others were cached
 
 

@@ -53,7 +53,7 @@ def test_launcher_config_is_valid_for_ray_and_maps_the_groups():
     assert f"ray:{ray.__version__}-" in cfg["docker"]["image"]
     assert cfg["file_mounts"] == {"/home/ray/dynrag": "."}
     install = " ".join(cfg["setup_commands"])
-    extras = re.search(r'/home/ray/dynrag\[([a-z,]+)\]', install).group(1).split(",")
+    extras = re.search(r"/home/ray/dynrag\[([a-z,]+)\]", install).group(1).split(",")
     assert set(extras) <= set(_extras()) and {"gpu", "cloud"} <= set(extras)
     assert any("--head" in c and "--dashboard-host=0.0.0.0" in c for c in cfg["head_start_ray_commands"])
     assert any("$RAY_HEAD_IP:6379" in c for c in cfg["worker_start_ray_commands"])
@@ -85,7 +85,9 @@ def test_kuberay_cluster_and_jobs():
     limits = gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == int(gpu["rayStartParams"]["num-gpus"]) >= 1
     assert "nvidia.com/gpu" not in groups["cpu-workers"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    images = {c["image"] for g in [spec["headGroupSpec"], *groups.values()] for c in g["template"]["spec"]["containers"]}
+    images = {
+        c["image"] for g in [spec["headGroupSpec"], *groups.values()] for c in g["template"]["spec"]["containers"]
+    }
     assert len(images) == 1
     dockerfile = (CLUSTER / "Dockerfile").read_text()
     assert f"rayproject/ray:{ray.__version__}-" in dockerfile and "/home/ray/dynrag[gpu,cloud]" in dockerfile
@@ -105,8 +107,12 @@ def test_kuberay_cluster_and_jobs():
 
 def _flat(d: dict, prefix: str = "") -> set[str]:
     """Dotted keys of the config sections (a `*resources` mapping is one value)."""
-    return set().union(*[_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and not k.endswith("resources")
-                         else {prefix + k} for k, v in d.items()])
+    return set().union(
+        *[
+            _flat(v, f"{prefix}{k}.") if isinstance(v, dict) and not k.endswith("resources") else {prefix + k}
+            for k, v in d.items()
+        ]
+    )
 
 
 def test_dynrag_configs_map_resources_to_the_cluster():
@@ -124,8 +130,10 @@ def test_dynrag_configs_map_resources_to_the_cluster():
     cpus = _yaml("ray-cluster.yaml")["available_node_types"]["cpu-workers"]
     k8s_cpu = {g["groupName"]: g for g in _yaml("kuberay/raycluster.yaml")["spec"]["workerGroupSpecs"]}["cpu-workers"]
     k8s_offer = json.loads(json.loads(k8s_cpu["rayStartParams"]["resources"]))  # KubeRay's quoted JSON
-    for actors, wants in ((cluster.ray.retrieval_actors, cluster.ray.retrieval_actor_resources),
-                          (cluster.ray.scorer_actors, cluster.ray.scorer_actor_resources)):
+    for actors, wants in (
+        (cluster.ray.retrieval_actors, cluster.ray.retrieval_actor_resources),
+        (cluster.ray.scorer_actors, cluster.ray.scorer_actor_resources),
+    ):
         for name, per_actor in wants.items():
             assert actors * per_actor <= cpus["max_workers"] * cpus["resources"][name]
             assert k8s_offer[name] == cpus["resources"][name]
@@ -171,16 +179,38 @@ def test_submit_job_spec_ships_the_resolved_config(tmp_path):
     from pipeline.config import ConfigError
 
     parser = build_parser()
-    args = parser.parse_args(["submit", "--working-dir", str(REPO), "--runtime-env", "cluster/runtime_env.yaml",
-                              "--config", "cluster/dynrag.yaml", "--set", "ray.actors=3", "--job-id", "j1", "--",
-                              "answer", "--dataset", "s3://b/q.jsonl", "--out", "s3://b/o"])
+    args = parser.parse_args(
+        [
+            "submit",
+            "--working-dir",
+            str(REPO),
+            "--runtime-env",
+            "cluster/runtime_env.yaml",
+            "--config",
+            "cluster/dynrag.yaml",
+            "--set",
+            "ray.actors=3",
+            "--job-id",
+            "j1",
+            "--",
+            "answer",
+            "--dataset",
+            "s3://b/q.jsonl",
+            "--out",
+            "s3://b/o",
+        ]
+    )
     spec = job_spec(args)
     assert spec["entrypoint"] == "python -m jobs.submit answer --dataset s3://b/q.jsonl --out s3://b/o"
     assert spec["submission_id"] == "j1" and spec["runtime_env"]["working_dir"] == str(REPO)
     env = spec["runtime_env"]["env_vars"]
     assert env["HF_HOME"] == _yaml("runtime_env.yaml")["env_vars"]["HF_HOME"]
     shipped = yaml.safe_load(env[CONFIG_ENV])
-    assert shipped["ray"]["actors"] == 3 and shipped["runtime"] == {**shipped["runtime"], "mode": "ray", "ray_address": "auto"}
+    assert shipped["ray"]["actors"] == 3 and shipped["runtime"] == {
+        **shipped["runtime"],
+        "mode": "ray",
+        "ray_address": "auto",
+    }
     assert shipped["generation"]["model"] == "Qwen/Qwen2.5-7B-Instruct"
     with pytest.raises(ConfigError, match="ray.actors"):
         job_spec(parser.parse_args(["submit", "--set", "ray.actors=0", "--", "index", "info", "--index", "x"]))

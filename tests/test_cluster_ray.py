@@ -24,8 +24,14 @@ from engine_fixtures import HOTPOT, hotpot_subset, tiny_model_path
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 # the flags of the guide's `ray start` (ports and temp dir are added per test)
-RAY_START = ["--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-             "--num-cpus=2", "--disable-usage-stats"]
+RAY_START = [
+    "--head",
+    "--node-ip-address=127.0.0.1",
+    "--dashboard-host=127.0.0.1",
+    "--include-dashboard=true",
+    "--num-cpus=2",
+    "--disable-usage-stats",
+]
 # loopback only; no token auth; no worker killing by Ray's memory monitor, which counts the memory of the
 # whole (shared) machine and killed these jobs' workers for other users' processes
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_memory_monitor_refresh_ms": "0"}
@@ -61,10 +67,22 @@ def ray_head():
     gcs, dash, client, agent, agent_grpc, nm, om, metrics, renv = _free_ports(9)
     temp = tempfile.mkdtemp(prefix="dynrag-ray-", dir="/tmp")  # short: Ray's socket paths live below it
     env = {**os.environ, **RAY_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}  # jobs run the venv's python
-    cmd = [str(BIN / "ray"), "start", *RAY_START, f"--port={gcs}", f"--dashboard-port={dash}",
-           f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",
-           f"--dashboard-agent-grpc-port={agent_grpc}", f"--node-manager-port={nm}", f"--object-manager-port={om}",
-           f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={renv}", f"--temp-dir={temp}", "--block"]
+    cmd = [
+        str(BIN / "ray"),
+        "start",
+        *RAY_START,
+        f"--port={gcs}",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={client}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--metrics-export-port={metrics}",
+        f"--runtime-env-agent-port={renv}",
+        f"--temp-dir={temp}",
+        "--block",
+    ]
     log = open(Path(temp) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     address = f"http://127.0.0.1:{dash}"
@@ -76,7 +94,9 @@ def ray_head():
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"ray start failed: {(Path(temp) / 'ray-start.log').read_text()[-3000:]}") from None
+                    raise RuntimeError(
+                        f"ray start failed: {(Path(temp) / 'ray-start.log').read_text()[-3000:]}"
+                    ) from None
                 time.sleep(1)
         yield address
     finally:
@@ -95,13 +115,24 @@ def ray_head():
                 pass
         time.sleep(1)
         log.close()
-        assert not _session_pids(proc.pid), [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in _session_pids(proc.pid)]
+        assert not _session_pids(proc.pid), [
+            Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in _session_pids(proc.pid)
+        ]
         shutil.rmtree(temp, ignore_errors=True)
 
 
 def _submit(address: str, tmp_path: Path, *command: str, overrides: list[str]) -> subprocess.CompletedProcess:
-    args = [str(BIN / "dynrag"), "submit", "--address", address, "--config", "cluster/dynrag-local.yaml",
-            *(f"--set={o}" for o in overrides), "--", *command]
+    args = [
+        str(BIN / "dynrag"),
+        "submit",
+        "--address",
+        address,
+        "--config",
+        "cluster/dynrag-local.yaml",
+        *(f"--set={o}" for o in overrides),
+        "--",
+        *command,
+    ]
     env = {**os.environ, **RAY_ENV}
     return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
@@ -115,11 +146,17 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
 
     corpus = hotpot_subset(data_dir, tmp_path / "corpus.jsonl", N_CORPUS)
     index, out = tmp_path / "index", tmp_path / "sr-rag"
-    tiny = [f"generation.model={tiny_model_path(tmp_path_factory)}", "generation.max_new_tokens=8", "index.shard_size=40", "ray.batch_questions=2"]
+    tiny = [
+        f"generation.model={tiny_model_path(tmp_path_factory)}",
+        "generation.max_new_tokens=8",
+        "index.shard_size=40",
+        "ray.batch_questions=2",
+    ]
 
     t = time.perf_counter()
-    built = _submit(ray_head, tmp_path, "index", "build", str(corpus), "--format", "hotpotqa", "--index", str(index),
-                    overrides=tiny)
+    built = _submit(
+        ray_head, tmp_path, "index", "build", str(corpus), "--format", "hotpotqa", "--index", str(index), overrides=tiny
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     assert "SUCCEEDED" in built.stderr and "published version 1" in built.stdout  # the job's log, streamed
     build_s = time.perf_counter() - t
@@ -128,9 +165,23 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     assert manifest["build"]["passages_embedded"] == manifest["passages"]
 
     t = time.perf_counter()
-    answered = _submit(ray_head, tmp_path, "answer", "--dataset", str(data_dir / HOTPOT), "--index", str(index),
-                       "--out", str(out), "--method", "sr-rag", "--limit", str(N_ANSWER), "--no-progress",
-                       overrides=[*tiny, "ray.retrieval_actors=2", "ray.retrieval_actor_num_cpus=0.25"])
+    answered = _submit(
+        ray_head,
+        tmp_path,
+        "answer",
+        "--dataset",
+        str(data_dir / HOTPOT),
+        "--index",
+        str(index),
+        "--out",
+        str(out),
+        "--method",
+        "sr-rag",
+        "--limit",
+        str(N_ANSWER),
+        "--no-progress",
+        overrides=[*tiny, "ray.retrieval_actors=2", "ray.retrieval_actor_num_cpus=0.25"],
+    )
     assert answered.returncode == 0, answered.stdout[-3000:] + answered.stderr[-3000:]
     assert "2 retrieval actors ready" in answered.stdout  # the driver's log, streamed
     answer_s = time.perf_counter() - t
@@ -140,7 +191,9 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     resolved = (out / "config.resolved.yaml").read_text()
     assert "mode: ray" in resolved and "ray_address: auto" in resolved
     cfg = load_config(str(REPO / "cluster/dynrag-local.yaml"))
-    with open_index(index, cfg.index_settings()) as idx:  # the retrieval actors returned what the built index returns, in order
+    with open_index(
+        index, cfg.index_settings()
+    ) as idx:  # the retrieval actors returned what the built index returns, in order
         hits = idx.search([r["question"] for r in rows], k=cfg.retrieval.k, retriever=cfg.retrieval.retriever)
     assert [[d["id"] for d in r["retrieved"]] for r in rows] == [[h.id for h in hs] for hs in hits]
     print(f"index job {build_s:.1f}s, answer job {answer_s:.1f}s")

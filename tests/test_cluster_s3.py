@@ -33,13 +33,16 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
     s3, BUCKET = s3
     lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()
     s3.pipe(f"{BUCKET}/corpus/v1.jsonl", ("\n".join(lines[:N_CORPUS]) + "\n").encode())
-    s3.pipe(f"{BUCKET}/corpus/v2.jsonl", ("\n".join(lines[:N_CORPUS + 2]) + "\n").encode())
+    s3.pipe(f"{BUCKET}/corpus/v2.jsonl", ("\n".join(lines[: N_CORPUS + 2]) + "\n").encode())
     s3.pipe(f"{BUCKET}/questions/dev.jsonl", ("\n".join(lines[:N_ANSWER]) + "\n").encode())
     index, out = f"s3://{BUCKET}/index", f"s3://{BUCKET}/runs/sr-rag"
     conf = ["--config", _config_file(tmp_path, str(tiny_model_path(tmp_path_factory)))]
 
     # build: published straight to the bucket, CURRENT naming a complete version
-    assert dynrag(["index", "build", f"s3://{BUCKET}/corpus/v1.jsonl", "--format", "hotpotqa", "--index", index, *conf]) == 0
+    assert (
+        dynrag(["index", "build", f"s3://{BUCKET}/corpus/v1.jsonl", "--format", "hotpotqa", "--index", index, *conf])
+        == 0
+    )
     assert s3.cat(f"{BUCKET}/index/CURRENT").decode().strip() == "v000001"
     m1 = json.loads(s3.cat(f"{BUCKET}/index/versions/v000001/manifest.json"))
     assert len(m1["shards"]) >= 2 and m1["passages"] > 50
@@ -55,7 +58,10 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
     assert json.loads(capsys.readouterr().out)["version"] == 1
 
     # refresh with two more questions' paragraphs: incremental, only new shards uploaded, v1 kept
-    assert dynrag(["index", "build", f"s3://{BUCKET}/corpus/v2.jsonl", "--format", "hotpotqa", "--index", index, *conf]) == 0
+    assert (
+        dynrag(["index", "build", f"s3://{BUCKET}/corpus/v2.jsonl", "--format", "hotpotqa", "--index", index, *conf])
+        == 0
+    )
     assert s3.cat(f"{BUCKET}/index/CURRENT").decode().strip() == "v000002"
     m2 = json.loads(s3.cat(f"{BUCKET}/index/versions/v000002/manifest.json"))
     assert m2["passages"] > m1["passages"] and m2["build"]["previous_version"] == 1
@@ -65,8 +71,24 @@ def test_index_and_answer_on_s3(s3, data_dir, tmp_path, tmp_path_factory, capsys
     assert remote_shards == {s["key"] for s in m1["shards"]} | {s["key"] for s in m2["shards"]}
 
     # answer: questions from S3, index pulled once into the local cache, rows written to S3
-    assert dynrag(["answer", "--dataset", f"s3://{BUCKET}/questions/dev.jsonl", "--index", index, "--out", out,
-                   "--method", "sr-rag", "--no-progress", *conf]) == 0
+    assert (
+        dynrag(
+            [
+                "answer",
+                "--dataset",
+                f"s3://{BUCKET}/questions/dev.jsonl",
+                "--index",
+                index,
+                "--out",
+                out,
+                "--method",
+                "sr-rag",
+                "--no-progress",
+                *conf,
+            ]
+        )
+        == 0
+    )
     from pipeline.io.output import read_rows
 
     rows = read_rows(out).to_pylist()

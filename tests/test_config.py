@@ -82,7 +82,8 @@ def test_resolved_config_round_trips(tmp_path):
 def test_cli_bad_config_value_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "jobs.cli", "models", "list", "--set", "retrieval.k=-3"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -92,7 +93,8 @@ def test_cli_bad_config_value_is_one_line_and_exit_2(tmp_path):
 def test_cli_missing_config_file(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "jobs.cli", "models", "list", "--config", str(tmp_path / "nope.yaml")],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert "config file not found" in proc.stderr
@@ -101,7 +103,9 @@ def test_cli_missing_config_file(tmp_path):
 def test_vllm_engine_kwargs_are_validated_and_passed_through():
     from pipeline.backends.vllm_gen import llm_kwargs
 
-    with pytest.raises(ConfigError, match=r"^invalid configuration: generation.engine_kwargs.swap_space: unknown field"):
+    with pytest.raises(
+        ConfigError, match=r"^invalid configuration: generation.engine_kwargs.swap_space: unknown field"
+    ):
         load_config(overrides=["generation.engine_kwargs.swap_space=4"])
     with pytest.raises(ConfigError, match="engine_kwargs.max_num_seqs"):
         load_config(overrides=["generation.engine_kwargs.max_num_seqs=0"])
@@ -110,8 +114,12 @@ def test_vllm_engine_kwargs_are_validated_and_passed_through():
     g = load_config(overrides=["generation.engine_kwargs.max_model_len=1024"]).generation
     assert g.max_model_len == 1024  # one setting, under either name
     assert llm_kwargs(g, "m", gpu=False)["enable_prefix_caching"] is True  # on unless turned off
-    g = load_config(overrides=["generation.engine_kwargs.enable_prefix_caching=false",
-                               "generation.engine_kwargs.gpu_memory_utilization=0.5"]).generation
+    g = load_config(
+        overrides=[
+            "generation.engine_kwargs.enable_prefix_caching=false",
+            "generation.engine_kwargs.gpu_memory_utilization=0.5",
+        ]
+    ).generation
     kw = llm_kwargs(g, "m", gpu=True)
     assert kw["enable_prefix_caching"] is False and kw["gpu_memory_utilization"] == 0.5 and "enforce_eager" not in kw
     assert "tensor_parallel_size" not in kw  # unset keys keep vLLM's defaults

@@ -37,17 +37,22 @@ def local_hub(tmp_path):
 def test_hub_uri_in_flashrag_format_reads_through_fsspec(local_hub):
     f = local_hub / "datasets/RUC-NLPIR/FlashRAG_datasets/nq/test.jsonl"
     f.parent.mkdir(parents=True)
-    f.write_text("\n".join(json.dumps({"id": f"test_{i}", "question": f"q{i}?", "golden_answers": [f"a{i}", "b"],
-                                       "metadata": {}}) for i in range(3)) + "\n")
+    f.write_text(
+        "\n".join(
+            json.dumps({"id": f"test_{i}", "question": f"q{i}?", "golden_answers": [f"a{i}", "b"], "metadata": {}})
+            for i in range(3)
+        )
+        + "\n"
+    )
     qs = list(load_questions(NQ))
     assert [(q.id, q.question, q.answers, q.dataset) for q in qs] == [
-        (f"test_{i}", f"q{i}?", [f"a{i}", "b"], "nq") for i in range(3)]
+        (f"test_{i}", f"q{i}?", [f"a{i}", "b"], "nq") for i in range(3)
+    ]
 
 
 def test_unreachable_hub_fails_at_once_with_one_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    code = ("from pipeline.io.datasets import load_questions\n"
-            f"list(load_questions({NQ!r}))")
+    code = f"from pipeline.io.datasets import load_questions\nlist(load_questions({NQ!r}))"
     t = time.monotonic()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert time.monotonic() - t < 30 and out.returncode != 0
@@ -57,10 +62,17 @@ def test_unreachable_hub_fails_at_once_with_one_line(monkeypatch):
 
 def test_ids_dynrag_makes_cannot_collide_with_a_files_own(tmp_path):
     f = tmp_path / "q.jsonl"
-    f.write_text("\n".join([json.dumps({"id": "line-2", "question": "real?", "answer": ["x"]}),
-                            "{broken",
-                            json.dumps({"question": "no id?", "answer": ["y"]}),
-                            json.dumps({"id": "dynrag:line-2", "question": "squatter?", "answer": ["z"]})]) + "\n")
+    f.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "line-2", "question": "real?", "answer": ["x"]}),
+                "{broken",
+                json.dumps({"question": "no id?", "answer": ["y"]}),
+                json.dumps({"id": "dynrag:line-2", "question": "squatter?", "answer": ["z"]}),
+            ]
+        )
+        + "\n"
+    )
     qs = list(load_questions(str(f)))
     assert [q.id for q in qs] == ["line-2", "dynrag:line-2", "dynrag:line-3", "dynrag:line-4"]
     assert [q.error is None for q in qs] == [True, False, True, False]

@@ -49,10 +49,12 @@ def test_known_record_fields(data_dir):
 def test_dpr_topics_lines_parse_defensively(tmp_path):
     f = tmp_path / "topics.txt"
     # the second and third lines are as in the DPR TriviaQA test topics: CSV-quoted, not Python literals
-    f.write_text("who sang it?\t['The Beatles', 'Beatles']\n"
-                 "which anthem?\t\"['Zadok The Priest', '\"\"\"\"\"\"Zadok the Priest\"\"\"\"\"\"']\"\n"
-                 "which album?\t\"['\"\"Michael Jackson\\'s \"\"\"\"Thriller\"\"\"\"\"\"', 'MJ']\"\n",
-                 encoding="utf-8")
+    f.write_text(
+        "who sang it?\t['The Beatles', 'Beatles']\n"
+        'which anthem?\t"[\'Zadok The Priest\', \'""""""Zadok the Priest""""""\']"\n'
+        'which album?\t"[\'""Michael Jackson\\\'s """"Thriller""""""\', \'MJ\']"\n',
+        encoding="utf-8",
+    )
     qs = list(load_questions(str(f)))
     assert qs[0].answers == ["The Beatles", "Beatles"]
     assert qs[1].answers == ["Zadok The Priest", "Zadok the Priest"]
@@ -82,21 +84,24 @@ def test_unreadable_files_are_refused(tmp_path):
 
 def test_bad_rows_become_error_rows_and_others_are_answered(tmp_path):
     good = [{"id": f"g{i}", "question": f"question number {i}?", "answer": ["x"]} for i in range(3)]
-    lines = [json.dumps(good[0]).encode(),
-             json.dumps({"id": "empty", "question": "  ", "answer": ["x"]}).encode(),
-             json.dumps(good[1]).encode(),
-             json.dumps({"id": "g0", "question": "a duplicate id", "answer": ["x"]}).encode(),
-             json.dumps({"id": "long", "question": "why " * 2000, "answer": ["x"]}).encode(),
-             b'{"id": "latin1", "question": "caf\xe9?", "answer": ["x"]}',
-             b'{"id": "broken", "question": ',
-             json.dumps(good[2]).encode()]
+    lines = [
+        json.dumps(good[0]).encode(),
+        json.dumps({"id": "empty", "question": "  ", "answer": ["x"]}).encode(),
+        json.dumps(good[1]).encode(),
+        json.dumps({"id": "g0", "question": "a duplicate id", "answer": ["x"]}).encode(),
+        json.dumps({"id": "long", "question": "why " * 2000, "answer": ["x"]}).encode(),
+        b'{"id": "latin1", "question": "caf\xe9?", "answer": ["x"]}',
+        b'{"id": "broken", "question": ',
+        json.dumps(good[2]).encode(),
+    ]
     f = tmp_path / "bad.jsonl"
     f.write_bytes(b"\n".join(lines) + b"\n")
     gen = RecordingGenerator()
     cfg = DynragConfig()
     cfg.answer.progress = False
-    summary = run_answer(str(f), str(tmp_path / "out"), method="no-retrieval", cfg=cfg,
-                         backends=Backends(cfg, generator=gen))
+    summary = run_answer(
+        str(f), str(tmp_path / "out"), method="no-retrieval", cfg=cfg, backends=Backends(cfg, generator=gen)
+    )
     df = pl.read_parquet(f"{tmp_path}/out/parts/*.parquet")
     assert df.height == 8 and df["question_id"].n_unique() == 8
     errors = dict(zip(df["question_id"], df["error"]))

@@ -26,15 +26,21 @@ def q(qid: str, question: str, *answers: str) -> Question:
 
 
 def test_the_rule_keeps_file_order_skips_absent_aliases_and_stops_at_n():
-    sections = sections_by_title([("The Beatles", "The Beatles were a rock band from Liverpool."),
-                                  ("Python (language)", "Python is a language; concatenate strings with +."),
-                                  ("Mars", "Mars is the fourth planet.")])
-    qs = [q("a", "Where were the Beatles from?", "LIVERPOOL"),      # title named, alias in its section
-          q("b", "Where is Liverpool?", "England"),                 # no title named
-          q("c", "Who is Python's creator?", "nowhere", "cat"),     # "cat" is not a word of the section
-          q("d", "What is Mars?", "Liverpool"),                     # the alias is in another section only
-          q("e", "What does python do with strings?", "strings"),  # qualifier dropped from the title
-          q("f", "Beatles city?", "Liverpool.")]
+    sections = sections_by_title(
+        [
+            ("The Beatles", "The Beatles were a rock band from Liverpool."),
+            ("Python (language)", "Python is a language; concatenate strings with +."),
+            ("Mars", "Mars is the fourth planet."),
+        ]
+    )
+    qs = [
+        q("a", "Where were the Beatles from?", "LIVERPOOL"),  # title named, alias in its section
+        q("b", "Where is Liverpool?", "England"),  # no title named
+        q("c", "Who is Python's creator?", "nowhere", "cat"),  # "cat" is not a word of the section
+        q("d", "What is Mars?", "Liverpool"),  # the alias is in another section only
+        q("e", "What does python do with strings?", "strings"),  # qualifier dropped from the title
+        q("f", "Beatles city?", "Liverpool."),
+    ]
     assert [x.id for x in answerable(qs, sections, 2)] == ["a", "e"]
     assert [x.id for x in answerable(qs, sections, 10)] == ["a", "e", "f"]
     assert list(answerable(qs, sections, 0)) == []
@@ -45,8 +51,12 @@ SECTIONS = {
     "Jamie Lee Curtis": "Jamie Lee Curtis is an American actress and writer. Her star sign is Scorpio.",
     "Paris": "Paris is the capital and largest city of France.",
 }
-TOPICS = [("Who wrote Dune?", ["Frank Herbert"]), ("Who painted the Mona Lisa?", ["Leonardo da Vinci"]),
-          ("What star sign is Jamie Lee Curtis?", ["Scorpio", "Skorpio"]), ("Paris is the capital of?", ["France"])]
+TOPICS = [
+    ("Who wrote Dune?", ["Frank Herbert"]),
+    ("Who painted the Mona Lisa?", ["Leonardo da Vinci"]),
+    ("What star sign is Jamie Lee Curtis?", ["Scorpio", "Skorpio"]),
+    ("Paris is the capital of?", ["France"]),
+]
 
 
 @pytest.fixture
@@ -66,8 +76,10 @@ def packaged(tmp_path, monkeypatch):
 def test_demo_questions_are_selected_once_and_cached(packaged, monkeypatch, tmp_path):
     path = demo_questions("trivia-test", 2, tmp_path)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert [(r["id"], r["answer"]) for r in rows] == [("trivia-test-1", ["Frank Herbert"]),
-                                                       ("trivia-test-3", ["Scorpio", "Skorpio"])]
+    assert [(r["id"], r["answer"]) for r in rows] == [
+        ("trivia-test-1", ["Frank Herbert"]),
+        ("trivia-test-3", ["Scorpio", "Skorpio"]),
+    ]
     monkeypatch.setattr(embedded, "wikipedia_lead_sections", lambda cache: pytest.fail("selection not cached"))
     assert demo_questions("trivia-test", 2, tmp_path) == path
 
@@ -94,7 +106,9 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
     stdout, stderr = capfd.readouterr()
     assert rc == 0, stderr
     assert made == [str(model)]  # one generator for both runs
-    rows = {line.split()[0]: line.split() for line in stdout.splitlines() if re.match(r"(no-retrieval|sr-rag) +\d", line)}
+    rows = {
+        line.split()[0]: line.split() for line in stdout.splitlines() if re.match(r"(no-retrieval|sr-rag) +\d", line)
+    }
     assert rows["no-retrieval"][1:3] == ["0.000", "0.000"]
     assert float(rows["sr-rag"][1]) > 0  # Scorpio, France
     assert "sr-rag parameters: k=3, retriever=bm25" in stdout  # resolved from the retrieval section (the demo's k)
@@ -107,7 +121,9 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
     from pipeline.io.datasets import load_questions
 
     named = {q.dataset for q in load_questions("dpr:trivia-test")}
-    assert set(pl.read_parquet(out / "answers" / "sr-rag" / "parts").get_column("dataset")) == named == {"dpr-trivia-test"}
+    assert (
+        set(pl.read_parquet(out / "answers" / "sr-rag" / "parts").get_column("dataset")) == named == {"dpr-trivia-test"}
+    )
     # a rerun with every row present starts no model
     assert main(["demo", "--out", str(out), "--limit", "3", "--set", f"generation.model={model}"]) == 0
     assert made == [str(model)]
@@ -165,10 +181,18 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
 
     plain = cfg()
     assert (plain.generation.model, plain.embedding.dtype, plain.index.dense, plain.retrieval.k) == (
-        "qwen2.5-0.5b-instruct", "bfloat16", False, 3)
+        "qwen2.5-0.5b-instruct",
+        "bfloat16",
+        False,
+        3,
+    )
     mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32", "index.dense=true", "retrieval.k=5")
     assert (mine.generation.model, mine.embedding.dtype, mine.index.dense, mine.retrieval.k) == (
-        "smollm2-135m-instruct", "float32", True, 5)
+        "smollm2-135m-instruct",
+        "float32",
+        True,
+        5,
+    )
 
 
 def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_nothing(monkeypatch, tmp_path, capfd):
@@ -179,13 +203,24 @@ def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_noth
 
     monkeypatch.setattr(backends_module, "make_generator", lambda cfg: RecordingGenerator(chatty_model))
     data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"capital {i}?", "answer": ["Paris"]}) + "\n"
-                            for i in range(3)))
+    data.write_text(
+        "".join(json.dumps({"id": f"q{i}", "question": f"capital {i}?", "answer": ["Paris"]}) + "\n" for i in range(3))
+    )
     model = tmp_path / "model"
     model.mkdir()
     out = tmp_path / "run"
-    args = ["answer", "--dataset", str(data), "--method", "no-retrieval", "--out", str(out), "--no-progress",
-            "--set", f"generation.model={model}"]
+    args = [
+        "answer",
+        "--dataset",
+        str(data),
+        "--method",
+        "no-retrieval",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--set",
+        f"generation.model={model}",
+    ]
     assert main(args) == 0
     stdout, stderr = capfd.readouterr()
     terminal, logged = stdout + stderr, (out / "dynrag.log").read_text()
@@ -196,5 +231,7 @@ def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_noth
 
     assert main([*args[:2], str(tmp_path / "missing.jsonl"), *args[3:6], str(tmp_path / "refused"), *args[7:]]) == 2
     err = capfd.readouterr().err
-    assert [x for x in err.splitlines() if x.strip()][0].startswith("dynrag: error:") and len(err.strip().splitlines()) == 1
+    assert [x for x in err.splitlines() if x.strip()][0].startswith("dynrag: error:") and len(
+        err.strip().splitlines()
+    ) == 1
     assert not (tmp_path / "refused").exists()

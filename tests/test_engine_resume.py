@@ -18,11 +18,33 @@ N = 200
 
 
 def _command(dataset: Path, model: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", "answer", "--dataset", str(dataset),
-            "--method", "no-retrieval", "--out", str(out), "--limit", str(N), "--no-progress",
-            "--set", "generation.backend=transformers", "--set", f"generation.model={model}",
-            "--set", "generation.max_new_tokens=16", "--set", "generation.max_model_len=4096",
-            "--set", "answer.batch_questions=4"]
+    return [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "--log-level",
+        "WARNING",
+        "answer",
+        "--dataset",
+        str(dataset),
+        "--method",
+        "no-retrieval",
+        "--out",
+        str(out),
+        "--limit",
+        str(N),
+        "--no-progress",
+        "--set",
+        "generation.backend=transformers",
+        "--set",
+        f"generation.model={model}",
+        "--set",
+        "generation.max_new_tokens=16",
+        "--set",
+        "generation.max_model_len=4096",
+        "--set",
+        "answer.batch_questions=4",
+    ]
 
 
 def test_sigkill_then_resume(data_dir, tmp_path_factory, tmp_path):
@@ -31,8 +53,9 @@ def test_sigkill_then_resume(data_dir, tmp_path_factory, tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen(_command(dataset, model, out), cwd=root, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        _command(dataset, model, out), cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         deadline = time.time() + 180
         while len(part_files(str(out))) < 3:  # killed once a few parts are written, long before the end
@@ -48,8 +71,7 @@ def test_sigkill_then_resume(data_dir, tmp_path_factory, tmp_path):
     first = pl.read_parquet(f"{out}/parts/*.parquet")
     assert 0 < first.height < N, "the kill should land part-way"
 
-    done = subprocess.run(_command(dataset, model, out), cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(_command(dataset, model, out), cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"resumed past {first.height}" in done.stdout
     rows = pl.read_parquet(f"{out}/parts/*.parquet")

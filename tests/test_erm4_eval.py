@@ -23,21 +23,39 @@ def test_second_set_rephrases_each_first_set_question_keeping_answers(data_dir, 
 
 
 def _row(tau, t, hit, times=None):
-    return {"tau": tau, "time_s": t, "times": times or [t], "retrieval_s": 0.01, "wall_s": t, "external": 1.0,
-            "memory": 2.0, "irrelevant": 0.5, "hit_rate": hit, "f1": hit, "llm_calls": 5.0}
+    return {
+        "tau": tau,
+        "time_s": t,
+        "times": times or [t],
+        "retrieval_s": 0.01,
+        "wall_s": t,
+        "external": 1.0,
+        "memory": 2.0,
+        "irrelevant": 0.5,
+        "hit_rate": hit,
+        "f1": hit,
+        "llm_calls": 5.0,
+    }
 
 
 FIRST = {"questions": 3, "reservoir": 9, "time_s": 2.0, "hit_rate": 0.5}
 
 
 def test_table2_reports_the_saving_at_the_fastest_tau_against_tau_one_with_its_spread():
-    text = render_table2([FIRST, _row(0.2, 6.0, 0.4, [6.0, 6.0]), _row(0.6, 4.0, 0.5, [3.0, 5.0]),
-                          _row(1.0, 8.0, 0.5, [6.0, 10.0])])
+    text = render_table2(
+        [FIRST, _row(0.2, 6.0, 0.4, [6.0, 6.0]), _row(0.6, 4.0, 0.5, [3.0, 5.0]), _row(1.0, 8.0, 0.5, [6.0, 10.0])]
+    )
     # per pass: 1 - 3/6 = 50%, 1 - 5/10 = 50%
-    assert "Fastest tau = 0.6: 4.00 s/q against 8.00 s/q at tau = 1.0, a time saving of 50.0% (passes: 50.0%, 50.0%)" in text
+    assert (
+        "Fastest tau = 0.6: 4.00 s/q against 8.00 s/q at tau = 1.0, a time saving of 50.0% (passes: 50.0%, 50.0%)"
+        in text
+    )
     assert "| 0.6 | 4.00 | 3.00-5.00 |" in text
-    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| 0") or line.startswith("| 1")] \
-        == ["| 0.2", "| 0.6", "| 1.0"]
+    assert [line.split(" | ")[0] for line in text.splitlines() if line.startswith("| 0") or line.startswith("| 1")] == [
+        "| 0.2",
+        "| 0.6",
+        "| 1.0",
+    ]
 
 
 def test_tau_sweep_gives_no_saving_from_run_order_alone():
@@ -68,9 +86,18 @@ def test_table2_runs_through_the_shared_runner_with_reservoir_copies(tmp_path):
     from pipeline.methods.reservoir import Reservoir
 
     dev = tmp_path / "dev.jsonl"
-    dev.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["James Cameron"]}) + "\n" for i, q in
-                           enumerate(["who directed the film that won best picture in 1998?", "which film won in 1998?",
-                                      "what is the capital of Italy?"])))
+    dev.write_text(
+        "".join(
+            json.dumps({"id": f"q{i}", "question": q, "answers": ["James Cameron"]}) + "\n"
+            for i, q in enumerate(
+                [
+                    "who directed the film that won best picture in 1998?",
+                    "which film won in 1998?",
+                    "what is the capital of Italy?",
+                ]
+            )
+        )
+    )
     cfg = DynragConfig()
     cfg.paths.cache_dir = str(tmp_path / "cache")
     cfg.answer.progress = False

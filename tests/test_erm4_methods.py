@@ -21,16 +21,20 @@ Q = "who directed the film that won best picture in 1998?"
 
 # -- Rewriter+ output parser ------------------------------------------------------------------------------
 
+
 def test_parser_reads_the_papers_format():
-    s, qs, ok = parse_rewriter_plus("Which film won Best Picture in 1998, and who directed it?**Best Picture 1998"
-                                    "**Titanic director**  ", Q)
+    s, qs, ok = parse_rewriter_plus(
+        "Which film won Best Picture in 1998, and who directed it?**Best Picture 1998**Titanic director**  ", Q
+    )
     assert ok and s == "Which film won Best Picture in 1998, and who directed it?"
     assert qs == ["Best Picture 1998", "Titanic director"]
 
 
 def test_parser_reads_labelled_lines_bullets_and_markdown_bold():
-    text = ("**Rewritten Question:** Who directed the 1998 Best Picture winner?\n**Queries:**\n"
-            "1. Best Picture 1998\n2. Best Picture 1998\n- James Cameron films")
+    text = (
+        "**Rewritten Question:** Who directed the 1998 Best Picture winner?\n**Queries:**\n"
+        "1. Best Picture 1998\n2. Best Picture 1998\n- James Cameron films"
+    )
     s, qs, ok = parse_rewriter_plus(text, Q)
     assert ok and s == "Who directed the 1998 Best Picture winner?"
     # '**' splits first, the label-only parts vanish; the line items of the last part stay together
@@ -41,8 +45,19 @@ def test_parser_reads_labelled_lines_bullets_and_markdown_bold():
     assert qs == ["q1", "q2"]  # duplicates dropped, then capped
 
 
-@pytest.mark.parametrize("bad", ["", "   ", "**", "****", "Who directed it?", "```\n```",
-                                 "x" * 400 + "**" + "y" * 400, "Rewritten Question:**Queries:"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "   ",
+        "**",
+        "****",
+        "Who directed it?",
+        "```\n```",
+        "x" * 400 + "**" + "y" * 400,
+        "Rewritten Question:**Queries:",
+    ],
+)
 def test_malformed_output_falls_back_to_the_original_question(bad):
     assert parse_rewriter_plus(bad, Q) == (Q, [Q], False)
 
@@ -69,10 +84,12 @@ def test_mixed_order_interleaves_drops_repeats_and_caps():
 
 # -- the programs on the engine ----------------------------------------------------------------------------
 
-PASSAGES = [("p1", "Titanic (1997 film)", "Titanic won Best Picture at the 1998 Academy Awards."),
-            ("p2", "James Cameron", "James Cameron directed Titanic."),
-            ("p3", "Rome", "Rome is the capital of Italy."),
-            ("p4", "Academy Awards", "The Academy Awards honour films.")]
+PASSAGES = [
+    ("p1", "Titanic (1997 film)", "Titanic won Best Picture at the 1998 Academy Awards."),
+    ("p2", "James Cameron", "James Cameron directed Titanic."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+    ("p4", "Academy Awards", "The Academy Awards honour films."),
+]
 
 
 class WordEmbedder:
@@ -177,7 +194,9 @@ def test_erm4_asks_for_constrained_outputs_and_counts_unparsed_judgments(tmp_pat
     by_prompt = {("NLI" in str(pr), "search-friendly" in str(pr)): s for pr, s in zip(gen.prompts, gen.samplings)}
     assert by_prompt[(True, False)].choice == ("entailment", "contradiction", "neutral")
     rewrite = by_prompt[(False, True)].regex
-    assert re.fullmatch(rewrite, "Who directed it?**Titanic film**James Cameron") and not re.fullmatch(rewrite, "no queries")
+    assert re.fullmatch(rewrite, "Who directed it?**Titanic film**James Cameron") and not re.fullmatch(
+        rewrite, "no queries"
+    )
 
 
 def test_erm4_trigger_answers_from_the_reservoir_the_second_time(tmp_path):
@@ -224,11 +243,22 @@ class FakeScorer:
 def test_erm4_classifier_filter_scores_rewritten_question_knowledge_pairs(tmp_path):
     cfg = DynragConfig()
     scorer = FakeScorer()
-    engine = Engine(Backends(cfg, generator=RecordingGenerator(reply), retriever=MemoryRetriever(PASSAGES),
-                             embedder=WordEmbedder(), scorer=scorer))
-    o = run(engine, "erm4", {"k": 2, "reservoir": False, "filter": "classifier", "classifier": "clf", "threshold": 0.5},
-            [Question("1", Q)])[0]
-    (name, items), = scorer.items  # one batched Score request
+    engine = Engine(
+        Backends(
+            cfg,
+            generator=RecordingGenerator(reply),
+            retriever=MemoryRetriever(PASSAGES),
+            embedder=WordEmbedder(),
+            scorer=scorer,
+        )
+    )
+    o = run(
+        engine,
+        "erm4",
+        {"k": 2, "reservoir": False, "filter": "classifier", "classifier": "clf", "threshold": 0.5},
+        [Question("1", Q)],
+    )[0]
+    ((name, items),) = scorer.items  # one batched Score request
     assert name == "clf" and all(q == "Who directed Titanic, the 1998 Best Picture?" for q, _ in items)
     assert [h.title for h in o.answer.used_docs] == ["James Cameron"]
     assert o.answer.extra["irrelevant_knowledge"] == len(items) - 1

@@ -35,6 +35,7 @@ E1 = np.array([1, 0, 0, 0], dtype=np.float32)
 
 # -- Pop(q) = |{k : S(q, title(k)) >= tau}| and Pop >= theta -----------------------------------------
 
+
 def test_popularity_counts_similarities_at_or_above_tau():
     sims = np.array([0.25, 0.5, 0.75, 0.5, 0.49999997], dtype=np.float32)
     assert popularity(sims, 0.5) == 3  # two exactly at tau count, just below does not
@@ -76,6 +77,7 @@ def test_an_empty_reservoir_has_pop_zero_and_a_wrong_size_is_refused(tmp_path):
 
 # -- replacement by title ------------------------------------------------------------------------------
 
+
 def test_a_newer_entry_replaces_the_older_one_with_the_same_title(tmp_path):
     r = Reservoir(tmp_path / "k.sqlite")
     r.upsert([Knowledge("Paris", "old text", unit_with_first(0.5), "d1"), Knowledge("Rome", "rome", E1, "d2")])
@@ -107,8 +109,9 @@ _WRITER = textwrap.dedent("""
 
 
 def _run(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _WRITER, *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WRITER, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_the_reservoir_survives_into_a_second_process(tmp_path):
@@ -143,13 +146,21 @@ def test_backend_batches_lookups_and_adds_per_store(tmp_path):
     cfg.paths.cache_dir = str(tmp_path / "cache")
     b = ReservoirBackend(cfg)
     other = str(tmp_path / "other.sqlite")
-    versions = b.add([{"store": None, "title": "A", "content": "a", "id": "1", "vector": E1},
-                      {"store": other, "title": "B", "content": "b", "id": "2", "vector": E1},
-                      {"store": None, "title": "C", "content": "c", "id": "3", "vector": unit_with_first(0.5)}])
+    versions = b.add(
+        [
+            {"store": None, "title": "A", "content": "a", "id": "1", "vector": E1},
+            {"store": other, "title": "B", "content": "b", "id": "2", "vector": E1},
+            {"store": None, "title": "C", "content": "c", "id": "3", "vector": unit_with_first(0.5)},
+        ]
+    )
     assert versions == [2, 1, 2]  # one transaction per store
     assert (tmp_path / "cache" / "erm4" / "reservoir.sqlite").is_file()
-    res = b.lookup([{"store": None, "vector": E1, "tau": 0.5, "limit": None},
-                    {"store": other, "vector": E1, "tau": 0.5, "limit": None}])
+    res = b.lookup(
+        [
+            {"store": None, "vector": E1, "tau": 0.5, "limit": None},
+            {"store": other, "vector": E1, "tau": 0.5, "limit": None},
+        ]
+    )
     assert [r["pop"] for r in res] == [2, 1]
     assert [h.id for h in res[0]["hits"]] == ["1", "3"]
     b.close()

@@ -4,9 +4,22 @@ from jobs.eval.dragin import comparison, retrieval_note, table
 
 
 def _row(method, k, retrievals, em=0.5, errors=0):
-    return {"dataset": "hotpotqa", "method": method, "k": k, "questions": 4, "errors": errors, "em": em, "f1": em,
-            "retrievals": retrievals, "llm_calls": 1.0, "gen_tokens": 10.0, "triggers": None, "forced": None,
-            "entropy": None, "s_per_q": 0.1}
+    return {
+        "dataset": "hotpotqa",
+        "method": method,
+        "k": k,
+        "questions": 4,
+        "errors": errors,
+        "em": em,
+        "f1": em,
+        "retrievals": retrievals,
+        "llm_calls": 1.0,
+        "gen_tokens": 10.0,
+        "triggers": None,
+        "forced": None,
+        "entropy": None,
+        "s_per_q": 0.1,
+    }
 
 
 def test_error_rows_do_not_crash_the_table_or_the_comparison():

@@ -21,8 +21,16 @@ def test_run_list_and_shared_params():
 
 
 def test_table_row():
-    s = {"answered": 10, "em": 0.25, "f1": 0.5, "retrieval_triggered_rate": 0.7, "llm_calls_per_question": 3.3,
-         "retrieval_calls_per_question": 1.4, "support_recall": None, "docs_in_prompt_per_question": 2.1,
-         "time_per_question_s": {"total": 1.234}}
+    s = {
+        "answered": 10,
+        "em": 0.25,
+        "f1": 0.5,
+        "retrieval_triggered_rate": 0.7,
+        "llm_calls_per_question": 3.3,
+        "retrieval_calls_per_question": 1.4,
+        "support_recall": None,
+        "docs_in_prompt_per_question": 2.1,
+        "time_per_question_s": {"total": 1.234},
+    }
     row = table([("pairs", s)]).splitlines()[-1]
     assert row == "| pairs | 10 | 25.0 | 50.0 | 70.0% | 3.30 | 1.40 | - | 2.10 | 1.23 |"

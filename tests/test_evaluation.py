@@ -37,7 +37,10 @@ def test_records_markdown_and_files(tmp_path):
     assert cfs4["docs_in_prompt"] == 4 and cfs4["ra_ratio"] == 1.0
     text = markdown(recs)
     assert text.count("### ") == 2
-    assert "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 | 1.800 | 2.340 |" in text
+    assert (
+        "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 | 1.800 | 2.340 |"
+        in text
+    )
     assert "latency p50 s | latency p95 s" in text
     assert "| no-retrieval | no-retrieval | 2 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | - | 0.00 | 1.00 | 0.00 | 0.0 |" in text
     _, files = evaluate([str(tmp_path / "runs")], str(tmp_path / "table"))
@@ -62,10 +65,13 @@ def test_missing_runs_are_clear_errors(tmp_path):
 
 def test_grid_labels_follow_eval_drrag():
     assert grid_runs(MethodRuns(method="cfs", params={"classifier": "c"}), {"k": [3, 4]}) == [
-        ("cfs-k3", {"classifier": "c", "k": 3}), ("cfs-k4", {"classifier": "c", "k": 4})]
+        ("cfs-k3", {"classifier": "c", "k": 3}),
+        ("cfs-k4", {"classifier": "c", "k": 4}),
+    ]
     assert grid_runs(MethodRuns(method="no-retrieval"), {"k": [3, 4]}) == [("no-retrieval", {})]  # has no k
-    assert [lab for lab, _ in grid_runs(MethodRuns(method="sr-rag", label="sr", grid={"retriever": ["bm25", "dense"]}),
-                                        {})] == ["sr-retrieverbm25", "sr-retrieverdense"]
+    assert [
+        lab for lab, _ in grid_runs(MethodRuns(method="sr-rag", label="sr", grid={"retriever": ["bm25", "dense"]}), {})
+    ] == ["sr-retrieverbm25", "sr-retrieverdense"]
 
 
 def test_experiment_file_short_forms_and_errors(tmp_path):
@@ -84,8 +90,15 @@ def test_experiment_file_short_forms_and_errors(tmp_path):
 
 
 def test_error_rows_are_counted_and_shown(tmp_path):
-    fake_run(tmp_path, dataset="d", method="sr-rag", params={"k": 3}, f1s=[1.0, 1.0], times=[1.0, 1.0],
-             error="generation failed: out of memory")
+    fake_run(
+        tmp_path,
+        dataset="d",
+        method="sr-rag",
+        params={"k": 3},
+        f1s=[1.0, 1.0],
+        times=[1.0, 1.0],
+        error="generation failed: out of memory",
+    )
     text = markdown(records(load_runs([str(tmp_path)])))
     assert "| 0 | - | - |" in text and "2 error rows, e.g. generation failed: out of memory" in text
 
@@ -94,13 +107,17 @@ def test_worked_example_from_predictions_to_the_table(tmp_path):
     """SQuAD normalisation end to end: per-row metrics from predictions, means in the table."""
     from pipeline.evaluation.metrics import answer_metrics
 
-    cases = [("The Eiffel Tower!", ["Eiffel Tower"]),  # articles and punctuation dropped: EM 1
-             ("Paris, France", ["Paris"]),              # P 1/2, R 1, F1 2/3; gold contained: Acc 1
-             ("an apple", ["Apple Inc"])]               # [apple] vs [apple, inc]: P 1, R 1/2, F1 2/3; Acc 0
+    cases = [
+        ("The Eiffel Tower!", ["Eiffel Tower"]),  # articles and punctuation dropped: EM 1
+        ("Paris, France", ["Paris"]),  # P 1/2, R 1, F1 2/3; gold contained: Acc 1
+        ("an apple", ["Apple Inc"]),
+    ]  # [apple] vs [apple, inc]: P 1, R 1/2, F1 2/3; Acc 0
     rows = [answer_metrics(p, g) for p, g in cases]
     assert [r["em"] for r in rows] == [1.0, 0.0, 0.0] and [r["acc"] for r in rows] == [1.0, 1.0, 0.0]
-    write_part(str(tmp_path / "p0"), [fake_row(i, dataset="d", method="sr-rag", params={"k": 3}, total_s=1.0, **m)
-                                      for i, m in enumerate(rows)])
+    write_part(
+        str(tmp_path / "p0"),
+        [fake_row(i, dataset="d", method="sr-rag", params={"k": 3}, total_s=1.0, **m) for i, m in enumerate(rows)],
+    )
     rec = records(load_runs([str(tmp_path / "p0")]))[0]
     assert rec["questions"] == 3 and rec["em"] == pytest.approx(1 / 3, abs=1e-4)
     assert rec["f1"] == pytest.approx(7 / 9, abs=1e-4) and rec["acc"] == pytest.approx(2 / 3, abs=1e-4)
@@ -113,7 +130,9 @@ def test_two_runs_with_one_folder_are_refused(tmp_path):
     f.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [sm, {method: sm, params: {reasoning: true}}]\n")
     with pytest.raises(DynragError, match="more than once"):
         load_experiment(str(f))
-    f.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [sm, {method: sm, label: sm-cot, params: {reasoning: true}}]\n")
+    f.write_text(
+        "name: x\ndatasets: [hotpotqa]\nmethods: [sm, {method: sm, label: sm-cot, params: {reasoning: true}}]\n"
+    )
     assert len(load_experiment(str(f)).methods) == 2
 
 
@@ -128,11 +147,15 @@ def test_extra_summary_means_counts_takes_labels_and_skips_error_rows(tmp_path):
 
     from pipeline.evaluation.runs import extra_summary
 
-    extras = [{"generated_tokens": 10, "entropy": "exact", "backoff": True},
-              {"generated_tokens": 20, "entropy": "exact", "backoff": False},
-              {"generated_tokens": 999}]  # an error row: not counted
-    rows = [fake_row(i, dataset="d", method="dragin", params={}, f1=1.0, total_s=1.0, extra=json.dumps(e))
-            for i, e in enumerate(extras)]
+    extras = [
+        {"generated_tokens": 10, "entropy": "exact", "backoff": True},
+        {"generated_tokens": 20, "entropy": "exact", "backoff": False},
+        {"generated_tokens": 999},
+    ]  # an error row: not counted
+    rows = [
+        fake_row(i, dataset="d", method="dragin", params={}, f1=1.0, total_s=1.0, extra=json.dumps(e))
+        for i, e in enumerate(extras)
+    ]
     rows[2]["error"] = "GenerationError: boom"
     write_part(str(tmp_path / "run"), rows)
     s = extra_summary(str(tmp_path / "run"), ["generated_tokens", "entropy", "backoff", "missing"])

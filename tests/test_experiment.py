@@ -13,12 +13,19 @@ from pipeline.io.output import part_files
 
 
 def write_experiment(path, dataset, out, limit):
-    path.write_text(yaml.safe_dump({
-        "name": "tiny", "out": str(out), "limit": limit,
-        "datasets": {"hotpotqa": {"file": str(dataset), "corpus_format": "hotpotqa"}},
-        "grid": {"k": [2, 3]}, "methods": ["bm25", "sm"],
-        "config": {"generation": {"backend": "none"}},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "tiny",
+                "out": str(out),
+                "limit": limit,
+                "datasets": {"hotpotqa": {"file": str(dataset), "corpus_format": "hotpotqa"}},
+                "grid": {"k": [2, 3]},
+                "methods": ["bm25", "sm"],
+                "config": {"generation": {"backend": "none"}},
+            }
+        )
+    )
     return path
 
 

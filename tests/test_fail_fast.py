@@ -33,9 +33,26 @@ sys.exit(main(sys.argv[1:]))
 
 def test_a_missing_dataset_fails_at_once_without_starting_anything(tmp_path):
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", GUARDED_CLI, "answer", "--dataset", "/nonexistent.jsonl",
-                           "--method", "sr-rag", "--index", str(tmp_path / "index"), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            GUARDED_CLI,
+            "answer",
+            "--dataset",
+            "/nonexistent.jsonl",
+            "--method",
+            "sr-rag",
+            "--index",
+            str(tmp_path / "index"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     seconds = time.perf_counter() - t0
     print(f"`dynrag answer --dataset /nonexistent.jsonl`: exit {done.returncode} after {seconds:.2f} s")
     assert done.returncode == 2, done.stderr

@@ -23,11 +23,24 @@ from pipeline.io.output import part_files
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 
 
-
 def answer_cmd(dataset, out, n, *extra):
-    return cli("answer", "--dataset", str(dataset), "--method", "no-retrieval", "--out", str(out),
-               "--limit", str(n), "--no-progress", "--set", "generation.backend=none",
-               "--set", "answer.batch_questions=25", *extra)
+    return cli(
+        "answer",
+        "--dataset",
+        str(dataset),
+        "--method",
+        "no-retrieval",
+        "--out",
+        str(out),
+        "--limit",
+        str(n),
+        "--no-progress",
+        "--set",
+        "generation.backend=none",
+        "--set",
+        "answer.batch_questions=25",
+        *extra,
+    )
 
 
 def rows_of(out):
@@ -122,8 +135,9 @@ def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev,
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
     # paused in the engine actor right after its first part (the actors write the parts, and would
     # otherwise go on while the driver waits)
-    proc = run_until_paused(answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"),
-                            "ray.part_written", pauses)
+    proc = run_until_paused(
+        answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "ray.part_written", pauses
+    )
     try:
         ray_processes = psutil.Process(proc.pid).children(recursive=True)
         os.kill(proc.pid, signal.SIGKILL)

@@ -21,9 +21,17 @@ from pipeline.config import load_config
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(2400)]
 
-FIRST_BUILD = ["build.passages_staged", "build.shard_embedded", "shard.faiss_written", "shard.lucene_written",
-               "shard.before_rename", "build.bm25_merged", "publish.manifest_written", "publish.before_current",
-               "publish.after_current"]
+FIRST_BUILD = [
+    "build.passages_staged",
+    "build.shard_embedded",
+    "shard.faiss_written",
+    "shard.lucene_written",
+    "shard.before_rename",
+    "build.bm25_merged",
+    "publish.manifest_written",
+    "publish.before_current",
+    "publish.after_current",
+]
 REFRESH = ["build.shard_embedded", "publish.before_current"]
 SETTINGS = ["--set", "runtime.mode=local", "--set", "index.shard_size=30"]
 QUERIES = ["lobbyist for Genentech", "American football player", "a river in Europe"]
@@ -35,7 +43,7 @@ def corpora(data_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("corpus")
     first, second = d / "first.jsonl", d / "second.jsonl"
     n = min(150, len(lines))  # 120 then 150 passages: 4 shards, then 5; the fixture kit's 36 and 45: 2, then 2
-    first.write_text("\n".join(lines[:n * 4 // 5]) + "\n", encoding="utf-8")
+    first.write_text("\n".join(lines[: n * 4 // 5]) + "\n", encoding="utf-8")
     edited = [json.loads(x) for x in lines[:n]]
     edited[n // 4]["contents"] += " An edited sentence."  # one changed shard, new passages at the end
     second.write_text("".join(json.dumps(r) + "\n" for r in edited), encoding="utf-8")
@@ -98,8 +106,23 @@ def test_a_reader_keeps_its_version_through_rebuilds_for_a_day(corpora, tmp_path
     root = tmp_path / "idx"
 
     def build(corpus):  # in this process: a reader here and the builder share nothing but the files
-        assert main(["--log-level", "ERROR", "index", "build", str(corpus), "--index", str(root), *SETTINGS,
-                     "--set", "index.keep_versions=1"]) == 0
+        assert (
+            main(
+                [
+                    "--log-level",
+                    "ERROR",
+                    "index",
+                    "build",
+                    str(corpus),
+                    "--index",
+                    str(root),
+                    *SETTINGS,
+                    "--set",
+                    "index.keep_versions=1",
+                ]
+            )
+            == 0
+        )
 
     build(corpora[0])
     with open_index(root, load_config().index_settings()) as reader:  # opened version 1, not searched yet

@@ -20,14 +20,18 @@ from tiny_encoder import build_tiny_encoder
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 
-BUDGET_MB = 24  # growth measured here: 20.3 MiB (DigestSet at 12 B a passage, merged without argsort; 23.5-25 before, load 1-5)
+BUDGET_MB = (
+    24  # growth measured here: 20.3 MiB (DigestSet at 12 B a passage, merged without argsort; 23.5-25 before, load 1-5)
+)
 
 
 def synthetic_corpus(path: Path, megabytes: float, words: list[str], seed: int) -> int:
     rng, size, n = random.Random(seed), 0, 0
     with open(path, "w", encoding="utf-8") as f:
         while size < megabytes * 2**20:
-            line = json.dumps({"id": f"s{seed}-{n}", "title": f"Synthetic {n}", "text": " ".join(rng.choices(words, k=100))})
+            line = json.dumps(
+                {"id": f"s{seed}-{n}", "title": f"Synthetic {n}", "text": " ".join(rng.choices(words, k=100))}
+            )
             f.write(line + "\n")
             size, n = size + len(line) + 1, n + 1
     return n
@@ -62,11 +66,20 @@ def test_index_build_memory_stays_within_the_budget(data_dir, cache_dir, tmp_pat
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     encoder = build_tiny_encoder(tmp_path / "encoder", str(cache_dir))
-    cfg = load_config(overrides=["runtime.mode=local", f"embedding.model={encoder}", "embedding.max_seq_length=32",
-                                 f"index.memory_budget_mb={BUDGET_MB}", "index.threads=1"])
+    cfg = load_config(
+        overrides=[
+            "runtime.mode=local",
+            f"embedding.model={encoder}",
+            "embedding.max_seq_length=32",
+            f"index.memory_budget_mb={BUDGET_MB}",
+            "index.threads=1",
+        ]
+    )
     words = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").split()
     synthetic_corpus(tmp_path / "warm.jsonl", 1, words, seed=1)
-    build_index([str(tmp_path / "warm.jsonl")], tmp_path / "warm-idx", cfg.index_settings())  # loads torch, the encoder, the JVM
+    build_index(
+        [str(tmp_path / "warm.jsonl")], tmp_path / "warm-idx", cfg.index_settings()
+    )  # loads torch, the encoder, the JVM
     n = synthetic_corpus(tmp_path / "big.jsonl", 10 * BUDGET_MB, words, seed=2)
     gc.collect()
     base = anon_rss_mb()
@@ -74,8 +87,10 @@ def test_index_build_memory_stays_within_the_budget(data_dir, cache_dir, tmp_pat
     sampler.start()
     report = build_index([str(tmp_path / "big.jsonl")], tmp_path / "big-idx", cfg.index_settings())
     growth = sampler.stop() - base
-    print(f"index build: corpus {10 * BUDGET_MB} MiB ({n} passages, {report['shards']} shards), baseline "
-          f"{base:.0f} MiB anon RSS, peak growth {growth:.1f} MiB, budget {BUDGET_MB} MiB, {report['seconds']:.0f}s")
+    print(
+        f"index build: corpus {10 * BUDGET_MB} MiB ({n} passages, {report['shards']} shards), baseline "
+        f"{base:.0f} MiB anon RSS, peak growth {growth:.1f} MiB, budget {BUDGET_MB} MiB, {report['seconds']:.0f}s"
+    )
     assert report["passages"] == n
     assert report["shards"] >= 100  # many shards: a per-shard leak of even 100 KiB would show
     assert growth < BUDGET_MB
@@ -92,9 +107,22 @@ def peak_rss_mb(cmd: list[str]) -> float:
 
 def test_answer_job_memory_does_not_grow_with_the_number_of_questions(nq_dev, tmp_path):
     def cmd(n):
-        return cli("answer", "--dataset", str(nq_dev), "--method", "no-retrieval",
-                   "--out", str(tmp_path / f"run{n}"), "--limit", str(n), "--no-progress",
-                   "--set", "generation.backend=none", "--set", "answer.batch_questions=100")
+        return cli(
+            "answer",
+            "--dataset",
+            str(nq_dev),
+            "--method",
+            "no-retrieval",
+            "--out",
+            str(tmp_path / f"run{n}"),
+            "--limit",
+            str(n),
+            "--no-progress",
+            "--set",
+            "generation.backend=none",
+            "--set",
+            "answer.batch_questions=100",
+        )
 
     small, large = peak_rss_mb(cmd(200)), peak_rss_mb(cmd(2000))
     print(f"answer job peak RSS: {small:.0f} MiB over 200 questions, {large:.0f} MiB over 2,000")

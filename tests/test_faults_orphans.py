@@ -52,13 +52,21 @@ def test_vllm_engine_dies_with_a_sigkilled_driver(tmp_path, tmp_path_factory, wh
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     log, children = open(tmp_path / "driver.log", "w"), []
-    driver = subprocess.Popen([sys.executable, str(script), str(tiny_model_path(tmp_path_factory))], cwd=ROOT,
-                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    driver = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_model_path(tmp_path_factory))],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         proc = psutil.Process(driver.pid)
         deadline = time.monotonic() + 600
-        while not (engine_started(proc) if when == "during start-up" else "engine ready" in
-                   (tmp_path / "driver.log").read_text()):
+        while not (
+            engine_started(proc)
+            if when == "during start-up"
+            else "engine ready" in (tmp_path / "driver.log").read_text()
+        ):
             assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "driver.log").read_text()[-3000:]
             time.sleep(0.2)
         if when == "during start-up":

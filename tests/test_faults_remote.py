@@ -21,9 +21,22 @@ N = 40
 def test_two_jobs_on_one_s3_output_yield_each_question_once(s3, nq_dev, tmp_path):  # noqa: F811
     fs, bucket = s3
     out = f"s3://{bucket}/runs/both"
-    cmd = cli("answer", "--dataset", str(nq_dev), "--method", "no-retrieval",
-              "--out", out, "--limit", str(N), "--no-progress", "--set", "generation.backend=none",
-              "--set", "answer.batch_questions=5")
+    cmd = cli(
+        "answer",
+        "--dataset",
+        str(nq_dev),
+        "--method",
+        "no-retrieval",
+        "--out",
+        out,
+        "--limit",
+        str(N),
+        "--no-progress",
+        "--set",
+        "generation.backend=none",
+        "--set",
+        "answer.batch_questions=5",
+    )
     # the first job waits 45 s after its first part, so the second one runs meanwhile
     first = start(cmd, {**env_for("answer.part_written", tmp_path / "pauses"), "DYNRAG_PAUSE_SECONDS": "45"})
     try:

@@ -43,8 +43,13 @@ def test_no_source_unpickles_or_evaluates():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         where = path.relative_to(ROOT)
         for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             problems += [f"{where}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] in UNSAFE_MODULES]
         for call, name in _calls(tree):
             line = f"{where}:{call.lineno}: {name}"
@@ -52,11 +57,15 @@ def test_no_source_unpickles_or_evaluates():
                 problems.append(f"{line} evaluates code")
             elif name in ("yaml.load", "yaml.unsafe_load", "yaml.full_load", "yaml.load_all"):
                 problems.append(f"{line}: use yaml.safe_load")
-            elif name == "torch.load" and not (isinstance(_kw(call, "weights_only"), ast.Constant)
-                                                and _kw(call, "weights_only").value is True):
+            elif name == "torch.load" and not (
+                isinstance(_kw(call, "weights_only"), ast.Constant) and _kw(call, "weights_only").value is True
+            ):
                 problems.append(f"{line} without weights_only=True")
-            elif name.endswith("load") and isinstance(_kw(call, "allow_pickle"), ast.Constant) and \
-                    _kw(call, "allow_pickle").value:
+            elif (
+                name.endswith("load")
+                and isinstance(_kw(call, "allow_pickle"), ast.Constant)
+                and _kw(call, "allow_pickle").value
+            ):
                 problems.append(f"{line} with allow_pickle=True")
             remote = _kw(call, "trust_remote_code")
             if remote is not None and not (isinstance(remote, ast.Attribute) and remote.attr == "trust_remote_code"):
@@ -69,9 +78,26 @@ def test_remote_code_is_off_unless_opted_in():
 
 
 def _answer(capsys, data_dir, model: Path, out: Path):
-    rc = main(["--log-level", "ERROR", "answer", "--dataset", str(data_dir / "nq_open/dev_3610.jsonl"), "--limit", "2",
-               "--method", "no-retrieval", "--out", str(out), "--no-progress",
-               "--set", "generation.backend=transformers", "--set", f"generation.model={model}"])
+    rc = main(
+        [
+            "--log-level",
+            "ERROR",
+            "answer",
+            "--dataset",
+            str(data_dir / "nq_open/dev_3610.jsonl"),
+            "--limit",
+            "2",
+            "--method",
+            "no-retrieval",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--set",
+            "generation.backend=transformers",
+            "--set",
+            f"generation.model={model}",
+        ]
+    )
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     return rc, [x for x in err.strip().splitlines() if x.startswith("dynrag: ")]
@@ -93,9 +119,19 @@ def test_model_code_and_pickled_weights_never_run(capsys, data_dir, tmp_path, tm
     shutil.copytree(tiny_model_path(tmp_path_factory), custom)  # a working tokenizer; the model asks for code
     for weights in custom.glob("*.safetensors"):
         weights.unlink()
-    (custom / "config.json").write_text(json.dumps({
-        **json.loads((custom / "config.json").read_text()), "model_type": "evil", "architectures": ["EvilModel"],
-        "auto_map": {"AutoConfig": "modeling_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.EvilModel"}}))
+    (custom / "config.json").write_text(
+        json.dumps(
+            {
+                **json.loads((custom / "config.json").read_text()),
+                "model_type": "evil",
+                "architectures": ["EvilModel"],
+                "auto_map": {
+                    "AutoConfig": "modeling_evil.EvilConfig",
+                    "AutoModelForCausalLM": "modeling_evil.EvilModel",
+                },
+            }
+        )
+    )
     (custom / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
     rc, lines = _answer(capsys, data_dir, custom, tmp_path / "out1")
     assert rc == 2 and len(lines) == 1 and "cannot load the generation model" in lines[0], lines
@@ -104,9 +140,20 @@ def test_model_code_and_pickled_weights_never_run(capsys, data_dir, tmp_path, tm
 
     pickled = tmp_path / "pickled-weights-model"
     pickled.mkdir()
-    (pickled / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 32,
-        "num_attention_heads": 2, "num_hidden_layers": 1, "num_key_value_heads": 2, "vocab_size": 64}))
+    (pickled / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_attention_heads": 2,
+                "num_hidden_layers": 1,
+                "num_key_value_heads": 2,
+                "vocab_size": 64,
+            }
+        )
+    )
     (pickled / "pytorch_model.bin").write_bytes(pickle.dumps(_RunsACommand(marker)))
     rc, lines = _answer(capsys, data_dir, pickled, tmp_path / "out2")
     assert rc == 2 and len(lines) == 1 and "cannot load the generation model" in lines[0], lines

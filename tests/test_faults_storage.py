@@ -24,9 +24,22 @@ def in_tmpfs(mount: str, options: str, cmd: list[str], after: str) -> subprocess
 
 
 def answer(nq_dev, out, n):
-    return cli("answer", "--dataset", str(nq_dev), "--method", "no-retrieval",
-               "--out", out, "--limit", str(n), "--no-progress", "--set", "generation.backend=none",
-               "--set", "answer.batch_questions=25")
+    return cli(
+        "answer",
+        "--dataset",
+        str(nq_dev),
+        "--method",
+        "no-retrieval",
+        "--out",
+        out,
+        "--limit",
+        str(n),
+        "--no-progress",
+        "--set",
+        "generation.backend=none",
+        "--set",
+        "answer.batch_questions=25",
+    )
 
 
 def test_output_on_a_read_only_filesystem(nq_dev, tmp_path):
@@ -54,7 +67,8 @@ def test_faiss_file_damaged_at_the_same_size(capsys, data_dir, tmp_path):
     idx = tmp_path / "idx"
     assert run(cli("index", "build", str(corpus), "--index", str(idx))).returncode == 0
     damage_faiss_header(idx)
-    done = run(cli("index", "search", "--index", str(idx), "--retriever", "dense", "--set", "index.verify=size",
-                   "a river"))
+    done = run(
+        cli("index", "search", "--index", str(idx), "--retriever", "dense", "--set", "index.verify=size", "a river")
+    )
     assert done.returncode == 2
     assert f"cannot search {idx} (dense)" in one_error_line(done.stderr)

@@ -203,7 +203,9 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
     assert f"{bad}:2: invalid JSON" in capsys.readouterr().err
     assert not (idx / "CURRENT").exists()
     # the documented flag skips and counts it instead
-    assert main(["index", "build", str(bad), "--index", str(idx), "--skip-bad-lines", "--set", "runtime.mode=local"]) == 0
+    assert (
+        main(["index", "build", str(bad), "--index", str(idx), "--skip-bad-lines", "--set", "runtime.mode=local"]) == 0
+    )
     out = capsys.readouterr().out
     assert "published version 1: 1 passages" in out and "1 bad lines skipped" in out and f"skipped {bad}:2" in out
 
@@ -225,15 +227,23 @@ def test_a_bm25_only_index_skips_embedding_and_gains_vectors_later(built, hotpot
     assert "passages.arrow" in names and not names & {"vectors.npy", "faiss.index"}
     assert read_manifest(root)["dim"] is None and read_manifest(root)["settings"]["dense"] is False
     queries = [q["question_text"] for q in questions[:10]]
-    with open_index(str(root), cfg.index_settings()) as idx, open_index(str(full_root), full_cfg.index_settings()) as full:
-        assert [[h.id for h in hs] for hs in idx.search(queries, 5, "bm25")] == \
-               [[h.id for h in hs] for hs in full.search(queries, 5, "bm25")]
+    with (
+        open_index(str(root), cfg.index_settings()) as idx,
+        open_index(str(full_root), full_cfg.index_settings()) as full,
+    ):
+        assert [[h.id for h in hs] for hs in idx.search(queries, 5, "bm25")] == [
+            [h.id for h in hs] for hs in full.search(queries, 5, "bm25")
+        ]
         with pytest.raises(SearchError, match="BM25-only index .* index.dense=true"):
             idx.search(queries, 5, "dense")
     assert main(["index", "verify", "--index", str(root)]) == 0
     # the same corpus with dense on: a new version with vectors, searched like the full index
     again = build_index([str(path)], str(root), config(**{"index.shard_size": shard_size}).index_settings())
     assert again["published"] and again["passages_embedded"] == report["passages"]
-    with open_index(str(root), full_cfg.index_settings()) as idx, open_index(str(full_root), full_cfg.index_settings()) as full:
-        assert [[h.id for h in hs] for hs in idx.search(queries, 5, "dense")] == \
-               [[h.id for h in hs] for hs in full.search(queries, 5, "dense")]
+    with (
+        open_index(str(root), full_cfg.index_settings()) as idx,
+        open_index(str(full_root), full_cfg.index_settings()) as full,
+    ):
+        assert [[h.id for h in hs] for hs in idx.search(queries, 5, "dense")] == [
+            [h.id for h in hs] for hs in full.search(queries, 5, "dense")
+        ]

@@ -29,8 +29,9 @@ SHARD = 20
 
 
 def config(**overrides):
-    return load_config(overrides=[f"{k}={v}" for k, v in {"runtime.mode": "local", "index.shard_size": SHARD,
-                                                           **overrides}.items()])
+    return load_config(
+        overrides=[f"{k}={v}" for k, v in {"runtime.mode": "local", "index.shard_size": SHARD, **overrides}.items()]
+    )
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> str:
@@ -109,14 +110,17 @@ def test_incremental_equals_full_build(scenario, full_build):
     fresh_ids = {p.id for p in fresh}
     from indexing.store import read_table
 
-    holding = sum(bool(fresh_ids & set(read_table(root / "shards" / s["key"]).column("id").to_pylist()))
-                  for s in m2["shards"])
+    holding = sum(
+        bool(fresh_ids & set(read_table(root / "shards" / s["key"]).column("id").to_pylist())) for s in m2["shards"]
+    )
     assert r2["shards_reembedded"] == holding == m2["build"]["shards_reembedded"]
     assert r2["shards_reused"] == len(v1_keys & {s["key"] for s in m2["shards"]})
     # edits stay local: all old shards but the changed one, the deleted one (and a neighbour) and the tail survive
     assert r2["shards_reused"] >= len(v1_keys) - 4
-    print(f"incremental: {len(v1_keys)} old shards, {r2['shards']} new, {r2['shards_reused']} reused, "
-          f"{r2['shards_reembedded']} re-embedded, {r2['passages_embedded']} passages embedded")
+    print(
+        f"incremental: {len(v1_keys)} old shards, {r2['shards']} new, {r2['shards_reused']} reused, "
+        f"{r2['shards_reembedded']} re-embedded, {r2['passages_embedded']} passages embedded"
+    )
 
     queries = [r["text"][:120] for r in scenario["final_rows"][::15]] + ["American film director born 1940"]
     assert_same_index(root, full_build[0], queries)
@@ -143,8 +147,13 @@ def test_resume_after_kill(scenario, full_build):
         "build_index([sys.argv[1]], sys.argv[2], cfg.index_settings())\n"
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen([sys.executable, "-c", code, scenario["final"], str(root)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(__file__).parent.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, scenario["final"], str(root)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=Path(__file__).parent.parent,
+    )
     deadline = time.time() + 240
     try:
         while time.time() < deadline and proc.poll() is None:
@@ -175,7 +184,9 @@ def test_ray_build_equals_local(corpus, tmp_path):
     src = write_jsonl(tmp_path / "small.jsonl", corpus[:30])
     local = build_index([src], str(tmp_path / "local"), config().index_settings())
     try:
-        on_ray = build_index([src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray", "index.embed_actors": 1}).index_settings())
+        on_ray = build_index(
+            [src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray", "index.embed_actors": 1}).index_settings()
+        )
     finally:
         ray.shutdown()
     assert on_ray["passages_embedded"] == local["passages_embedded"] == local["passages"] >= 30

@@ -50,8 +50,9 @@ def test_ivf_template_trained_once_and_shared(data_dir, tmp_path):
     words = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").split()
     rng = random.Random(5)
     rows = [{"id": f"v{i}", "title": f"T{i}", "text": " ".join(rng.choices(words, k=80))} for i in range(2400)]
-    cfg = IndexSettings(embedding={"model": "hash"},
-                        index={"shard_size": 400, "faiss_factory": "IVF8,SQ8", "faiss_train_size": 600})
+    cfg = IndexSettings(
+        embedding={"model": "hash"}, index={"shard_size": 400, "faiss_factory": "IVF8,SQ8", "faiss_train_size": 600}
+    )
     root = tmp_path / "idx"
     first = build_index([write(tmp_path / "a.jsonl", rows[:2000])], root, cfg)
     m1 = read_manifest(root)
@@ -83,8 +84,10 @@ def test_partial_probe_equals_one_index(data_dir, tmp_path):
     """nprobe 4 of 16 lists through a real build: the shards searched together equal one IVF index over
     all vectors with the same template and nprobe."""
     rows = synthetic(data_dir, 1200, seed=6)
-    cfg = IndexSettings(embedding={"model": "hash"}, index={"shard_size": 300, "faiss_factory": "IVF16,SQ8",
-                                                            "faiss_train_size": 800, "faiss_nprobe": 4})
+    cfg = IndexSettings(
+        embedding={"model": "hash"},
+        index={"shard_size": 300, "faiss_factory": "IVF16,SQ8", "faiss_train_size": 800, "faiss_nprobe": 4},
+    )
     root = tmp_path / "idx"
     assert build_index([write(tmp_path / "a.jsonl", rows)], root, cfg)["shards"] >= 3
     rng = random.Random(7)
@@ -115,8 +118,9 @@ def test_interrupted_first_build_keys_shards_by_their_template(data_dir, tmp_pat
     reuses the template it trained (and the finished shards with it); with that record lost, it trains
     another template, and no shard filled from the first one is reused (the template is in the key)."""
     rows = synthetic(data_dir, 360, seed=8)
-    cfg = IndexSettings(embedding={"model": "hash"}, index={"shard_size": 60, "faiss_factory": "IVF4,SQ8",
-                                                            "faiss_train_size": 200})
+    cfg = IndexSettings(
+        embedding={"model": "hash"}, index={"shard_size": 60, "faiss_factory": "IVF4,SQ8", "faiss_train_size": 200}
+    )
     root = tmp_path / "idx"
     interrupt_after_shards(monkeypatch, 2)
     with pytest.raises(Interrupted):

@@ -22,6 +22,7 @@ def first(it, n):
 
 # ---- real files of the benchmark kit ----
 
+
 def test_hotpotqa_ircot_jsonl(data_dir):
     path = str(data_dir / "hotpotqa/dev_400.jsonl")
     assert detect_format(path) == "hotpotqa"
@@ -62,7 +63,10 @@ def test_musique_formats(data_dir, kit_records):
     q = json.loads(dev.read_text().splitlines()[0])
     recs = first(read_corpus(str(dev)), 20)
     assert [r.text for r in recs] == [p["paragraph_text"] for p in q["paragraphs"]]
-    assert len(list(read_corpus(str(data_dir / "musique/train_100_corpus.json"), "musique"))) == kit_records["musique/train_100_corpus.json"]
+    assert (
+        len(list(read_corpus(str(data_dir / "musique/train_100_corpus.json"), "musique")))
+        == kit_records["musique/train_100_corpus.json"]
+    )
     assert first(read_corpus(str(data_dir / "musique/train_100.json"), "musique"), 1)[0].title
 
 
@@ -82,12 +86,17 @@ def test_flashrag_jsonl(data_dir, kit_records):
 def test_generic_jsonl_fields(data_dir, kit_records):
     path = str(data_dir / "strategyqa/paragraphs_998.jsonl")
     recs = list(read_corpus(path, "jsonl", {"text": "contents"}))
-    assert len(recs) == kit_records["strategyqa/paragraphs_998.jsonl"] and recs[0].title == "Albany, Georgia" and recs[0].source_id == "strategy_0"
+    assert (
+        len(recs) == kit_records["strategyqa/paragraphs_998.jsonl"]
+        and recs[0].title == "Albany, Georgia"
+        and recs[0].source_id == "strategy_0"
+    )
     no_ids = list(read_corpus(path, "jsonl", {"id": None, "text": "contents"}))
     assert no_ids[0].source_id is None and no_ids[0].text == recs[0].text
 
 
 # ---- small files for formats the kit lacks ----
+
 
 def test_dpr_tsv_and_memory_uri():
     import fsspec
@@ -103,10 +112,14 @@ def test_parquet_and_lead_sections(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"doc": ["a", "b"], "name": ["A", "B"], "body": ["text a", "text b"]}), tmp_path / "c.parquet")
+    pq.write_table(
+        pa.table({"doc": ["a", "b"], "name": ["A", "B"], "body": ["text a", "text b"]}), tmp_path / "c.parquet"
+    )
     recs = list(read_corpus(str(tmp_path / "c.parquet"), fields={"id": "doc", "title": "name", "text": "body"}))
     assert recs == [Record("A", "text a", "a"), Record("B", "text b", "b")]
-    lead = {"Paris": {"title": "Paris", "extract": "Paris is the capital of France.", "description": "city", "topic": "x"}}
+    lead = {
+        "Paris": {"title": "Paris", "extract": "Paris is the capital of France.", "description": "city", "topic": "x"}
+    }
     (tmp_path / "summaries.json").write_text(json.dumps(lead))
     assert detect_format(str(tmp_path / "summaries.json")) == "wiki-lead-sections"
     assert list(read_corpus(str(tmp_path / "summaries.json"))) == [Record("Paris", "Paris is the capital of France.")]
@@ -124,6 +137,7 @@ def test_real_lead_sections(cache_dir):
 
 
 # ---- bad input ----
+
 
 def test_malformed_jsonl_names_file_and_line(tmp_path):
     p = tmp_path / "bad.jsonl"
@@ -163,6 +177,7 @@ def test_unreadable_and_undetectable(tmp_path):
 
 # ---- splitting and ids ----
 
+
 def test_split_words_granularity():
     assert split_words("a b c", 100) == ["a b c"]
     words = [f"w{i}" for i in range(250)]
@@ -184,8 +199,13 @@ def test_ids_are_stable_and_content_derived():
 
 
 def test_duplicates_merged():
-    recs = [Record("A", "same text"), Record("B", "other"), Record("A", "same  text"), Record("X", "v1", "7"),
-            Record("X", "v2", "7")]
+    recs = [
+        Record("A", "same text"),
+        Record("B", "other"),
+        Record("A", "same  text"),
+        Record("X", "v1", "7"),
+        Record("X", "v2", "7"),
+    ]
     stats = PassageStats()
     ps = list(passages_of(recs, 100, stats))
     assert [p.title for p in ps] == ["A", "B", "X"] and ps[2].text == "v1"
@@ -208,8 +228,11 @@ def test_gzip_and_s3(tmp_path, monkeypatch):
     server.start()
     try:
         host, port = server.get_host_and_port()
-        for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                     "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+        for k, v in {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        }.items():
             monkeypatch.setenv(k, v)
         s3fs.S3FileSystem.clear_instance_cache()
         fs = s3fs.S3FileSystem()

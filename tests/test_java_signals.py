@@ -94,13 +94,19 @@ def test_index_jvm_heap_mb_caps_the_heap_of_a_searching_process(tmp_path):
     from pipeline.config import load_config
 
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text('{"id": "p", "title": "Paris", "text": "Paris is the capital of France."}\n'
-                      '{"id": "b", "title": "Berlin", "text": "Berlin is the capital of Germany."}\n')
+    corpus.write_text(
+        '{"id": "p", "title": "Paris", "text": "Paris is the capital of France."}\n'
+        '{"id": "b", "title": "Berlin", "text": "Berlin is the capital of Germany."}\n'
+    )
     build_index([str(corpus)], str(tmp_path / "idx"), load_config(None, ["index.dense=false"]).index_settings())
 
     def max_heap_mib(*sets):
-        out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(tmp_path / "idx"), *sets], capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", HEAP_PROBE, str(tmp_path / "idx"), *sets],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         return int(out.stdout.strip().splitlines()[-1])
 

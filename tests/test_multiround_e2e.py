@@ -38,8 +38,15 @@ def answered(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path_factory):
         cfg = tiny_cfg.model_copy(deep=True)
         cfg.method.name, cfg.method.params = method, params
         folder = tmp_path_factory.mktemp(method)
-        summary = run_answer(str(data_dir / HOTPOT), str(folder), index=str(hotpot_index), method=method,
-                             limit=N, cfg=cfg, backends=backends)
+        summary = run_answer(
+            str(data_dir / HOTPOT),
+            str(folder),
+            index=str(hotpot_index),
+            method=method,
+            limit=N,
+            cfg=cfg,
+            backends=backends,
+        )
         out[method] = (summary, pl.read_parquet(f"{folder}/parts/*.parquet"))
     return out
 

@@ -21,11 +21,13 @@ from pipeline.methods.sure import (
 )
 
 Q = "Who directed the film that won Best Picture in 1998?"
-PASSAGES = [("p1", "Titanic (1997 film)", "Titanic won Best Picture at the 1998 Academy Awards."),
-            ("p2", "James Cameron", "James Cameron directed Titanic."),
-            ("p3", "Rome", "Rome is the capital of Italy."),
-            ("p4", "Academy Awards", "The Academy Awards honour films."),
-            ("p5", "Ottawa", "Ottawa is the capital of Canada.")]
+PASSAGES = [
+    ("p1", "Titanic (1997 film)", "Titanic won Best Picture at the 1998 Academy Awards."),
+    ("p2", "James Cameron", "James Cameron directed Titanic."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+    ("p4", "Academy Awards", "The Academy Awards honour films."),
+    ("p5", "Ottawa", "Ottawa is the capital of Canada."),
+]
 
 
 class Script:
@@ -68,9 +70,11 @@ def steps(o):
 
 # -- IRCoT ---------------------------------------------------------------------------------------------------
 
-IRCOT_CHAIN = [(Q + "\nAnswer:", "Titanic won Best Picture in 1998. It was long.\n"),
-               ("in 1998.", "Titanic was directed by James Cameron."),
-               ("by James Cameron.", "So the answer is: James Cameron.")]
+IRCOT_CHAIN = [
+    (Q + "\nAnswer:", "Titanic won Best Picture in 1998. It was long.\n"),
+    ("in 1998.", "Titanic was directed by James Cameron."),
+    ("by James Cameron.", "So the answer is: James Cameron."),
+]
 
 
 def test_ircot_reasons_one_sentence_a_step_and_retrieves_with_each():
@@ -78,8 +82,11 @@ def test_ircot_reasons_one_sentence_a_step_and_retrieves_with_each():
     a = o.answer
     assert a.prediction == "James Cameron" and a.extra["stopped"] == "answer" and not a.extra["answer_forced"]
     # only the first sentence of the first output is kept; it and the next one are the queries
-    assert a.extra["cot"] == ["Titanic won Best Picture in 1998.", "Titanic was directed by James Cameron.",
-                              "So the answer is: James Cameron."]
+    assert a.extra["cot"] == [
+        "Titanic won Best Picture in 1998.",
+        "Titanic was directed by James Cameron.",
+        "So the answer is: James Cameron.",
+    ]
     assert a.extra["queries"] == [Q, "Titanic won Best Picture in 1998.", "Titanic was directed by James Cameron."]
     assert steps(o) == [("step-0", 1)] * 2 + [("step-1", 2)] * 2 + [("step-2", 3)] * 2
     assert o.trace.llm_calls == 3 and o.trace.retrieval_calls == 3 and ret.calls == [1, 1, 1]
@@ -92,8 +99,11 @@ def test_ircot_reasons_one_sentence_a_step_and_retrieves_with_each():
 
 
 def test_ircot_caps_paragraphs_and_stops_retrieving_when_full():
-    chain = [(Q + "\nAnswer:", "Rome is the capital of Italy."), ("of Italy.", "Ottawa is a capital too."),
-             ("capital too.", "So the answer is: Rome")]
+    chain = [
+        (Q + "\nAnswer:", "Rome is the capital of Italy."),
+        ("of Italy.", "Ottawa is a capital too."),
+        ("capital too.", "So the answer is: Rome"),
+    ]
     (o,), _, _ = run("ircot", {"k": 2, "max_paragraphs": 3}, chain)
     # p1, p2 for the question; then p3 and p5 match "capital": p3 fills the cap, p5 is dropped
     assert [h.id for h in o.answer.used_docs] == ["p1", "p2", "p3"] and o.answer.extra["paragraphs"] == 3
@@ -125,19 +135,23 @@ def test_next_sentence_keeps_an_answer_whole():
 
 # -- Self-Ask --------------------------------------------------------------------------------------------------
 
-SELF_ASK = [("Intermediate answer: Titanic\n", "Follow up: Who directed Titanic?\n"),
-            ("Intermediate answer: James Cameron\n", "So the final answer is: James Cameron\n"),
-            ("Answer the question: Which film won Best Picture in 1998?", "Titanic"),
-            ("Answer the question: Who directed Titanic?", "Answer: James Cameron"),
-            ("needed here:", " Yes.\nFollow up: Which film won Best Picture in 1998?\nIntermediate")]
+SELF_ASK = [
+    ("Intermediate answer: Titanic\n", "Follow up: Who directed Titanic?\n"),
+    ("Intermediate answer: James Cameron\n", "So the final answer is: James Cameron\n"),
+    ("Answer the question: Which film won Best Picture in 1998?", "Titanic"),
+    ("Answer the question: Who directed Titanic?", "Answer: James Cameron"),
+    ("needed here:", " Yes.\nFollow up: Which film won Best Picture in 1998?\nIntermediate"),
+]
 
 
 def test_self_ask_answers_each_follow_up_from_retrieval_until_the_final_answer():
     (o,), gen, _ = run("self-ask", {"k": 2}, SELF_ASK)
     a = o.answer
     assert a.prediction == "James Cameron" and a.extra["stopped"] == "answer" and not a.extra["answer_forced"]
-    assert a.extra["follow_ups"] == [{"question": "Which film won Best Picture in 1998?", "answer": "Titanic"},
-                                     {"question": "Who directed Titanic?", "answer": "James Cameron"}]
+    assert a.extra["follow_ups"] == [
+        {"question": "Which film won Best Picture in 1998?", "answer": "Titanic"},
+        {"question": "Who directed Titanic?", "answer": "James Cameron"},
+    ]
     assert steps(o) == [("follow-up-1", 1)] * 2 + [("follow-up-2", 2)] * 2
     assert o.trace.llm_calls == 5 and o.trace.retrieval_calls == 2  # 3 self-ask steps, 2 intermediate answers
     assert [g["stage"] for g in o.trace.generations] == ["self-ask", "intermediate-answer"] * 2 + ["self-ask"]
@@ -153,8 +167,11 @@ def test_self_ask_no_follow_up_needed_answers_without_retrieval():
 
 
 def test_self_ask_max_follow_ups_forces_the_final_answer():
-    replies = [("So the final answer is:", "Titanic's director"), ("Intermediate answer:", "Follow up: more?\n"),
-               ("Answer the question:", "x")] + SELF_ASK[-1:]
+    replies = [
+        ("So the final answer is:", "Titanic's director"),
+        ("Intermediate answer:", "Follow up: more?\n"),
+        ("Answer the question:", "x"),
+    ] + SELF_ASK[-1:]
     (o,), gen, _ = run("self-ask", {"max_follow_ups": 1}, replies)
     a = o.answer
     assert a.extra["stopped"] == "max_follow_ups" and a.extra["answer_forced"] and a.prediction == "Titanic's director"
@@ -162,14 +179,17 @@ def test_self_ask_max_follow_ups_forces_the_final_answer():
     assert "more?" not in gen.log[-1][0] and gen.log[-1][0].endswith("Intermediate answer: x\nSo the final answer is:")
 
 
-@pytest.mark.parametrize("bad,stopped", [("", "unparsed"), ("I am not sure.", "unparsed"),
-                                         (" No.\nSo the final answer is:", "empty answer")])
+@pytest.mark.parametrize(
+    "bad,stopped", [("", "unparsed"), ("I am not sure.", "unparsed"), (" No.\nSo the final answer is:", "empty answer")]
+)
 def test_self_ask_malformed_output_forces_one_final_answer(bad, stopped):
     (o,), gen, _ = run("self-ask", {}, [("needed here:", bad), ("So the final answer is:", "")])
     a = o.answer
     assert a.extra["stopped"] == stopped and a.extra["answer_forced"] and a.prediction == ""
-    assert o.trace.llm_calls == 2 and gen.log[-1][0].count("So the final answer is:") == gen.log[0][0].count(
-        "So the final answer is:") + 1
+    assert (
+        o.trace.llm_calls == 2
+        and gen.log[-1][0].count("So the final answer is:") == gen.log[0][0].count("So the final answer is:") + 1
+    )
 
 
 def test_self_ask_reads_follow_up_or_final_whichever_comes_first():
@@ -180,6 +200,7 @@ def test_self_ask_reads_follow_up_or_final_whichever_comes_first():
 
 
 # -- ITER-RETGEN -------------------------------------------------------------------------------------------------
+
 
 def test_iter_retgen_retrieves_with_question_plus_previous_generation():
     replies = [("Question: " + Q, "Titanic won.\nSo the answer is: James Cameron")]
@@ -203,22 +224,32 @@ def test_iter_retgen_empty_generation_keeps_the_question_as_query():
 
 # -- SuRe --------------------------------------------------------------------------------------------------------
 
+
 def sure_replies(rank_first: str = "Summary 1", rank_second: str = "Summary 2", valid=("True", "False")):
-    return [("Candidates:", "(a) James Cameron, (b) Steven Spielberg"),
-            ("Answer: James Cameron\nSummary:", "Cameron directed Titanic."),
-            ("Answer: Steven Spielberg\nSummary:", "Spielberg directs films."),
-            ("Answer: James Cameron\nSummary: Cameron directed Titanic.\nSupported:", valid[0]),
-            ("Answer: Steven Spielberg\nSummary: Spielberg directs films.\nSupported:", valid[1]),
-            ("Summary 1: Cameron directed Titanic.", rank_first),
-            ("Summary 1: Spielberg directs films.", rank_second)]
+    return [
+        ("Candidates:", "(a) James Cameron, (b) Steven Spielberg"),
+        ("Answer: James Cameron\nSummary:", "Cameron directed Titanic."),
+        ("Answer: Steven Spielberg\nSummary:", "Spielberg directs films."),
+        ("Answer: James Cameron\nSummary: Cameron directed Titanic.\nSupported:", valid[0]),
+        ("Answer: Steven Spielberg\nSummary: Spielberg directs films.\nSupported:", valid[1]),
+        ("Summary 1: Cameron directed Titanic.", rank_first),
+        ("Summary 1: Spielberg directs films.", rank_second),
+    ]
 
 
 def test_sure_batches_each_stage_and_combines_validity_and_ranking():
     (o,), gen, _ = run("sure", {"k": 3}, sure_replies())
     a = o.answer
     assert gen.calls == [1, 2, 2, 2]  # candidates; then 2 summaries, 2 checks, 2 ordered pairs: one request each
-    assert [g["stage"] for g in o.trace.generations] == ["candidates", "summarize", "summarize", "validate", "validate",
-                                                         "rank", "rank"]
+    assert [g["stage"] for g in o.trace.generations] == [
+        "candidates",
+        "summarize",
+        "summarize",
+        "validate",
+        "validate",
+        "rank",
+        "rank",
+    ]
     assert a.extra["candidates"] == ["James Cameron", "Steven Spielberg"] and a.extra["validity"] == [1, 0]
     assert a.extra["ranking"] == [1.0, 0.0] and a.extra["scores"] == [2.0, 0.0] and a.prediction == "James Cameron"
     assert o.trace.llm_calls == 7 and o.trace.retrieval_calls == 1 and len(a.used_docs) == 3
@@ -238,8 +269,10 @@ def test_sure_undecided_judgments_count_half_and_ties_go_to_the_first_candidate(
     assert o.trace.llm_calls == 1 + 2 + 2 + 1
 
 
-@pytest.mark.parametrize("raw,pred,parsed,calls", [("", "", False, 1), ("Answer: Ottawa", "Ottawa", True, 1),
-                                                   ("(a) Rome, (b) rome", "Rome", True, 1)])
+@pytest.mark.parametrize(
+    "raw,pred,parsed,calls",
+    [("", "", False, 1), ("Answer: Ottawa", "Ottawa", True, 1), ("(a) Rome, (b) rome", "Rome", True, 1)],
+)
 def test_sure_malformed_candidates(raw, pred, parsed, calls):
     (o,), _, _ = run("sure", {"constrained": False}, [("Candidates:", raw)])
     assert o.answer.prediction == pred and o.answer.extra["candidates_parsed"] is parsed and o.trace.llm_calls == calls
@@ -247,7 +280,7 @@ def test_sure_malformed_candidates(raw, pred, parsed, calls):
 
 def test_sure_parsers():
     assert parse_candidates("(a) Paris, (b) Lyon, (c) Nice", 2) == ["Paris", "Lyon"]
-    assert parse_candidates("(a)Paris,(b) \"Lyon.\"", 2) == ["Paris", "Lyon"]
+    assert parse_candidates('(a)Paris,(b) "Lyon."', 2) == ["Paris", "Lyon"]
     assert validity("True") == 1 and validity("False, not true") == 0 and validity("") == 0
     assert (prefers_first("Passage 1"), prefers_first("Summary #2 is"), prefers_first("both")) == (1.0, 0.0, 0.5)
     # three candidates, each pair in both orders: r(s_k) sums the mean r_pair over the other two
@@ -256,6 +289,7 @@ def test_sure_parsers():
 
 
 # -- templates passed at run time ------------------------------------------------------------------------------
+
 
 def test_a_template_passed_as_a_param_is_what_the_model_reads():
     tpl = {"system": "SYS", "user": "{reference}Q: {question}\nThought:", "doc": "[{idx}] {title}\n", "chat": False}
@@ -271,13 +305,16 @@ def test_a_template_passed_as_a_param_is_what_the_model_reads():
     assert "2 passages" in gen.log[0][0] and o.answer.prediction == "A"
 
 
-@pytest.mark.parametrize("method,params,match", [
-    ("ircot", {"template": {"user": "{question} {answer}"}}, "unknown fields"),
-    ("self-ask", {"answer_template": {"user": "{cot}"}}, "unknown fields"),
-    ("sure", {"templates": {"judge": {"user": "{question}"}}}, "unknown template"),
-    ("sure", {"templates": {"rank": {"user": "{summary3}"}}}, "unknown fields"),
-    ("iter-retgen", {"iterations": 0}, "iterations"),
-])
+@pytest.mark.parametrize(
+    "method,params,match",
+    [
+        ("ircot", {"template": {"user": "{question} {answer}"}}, "unknown fields"),
+        ("self-ask", {"answer_template": {"user": "{cot}"}}, "unknown fields"),
+        ("sure", {"templates": {"judge": {"user": "{question}"}}}, "unknown template"),
+        ("sure", {"templates": {"rank": {"user": "{summary3}"}}}, "unknown fields"),
+        ("iter-retgen", {"iterations": 0}, "iterations"),
+    ],
+)
 def test_bad_params_are_refused(method, params, match):
     with pytest.raises(MethodError, match=match):
         get_method(method).params(params)
@@ -318,7 +355,9 @@ def test_self_ask_a_follow_up_before_a_final_answer_is_asked_first():
 
 
 def test_self_ask_an_empty_intermediate_answer_is_inserted_as_unknown():
-    replies = [("Intermediate answer: unknown\n", "So the final answer is: none"), ("Answer the question:", "")] \
-        + SELF_ASK[-1:]
+    replies = [
+        ("Intermediate answer: unknown\n", "So the final answer is: none"),
+        ("Answer the question:", ""),
+    ] + SELF_ASK[-1:]
     (o,), _, _ = run("self-ask", {}, replies)
     assert o.answer.extra["follow_ups"][0]["answer"] == "unknown" and o.answer.prediction == "none"

@@ -26,8 +26,10 @@ def test_a_user_choice_of_arrow_pool_is_kept():
 
 
 def test_the_budget_fixes_the_jvm_heap_and_its_jit_before_the_jvm_starts():
-    code = ("import jnius_config; from indexing.native_memory import bound_native_memory; bound_native_memory(256); "
-            "print(' '.join(jnius_config.options))")
+    code = (
+        "import jnius_config; from indexing.native_memory import bound_native_memory; bound_native_memory(256); "
+        "print(' '.join(jnius_config.options))"
+    )
     opts = run(code).split()
     assert {"-Xms256m", "-Xmx256m", "-XX:+AlwaysPreTouch", "-XX:TieredStopAtLevel=1"} <= set(opts)
 

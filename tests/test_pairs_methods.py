@@ -55,7 +55,11 @@ class FakeRetriever:
 
 class FakeEmbedder:
     def __init__(self):
-        self.vecs = {Q: _unit(0), PSEUDO: _unit(60), **{embed_input(h.title, h.text): _unit(*DOCS[i]) for i, h in HITS.items()}}
+        self.vecs = {
+            Q: _unit(0),
+            PSEUDO: _unit(60),
+            **{embed_input(h.title, h.text): _unit(*DOCS[i]) for i, h in HITS.items()},
+        }
 
     def embed(self, texts, model=None):
         return np.stack([self.vecs[t] for t in texts])
@@ -64,8 +68,20 @@ class FakeEmbedder:
 class FakeScorer:
     """K(d, q) and K(d, p): fixed by hand per (query kind, document)."""
 
-    K = {("q", "a"): 0.1, ("q", "b"): 0.9, ("q", "c"): 0.5, ("q", "d"): 0.2, ("q", "e"): 0.3, ("q", "f"): 0.8,
-         ("p", "a"): 0.1, ("p", "b"): 0.1, ("p", "c"): 0.6, ("p", "d"): 0.9, ("p", "e"): 0.0, ("p", "f"): 0.0}
+    K = {
+        ("q", "a"): 0.1,
+        ("q", "b"): 0.9,
+        ("q", "c"): 0.5,
+        ("q", "d"): 0.2,
+        ("q", "e"): 0.3,
+        ("q", "f"): 0.8,
+        ("p", "a"): 0.1,
+        ("p", "b"): 0.1,
+        ("p", "c"): 0.6,
+        ("p", "d"): 0.9,
+        ("p", "e"): 0.0,
+        ("p", "f"): 0.0,
+    }
 
     def __init__(self):
         self.names: list[str] = []
@@ -83,6 +99,7 @@ def _reply(direct: str, from_pseudo: str, final: str = "<answer>Paris</answer>")
         if "based on the Context" in text:
             return from_pseudo if f"Context: {PSEUDO}" in text else final
         return direct
+
     return reply
 
 
@@ -91,8 +108,9 @@ def _run(method: str, params: dict | None = None, reply=None):
     ret, emb, sc = FakeRetriever(), FakeEmbedder(), FakeScorer()
     backends = Backends(DynragConfig(), generator=gen, retriever=ret, embedder=emb, scorer=sc)
     spec = get_method(method)
-    (o,) = Engine(backends).run([Question("1", Q, ["Paris"], supporting_titles=["Ta", "Tc"])], spec.program,
-                                spec.params(params))
+    (o,) = Engine(backends).run(
+        [Question("1", Q, ["Paris"], supporting_titles=["Ta", "Tc"])], spec.program, spec.params(params)
+    )
     assert o.error is None, o.error
     row = make_row(o, run_id="r", method=method, params_json="{}", chash="h", model="fake")
     return o, row, ret, sc
@@ -161,8 +179,9 @@ def test_dpr_ais_dynamic_uses_eq8_alpha():
     assert alpha == pytest.approx(0.058 * math.radians(60) + 0.455, abs=1e-4)
     # α = .058·(π/3) + .455 = .5157; α·θ1 + (1 − α)·θ2: b 30.3°, d 35.5°, a 43.4°, c 51.0°, f 59.0°
     assert [h.id for h in o.answer.used_docs] == ["b", "d", "a"]
-    assert json.loads(row["extra"])["scores"][0] == pytest.approx(math.cos(math.radians(.5157 * 31.46 + .4843 * 56.17)),
-                                                                  abs=2e-4)
+    assert json.loads(row["extra"])["scores"][0] == pytest.approx(
+        math.cos(math.radians(0.5157 * 31.46 + 0.4843 * 56.17)), abs=2e-4
+    )
 
 
 def test_dpr_ais_rerank_sums_both_reranker_scores():

@@ -94,8 +94,9 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
-def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(data_dir, tmp_path_factory, tmp_path,
-                                                                       monkeypatch, ray_cluster):
+def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
+    data_dir, tmp_path_factory, tmp_path, monkeypatch, ray_cluster
+):
     index = str(build_hotpot_index(data_dir, tmp_path_factory, 20))
     dataset = str(_dataset(data_dir, tmp_path / "questions.jsonl"))
     cfg = DynragConfig()

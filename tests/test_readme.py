@@ -33,8 +33,13 @@ def test_documented_command_parses(command):
 @pytest.mark.parametrize("command", ["dynrag methods", "dynrag data", "dynrag models list"])
 def test_documented_command_runs(command):
     assert command in documented_commands()
-    out = subprocess.run([sys.executable, "-m", "jobs.cli", *shlex.split(command)[1:]], capture_output=True, text=True,
-                         timeout=120, cwd=README.parent)
+    out = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", *shlex.split(command)[1:]],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=README.parent,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip()
 
@@ -52,8 +57,14 @@ def _subcommands(parser, path=()):
 
 
 # one spelling per kind of input across commands: dest -> the flag that sets it
-CONSISTENT_FLAGS = {"index": "--index", "dataset": "--dataset", "dataset_format": "--dataset-format", "out": "--out",
-                    "limit": "--limit", "json": "--json"}
+CONSISTENT_FLAGS = {
+    "index": "--index",
+    "dataset": "--dataset",
+    "dataset_format": "--dataset-format",
+    "out": "--out",
+    "limit": "--limit",
+    "json": "--json",
+}
 
 
 def test_flags_are_spelled_alike_in_every_command():
@@ -64,6 +75,8 @@ def test_flags_are_spelled_alike_in_every_command():
         for action in parser._actions:
             want = CONSISTENT_FLAGS.get(action.dest)
             if want is not None:
-                assert want in action.option_strings, f"dynrag {' '.join(path)}: {action.dest} is {action.option_strings or 'positional'}, not {want}"
+                assert want in action.option_strings, (
+                    f"dynrag {' '.join(path)}: {action.dest} is {action.option_strings or 'positional'}, not {want}"
+                )
                 checked += 1
     assert checked > 30  # the walk reached the subcommands

@@ -50,8 +50,13 @@ def chromium() -> str:
     if found:
         return found
     try:  # under pytest-timeout's 900 s, so a hung install still ends with this message
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "install_chromium.sh")], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=780)
+        proc = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "install_chromium.sh")],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=780,
+        )
         found = shutil.which("chromium")
         if proc.returncode == 0 and found:
             return found
@@ -65,8 +70,18 @@ def chromium() -> str:
 
 
 def dump_dom(chromium: str, html: Path, tmp: Path) -> str:
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-           f"--user-data-dir={tmp / 'profile'}", "--virtual-time-budget=5000", "--dump-dom", html.as_uri()]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        f"--user-data-dir={tmp / 'profile'}",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        html.as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -116,8 +131,13 @@ def test_report_plots_render_in_chromium(chromium, tmp_path):
     assert found, "the probe script did not run (page not rendered?)"
     charts = {c["id"]: c for c in json.loads(unescape(found.group(1)))}
     for ds in ("hotpotqa", "musique"):
-        expected = {f"f1-time-{ds}": 3, f"em-time-{ds}": 3, f"recall-k-{ds}": 2, f"llm-calls-{ds}": 2,
-                    f"stage-time-{ds}": 2}  # methods; strategies varied in k; call kinds; stages with time
+        expected = {
+            f"f1-time-{ds}": 3,
+            f"em-time-{ds}": 3,
+            f"recall-k-{ds}": 2,
+            f"llm-calls-{ds}": 2,
+            f"stage-time-{ds}": 2,
+        }  # methods; strategies varied in k; call kinds; stages with time
         for chart_id, n_series in expected.items():
             chart = charts.get(chart_id)
             assert chart, f"chart {chart_id} missing from the rendered DOM (have {sorted(charts)})"
@@ -136,9 +156,23 @@ def test_report_screenshot_is_not_blank(chromium, tmp_path):
     drrag_like_runs(tmp_path / "runs")
     html = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "report.html")))
     shot = tmp_path / "shot.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                    f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,1400", f"--screenshot={shot}",
-                    html.as_uri()], capture_output=True, timeout=120, stdin=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1400,1400",
+            f"--screenshot={shot}",
+            html.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=True,
+    )
     colours = Image.open(shot).convert("RGB").getcolors(1 << 20)
     palette_blue = (0x4E, 0x79, 0xA7)  # the first series' colour fills points, lines and bars
     assert any(c == palette_blue and n > 200 for n, c in colours), "no plotted marks visible in the screenshot"

@@ -14,8 +14,12 @@ from pipeline.engine.continuous import ContinuousEngine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Generate, Question, SamplingSpec
 
-PROMPTS = ["Who wrote the novel?", "What is the capital of France?", "Shirley Temple was an American actress",
-           "Berlin is the capital of Germany and Rome"]
+PROMPTS = [
+    "Who wrote the novel?",
+    "What is the capital of France?",
+    "Shirley Temple was an American actress",
+    "Berlin is the capital of Germany and Rome",
+]
 SPECS = [SamplingSpec(max_tokens=n, logprobs=lp) for n, lp in [(24, None), (2, 3), (12, None), (6, 2)]]
 LABELS = ("entailment", "contradiction", "neutral")
 PROMPTS.append("[NLI result]:")
@@ -51,6 +55,7 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
             def done(result, cost_s):
                 order.append((name, result.completion_tokens, cost_s > 0))
                 finished.set() if len(order) == 2 else None
+
             return done
 
         gen.submit(PROMPTS[0], SamplingSpec(max_tokens=48), True, done_as("long"))
@@ -74,8 +79,12 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
     batched = tiny_vllm.generate(PROMPTS, SPECS, [True] * len(PROMPTS))  # the session's batched engine
     assert streamed[-1].text in LABELS
     for s, b in zip(streamed, batched):
-        assert (s.text, s.token_ids, s.prompt_tokens, s.finish_reason) == (b.text, b.token_ids, b.prompt_tokens,
-                                                                           b.finish_reason)
+        assert (s.text, s.token_ids, s.prompt_tokens, s.finish_reason) == (
+            b.text,
+            b.token_ids,
+            b.prompt_tokens,
+            b.finish_reason,
+        )
         assert (s.logprobs is None) == (b.logprobs is None)
         if s.logprobs:
             assert [t.logprob for t in s.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)

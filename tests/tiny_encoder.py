@@ -18,8 +18,16 @@ def build_tiny_encoder(folder: str | Path, cache_dir: str) -> Path:
         return folder
     tok = AutoTokenizer.from_pretrained(resolve_model("all-minilm-l6-v2", cache_dir))
     torch.manual_seed(0)
-    bert = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                intermediate_size=64, max_position_embeddings=512))
+    bert = BertModel(
+        BertConfig(
+            vocab_size=tok.vocab_size,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=512,
+        )
+    )
     base = folder.parent / f"{folder.name}-bert"
     bert.save_pretrained(base)
     tok.save_pretrained(base)

@@ -35,19 +35,30 @@ def build_tiny_model(folder: str | Path, *, seed: int = 0) -> Path:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=512, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(SENTENCES * 4, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
-                                   eos_token="<|im_end|>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<pad>"
+    )
     fast.chat_template = TEMPLATE
     fast.save_pretrained(folder)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(fast), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
-                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
-                         pad_token_id=fast.pad_token_id, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).to(torch.float32)
     with torch.no_grad():  # larger logits spread, so greedy decoding is not a near-tie everywhere
         model.lm_head.weight.mul_(20.0)

@@ -25,8 +25,9 @@ def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
     p = bsub.add_parser("all", help="run every benchmark and print every figure", description=__doc__)
-    p.add_argument("--index", metavar="DIR", help="index over hotpotqa/dev_400.jsonl's paragraphs (default: built "
-                   "under --workdir)")
+    p.add_argument(
+        "--index", metavar="DIR", help="index over hotpotqa/dev_400.jsonl's paragraphs (default: built under --workdir)"
+    )
     p.add_argument("--workdir", help="default: <cache_dir>/bench/all")
     p.add_argument("--only", nargs="+", choices=list(BENCHES), help="run only these benchmarks")
     p.add_argument("--quick", action="store_true", help="fewer questions and repeats (a smoke run, noisier figures)")
@@ -45,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
         from indexing import build_index
 
         index = str(work / "index-hotpotqa")
-        build_index([str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")], index, cfg.index_settings())  # incremental: reused
+        build_index(
+            [str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")], index, cfg.index_settings()
+        )  # incremental: reused
     shared = [*(["--config", args.config] if args.config else []), *[a for o in args.overrides for a in ("--set", o)]]
     failed = []
     for name in args.only or list(BENCHES):
@@ -54,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"== dynrag bench {name} {' '.join(extra)}", flush=True)
         m = run_measured(cmd)
         print(m.stdout.rstrip())
-        print(f"   (bench {name}: exit {m.returncode}, {m.wall_s:.0f} s, peak RSS of its process tree "
-              f"{m.peak_rss / GIB:.2f} GiB)", flush=True)
+        print(
+            f"   (bench {name}: exit {m.returncode}, {m.wall_s:.0f} s, peak RSS of its process tree "
+            f"{m.peak_rss / GIB:.2f} GiB)",
+            flush=True,
+        )
         if m.returncode:
             failed.append(name)
             print("\n".join(m.stderr.strip().splitlines()[-10:]), file=sys.stderr)

@@ -26,8 +26,11 @@ log = logging.getLogger(__name__)
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser("answer", help="sr-rag pipeline tokens/s vs bare vLLM generate on the same prompts",
-                        description=__doc__.split("\n\n")[1] if __doc__ else None)
+    p = bsub.add_parser(
+        "answer",
+        help="sr-rag pipeline tokens/s vs bare vLLM generate on the same prompts",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
     p.add_argument("--index", required=True, metavar="DIR", help="index over the dataset's paragraphs")
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--method", default="sr-rag")
@@ -94,8 +97,15 @@ def run(args: argparse.Namespace) -> int:
             with tempfile.TemporaryDirectory(prefix="dynrag-bench-") as out:
                 if rep == 0:  # warm the index and the engine once, on batches of the timed run's size (not timed):
                     # warmed on 4 questions, the first timed 64-prompt batch ran 2.4x slower than the next ones
-                    run_answer(dataset, f"{out}/warm", index=args.index, method=args.method, limit=args.limit,
-                               cfg=cfg, backends=backends)
+                    run_answer(
+                        dataset,
+                        f"{out}/warm",
+                        index=args.index,
+                        method=args.method,
+                        limit=args.limit,
+                        cfg=cfg,
+                        backends=backends,
+                    )
                     rec.calls.clear()
                 rec.seconds = 0.0
                 if rep % 2:  # odd repeats time bare vLLM first (on the previous repeat's prompts)
@@ -103,8 +113,15 @@ def run(args: argparse.Namespace) -> int:
                     bare_first = bare_generate(gen, prev_calls)
                 mem.phase = "pipeline"
                 t1 = time.perf_counter()
-                summary = run_answer(dataset, f"{out}/run", index=args.index, method=args.method, limit=args.limit,
-                                     cfg=cfg, backends=backends)
+                summary = run_answer(
+                    dataset,
+                    f"{out}/run",
+                    index=args.index,
+                    method=args.method,
+                    limit=args.limit,
+                    cfg=cfg,
+                    backends=backends,
+                )
                 pipe_s = time.perf_counter() - t1
             if not summary["answered"]:
                 from pipeline.errors import DynragError
@@ -115,37 +132,63 @@ def run(args: argparse.Namespace) -> int:
             bare_tokens, bare_s = bare_first if rep % 2 else bare_generate(gen, rec.calls)
             mem.phase = None
             prev_calls = rec.calls
-            results.append({"pipeline_tokens": pipe_tokens, "pipeline_s": round(pipe_s, 2),
-                            "bare_tokens": bare_tokens, "bare_s": round(bare_s, 2),
-                            "pipeline_tok_s": round(pipe_tokens / pipe_s, 2), "bare_tok_s": round(bare_tokens / bare_s, 2),
-                            "ratio": round((pipe_tokens / pipe_s) / (bare_tokens / bare_s), 3),
-                            # the share of the pipeline's wall time spent inside the backend's generate: the
-                            # ratio this machine would show if vLLM ran at the same speed in both runs
-                            "generate_share_of_pipeline": round(rec.seconds / pipe_s, 4),
-                            "time_per_question_s": summary["time_per_question_s"], "em": summary["em"],
-                            "f1": summary["f1"], "prompts": sum(len(c[0]) for c in rec.calls),
-                            "generate_calls": len(rec.calls)})
+            results.append(
+                {
+                    "pipeline_tokens": pipe_tokens,
+                    "pipeline_s": round(pipe_s, 2),
+                    "bare_tokens": bare_tokens,
+                    "bare_s": round(bare_s, 2),
+                    "pipeline_tok_s": round(pipe_tokens / pipe_s, 2),
+                    "bare_tok_s": round(bare_tokens / bare_s, 2),
+                    "ratio": round((pipe_tokens / pipe_s) / (bare_tokens / bare_s), 3),
+                    # the share of the pipeline's wall time spent inside the backend's generate: the
+                    # ratio this machine would show if vLLM ran at the same speed in both runs
+                    "generate_share_of_pipeline": round(rec.seconds / pipe_s, 4),
+                    "time_per_question_s": summary["time_per_question_s"],
+                    "em": summary["em"],
+                    "f1": summary["f1"],
+                    "prompts": sum(len(c[0]) for c in rec.calls),
+                    "generate_calls": len(rec.calls),
+                }
+            )
             backends.close()
-            log.warning("repeat %d: %s", rep + 1, json.dumps({k: v for k, v in results[-1].items()
-                                                              if k != "time_per_question_s"}))
+            log.warning(
+                "repeat %d: %s",
+                rep + 1,
+                json.dumps({k: v for k, v in results[-1].items() if k != "time_per_question_s"}),
+            )
     finally:
         mem.stop()
         gen.close()
     rss = {k: round(v / GIB, 2) for k, v in mem.peaks.items()}
-    figures = {"peak_rss_gib": rss, "method": args.method, "model": cfg.generation.model, "dtype": cfg.generation.dtype,
-               "questions": args.limit, "max_new_tokens": cfg.generation.max_new_tokens, "engine_startup_s": round(startup, 1),
-               "repeats": results, "ratio_median": round(statistics.median(r["ratio"] for r in results), 3)}
+    figures = {
+        "peak_rss_gib": rss,
+        "method": args.method,
+        "model": cfg.generation.model,
+        "dtype": cfg.generation.dtype,
+        "questions": args.limit,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "engine_startup_s": round(startup, 1),
+        "repeats": results,
+        "ratio_median": round(statistics.median(r["ratio"] for r in results), 3),
+    }
     if args.json:
         print(json.dumps(figures, indent=2))
     else:
-        print(f"{args.method} over {args.limit} questions, {cfg.generation.model} ({cfg.generation.dtype}), "
-              f"{cfg.generation.max_new_tokens} new tokens, vLLM startup {startup:.1f} s (not timed)")
+        print(
+            f"{args.method} over {args.limit} questions, {cfg.generation.model} ({cfg.generation.dtype}), "
+            f"{cfg.generation.max_new_tokens} new tokens, vLLM startup {startup:.1f} s (not timed)"
+        )
         for i, r in enumerate(results, 1):
-            print(f"  repeat {i}: pipeline {r['pipeline_tokens']} tok in {r['pipeline_s']} s = {r['pipeline_tok_s']} tok/s; "
-                  f"bare vLLM {r['bare_tokens']} tok in {r['bare_s']} s = {r['bare_tok_s']} tok/s; "
-                  f"ratio {r['ratio']} ({r['generate_calls']} generate call(s), {r['prompts']} prompts); "
-                  f"generate share of pipeline time {r['generate_share_of_pipeline']}")
+            print(
+                f"  repeat {i}: pipeline {r['pipeline_tokens']} tok in {r['pipeline_s']} s = {r['pipeline_tok_s']} tok/s; "
+                f"bare vLLM {r['bare_tokens']} tok in {r['bare_s']} s = {r['bare_tok_s']} tok/s; "
+                f"ratio {r['ratio']} ({r['generate_calls']} generate call(s), {r['prompts']} prompts); "
+                f"generate share of pipeline time {r['generate_share_of_pipeline']}"
+            )
         print(f"pipeline / bare generated tokens/s: {figures['ratio_median']} (median of {len(results)}; goal >= 0.85)")
-        print(f"peak RSS of the process tree (this process + vLLM engine core, one engine shared by both sides): "
-              f"pipeline phases {rss.get('pipeline')} GiB, bare phases {rss.get('bare')} GiB")
+        print(
+            f"peak RSS of the process tree (this process + vLLM engine core, one engine shared by both sides): "
+            f"pipeline phases {rss.get('pipeline')} GiB, bare phases {rss.get('bare')} GiB"
+        )
     return 0

@@ -6,13 +6,23 @@ import argparse
 import importlib
 
 # Each module adds one benchmark with `register(bench_subparsers)`.
-BENCH_MODULES = ["jobs.bench.index", "jobs.bench.scale", "jobs.bench.answer", "jobs.bench.dragin",
-                 "jobs.bench.flashrag", "jobs.bench.pipeline", "jobs.bench.all"]
+BENCH_MODULES = [
+    "jobs.bench.index",
+    "jobs.bench.scale",
+    "jobs.bench.answer",
+    "jobs.bench.dragin",
+    "jobs.bench.flashrag",
+    "jobs.bench.pipeline",
+    "jobs.bench.all",
+]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run a benchmark and print its figures",
-                       description="Benchmarks print ratios measured in one run on this machine, with repeats stated.")
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark and print its figures",
+        description="Benchmarks print ratios measured in one run on this machine, with repeats stated.",
+    )
     bsub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     for name in BENCH_MODULES:
         try:

@@ -39,15 +39,23 @@ def flashrag_command(python, config: Path) -> list[str]:
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser("flashrag", help="sr-rag questions/s vs FlashRAG's standard RAG pipeline",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bsub.add_parser(
+        "flashrag",
+        help="sr-rag questions/s vs FlashRAG's standard RAG pipeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating which goes first")
-    p.add_argument("--warmup", type=int, default=None,
-                   help="questions each side answers before timing, taken after the --limit timed ones in the file "
-                        "(default: --flashrag-batch on both sides, or as many as the file has left; 0: none)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="questions each side answers before timing, taken after the --limit timed ones in the file "
+        "(default: --flashrag-batch on both sides, or as many as the file has left; 0: none)",
+    )
     p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
     p.add_argument("--workdir", help="where corpus, indexes and outputs go (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -78,25 +86,43 @@ def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
 
     qs = list(itertools.islice((q for q in load_questions(dataset, cfg) if not q.error), limit + warmup))
     for name, part in (("questions.jsonl", qs[:limit]), ("warmup.jsonl", qs[limit:])):
-        (work / name).write_text("".join(json.dumps({"id": q.id, "question": q.question, "answers": q.answers,
-                                                     "golden_answers": q.answers}) + "\n" for q in part))
+        (work / name).write_text(
+            "".join(
+                json.dumps({"id": q.id, "question": q.question, "answers": q.answers, "golden_answers": q.answers})
+                + "\n"
+                for q in part
+            )
+        )
     passages = list(passages_of(read_corpus(dataset), cfg.index.passage_words))
-    (work / "corpus.jsonl").write_text("".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n"
-                                               for p in passages))
-    (work / "corpus_flashrag.jsonl").write_text("".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"})
-                                                        + "\n" for p in passages))
+    (work / "corpus.jsonl").write_text(
+        "".join(json.dumps({"id": p.id, "title": p.title, "text": p.text}) + "\n" for p in passages)
+    )
+    (work / "corpus_flashrag.jsonl").write_text(
+        "".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"}) + "\n" for p in passages)
+    )
     build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg.index_settings())
     return {"questions": len(qs[:limit]), "warmup_questions": len(qs[limit:]), "passages": len(passages)}
 
 
 def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch: int) -> dict:
     system, user, doc_format = flashrag_prompt()
-    return {"model_path": model_path, "corpus": str(work / "corpus_flashrag.jsonl"), "questions": str(work / "questions.jsonl"),
-            "work": str(work / "flashrag"), "k": k, "max_new_tokens": cfg.generation.max_new_tokens,
-            "dtype": cfg.generation.dtype, "batch_size": batch, "threads": cfg.index.threads,
-            "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
-            "bm25_k1": cfg.index.bm25_k1, "bm25_b": cfg.index.bm25_b, "system_prompt": system, "user_prompt": user,
-            "doc_format": doc_format}
+    return {
+        "model_path": model_path,
+        "corpus": str(work / "corpus_flashrag.jsonl"),
+        "questions": str(work / "questions.jsonl"),
+        "work": str(work / "flashrag"),
+        "k": k,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "dtype": cfg.generation.dtype,
+        "batch_size": batch,
+        "threads": cfg.index.threads,
+        "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
+        "bm25_k1": cfg.index.bm25_k1,
+        "bm25_b": cfg.index.bm25_b,
+        "system_prompt": system,
+        "user_prompt": user,
+        "doc_format": doc_format,
+    }
 
 
 def parse_result(m) -> dict:
@@ -118,7 +144,11 @@ def agreement(a: dict, b: dict) -> dict:
     ids = [q for q in a["predictions"] if q in b["predictions"]]
     same = sum(a["predictions"][q].strip() == b["predictions"][q].strip() for q in ids)
     overlap = [len(set(a["doc_ids"][q]) & set(b["doc_ids"][q])) / max(1, len(a["doc_ids"][q])) for q in ids]
-    return {"same_prediction": same, "compared": len(ids), "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0}
+    return {
+        "same_prediction": same,
+        "compared": len(ids),
+        "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,12 +177,25 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     warm = sizes["warmup_questions"]
     dcfg = driver_config(cfg, model_path, work, args.k, warm > 0, args.flashrag_batch)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
-    sides = {"dynrag": [sys.executable, "-m", "jobs.bench.flashrag_side", "--index", str(work / "index"),
-                        "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
-                        *(["--warmup", str(work / "warmup.jsonl")] if warm else []), "--set", f"retrieval.k={args.k}",
-                        *(["--config", args.config] if args.config else []),
-                        *[a for o in args.overrides for a in ("--set", o)]],
-             "flashrag": flashrag_command(py, work / "flashrag.json")}
+    sides = {
+        "dynrag": [
+            sys.executable,
+            "-m",
+            "jobs.bench.flashrag_side",
+            "--index",
+            str(work / "index"),
+            "--questions",
+            str(work / "questions.jsonl"),
+            "--out",
+            str(work / "dynrag"),
+            *(["--warmup", str(work / "warmup.jsonl")] if warm else []),
+            "--set",
+            f"retrieval.k={args.k}",
+            *(["--config", args.config] if args.config else []),
+            *[a for o in args.overrides for a in ("--set", o)],
+        ],
+        "flashrag": flashrag_command(py, work / "flashrag.json"),
+    }
     reps = []
     for rep in range(args.repeats):
         order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
@@ -161,40 +204,61 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
             got[side] = r = parse_result(run_measured(sides[side]))
             r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
-            print(f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
-                  f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}", file=sys.stderr, flush=True)
+            print(
+                f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
+                f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}",
+                file=sys.stderr,
+                flush=True,
+            )
         got["ratio"] = round(got["dynrag"]["questions_per_s"] / got["flashrag"]["questions_per_s"], 2)
         got["wall_ratio"] = round(got["flashrag"]["process_wall_s"] / got["dynrag"]["process_wall_s"], 2)
         got["agreement"] = agreement(got["dynrag"], got["flashrag"])
         tokens = got["dynrag"]["prompt_tokens_per_question"], got["dynrag"]["completion_tokens_per_question"]
         for side in ("dynrag", "flashrag"):  # the same prompts on both sides: dynrag's rows count their tokens
-            got[side]["model_gflops"] = round(achieved_gflops(model_path, *tokens, got[side]["questions"],
-                                                              got[side]["seconds"]), 1)
+            got[side]["model_gflops"] = round(
+                achieved_gflops(model_path, *tokens, got[side]["questions"], got[side]["seconds"]), 1
+            )
         for side in ("dynrag", "flashrag"):
             del got[side]["predictions"], got[side]["doc_ids"]
         reps.append(got)
-    figures = {"dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
-               "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
-               "matmul_gflops": peak, "repeats": reps,
-               "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3)}
+    figures = {
+        "dataset": dataset,
+        **sizes,
+        "k": args.k,
+        "model": model_path,
+        "dtype": cfg.generation.dtype,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "flashrag_batch": args.flashrag_batch,
+        "matmul_gflops": peak,
+        "repeats": reps,
+        "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3),
+    }
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
-    print(f"sr-rag vs FlashRAG standard RAG: {sizes['questions']} questions of {dataset}, {sizes['passages']} passages, "
-          f"BM25 top-{args.k}, {model_path} ({cfg.generation.dtype}), {cfg.generation.max_new_tokens} new tokens, greedy; "
-          f"{args.repeats} repeat(s), alternating which side runs first; untimed warm-up on {warm} other questions "
-          f"on each side")
+    print(
+        f"sr-rag vs FlashRAG standard RAG: {sizes['questions']} questions of {dataset}, {sizes['passages']} passages, "
+        f"BM25 top-{args.k}, {model_path} ({cfg.generation.dtype}), {cfg.generation.max_new_tokens} new tokens, greedy; "
+        f"{args.repeats} repeat(s), alternating which side runs first; untimed warm-up on {warm} other questions "
+        f"on each side"
+    )
     for i, r in enumerate(figures["repeats"], 1):
         for side in ("dynrag", "flashrag"):
             s = r[side]
-            print(f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
-                  f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
-                  f"load average {s['load_average_1min_after']}; model {s['model_gflops']} GFLOP/s)")
+            print(
+                f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
+                f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
+                f"load average {s['load_average_1min_after']}; model {s['model_gflops']} GFLOP/s)"
+            )
         a = r["agreement"]
-        print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); same prediction "
-              f"{a['same_prediction']}/{a['compared']}, top-{args.k} overlap {a['topk_overlap']}")
+        print(
+            f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); same prediction "
+            f"{a['same_prediction']}/{a['compared']}, top-{args.k} overlap {a['topk_overlap']}"
+        )
     slow = min(min(r["dynrag"]["model_gflops"], r["flashrag"]["model_gflops"]) for r in reps)
-    print(f"arithmetic: a {cfg.generation.dtype} matrix product runs at {peak} GFLOP/s here; at the slower side's "
-          f"{slow} GFLOP/s no ratio above {peak / max(slow, 0.1):.1f}x is possible on this machine")
+    print(
+        f"arithmetic: a {cfg.generation.dtype} matrix product runs at {peak} GFLOP/s here; at the slower side's "
+        f"{slow} GFLOP/s no ratio above {peak / max(slow, 0.1):.1f}x is possible on this machine"
+    )
     print(f"dynrag sr-rag / FlashRAG questions/s: {figures['ratio_median']} (median of {len(reps)}; goal >= 5)")
     return 0

@@ -22,20 +22,52 @@ def flashrag_config(c: dict) -> dict:
     """The complete FlashRAG configuration for the bench's driver config `c` (see jobs/bench/flashrag.py)."""
     work = Path(c["work"])
     return {
-        "dataset_name": "bench", "data_dir": str(work), "split": ["test"], "test_sample_num": None,
-        "random_sample": False, "save_dir": str(work / "output"), "save_note": "bench", "seed": 2024,
-        "gpu_id": None, "gpu_num": 0, "framework": "hf", "device": "cpu",
-        "generator_model": "smollm2", "generator_model_path": c["model_path"], "generator_lora_path": None,
-        "generator_max_input_len": 2048, "generator_batch_size": c["batch_size"], "use_fid": False,
+        "dataset_name": "bench",
+        "data_dir": str(work),
+        "split": ["test"],
+        "test_sample_num": None,
+        "random_sample": False,
+        "save_dir": str(work / "output"),
+        "save_note": "bench",
+        "seed": 2024,
+        "gpu_id": None,
+        "gpu_num": 0,
+        "framework": "hf",
+        "device": "cpu",
+        "generator_model": "smollm2",
+        "generator_model_path": c["model_path"],
+        "generator_lora_path": None,
+        "generator_max_input_len": 2048,
+        "generator_batch_size": c["batch_size"],
+        "use_fid": False,
         "generation_params": {"max_tokens": c["max_new_tokens"], "do_sample": False},
-        "retrieval_method": "bm25", "bm25_backend": "bm25s", "index_path": str(work / "bm25"),
-        "corpus_path": c["corpus"], "retrieval_topk": c["k"], "retrieval_batch_size": 256,
-        "retrieval_use_fp16": False, "retrieval_query_max_length": 128, "retrieval_pooling_method": "mean",
-        "use_sentence_transformer": False, "instruction": "", "faiss_gpu": False,
-        "save_retrieval_cache": False, "use_retrieval_cache": False, "retrieval_cache_path": None,
-        "use_reranker": False, "rerank_model_name": None, "rerank_model_path": None, "rerank_pooling_method": None,
-        "refiner_name": None, "model2path": {}, "model2pooling": {}, "method2index": {},
-        "metrics": [], "metric_setting": {}, "save_metric_score": False, "save_intermediate_data": False,
+        "retrieval_method": "bm25",
+        "bm25_backend": "bm25s",
+        "index_path": str(work / "bm25"),
+        "corpus_path": c["corpus"],
+        "retrieval_topk": c["k"],
+        "retrieval_batch_size": 256,
+        "retrieval_use_fp16": False,
+        "retrieval_query_max_length": 128,
+        "retrieval_pooling_method": "mean",
+        "use_sentence_transformer": False,
+        "instruction": "",
+        "faiss_gpu": False,
+        "save_retrieval_cache": False,
+        "use_retrieval_cache": False,
+        "retrieval_cache_path": None,
+        "use_reranker": False,
+        "rerank_model_name": None,
+        "rerank_model_path": None,
+        "rerank_pooling_method": None,
+        "refiner_name": None,
+        "model2path": {},
+        "model2pooling": {},
+        "method2index": {},
+        "metrics": [],
+        "metric_setting": {},
+        "save_metric_score": False,
+        "save_intermediate_data": False,
     }
 
 
@@ -67,9 +99,12 @@ def main(config_path: str) -> None:
 
     class DocsAsDynrag(PromptTemplate):  # the documents formatted as dynrag's prompt lists them
         def format_reference(self, retrieval_result):
-            return "\n".join(c["doc_format"].format(i=i, title=d["contents"].split("\n")[0],
-                                                    text="\n".join(d["contents"].split("\n")[1:]))
-                             for i, d in enumerate(retrieval_result, 1))
+            return "\n".join(
+                c["doc_format"].format(
+                    i=i, title=d["contents"].split("\n")[0], text="\n".join(d["contents"].split("\n")[1:])
+                )
+                for i, d in enumerate(retrieval_result, 1)
+            )
 
     Config._get_internal_config = lambda self: {}  # the wheel has no basic_config.yaml
     fc = flashrag_config(c)
@@ -82,6 +117,7 @@ def main(config_path: str) -> None:
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
     if dtype is not None:
         pipeline.generator.model.to(dtype)
+
     def read(path):
         return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
 
@@ -93,11 +129,21 @@ def main(config_path: str) -> None:
     t0 = time.perf_counter()
     out = pipeline.run(dataset, do_eval=False)
     secs = time.perf_counter() - t0
-    print(json.dumps({"side": "flashrag", "questions": len(questions), "seconds": round(secs, 3),
-                      "questions_per_s": len(questions) / secs, "startup_s": round(startup, 2),
-                      "generator_dtype": str(pipeline.generator.model.dtype),
-                      "predictions": {it.id: it.pred for it in out},
-                      "doc_ids": {it.id: [d["id"] for d in it.retrieval_result] for it in out}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "side": "flashrag",
+                "questions": len(questions),
+                "seconds": round(secs, 3),
+                "questions_per_s": len(questions) / secs,
+                "startup_s": round(startup, 2),
+                "generator_dtype": str(pipeline.generator.model.dtype),
+                "predictions": {it.id: it.pred for it in out},
+                "doc_ids": {it.id: [d["id"] for d in it.retrieval_result] for it in out},
+            }
+        ),
+        flush=True,
+    )
 
 
 def _item(q: dict):

@@ -19,9 +19,29 @@ FLASHRAG = "flashrag-dev==0.1.2"
 # What flashrag 0.1.2 imports on the standard-RAG path (and a little around it); torch is the CPU build
 # (a local wheel here, found through PIP_FIND_LINKS); transformers as in dynrag's lock (the same tokenizer
 # and model code on both sides; 4.x cannot read the tokenizer of a model folder that 5.x saved).
-REQUIREMENTS = ["torch==2.13.0+cpu", "transformers==5.19.0", "accelerate", "peft", "sentence-transformers==6.2.0",
-                "datasets", "base58", "nltk", "rank-bm25", "rouge", "tiktoken", "bm25s==0.2.*", "PyStemmer",
-                "numba", "faiss-cpu", "openai", "pyyaml", "pandas", "tqdm", "psutil", "spacy"]
+REQUIREMENTS = [
+    "torch==2.13.0+cpu",
+    "transformers==5.19.0",
+    "accelerate",
+    "peft",
+    "sentence-transformers==6.2.0",
+    "datasets",
+    "base58",
+    "nltk",
+    "rank-bm25",
+    "rouge",
+    "tiktoken",
+    "bm25s==0.2.*",
+    "PyStemmer",
+    "numba",
+    "faiss-cpu",
+    "openai",
+    "pyyaml",
+    "pandas",
+    "tqdm",
+    "psutil",
+    "spacy",
+]
 NEVER = ("torchvision", "torchaudio", "torchcodec", "triton")  # CUDA builds; torchvision breaks transformers
 
 

@@ -41,20 +41,34 @@ def main(argv: list[str] | None = None) -> None:
             run_answer(args.warmup, f"{args.out}/warmup", index=args.index, method="sr-rag", cfg=cfg, backends=backends)
         startup = time.perf_counter() - T_START
         t0 = time.perf_counter()
-        summary = run_answer(args.questions, f"{args.out}/run", index=args.index, method="sr-rag", cfg=cfg,
-                             backends=backends)
+        summary = run_answer(
+            args.questions, f"{args.out}/run", index=args.index, method="sr-rag", cfg=cfg, backends=backends
+        )
         secs = time.perf_counter() - t0
     finally:
         backends.close()
-    rows = pl.read_parquet(f"{args.out}/run/parts/*.parquet", columns=["question_id", "prediction", "raw_output", "retrieved"])
-    print(json.dumps({"side": "dynrag", "questions": summary["rows"], "answered": summary["answered"],
-                      "seconds": round(secs, 3), "questions_per_s": summary["rows"] / secs, "startup_s": round(startup, 2),
-                      "generation_backend": cfg.generation.backend, "dtype": cfg.generation.dtype,
-                      "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
-                      "completion_tokens_per_question": summary["completion_tokens_per_question"],
-                      "predictions": dict(zip(rows["question_id"], rows["raw_output"])),
-                      "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])}}),
-          flush=True)
+    rows = pl.read_parquet(
+        f"{args.out}/run/parts/*.parquet", columns=["question_id", "prediction", "raw_output", "retrieved"]
+    )
+    print(
+        json.dumps(
+            {
+                "side": "dynrag",
+                "questions": summary["rows"],
+                "answered": summary["answered"],
+                "seconds": round(secs, 3),
+                "questions_per_s": summary["rows"] / secs,
+                "startup_s": round(startup, 2),
+                "generation_backend": cfg.generation.backend,
+                "dtype": cfg.generation.dtype,
+                "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
+                "completion_tokens_per_question": summary["completion_tokens_per_question"],
+                "predictions": dict(zip(rows["question_id"], rows["raw_output"])),
+                "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])},
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

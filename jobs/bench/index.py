@@ -29,10 +29,15 @@ log = logging.getLogger(__name__)
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser("index", help="embedding stage, incremental rebuild and BM25 search figures",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sources", nargs="*", metavar="SOURCE",
-                   help="corpus files (default: <data_dir>/hotpotqa/dev_400.jsonl)")
+    p = bsub.add_parser(
+        "index",
+        help="embedding stage, incremental rebuild and BM25 search figures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "sources", nargs="*", metavar="SOURCE", help="corpus files (default: <data_dir>/hotpotqa/dev_400.jsonl)"
+    )
     p.add_argument("--passages", type=int, default=2000, help="use the first N passages of the sources (default 2000)")
     p.add_argument("--shard-size", type=int, default=500, help="index.shard_size for the builds (default 500)")
     p.add_argument("--queries", type=int, default=400, help="BM25 queries (HotpotQA dev questions; default 400)")
@@ -88,11 +93,15 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
         (work / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
     texts = [embed_input(p.title, p.text) for p in passages]
     stage_file = work / "to_embed.parquet"
-    pq.write_table(pa.table({"shard": np.zeros(n, dtype=np.int64), "row": np.arange(n, dtype=np.int64), "text": texts}),
-                   stage_file)
-    print(f"corpus: {n} passages from {', '.join(sources)}; mode={cfg.runtime.mode}, model={cfg.embedding.model}, "
-          f"dtype={cfg.embedding.dtype}, batch={cfg.embedding.batch_size}, shard_size={cfg.index.shard_size}, "
-          f"threads={cfg.index.threads}", flush=True)
+    pq.write_table(
+        pa.table({"shard": np.zeros(n, dtype=np.int64), "row": np.arange(n, dtype=np.int64), "text": texts}), stage_file
+    )
+    print(
+        f"corpus: {n} passages from {', '.join(sources)}; mode={cfg.runtime.mode}, model={cfg.embedding.model}, "
+        f"dtype={cfg.embedding.dtype}, batch={cfg.embedding.batch_size}, shard_size={cfg.index.shard_size}, "
+        f"threads={cfg.index.threads}",
+        flush=True,
+    )
 
     # 1. embedding stage vs raw encode, alternated
     spec = EncoderSpec.from_config(cfg.index_settings())
@@ -108,8 +117,12 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
         raw_rates.append(n / (time.perf_counter() - t))
         mem.phase = "embed_stage"
         t = time.perf_counter()
-        got = sum(len(r) for _, r, _ in embed_batches([str(stage_file)], spec, cfg.index_settings(),
-                                                     encoder=encoder if cfg.runtime.mode == "local" else None))
+        got = sum(
+            len(r)
+            for _, r, _ in embed_batches(
+                [str(stage_file)], spec, cfg.index_settings(), encoder=encoder if cfg.runtime.mode == "local" else None
+            )
+        )
         stage_rates.append(got / (time.perf_counter() - t))
         print(f"  embed: raw {raw_rates[-1]:.1f} psg/s, stage {stage_rates[-1]:.1f} psg/s", flush=True)
     mem.phase = None
@@ -126,12 +139,20 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     t = time.perf_counter()
     inc = build_index([str(work / "corpus_100.jsonl")], str(index_dir), cfg.index_settings())
     t_inc = time.perf_counter() - t
-    print(f"  full build ({n99} passages, {full['shards']} shards): {t_full:.1f}s; incremental (+{n - n99} passages): "
-          f"{t_inc:.2f}s, {inc['shards_reused']}/{inc['shards']} shards reused, {inc['shards_reembedded']} re-embedded, "
-          f"{inc['passages_embedded']} passages embedded", flush=True)
+    print(
+        f"  full build ({n99} passages, {full['shards']} shards): {t_full:.1f}s; incremental (+{n - n99} passages): "
+        f"{t_inc:.2f}s, {inc['shards_reused']}/{inc['shards']} shards reused, {inc['shards_reembedded']} re-embedded, "
+        f"{inc['passages_embedded']} passages embedded",
+        flush=True,
+    )
     stages = ("passages_s", "embed_s", "embed_and_index_s", "bm25_merge_s")
-    print("    full stages: " + ", ".join(f"{k} {full.get(k, 0):.2f}" for k in stages)
-          + "; incremental stages: " + ", ".join(f"{k} {inc.get(k, 0):.2f}" for k in stages), flush=True)
+    print(
+        "    full stages: "
+        + ", ".join(f"{k} {full.get(k, 0):.2f}" for k in stages)
+        + "; incremental stages: "
+        + ", ".join(f"{k} {inc.get(k, 0):.2f}" for k in stages),
+        flush=True,
+    )
 
     # 3. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
     queries = _queries(cfg, args.queries)
@@ -157,21 +178,30 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
             res = searcher.batch_search(queries, qids, k=args.k, threads=cfg.index.threads)
             _ = [[(h.docid, h.score) for h in res[q]] for q in qids]
             read_rates.append(len(queries) / (time.perf_counter() - t))
-            print(f"  bm25: dynrag {ours_rates[-1]:.0f} q/s ({index.info()['shards']} shards), pyserini "
-                  f"{theirs_rates[-1]:.0f} q/s bare, {read_rates[-1]:.0f} q/s reading hits (1 index)", flush=True)
+            print(
+                f"  bm25: dynrag {ours_rates[-1]:.0f} q/s ({index.info()['shards']} shards), pyserini "
+                f"{theirs_rates[-1]:.0f} q/s bare, {read_rates[-1]:.0f} q/s reading hits (1 index)",
+                flush=True,
+            )
     searcher.close()
     mem.stop()
     rss = {k: f"{v / GIB:.2f}" for k, v in mem.peaks.items()}
     bm25_ratio = statistics.median(ours_rates) / statistics.median(theirs_rates)
     bm25_read_ratio = statistics.median(ours_rates) / statistics.median(read_rates)
 
-    print(f"embedding stage / raw encode:           {embed_ratio:.3f}  (goal >= 0.9; medians "
-          f"{statistics.median(stage_rates):.1f} / {statistics.median(raw_rates):.1f} psg/s)")
+    print(
+        f"embedding stage / raw encode:           {embed_ratio:.3f}  (goal >= 0.9; medians "
+        f"{statistics.median(stage_rates):.1f} / {statistics.median(raw_rates):.1f} psg/s)"
+    )
     print(f"incremental (+1%) / full build time:    {t_inc / t_full:.3f}  (goal <= 0.05; {t_inc:.2f}s / {t_full:.1f}s)")
-    print(f"BM25 batch search / pyserini, {cfg.index.threads} thr:  {bm25_ratio:.3f}  (medians "
-          f"{statistics.median(ours_rates):.0f} / {statistics.median(theirs_rates):.0f} q/s, k={args.k}); "
-          f"/ pyserini reading hits: {bm25_read_ratio:.3f}")
-    print(f"peak RSS GiB (this process tree, one process for both sides, so a later phase includes what earlier "
-          f"ones loaded): embed raw {rss.get('embed_raw')}, stage {rss.get('embed_stage')}; BM25 dynrag "
-          f"{rss.get('bm25_dynrag')}, pyserini {rss.get('bm25_pyserini')}")
+    print(
+        f"BM25 batch search / pyserini, {cfg.index.threads} thr:  {bm25_ratio:.3f}  (medians "
+        f"{statistics.median(ours_rates):.0f} / {statistics.median(theirs_rates):.0f} q/s, k={args.k}); "
+        f"/ pyserini reading hits: {bm25_read_ratio:.3f}"
+    )
+    print(
+        f"peak RSS GiB (this process tree, one process for both sides, so a later phase includes what earlier "
+        f"ones loaded): embed raw {rss.get('embed_raw')}, stage {rss.get('embed_stage')}; BM25 dynrag "
+        f"{rss.get('bm25_dynrag')}, pyserini {rss.get('bm25_pyserini')}"
+    )
     return 0

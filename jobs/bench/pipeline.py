@@ -24,16 +24,28 @@ PARAMS = {"cfs": {"threshold": 0.5}}  # no trained classifier here: its decision
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser("pipeline", help="lockstep vs continuous engine on latency-model backends",
-                        description=__doc__.split("\n\n")[0], epilog=simulated.__doc__.split("\n\n", 1)[1],
-                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--simulate-gpu", action="store_true", required=True,
-                   help="use the latency-model backends (the only mode for now)")
+    p = bsub.add_parser(
+        "pipeline",
+        help="lockstep vs continuous engine on latency-model backends",
+        description=__doc__.split("\n\n")[0],
+        epilog=simulated.__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--simulate-gpu",
+        action="store_true",
+        required=True,
+        help="use the latency-model backends (the only mode for now)",
+    )
     p.add_argument("--method", action="append", choices=METHODS, help=f"repeatable (default: {', '.join(METHODS)})")
     p.add_argument("--questions", type=int, default=2000, help="questions per method and engine (default 2000)")
     p.add_argument("--time-scale", type=float, default=0.1, help="seconds slept per modelled second (default 0.1)")
-    p.add_argument("--json", action="store_true", help="print a JSON list of {method, engine, questions_per_s, "
-                                                        "generator_busy, mean_latency_s, decode_steps, mean_running}")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print a JSON list of {method, engine, questions_per_s, "
+        "generator_busy, mean_latency_s, decode_steps, mean_running}",
+    )
     add_config_args(p)
     p.set_defaults(func=run)
 
@@ -49,12 +61,20 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     scorer = simulated.SimScorer(cost)
     cfg = cfg.model_copy(deep=True)
     cfg.answer.engine = engine
-    backends = Backends(cfg, generator=gen, retriever=simulated.SimRetriever(cost), scorer=scorer, embedder=scorer,
-                        named={"attention": simulated.WordAttention(cost=cost)})
+    backends = Backends(
+        cfg,
+        generator=gen,
+        retriever=simulated.SimRetriever(cost),
+        scorer=scorer,
+        embedder=scorer,
+        named={"attention": simulated.WordAttention(cost=cost)},
+    )
     spec = get_method(method)
     params = spec.params({**PARAMS.get(method, {}), **cfg.method.params}, cfg)
-    questions = [Question(str(i), f"Who directed the film number {i} that was shot in {simulated.WORDS[i % 9]}?")
-                 for i in range(n)]
+    questions = [
+        Question(str(i), f"Who directed the film number {i} that was shot in {simulated.WORDS[i % 9]}?")
+        for i in range(n)
+    ]
     eng = make_engine(cfg, backends)
     t0 = time.perf_counter()
     try:
@@ -65,27 +85,39 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     errors = [o.error for o in outcomes if o.error]
     if errors:
         raise RuntimeError(f"{method} on the {engine} engine: {len(errors)} error rows, e.g. {errors[0]}")
-    return {"method": method, "engine": engine, "questions_per_s": round(n / wall, 2),
-            "generator_busy": round(gen.busy_s / wall, 3),
-            "mean_latency_s": round(sum(o.trace.latency_s or 0.0 for o in outcomes) / n, 3),
-            "decode_steps": len(gen.steps), "mean_running": round(sum(gen.steps) / max(len(gen.steps), 1), 1)}
+    return {
+        "method": method,
+        "engine": engine,
+        "questions_per_s": round(n / wall, 2),
+        "generator_busy": round(gen.busy_s / wall, 3),
+        "mean_latency_s": round(sum(o.trace.latency_s or 0.0 for o in outcomes) / n, 3),
+        "decode_steps": len(gen.steps),
+        "mean_running": round(sum(gen.steps) / max(len(gen.steps), 1), 1),
+    }
 
 
 def run(args: argparse.Namespace) -> None:
     from pipeline.config import load_config
 
     cfg = load_config(args.config, [*DEFAULTS, *args.overrides])
-    results = [bench_one(cfg, m, e, args.questions, args.time_scale)
-               for m in args.method or METHODS for e in ("lockstep", "continuous")]
+    results = [
+        bench_one(cfg, m, e, args.questions, args.time_scale)
+        for m in args.method or METHODS
+        for e in ("lockstep", "continuous")
+    ]
     if args.json:
         print(json.dumps(results, indent=1))
         return
     a = cfg.answer
-    print(f"{args.questions} questions per run, sleeps at {args.time_scale} x the model; lockstep: "
-          f"{a.batch_questions} questions per batch; continuous: at most {a.max_in_flight} in flight, "
-          f"prompts streamed to the generator, other batches wait up to {a.batch_wait_s} s")
+    print(
+        f"{args.questions} questions per run, sleeps at {args.time_scale} x the model; lockstep: "
+        f"{a.batch_questions} questions per batch; continuous: at most {a.max_in_flight} in flight, "
+        f"prompts streamed to the generator, other batches wait up to {a.batch_wait_s} s"
+    )
     print(simulated.__doc__.split("\n\n", 1)[1].strip())
     for r in results:
-        print(f"  {r['method']:8s} {r['engine']:10s} {r['questions_per_s']:8.2f} q/s  generator busy "
-              f"{r['generator_busy']:.3f}  mean latency {r['mean_latency_s']:.3f} s  "
-              f"{r['decode_steps']} decode steps of {r['mean_running']} sequences")
+        print(
+            f"  {r['method']:8s} {r['engine']:10s} {r['questions_per_s']:8.2f} q/s  generator busy "
+            f"{r['generator_busy']:.3f}  mean latency {r['mean_latency_s']:.3f} s  "
+            f"{r['decode_steps']} decode steps of {r['mean_running']} sequences"
+        )

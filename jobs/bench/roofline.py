@@ -43,8 +43,9 @@ def flops_per_token(model_dir: str | Path) -> tuple[int, int]:
     return 2 * body, 2 * (body + numel[head[0]])
 
 
-def achieved_gflops(model_dir: str | Path, prompt_tokens: float, completion_tokens: float, questions: int,
-                    seconds: float) -> float:
+def achieved_gflops(
+    model_dir: str | Path, prompt_tokens: float, completion_tokens: float, questions: int, seconds: float
+) -> float:
     """Model GFLOP/s of a timed run: tokens per question as its rows counted them."""
     prompt, completion = flops_per_token(model_dir)
     return (prompt * prompt_tokens + completion * completion_tokens) * questions / seconds / 1e9

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import psutil
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def tree_rss(pid: int) -> int:
@@ -108,12 +108,19 @@ def _reap_session(sid: int, timeout: float = 10.0) -> None:
             time.sleep(0.02)
 
 
-def run_measured(cmd: list[str], *, env: dict | None = None, cwd: str | None = None, timeout: float | None = None,
-                 interval: float = 0.5) -> Measured:
+def run_measured(
+    cmd: list[str],
+    *,
+    env: dict | None = None,
+    cwd: str | None = None,
+    timeout: float | None = None,
+    interval: float = 0.5,
+) -> Measured:
     """Run `cmd` in its own session, sampling its tree's RSS; afterwards nothing of that session is left."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         with TreeRss(proc.pid, interval) as m:
             out, err = proc.communicate(timeout=timeout)

@@ -36,12 +36,20 @@ JVM_HEAP_MB = 512
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser("scale", help="build and search an index of N synthetic passages; costs per passage",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = bsub.add_parser(
+        "scale",
+        help="build and search an index of N synthetic passages; costs per passage",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--passages", type=int, required=True, metavar="N", help="passages in the index")
-    p.add_argument("--encoder", default=None, metavar="NAME",
-                   help="embedding model: 'hash' (a cheap deterministic test encoder) or a model name "
-                   "(default: the configured embedding.model)")
+    p.add_argument(
+        "--encoder",
+        default=None,
+        metavar="NAME",
+        help="embedding model: 'hash' (a cheap deterministic test encoder) or a model name "
+        "(default: the configured embedding.model)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--workdir", default=None, help="where to build (default: a temporary directory, removed after)")
     add_config_args(p)
@@ -79,7 +87,9 @@ def write_corpus(path: Path, n: int, articles, seed: int = 0) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n):
             title, words = articles[rng.randrange(len(articles))]
-            f.write(json.dumps({"id": f"syn{seed}-{i}", "title": title, "text": " ".join(rng.choices(words, k=100))}) + "\n")
+            f.write(
+                json.dumps({"id": f"syn{seed}-{i}", "title": title, "text": " ".join(rng.choices(words, k=100))}) + "\n"
+            )
 
 
 def _run(n: int, cfg, work: Path) -> dict:
@@ -101,8 +111,13 @@ def _run(n: int, cfg, work: Path) -> dict:
     build = {k.removesuffix("_s"): round(1000 * report.get(k, 0.0) / n, 4) for k in stages}
     build["other"] = round(1000 * report["seconds"] / n - sum(build.values()), 4)
     disk = _disk(work / "index")
-    probe = subprocess.run([sys.executable, "-m", "jobs.bench.scale", str(work), str(n)], check=True,
-                           input=json.dumps(cfg.model_dump(mode="json")), capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-m", "jobs.bench.scale", str(work), str(n)],
+        check=True,
+        input=json.dumps(cfg.model_dump(mode="json")),
+        capture_output=True,
+        text=True,
+    )
     measured = json.loads(probe.stdout.strip().splitlines()[-1])
     return {
         "passages": n,
@@ -186,25 +201,28 @@ def _probe(work: Path, n: int, cfg_json: dict) -> dict:
 def _status() -> dict[str, int]:
     """This process's resident bytes: all, anonymous (heap), file-backed (mapped files)."""
     with open("/proc/self/status") as f:
-        return {k: int(v.split()[0]) * 1024 for k, v in (x.split(":", 1) for x in f)
-                if k in ("VmRSS", "RssAnon", "RssFile")}
+        return {
+            k: int(v.split()[0]) * 1024 for k, v in (x.split(":", 1) for x in f) if k in ("VmRSS", "RssAnon", "RssFile")
+        }
 
 
 def _text(r: dict) -> str:
     stages = ", ".join(f"{k} {v:.3f}" for k, v in r["build_s_per_1k_by_stage"].items())
     files = ", ".join(f"{k} {v:.0f}" for k, v in r["disk_bytes_per_passage_by_file"].items())
-    return "\n".join([
-        f"passages {r['passages']} ({r['shards']} shards), encoder {r['encoder']}, load average {r['load_average']}",
-        f"build       {r['build_s_per_1k']:.3f} s per 1,000 passages ({stages})",
-        f"disk        {r['disk_bytes_per_passage']:.0f} bytes per passage ({files})",
-        f"open        {r['open_s']:.3f} s; first dense query (reads FAISS) {r['first_dense_query_s']:.2f} s",
-        f"search      BM25 {r['bm25_s_per_1k_queries']:.2f} s, dense {r['dense_s_per_1k_queries']:.2f} s per 1,000 queries (k=10)",
-        f"resident    {r['resident_bytes_per_passage']:.1f} bytes per passage beyond FAISS "
-        f"(RSS +{r['rss_delta_bytes'] / 2**20:.1f} MiB after open + 2,000 queries: anonymous "
-        f"+{r['rss_delta_anon_bytes'] / 2**20:.1f}, mapped files +{r['rss_delta_file_bytes'] / 2**20:.1f}; "
-        f"FAISS {r['faiss_bytes'] / 2**20:.1f} MiB = {r['faiss_bytes_per_passage']:.0f} bytes per passage; "
-        f"+{r['rss_delta_after_malloc_trim_bytes'] / 2**20:.1f} MiB once malloc returned its free pages)",
-    ])
+    return "\n".join(
+        [
+            f"passages {r['passages']} ({r['shards']} shards), encoder {r['encoder']}, load average {r['load_average']}",
+            f"build       {r['build_s_per_1k']:.3f} s per 1,000 passages ({stages})",
+            f"disk        {r['disk_bytes_per_passage']:.0f} bytes per passage ({files})",
+            f"open        {r['open_s']:.3f} s; first dense query (reads FAISS) {r['first_dense_query_s']:.2f} s",
+            f"search      BM25 {r['bm25_s_per_1k_queries']:.2f} s, dense {r['dense_s_per_1k_queries']:.2f} s per 1,000 queries (k=10)",
+            f"resident    {r['resident_bytes_per_passage']:.1f} bytes per passage beyond FAISS "
+            f"(RSS +{r['rss_delta_bytes'] / 2**20:.1f} MiB after open + 2,000 queries: anonymous "
+            f"+{r['rss_delta_anon_bytes'] / 2**20:.1f}, mapped files +{r['rss_delta_file_bytes'] / 2**20:.1f}; "
+            f"FAISS {r['faiss_bytes'] / 2**20:.1f} MiB = {r['faiss_bytes_per_passage']:.0f} bytes per passage; "
+            f"+{r['rss_delta_after_malloc_trim_bytes'] / 2**20:.1f} MiB once malloc returned its free pages)",
+        ]
+    )
 
 
 if __name__ == "__main__":  # the measuring process: python -m jobs.bench.scale WORKDIR N < config.json

@@ -87,7 +87,9 @@ class SimGenerator(StreamingGenerator):
         running: list[list] = []
         while True:
             with self._cv:
-                admitted = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_seqs - len(running)))]
+                admitted = [
+                    self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_seqs - len(running)))
+                ]
                 if not running and not admitted:
                     self._thread = None
                     return
@@ -108,8 +110,13 @@ class SimGenerator(StreamingGenerator):
         words = [WORDS[(h >> (i % 24)) % len(WORDS)] for i in range(max(0, n - 1))]
         pieces = PIECE.findall(" ".join(words) + f" <answer>{WORDS[h % 4]}</answer>")[:n]
         lps = [TokenLogprob(t, -((stable_hash(t) + h) % 300) / 100) for t in pieces] if logprobs else None
-        return Completion("".join(pieces), prompt_tokens=tokens(prompt), completion_tokens=len(pieces),
-                          finish_reason="length", logprobs=lps)
+        return Completion(
+            "".join(pieces),
+            prompt_tokens=tokens(prompt),
+            completion_tokens=len(pieces),
+            finish_reason="length",
+            logprobs=lps,
+        )
 
 
 class SimRetriever:
@@ -124,8 +131,17 @@ class SimRetriever:
         for q in queries:
             h = stable_hash(q)
             ids = [(h + j * 7919) % self.n for j in range(k)]
-            out.append([Hit(f"d{i}", f"Title {i}", f"Passage {i} says {WORDS[i % len(WORDS)]} is the answer.",
-                            score=float(k - r)) for r, i in enumerate(ids)])
+            out.append(
+                [
+                    Hit(
+                        f"d{i}",
+                        f"Title {i}",
+                        f"Passage {i} says {WORDS[i % len(WORDS)]} is the answer.",
+                        score=float(k - r),
+                    )
+                    for r, i in enumerate(ids)
+                ]
+            )
         return out
 
 
@@ -168,8 +184,14 @@ class WordAttention:
         cands = candidates_for(it["prompt"] + gen, q_offsets + shifted)
         attn = np.zeros((n, len(cands)))
         for i in range(n):
-            attn[i, :len(q_offsets)] = 1.0
-            attn[i, len(q_offsets):len(q_offsets) + i] = 0.1
-        return {"offsets": offsets, "entropy": np.array([3.0 if self.uncertain in gen[s:e] else 0.5 for s, e in offsets]),
-                "prob": np.full(n, 0.9), "amax": np.array([0.5] * (n - 1) + [0.0])[:n],
-                "cand_words": [c.word for c in cands], "cand_order": [c.order for c in cands], "cand_attn": attn}
+            attn[i, : len(q_offsets)] = 1.0
+            attn[i, len(q_offsets) : len(q_offsets) + i] = 0.1
+        return {
+            "offsets": offsets,
+            "entropy": np.array([3.0 if self.uncertain in gen[s:e] else 0.5 for s, e in offsets]),
+            "prob": np.full(n, 0.9),
+            "amax": np.array([0.5] * (n - 1) + [0.0])[:n],
+            "cand_words": [c.word for c in cands],
+            "cand_order": [c.order for c in cands],
+            "cand_attn": attn,
+        }

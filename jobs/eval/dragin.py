@@ -22,11 +22,21 @@ from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 from pipeline.evaluation.runs import extra_summary, run_params
 
 # table column -> the methods' own count in each row's `extra`
-EXTRA_COLUMNS = {"gen_tokens": "generated_tokens", "triggers": "hallucination_points", "forced": "answer_forced",
-                 "entropy": "entropy"}
+EXTRA_COLUMNS = {
+    "gen_tokens": "generated_tokens",
+    "triggers": "hallucination_points",
+    "forced": "answer_forced",
+    "entropy": "entropy",
+}
 METHODS = ("no-retrieval", "sr-rag", "fl-rag", "fs-rag", "flare", "dragin")
-LABELS = {"no-retrieval": "wo-RAG", "sr-rag": "SR-RAG", "fl-rag": "FL-RAG", "fs-rag": "FS-RAG", "flare": "FLARE",
-          "dragin": "DRAGIN"}
+LABELS = {
+    "no-retrieval": "wo-RAG",
+    "sr-rag": "SR-RAG",
+    "fl-rag": "FL-RAG",
+    "fs-rag": "FS-RAG",
+    "flare": "FLARE",
+    "dragin": "DRAGIN",
+}
 
 
 def run_k(summary: dict, cfg) -> int | None:
@@ -44,12 +54,21 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
         runs = [MethodRun(m, m, {}) for m in methods]
         for s in run_methods(str(dev_file(cfg, ds)), dev_index(cfg, ds, indexes), runs, cfg, out / ds, limit=limit):
             e = extra_summary(s["out"], list(EXTRA_COLUMNS.values()))
-            rows.append({"dataset": ds, "method": s["label"], "k": run_k(s, cfg), "questions": s["answered"],
-                         "errors": s["errors"], "em": s["em"], "f1": s["f1"],
-                         "retrievals": s.get("retrieval_calls_per_question"),
-                         "llm_calls": s.get("llm_calls_per_question"),
-                         **{column: e[key] for column, key in EXTRA_COLUMNS.items()},
-                         "s_per_q": s["time_per_question_s"]["total"]})
+            rows.append(
+                {
+                    "dataset": ds,
+                    "method": s["label"],
+                    "k": run_k(s, cfg),
+                    "questions": s["answered"],
+                    "errors": s["errors"],
+                    "em": s["em"],
+                    "f1": s["f1"],
+                    "retrievals": s.get("retrieval_calls_per_question"),
+                    "llm_calls": s.get("llm_calls_per_question"),
+                    **{column: e[key] for column, key in EXTRA_COLUMNS.items()},
+                    "s_per_q": s["time_per_question_s"]["total"],
+                }
+            )
             logging.getLogger(__name__).info("%s %s: %s", ds, s["label"], rows[-1])
     return rows
 
@@ -64,10 +83,14 @@ def comparison(rows: list[dict]) -> list[str]:
     """DRAGIN's retrievals per question against FS-RAG's, where both are known."""
     lines = []
     for d in dict.fromkeys(r["dataset"] for r in rows):
-        dr, fs = ({r["method"]: r["retrievals"] for r in rows if r["dataset"] == d}.get(m) for m in ("dragin", "fs-rag"))
+        dr, fs = (
+            {r["method"]: r["retrievals"] for r in rows if r["dataset"] == d}.get(m) for m in ("dragin", "fs-rag")
+        )
         if dr is not None and fs is not None:
-            lines.append(f"{d}: DRAGIN retrieves {'less' if dr < fs else 'not less'} than FS-RAG "
-                         f"({dr:.2f} vs {fs:.2f} per question)")
+            lines.append(
+                f"{d}: DRAGIN retrieves {'less' if dr < fs else 'not less'} than FS-RAG "
+                f"({dr:.2f} vs {fs:.2f} per question)"
+            )
     return lines
 
 
@@ -80,7 +103,12 @@ def table(rows: list[dict]) -> str:
         cells = []
         for d in datasets:
             r = next((r for r in rows if (r["dataset"], r["method"]) == (d, m)), None)
-            cells += [fmt(r and r["em"]), fmt(r and r["f1"]), fmt(r and r["retrievals"], 2), fmt(r and r["gen_tokens"], 1)]
+            cells += [
+                fmt(r and r["em"]),
+                fmt(r and r["f1"]),
+                fmt(r and r["retrievals"], 2),
+                fmt(r and r["gen_tokens"], 1),
+            ]
         lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -88,14 +116,20 @@ def table(rows: list[dict]) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = sub.add_parser("eval-dragin", help="DRAGIN Tables 2-3: EM/F1/retrievals of wo-RAG, SR/FL/FS-RAG, FLARE, DRAGIN",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "eval-dragin",
+        help="DRAGIN Tables 2-3: EM/F1/retrievals of wo-RAG, SR/FL/FS-RAG, FLARE, DRAGIN",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--datasets", default="2wiki,hotpotqa", help="comma-separated: " + ", ".join(DEV_SETS))
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     p.add_argument("--limit", type=int, default=50, help="first N questions of each dev set (default 50)")
     p.add_argument("--out", default="runs/dragin-tables", metavar="DIR", help="rows and the tables go here")
-    p.add_argument("--indexes", metavar="DIR", help="folder of per-dataset BM25 indexes <DIR>/<dataset> (built there "
-                                                    "if absent; default OUT/indexes)")
+    p.add_argument(
+        "--indexes",
+        metavar="DIR",
+        help="folder of per-dataset BM25 indexes <DIR>/<dataset> (built there if absent; default OUT/indexes)",
+    )
     add_config_args(p)
     p.set_defaults(func=run)
 
@@ -105,13 +139,24 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     out = Path(args.out)
-    rows = evaluate(cfg, csv_choice(args.datasets, list(DEV_SETS)), csv_choice(args.methods, list(METHODS)), args.limit,
-                    out, Path(args.indexes) if args.indexes else out / "indexes")
+    rows = evaluate(
+        cfg,
+        csv_choice(args.datasets, list(DEV_SETS)),
+        csv_choice(args.methods, list(METHODS)),
+        args.limit,
+        out,
+        Path(args.indexes) if args.indexes else out / "indexes",
+    )
     errors = sum(r["errors"] or 0 for r in rows)
-    text = (f"model {cfg.generation.model}, {args.limit} questions per dataset, {cfg.retrieval.retriever}; "
-            f"{retrieval_note(rows)}"
-            + (f"; {errors} error rows, left out of the figures" if errors else "")
-            + "\n\n" + table(rows) + "\n\n" + "\n".join(comparison(rows)))
+    text = (
+        f"model {cfg.generation.model}, {args.limit} questions per dataset, {cfg.retrieval.retriever}; "
+        f"{retrieval_note(rows)}"
+        + (f"; {errors} error rows, left out of the figures" if errors else "")
+        + "\n\n"
+        + table(rows)
+        + "\n\n"
+        + "\n".join(comparison(rows))
+    )
     print(text)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tables.md").write_text(text + "\n")

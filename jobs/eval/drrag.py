@@ -23,32 +23,62 @@ from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 log = logging.getLogger(__name__)
 
 METHODS = ("bm25", "sm", "qdc", "cis", "cfs")
-LABELS = {"bm25": "BM25", "sm": "Similarity Matching", "qdc": "Query Document Concatenation",
-          "cis": "Classifier Inverse Selection", "cfs": "Classifier Forward Selection"}
+LABELS = {
+    "bm25": "BM25",
+    "sm": "Similarity Matching",
+    "qdc": "Query Document Concatenation",
+    "cis": "Classifier Inverse Selection",
+    "cfs": "Classifier Forward Selection",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval-drrag", help="DR-RAG Table 5: recall and documents for BM25/SM/QDC/CIS/CFS",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--classifier", metavar="DIR", help="trained classifier folder (dynrag train-classifier); needed by cis, cfs")
+    p = sub.add_parser(
+        "eval-drrag",
+        help="DR-RAG Table 5: recall and documents for BM25/SM/QDC/CIS/CFS",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--classifier", metavar="DIR", help="trained classifier folder (dynrag train-classifier); needed by cis, cfs"
+    )
     p.add_argument("--datasets", default="hotpotqa,musique,2wiki", help="comma-separated: " + ", ".join(DEV_SETS))
-    p.add_argument("--dataset", metavar="FILE", help="instead of --datasets: any dev file whose questions carry "
-                                                     "supporting paragraphs; its paragraphs become the corpus")
-    p.add_argument("--dataset-format", metavar="FMT", help="--dataset's format (dataset.format: hotpotqa, musique, 2wiki, ...; "
-                                                    "default: detected)")
+    p.add_argument(
+        "--dataset",
+        metavar="FILE",
+        help="instead of --datasets: any dev file whose questions carry "
+        "supporting paragraphs; its paragraphs become the corpus",
+    )
+    p.add_argument(
+        "--dataset-format",
+        metavar="FMT",
+        help="--dataset's format (dataset.format: hotpotqa, musique, 2wiki, ...; default: detected)",
+    )
     p.add_argument("--k", default="3,4,6", help="comma-separated document budgets (default 3,4,6 as the paper)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
     p.add_argument("--limit", type=int, metavar="N", help="first N questions of each dev set")
     p.add_argument("--out", default="runs/drrag-table5", metavar="DIR", help="rows and the table go here")
-    p.add_argument("--indexes", metavar="DIR", help="folder of per-dataset indexes <DIR>/<dataset> (built there "
-                                                    "from the dev set's paragraphs if absent; default OUT/indexes)")
+    p.add_argument(
+        "--indexes",
+        metavar="DIR",
+        help="folder of per-dataset indexes <DIR>/<dataset> (built there "
+        "from the dev set's paragraphs if absent; default OUT/indexes)",
+    )
     p.add_argument("--generate", action="store_true", help="also generate answers (EM/F1/Acc)")
     add_config_args(p)
     p.set_defaults(func=run)
 
 
-def evaluate(cfg, classifier: str, sources: list[tuple[str, Path, str]], ks: list[int], methods: list[str],
-             limit: int | None, out: Path, generate: bool, dataset_format: str | None = None) -> list[dict]:
+def evaluate(
+    cfg,
+    classifier: str,
+    sources: list[tuple[str, Path, str]],
+    ks: list[int],
+    methods: list[str],
+    limit: int | None,
+    out: Path,
+    generate: bool,
+    dataset_format: str | None = None,
+) -> list[dict]:
     """Every (method, k) on every (name, dev file, index) source; one row of Table 5 each."""
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
@@ -58,20 +88,41 @@ def evaluate(cfg, classifier: str, sources: list[tuple[str, Path, str]], ks: lis
     rows = []
     for ds, file, index in sources:
         golds = gold_labels(file, cfg, dataset_format) if {"cis", "cfs"} & set(methods) else {}
-        runs = [MethodRun(f"{m}-k{k}", m, {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})})
-                for k in ks for m in methods]
+        runs = [
+            MethodRun(f"{m}-k{k}", m, {"k": k, **({"classifier": classifier} if m in ("cis", "cfs") else {})})
+            for k in ks
+            for m in methods
+        ]
 
-        for r, s in zip(runs, run_methods(str(file), index, runs, cfg, out / ds, limit=limit,
-                                          dataset_format=dataset_format)):
-            rows.append({"dataset": ds, "k": r.params["k"], "method": r.method, "recall": s["support_recall"],
-                         "docs": s["docs_in_prompt_per_question"], "em": s["em"], "f1": s["f1"], "acc": s["acc"],
-                         "questions": s["answered"], "errors": s["errors"],
-                         "classifier_calls": s["classifier_calls_per_question"],
-                         "llm_calls": s["llm_calls_per_question"],
-                         "s_per_q": s["time_per_question_s"]["total"],
-                         "classifier_auc": classifier_auc(s["out"], golds) if r.method in ("cis", "cfs") else None})
-            log.info("%s k=%d %s: recall %.4f, %.2f docs", ds, r.params["k"], r.method, rows[-1]["recall"] or 0,
-                     rows[-1]["docs"] or 0)
+        for r, s in zip(
+            runs, run_methods(str(file), index, runs, cfg, out / ds, limit=limit, dataset_format=dataset_format)
+        ):
+            rows.append(
+                {
+                    "dataset": ds,
+                    "k": r.params["k"],
+                    "method": r.method,
+                    "recall": s["support_recall"],
+                    "docs": s["docs_in_prompt_per_question"],
+                    "em": s["em"],
+                    "f1": s["f1"],
+                    "acc": s["acc"],
+                    "questions": s["answered"],
+                    "errors": s["errors"],
+                    "classifier_calls": s["classifier_calls_per_question"],
+                    "llm_calls": s["llm_calls_per_question"],
+                    "s_per_q": s["time_per_question_s"]["total"],
+                    "classifier_auc": classifier_auc(s["out"], golds) if r.method in ("cis", "cfs") else None,
+                }
+            )
+            log.info(
+                "%s k=%d %s: recall %.4f, %.2f docs",
+                ds,
+                r.params["k"],
+                r.method,
+                rows[-1]["recall"] or 0,
+                rows[-1]["docs"] or 0,
+            )
     return rows
 
 
@@ -79,8 +130,10 @@ def gold_labels(file: Path, cfg, dataset_format: str | None = None) -> dict[str,
     """Question id -> (gold supporting titles, their paragraph ids) from the dev file (rows keep only the titles)."""
     from pipeline.io.datasets import load_questions
 
-    return {q.id: (list(q.supporting_titles), list(q.supporting_ids))
-            for q in load_questions(str(file), cfg, fmt=dataset_format)}
+    return {
+        q.id: (list(q.supporting_titles), list(q.supporting_ids))
+        for q in load_questions(str(file), cfg, fmt=dataset_format)
+    }
 
 
 def judged_pairs(rows: list[dict], golds: dict[str, tuple[list[str], list[str]]]) -> tuple[list[float], list[bool]]:
@@ -99,8 +152,10 @@ def judged_pairs(rows: list[dict], golds: dict[str, tuple[list[str], list[str]]]
             first, cand, p, *doc_ids = entry
             first_id, cand_id = doc_ids if len(doc_ids) == 2 else ("", "")
             scores.append(p)
-            labels.append(is_gold_document(first_id, first, titles, ids if first_id else ())
-                          and is_gold_document(cand_id, cand, titles, ids if cand_id else ()))
+            labels.append(
+                is_gold_document(first_id, first, titles, ids if first_id else ())
+                and is_gold_document(cand_id, cand, titles, ids if cand_id else ())
+            )
     return scores, labels
 
 
@@ -116,8 +171,11 @@ def classifier_auc(out: str, golds: dict[str, tuple[list[str], list[str]]] | Non
 def table(rows: list[dict], generate: bool) -> str:
     """Markdown in the shape of DR-RAG Table 5 (recall in %, actual number of documents)."""
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    head = "| top-k | strategy | " + " | ".join(f"{d} recall | {d} docs" + (f" | {d} EM | {d} F1" if generate else "")
-                                               for d in datasets) + " |"
+    head = (
+        "| top-k | strategy | "
+        + " | ".join(f"{d} recall | {d} docs" + (f" | {d} EM | {d} F1" if generate else "") for d in datasets)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (2 + len(datasets) * (4 if generate else 2))]
     for k in dict.fromkeys(r["k"] for r in rows):
         for m in dict.fromkeys(r["method"] for r in rows):
@@ -129,7 +187,11 @@ def table(rows: list[dict], generate: bool) -> str:
                 if generate:
                     cells += [pct(r and r["em"]), pct(r and r["f1"])]
             lines.append(f"| {k} | {LABELS[m]} | " + " | ".join(cells) + " |")
-    aucs = [f"{r['dataset']} {r['method']} k={r['k']} {r['classifier_auc']:.3f}" for r in rows if r.get("classifier_auc") is not None]
+    aucs = [
+        f"{r['dataset']} {r['method']} k={r['k']} {r['classifier_auc']:.3f}"
+        for r in rows
+        if r.get("classifier_auc") is not None
+    ]
     if aucs:
         lines += ["", "classifier AUC on the pairs it judged (positive: both gold): " + "; ".join(aucs)]
     return "\n".join(lines)
@@ -146,8 +208,10 @@ def ordering(rows: list[dict]) -> list[str]:
             rec = {m: got[m]["recall"] or 0.0 for m in got}
             chain = rec["bm25"] < rec["sm"] < rec["qdc"] <= rec["cfs"]
             goal = rec["cfs"] > rec["sm"] and (got["cfs"]["docs"] or 0) < (got["sm"]["docs"] or 0)
-            notes.append(f"{d} k={k}: BM25<SM<QDC<=CFS {'holds' if chain else 'does not hold'}; "
-                         f"CFS above SM with fewer documents: {'yes' if goal else 'no'}")
+            notes.append(
+                f"{d} k={k}: BM25<SM<QDC<=CFS {'holds' if chain else 'does not hold'}; "
+                f"CFS above SM with fewer documents: {'yes' if goal else 'no'}"
+            )
     return notes
 
 
@@ -158,7 +222,9 @@ def _require_labels(file: Path, cfg, fmt: str | None, sample: int = 20) -> None:
     from pipeline.io.datasets import load_questions
 
     if not any(q.supporting_titles for q in islice(load_questions(str(file), cfg, fmt=fmt), sample)):
-        raise DynragError(f"{file}: its first {sample} questions carry no supporting-paragraph labels; Table 5 needs them")
+        raise DynragError(
+            f"{file}: its first {sample} questions carry no supporting-paragraph labels; Table 5 needs them"
+        )
 
 
 def _sources(cfg, args, datasets: list[str], indexes: Path) -> list[tuple[str, Path, str]]:
@@ -172,7 +238,13 @@ def _sources(cfg, args, datasets: list[str], indexes: Path) -> list[tuple[str, P
     _require_labels(file, cfg, args.dataset_format)
     name = Path(file).name.split(".")[0]
     # a question format the corpus reader does not know (hotpotqa-ircot, ...): its auto detection reads the file
-    return [(name, file, ensure_index(file, args.dataset_format if args.dataset_format in FORMATS else None, indexes / name, cfg))]
+    return [
+        (
+            name,
+            file,
+            ensure_index(file, args.dataset_format if args.dataset_format in FORMATS else None, indexes / name, cfg),
+        )
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -183,13 +255,24 @@ def run(args: argparse.Namespace) -> int:
         ks = [int(k) for k in csv_choice(args.k, None)]
     except ValueError:
         raise DynragError(f"--k: integers expected, got {args.k!r}") from None
-    if {"cis", "cfs"} & set(methods) and not (args.classifier and Path(args.classifier, "dynrag-classifier.json").is_file()):
+    if {"cis", "cfs"} & set(methods) and not (
+        args.classifier and Path(args.classifier, "dynrag-classifier.json").is_file()
+    ):
         raise DynragError(f"--classifier {args.classifier}: not a trained classifier folder (dynrag train-classifier)")
     out = Path(args.out)
     indexes = Path(args.indexes) if args.indexes else out / "indexes"
     sources = _sources(cfg, args, datasets, indexes)
-    rows = evaluate(cfg, str(Path(args.classifier).resolve()) if args.classifier else "", sources, ks, methods, args.limit,
-                    out, args.generate, dataset_format=args.dataset_format)
+    rows = evaluate(
+        cfg,
+        str(Path(args.classifier).resolve()) if args.classifier else "",
+        sources,
+        ks,
+        methods,
+        args.limit,
+        out,
+        args.generate,
+        dataset_format=args.dataset_format,
+    )
     text = table(rows, args.generate) + "\n\n" + "\n".join(ordering(rows))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table5.md").write_text(text + "\n", encoding="utf-8")

@@ -33,12 +33,18 @@ log = logging.getLogger(__name__)
 # hypothesis for multi-hop questions (Sec. 3.2)
 COMMON = {"k": 3, "max_knowledge": 9, "rewrite_tokens": 64}
 PLUS = {**COMMON, "max_queries": 3}
-TABLE1: list[tuple[str, str, dict[str, Any]]] = [("(i) Direct", "no-retrieval", {}),
-          ("(ii) Rewriter-Retriever-Reader", "rewrite-retrieve-read", COMMON),
-          ("(iii) Rewriter+-Retriever-Reader", "erm4-rewriter", PLUS),
-          ("(iv) Rewriter+-Retriever-Filter-Reader", "erm4", {**PLUS, "reservoir": False, "hypothesis": "weak"})]
-TEMPLATES = ("Could you tell me: {q}", "I would like to know this. {q}", "{q} Please answer briefly.",
-             "Here is my question: {q}")
+TABLE1: list[tuple[str, str, dict[str, Any]]] = [
+    ("(i) Direct", "no-retrieval", {}),
+    ("(ii) Rewriter-Retriever-Reader", "rewrite-retrieve-read", COMMON),
+    ("(iii) Rewriter+-Retriever-Reader", "erm4-rewriter", PLUS),
+    ("(iv) Rewriter+-Retriever-Filter-Reader", "erm4", {**PLUS, "reservoir": False, "hypothesis": "weak"}),
+]
+TEMPLATES = (
+    "Could you tell me: {q}",
+    "I would like to know this. {q}",
+    "{q} Please answer briefly.",
+    "Here is my question: {q}",
+)
 
 
 def paraphrase(question: str, i: int) -> str:
@@ -47,8 +53,11 @@ def paraphrase(question: str, i: int) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval-erm4", help="ERM4 Tables 1 and 2 (configurations (i)-(iv); tau sweep)",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "eval-erm4",
+        help="ERM4 Tables 1 and 2 (configurations (i)-(iv); tau sweep)",
+        description=__doc__.split("\n\n")[0],
+    )
     add_args(p)
     p.set_defaults(func=run)
 
@@ -56,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_args(p: argparse.ArgumentParser) -> None:
     from jobs.cli import add_config_args
 
-    p.add_argument("--dataset", default=None, metavar="FILE", help="questions (default: paths.data_dir/hotpotqa/dev_400.jsonl)")
+    p.add_argument(
+        "--dataset", default=None, metavar="FILE", help="questions (default: paths.data_dir/hotpotqa/dev_400.jsonl)"
+    )
     p.add_argument("--index", required=True, metavar="DIR", help="index over the dataset's corpus")
     p.add_argument("--out", default="runs/erm4", metavar="DIR")
     p.add_argument("--tables", default="1,2", help="which tables: 1, 2 or 1,2")
@@ -64,20 +75,46 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first", type=int, default=30, help="Table 2: first-set questions (the second set has as many)")
     p.add_argument("--taus", default="0.2,0.4,0.6,0.8,1.0", help="Table 2: tau values")
     p.add_argument("--theta", type=int, default=3, help="Table 2: popularity threshold (3 in Sec. 6)")
-    p.add_argument("--repeats", type=int, default=2, help="Table 2: passes over the taus after a discarded warm-up "
-                   "run, every other one in reverse order; the saving is printed with its spread (default 2)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="Table 2: passes over the taus after a discarded warm-up "
+        "run, every other one in reverse order; the saving is printed with its spread (default 2)",
+    )
     add_config_args(p)
 
 
 def _row(label: str, out: Path, s: dict) -> dict:
     t = s["time_per_question_s"]
-    e = extra_summary(str(out), ["external_knowledge", "memory_knowledge", "irrelevant_knowledge", "backoff",
-                                 "filter_unparsed", "rewrite_parsed"])
-    return {"config": label, "questions": s["answered"], "errors": s["errors"], "f1": s["f1"], "hit_rate": s["acc"],
-            "time_s": t["total"], "retrieval_s": t["retrieval"], "wall_s": s.get("wall_s_per_question"),
-            "llm_calls": s["llm_calls_per_question"], "external": e["external_knowledge"], "memory": e["memory_knowledge"],
-            "irrelevant": e["irrelevant_knowledge"], "backoff": e["backoff"], "unparsed": e["filter_unparsed"],
-            "rewrite_parsed": e["rewrite_parsed"]}
+    e = extra_summary(
+        str(out),
+        [
+            "external_knowledge",
+            "memory_knowledge",
+            "irrelevant_knowledge",
+            "backoff",
+            "filter_unparsed",
+            "rewrite_parsed",
+        ],
+    )
+    return {
+        "config": label,
+        "questions": s["answered"],
+        "errors": s["errors"],
+        "f1": s["f1"],
+        "hit_rate": s["acc"],
+        "time_s": t["total"],
+        "retrieval_s": t["retrieval"],
+        "wall_s": s.get("wall_s_per_question"),
+        "llm_calls": s["llm_calls_per_question"],
+        "external": e["external_knowledge"],
+        "memory": e["memory_knowledge"],
+        "irrelevant": e["irrelevant_knowledge"],
+        "backoff": e["backoff"],
+        "unparsed": e["filter_unparsed"],
+        "rewrite_parsed": e["rewrite_parsed"],
+    }
 
 
 def _fmt(v, pct=False, nd=2) -> str:
@@ -93,13 +130,18 @@ def table1(cfg, backends, dataset: str, index: str, limit: int, out: Path) -> li
 
 
 def render_table1(rows: list[dict]) -> str:
-    lines = ["| Method | F1 | Hit Rate | LLM calls/q | external | irrelevant | back-off | unparsed NLI/q | rewrites parsed "
-             "| s/q | questions |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Method | F1 | Hit Rate | LLM calls/q | external | irrelevant | back-off | unparsed NLI/q | rewrites parsed "
+        "| s/q | questions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['config']} | {_fmt(r['f1'], True)} | {_fmt(r['hit_rate'], True)} | {_fmt(r['llm_calls'])} "
-                     f"| {_fmt(r['external'])} | {_fmt(r['irrelevant'])} | {_fmt(r['backoff'], True, 0)}% "
-                     f"| {_fmt(r['unparsed'])} | {_fmt(r['rewrite_parsed'], True, 0)}% | {_fmt(r['time_s'])} "
-                     f"| {r['questions']} |")
+        lines.append(
+            f"| {r['config']} | {_fmt(r['f1'], True)} | {_fmt(r['hit_rate'], True)} | {_fmt(r['llm_calls'])} "
+            f"| {_fmt(r['external'])} | {_fmt(r['irrelevant'])} | {_fmt(r['backoff'], True, 0)}% "
+            f"| {_fmt(r['unparsed'])} | {_fmt(r['rewrite_parsed'], True, 0)}% | {_fmt(r['time_s'])} "
+            f"| {r['questions']} |"
+        )
     return "\n".join(lines)
 
 
@@ -112,7 +154,9 @@ def second_set(cfg, dataset: str, first: int, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with dest.open("w", encoding="utf-8") as f:
         for i, q in enumerate(islice(load_questions(dataset, cfg), first)):
-            f.write(json.dumps({"id": f"{q.id}-para", "question": paraphrase(q.question, i), "answers": q.answers}) + "\n")
+            f.write(
+                json.dumps({"id": f"{q.id}-para", "question": paraphrase(q.question, i), "answers": q.answers}) + "\n"
+            )
     return dest
 
 
@@ -135,8 +179,9 @@ def merge_repeats(tau: float, runs: list[dict]) -> dict:
     return {**runs[0], "tau": tau, "times": times, "time_s": sum(times) / len(times) if times else None}
 
 
-def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float], theta: int, out: Path,
-           repeats: int) -> list[dict]:
+def table2(
+    cfg, backends, dataset: str, index: str, first: int, taus: list[float], theta: int, out: Path, repeats: int
+) -> list[dict]:
     from pipeline.evaluation.experiment import MethodRun, run_methods
     from pipeline.methods.reservoir import Reservoir
 
@@ -149,8 +194,13 @@ def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float
     s = run_methods(dataset, index, [first_run], c, out / "table2", limit=first, backends=backends)[0]
     store = Reservoir(base)
     log.info("first set: %d questions answered, reservoir holds %d title-content pairs", s["answered"], len(store))
-    rows = [{"config": "first set (fills the reservoir)", **_row("", out / "table2" / "first-set", s),
-             "reservoir": len(store)}]
+    rows = [
+        {
+            "config": "first set (fills the reservoir)",
+            **_row("", out / "table2" / "first-set", s),
+            "reservoir": len(store),
+        }
+    ]
     similar = second_set(cfg, dataset, first, out / "table2" / "second-set.jsonl")
 
     def run_one(tau: float, folder: str) -> dict:  # each run from its own copy of the first set's reservoir
@@ -168,16 +218,23 @@ def table2(cfg, backends, dataset: str, index: str, first: int, taus: list[float
 
 
 def render_table2(rows: list[dict]) -> str:
-    lines = ["| tau | Time Cost (s/q) | spread (s/q) | retrieval (s/q) | wall (s/q) | LLM calls/q | External Knowledge "
-             "| Memory Knowledge | Irrelevant Knowledge | Hit Rate (%) | F1 (%) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| tau | Time Cost (s/q) | spread (s/q) | retrieval (s/q) | wall (s/q) | LLM calls/q | External Knowledge "
+        "| Memory Knowledge | Irrelevant Knowledge | Hit Rate (%) | F1 (%) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows[1:]:
         spread = f"{min(r['times']):.2f}-{max(r['times']):.2f}" if r.get("times") else "-"
-        lines.append(f"| {r['tau']} | {_fmt(r['time_s'])} | {spread} | {_fmt(r['retrieval_s'], nd=4)} | {_fmt(r['wall_s'])} "
-                     f"| {_fmt(r['llm_calls'])} | {_fmt(r['external'])} | {_fmt(r['memory'])} | {_fmt(r['irrelevant'])} "
-                     f"| {_fmt(r['hit_rate'], True, 1)} | {_fmt(r['f1'], True, 1)} |")
+        lines.append(
+            f"| {r['tau']} | {_fmt(r['time_s'])} | {spread} | {_fmt(r['retrieval_s'], nd=4)} | {_fmt(r['wall_s'])} "
+            f"| {_fmt(r['llm_calls'])} | {_fmt(r['external'])} | {_fmt(r['memory'])} | {_fmt(r['irrelevant'])} "
+            f"| {_fmt(r['hit_rate'], True, 1)} | {_fmt(r['f1'], True, 1)} |"
+        )
     first = rows[0]
-    lines.append(f"\nFirst set: {first['questions']} questions, {first['reservoir']} title-content pairs cached, "
-                 f"{_fmt(first['time_s'])} s/q, hit rate {_fmt(first['hit_rate'], True, 1)}%.")
+    lines.append(
+        f"\nFirst set: {first['questions']} questions, {first['reservoir']} title-content pairs cached, "
+        f"{_fmt(first['time_s'])} s/q, hit rate {_fmt(first['hit_rate'], True, 1)}%."
+    )
     ref = next((r for r in rows[1:] if r["tau"] == 1.0), None)
     timed = [r for r in rows[1:] if r["time_s"] is not None]
     if ref and ref["time_s"] and timed:
@@ -185,12 +242,17 @@ def render_table2(rows: list[dict]) -> str:
         # the saving of each pass (best tau against tau = 1.0 in the same pass), then their mean and range
         pairs = list(zip(best.get("times") or [best["time_s"]], ref.get("times") or [ref["time_s"]]))
         savings = [1 - b / r for b, r in pairs if r]
-        spread = (f" (passes: {', '.join(f'{100 * s:.1f}%' for s in savings)})" if len(savings) > 1 else
-                  " (one pass: no spread; use --repeats 2 or more)")
-        lines.append(f"Fastest tau = {best['tau']}: {_fmt(best['time_s'])} s/q against {_fmt(ref['time_s'])} s/q at "
-                     f"tau = 1.0, a time saving of {100 * sum(savings) / len(savings):.1f}%{spread} (hit rate "
-                     f"{_fmt(best['hit_rate'], True, 1)}% vs {_fmt(ref['hit_rate'], True, 1)}%). Each tau ran after a "
-                     "discarded warm-up run, in alternating order.")
+        spread = (
+            f" (passes: {', '.join(f'{100 * s:.1f}%' for s in savings)})"
+            if len(savings) > 1
+            else " (one pass: no spread; use --repeats 2 or more)"
+        )
+        lines.append(
+            f"Fastest tau = {best['tau']}: {_fmt(best['time_s'])} s/q against {_fmt(ref['time_s'])} s/q at "
+            f"tau = 1.0, a time saving of {100 * sum(savings) / len(savings):.1f}%{spread} (hit rate "
+            f"{_fmt(best['hit_rate'], True, 1)}% vs {_fmt(ref['hit_rate'], True, 1)}%). Each tau ran after a "
+            "discarded warm-up run, in alternating order."
+        )
     return "\n".join(lines)
 
 
@@ -219,8 +281,11 @@ def run(args: argparse.Namespace) -> int:
     try:  # Table 2 first: the Section 6 study is the longer one
         if "2" in tables:
             rows = table2(cfg, backends, dataset, args.index, args.first, taus, args.theta, out, args.repeats)
-            text2 = [f"\nERM4 Table 2 (first set {args.first} questions; second set {args.first} rephrased ones; "
-                     f"theta = {args.theta})", render_table2(rows)]
+            text2 = [
+                f"\nERM4 Table 2 (first set {args.first} questions; second set {args.first} rephrased ones; "
+                f"theta = {args.theta})",
+                render_table2(rows),
+            ]
             (out / "table2.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
             print("\n".join(text2), flush=True)
         if "1" in tables:
@@ -235,4 +300,3 @@ def run(args: argparse.Namespace) -> int:
     (out / "tables.md").write_text(report + "\n", encoding="utf-8")
     print(report)
     return 0
-

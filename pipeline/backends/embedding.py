@@ -28,6 +28,11 @@ class SentenceEmbedder:
     def embed(self, texts: list[str], model: str | None = None) -> np.ndarray:
         """L2-normalised float32 vectors, shape (len(texts), dim)."""
         m = self._model(model)
-        vecs = m.encode(list(texts), batch_size=self.cfg.embedding.batch_size, normalize_embeddings=True,
-                        convert_to_numpy=True, show_progress_bar=False)
+        vecs = m.encode(
+            list(texts),
+            batch_size=self.cfg.embedding.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         return np.asarray(vecs, dtype=np.float32)

@@ -31,9 +31,16 @@ class HfGenerator:
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=g.trust_remote_code)
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(g.dtype, "auto")
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager",
-                                                          trust_remote_code=g.trust_remote_code).to(self.device).eval()
-        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation="eager", trust_remote_code=g.trust_remote_code
+            )
+            .to(self.device)
+            .eval()
+        )
+        self.pad_id = (
+            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        )
         log.info("transformers model %s ready in %.1f s", path, time.perf_counter() - t0)
 
     def generate(self, prompts, samplings, chats) -> list[Completion | Exception]:
@@ -43,8 +50,9 @@ class HfGenerator:
             try:
                 ids = encode(self.tokenizer, p, chat)
                 if len(ids) >= self.cfg.max_model_len:
-                    raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit generation.max_model_len="
-                                        f"{self.cfg.max_model_len}")
+                    raise PromptTooLong(
+                        f"prompt of {len(ids)} tokens does not fit generation.max_model_len={self.cfg.max_model_len}"
+                    )
                 encoded.append((i, ids))
             except Exception as err:
                 results[i] = err
@@ -55,7 +63,7 @@ class HfGenerator:
         bs = self.cfg.batch_size
         for spec, items in groups.items():
             for start in range(0, len(items), bs):
-                chunk = items[start:start + bs]
+                chunk = items[start : start + bs]
                 for (i, _), c in zip(chunk, self._generate_batch([ids for _, ids in chunk], spec)):
                     results[i] = c
         return cast(list[Completion | Exception], results)  # every slot filled
@@ -69,8 +77,12 @@ class HfGenerator:
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=self.device)
         temperature = g.temperature if spec.temperature is None else spec.temperature
         max_new = min(spec.max_tokens or g.max_new_tokens, g.max_model_len - width)
-        kwargs = dict(max_new_tokens=max(1, max_new), pad_token_id=self.pad_id, return_dict_in_generate=True,
-                      output_scores=bool(spec.logprobs))
+        kwargs = dict(
+            max_new_tokens=max(1, max_new),
+            pad_token_id=self.pad_id,
+            return_dict_in_generate=True,
+            output_scores=bool(spec.logprobs),
+        )
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=g.top_p if spec.top_p is None else spec.top_p)
         else:
@@ -83,7 +95,7 @@ class HfGenerator:
         for row, (ids, gen) in enumerate(zip(batch, seqs.tolist())):
             finish = "length"
             if eos is not None and eos in gen:
-                gen = gen[:gen.index(eos)]
+                gen = gen[: gen.index(eos)]
                 finish = "stop"
             while gen and gen[-1] == self.pad_id:
                 gen = gen[:-1]
@@ -95,7 +107,12 @@ class HfGenerator:
                 for step, tid in enumerate(gen):
                     logp = torch.log_softmax(out.scores[step][row].float(), -1)
                     top = torch.topk(logp, spec.logprobs)
-                    lps.append(TokenLogprob(self.tokenizer.decode([tid]), float(logp[tid]),
-                                            {self.tokenizer.decode([int(t)]): float(v) for v, t in zip(top.values, top.indices)}))
+                    lps.append(
+                        TokenLogprob(
+                            self.tokenizer.decode([tid]),
+                            float(logp[tid]),
+                            {self.tokenizer.decode([int(t)]): float(v) for v, t in zip(top.values, top.indices)},
+                        )
+                    )
             completions.append(Completion(text, len(ids), len(gen), "stop" if stopped else finish, lps, gen))
         return completions

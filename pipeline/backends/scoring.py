@@ -28,8 +28,10 @@ def classifier_path(cfg: DynragConfig, name: str) -> str:
     if not path and Path(name).is_dir():
         path = name
     if not path:
-        raise ScorerError(f"no classifier {name!r}: pass a model folder as the name, or set "
-                          f"scoring.classifiers.{name}=<folder> (train one with `dynrag train-classifier`)")
+        raise ScorerError(
+            f"no classifier {name!r}: pass a model folder as the name, or set "
+            f"scoring.classifiers.{name}=<folder> (train one with `dynrag train-classifier`)"
+        )
     if not Path(path).is_dir():
         raise ScorerError(f"classifier {name!r}: {path} is not a folder")
     return str(path)
@@ -45,7 +47,8 @@ class _SequenceClassifier:
         self.torch = torch
         self.tok = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            path, trust_remote_code=cfg.generation.trust_remote_code).eval()
+            path, trust_remote_code=cfg.generation.trust_remote_code
+        ).eval()
         self.max_length = cfg.scoring.max_length
 
     def score(self, items, batch_size: int) -> list[float]:
@@ -54,8 +57,14 @@ class _SequenceClassifier:
         seconds = [sep.join(it[1:]) for it in items]
         out: list[float] = []
         for s in range(0, len(items), batch_size):
-            enc = self.tok(firsts[s:s + batch_size], seconds[s:s + batch_size], truncation=True,
-                           max_length=self.max_length, padding=True, return_tensors="pt")
+            enc = self.tok(
+                firsts[s : s + batch_size],
+                seconds[s : s + batch_size],
+                truncation=True,
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
             with self.torch.inference_mode():
                 logits = self.model(**enc).logits.float()
             probs = logits.sigmoid()[:, 0] if logits.shape[-1] == 1 else logits.softmax(-1)[:, -1]
@@ -74,8 +83,9 @@ class CrossEncoderScorer:
             if (Path(path) / "dynrag-classifier.json").is_file():
                 from pipeline.classifier.model import Classifier
 
-                self._loaded[name] = Classifier.load(path, device=self.cfg.classifier.device,
-                                                     cache_dir=self.cfg.paths.cache_dir)
+                self._loaded[name] = Classifier.load(
+                    path, device=self.cfg.classifier.device, cache_dir=self.cfg.paths.cache_dir
+                )
             else:
                 self._loaded[name] = _SequenceClassifier(path, self.cfg)
             log.info("classifier %r loaded from %s", name, path)

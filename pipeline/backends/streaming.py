@@ -58,6 +58,7 @@ def collect(n: int, finish: Callable[[list, list[float]], None]) -> Callable[[in
                 last = not left[0]
             if last:
                 finish(results, costs)
+
         return done
 
     return done_at

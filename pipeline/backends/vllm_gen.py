@@ -49,8 +49,14 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
 
 def llm_kwargs(g: GenerationConfig, path: str, gpu: bool) -> dict[str, Any]:
     """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given."""
-    kwargs: dict[str, Any] = dict(model=path, dtype=g.dtype, seed=g.seed, trust_remote_code=g.trust_remote_code,
-                                  disable_log_stats=True, enable_prefix_caching=True)
+    kwargs: dict[str, Any] = dict(
+        model=path,
+        dtype=g.dtype,
+        seed=g.seed,
+        trust_remote_code=g.trust_remote_code,
+        disable_log_stats=True,
+        enable_prefix_caching=True,
+    )
     kwargs.update(g.engine_kwargs.model_dump(exclude_none=True))
     kwargs["max_model_len"] = g.max_model_len  # one value, also used for the prompt-length check below
     if not gpu:
@@ -94,10 +100,13 @@ class VllmGenerator:
             max_tokens=max_tokens,
             temperature=g.temperature if spec.temperature is None else spec.temperature,
             top_p=g.top_p if spec.top_p is None else spec.top_p,
-            stop=list(spec.stop) or None, logprobs=spec.logprobs, prompt_logprobs=spec.prompt_logprobs,
+            stop=list(spec.stop) or None,
+            logprobs=spec.logprobs,
+            prompt_logprobs=spec.prompt_logprobs,
             seed=g.seed if (spec.temperature or g.temperature) > 0 else None,
             structured_outputs=StructuredOutputsParams(choice=list(spec.choice) or None, regex=spec.regex)
-            if spec.choice or spec.regex else None,
+            if spec.choice or spec.regex
+            else None,
         )
 
     def encode_all(self, prompts, chats) -> list[list[int] | Exception]:
@@ -106,8 +115,9 @@ class VllmGenerator:
             try:
                 ids = encode(self.tokenizer, p, chat)
                 if len(ids) >= self.cfg.max_model_len:
-                    raise PromptTooLong(f"prompt of {len(ids)} tokens does not fit generation.max_model_len="
-                                        f"{self.cfg.max_model_len}")
+                    raise PromptTooLong(
+                        f"prompt of {len(ids)} tokens does not fit generation.max_model_len={self.cfg.max_model_len}"
+                    )
                 out.append(ids)
             except Exception as err:
                 out.append(err)
@@ -135,10 +145,21 @@ class VllmGenerator:
             for tid, step in zip(c.token_ids, c.logprobs):
                 chosen = step.get(tid)
                 top = {(lp.decoded_token or str(t)): float(lp.logprob) for t, lp in step.items()}
-                lps.append(TokenLogprob(token=(chosen.decoded_token if chosen else "") or "",
-                                        logprob=float(chosen.logprob) if chosen else float("nan"), top=top))
-        return Completion(text=c.text, prompt_tokens=len(ro.prompt_token_ids or []), completion_tokens=len(c.token_ids),
-                          finish_reason=str(c.finish_reason or ""), logprobs=lps, token_ids=list(c.token_ids))
+                lps.append(
+                    TokenLogprob(
+                        token=(chosen.decoded_token if chosen else "") or "",
+                        logprob=float(chosen.logprob) if chosen else float("nan"),
+                        top=top,
+                    )
+                )
+        return Completion(
+            text=c.text,
+            prompt_tokens=len(ro.prompt_token_ids or []),
+            completion_tokens=len(c.token_ids),
+            finish_reason=str(c.finish_reason or ""),
+            logprobs=lps,
+            token_ids=list(c.token_ids),
+        )
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)

@@ -73,6 +73,7 @@ class Example:
 
 # -- readers -------------------------------------------------------------------------------------
 
+
 def _dedupe(docs: list[tuple[str, bool]]) -> tuple[tuple[str, ...], tuple[bool, ...]]:
     """Identical texts appear more than once in some contexts: keep one, supporting if any copy is."""
     seen: dict[str, bool] = {}
@@ -96,7 +97,9 @@ def read_official(path: Path, dataset: str) -> list[Record]:
                 docs.append((format_document(title, " ".join(s.strip() for s in sentences)), title in gold_titles))
             qid, question = str(row["_id"]), row["question"]
         except (KeyError, TypeError, ValueError) as exc:
-            raise ClassifierDataError(f"{path}: not the official {dataset} format ({type(exc).__name__}: {exc})") from None
+            raise ClassifierDataError(
+                f"{path}: not the official {dataset} format ({type(exc).__name__}: {exc})"
+            ) from None
         records.append(Record(qid, dataset, question, *_dedupe(docs)))
     return records
 
@@ -106,7 +109,9 @@ def read_musique(path: Path, dataset: str = "musique") -> list[Record]:
     records = []
     for row in _load_json_list(path):
         try:
-            docs = [(format_document(p["title"], p["paragraph_text"]), bool(p["is_supporting"])) for p in row["paragraphs"]]
+            docs = [
+                (format_document(p["title"], p["paragraph_text"]), bool(p["is_supporting"])) for p in row["paragraphs"]
+            ]
             qid, question = str(row["id"]), row["question"]
         except (KeyError, TypeError) as exc:
             raise ClassifierDataError(f"{path}: not the MuSiQue format ({type(exc).__name__}: {exc})") from None
@@ -163,6 +168,7 @@ def load_records(data_dir: str | Path, names: list[str]) -> list[Record]:
 
 # -- examples (Eq. 2, App. A.1) ----------------------------------------------------------------
 
+
 def build_examples(record: Record, rng: random.Random, mixed_fraction: float = 0.5) -> list[Example]:
     """The positives of one question and as many negatives (1:1, App. A.1), in a deterministic order."""
     gold = [d for d, g in zip(record.docs, record.gold) if g]
@@ -176,7 +182,9 @@ def build_examples(record: Record, rng: random.Random, mixed_fraction: float = 0
     if not positives:
         return []
     # C(q, d*, dΔ) = negative (either order) and C(q, dΔ, dΔ) = negative.
-    mixed = [(a, b, GOLD_DISTRACTOR) for a in gold for b in other] + [(b, a, DISTRACTOR_GOLD) for a in gold for b in other]
+    mixed = [(a, b, GOLD_DISTRACTOR) for a in gold for b in other] + [
+        (b, a, DISTRACTOR_GOLD) for a in gold for b in other
+    ]
     both_other = [(a, b, DISTRACTOR_DISTRACTOR) for a in other for b in other if a != b]
     n = len(positives)
     n_mixed = min(round(n * mixed_fraction), len(mixed))
@@ -197,7 +205,9 @@ def build_pair_examples(record: Record, rng: random.Random) -> list[Example]:
     if not n:
         return []
     pos = [Example(record.qid, record.dataset, record.question, d, None, 1, PAIR_GOLD) for d in rng.sample(gold, n)]
-    neg = [Example(record.qid, record.dataset, record.question, d, None, 0, PAIR_DISTRACTOR) for d in rng.sample(other, n)]
+    neg = [
+        Example(record.qid, record.dataset, record.question, d, None, 0, PAIR_DISTRACTOR) for d in rng.sample(other, n)
+    ]
     return pos + neg
 
 
@@ -212,8 +222,16 @@ def _question_seed(seed: int, qid: str) -> int:
     return int.from_bytes(f"{seed}:{qid}".encode(), "little") % (2**61 - 1)
 
 
-def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0.2, mixed_fraction: float = 0.5,
-                max_per_dataset: int | None = None, max_examples: int | None = None, task: str = "triple") -> Splits:
+def make_splits(
+    records: list[Record],
+    *,
+    seed: int = 0,
+    dev_fraction: float = 0.2,
+    mixed_fraction: float = 0.5,
+    max_per_dataset: int | None = None,
+    max_examples: int | None = None,
+    task: str = "triple",
+) -> Splits:
     """Examples per question (triples of Eq. 2, or pairs for task "pair"), capped by whole questions, then
     split by question within each dataset."""
     rng = random.Random(seed)
@@ -247,9 +265,16 @@ def make_splits(records: list[Record], *, seed: int = 0, dev_fraction: float = 0
         for exs in questions[n_dev:]:
             train.extend(exs)
     rng.shuffle(train)
-    summary = {"train": describe(train), "dev": describe(dev), "seed": seed, "dev_fraction": dev_fraction,
-               "mixed_negative_fraction": mixed_fraction, "max_examples_per_dataset": max_per_dataset,
-               "max_examples": max_examples, "task": task}
+    summary = {
+        "train": describe(train),
+        "dev": describe(dev),
+        "seed": seed,
+        "dev_fraction": dev_fraction,
+        "mixed_negative_fraction": mixed_fraction,
+        "max_examples_per_dataset": max_per_dataset,
+        "max_examples": max_examples,
+        "task": task,
+    }
     return Splits(train, dev, summary)
 
 

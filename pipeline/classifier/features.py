@@ -33,11 +33,28 @@ log = logging.getLogger(__name__)
 
 WEIGHTS = "mlp.safetensors"
 KIND = "features"
-FEATURES = ("cos_q_d1", "cos_q_d2", "cos_d1_d2",
-            "q_d1_share_q", "q_d1_share_d1", "q_d1_log", "q_d2_share_q", "q_d2_share_d2", "q_d2_log",
-            "d1_d2_share_d1", "d1_d2_share_d2", "d1_d2_log",
-            "title2_in_d1", "title1_in_d2", "title1_in_q", "title2_in_q",
-            "title2_words_in_d1", "title1_words_in_d2", "title1_words_in_q", "title2_words_in_q")
+FEATURES = (
+    "cos_q_d1",
+    "cos_q_d2",
+    "cos_d1_d2",
+    "q_d1_share_q",
+    "q_d1_share_d1",
+    "q_d1_log",
+    "q_d2_share_q",
+    "q_d2_share_d2",
+    "q_d2_log",
+    "d1_d2_share_d1",
+    "d1_d2_share_d2",
+    "d1_d2_log",
+    "title2_in_d1",
+    "title1_in_d2",
+    "title1_in_q",
+    "title2_in_q",
+    "title2_words_in_d1",
+    "title1_words_in_d2",
+    "title1_words_in_q",
+    "title2_words_in_q",
+)
 _WORD = re.compile(r"\w+")
 
 
@@ -69,9 +86,13 @@ def _covered(title: str, words: set[str]) -> float:
 def lexical(q: str, d1: str, d2: str) -> list[float]:
     wq, w1, w2 = _words(q), _words(d1), _words(d2)
     t1, t2 = _title(d1), _title(d2)
-    return (_overlap(wq, w1) + _overlap(wq, w2) + _overlap(w1, w2)
-            + [_contains(t2, d1), _contains(t1, d2), _contains(t1, q), _contains(t2, q)]
-            + [_covered(t2, w1), _covered(t1, w2), _covered(t1, wq), _covered(t2, wq)])
+    return (
+        _overlap(wq, w1)
+        + _overlap(wq, w2)
+        + _overlap(w1, w2)
+        + [_contains(t2, d1), _contains(t1, d2), _contains(t1, q), _contains(t2, q)]
+        + [_covered(t2, w1), _covered(t1, w2), _covered(t1, wq), _covered(t2, wq)]
+    )
 
 
 def featurize(items: Sequence[Sequence[str]], emb: dict[str, np.ndarray]) -> np.ndarray:
@@ -118,7 +139,7 @@ class Embedder:
 
             bar = tqdm(total=len(todo), desc="embedding texts", unit="text")  # shows rate and ETA
         for s in range(0, len(todo), chunk):
-            part = todo[s: s + chunk]
+            part = todo[s : s + chunk]
             vecs = self.model.encode(part, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True)
             got = {self.key(t): v.astype(np.float32) for t, v in zip(part, vecs)}
             if self.store is not None:  # one file per chunk: a kill loses at most the chunk in flight
@@ -148,8 +169,12 @@ class MLP:
         scaler = StandardScaler().fit(x)
         net = MLPClassifier((hidden,), alpha=alpha, early_stopping=True, max_iter=500, random_state=seed)
         net.fit(scaler.transform(x), y)
-        return cls(scaler.mean_.astype(np.float32), scaler.scale_.astype(np.float32),
-                   [w.astype(np.float32) for w in net.coefs_], [b.astype(np.float32) for b in net.intercepts_])
+        return cls(
+            scaler.mean_.astype(np.float32),
+            scaler.scale_.astype(np.float32),
+            [w.astype(np.float32) for w in net.coefs_],
+            [b.astype(np.float32) for b in net.intercepts_],
+        )
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = (x - self.mean) / self.scale
@@ -208,14 +233,22 @@ class FeatureClassifier(ThresholdClassifier):
         if list(meta.features) != list(FEATURES):
             raise ClassifierError(f"{folder}: saved features {meta.features} differ from this version's")
         saved = meta.training.get("embedder_folder", "")  # the folder it was trained with, where it still exists
-        base = saved if saved and Path(saved).is_dir() else resolve_model(meta.base_model, cache_dir or PathsConfig().cache_dir)
+        base = (
+            saved
+            if saved and Path(saved).is_dir()
+            else resolve_model(meta.base_model, cache_dir or PathsConfig().cache_dir)
+        )
         return cls(Embedder(base), MLP.from_tensors(load_file(str(folder / WEIGHTS))), meta)
 
 
 def train_features(cfg, splits, base_folder: str) -> tuple[FeatureClassifier, dict]:
     """Embed every text once (stored under the cache, so a rerun resumes), then fit the MLP."""
     cc = cfg.classifier
-    store = Path(cfg.paths.cache_dir) / "classifier-embeddings" / hashlib.sha1(str(Path(base_folder).resolve()).encode()).hexdigest()[:16]
+    store = (
+        Path(cfg.paths.cache_dir)
+        / "classifier-embeddings"
+        / hashlib.sha1(str(Path(base_folder).resolve()).encode()).hexdigest()[:16]
+    )
     embedder = Embedder(base_folder, store=store)
     t0 = time.perf_counter()
     texts = [t for e in splits.train + splits.dev for t in e.item]
@@ -224,11 +257,20 @@ def train_features(cfg, splits, base_folder: str) -> tuple[FeatureClassifier, di
     x = featurize([e.item for e in splits.train], emb)
     mlp = MLP.fit(x, np.array([e.label for e in splits.train]), cc.mlp_hidden, cc.mlp_alpha, cc.seed)
     seconds = time.perf_counter() - t0
-    meta = ClassifierMeta(base_model=cc.base_model, kind=KIND, features=list(FEATURES), threshold=cc.threshold,
-                          max_length=embedder.model.max_seq_length,
-                          input_format="features of (q, d1, d2); pairs (q, d) as (q, d, d)")
+    meta = ClassifierMeta(
+        base_model=cc.base_model,
+        kind=KIND,
+        features=list(FEATURES),
+        threshold=cc.threshold,
+        max_length=embedder.model.max_seq_length,
+        input_format="features of (q, d1, d2); pairs (q, d) as (q, d, d)",
+    )
     meta.training["embedder_folder"] = str(Path(base_folder).resolve())
-    log_ = {"examples_seen": len(splits.train), "seconds": round(seconds, 1),
-            "embedding_seconds": round(t1 - t0, 1), "texts": len(set(texts)),
-            "examples_per_second": round(len(splits.train) / max(seconds, 1e-9), 2)}
+    log_ = {
+        "examples_seen": len(splits.train),
+        "seconds": round(seconds, 1),
+        "embedding_seconds": round(t1 - t0, 1),
+        "texts": len(set(texts)),
+        "examples_per_second": round(len(splits.train) / max(seconds, 1e-9), 2),
+    }
     return FeatureClassifier(embedder, mlp, meta), log_

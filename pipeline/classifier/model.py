@@ -40,6 +40,7 @@ ENCODER = "encoder"
 
 # -- input encoding ------------------------------------------------------------------------------
 
+
 def fair_share(lengths: Sequence[int], budget: int) -> list[int]:
     """Split `budget` tokens among texts: short ones keep everything, long ones share what is left equally."""
     keep = [0] * len(lengths)
@@ -70,8 +71,8 @@ class InputEncoder:
         ids, types = enc["input_ids"], enc.get("token_type_ids") or [0] * len(enc["input_ids"])
         ia = _find(ids, a, 0)
         ib = _find(ids, b, ia + len(a))
-        self.prefix, self.middle, self.suffix = ids[:ia], ids[ia + len(a):ib], ids[ib + len(b):]
-        self.t_prefix, self.t_middle, self.t_suffix = types[:ia], types[ia + len(a):ib], types[ib + len(b):]
+        self.prefix, self.middle, self.suffix = ids[:ia], ids[ia + len(a) : ib], ids[ib + len(b) :]
+        self.t_prefix, self.t_middle, self.t_suffix = types[:ia], types[ia + len(a) : ib], types[ib + len(b) :]
         self.t_a, self.t_b = types[ia], types[ib]
         sep = self.tok.sep_token_id if self.tok.sep_token_id is not None else self.tok.eos_token_id
         self.doc_sep = [sep] if sep is not None else []  # between d1 and d2
@@ -119,12 +120,13 @@ class InputEncoder:
 
 def _find(seq: list[int], sub: list[int], start: int) -> int:
     for i in range(start, len(seq) - len(sub) + 1):
-        if seq[i: i + len(sub)] == sub:
+        if seq[i : i + len(sub)] == sub:
             return i
     raise ClassifierError("cannot read the tokenizer's pair template")
 
 
 # -- the classifier ---------------------------------------------------------------------------
+
 
 def CrossEncoder(encoder, pooling: str = "mean"):
     """Encoder + pooling + dropout + linear 2-way head. Mean pooling suits sentence-transformers
@@ -158,6 +160,7 @@ def CrossEncoder(encoder, pooling: str = "mean"):
 
 
 # -- the classifier (API) ----------------------------------------------------------------------------
+
 
 def pick_device(name: str = "auto") -> str:
     import torch
@@ -199,8 +202,10 @@ class Classifier(ThresholdClassifier):
         folder = Path(path)
         meta_file = folder / META
         if not meta_file.is_file():
-            raise ClassifierError(f"{folder} is not a trained classifier folder (no {META}); "
-                                  "train one with `dynrag train-classifier --out DIR`")
+            raise ClassifierError(
+                f"{folder} is not a trained classifier folder (no {META}); "
+                "train one with `dynrag train-classifier --out DIR`"
+            )
         raw = json.loads(meta_file.read_text(encoding="utf-8"))
         if raw.get("format_version") != FORMAT_VERSION:
             raise ClassifierError(f"{meta_file}: format_version {raw.get('format_version')} is not {FORMAT_VERSION}")
@@ -214,8 +219,9 @@ class Classifier(ThresholdClassifier):
             raise ClassifierError(f"{meta_file}: unknown classifier kind {meta.kind!r} (cross-encoder or features)")
         enc_dir = folder / ENCODER if (folder / ENCODER).is_dir() else folder  # early folders kept it at the top
         if not (enc_dir / "model.safetensors").is_file() or not (folder / HEAD).is_file():
-            raise ClassifierError(f"{folder} lacks {ENCODER}/model.safetensors or {HEAD} "
-                                  "(weights are only read from safetensors)")
+            raise ClassifierError(
+                f"{folder} lacks {ENCODER}/model.safetensors or {HEAD} (weights are only read from safetensors)"
+            )
         tok = AutoTokenizer.from_pretrained(enc_dir)
         model = CrossEncoder(AutoModel.from_pretrained(enc_dir, use_safetensors=True), meta.pooling)
         model.head.load_state_dict(load_file(str(folder / HEAD)))
@@ -230,7 +236,9 @@ class Classifier(ThresholdClassifier):
         folder.mkdir(parents=True, exist_ok=True)
         self.model.encoder.save_pretrained(folder / ENCODER, safe_serialization=True)
         self.tokenizer.save_pretrained(folder / ENCODER)
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}, str(folder / HEAD))
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}, str(folder / HEAD)
+        )
         write_meta(folder, self.meta)
         return folder
 
@@ -251,7 +259,7 @@ class Classifier(ThresholdClassifier):
         try:
             with torch.inference_mode():
                 for start in range(0, len(order), batch_size):
-                    idx = order[start: start + batch_size]
+                    idx = order[start : start + batch_size]
                     probs = torch.softmax(self.logits([items[i] for i in idx]).float(), dim=-1)[:, 1]
                     out[idx] = probs.cpu().numpy()
         finally:

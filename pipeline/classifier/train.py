@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # -- metrics ----------------------------------------------------------------------------------
 
+
 def binary_metrics(labels: np.ndarray, preds: np.ndarray) -> dict:
     """Accuracy and precision / recall / F1 of the positive class (0 where undefined or without examples)."""
     from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
@@ -40,12 +41,26 @@ def binary_metrics(labels: np.ndarray, preds: np.ndarray) -> dict:
         return {"n": 0, "accuracy": 0.0, "precision": 0.0, "recall": 0.0, "f1": 0.0, "tp": 0, "fp": 0, "fn": 0, "tn": 0}
     tn, fp, fn, tp = (int(c) for c in confusion_matrix(labels, preds, labels=[False, True]).ravel())
     p, r, f1, _ = precision_recall_fscore_support(labels, preds, average="binary", zero_division=0)
-    return {"n": len(labels), "accuracy": float(accuracy_score(labels, preds)), "precision": float(p),
-            "recall": float(r), "f1": float(f1), "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+    return {
+        "n": len(labels),
+        "accuracy": float(accuracy_score(labels, preds)),
+        "precision": float(p),
+        "recall": float(r),
+        "f1": float(f1),
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
+    }
 
 
-def evaluate(clf: Classifier | FeatureClassifier, examples: list[Example], threshold: float, batch_size: int,
-             scores: np.ndarray | None = None) -> dict:
+def evaluate(
+    clf: Classifier | FeatureClassifier,
+    examples: list[Example],
+    threshold: float,
+    batch_size: int,
+    scores: np.ndarray | None = None,
+) -> dict:
     """Overall metrics, the majority-class baseline, and accuracy per example kind and per dataset."""
     if scores is None:
         scores = clf.score([e.item for e in examples], batch_size=batch_size)
@@ -58,7 +73,10 @@ def evaluate(clf: Classifier | FeatureClassifier, examples: list[Example], thres
     for kind in KINDS:
         sel = np.array([e.kind == kind for e in examples])
         if sel.any():  # positives: accuracy is recall; negatives: accuracy is the true-negative rate
-            out["by_kind"][kind] = {"n": int(sel.sum()), "accuracy": binary_metrics(labels[sel], preds[sel])["accuracy"]}
+            out["by_kind"][kind] = {
+                "n": int(sel.sum()),
+                "accuracy": binary_metrics(labels[sel], preds[sel])["accuracy"],
+            }
     out["by_dataset"] = {}
     for name in sorted({e.dataset for e in examples}):
         sel = np.array([e.dataset == name for e in examples])
@@ -85,11 +103,17 @@ def tune_threshold(scores: np.ndarray, labels: np.ndarray, default: float, seed:
     only "a predefined threshold"; a classifier trained here was found best near 0.7, not 0.5."""
     scores, labels = np.asarray(scores), np.asarray(labels, dtype=bool)
     order = np.random.default_rng(seed).permutation(len(scores))
-    cal, held = order[: len(order) // 2], order[len(order) // 2:]
+    cal, held = order[: len(order) // 2], order[len(order) // 2 :]
     chosen = best_threshold(scores[cal], labels[cal])
     acc = lambda t: binary_metrics(labels[held], scores[held] >= t)["accuracy"]  # noqa: E731
-    return {"chosen": chosen, "default": default, "calibration_n": len(cal), "held_out_n": len(held),
-            "held_out_accuracy_at_default": acc(default), "held_out_accuracy_at_chosen": acc(chosen)}
+    return {
+        "chosen": chosen,
+        "default": default,
+        "calibration_n": len(cal),
+        "held_out_n": len(held),
+        "held_out_accuracy_at_default": acc(default),
+        "held_out_accuracy_at_chosen": acc(chosen),
+    }
 
 
 def rank_auc(scores, labels) -> float | None:
@@ -100,6 +124,7 @@ def rank_auc(scores, labels) -> float | None:
 
 
 # -- training ---------------------------------------------------------------------------------
+
 
 def _seed_everything(seed: int) -> None:
     import torch
@@ -114,6 +139,7 @@ def _lr_lambda(total: int, warmup: int):
         if step < warmup:
             return (step + 1) / warmup
         return max(0.0, (total - step) / max(1, total - warmup))
+
     return f
 
 
@@ -138,15 +164,22 @@ def fit(clf: Classifier, train: list[Example], cc, *, seed: int) -> dict:
     rng = random.Random(seed)
     start = time.perf_counter()
     window_t, window_n, window_loss, seen, step, loss_ema = start, 0, [], 0, 0, None
-    log.info("training on %d examples: %d steps of %d (%.2f epochs), lr %g, device %s",
-             len(train), total, cc.batch_size, cc.epochs, cc.learning_rate, clf.device)
+    log.info(
+        "training on %d examples: %d steps of %d (%.2f epochs), lr %g, device %s",
+        len(train),
+        total,
+        cc.batch_size,
+        cc.epochs,
+        cc.learning_rate,
+        clf.device,
+    )
     while step < total:
         order = list(range(len(train)))
         rng.shuffle(order)
         for s in range(0, len(order), cc.batch_size):
             if step >= total:
                 break
-            batch = [train[i] for i in order[s: s + cc.batch_size]]
+            batch = [train[i] for i in order[s : s + cc.batch_size]]
             labels = torch.tensor([e.label for e in batch], device=clf.device)
             loss = torch.nn.functional.cross_entropy(clf.logits([e.item for e in batch]), labels)
             loss.backward()
@@ -162,14 +195,26 @@ def fit(clf: Classifier, train: list[Example], cc, *, seed: int) -> dict:
             loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
             if step % cc.log_every == 0 or step == total:
                 now = time.perf_counter()
-                log.info("step %d/%d epoch %.2f loss %.4f (mean of last %d) lr %.2e %.1f examples/s",
-                         step, total, seen / len(train), sum(window_loss) / len(window_loss), len(window_loss),
-                         sched.get_last_lr()[0], window_n / max(now - window_t, 1e-9))
+                log.info(
+                    "step %d/%d epoch %.2f loss %.4f (mean of last %d) lr %.2e %.1f examples/s",
+                    step,
+                    total,
+                    seen / len(train),
+                    sum(window_loss) / len(window_loss),
+                    len(window_loss),
+                    sched.get_last_lr()[0],
+                    window_n / max(now - window_t, 1e-9),
+                )
                 window_t, window_n, window_loss = now, 0, []
     seconds = time.perf_counter() - start
     model.eval()
-    return {"steps": total, "examples_seen": seen, "seconds": round(seconds, 1),
-            "examples_per_second": round(seen / max(seconds, 1e-9), 2), "final_loss_ema": loss_ema}
+    return {
+        "steps": total,
+        "examples_seen": seen,
+        "seconds": round(seconds, 1),
+        "examples_per_second": round(seen / max(seconds, 1e-9), 2),
+        "final_loss_ema": loss_ema,
+    }
 
 
 def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
@@ -194,11 +239,20 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     records = load_records(cfg.paths.data_dir, cc.datasets)
-    splits = make_splits(records, seed=cc.seed, dev_fraction=cc.dev_fraction, mixed_fraction=cc.mixed_negative_fraction,
-                         max_per_dataset=cc.max_examples_per_dataset, max_examples=cc.max_examples, task=cc.task)
+    splits = make_splits(
+        records,
+        seed=cc.seed,
+        dev_fraction=cc.dev_fraction,
+        mixed_fraction=cc.mixed_negative_fraction,
+        max_per_dataset=cc.max_examples_per_dataset,
+        max_examples=cc.max_examples,
+        task=cc.task,
+    )
     if not splits.train or not splits.dev:
-        raise ClassifierError(f"too few examples to train and evaluate (train {len(splits.train)}, dev {len(splits.dev)});"
-                              " raise --max-examples or add datasets")
+        raise ClassifierError(
+            f"too few examples to train and evaluate (train {len(splits.train)}, dev {len(splits.dev)});"
+            " raise --max-examples or add datasets"
+        )
     log.info("examples: train %s", json.dumps(splits.summary["train"]))
     log.info("examples: dev %s", json.dumps(splits.summary["dev"]))
 
@@ -207,8 +261,13 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     if cc.model == "features":
         clf, train_log = train_features(cfg, splits, base)
     else:
-        meta = ClassifierMeta(base_model=cc.base_model, max_length=cc.max_length, max_query_tokens=cc.max_query_tokens,
-                              threshold=cc.threshold, pooling=cc.pooling)
+        meta = ClassifierMeta(
+            base_model=cc.base_model,
+            max_length=cc.max_length,
+            max_query_tokens=cc.max_query_tokens,
+            threshold=cc.threshold,
+            pooling=cc.pooling,
+        )
         clf = Classifier.from_base(base, meta, device=cc.device)
         train_log = fit(clf, splits.train, cc, seed=cc.seed)
     t_eval = time.perf_counter()
@@ -219,20 +278,41 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
         tuning = tune_threshold(scores, np.array([e.label for e in splits.dev]), cc.threshold, cc.seed)
         clf.meta.threshold = metrics["tuned_threshold"] = tuning["chosen"]
         metrics["threshold_tuning"] = tuning
-        log.info("threshold: %.2f chosen on %d dev examples; on the other %d, accuracy %.4f at it vs %.4f at %.2f",
-                 tuning["chosen"], tuning["calibration_n"], tuning["held_out_n"], tuning["held_out_accuracy_at_chosen"],
-                 tuning["held_out_accuracy_at_default"], cc.threshold)
+        log.info(
+            "threshold: %.2f chosen on %d dev examples; on the other %d, accuracy %.4f at it vs %.4f at %.2f",
+            tuning["chosen"],
+            tuning["calibration_n"],
+            tuning["held_out_n"],
+            tuning["held_out_accuracy_at_chosen"],
+            tuning["held_out_accuracy_at_default"],
+            cc.threshold,
+        )
     metrics["eval_seconds"] = round(time.perf_counter() - t_eval, 1)
     metrics["eval_examples_per_second"] = round(len(splits.dev) / max(metrics["eval_seconds"], 1e-9), 1)
-    log.info("dev: accuracy %.4f AUC %s precision %.4f recall %.4f f1 %.4f (majority baseline %.4f, n=%d)",
-             metrics["accuracy"], metrics["auc"], metrics["precision"], metrics["recall"], metrics["f1"],
-             metrics["majority_baseline_accuracy"], metrics["n"])
-    result = {"dev": metrics, "training": train_log, "data": splits.summary,
-              "total_seconds": round(time.perf_counter() - t0, 1),
-              "total_cpu_seconds": round(time.process_time() - cpu0, 1)}  # this process's CPU, all its threads
+    log.info(
+        "dev: accuracy %.4f AUC %s precision %.4f recall %.4f f1 %.4f (majority baseline %.4f, n=%d)",
+        metrics["accuracy"],
+        metrics["auc"],
+        metrics["precision"],
+        metrics["recall"],
+        metrics["f1"],
+        metrics["majority_baseline_accuracy"],
+        metrics["n"],
+    )
+    result = {
+        "dev": metrics,
+        "training": train_log,
+        "data": splits.summary,
+        "total_seconds": round(time.perf_counter() - t0, 1),
+        "total_cpu_seconds": round(time.process_time() - cpu0, 1),
+    }  # this process's CPU, all its threads
     # merged: a kind's own entries (the feature model's embedder_folder) stay
-    clf.meta.training = {**clf.meta.training, "data": splits.summary, **train_log,
-                         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    clf.meta.training = {
+        **clf.meta.training,
+        "data": splits.summary,
+        **train_log,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     clf.meta.metrics = metrics
 
     _write_atomically(out, overwrite, lambda tmp: _write_outputs(tmp, clf, result, cfg, out))
@@ -240,7 +320,9 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     return result
 
 
-def _write_outputs(folder: Path, clf: Classifier | FeatureClassifier, result: dict, cfg: DynragConfig, final: Path) -> None:
+def _write_outputs(
+    folder: Path, clf: Classifier | FeatureClassifier, result: dict, cfg: DynragConfig, final: Path
+) -> None:
     clf.save(folder)
     (folder / "metrics.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     resolved = cfg.model_copy(deep=True)

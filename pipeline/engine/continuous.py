@@ -34,8 +34,16 @@ def lane(req: Request) -> str:
 
 
 class ContinuousEngine(BaseEngine):
-    def __init__(self, backends: Any, *, max_in_flight: int = 256, batch_wait_s: float = 0.01,
-                 caps: dict[str, int] | None = None, batch_items: int = 256, **kw: Any):
+    def __init__(
+        self,
+        backends: Any,
+        *,
+        max_in_flight: int = 256,
+        batch_wait_s: float = 0.01,
+        caps: dict[str, int] | None = None,
+        batch_items: int = 256,
+        **kw: Any,
+    ):
         super().__init__(backends, **kw)
         self.max_in_flight, self.batch_wait_s = max_in_flight, batch_wait_s
         self.caps, self.batch_items = dict(caps or {}), batch_items  # items per batch, by lane; else batch_items
@@ -47,8 +55,7 @@ class ContinuousEngine(BaseEngine):
         self._jobs.clear()
 
     # ---- the coordinator ---------------------------------------------------------------------
-    def _outcomes(self, questions: Iterable[Question], program: Program,
-                  params: Any) -> Iterator[tuple[int, Outcome]]:
+    def _outcomes(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[tuple[int, Outcome]]:
         inbox: queue.Queue = queue.Queue()  # (lane, deliveries) from the workers, for this run only
         waiting: dict[str, deque[tuple[float, _State]]] = {}  # lane -> (queued at, program), oldest first
         busy: dict[str, int] = {}  # lane -> batches (or streamed requests) in flight
@@ -153,8 +160,9 @@ class ContinuousEngine(BaseEngine):
     def _worker(self, name: str) -> queue.Queue:
         if name not in self._jobs:
             self._jobs[name] = queue.Queue()
-            threading.Thread(target=self._serve_lane, args=(name, self._jobs[name]), name=f"dynrag-{name}",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._serve_lane, args=(name, self._jobs[name]), name=f"dynrag-{name}", daemon=True
+            ).start()
         return self._jobs[name]
 
     def _serve_lane(self, name: str, jobs: queue.Queue) -> None:
@@ -172,5 +180,10 @@ def make_engine(cfg: DynragConfig, backends: Any) -> BaseEngine:
     a = cfg.answer
     if a.engine == "lockstep":
         return Engine(backends, batch_questions=a.batch_questions)
-    return ContinuousEngine(backends, max_in_flight=a.max_in_flight, batch_wait_s=a.batch_wait_s,
-                            caps={"generate": cfg.generation.batch_size}, batch_items=a.batch_items)
+    return ContinuousEngine(
+        backends,
+        max_in_flight=a.max_in_flight,
+        batch_wait_s=a.batch_wait_s,
+        caps={"generate": cfg.generation.batch_size},
+        batch_items=a.batch_items,
+    )

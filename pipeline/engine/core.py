@@ -128,8 +128,9 @@ class BaseEngine:
         """Outcomes as questions finish (any order); `questions` is consumed lazily."""
         return (o for _, o in self._outcomes(questions, program, params))
 
-    def stream_batches(self, questions: Iterable[Question], program: Program, params: Any,
-                       n: int | None) -> Iterator[list[Outcome]]:
+    def stream_batches(
+        self, questions: Iterable[Question], program: Program, params: Any, n: int | None
+    ) -> Iterator[list[Outcome]]:
         """`stream`'s outcomes in lists of `n` (the last may be shorter), e.g. one output part each."""
         return batched(self.stream(questions, program, params), n)
 
@@ -144,8 +145,7 @@ class BaseEngine:
     def close(self) -> None:
         """Release what the engine holds (its worker threads, if any); the backends stay open."""
 
-    def _outcomes(self, questions: Iterable[Question], program: Program,
-                  params: Any) -> Iterator[tuple[int, Outcome]]:
+    def _outcomes(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[tuple[int, Outcome]]:
         raise NotImplementedError
 
     # ---- stepping a program ---------------------------------------------------------------
@@ -211,8 +211,7 @@ class BaseEngine:
     def _serve_generate(self, states: list[_State]) -> list[Delivery]:
         prompts, samplings, chats, owner = _prompts(states)
         try:
-            outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats),
-                                  len(prompts))
+            outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats), len(prompts))
         except Exception as err:
             return self._per_question(states, self._serve_generate, err)
         weights = [(o.prompt_tokens + o.completion_tokens) if not isinstance(o, BaseException) else 0 for o in outs]
@@ -258,7 +257,7 @@ class BaseEngine:
             for st in group:
                 req = cast(Retrieve, st.pending)
                 k = resolved[id(st)][0]
-                mine = [list(h[:k]) for h in hits[pos:pos + len(req.queries)]]
+                mine = [list(h[:k]) for h in hits[pos : pos + len(req.queries)]]
                 pos += len(req.queries)
                 tr = st.trace
                 tr.retrieve_rounds += 1
@@ -268,15 +267,30 @@ class BaseEngine:
                 at = self.clock() - cast(float, tr.started)  # when, in the question (started: at its first request)
                 for qi, ranked in enumerate(mine):
                     for rank, h in enumerate(ranked, 1):
-                        tr.retrieved.append({"id": h.id, "title": h.title, "score": float(h.score), "rank": rank,
-                                             "step": step, "path": req.path or ("query" if len(req.queries) == 1 else f"query-{qi}"),
-                                             "round": tr.retrieve_rounds, "at_s": at})
+                        tr.retrieved.append(
+                            {
+                                "id": h.id,
+                                "title": h.title,
+                                "score": float(h.score),
+                                "rank": rank,
+                                "step": step,
+                                "path": req.path or ("query" if len(req.queries) == 1 else f"query-{qi}"),
+                                "round": tr.retrieve_rounds,
+                                "at_s": at,
+                            }
+                        )
                 deliveries.append((st, mine, None))
         return deliveries
 
-    def _serve_grouped(self, states: list[_State], key: Callable[[Any], Any], items: Callable[[Any], list[Any]],
-                       kind: Callable[[Any], str], fn: Callable[[Any, list[Any]], Any],
-                       account: Callable[[_State, int, float], None]) -> list[Delivery]:
+    def _serve_grouped(
+        self,
+        states: list[_State],
+        key: Callable[[Any], Any],
+        items: Callable[[Any], list[Any]],
+        kind: Callable[[Any], str],
+        fn: Callable[[Any, list[Any]], Any],
+        account: Callable[[_State, int, float], None],
+    ) -> list[Delivery]:
         """Score, Embed and Call: one backend call per group (same `key`), results split by item counts.
         `key` and `items` take a request of the states' one kind (Score, Embed or Call)."""
         groups: dict[Any, list[_State]] = defaultdict(list)
@@ -294,7 +308,7 @@ class BaseEngine:
             for st in group:
                 n = len(items(_pending(st)))
                 account(st, n, dt * n / max(len(flat), 1))
-                deliveries.append((st, results[pos:pos + n], None))
+                deliveries.append((st, results[pos : pos + n], None))
                 pos += n
         return deliveries
 
@@ -302,15 +316,29 @@ class BaseEngine:
         def account(st: _State, n: int, secs: float) -> None:
             st.trace.classifier_calls += n
             st.trace.time["classification"] += secs
-        return self._serve_grouped(states, lambda r: r.classifier, lambda r: r.items, lambda _: "score",
-                                   lambda name, items: [*self.backends.score(items, name)], account)
+
+        return self._serve_grouped(
+            states,
+            lambda r: r.classifier,
+            lambda r: r.items,
+            lambda _: "score",
+            lambda name, items: [*self.backends.score(items, name)],
+            account,
+        )
 
     def _serve_embed(self, states: list[_State]) -> list[Delivery]:
         def account(st: _State, n: int, secs: float) -> None:
             st.trace.embedding_calls += n
             st.trace.time["embedding"] += secs
-        return self._serve_grouped(states, lambda r: r.model, lambda r: r.texts, lambda _: "embed",
-                                   lambda model, texts: self.backends.embed(texts, model), account)
+
+        return self._serve_grouped(
+            states,
+            lambda r: r.model,
+            lambda r: r.texts,
+            lambda _: "embed",
+            lambda model, texts: self.backends.embed(texts, model),
+            account,
+        )
 
     def _serve_call(self, states: list[_State]) -> list[Delivery]:
         def account(st: _State, n: int, secs: float) -> None:
@@ -318,16 +346,28 @@ class BaseEngine:
             name = f"{req.backend}.{req.op}"
             st.trace.backend_calls[name] = st.trace.backend_calls.get(name, 0) + n
             st.trace.time[req.stage] += secs
-        return self._serve_grouped(states, lambda r: (r.backend, r.op), lambda r: r.items, lambda k: f"{k[0]}.{k[1]}",
-                                   lambda k, items: [*self.backends.call(k[0], k[1], items)], account)
 
-    def _per_question(self, states: list[_State], serve: Callable[[list[_State]], list[Delivery]],
-                      err: BaseException) -> list[Delivery]:
+        return self._serve_grouped(
+            states,
+            lambda r: (r.backend, r.op),
+            lambda r: r.items,
+            lambda k: f"{k[0]}.{k[1]}",
+            lambda k, items: [*self.backends.call(k[0], k[1], items)],
+            account,
+        )
+
+    def _per_question(
+        self, states: list[_State], serve: Callable[[list[_State]], list[Delivery]], err: BaseException
+    ) -> list[Delivery]:
         """A batched call failed: alone, the error is this question's; else retry each question alone."""
         if len(states) == 1:
             return [(states[0], None, err)]
-        log.warning("a batched %s call over %d questions failed (%s); retrying per question",
-                    _kind(_pending(states[0])), len(states), err)
+        log.warning(
+            "a batched %s call over %d questions failed (%s); retrying per question",
+            _kind(_pending(states[0])),
+            len(states),
+            err,
+        )
         return [d for st in states for d in serve([st])]
 
 
@@ -340,25 +380,27 @@ class Engine(BaseEngine):
         super().__init__(backends, **kw)
         self.batch_questions = batch_questions
 
-    def _outcomes(self, questions: Iterable[Question], program: Program,
-                  params: Any) -> Iterator[tuple[int, Outcome]]:
+    def _outcomes(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[tuple[int, Outcome]]:
         for wave in self._waves(questions, program, params):
             yield from wave
 
-    def stream_batches(self, questions: Iterable[Question], program: Program, params: Any,
-                       n: int | None) -> Iterator[list[Outcome]]:
+    def stream_batches(
+        self, questions: Iterable[Question], program: Program, params: Any, n: int | None
+    ) -> Iterator[list[Outcome]]:
         if n != self.batch_questions:
             return super().stream_batches(questions, program, params, n)
         return ([o for _, o in wave] for wave in self._waves(questions, program, params))  # a wave is a batch
 
-    def _waves(self, questions: Iterable[Question], program: Program,
-               params: Any) -> Iterator[Iterator[tuple[int, Outcome]]]:
+    def _waves(
+        self, questions: Iterable[Question], program: Program, params: Any
+    ) -> Iterator[Iterator[tuple[int, Outcome]]]:
         """Each batch of `batch_questions`, run in lockstep: its outcomes, as they are decided."""
         for batch in batched(enumerate(questions), self.batch_questions):
             yield self._lockstep(batch, program, params)
 
-    def _lockstep(self, batch: list[tuple[int, Question]], program: Program,
-                  params: Any) -> Iterator[tuple[int, Outcome]]:
+    def _lockstep(
+        self, batch: list[tuple[int, Question]], program: Program, params: Any
+    ) -> Iterator[tuple[int, Outcome]]:
         states: list[_State] = []
         for i, q in batch:
             st = self._start(i, q, program, params)

@@ -122,13 +122,24 @@ class Question:
     error: str | None = None  # set by a loader for a row that cannot be answered
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "question": self.question, "answers": list(self.answers), "dataset": self.dataset,
-                "supporting_titles": list(self.supporting_titles), "supporting_ids": list(self.supporting_ids),
-                "error": self.error}
+        return {
+            "id": self.id,
+            "question": self.question,
+            "answers": list(self.answers),
+            "dataset": self.dataset,
+            "supporting_titles": list(self.supporting_titles),
+            "supporting_ids": list(self.supporting_ids),
+            "error": self.error,
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> Question:
-        return cls(id=str(d["id"]), question=d.get("question") or "", answers=list(d.get("answers") or []),
-                   dataset=d.get("dataset") or "", supporting_titles=list(d.get("supporting_titles") or []),
-                   supporting_ids=list(d.get("supporting_ids") or []),
-                   error=d.get("error"))
+        return cls(
+            id=str(d["id"]),
+            question=d.get("question") or "",
+            answers=list(d.get("answers") or []),
+            dataset=d.get("dataset") or "",
+            supporting_titles=list(d.get("supporting_titles") or []),
+            supporting_ids=list(d.get("supporting_ids") or []),
+            error=d.get("error"),
+        )

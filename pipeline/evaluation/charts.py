@@ -20,13 +20,42 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 # Tableau 10, then the lighter Tableau 20 tones and two darks: 20 colours before one repeats
-PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
-           "#bab0ac", "#a0cbe8", "#ffbe7d", "#8cd17d", "#f1ce63", "#86bcb6", "#ff9d9a", "#d4a6c8", "#d7b5a6",
-           "#79706e", "#499894")
+PALETTE = (
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+    "#a0cbe8",
+    "#ffbe7d",
+    "#8cd17d",
+    "#f1ce63",
+    "#86bcb6",
+    "#ff9d9a",
+    "#d4a6c8",
+    "#d7b5a6",
+    "#79706e",
+    "#499894",
+)
 WIDTH, HEIGHT, ROW = 6.8, 3.2, 0.26  # inches (the SVG is sized in points, 72 per inch); ROW: one bar or legend entry
-STYLE = {"svg.fonttype": "none", "font.size": 8, "axes.titlesize": 10, "axes.titleweight": "bold",
-         "axes.titlelocation": "left", "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-         "grid.color": "#e4e4e4", "axes.axisbelow": True, "legend.frameon": False}
+STYLE = {
+    "svg.fonttype": "none",
+    "font.size": 8,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.titlelocation": "left",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e4e4e4",
+    "axes.axisbelow": True,
+    "legend.frameon": False,
+}
 
 
 def _chart(title: str, xlabel: str, ylabel: str, height: float, legend_items: int) -> tuple[Figure, Axes]:
@@ -44,25 +73,42 @@ def _svg(fig: Figure, chart_id: str, kind: str, series: list[tuple[str, list[str
     text = re.sub(r' id="[A-Za-z.\d]+_\d+"', "", buf.getvalue())  # matplotlib's per-figure ids would repeat
     root = cast(re.Match[str], re.search(r'<svg [^>]*?(width="[^"]+" height="[^"]+" viewBox="[^"]+")[^>]*>', text))
     label = escape(fig.axes[0].get_title("left"))
-    text = (f'<svg id="{escape(chart_id)}" class="chart" data-kind="{kind}" {root[1]} role="img" aria-label="{label}">'
-            + text[root.end():])  # no XML prolog, DOCTYPE or namespaces: HTML parses inline SVG without them
+    text = (
+        f'<svg id="{escape(chart_id)}" class="chart" data-kind="{kind}" {root[1]} role="img" aria-label="{label}">'
+        + text[root.end() :]
+    )  # no XML prolog, DOCTYPE or namespaces: HTML parses inline SVG without them
     for i, (name, tips) in enumerate(series):
         group = cast(re.Match[str], re.search(rf'( *)<g id="s{i}">(.*?)\n\1</g>', text, re.S))  # each series has one
         marks = iter(tips)
-        body = re.sub(rf"<{mark} ([^>]*)/>",
-                      lambda m, marks=marks: f"<{mark} {m[1]}><title>{escape(next(marks))}</title></{mark}>", group[2])
-        text = f'{text[:group.end(1)]}<g class="series" data-series="{escape(name)}">{body}{text[group.end(2):]}'
+        body = re.sub(
+            rf"<{mark} ([^>]*)/>",
+            lambda m, marks=marks: f"<{mark} {m[1]}><title>{escape(next(marks))}</title></{mark}>",
+            group[2],
+        )
+        text = f'{text[: group.end(1)]}<g class="series" data-series="{escape(name)}">{body}{text[group.end(2) :]}'
     return text
 
 
 @rc_context(STYLE)
-def scatter(chart_id: str, title: str, series: dict[str, list[tuple[float, float, str]]], xlabel: str,
-            ylabel: str) -> str:
+def scatter(
+    chart_id: str, title: str, series: dict[str, list[tuple[float, float, str]]], xlabel: str, ylabel: str
+) -> str:
     """Points (x, y, hover text), one colour per series; the y axis starts at 0."""
     fig, ax = _chart(title, xlabel, ylabel, HEIGHT, len(series))
     for i, (name, ps) in enumerate(series.items()):
-        ax.plot([p[0] for p in ps], [p[1] for p in ps], "o", ms=7, alpha=0.8, mec="white", mew=0.8,
-                clip_on=False, color=PALETTE[i % len(PALETTE)], label=name[:24], gid=f"s{i}")  # points at 0 whole
+        ax.plot(
+            [p[0] for p in ps],
+            [p[1] for p in ps],
+            "o",
+            ms=7,
+            alpha=0.8,
+            mec="white",
+            mew=0.8,
+            clip_on=False,
+            color=PALETTE[i % len(PALETTE)],
+            label=name[:24],
+            gid=f"s{i}",
+        )  # points at 0 whole
     ax.set_ylim(0, max(ax.get_ylim()[1], 1.0))  # from 0; all-zero scores still get a 0..1 % axis
     return _svg(fig, chart_id, "scatter", [(name, [p[2] for p in ps]) for name, ps in series.items()], "use")
 
@@ -74,8 +120,16 @@ def lines(chart_id: str, title: str, series: dict[str, list[tuple[float, float]]
     tips = []
     for i, (name, ps) in enumerate(series.items()):
         ps = sorted(ps)
-        ax.plot([x for x, _ in ps], [y for _, y in ps], "o-", ms=5, lw=2, color=PALETTE[i % len(PALETTE)],
-                label=name[:24], gid=f"s{i}")
+        ax.plot(
+            [x for x, _ in ps],
+            [y for _, y in ps],
+            "o-",
+            ms=5,
+            lw=2,
+            color=PALETTE[i % len(PALETTE)],
+            label=name[:24],
+            gid=f"s{i}",
+        )
         tips.append((name, [f"{name}: {x:.4g} -> {y:.4g}" for x, y in ps]))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _svg(fig, chart_id, "lines", tips, "use")
@@ -93,11 +147,16 @@ def stacked_bars(chart_id: str, title: str, bars: list[tuple[str, dict[str, floa
             start, v = sum(parts.get(s) or 0.0 for s in segments[:j]), parts.get(seg) or 0.0
             rects.append([(start, i - 0.35), (start + v, i - 0.35), (start + v, i + 0.35), (start, i + 0.35)])
             seg_tips.append(f"{label} {seg}: {v:.4g}")
-        ax.add_collection(PolyCollection(rects, facecolor=PALETTE[j % len(PALETTE)], linewidth=0, label=seg,
-                                         gid=f"s{j}"))
+        ax.add_collection(
+            PolyCollection(rects, facecolor=PALETTE[j % len(PALETTE)], linewidth=0, label=seg, gid=f"s{j}")
+        )
         tips.append((seg, seg_tips))
     total = max([sum(v or 0.0 for v in parts.values()) for _, parts in bars] + [0.0])
-    ax.set(xlim=(0, 1.05 * total or 1.0), ylim=(len(bars) - 0.5, -0.5), yticks=range(len(bars)),
-           yticklabels=[label[:15] for label, _ in bars])
+    ax.set(
+        xlim=(0, 1.05 * total or 1.0),
+        ylim=(len(bars) - 0.5, -0.5),
+        yticks=range(len(bars)),
+        yticklabels=[label[:15] for label, _ in bars],
+    )
     ax.grid(axis="y", visible=False)
     return _svg(fig, chart_id, "bars", tips, "path")

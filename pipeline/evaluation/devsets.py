@@ -15,9 +15,11 @@ from pipeline.errors import DynragError
 log = logging.getLogger(__name__)
 
 # name -> (dev file under paths.data_dir, corpus reader format)
-DEV_SETS = {"hotpotqa": ("hotpotqa/dev_400.jsonl", "hotpotqa"),
-            "2wiki": ("2wikimultihopqa/dev_124.jsonl", "2wiki"),
-            "musique": ("musique/dev_150.jsonl", "musique")}
+DEV_SETS = {
+    "hotpotqa": ("hotpotqa/dev_400.jsonl", "hotpotqa"),
+    "2wiki": ("2wikimultihopqa/dev_124.jsonl", "2wiki"),
+    "musique": ("musique/dev_150.jsonl", "musique"),
+}
 
 
 def data_path(cfg: DynragConfig, rel: str) -> Path:

@@ -44,7 +44,9 @@ class DatasetEntry(_Strict):
     format: str | None = Field(None, description="question file format (default: auto)")
     corpus: str | None = Field(None, description="corpus file for the index (default: the question file)")
     corpus_format: str | None = Field(None, description="corpus format for the index build (default: auto)")
-    index: str | None = Field(None, description="a prebuilt index folder (default: <indexes>/<dataset>, built if absent)")
+    index: str | None = Field(
+        None, description="a prebuilt index folder (default: <indexes>/<dataset>, built if absent)"
+    )
 
 
 class MethodRuns(_Strict):
@@ -127,8 +129,18 @@ class MethodRun:
     params: dict[str, Any]
 
 
-def run_methods(questions: str, index: str | None, runs: list[MethodRun], cfg: DynragConfig, out: Path, *,
-                limit: int | None = None, dataset_format: str | None = None, each=None, backends=None) -> list[dict]:
+def run_methods(
+    questions: str,
+    index: str | None,
+    runs: list[MethodRun],
+    cfg: DynragConfig,
+    out: Path,
+    *,
+    limit: int | None = None,
+    dataset_format: str | None = None,
+    each=None,
+    backends=None,
+) -> list[dict]:
     """The one runner of the experiment grid and the papers' eval jobs: every run answers `questions`
     through the answer job (resumable rows under `<out>/<label>`), all sharing one set of backends (one
     engine, index, classifier: `backends`, or a set made here and closed at the end); returns each run's
@@ -143,11 +155,26 @@ def run_methods(questions: str, index: str | None, runs: list[MethodRun], cfg: D
         for r in runs:
             run_cfg = cfg.model_copy(deep=True)
             run_cfg.method.params = dict(r.params)
-            s = run_answer(str(questions), str(out / r.label), index=index, method=r.method, limit=limit, cfg=run_cfg,
-                           dataset_format=dataset_format, backends=backends, progress=False)
+            s = run_answer(
+                str(questions),
+                str(out / r.label),
+                index=index,
+                method=r.method,
+                limit=limit,
+                cfg=run_cfg,
+                dataset_format=dataset_format,
+                backends=backends,
+                progress=False,
+            )
             s["label"] = r.label
-            log.info("%s: %d new rows (%d already there), F1 %s, gold-doc recall %s", out / r.label,
-                     s.get("new_rows") or 0, s["skipped_already_answered"], s["f1"], s["support_recall"])
+            log.info(
+                "%s: %d new rows (%d already there), F1 %s, gold-doc recall %s",
+                out / r.label,
+                s.get("new_rows") or 0,
+                s["skipped_already_answered"],
+                s["f1"],
+                s["support_recall"],
+            )
             summaries.append(s)
             if each is not None:
                 each(r, s)
@@ -164,7 +191,9 @@ def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig,
     index = ds.index or ensure_index(corpus, ds.corpus_format, Path(exp.indexes or out / "indexes") / name, cfg)
     cfg = cfg.model_copy(deep=True)
     cfg.dataset.name = cfg.dataset.name or name  # rows carry the experiment's dataset name
-    runs = [MethodRun(label, spec.method, params) for spec in exp.methods for label, params in grid_runs(spec, exp.grid)]
+    runs = [
+        MethodRun(label, spec.method, params) for spec in exp.methods for label, params in grid_runs(spec, exp.grid)
+    ]
     return run_methods(str(questions), index, runs, cfg, out / name, limit=exp.limit, dataset_format=ds.format)
 
 

@@ -41,8 +41,9 @@ def _prf(prediction: str, gold: str) -> tuple[float, float, float]:
     p_toks, g_toks = normalize_answer(prediction).split(), normalize_answer(gold).split()
     # yes/no/noanswer must match exactly (HotpotQA's official evaluation)
     specials = {"yes", "no", "noanswer"}
-    if (normalize_answer(prediction) in specials or normalize_answer(gold) in specials) and \
-            normalize_answer(prediction) != normalize_answer(gold):
+    if (normalize_answer(prediction) in specials or normalize_answer(gold) in specials) and normalize_answer(
+        prediction
+    ) != normalize_answer(gold):
         return 0.0, 0.0, 0.0
     common = Counter(p_toks) & Counter(g_toks)
     same = sum(common.values())
@@ -65,20 +66,29 @@ def answer_metrics(prediction: str, golds: Sequence[str]) -> dict[str, float | N
     if not golds:
         return {"em": None, "f1": None, "acc": None, "precision": None, "recall": None}
     f1, p, r = f1_precision_recall(prediction, golds)
-    return {"em": exact_match(prediction, golds), "f1": f1, "acc": accuracy(prediction, golds),
-            "precision": p, "recall": r}
+    return {
+        "em": exact_match(prediction, golds),
+        "f1": f1,
+        "acc": accuracy(prediction, golds),
+        "precision": p,
+        "recall": r,
+    }
 
 
-def support_recall(retrieved: Iterable[tuple[str, str]], gold_titles: Sequence[str], gold_ids: Sequence[str] = ()
-                   ) -> float | None:
+def support_recall(
+    retrieved: Iterable[tuple[str, str]], gold_titles: Sequence[str], gold_ids: Sequence[str] = ()
+) -> float | None:
     """Share of the gold supporting paragraphs among the retrieved passages (id, title); None without labels.
 
     A gold paragraph with a content id (`indexing.passages.paragraph_id`, carried from the question file) is
     found when a passage cut from it was retrieved (its id up to the `#i` chunk suffix): paragraphs sharing a
     title (MuSiQue) count apart. A gold known by title alone (files that give only titles) matches by title.
     """
-    golds = list(dict.fromkeys((t.strip(), i) for t, i in itertools.zip_longest(gold_titles, gold_ids, fillvalue="")
-                               if t and t.strip()))
+    golds = list(
+        dict.fromkeys(
+            (t.strip(), i) for t, i in itertools.zip_longest(gold_titles, gold_ids, fillvalue="") if t and t.strip()
+        )
+    )
     if not golds:
         return None
     ids = {parent_id(pid) for pid, _ in retrieved}

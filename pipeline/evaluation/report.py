@@ -19,10 +19,12 @@ from pipeline.evaluation import charts
 from pipeline.evaluation.runs import Run, load_runs
 from pipeline.evaluation.table import COLUMNS, cell, record
 
-CSS = ("body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}table{border-collapse:collapse;"
-       "font-size:13px;margin:8px 0 16px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}"
-       "th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){text-align:left}th{background:#f4f4f4}"
-       ".charts{display:flex;flex-wrap:wrap;gap:12px}.note{color:#666;font-size:13px}")
+CSS = (
+    "body{font-family:sans-serif;margin:24px;color:#222;max-width:1400px}table{border-collapse:collapse;"
+    "font-size:13px;margin:8px 0 16px}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}"
+    "th:first-child,td:first-child,th:nth-child(2),td:nth-child(2){text-align:left}th{background:#f4f4f4}"
+    ".charts{display:flex;flex-wrap:wrap;gap:12px}.note{color:#666;font-size:13px}"
+)
 
 
 def slug(text: str) -> str:
@@ -34,8 +36,9 @@ def strategy_names(runs: list[Run]) -> dict[str, str]:
     names = {}
     for method in dict.fromkeys(r.method for r in runs):
         same = [r for r in runs if r.method == method]
-        keys = sorted({key for r in same for key in r.params if key != "k"
-                       and len({repr(o.params.get(key)) for o in same}) > 1})
+        keys = sorted(
+            {key for r in same for key in r.params if key != "k" and len({repr(o.params.get(key)) for o in same}) > 1}
+        )
         for r in same:
             extra = ", ".join(f"{key}={r.params.get(key)}" for key in keys)
             names[r.path] = f"{method} ({extra})" if extra else method
@@ -50,8 +53,13 @@ def quality_time_chart(ds: str, runs: list[Run], metric: str) -> str | None:
             series.setdefault(r.method, []).append((x, 100 * y, f"{r.label}: {100 * y:.1f} at {x:.3g} s/q"))
     if not series:
         return None
-    return charts.scatter(f"{metric}-time-{slug(ds)}", f"{ds}: {metric.upper()} vs time per question", series,
-                          "mean seconds per question", f"{metric.upper()} (%)")
+    return charts.scatter(
+        f"{metric}-time-{slug(ds)}",
+        f"{ds}: {metric.upper()} vs time per question",
+        series,
+        "mean seconds per question",
+        f"{metric.upper()} (%)",
+    )
 
 
 def recall_k_chart(ds: str, runs: list[Run]) -> str | None:
@@ -63,28 +71,47 @@ def recall_k_chart(ds: str, runs: list[Run]) -> str | None:
             series.setdefault(names[r.path], []).append((k, 100 * rec))
     if not any(len({x for x, _ in ps}) > 1 for ps in series.values()):
         return None  # no strategy was run at more than one k
-    return charts.lines(f"recall-k-{slug(ds)}", f"{ds}: gold-document recall vs k", series, "k (documents)",
-                        "gold-doc recall (%)")
+    return charts.lines(
+        f"recall-k-{slug(ds)}", f"{ds}: gold-document recall vs k", series, "k (documents)", "gold-doc recall (%)"
+    )
 
 
 def llm_calls_chart(ds: str, runs: list[Run]) -> str:
-    bars = [(r.label, {"LLM calls": r.summary["llm_calls_per_question"] or 0.0,
-                       "retrieval calls": r.summary["retrieval_calls_per_question"] or 0.0}) for r in runs]
-    return charts.stacked_bars(f"llm-calls-{slug(ds)}", f"{ds}: model and retrieval calls per question", bars,
-                               "calls per question")
+    bars = [
+        (
+            r.label,
+            {
+                "LLM calls": r.summary["llm_calls_per_question"] or 0.0,
+                "retrieval calls": r.summary["retrieval_calls_per_question"] or 0.0,
+            },
+        )
+        for r in runs
+    ]
+    return charts.stacked_bars(
+        f"llm-calls-{slug(ds)}", f"{ds}: model and retrieval calls per question", bars, "calls per question"
+    )
 
 
 def stage_time_chart(ds: str, runs: list[Run]) -> str:
     used = [s for s in STAGES if any(r.summary["time_per_question_s"][s] for r in runs)] or ["generation"]
     bars = [(r.label, {s: r.summary["time_per_question_s"][s] or 0.0 for s in used}) for r in runs]
-    return charts.stacked_bars(f"stage-time-{slug(ds)}", f"{ds}: time per question by stage", bars,
-                               "mean seconds per question")
+    return charts.stacked_bars(
+        f"stage-time-{slug(ds)}", f"{ds}: time per question by stage", bars, "mean seconds per question"
+    )
 
 
 def html_table(recs: list[dict[str, Any]]) -> str:
     head = "<tr><th>run</th><th>method</th>" + "".join(f"<th>{escape(h)}</th>" for h, _ in COLUMNS.values()) + "</tr>"
-    body = "".join("<tr><td>" + escape(r["run"]) + "</td><td>" + escape(r["method"]) + "</td>"
-                   + "".join(f"<td>{cell(r[k], f)}</td>" for k, (_, f) in COLUMNS.items()) + "</tr>" for r in recs)
+    body = "".join(
+        "<tr><td>"
+        + escape(r["run"])
+        + "</td><td>"
+        + escape(r["method"])
+        + "</td>"
+        + "".join(f"<td>{cell(r[k], f)}</td>" for k, (_, f) in COLUMNS.items())
+        + "</tr>"
+        for r in recs
+    )
     return f'<table class="evaluation">{head}{body}</table>'
 
 
@@ -93,18 +120,27 @@ def render(runs: list[Run], title: str = "dynrag evaluation") -> str:
     sections = []
     for ds in dict.fromkeys(r.dataset for r in runs):
         these = [r for r in runs if r.dataset == ds]
-        charts = [quality_time_chart(ds, these, "f1"), quality_time_chart(ds, these, "em"), recall_k_chart(ds, these),
-                  llm_calls_chart(ds, these), stage_time_chart(ds, these)]
-        sections.append(f'<section id="dataset-{slug(ds)}"><h2>{escape(ds)}</h2>'
-                        f"{html_table([record(r) for r in these])}"
-                        f'<div class="charts">{"".join(c for c in charts if c)}</div></section>')
+        charts = [
+            quality_time_chart(ds, these, "f1"),
+            quality_time_chart(ds, these, "em"),
+            recall_k_chart(ds, these),
+            llm_calls_chart(ds, these),
+            stage_time_chart(ds, these),
+        ]
+        sections.append(
+            f'<section id="dataset-{slug(ds)}"><h2>{escape(ds)}</h2>'
+            f"{html_table([record(r) for r in these])}"
+            f'<div class="charts">{"".join(c for c in charts if c)}</div></section>'
+        )
     paths = "".join(f"<li>{escape(r.dataset)} / {escape(r.label)}: <code>{escape(r.path)}</code></li>" for r in runs)
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
-            f'<p class="note">{len(runs)} runs, generated {time.strftime("%Y-%m-%d %H:%M")}. EM, F1, Acc, P, R, '
-            "gold-doc recall and RA ratio in %; s/q and the stage times are means of what a question cost (its "
-            "shares of the batched calls); latency p50/p95 are quantiles of each question's own wall time from its "
-            f"first request to its answer. Hover a mark for its value.</p>{''.join(sections)}<h2>Runs</h2><ul>{paths}</ul></body></html>\n")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{CSS}</style></head><body><h1>{escape(title)}</h1>"
+        f'<p class="note">{len(runs)} runs, generated {time.strftime("%Y-%m-%d %H:%M")}. EM, F1, Acc, P, R, '
+        "gold-doc recall and RA ratio in %; s/q and the stage times are means of what a question cost (its "
+        "shares of the batched calls); latency p50/p95 are quantiles of each question's own wall time from its "
+        f"first request to its answer. Hover a mark for its value.</p>{''.join(sections)}<h2>Runs</h2><ul>{paths}</ul></body></html>\n"
+    )
 
 
 def write_report(out_dirs: list[str], html: str, title: str = "dynrag evaluation") -> str:

@@ -27,6 +27,7 @@ class Run:
     params: dict[str, Any] = field(default_factory=dict)  # method params, k resolved from the config
     summary: dict[str, Any] = field(default_factory=dict)  # answer metrics None when nothing generated
 
+
 ANSWER_METRICS = ("em", "f1", "acc", "precision", "recall")
 
 
@@ -59,8 +60,9 @@ def find_run_folders(root: str) -> list[str]:
     base = Path(root)
     if not base.is_dir():
         raise DynragError(f"{root}: no such folder")
-    found = sorted((str(p.parent) for p in base.rglob("parts") if p.is_dir() and part_files(str(p.parent))),
-                   key=natural_key)
+    found = sorted(
+        (str(p.parent) for p in base.rglob("parts") if p.is_dir() and part_files(str(p.parent))), key=natural_key
+    )
     if not found:
         raise DynragError(f"{root}: no runs found (no parts/*.parquet at or below it)")
     return found
@@ -98,8 +100,14 @@ def load_run(path: str, label: str | None = None) -> Run:
     summary = summarize(path)
     if config.get("generation", {}).get("backend") == "none":  # empty answers: EM/F1 would read as 0, not unknown
         summary.update(dict.fromkeys(ANSWER_METRICS))
-    return Run(path=path, label=label or Path(path.rstrip("/")).name, dataset=r["dataset"], method=r["method"],
-               params=run_params(r["method_params"], config), summary=summary)
+    return Run(
+        path=path,
+        label=label or Path(path.rstrip("/")).name,
+        dataset=r["dataset"],
+        method=r["method"],
+        params=run_params(r["method_params"], config),
+        summary=summary,
+    )
 
 
 def load_runs(roots: list[str]) -> list[Run]:

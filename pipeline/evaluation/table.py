@@ -15,27 +15,52 @@ from pipeline.evaluation.runs import Run, load_runs
 
 # record key -> (Markdown header, format); "%" means a share printed as a percentage
 COLUMNS: dict[str, tuple[str, str]] = {
-    "questions": ("n", "d"), "em": ("EM", "%"), "f1": ("F1", "%"), "acc": ("Acc", "%"),
-    "precision": ("P", "%"), "recall": ("R", "%"), "gold_doc_recall": ("gold-doc recall", "%"),
-    "docs_in_prompt": ("docs/q", ".2f"), "llm_calls": ("LLM calls/q", ".2f"),
-    "retrieval_calls": ("retrievals/q", ".2f"), "ra_ratio": ("RA ratio", "%"),
-    "s_per_q": ("s/q", ".3f"), "latency_p50": ("latency p50 s", ".3f"), "latency_p95": ("latency p95 s", ".3f"),
-    "tokens_per_q": ("tokens/q", ".0f"), "errors": ("errors", "d"),
+    "questions": ("n", "d"),
+    "em": ("EM", "%"),
+    "f1": ("F1", "%"),
+    "acc": ("Acc", "%"),
+    "precision": ("P", "%"),
+    "recall": ("R", "%"),
+    "gold_doc_recall": ("gold-doc recall", "%"),
+    "docs_in_prompt": ("docs/q", ".2f"),
+    "llm_calls": ("LLM calls/q", ".2f"),
+    "retrieval_calls": ("retrievals/q", ".2f"),
+    "ra_ratio": ("RA ratio", "%"),
+    "s_per_q": ("s/q", ".3f"),
+    "latency_p50": ("latency p50 s", ".3f"),
+    "latency_p95": ("latency p95 s", ".3f"),
+    "tokens_per_q": ("tokens/q", ".0f"),
+    "errors": ("errors", "d"),
 }
 
 
 def record(run: Run) -> dict[str, Any]:
     s = run.summary
     return {
-        "dataset": run.dataset, "run": run.label, "method": run.method, "k": run.params.get("k"),
-        "questions": s["answered"], "em": s["em"], "f1": s["f1"], "acc": s["acc"],
-        "precision": s["precision"], "recall": s["recall"], "gold_doc_recall": s["support_recall"],
-        "docs_in_prompt": s.get("docs_in_prompt_per_question"), "llm_calls": s["llm_calls_per_question"],
-        "retrieval_calls": s["retrieval_calls_per_question"], "ra_ratio": s["retrieval_triggered_rate"],
-        "s_per_q": s["time_per_question_s"]["total"], "latency_p50": s["latency_s"]["p50"],
-        "latency_p95": s["latency_s"]["p95"], "tokens_per_q": s["tokens_per_question"], "errors": s["errors"],
+        "dataset": run.dataset,
+        "run": run.label,
+        "method": run.method,
+        "k": run.params.get("k"),
+        "questions": s["answered"],
+        "em": s["em"],
+        "f1": s["f1"],
+        "acc": s["acc"],
+        "precision": s["precision"],
+        "recall": s["recall"],
+        "gold_doc_recall": s["support_recall"],
+        "docs_in_prompt": s.get("docs_in_prompt_per_question"),
+        "llm_calls": s["llm_calls_per_question"],
+        "retrieval_calls": s["retrieval_calls_per_question"],
+        "ra_ratio": s["retrieval_triggered_rate"],
+        "s_per_q": s["time_per_question_s"]["total"],
+        "latency_p50": s["latency_s"]["p50"],
+        "latency_p95": s["latency_s"]["p95"],
+        "tokens_per_q": s["tokens_per_question"],
+        "errors": s["errors"],
         **{f"s_{stage}": v for stage, v in s["time_per_question_s"].items() if stage != "total"},
-        "params": run.params, "path": run.path, "error_example": (s.get("error_examples") or [None])[0],
+        "params": run.params,
+        "path": run.path,
+        "error_example": (s.get("error_examples") or [None])[0],
     }
 
 
@@ -55,13 +80,21 @@ def markdown(recs: list[dict[str, Any]]) -> str:
     """One Markdown table per dataset."""
     blocks = []
     for ds in dict.fromkeys(r["dataset"] for r in recs):
-        lines = [f"### {ds}", "", "| run | method | " + " | ".join(h for h, _ in COLUMNS.values()) + " |",
-                 "|---|---|" + "---:|" * len(COLUMNS)]
+        lines = [
+            f"### {ds}",
+            "",
+            "| run | method | " + " | ".join(h for h, _ in COLUMNS.values()) + " |",
+            "|---|---|" + "---:|" * len(COLUMNS),
+        ]
         for r in (r for r in recs if r["dataset"] == ds):
-            lines.append(f"| {r['run']} | {r['method']} | "
-                         + " | ".join(cell(r[k], f) for k, (_, f) in COLUMNS.items()) + " |")
-        lines += [f"\n{r['run']}: {r['errors']} error rows, e.g. {r['error_example'][:200]}"
-                  for r in recs if r["dataset"] == ds and r["error_example"]]
+            lines.append(
+                f"| {r['run']} | {r['method']} | " + " | ".join(cell(r[k], f) for k, (_, f) in COLUMNS.items()) + " |"
+            )
+        lines += [
+            f"\n{r['run']}: {r['errors']} error rows, e.g. {r['error_example'][:200]}"
+            for r in recs
+            if r["dataset"] == ds and r["error_example"]
+        ]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
@@ -74,8 +107,9 @@ def write_tables(recs: list[dict[str, Any]], out_dir: str, name: str = "evaluati
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    df = pl.DataFrame([{**r, "params": json.dumps(r["params"], sort_keys=True)} for r in recs],
-                      infer_schema_length=None)
+    df = pl.DataFrame(
+        [{**r, "params": json.dumps(r["params"], sort_keys=True)} for r in recs], infer_schema_length=None
+    )
     paths = [out / f"{name}.parquet", out / f"{name}.csv", out / f"{name}.md"]
     df.write_parquet(paths[0])
     df.write_csv(paths[1])

@@ -106,7 +106,9 @@ def _from_facts(facts: Any, context: Any) -> list[tuple[str, str]]:
                 paragraphs.setdefault(pair[0], join_sentences(pair[1]))
             except Exception:  # sentences that are not text: the paragraph is unknown, its title still counts
                 pass
-    titles = dict.fromkeys(f[0] for f in _as_list(facts) if isinstance(f, (list, tuple)) and f and isinstance(f[0], str))
+    titles = dict.fromkeys(
+        f[0] for f in _as_list(facts) if isinstance(f, (list, tuple)) and f and isinstance(f[0], str)
+    )
     return [(t, paragraphs.get(t, "")) for t in titles]
 
 
@@ -114,7 +116,11 @@ def _supporting(paragraphs: Any) -> list[tuple[str, str]]:
     """IRCoT / MuSiQue: every paragraph marked supporting, as (title, text): paragraphs may share a title."""
     out: list[tuple[str, str]] = []
     for p in _as_list(paragraphs):
-        if isinstance(p, dict) and p.get("is_supporting") in (True, "True", "true", 1) and isinstance(p.get("title"), str):
+        if (
+            isinstance(p, dict)
+            and p.get("is_supporting") in (True, "True", "true", 1)
+            and isinstance(p.get("title"), str)
+        ):
             pair = (p["title"], p["paragraph_text"] if isinstance(p.get("paragraph_text"), str) else "")
             if pair not in out:
                 out.append(pair)
@@ -123,21 +129,37 @@ def _supporting(paragraphs: Any) -> list[tuple[str, str]]:
 
 # Each parser: record -> (id, question, answers, supporting paragraphs as (title, text; "" if unknown))
 def _hotpotqa(r: dict):
-    return (r.get("_id") or r.get("id"), r.get("question"), _answers(r.get("answer")),
-            _from_facts(r.get("supporting_facts"), r.get("context")))
+    return (
+        r.get("_id") or r.get("id"),
+        r.get("question"),
+        _answers(r.get("answer")),
+        _from_facts(r.get("supporting_facts"), r.get("context")),
+    )
 
 
 def _ircot(r: dict):
-    spans = [s for obj in _as_list(r.get("answers_objects")) if isinstance(obj, dict) for s in _as_list(obj.get("spans"))]
+    spans = [
+        s for obj in _as_list(r.get("answers_objects")) if isinstance(obj, dict) for s in _as_list(obj.get("spans"))
+    ]
     return r.get("question_id"), r.get("question_text"), _answers(spans), _supporting(r.get("contexts"))
 
 
 def _musique(r: dict):
-    return r.get("id"), r.get("question"), _answers(r.get("answer"), r.get("answer_aliases")), _supporting(r.get("paragraphs"))
+    return (
+        r.get("id"),
+        r.get("question"),
+        _answers(r.get("answer"), r.get("answer_aliases")),
+        _supporting(r.get("paragraphs")),
+    )
 
 
 def _qa(r: dict):
-    return r.get("id") or r.get("qid") or r.get("question_id"), r.get("question"), _answers(r.get("answer", r.get("answers"))), []
+    return (
+        r.get("id") or r.get("qid") or r.get("question_id"),
+        r.get("question"),
+        _answers(r.get("answer", r.get("answers"))),
+        [],
+    )
 
 
 def _triviaqa(r: dict):
@@ -152,8 +174,17 @@ def _strategyqa(r: dict):
     return r.get("qid"), r.get("question"), _answers(r.get("answer")), []
 
 
-PARSERS = {"hotpotqa": _hotpotqa, "2wiki": _hotpotqa, "hotpotqa-ircot": _ircot, "musique": _musique, "qa": _qa,
-           "dpr-topics": _qa, "triviaqa": _triviaqa, "strategyqa": _strategyqa, "flashrag": _flashrag}
+PARSERS = {
+    "hotpotqa": _hotpotqa,
+    "2wiki": _hotpotqa,
+    "hotpotqa-ircot": _ircot,
+    "musique": _musique,
+    "qa": _qa,
+    "dpr-topics": _qa,
+    "triviaqa": _triviaqa,
+    "strategyqa": _strategyqa,
+    "flashrag": _flashrag,
+}
 
 
 def detect_format(record: dict) -> str:
@@ -172,8 +203,10 @@ def detect_format(record: dict) -> str:
         return "strategyqa"
     if "question" in keys and ("answer" in keys or "answers" in keys):
         return "qa"
-    raise DatasetError(f"cannot detect the dataset format from the fields {sorted(keys)}; set dataset.format "
-                       "(generic with dataset.question_field / answers_field / id_field)")
+    raise DatasetError(
+        f"cannot detect the dataset format from the fields {sorted(keys)}; set dataset.format "
+        "(generic with dataset.question_field / answers_field / id_field)"
+    )
 
 
 _NAMES = {"hotpotqa-ircot": "hotpotqa", "2wiki": "2wikimultihopqa", "dpr-topics": "dpr"}
@@ -188,9 +221,11 @@ def _open_binary(source: str):
         except FileNotFoundError:
             raise DatasetError(f"dataset not found: {source}") from None
         except (OSError, ImportError, ValueError) as exc:  # unreachable host, offline hub, missing fsspec backend
-            raise DatasetError(f"cannot read {source} ({first_line(exc)}); "
-                               "where it cannot be reached, download it elsewhere and pass a local path "
-                               "(`dynrag data` lists the known datasets and how to fetch them)") from None
+            raise DatasetError(
+                f"cannot read {source} ({first_line(exc)}); "
+                "where it cannot be reached, download it elsewhere and pass a local path "
+                "(`dynrag data` lists the known datasets and how to fetch them)"
+            ) from None
     p = Path(source)
     if not p.is_file():
         raise DatasetError(f"dataset file not found: {source}")
@@ -251,8 +286,9 @@ def _records(source: str, f) -> Iterator[tuple[int, dict | None, str | None]]:
             yield i, None, f"line {i} is neither JSON nor question<TAB>answers"
 
 
-def load_questions(source: str, cfg: DynragConfig | None = None, *,
-                   fmt: str | None = None) -> Generator[Question, None, None]:
+def load_questions(
+    source: str, cfg: DynragConfig | None = None, *, fmt: str | None = None
+) -> Generator[Question, None, None]:
     """Yield the questions of a file or URI (or `dpr:<set>`), bad records as error Questions."""
     cfg = cfg or DynragConfig()
     dc = cfg.dataset
@@ -288,13 +324,20 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
         try:
             qid, text, answers, support = cast(Callable[[dict], tuple], parser)(rec)  # set at the first record
         except Exception as exc:  # a malformed record of a known format
-            yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name or "", error=f"unreadable record: {exc}")
+            yield Question(
+                id=f"{MADE}line-{lineno}", question="", dataset=name or "", error=f"unreadable record: {exc}"
+            )
             continue
         own = str(qid) if qid not in (None, "") else None
         qid = own if own is not None and not own.startswith(MADE) else f"{MADE}line-{lineno}"
-        q = Question(id=qid, question=text.strip() if isinstance(text, str) else "", answers=answers,
-                     dataset=name or "", supporting_titles=[title for title, _ in support],
-                     supporting_ids=[paragraph_id(title, text) if text else "" for title, text in support])
+        q = Question(
+            id=qid,
+            question=text.strip() if isinstance(text, str) else "",
+            answers=answers,
+            dataset=name or "",
+            supporting_titles=[title for title, _ in support],
+            supporting_ids=[paragraph_id(title, text) if text else "" for title, text in support],
+        )
         if own is not None and own.startswith(MADE):
             q.error = f"question id {own!r} starts with {MADE!r}, which dynrag keeps for the ids it makes"
         elif text is not None and not isinstance(text, str):
@@ -302,7 +345,9 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
         elif not q.question:
             q.error = "record has no question text"
         elif len(q.question) > dc.max_question_chars:
-            q.error = f"question is {len(q.question)} characters, over dataset.max_question_chars={dc.max_question_chars}"
+            q.error = (
+                f"question is {len(q.question)} characters, over dataset.max_question_chars={dc.max_question_chars}"
+            )
             q.question = q.question[:200] + "..."
         elif "\x00" in q.question:
             q.error = "question contains NUL bytes"
@@ -321,13 +366,19 @@ def _generic(dc):
         if dc.question_field not in r:
             raise KeyError(f"no field {dc.question_field!r}")
         support = _as_list(r.get(dc.supporting_field)) if dc.supporting_field else []
-        return r.get(dc.id_field), r.get(dc.question_field), _answers(r.get(dc.answers_field)), [(str(s), "") for s in support]
+        return (
+            r.get(dc.id_field),
+            r.get(dc.question_field),
+            _answers(r.get(dc.answers_field)),
+            [(str(s), "") for s in support],
+        )
 
     return parse
 
 
-def pending_questions(questions: Iterable[Question], done: Set[str], limit: int | None,
-                      counts: dict[str, int]) -> Iterator[Question]:
+def pending_questions(
+    questions: Iterable[Question], done: Set[str], limit: int | None, counts: dict[str, int]
+) -> Iterator[Question]:
     """The first `limit` of `questions` (the dataset, streamed: never held in memory) whose id is not in
     `done` (the ids answered under the output); `counts["skipped"]` counts those that were."""
     counts["skipped"] = 0

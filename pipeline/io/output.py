@@ -30,27 +30,62 @@ from pipeline.evaluation.metrics import answer_metrics, support_recall
 
 log = logging.getLogger(__name__)
 
-DOC = pa.struct([("id", pa.string()), ("title", pa.string()), ("score", pa.float64()), ("rank", pa.int32()),
-                 ("step", pa.string()), ("path", pa.string()), ("round", pa.int32()), ("kept", pa.bool_()),
-                 ("at_s", pa.float64())])  # at_s: seconds from the question's first request to this retrieval
+DOC = pa.struct(
+    [
+        ("id", pa.string()),
+        ("title", pa.string()),
+        ("score", pa.float64()),
+        ("rank", pa.int32()),
+        ("step", pa.string()),
+        ("path", pa.string()),
+        ("round", pa.int32()),
+        ("kept", pa.bool_()),
+        ("at_s", pa.float64()),
+    ]
+)  # at_s: seconds from the question's first request to this retrieval
 GEN = pa.struct([("stage", pa.string()), ("text", pa.string())])
 
-SCHEMA = pa.schema([
-    ("run_id", pa.string()), ("dataset", pa.string()), ("question_id", pa.string()), ("question", pa.string()),
-    ("gold_answers", pa.list_(pa.string())), ("gold_supporting_titles", pa.list_(pa.string())),
-    ("method", pa.string()), ("method_params", pa.string()), ("config_hash", pa.string()), ("model", pa.string()),
-    ("prediction", pa.string()), ("raw_output", pa.string()), ("generations", pa.list_(GEN)),
-    ("retrieved", pa.list_(DOC)), ("docs_in_prompt", pa.int32()), ("passages_in_prompt", pa.int32()),
-    ("llm_calls", pa.int32()), ("retrieval_calls", pa.int32()), ("classifier_calls", pa.int32()),
-    ("embedding_calls", pa.int32()), ("retrieval_triggered", pa.bool_()),
-    ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-    *[(f"time_{s}_s", pa.float64()) for s in STAGES], ("time_total_s", pa.float64()),
-    ("latency_s", pa.float64()),
-    ("em", pa.float64()), ("f1", pa.float64()), ("acc", pa.float64()), ("precision", pa.float64()),
-    ("recall", pa.float64()), ("support_recall", pa.float64()), ("support_recall_retrieved", pa.float64()),
-    ("error", pa.string()), ("extra", pa.string()), ("finished_at", pa.float64()),
-    ("error_kind", pa.string()),  # "input": the question's own fault, final; "system": a rerun retries the question
-])
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("dataset", pa.string()),
+        ("question_id", pa.string()),
+        ("question", pa.string()),
+        ("gold_answers", pa.list_(pa.string())),
+        ("gold_supporting_titles", pa.list_(pa.string())),
+        ("method", pa.string()),
+        ("method_params", pa.string()),
+        ("config_hash", pa.string()),
+        ("model", pa.string()),
+        ("prediction", pa.string()),
+        ("raw_output", pa.string()),
+        ("generations", pa.list_(GEN)),
+        ("retrieved", pa.list_(DOC)),
+        ("docs_in_prompt", pa.int32()),
+        ("passages_in_prompt", pa.int32()),
+        ("llm_calls", pa.int32()),
+        ("retrieval_calls", pa.int32()),
+        ("classifier_calls", pa.int32()),
+        ("embedding_calls", pa.int32()),
+        ("retrieval_triggered", pa.bool_()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        *[(f"time_{s}_s", pa.float64()) for s in STAGES],
+        ("time_total_s", pa.float64()),
+        ("latency_s", pa.float64()),
+        ("em", pa.float64()),
+        ("f1", pa.float64()),
+        ("acc", pa.float64()),
+        ("precision", pa.float64()),
+        ("recall", pa.float64()),
+        ("support_recall", pa.float64()),
+        ("support_recall_retrieved", pa.float64()),
+        ("error", pa.string()),
+        ("extra", pa.string()),
+        ("finished_at", pa.float64()),
+        ("error_kind", pa.string()),  # "input": the question's own fault, final; "system": a rerun retries the question
+    ]
+)
 
 
 def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: str, model: str) -> dict[str, Any]:
@@ -58,29 +93,51 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
     kept_ids = {h.id for h in a.used_docs} if a else set()
     retrieved = [{**d, "kept": d["id"] in kept_ids} for d in t.retrieved]
     prediction = a.prediction if a else ""
-    metrics = answer_metrics(prediction, q.answers) if a and not o.error else dict.fromkeys(
-        ("em", "f1", "acc", "precision", "recall"))
+    metrics = (
+        answer_metrics(prediction, q.answers)
+        if a and not o.error
+        else dict.fromkeys(("em", "f1", "acc", "precision", "recall"))
+    )
     final = [(h.id, h.title) for h in a.used_docs] if a else []
     gold = (q.supporting_titles, q.supporting_ids)
     triggered = a.retrieval_triggered if a and a.retrieval_triggered is not None else t.retrieval_calls > 0
     row = {
-        "run_id": run_id, "dataset": q.dataset, "question_id": q.id, "question": q.question,
-        "gold_answers": list(q.answers), "gold_supporting_titles": list(q.supporting_titles),
-        "method": method, "method_params": params_json, "config_hash": chash, "model": model,
-        "prediction": prediction, "raw_output": a.raw_output if a else "",
-        "generations": t.generations, "retrieved": retrieved, "docs_in_prompt": len({parent_id(pid) for pid, _ in final}), "passages_in_prompt": len(final),
-        "llm_calls": t.llm_calls, "retrieval_calls": t.retrieval_calls, "classifier_calls": t.classifier_calls,
-        "embedding_calls": t.embedding_calls, "retrieval_triggered": bool(triggered),
-        "prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
-        **{f"time_{s}_s": t.time[s] for s in STAGES}, "time_total_s": sum(t.time.values()),
+        "run_id": run_id,
+        "dataset": q.dataset,
+        "question_id": q.id,
+        "question": q.question,
+        "gold_answers": list(q.answers),
+        "gold_supporting_titles": list(q.supporting_titles),
+        "method": method,
+        "method_params": params_json,
+        "config_hash": chash,
+        "model": model,
+        "prediction": prediction,
+        "raw_output": a.raw_output if a else "",
+        "generations": t.generations,
+        "retrieved": retrieved,
+        "docs_in_prompt": len({parent_id(pid) for pid, _ in final}),
+        "passages_in_prompt": len(final),
+        "llm_calls": t.llm_calls,
+        "retrieval_calls": t.retrieval_calls,
+        "classifier_calls": t.classifier_calls,
+        "embedding_calls": t.embedding_calls,
+        "retrieval_triggered": bool(triggered),
+        "prompt_tokens": t.prompt_tokens,
+        "completion_tokens": t.completion_tokens,
+        **{f"time_{s}_s": t.time[s] for s in STAGES},
+        "time_total_s": sum(t.time.values()),
         "latency_s": t.latency_s,
         **metrics,
         # gold-document recall is defined for rows that retrieved (None otherwise, or without labels)
         "support_recall": support_recall(final, *gold) if a and t.retrieve_rounds else None,
         "support_recall_retrieved": support_recall([(d["id"], d["title"]) for d in t.retrieved], *gold)
-        if a and t.retrieve_rounds else None,
-        "error": o.error, "extra": _extra(a, t),
-        "finished_at": time.time(), "error_kind": o.error_kind,
+        if a and t.retrieve_rounds
+        else None,
+        "error": o.error,
+        "extra": _extra(a, t),
+        "finished_at": time.time(),
+        "error_kind": o.error_kind,
     }
     return row
 
@@ -155,16 +212,18 @@ class PartWriter:
 def batch_report(rows: list[dict[str, Any]], skipped: int, calls: dict[str, int]) -> dict[str, Any]:
     """What an answer job's driver learns of one written batch: its rows and error rows, the questions
     skipped as already answered since the previous report, and the backend calls made (by kind)."""
-    return {"rows": len(rows), "errors": sum(r["error"] is not None for r in rows), "skipped": skipped,
-            "calls": calls}
+    return {"rows": len(rows), "errors": sum(r["error"] is not None for r in rows), "skipped": skipped, "calls": calls}
 
 
 def part_files(out: str) -> list[str]:
     fs, base = _fs(out)
     if not fs.exists(f"{base}/parts"):
         return []
-    return sorted(p for p in fs.ls(f"{base}/parts", detail=False) if p.rsplit("/", 1)[-1].startswith("part-")
-                  and p.endswith(".parquet"))
+    return sorted(
+        p
+        for p in fs.ls(f"{base}/parts", detail=False)
+        if p.rsplit("/", 1)[-1].startswith("part-") and p.endswith(".parquet")
+    )
 
 
 def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
@@ -183,8 +242,13 @@ def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
         with fs.open(f, "rb") as fh:
             tables.append(pq.read_table(fh, columns=read))
     table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
-    keep = (pl.from_arrow(table.select(key)).with_row_index().sort("finished_at", maintain_order=True)
-            .unique("question_id", keep="last")["index"].sort())
+    keep = (
+        pl.from_arrow(table.select(key))
+        .with_row_index()
+        .sort("finished_at", maintain_order=True)
+        .unique("question_id", keep="last")["index"]
+        .sort()
+    )
     return table.take(keep.to_arrow()).select(columns or table.column_names)
 
 
@@ -211,25 +275,42 @@ def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | Non
         return None if v is None else round(float(v), 4)
 
     summary = {
-        "rows": df.height, "answered": ok.height, "errors": df.height - ok.height,
+        "rows": df.height,
+        "answered": ok.height,
+        "errors": df.height - ok.height,
         "duplicate_ids": df.height - df.select(pl.col("question_id").n_unique()).item() if df.height else 0,
-        "error_examples": (df.filter(pl.col("error").is_not_null())["error"].unique(maintain_order=True).head(3).to_list()
-                           if df.height else []),
+        "error_examples": (
+            df.filter(pl.col("error").is_not_null())["error"].unique(maintain_order=True).head(3).to_list()
+            if df.height
+            else []
+        ),
         "methods": sorted(set(df["method"].to_list())) if df.height else [],
         "datasets": sorted(set(df["dataset"].to_list())) if df.height else [],
-        "em": mean("em"), "f1": mean("f1"), "acc": mean("acc"), "precision": mean("precision"), "recall": mean("recall"),
-        "support_recall": mean("support_recall"), "support_recall_retrieved": mean("support_recall_retrieved"),
+        "em": mean("em"),
+        "f1": mean("f1"),
+        "acc": mean("acc"),
+        "precision": mean("precision"),
+        "recall": mean("recall"),
+        "support_recall": mean("support_recall"),
+        "support_recall_retrieved": mean("support_recall_retrieved"),
         "docs_in_prompt_per_question": mean("docs_in_prompt"),
-        "passages_in_prompt_per_question": mean("passages_in_prompt"), "llm_calls_per_question": mean("llm_calls"), "retrieval_calls_per_question": mean("retrieval_calls"),
+        "passages_in_prompt_per_question": mean("passages_in_prompt"),
+        "llm_calls_per_question": mean("llm_calls"),
+        "retrieval_calls_per_question": mean("retrieval_calls"),
         "classifier_calls_per_question": mean("classifier_calls"),
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
-        "prompt_tokens_per_question": mean("prompt_tokens"), "completion_tokens_per_question": mean("completion_tokens"),
+        "prompt_tokens_per_question": mean("prompt_tokens"),
+        "completion_tokens_per_question": mean("completion_tokens"),
         "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
         "latency_s": {"mean": mean("latency_s"), **{f"p{q}": quantile("latency_s", q / 100) for q in (50, 95)}},
-        "tokens_per_question": mean("tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))),
+        "tokens_per_question": mean(
+            "tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))
+        ),
     }
     if ok.height:
-        summary["retrieval_triggered_rate"] = round(float(ok.select(pl.col("retrieval_triggered").cast(pl.Float64).mean()).item()), 4)
+        summary["retrieval_triggered_rate"] = round(
+            float(ok.select(pl.col("retrieval_triggered").cast(pl.Float64).mean()).item()), 4
+        )
     if wall_time_s is not None:
         summary["wall_time_s"] = round(wall_time_s, 2)
         summary["new_rows"] = new_rows

@@ -41,8 +41,11 @@ def _holder() -> str:
 @contextlib.contextmanager
 def output_lock(out: str):
     if "://" in out and not out.startswith("file://"):
-        log.warning("%s is remote: it cannot be locked; a second job on it would answer the same questions again "
-                    "(each is read once)", out)
+        log.warning(
+            "%s is remote: it cannot be locked; a second job on it would answer the same questions again "
+            "(each is read once)",
+            out,
+        )
         yield
         return
     folder = out.removeprefix("file://")
@@ -74,8 +77,9 @@ def _acquire(path: str, out: str) -> int:
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
             os.close(fd)
-            raise OutputBusyError(f"{out} is in use by another answer job ({holder}); wait for it to end or "
-                                  "choose another --out") from None
+            raise OutputBusyError(
+                f"{out} is in use by another answer job ({holder}); wait for it to end or choose another --out"
+            ) from None
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd
@@ -88,6 +92,8 @@ def check_shared(out: str) -> None:
     if "://" in out and not out.startswith("file://"):
         return
     if not os.path.exists(os.path.join(out.removeprefix("file://"), LOCK_NAME)):
-        raise DynragError(f"the output folder {out} of the answer job is not visible on {socket.gethostname()}: "
-                          "on a Ray cluster of several nodes --out must be shared by every node (s3://, gs://, "
-                          "or a filesystem mounted at the same path on each)")
+        raise DynragError(
+            f"the output folder {out} of the answer job is not visible on {socket.gethostname()}: "
+            "on a Ray cluster of several nodes --out must be shared by every node (s3://, gs://, "
+            "or a filesystem mounted at the same path on each)"
+        )

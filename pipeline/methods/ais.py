@@ -32,7 +32,7 @@ def _cos(x) -> np.ndarray:
 def ais_score(s1, s2) -> np.ndarray:
     """Eq. (4): cos(θ1 + θ2) from s1 = cos θ1 and s2 = cos θ2."""
     s1, s2 = _cos(s1), _cos(s2)
-    return s1 * s2 - np.sqrt(1.0 - s1 ** 2) * np.sqrt(1.0 - s2 ** 2)
+    return s1 * s2 - np.sqrt(1.0 - s1**2) * np.sqrt(1.0 - s2**2)
 
 
 def dynamic_alpha(q_p_cos: float) -> float:
@@ -60,6 +60,7 @@ def rerank_score(k_dq, k_dp) -> np.ndarray:
 
 
 # -- dual-path retrieval and selection (Algorithm 1) ---------------------------------------------
+
 
 def merge_paths(paths: dict[str, Sequence[Hit]]) -> tuple[list[Hit], list[list[str]]]:
     """Algorithm 1 line 4, D2n = Dq ∪ Dp: the union in order of first appearance (a document found by
@@ -92,8 +93,11 @@ def fixed_ratio(q_hits: Sequence[Hit], p_hits: Sequence[Hit], n_q: int, n_p: int
 # -- the parametric verification gate -----------------------------------------------------------
 
 _DIGIT = re.compile(r"\d")
-_NUMBER_WORDS = re.compile(r"\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
-                           r"hundred|thousand|million|billion)\b", re.IGNORECASE)
+_NUMBER_WORDS = re.compile(
+    r"\b(?:zero|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
+    r"hundred|thousand|million|billion)\b",
+    re.IGNORECASE,
+)
 
 
 def is_numeric(answer: str) -> bool:

@@ -16,9 +16,12 @@ class NoRetrievalParams(MethodParams):
     pass
 
 
-@register_method("no-retrieval", params=NoRetrievalParams,
-                 description="answer from the model's parameters only (wo-RAG / Direct)",
-                 paper="baseline in DR-RAG (Hui et al., 2024), PAIRS, DRAGIN (Su et al., 2024)")
+@register_method(
+    "no-retrieval",
+    params=NoRetrievalParams,
+    description="answer from the model's parameters only (wo-RAG / Direct)",
+    paper="baseline in DR-RAG (Hui et al., 2024), PAIRS, DRAGIN (Su et al., 2024)",
+)
 def no_retrieval(q: Question, p: NoRetrievalParams) -> Generator[Request, Any, Answer]:
     out = (yield Generate([direct_prompt(q.question)], stage="answer"))[0]
     return Answer(extract_answer(out.text), out.text, retrieval_triggered=False)
@@ -29,9 +32,12 @@ class SrRagParams(MethodParams):
     retriever: Literal["bm25", "dense"] | None = Field(None, description="None: retrieval.retriever")
 
 
-@register_method("sr-rag", params=SrRagParams,
-                 description="single-round RAG: retrieve top-k for the question, answer from them (Standard RAG)",
-                 paper="Lewis et al., 2020; 'SR-RAG' in DR-RAG (Hui et al., 2024)")
+@register_method(
+    "sr-rag",
+    params=SrRagParams,
+    description="single-round RAG: retrieve top-k for the question, answer from them (Standard RAG)",
+    paper="Lewis et al., 2020; 'SR-RAG' in DR-RAG (Hui et al., 2024)",
+)
 def sr_rag(q: Question, p: SrRagParams) -> Generator[Request, Any, Answer]:
     hits = (yield Retrieve([q.question], k=p.k, retriever=p.retriever, step="retrieve", path="query"))[0]
     out = (yield Generate([rag_prompt(q.question, hits)], stage="answer"))[0]

@@ -53,22 +53,31 @@ PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"
 
 # Our own exemplars in the style of the paper's CoT prompts (App. A, D): reasoning, then the answer.
 EXEMPLARS = [
-    ("Who was born earlier, the composer of the opera Tosca or the author of Dracula?",
-     "The opera Tosca was composed by Giacomo Puccini, born on 22 December 1858. Dracula was written by "
-     "Bram Stoker, born on 8 November 1847. Thus, Bram Stoker was born earlier. So the answer is Bram Stoker."),
-    ("In which country is the university where the inventor of the World Wide Web studied?",
-     "The World Wide Web was invented by Tim Berners-Lee. Tim Berners-Lee studied at the University of "
-     "Oxford. The University of Oxford is in England. So the answer is England."),
-    ("Are the rivers Danube and Volga both in Europe?",
-     "The Danube flows through central and eastern Europe. The Volga flows through Russia in Europe. "
-     "Thus, both are in Europe. So the answer is yes."),
-    ("What is the capital of the country where the film Amelie was made?",
-     "The film Amelie was made in France. The capital of France is Paris. So the answer is Paris."),
+    (
+        "Who was born earlier, the composer of the opera Tosca or the author of Dracula?",
+        "The opera Tosca was composed by Giacomo Puccini, born on 22 December 1858. Dracula was written by "
+        "Bram Stoker, born on 8 November 1847. Thus, Bram Stoker was born earlier. So the answer is Bram Stoker.",
+    ),
+    (
+        "In which country is the university where the inventor of the World Wide Web studied?",
+        "The World Wide Web was invented by Tim Berners-Lee. Tim Berners-Lee studied at the University of "
+        "Oxford. The University of Oxford is in England. So the answer is England.",
+    ),
+    (
+        "Are the rivers Danube and Volga both in Europe?",
+        "The Danube flows through central and eastern Europe. The Volga flows through Russia in Europe. "
+        "Thus, both are in Europe. So the answer is yes.",
+    ),
+    (
+        "What is the capital of the country where the film Amelie was made?",
+        "The film Amelie was made in France. The capital of France is Paris. So the answer is Paris.",
+    ),
 ]
 
 # Table 9 (Llama2-7b-chat row, the smallest LLM of the paper): (generate length, theta, top n tokens)
 TABLE9 = {"2wiki": (64, 1.2, 40), "hotpot": (100, 1.3, 35), "iirc": (128, 1.3, 35), "strategy": (100, 0.75, 35)}
 TABLE9_OTHER = (100, 1.2, 35)
+
 
 def table9(dataset: str) -> tuple[int, float, int]:
     key = dataset.lower().replace("_", "")
@@ -77,8 +86,9 @@ def table9(dataset: str) -> tuple[int, float, int]:
 
 class MultiRoundParams(MethodParams):
     k: int = Field(3, ge=1, le=20, description="documents per retrieval (Table 8: 3)")
-    max_tokens: int | None = Field(None, ge=8, le=1024,
-                                   description="generate length (None: Table 9 for the question's dataset)")
+    max_tokens: int | None = Field(
+        None, ge=8, le=1024, description="generate length (None: Table 9 for the question's dataset)"
+    )
     max_retrievals: int = Field(8, ge=0, le=50, description="retrievals per question at most")
     doc_words: int = Field(120, ge=10, description="each document is cut to this many words in the prompt")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
@@ -89,8 +99,10 @@ class DraginParams(MultiRoundParams):
     top_n: int | None = Field(None, ge=1, le=200, description="QFS query tokens (None: Table 9 for the dataset)")
     qfs_skip_stop_words: bool = Field(True, description="QFS never picks stop words (as the official code)")
     attention_norm: Literal["sentence", "none"] = Field(
-        "sentence", description="sentence: a_max relative to its sentence's mean, as the official code (theta ~1); "
-                                "none: the raw a_max of Eq. 3")
+        "sentence",
+        description="sentence: a_max relative to its sentence's mean, as the official code (theta ~1); "
+        "none: the raw a_max of Eq. 3",
+    )
 
 
 class FlareParams(MultiRoundParams):
@@ -106,7 +118,9 @@ class FsRagParams(MultiRoundParams):
 
 
 # -- prompts and answers ---------------------------------------------------------------------------
-def cot_prompt(question: str, docs: Sequence[Hit], answer_so_far: str, doc_words: int) -> tuple[str, list[tuple[int, int]]]:
+def cot_prompt(
+    question: str, docs: Sequence[Hit], answer_so_far: str, doc_words: int
+) -> tuple[str, list[tuple[int, int]]]:
     """(raw prompt, character spans QFS may read: the question and the answer so far)."""
     parts = [f"Question: {q}\nAnswer: {a}\n\n" for q, a in EXEMPLARS]
     if docs:
@@ -124,7 +138,7 @@ def cot_prompt(question: str, docs: Sequence[Hit], answer_so_far: str, doc_words
 
 def complete(text: str) -> bool:
     """The reasoning has reached its answer sentence ("So the answer is ...", Appendix B) and finished it."""
-    return any(ends_sentence(text[m.end():].split("\n", 1)[0]) for m in SO_THE_ANSWER_IS.finditer(text))
+    return any(ends_sentence(text[m.end() :].split("\n", 1)[0]) for m in SO_THE_ANSWER_IS.finditer(text))
 
 
 # -- the shared loop ---------------------------------------------------------------------------------
@@ -156,8 +170,11 @@ class Run:
         return prompt, spans, out
 
     def retrieve(self, query: str):
-        hits = (yield Retrieve([query], k=self.p.k, retriever=self.p.retriever, step=f"round-{self.retrievals + 1}",
-                               path="query"))[0]
+        hits = (
+            yield Retrieve(
+                [query], k=self.p.k, retriever=self.p.retriever, step=f"round-{self.retrievals + 1}", path="query"
+            )
+        )[0]
         self.retrievals += 1
         self.queries.append(query)
         self.at_tokens.append(self.used)
@@ -185,11 +202,18 @@ class Run:
             _, _, out = yield from self.generate(24)
             raw = self.text + out.text
             ans = marked_answer(raw, marker=SO_THE_ANSWER_IS) or ""
-        extra = {"retrievals": self.retrievals, "generated_tokens": self.generated, "hallucination_points": self.triggers,
-                 "retrieval_at_tokens": self.at_tokens,
-                 "queries": self.queries, "answer_forced": forced, **extra}
-        return Answer(cast(str, ans), raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0,
-                      extra=extra)  # ans: the marked answer, or the forced one ("" at worst)
+        extra = {
+            "retrievals": self.retrievals,
+            "generated_tokens": self.generated,
+            "hallucination_points": self.triggers,
+            "retrieval_at_tokens": self.at_tokens,
+            "queries": self.queries,
+            "answer_forced": forced,
+            **extra,
+        }
+        return Answer(
+            cast(str, ans), raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0, extra=extra
+        )  # ans: the marked answer, or the forced one ("" at worst)
 
 
 def _token_offsets(pieces: Sequence[str], text: str) -> list[tuple[int, int]]:
@@ -216,9 +240,12 @@ def qfs(stats: dict, i: int, n: int, skip_stop_words: bool) -> str:
     return qfs_query(np.asarray(stats["cand_attn"][i][:before]), cands, n, skip_stop_words)
 
 
-@register_method("dragin", params=DraginParams,
-                 description="RIND (entropy x max later attention x stop-word mask) decides when, QFS what to retrieve",
-                 paper=PAPER)
+@register_method(
+    "dragin",
+    params=DraginParams,
+    description="RIND (entropy x max later attention x stop-word mask) decides when, QFS what to retrieve",
+    paper=PAPER,
+)
 def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     length, theta, top_n = table9(q.dataset)
     theta = p.theta or theta
@@ -230,8 +257,11 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
         if not new.strip():
             break
         if run.can_retrieve():
-            st = (yield Call("attention", "stats", [{"prompt": prompt, "generated": new, "context": spans}],
-                             stage="attention"))[0]
+            st = (
+                yield Call(
+                    "attention", "stats", [{"prompt": prompt, "generated": new, "context": spans}], stage="attention"
+                )
+            )[0]
             offsets = [tuple(o) for o in st["offsets"]]
             amax = sentence_relative(st["amax"], new, offsets) if p.attention_norm == "sentence" else st["amax"]
             scores = rind(st["entropy"], amax, semantic_mask(new, offsets))
@@ -247,13 +277,26 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
         run.accept(new, out.completion_tokens)
         if complete(run.text) or out.finish_reason not in ("length", ""):
             break
-    return (yield from run.finish({"entropy": "exact", "attention_norm": p.attention_norm, "theta": theta, "top_n": top_n, "max_tokens": run.budget}))
+    return (
+        yield from run.finish(
+            {
+                "entropy": "exact",
+                "attention_norm": p.attention_norm,
+                "theta": theta,
+                "top_n": top_n,
+                "max_tokens": run.budget,
+            }
+        )
+    )
 
 
 # -- flare ----------------------------------------------------------------------------------------------
-@register_method("flare", params=FlareParams,
-                 description="retrieve before a sentence with a low-probability token; query = the sentence without them",
-                 paper=f"FLARE (Jiang et al., 2023) as set in {PAPER}")
+@register_method(
+    "flare",
+    params=FlareParams,
+    description="retrieve before a sentence with a low-probability token; query = the sentence without them",
+    paper=f"FLARE (Jiang et al., 2023) as set in {PAPER}",
+)
 def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     length = table9(q.dataset)[0]
     run = Run(q, p, p.max_tokens or length)
@@ -264,7 +307,11 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
             break
         if run.can_retrieve() and out.logprobs:
             offsets = _token_offsets([t.token for t in out.logprobs], new)
-            low = [k for k, t in enumerate(out.logprobs) if np.exp(t.logprob) < p.prob_threshold and offsets[k][1] > offsets[k][0]]
+            low = [
+                k
+                for k, t in enumerate(out.logprobs)
+                if np.exp(t.logprob) < p.prob_threshold and offsets[k][1] > offsets[k][0]
+            ]
             low = [k for k in low if word_spans(new, [offsets[k]])[0] is not None]  # punctuation never triggers
             if low:
                 s0, s1 = sentence_of(new, offsets[low[0]][1] - 1)
@@ -280,14 +327,24 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
         run.accept(new, out.completion_tokens)
         if complete(run.text) or out.finish_reason not in ("length", ""):
             break
-    return (yield from run.finish({"entropy": "none (token probabilities from generation logprobs)",
-                                   "prob_threshold": p.prob_threshold, "max_tokens": run.budget}))
+    return (
+        yield from run.finish(
+            {
+                "entropy": "none (token probabilities from generation logprobs)",
+                "prob_threshold": p.prob_threshold,
+                "max_tokens": run.budget,
+            }
+        )
+    )
 
 
 # -- fixed-rule baselines ------------------------------------------------------------------------------
-@register_method("fl-rag", params=FlRagParams,
-                 description="retrieve every n tokens with the last n tokens as the query (the question first)",
-                 paper=f"FL-RAG (Khandelwal et al., 2019; Ram et al., 2023) as set in {PAPER}")
+@register_method(
+    "fl-rag",
+    params=FlRagParams,
+    description="retrieve every n tokens with the last n tokens as the query (the question first)",
+    paper=f"FL-RAG (Khandelwal et al., 2019; Ram et al., 2023) as set in {PAPER}",
+)
 def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
     run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
     query = q.question
@@ -304,9 +361,12 @@ def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
     return (yield from run.finish({"entropy": "none", "window": p.window, "max_tokens": run.budget}))
 
 
-@register_method("fs-rag", params=FsRagParams,
-                 description="retrieve every sentence with the last sentence as the query (the question first)",
-                 paper=f"FS-RAG (Trivedi et al., 2022) as set in {PAPER}")
+@register_method(
+    "fs-rag",
+    params=FsRagParams,
+    description="retrieve every sentence with the last sentence as the query (the question first)",
+    paper=f"FS-RAG (Trivedi et al., 2022) as set in {PAPER}",
+)
 def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
     run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
     query = q.question

@@ -45,7 +45,7 @@ def max_later_attention(attn: np.ndarray, positions: np.ndarray, length: int) ->
     out = np.zeros(len(positions))
     for k, i in enumerate(positions):
         if i + 1 < length:
-            out[k] = float(attn[i + 1:length, i].max())
+            out[k] = float(attn[i + 1 : length, i].max())
     return out
 
 
@@ -64,8 +64,9 @@ def word_spans(text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int
 def semantic_mask(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
     """Eq. 4: s_i = 0 when token i's word is a stop word (or the token has no word), else 1."""
     stops = stop_words()
-    return np.array([0.0 if sp is None or text[sp[0]:sp[1]].lower() in stops else 1.0
-                     for sp in word_spans(text, offsets)])
+    return np.array(
+        [0.0 if sp is None or text[sp[0] : sp[1]].lower() in stops else 1.0 for sp in word_spans(text, offsets)]
+    )
 
 
 def rind(entropies: np.ndarray, amax: np.ndarray, semantic: np.ndarray) -> np.ndarray:
@@ -112,7 +113,7 @@ def candidates_for(text: str, offsets: list[tuple[int, int]], base_order: int = 
     """Candidates for the tokens of `text` (orders start at base_order; one order per word)."""
     out = []
     for sp in word_spans(text, offsets):
-        out.append(Candidate(None, -1) if sp is None else Candidate(text[sp[0]:sp[1]], base_order + sp[0]))
+        out.append(Candidate(None, -1) if sp is None else Candidate(text[sp[0] : sp[1]], base_order + sp[0]))
     return out
 
 

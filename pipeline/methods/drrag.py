@@ -56,8 +56,9 @@ def cis_keep(first: Sequence[str], selected: Sequence[str], positive: Callable[[
     return [d for d in selected if d in firsts or any(positive(d, di) for di in first)]
 
 
-def cfs_walk(first: Sequence[str], second: Sequence[Sequence[str]], k: int,
-             verdict: Callable[[int, str], bool | None]) -> tuple[list[str], int | None]:
+def cfs_walk(
+    first: Sequence[str], second: Sequence[Sequence[str]], k: int, verdict: Callable[[int, str], bool | None]
+) -> tuple[list[str], int | None]:
     """Eq. (4) / Algorithm 1 with early stop: for list i (of first-stage d_i), the first id not already in
     the context whose `verdict(i, d')` = C(q, d_i, d') is positive is added; at most k ids in all.
 
@@ -83,16 +84,20 @@ def cfs_walk(first: Sequence[str], second: Sequence[Sequence[str]], k: int,
 
 # -- prompt (in the spirit of the paper's Table 9) -------------------------------------------------
 
-READER_SYSTEM = ("You are an expert at reading comprehension. Answer the question using the documents "
-                 "given to you.")
+READER_SYSTEM = "You are an expert at reading comprehension. Answer the question using the documents given to you."
 
 
 def reader_prompt(question: str, docs: Sequence[Hit], reasoning: bool) -> list[dict[str, str]]:
     body = "\n\n".join(f"Document {i}: {format_document(h.title, h.text)}" for i, h in enumerate(docs, 1))
-    how = ("Think it through step by step, then end with one line of the form 'Answer: <short answer>'."
-           if reasoning else "Reply with one line of the form 'Answer: <short answer>' and nothing else.")
-    return [{"role": "system", "content": READER_SYSTEM},
-            {"role": "user", "content": f"Documents\n\n{body or '(none)'}\n\nQuestion: {question}\n\n{how}"}]
+    how = (
+        "Think it through step by step, then end with one line of the form 'Answer: <short answer>'."
+        if reasoning
+        else "Reply with one line of the form 'Answer: <short answer>' and nothing else."
+    )
+    return [
+        {"role": "system", "content": READER_SYSTEM},
+        {"role": "user", "content": f"Documents\n\n{body or '(none)'}\n\nQuestion: {question}\n\n{how}"},
+    ]
 
 
 # -- parameters --------------------------------------------------------------------------------------
@@ -100,15 +105,25 @@ def reader_prompt(question: str, docs: Sequence[Hit], reasoning: bool) -> list[d
 
 class TopKParams(MethodParams):
     k: int = Field(3, ge=1, le=100, description="documents in the prompt (DR-RAG Table 5 uses 3, 4, 6)")
-    reasoning: bool = Field(False, description="ask for step-by-step reasoning before 'Answer:' (Table 9); "
-                                               "needs a larger generation.max_new_tokens")
+    reasoning: bool = Field(
+        False,
+        description="ask for step-by-step reasoning before 'Answer:' (Table 9); "
+        "needs a larger generation.max_new_tokens",
+    )
 
 
 class TwoStageParams(TopKParams):
-    k1: int | None = Field(None, ge=1, description="first-stage documents; None: ceil(k / 2) (k1 + k2 = k; "
-                                                   "the paper does not state its split)")
-    depth: int = Field(10, ge=1, le=100, description="length of each second-stage list (Algorithm 1's k2 per "
-                                                     "list; not given by the paper)")
+    k1: int | None = Field(
+        None,
+        ge=1,
+        description="first-stage documents; None: ceil(k / 2) (k1 + k2 = k; the paper does not state its split)",
+    )
+    depth: int = Field(
+        10,
+        ge=1,
+        le=100,
+        description="length of each second-stage list (Algorithm 1's k2 per list; not given by the paper)",
+    )
     retriever: Literal["bm25", "dense"] = Field("dense", description="the paper's Retriever is similarity matching")
 
     @model_validator(mode="after")
@@ -123,14 +138,26 @@ class TwoStageParams(TopKParams):
 
 
 class ClassifierParams(TwoStageParams):
-    classifier: str = Field("default", description="classifier name (scoring.classifiers; 'default' is "
-                                                   "classifier.path) or a folder from `dynrag train-classifier`")
-    threshold: float | None = Field(None, gt=0.0, lt=1.0, description="C(...) = positive when P(positive) >= "
-                                    "threshold; None: the one saved with the classifier (tuned on held-out pairs by "
-                                    "`dynrag train-classifier`), else 0.5")
-    score_window: int = Field(1, ge=1, description="CFS: candidates of the list being walked classified per round; "
-                              "1 classifies exactly what Algorithm 1 does, more saves rounds but may classify "
-                              "candidates after the first positive")
+    classifier: str = Field(
+        "default",
+        description="classifier name (scoring.classifiers; 'default' is "
+        "classifier.path) or a folder from `dynrag train-classifier`",
+    )
+    threshold: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="C(...) = positive when P(positive) >= "
+        "threshold; None: the one saved with the classifier (tuned on held-out pairs by "
+        "`dynrag train-classifier`), else 0.5",
+    )
+    score_window: int = Field(
+        1,
+        ge=1,
+        description="CFS: candidates of the list being walked classified per round; "
+        "1 classifies exactly what Algorithm 1 does, more saves rounds but may classify "
+        "candidates after the first positive",
+    )
 
     def with_config(self, cfg) -> ClassifierParams:
         if self.threshold is not None:
@@ -158,14 +185,19 @@ def _top_k(q: Question, p: TopKParams, retriever: str) -> Generator[Request, Any
     return (yield from _answer(q, list(hits), p, {"strategy": retriever}))
 
 
-@register_method("bm25", params=TopKParams, paper=PAPER + ", App. A.2",
-                 description="DR-RAG baseline: top-k by BM25, one LLM call")
+@register_method(
+    "bm25", params=TopKParams, paper=PAPER + ", App. A.2", description="DR-RAG baseline: top-k by BM25, one LLM call"
+)
 def bm25(q: Question, p: TopKParams):
     return (yield from _top_k(q, p, "bm25"))
 
 
-@register_method("sm", params=TopKParams, paper=PAPER + ", App. A.2",
-                 description="DR-RAG baseline: top-k by dense similarity matching, one LLM call")
+@register_method(
+    "sm",
+    params=TopKParams,
+    paper=PAPER + ", App. A.2",
+    description="DR-RAG baseline: top-k by dense similarity matching, one LLM call",
+)
 def sm(q: Question, p: TopKParams):
     return (yield from _top_k(q, p, "dense"))
 
@@ -179,8 +211,9 @@ def _two_stage(q: Question, p: TwoStageParams) -> Generator[Request, Any, tuple[
     first = list((yield Retrieve([q.question], k=p.first_k, retriever=p.retriever, step="first", path="query"))[0])
     if not first:
         return [], []
-    second = yield Retrieve([concat_query(q.question, d) for d in first], k=p.depth, retriever=p.retriever,
-                            step="second", path="query+doc")
+    second = yield Retrieve(
+        [concat_query(q.question, d) for d in first], k=p.depth, retriever=p.retriever, step="second", path="query+doc"
+    )
     return first, [list(s) for s in second]
 
 
@@ -192,8 +225,12 @@ def _ids(hits: Sequence[Hit]) -> list[str]:
     return [h.id for h in hits]
 
 
-@register_method("qdc", params=TwoStageParams, paper=PAPER + ", Eq. 1",
-                 description="DR-RAG query-document concatenation: k1 by q, then one new doc per Concat(q, d_i)")
+@register_method(
+    "qdc",
+    params=TwoStageParams,
+    paper=PAPER + ", Eq. 1",
+    description="DR-RAG query-document concatenation: k1 by q, then one new doc per Concat(q, d_i)",
+)
 def qdc(q: Question, p: TwoStageParams):
     first, second = yield from _two_stage(q, p)
     docs = _by_id(first, second)
@@ -201,13 +238,17 @@ def qdc(q: Question, p: TwoStageParams):
     return (yield from _answer(q, [docs[i] for i in chosen], p, {"strategy": "qdc", "first_stage": len(first)}))
 
 
-@register_method("cis", params=ClassifierParams, paper=PAPER + ", Eq. 3",
-                 description="DR-RAG classifier inverse selection: QDC, then drop second-stage docs C rejects")
+@register_method(
+    "cis",
+    params=ClassifierParams,
+    paper=PAPER + ", Eq. 3",
+    description="DR-RAG classifier inverse selection: QDC, then drop second-stage docs C rejects",
+)
 def cis(q: Question, p: ClassifierParams):
     first, second = yield from _two_stage(q, p)
     docs = _by_id(first, second)
     chosen = qdc_select(_ids(first), [_ids(s) for s in second], p.k)
-    added = chosen[len(first):]
+    added = chosen[len(first) :]
     positive: dict[tuple[str, str], bool] = {}
     judged = []  # [d_i title, candidate title, P(positive), d_i id, candidate id], for diagnostics
     if added:
@@ -217,13 +258,22 @@ def cis(q: Question, p: ClassifierParams):
         positive = {pair: s >= p.decision_threshold for pair, s in zip(pairs, scores)}
         judged = [[docs[di].title, docs[d].title, round(s, 4), di, d] for (d, di), s in zip(pairs, scores)]
     kept = cis_keep(_ids(first), chosen, lambda d, di: positive[(d, di)])
-    return (yield from _answer(q, [docs[i] for i in kept], p,
-                               {"strategy": "cis", "first_stage": len(first), "removed": len(chosen) - len(kept),
-                                "judged": judged}))
+    return (
+        yield from _answer(
+            q,
+            [docs[i] for i in kept],
+            p,
+            {"strategy": "cis", "first_stage": len(first), "removed": len(chosen) - len(kept), "judged": judged},
+        )
+    )
 
 
-@register_method("cfs", params=ClassifierParams, paper=PAPER + ", Eq. 4, Algorithm 1",
-                 description="DR-RAG classifier forward selection: per d_i, the first new doc C accepts")
+@register_method(
+    "cfs",
+    params=ClassifierParams,
+    paper=PAPER + ", Eq. 4, Algorithm 1",
+    description="DR-RAG classifier forward selection: per d_i, the first new doc C accepts",
+)
 def cfs(q: Question, p: ClassifierParams):
     first, second = yield from _two_stage(q, p)
     docs = _by_id(first, second)
@@ -237,11 +287,17 @@ def cfs(q: Question, p: ClassifierParams):
             break
         # only the list being walked: its next unjudged candidates not already in the context
         todo = [d for d in lists[blocked] if d not in chosen and (blocked, d) not in known]
-        need = [(blocked, d) for d in todo[:p.score_window]]
+        need = [(blocked, d) for d in todo[: p.score_window]]
         scores = yield Score([(q.question, text[first_ids[i]], text[d]) for i, d in need], classifier=p.classifier)
         known.update({key: s >= p.decision_threshold for key, s in zip(need, scores)})
-        judged += [[docs[first_ids[i]].title, docs[d].title, round(s, 4), first_ids[i], d]
-                   for (i, d), s in zip(need, scores)]
-    return (yield from _answer(q, [docs[i] for i in chosen], p,
-                               {"strategy": "cfs", "first_stage": len(first), "classified": len(judged),
-                                "judged": judged}))
+        judged += [
+            [docs[first_ids[i]].title, docs[d].title, round(s, 4), first_ids[i], d] for (i, d), s in zip(need, scores)
+        ]
+    return (
+        yield from _answer(
+            q,
+            [docs[i] for i in chosen],
+            p,
+            {"strategy": "cfs", "first_stage": len(first), "classified": len(judged), "judged": judged},
+        )
+    )

@@ -60,26 +60,34 @@ REWRITER_PLUS_INSTRUCTION = (
     "Your task is to transform a potentially colloquial or jargon-heavy [Original Question] into a semantically "
     "enhanced Rewritten Question with a clear intention. Additionally, generating several search-friendly Queries "
     "that can help find relevant information for answering the question. You can consider the provided [Examples] "
-    "and response following the [Format].")
+    "and response following the [Format]."
+)
 REWRITER_PLUS_EXAMPLES = (
     "[Original Question]: who wrote the book the film jaws was based on and where was he born\n"
     "Jaws is based on a novel. Who wrote that novel, and in which place was its author born?**Jaws film based "
     "on novel**author of the novel Jaws**Peter Benchley birthplace\n\n"
     "[Original Question]: which is older, the eiffel tower or the statue of liberty?\n"
     "Which was completed earlier: the Eiffel Tower or the Statue of Liberty?**Eiffel Tower completion year"
-    "**Statue of Liberty completion year")
+    "**Statue of Liberty completion year"
+)
 REWRITER_PLUS_FORMAT = "{The generated Rewritten Question is here}**{query1}**{query2}**{query3}..."
 
 
 def rewriter_plus_prompt(question: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": REWRITER_PLUS_INSTRUCTION},
-            {"role": "user", "content": f"[Examples]:\n{REWRITER_PLUS_EXAMPLES}\n\n[Format]: {REWRITER_PLUS_FORMAT}\n\n"
-                                        f"[Original Question]: {question}\n"}]
+    return [
+        {"role": "system", "content": REWRITER_PLUS_INSTRUCTION},
+        {
+            "role": "user",
+            "content": f"[Examples]:\n{REWRITER_PLUS_EXAMPLES}\n\n[Format]: {REWRITER_PLUS_FORMAT}\n\n"
+            f"[Original Question]: {question}\n",
+        },
+    ]
 
 
 # a label ends with ':' or the part itself: "Rewritten Question:", "[Query 2]:", "Queries"
-_LABEL = re.compile(r"^\s*\[?\s*(?:rewritten(?:\s+question)?|(?:search\s+)?quer(?:y|ies))\s*\d*\s*\]?\s*(?::\s*|$)",
-                    re.IGNORECASE)
+_LABEL = re.compile(
+    r"^\s*\[?\s*(?:rewritten(?:\s+question)?|(?:search\s+)?quer(?:y|ies))\s*\d*\s*\]?\s*(?::\s*|$)", re.IGNORECASE
+)
 _BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
 _MAX_CHARS = 300
 
@@ -103,14 +111,18 @@ def parse_rewriter_plus(text: str, question: str, max_queries: int = 5) -> tuple
     return s, queries, True
 
 
-REWRITER_INSTRUCTION = ("Rewrite the question below into one short search query for a search engine that would "
-                        "find the information needed to answer it. Reply with the query only.")
+REWRITER_INSTRUCTION = (
+    "Rewrite the question below into one short search query for a search engine that would "
+    "find the information needed to answer it. Reply with the query only."
+)
 
 
 def rewriter_prompt(question: str) -> list[dict[str, str]]:
     """Rewrite-Retrieve-Read's rewriter (Ma et al., 2023; configuration (ii)): one query."""
-    return [{"role": "system", "content": REWRITER_INSTRUCTION},
-            {"role": "user", "content": f"Question: {question}\nQuery:"}]
+    return [
+        {"role": "system", "content": REWRITER_INSTRUCTION},
+        {"role": "user", "content": f"Question: {question}\nQuery:"},
+    ]
 
 
 def parse_query(text: str, question: str) -> tuple[str, bool]:
@@ -134,12 +146,21 @@ NLI_LABELS = ("entailment", "contradiction", "neutral")
 
 
 def nli_prompt(question: str, knowledge: Hit, hypothesis: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": (
+    return [
+        {
+            "role": "system",
+            "content": (
                 "Your task is to solve the NLI problem: given the premise in [Knowledge] and the hypothesis that "
-                f"\"{HYPOTHESES[hypothesis]}\". You should classify the response as entailment, contradiction, or "
-                "neutral. Reply with one word: entailment, contradiction or neutral.")},
-            {"role": "user", "content": f"[Question]: {question}\n[Knowledge]: {format_document(knowledge.title, knowledge.text)}\n"
-                                        "[NLI result]:"}]
+                f'"{HYPOTHESES[hypothesis]}". You should classify the response as entailment, contradiction, or '
+                "neutral. Reply with one word: entailment, contradiction or neutral."
+            ),
+        },
+        {
+            "role": "user",
+            "content": f"[Question]: {question}\n[Knowledge]: {format_document(knowledge.title, knowledge.text)}\n"
+            "[NLI result]:",
+        },
+    ]
 
 
 def nli_label(text: str) -> str | None:
@@ -156,16 +177,20 @@ def nli_label(text: str) -> str | None:
 
 # -- reader (Sec. 4.1: instruction, question, knowledge, response format) ----------------------------------
 
-READER_SYSTEM = ("Answer the question. Use the knowledge given to you where it helps. Reply with one line of the "
-                 "form 'Answer: <short answer>' and nothing else.")
+READER_SYSTEM = (
+    "Answer the question. Use the knowledge given to you where it helps. Reply with one line of the "
+    "form 'Answer: <short answer>' and nothing else."
+)
 
 
 def reader_prompt(question: str, knowledge: Sequence[Hit]) -> list[dict[str, str]]:
     if not knowledge:  # no retrieval, or the filter's back-off
         return [{"role": "system", "content": READER_SYSTEM}, {"role": "user", "content": f"Question: {question}"}]
     body = "\n".join(f"[{i}] {format_document(h.title, h.text)}" for i, h in enumerate(knowledge, 1))
-    return [{"role": "system", "content": READER_SYSTEM},
-            {"role": "user", "content": f"Knowledge:\n{body}\n\nQuestion: {question}"}]
+    return [
+        {"role": "system", "content": READER_SYSTEM},
+        {"role": "user", "content": f"Knowledge:\n{body}\n\nQuestion: {question}"},
+    ]
 
 
 def mixed_order(lists: Sequence[Sequence[Hit]], cap: int) -> list[Hit]:
@@ -201,8 +226,9 @@ class PathModelBackend:
                 cfg.generation.model = model
                 self._gens[model] = make_generator(cfg)
             idx = [i for i, it in enumerate(items) if it["model"] == model]
-            res = self._gens[model].generate([items[i]["prompt"] for i in idx], [items[i]["sampling"] for i in idx],
-                                             [True] * len(idx))
+            res = self._gens[model].generate(
+                [items[i]["prompt"] for i in idx], [items[i]["sampling"] for i in idx], [True] * len(idx)
+            )
             for i, r in zip(idx, res):
                 if isinstance(r, BaseException):
                     raise r
@@ -210,10 +236,18 @@ class PathModelBackend:
         return out
 
 
-def _generate(prompts: list, spec: SamplingSpec, model: str | None, stage: str) -> Generator[Request, Any, list[Completion]]:
+def _generate(
+    prompts: list, spec: SamplingSpec, model: str | None, stage: str
+) -> Generator[Request, Any, list[Completion]]:
     if model:
-        return (yield Call("erm4-model", "generate", [{"model": model, "prompt": p, "sampling": spec} for p in prompts],
-                           stage="generation"))
+        return (
+            yield Call(
+                "erm4-model",
+                "generate",
+                [{"model": model, "prompt": p, "sampling": spec} for p in prompts],
+                stage="generation",
+            )
+        )
     return (yield Generate(prompts, sampling=spec, stage=stage))
 
 
@@ -227,14 +261,22 @@ QUERY_REGEX = r"[^\n]{2,300}"
 
 
 class RewriteReadParams(MethodParams):
-    k: int = Field(10, ge=1, le=100, description="knowledge instances retrieved per query (n = 10, Sec. 4.1; "
-                                                 "n = 5 in Sec. 6)")
+    k: int = Field(
+        10, ge=1, le=100, description="knowledge instances retrieved per query (n = 10, Sec. 4.1; n = 5 in Sec. 6)"
+    )
     retriever: Literal["bm25", "dense"] | None = Field(None, description="None: retrieval.retriever")
-    max_knowledge: int = Field(30, ge=1, description="knowledge instances in the reader's prompt, mixed order "
-                                                     "(up to 30, Sec. 4.1); lower it for a short model context")
+    max_knowledge: int = Field(
+        30,
+        ge=1,
+        description="knowledge instances in the reader's prompt, mixed order "
+        "(up to 30, Sec. 4.1); lower it for a short model context",
+    )
     rewrite_tokens: int = Field(96, ge=8, description="new tokens for the rewriter's output")
-    rewriter_model: str | None = Field(None, description="model folder for the rewriter (fine-tuned / LoRA-merged); "
-                                                         "None: the run's generator with the prompt")
+    rewriter_model: str | None = Field(
+        None,
+        description="model folder for the rewriter (fine-tuned / LoRA-merged); "
+        "None: the run's generator with the prompt",
+    )
 
 
 class RewriterPlusParams(RewriteReadParams):
@@ -242,22 +284,43 @@ class RewriterPlusParams(RewriteReadParams):
 
 
 class Erm4Params(RewriterPlusParams):
-    filter: Literal["llm", "classifier", "none"] = Field("llm", description="Knowledge Filter: NLI prompt to the "
-                                                         "generator (or filter_model), a trained cross-encoder, or none")
-    hypothesis: Literal["strong", "weak"] = Field("strong", description="NLI hypothesis: strong (single-hop, the "
-                                                  "paper's template) or weak (multi-hop), Sec. 3.2")
+    filter: Literal["llm", "classifier", "none"] = Field(
+        "llm",
+        description="Knowledge Filter: NLI prompt to the generator (or filter_model), a trained cross-encoder, or none",
+    )
+    hypothesis: Literal["strong", "weak"] = Field(
+        "strong", description="NLI hypothesis: strong (single-hop, the paper's template) or weak (multi-hop), Sec. 3.2"
+    )
     filter_model: str | None = Field(None, description="model folder for the NLI filter; None: the run's generator")
     filter_tokens: int = Field(8, ge=1, description="new tokens for an NLI judgment (one label word is asked for)")
-    classifier: str = Field("default", description="filter=classifier: classifier name or folder "
-                                                   "(dynrag train-classifier --set classifier.task=pair)")
-    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="filter=classifier: P(relevant) >= threshold = entailment")
-    reservoir: bool = Field(True, description="use the Memory Knowledge Reservoir and the Retrieval Trigger (Sec. 3.3-3.4)")
-    reservoir_path: str | None = Field(None, description="reservoir SQLite file; None: <paths.cache_dir>/erm4/reservoir.sqlite")
-    tau: float = Field(0.6, ge=-1.0, le=1.0, description="similarity threshold tau of Pop(q) (0.6: the paper's "
-                                                          "fastest setting, Table 2)")
-    theta: int = Field(3, ge=1, description="popularity threshold theta: Pop(q) >= theta answers q from memory (Sec. 6)")
-    memory_k: int | None = Field(None, ge=1, description="memory knowledge per in-boundary query, most similar first "
-                                                          "(None: every entry with S >= tau; the prompt cap still applies)")
+    classifier: str = Field(
+        "default",
+        description="filter=classifier: classifier name or folder (dynrag train-classifier --set classifier.task=pair)",
+    )
+    threshold: float = Field(
+        0.5, gt=0.0, lt=1.0, description="filter=classifier: P(relevant) >= threshold = entailment"
+    )
+    reservoir: bool = Field(
+        True, description="use the Memory Knowledge Reservoir and the Retrieval Trigger (Sec. 3.3-3.4)"
+    )
+    reservoir_path: str | None = Field(
+        None, description="reservoir SQLite file; None: <paths.cache_dir>/erm4/reservoir.sqlite"
+    )
+    tau: float = Field(
+        0.6,
+        ge=-1.0,
+        le=1.0,
+        description="similarity threshold tau of Pop(q) (0.6: the paper's fastest setting, Table 2)",
+    )
+    theta: int = Field(
+        3, ge=1, description="popularity threshold theta: Pop(q) >= theta answers q from memory (Sec. 6)"
+    )
+    memory_k: int | None = Field(
+        None,
+        ge=1,
+        description="memory knowledge per in-boundary query, most similar first "
+        "(None: every entry with S >= tau; the prompt cap still applies)",
+    )
     update_reservoir: bool = Field(True, description="cache each question's external knowledge after its answer")
 
 
@@ -275,27 +338,46 @@ def _rewrite_plus(q: Question, p: RewriterPlusParams) -> Generator[Request, Any,
     return parse_rewriter_plus(out.text, q.question, p.max_queries)
 
 
-@register_method("rewrite-retrieve-read", params=RewriteReadParams, paper=f"{PAPER}, Sec. 4.3 (ii); Ma et al., 2023",
-                 description="ERM4 config (ii): rewrite into one query, retrieve, read with the original question")
+@register_method(
+    "rewrite-retrieve-read",
+    params=RewriteReadParams,
+    paper=f"{PAPER}, Sec. 4.3 (ii); Ma et al., 2023",
+    description="ERM4 config (ii): rewrite into one query, retrieve, read with the original question",
+)
 def rewrite_retrieve_read(q: Question, p: RewriteReadParams):
     spec = SamplingSpec(max_tokens=p.rewrite_tokens, regex=QUERY_REGEX)
     out = (yield from _generate([rewriter_prompt(q.question)], spec, p.rewriter_model, "rewrite"))[0]
     query, parsed = parse_query(out.text, q.question)
     hits = (yield Retrieve([query], k=p.k, retriever=p.retriever, step="external", path="query"))[0]
     knowledge = mixed_order([hits], p.max_knowledge)
-    extra = {"queries": [query], "rewrite_parsed": parsed, "external_knowledge": len(hits), "memory_knowledge": 0,
-             "irrelevant_knowledge": 0}
+    extra = {
+        "queries": [query],
+        "rewrite_parsed": parsed,
+        "external_knowledge": len(hits),
+        "memory_knowledge": 0,
+        "irrelevant_knowledge": 0,
+    }
     return (yield from _read(q.question, knowledge, extra, True))
 
 
-@register_method("erm4-rewriter", params=RewriterPlusParams, paper=f"{PAPER}, Sec. 3.1, Sec. 4.3 (iii)",
-                 description="ERM4 config (iii): Query Rewriter+ (s and queries Q), retrieve per query, read s")
+@register_method(
+    "erm4-rewriter",
+    params=RewriterPlusParams,
+    paper=f"{PAPER}, Sec. 3.1, Sec. 4.3 (iii)",
+    description="ERM4 config (iii): Query Rewriter+ (s and queries Q), retrieve per query, read s",
+)
 def erm4_rewriter(q: Question, p: RewriterPlusParams):
     s, queries, parsed = yield from _rewrite_plus(q, p)
     lists = yield Retrieve(queries, k=p.k, retriever=p.retriever, step="external")
     knowledge = mixed_order(lists, p.max_knowledge)
-    extra = {"rewritten": s, "queries": queries, "rewrite_parsed": parsed,
-             "external_knowledge": len(mixed_order(lists, 10**9)), "memory_knowledge": 0, "irrelevant_knowledge": 0}
+    extra = {
+        "rewritten": s,
+        "queries": queries,
+        "rewrite_parsed": parsed,
+        "external_knowledge": len(mixed_order(lists, 10**9)),
+        "memory_knowledge": 0,
+        "irrelevant_knowledge": 0,
+    }
     return (yield from _read(s, knowledge, extra, True))
 
 
@@ -308,21 +390,33 @@ def knowledge_filter(s: str, knowledge: list[Hit], p: Erm4Params) -> Generator[R
         scores = yield Score([(s, format_document(h.title, h.text)) for h in knowledge], classifier=p.classifier)
         return [sc >= p.threshold for sc in scores], 0
     spec = SamplingSpec(max_tokens=p.filter_tokens, choice=NLI_LABELS)
-    labels = [nli_label(o.text) for o in (yield from _generate([nli_prompt(s, h, p.hypothesis) for h in knowledge],
-                                                               spec, p.filter_model, "filter"))]
+    labels = [
+        nli_label(o.text)
+        for o in (
+            yield from _generate([nli_prompt(s, h, p.hypothesis) for h in knowledge], spec, p.filter_model, "filter")
+        )
+    ]
     return [lab == "entailment" for lab in labels], labels.count(None)
 
 
-@register_method("erm4", params=Erm4Params, paper=f"{PAPER}, Sec. 3.1-3.4, Sec. 4.3 (iv), Sec. 6",
-                 description="ERM4: Rewriter+, trigger over the memory reservoir, retrieve, NLI filter, read s")
+@register_method(
+    "erm4",
+    params=Erm4Params,
+    paper=f"{PAPER}, Sec. 3.1-3.4, Sec. 4.3 (iv), Sec. 6",
+    description="ERM4: Rewriter+, trigger over the memory reservoir, retrieve, NLI filter, read s",
+)
 def erm4(q: Question, p: Erm4Params):
     s, queries, parsed = yield from _rewrite_plus(q, p)
     memory: dict[int, list[Hit]] = {}
     pops: list[int] = []
     if p.reservoir:
         vecs = yield Embed(queries)
-        looks = yield Call("reservoir", "lookup", [{"store": p.reservoir_path, "vector": v, "tau": p.tau,
-                                                    "limit": p.memory_k} for v in vecs], stage="retrieval")
+        looks = yield Call(
+            "reservoir",
+            "lookup",
+            [{"store": p.reservoir_path, "vector": v, "tau": p.tau, "limit": p.memory_k} for v in vecs],
+            stage="retrieval",
+        )
         pops = [lk["pop"] for lk in looks]
         memory = {i: lk["hits"] for i, lk in enumerate(looks) if _reservoir.within_boundary(lk["pop"], p.theta)}
     external_q = [i for i in range(len(queries)) if i not in memory]
@@ -335,14 +429,28 @@ def erm4(q: Question, p: Erm4Params):
     keep, unparsed = yield from knowledge_filter(s, knowledge, p)
     kept = [h for h, ok in zip(knowledge, keep) if ok]
     ext_unique = mixed_order([external[i] for i in external_q], 10**9)
-    extra = {"rewritten": s, "queries": queries, "rewrite_parsed": parsed, "popularity": pops,
-             "memory_queries": sorted(memory), "external_knowledge": len(ext_unique),
-             "memory_knowledge": len(mixed_order([memory[i] for i in sorted(memory)], 10**9)),
-             "irrelevant_knowledge": len(knowledge) - len(kept), "backoff": bool(knowledge) and not kept,
-             "filter_unparsed": unparsed}
+    extra = {
+        "rewritten": s,
+        "queries": queries,
+        "rewrite_parsed": parsed,
+        "popularity": pops,
+        "memory_queries": sorted(memory),
+        "external_knowledge": len(ext_unique),
+        "memory_knowledge": len(mixed_order([memory[i] for i in sorted(memory)], 10**9)),
+        "irrelevant_knowledge": len(knowledge) - len(kept),
+        "backoff": bool(knowledge) and not kept,
+        "filter_unparsed": unparsed,
+    }
     answer = yield from _read(s, kept, extra, bool(external_q))
     if p.reservoir and p.update_reservoir and ext_unique:
         title_vecs = yield Embed([h.title for h in ext_unique])
-        yield Call("reservoir", "add", [{"store": p.reservoir_path, "title": h.title, "content": h.text, "id": h.id,
-                                         "vector": v} for h, v in zip(ext_unique, title_vecs)], stage="retrieval")
+        yield Call(
+            "reservoir",
+            "add",
+            [
+                {"store": p.reservoir_path, "title": h.title, "content": h.text, "id": h.id, "vector": v}
+                for h, v in zip(ext_unique, title_vecs)
+            ],
+            stage="retrieval",
+        )
     return answer

@@ -48,19 +48,27 @@ FIELDS = {"reference", "question", "cot"}
 # Our own few-shot exemplars (shared with DRAGIN) in IRCoT's shape: paragraphs, question, CoT ending in the answer.
 _SHOTS = "".join(f"Question: {q}\nAnswer: {a.replace('So the answer is', FORCE)}\n\n" for q, a in EXEMPLARS)
 DEFAULT_TEMPLATE = PromptTemplate(
-    system="", chat=False, doc="Wikipedia Title: {title}\n{text}\n\n",
-    user=_SHOTS + "{reference}Question: {question}\nAnswer: {cot}")
+    system="",
+    chat=False,
+    doc="Wikipedia Title: {title}\n{text}\n\n",
+    user=_SHOTS + "{reference}Question: {question}\nAnswer: {cot}",
+)
 
 
 class IrcotParams(MethodParams):
-    k: int | None = Field(None, ge=1, le=100, description="paragraphs retrieved per step, K (paper: tuned in "
-                                                          "{2,4,6,8}; None: retrieval.k)")
+    k: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description="paragraphs retrieved per step, K (paper: tuned in {2,4,6,8}; None: retrieval.k)",
+    )
     max_steps: int = Field(8, ge=1, le=50, description="reasoning steps at most (paper: 8)")
     max_paragraphs: int = Field(15, ge=1, le=200, description="paragraphs collected at most (paper: 15)")
     sentence_tokens: int = Field(64, ge=4, le=512, description="new tokens per reasoning step (one sentence kept)")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
-    template: PromptTemplate | None = Field(None, description="reasoning prompt; fields {reference} {question} "
-                                                              "{cot} (appended when absent); None: our own")
+    template: PromptTemplate | None = Field(
+        None, description="reasoning prompt; fields {reference} {question} {cot} (appended when absent); None: our own"
+    )
 
     @field_validator("template")
     @classmethod
@@ -76,7 +84,7 @@ def next_sentence(generated: str) -> str:
     if not line:
         return ""
     spans = sentence_spans(line)
-    first = line[:spans[0][1]].strip() if spans else line
+    first = line[: spans[0][1]].strip() if spans else line
     marker = ANSWER_IS.search(line)
     return line if marker and marker.start() < len(first) else first
 
@@ -113,8 +121,15 @@ class Chain:
 
     def retrieve(self, query: str) -> Generator[Request, Any, None]:
         step = f"step-{len(self.queries)}"
-        hits = (yield Retrieve([query], k=self.p.k, retriever=self.p.retriever, step=step,
-                               path="question" if not self.queries else "cot"))[0]
+        hits = (
+            yield Retrieve(
+                [query],
+                k=self.p.k,
+                retriever=self.p.retriever,
+                step=step,
+                path="question" if not self.queries else "cot",
+            )
+        )[0]
         self.queries.append(query)
         self.paragraphs = add_paragraphs(self.paragraphs, list(hits), self.p.max_paragraphs)
 
@@ -125,8 +140,12 @@ class Chain:
         return out.text
 
 
-@register_method("ircot", params=IrcotParams, paper=PAPER,
-                 description="interleave retrieval with chain-of-thought: each CoT sentence is the next query")
+@register_method(
+    "ircot",
+    params=IrcotParams,
+    paper=PAPER,
+    description="interleave retrieval with chain-of-thought: each CoT sentence is the next query",
+)
 def ircot(q: Question, p: IrcotParams) -> Generator[Request, Any, Answer]:
     chain = Chain(q, p)
     yield from chain.retrieve(q.question)
@@ -147,6 +166,12 @@ def ircot(q: Question, p: IrcotParams) -> Generator[Request, Any, Answer]:
     if forced:  # continue the CoT from the marker (already written when it had nothing after it)
         suffix = "" if stopped == "empty answer" else FORCE
         answer = extract_answer((yield from chain.reason(32, suffix=suffix)).split("\n", 1)[0])
-    extra = {"cot": chain.cot, "steps": len(chain.cot), "queries": chain.queries, "paragraphs": len(chain.paragraphs),
-             "stopped": stopped, "answer_forced": forced}
+    extra = {
+        "cot": chain.cot,
+        "steps": len(chain.cot),
+        "queries": chain.queries,
+        "paragraphs": len(chain.paragraphs),
+        "stopped": stopped,
+        "answer_forced": forced,
+    }
     return Answer(answer or "", " ".join(chain.cot), used_docs=list(chain.paragraphs), extra=extra)

@@ -34,19 +34,23 @@ PAPER = "ITER-RETGEN (Shao et al., 2023), Sec. 3"
 
 DEFAULT_TEMPLATE = PromptTemplate(
     system="Answer the question using the given documents. Think step by step in one or two short sentences, "
-           "then finish with 'So the answer is: <short answer>'.",
-    user="Documents:\n{reference}\nQuestion: {question}\nAnswer:")
+    "then finish with 'So the answer is: <short answer>'.",
+    user="Documents:\n{reference}\nQuestion: {question}\nAnswer:",
+)
 
 
 class IterRetGenParams(MethodParams):
-    iterations: int = Field(2, ge=1, le=10, description="T, retrieval-generation iterations (paper varies T; "
-                                                        "FlashRAG: 3)")
+    iterations: int = Field(
+        2, ge=1, le=10, description="T, retrieval-generation iterations (paper varies T; FlashRAG: 3)"
+    )
     k: int | None = Field(None, ge=1, le=100, description="paragraphs retrieved per iteration (None: retrieval.k)")
-    max_tokens: int | None = Field(None, ge=1, description="new tokens per generation "
-                                                           "(None: generation.max_new_tokens)")
+    max_tokens: int | None = Field(
+        None, ge=1, description="new tokens per generation (None: generation.max_new_tokens)"
+    )
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
-    template: PromptTemplate | None = Field(None, description="generation prompt; fields {reference} {question}; "
-                                                              "None: our own (CoT ending in the answer)")
+    template: PromptTemplate | None = Field(
+        None, description="generation prompt; fields {reference} {question}; None: our own (CoT ending in the answer)"
+    )
 
     @field_validator("template")
     @classmethod
@@ -60,17 +64,29 @@ def next_query(question: str, generation: str) -> str:
     return " ".join(f"{question} {generation}".split())
 
 
-@register_method("iter-retgen", params=IterRetGenParams, paper=PAPER,
-                 description="T rounds of retrieval with question + previous generation, then generation")
+@register_method(
+    "iter-retgen",
+    params=IterRetGenParams,
+    paper=PAPER,
+    description="T rounds of retrieval with question + previous generation, then generation",
+)
 def iter_retgen(q: Question, p: IterRetGenParams) -> Generator[Request, Any, Answer]:
     tpl = p.template or DEFAULT_TEMPLATE
     generation, hits, queries = "", [], []
     for t in range(1, p.iterations + 1):
         queries.append(next_query(q.question, generation))
-        hits = (yield Retrieve([queries[-1]], k=p.k, retriever=p.retriever, step=f"iter-{t}",
-                               path="question" if t == 1 else "question+generation"))[0]
+        hits = (
+            yield Retrieve(
+                [queries[-1]],
+                k=p.k,
+                retriever=p.retriever,
+                step=f"iter-{t}",
+                path="question" if t == 1 else "question+generation",
+            )
+        )[0]
         spec = SamplingSpec(max_tokens=p.max_tokens)
-        generation = (yield Generate([tpl.render(hits, question=q.question)], sampling=spec, chat=tpl.chat,
-                                     stage=f"iter-{t}"))[0].text
+        generation = (
+            yield Generate([tpl.render(hits, question=q.question)], sampling=spec, chat=tpl.chat, stage=f"iter-{t}")
+        )[0].text
     extra = {"iterations": p.iterations, "queries": queries}
     return Answer(extract_answer(generation), generation, used_docs=list(hits), extra=extra)

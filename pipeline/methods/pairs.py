@@ -51,8 +51,10 @@ PAPER = "PAIRS (Chen et al., 2025), Methodology, Eqs. 1-8, Algorithm 1, Fig. 9"
 
 # -- Fig. 9 prompt templates --------------------------------------------------------------------------
 
-_TAG = ("Please directly provide the {what} inside <answer> and </answer> without detailed description, "
-        "e.g., <answer>Beijing</answer>.")
+_TAG = (
+    "Please directly provide the {what} inside <answer> and </answer> without detailed description, "
+    "e.g., <answer>Beijing</answer>."
+)
 
 
 def pseudo_context_prompt(question: str) -> str:
@@ -67,8 +69,10 @@ def direct_answer_prompt(question: str) -> str:
 
 def context_answer_prompt(question: str, context: str) -> str:
     """Fig. 9 (c); the context is the pseudo-context or the retrieved documents."""
-    return (f"Your task is to answer the given question based on the Context. {_TAG.format(what='answer')}\n"
-            f"Context: {context}\nQuestion: {question}")
+    return (
+        f"Your task is to answer the given question based on the Context. {_TAG.format(what='answer')}\n"
+        f"Context: {context}\nQuestion: {question}"
+    )
 
 
 _TAGGED = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.IGNORECASE | re.DOTALL)
@@ -86,17 +90,21 @@ def tagged_answer(text: str) -> str:
 ANSWER_STOP = ("</answer>",)
 
 
-def answer_prompt(question: str, style: PromptStyle, docs: Sequence[Hit] | None = None,
-                  context: str | None = None) -> Prompt:
+def answer_prompt(
+    question: str, style: PromptStyle, docs: Sequence[Hit] | None = None, context: str | None = None
+) -> Prompt:
     """The direct answer prompt (no docs, no context), or the answer-with-context prompt over retrieved
     docs or a pseudo-context: Fig. 9 (b) / (c), or the project's short-answer prompts (pipeline.methods.prompts)."""
     if docs is None and context is None:
         return direct_answer_prompt(question) if style == "fig9" else direct_prompt(question)
     if style == "fig9":
-        return context_answer_prompt(question, context if context is not None
-                                     else (format_docs(cast(Sequence[Hit], docs)) or "(none)"))
+        return context_answer_prompt(
+            question, context if context is not None else (format_docs(cast(Sequence[Hit], docs)) or "(none)")
+        )
     # docs is set when context is None (the direct prompt returned above)
-    return rag_prompt(question, cast(Sequence[Hit], docs) if context is None else [Hit("pseudo-context", "", context, 0.0)])
+    return rag_prompt(
+        question, cast(Sequence[Hit], docs) if context is None else [Hit("pseudo-context", "", context, 0.0)]
+    )
 
 
 def doc_text(h: Hit) -> str:
@@ -109,28 +117,42 @@ def doc_text(h: Hit) -> str:
 
 class GenerationParams(MethodParams):
     k: int = Field(3, ge=1, le=100, description="documents passed to the LLM (PAIRS: top 3)")
-    retriever: Literal["dense", "bm25"] = Field("dense", description="PAIRS retrieves densely (bge-large there, "
-                                                                     "the index's embedder here)")
-    pseudo_max_tokens: int = Field(128, ge=8, le=2048, description="tokens of the generated pseudo-context "
-                                                                    "(not stated in the paper)")
-    answer_max_tokens: int | None = Field(None, ge=1, description="tokens of an answer (None: generation.max_new_tokens)")
-    prompt_style: PromptStyle = Field("fig9", description="answer prompts: fig9, the paper's Fig. 9 (b), (c) with "
-                                      "<answer> tags; short, the project's short-answer prompts (no-retrieval, "
-                                      "sr-rag), which small models follow better")
+    retriever: Literal["dense", "bm25"] = Field(
+        "dense", description="PAIRS retrieves densely (bge-large there, the index's embedder here)"
+    )
+    pseudo_max_tokens: int = Field(
+        128, ge=8, le=2048, description="tokens of the generated pseudo-context (not stated in the paper)"
+    )
+    answer_max_tokens: int | None = Field(
+        None, ge=1, description="tokens of an answer (None: generation.max_new_tokens)"
+    )
+    prompt_style: PromptStyle = Field(
+        "fig9",
+        description="answer prompts: fig9, the paper's Fig. 9 (b), (c) with "
+        "<answer> tags; short, the project's short-answer prompts (no-retrieval, "
+        "sr-rag), which small models follow better",
+    )
 
 
 Selection = Literal["ais", "dynamic", "rerank", "fixed-2q1p", "fixed-1q2p"]
-SELECTION_HELP = ("ais: Eq. 4; dynamic: Eqs. 5, 8; rerank: Eq. 7 with the reranker; fixed-*: Table 3's 'w/o AIS' "
-                  "(2 query + 1 pseudo-context documents, or 1 + 2; k must be 3)")
+SELECTION_HELP = (
+    "ais: Eq. 4; dynamic: Eqs. 5, 8; rerank: Eq. 7 with the reranker; fixed-*: Table 3's 'w/o AIS' "
+    "(2 query + 1 pseudo-context documents, or 1 + 2; k must be 3)"
+)
 
 
 class DprAisParams(GenerationParams):
     n: int = Field(5, ge=1, le=100, description="documents per retrieval path (PAIRS: 5, so 2n = 10 candidates)")
     paths: Literal["dual", "query", "pseudo"] = Field(
-        "dual", description="dual: top n by q and by p (DPR); query / pseudo: Table 3's 'w/o DPR', one path retrieves 2n")
+        "dual",
+        description="dual: top n by q and by p (DPR); query / pseudo: Table 3's 'w/o DPR', one path retrieves 2n",
+    )
     selection: Selection = Field("ais", description=SELECTION_HELP)
-    reranker: str = Field("reranker", description="selection=rerank: scoring.classifiers name or a model folder "
-                                                  "of a (q, d) reranker (dynrag train-classifier --set classifier.task=pair)")
+    reranker: str = Field(
+        "reranker",
+        description="selection=rerank: scoring.classifiers name or a model folder "
+        "of a (q, d) reranker (dynrag train-classifier --set classifier.task=pair)",
+    )
 
     @model_validator(mode="after")
     def _fixed_needs_dual(self):
@@ -148,22 +170,32 @@ class DprAisRerankParams(DprAisParams):
 
 
 class PairsParams(DprAisParams):
-    exclude_numeric: bool = Field(False, description="retrieve whenever the direct answer holds a number "
-                                                     "(Table 5, 'Exclude num')")
+    exclude_numeric: bool = Field(
+        False, description="retrieve whenever the direct answer holds a number (Table 5, 'Exclude num')"
+    )
 
 
 # -- shared steps (sub-programs used with `yield from`) --------------------------------------------------
 
 
 def pseudo_context(question: str, p: GenerationParams, stage: str = "pseudo-context") -> Generator[Request, Any, str]:
-    out = (yield Generate([pseudo_context_prompt(question)], SamplingSpec(max_tokens=p.pseudo_max_tokens),
-                          stage=stage))[0]
+    out = (
+        yield Generate([pseudo_context_prompt(question)], SamplingSpec(max_tokens=p.pseudo_max_tokens), stage=stage)
+    )[0]
     return out.text.strip()
 
 
-def answer_from_docs(question: str, docs: Sequence[Hit], p: GenerationParams) -> Generator[Request, Any, tuple[str, str]]:
+def answer_from_docs(
+    question: str, docs: Sequence[Hit], p: GenerationParams
+) -> Generator[Request, Any, tuple[str, str]]:
     """Fig. 9 (c) with the documents as the Context; returns (answer, raw output)."""
-    out = (yield Generate([answer_prompt(question, p.prompt_style, docs=docs)], SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP), stage="answer"))[0]
+    out = (
+        yield Generate(
+            [answer_prompt(question, p.prompt_style, docs=docs)],
+            SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP),
+            stage="answer",
+        )
+    )[0]
     return tagged_answer(out.text), out.text
 
 
@@ -173,11 +205,21 @@ def dpr_ais_select(question: str, pseudo: str, p: DprAisParams) -> Generator[Req
     q_hits: list[Hit] = []
     p_hits: list[Hit] = []
     if p.paths in ("dual", "query"):
-        q_hits = (yield Retrieve([question], k=p.n if p.paths == "dual" else two_n, retriever=p.retriever,
-                                 step="dpr", path="query"))[0]
+        q_hits = (
+            yield Retrieve(
+                [question], k=p.n if p.paths == "dual" else two_n, retriever=p.retriever, step="dpr", path="query"
+            )
+        )[0]
     if p.paths in ("dual", "pseudo"):
-        p_hits = (yield Retrieve([pseudo], k=p.n if p.paths == "dual" else two_n, retriever=p.retriever,
-                                 step="dpr", path="pseudo-context"))[0]
+        p_hits = (
+            yield Retrieve(
+                [pseudo],
+                k=p.n if p.paths == "dual" else two_n,
+                retriever=p.retriever,
+                step="dpr",
+                path="pseudo-context",
+            )
+        )[0]
     cands, found_by = merge_paths({"query": q_hits, "pseudo-context": p_hits})
     info: dict[str, Any] = {"candidates": len(cands), "from_both_paths": sum(len(f) == 2 for f in found_by)}
     if not cands:
@@ -188,7 +230,7 @@ def dpr_ais_select(question: str, pseudo: str, p: DprAisParams) -> Generator[Req
         chosen = fixed_ratio(q_hits, p_hits, 1, 2)
     elif p.selection == "rerank":
         ks = yield Score([(q, doc_text(h)) for q in (question, pseudo) for h in cands], classifier=p.reranker)
-        scores = rerank_score(ks[:len(cands)], ks[len(cands):])
+        scores = rerank_score(ks[: len(cands)], ks[len(cands) :])
         chosen = top_k(cands, scores, p.k)
         info["scores"] = [round(float(s), 4) for s in scores]
     else:
@@ -214,38 +256,76 @@ def _dpr_ais(q: Question, p: DprAisParams) -> Generator[Request, Any, Answer]:
     pseudo = yield from pseudo_context(q.question, p)
     docs, info = yield from dpr_ais_select(q.question, pseudo or q.question, p)
     answer, raw = yield from answer_from_docs(q.question, docs, p)
-    return Answer(answer, raw, used_docs=docs, retrieval_triggered=True,
-                  extra={"selection": p.selection, "paths": p.paths, "empty_pseudo_context": not pseudo, **info})
+    return Answer(
+        answer,
+        raw,
+        used_docs=docs,
+        retrieval_triggered=True,
+        extra={"selection": p.selection, "paths": p.paths, "empty_pseudo_context": not pseudo, **info},
+    )
 
 
-register_method("dpr-ais", params=DprAisParams, paper=PAPER,
-                description="PAIRS Algorithm 1 for every question: dual-path retrieval (q and pseudo-context p), "
-                            "AIS score cos(θ1 + θ2) (Eq. 4), top k")(_dpr_ais)
-register_method("dpr-ais-dynamic", params=DprAisDynamicParams, paper=PAPER,
-                description="DPR-AIS with the dynamic weight cos(α·θ1 + (1 − α)·θ2), α = 0.058·θ0 + 0.455 "
-                            "(Eqs. 5, 8)")(_dpr_ais)
-register_method("dpr-ais-rerank", params=DprAisRerankParams, paper=PAPER,
-                description="DPR-AIS with reranker scores K(d, q) + K(d, p) (Eq. 7)")(_dpr_ais)
+register_method(
+    "dpr-ais",
+    params=DprAisParams,
+    paper=PAPER,
+    description="PAIRS Algorithm 1 for every question: dual-path retrieval (q and pseudo-context p), "
+    "AIS score cos(θ1 + θ2) (Eq. 4), top k",
+)(_dpr_ais)
+register_method(
+    "dpr-ais-dynamic",
+    params=DprAisDynamicParams,
+    paper=PAPER,
+    description="DPR-AIS with the dynamic weight cos(α·θ1 + (1 − α)·θ2), α = 0.058·θ0 + 0.455 (Eqs. 5, 8)",
+)(_dpr_ais)
+register_method(
+    "dpr-ais-rerank",
+    params=DprAisRerankParams,
+    paper=PAPER,
+    description="DPR-AIS with reranker scores K(d, q) + K(d, p) (Eq. 7)",
+)(_dpr_ais)
 
 
-@register_method("pairs", params=PairsParams, paper=PAPER,
-                 description="parametric verification: answer directly when G(P(q)) and G(P(q, p)) agree, "
-                             "else DPR-AIS")
+@register_method(
+    "pairs",
+    params=PairsParams,
+    paper=PAPER,
+    description="parametric verification: answer directly when G(P(q)) and G(P(q, p)) agree, else DPR-AIS",
+)
 def pairs(q: Question, p: PairsParams) -> Generator[Request, Any, Answer]:
-    direct = (yield Generate([answer_prompt(q.question, p.prompt_style)],
-                             SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP), stage="direct-answer"))[0]
+    direct = (
+        yield Generate(
+            [answer_prompt(q.question, p.prompt_style)],
+            SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP),
+            stage="direct-answer",
+        )
+    )[0]
     pseudo = yield from pseudo_context(q.question, p)
     a1, a2 = tagged_answer(direct.text), ""  # no pseudo-context: nothing verifies â1
     if pseudo:
-        second = (yield Generate([answer_prompt(q.question, p.prompt_style, context=pseudo)],
-                                 SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP),
-                                 stage="pseudo-context-answer"))[0]
+        second = (
+            yield Generate(
+                [answer_prompt(q.question, p.prompt_style, context=pseudo)],
+                SamplingSpec(max_tokens=p.answer_max_tokens, stop=ANSWER_STOP),
+                stage="pseudo-context-answer",
+            )
+        )[0]
         a2 = tagged_answer(second.text)
-    gate = {"a1": a1, "a2": a2, "a1_numeric": is_numeric(a1), "exclude_numeric": p.exclude_numeric,
-            "echo": is_echo(a1, q.question)}
+    gate = {
+        "a1": a1,
+        "a2": a2,
+        "a1_numeric": is_numeric(a1),
+        "exclude_numeric": p.exclude_numeric,
+        "echo": is_echo(a1, q.question),
+    }
     if answers_agree(a1, a2, question=q.question, exclude_numeric=p.exclude_numeric):
         return Answer(a1, direct.text, retrieval_triggered=False, extra={"gate": gate})
     docs, info = yield from dpr_ais_select(q.question, pseudo or q.question, p)
     answer, raw = yield from answer_from_docs(q.question, docs, p)
-    return Answer(answer, raw, used_docs=docs, retrieval_triggered=True,
-                  extra={"gate": gate, "selection": p.selection, "paths": p.paths, **info})
+    return Answer(
+        answer,
+        raw,
+        used_docs=docs,
+        retrieval_triggered=True,
+        extra={"gate": gate, "selection": p.selection, "paths": p.paths, **info},
+    )

@@ -22,19 +22,26 @@ def format_docs(hits: Sequence[Hit]) -> str:
 
 
 def direct_prompt(question: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": DIRECT_SYSTEM},
-            {"role": "user", "content": f"Question: {question}\nAnswer:"}]
+    return [{"role": "system", "content": DIRECT_SYSTEM}, {"role": "user", "content": f"Question: {question}\nAnswer:"}]
 
 
 def rag_prompt(question: str, hits: Sequence[Hit]) -> list[dict[str, str]]:
-    return [{"role": "system", "content": RAG_SYSTEM},
-            {"role": "user", "content": f"The following are given documents.\n\n{format_docs(hits)}\n\n"
-                                        f"Answer the question: {question}\nAnswer:"}]
+    return [
+        {"role": "system", "content": RAG_SYSTEM},
+        {
+            "role": "user",
+            "content": f"The following are given documents.\n\n{format_docs(hits)}\n\n"
+            f"Answer the question: {question}\nAnswer:",
+        },
+    ]
 
 
 # "So the answer is X", "The answer to this question is: X", "Final answer: X", "Answer: X"
-ANSWER_MARKER = re.compile(r"(?:\bso\s+)?\b(?:the\s+)?(?:final\s+|short\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?"
-                     r"\s*(?:\bis\b\s*:?|:)[ \t]*", re.IGNORECASE)
+ANSWER_MARKER = re.compile(
+    r"(?:\bso\s+)?\b(?:the\s+)?(?:final\s+|short\s+)?answer(?:\s+to\s+(?:this|the)\s+question)?"
+    r"\s*(?:\bis\b\s*:?|:)[ \t]*",
+    re.IGNORECASE,
+)
 # DRAGIN's Appendix B marker: its few-shot exemplars end with "So the answer is X." The general marker would
 # also match reasoning such as "the answer is not in the question".
 SO_THE_ANSWER_IS = re.compile(r"\bso\s+the\s+answer\s+is\b\s*:?[ \t]*", re.IGNORECASE)
@@ -53,7 +60,7 @@ def marked_answer(text: str, marker: re.Pattern[str] = ANSWER_MARKER) -> str | N
     first = next(found, None)
     if first is None:
         return None
-    rests = (text[m.end():].split("\n", 1)[0] for m in (first, *found))
+    rests = (text[m.end() :].split("\n", 1)[0] for m in (first, *found))
     return next((_clean(r) for r in rests if _clean(r)), "")
 
 
@@ -61,5 +68,5 @@ def extract_answer(text: str) -> str:
     """The one rule every method's prediction follows: the answer after an answer marker (`marked_answer`),
     else the first non-empty line without a leading marker; surrounding quotes and a final period removed."""
     stripped = (line.strip() for line in text.strip().splitlines())
-    lines = (line[m.end():] if (m := ANSWER_MARKER.match(line)) else line for line in stripped)
+    lines = (line[m.end() :] if (m := ANSWER_MARKER.match(line)) else line for line in stripped)
     return marked_answer(text) or next((_clean(x) for x in lines if _clean(x)), "")

@@ -28,7 +28,6 @@ from pipeline.errors import DynragError
 Program = Callable[[Question, Any], Generator[Request, Any, Answer]]
 
 
-
 class MethodError(DynragError, ValueError):
     """An unknown method name or an invalid method parameter."""
 

@@ -124,9 +124,14 @@ class Reservoir:
                     "INSERT INTO knowledge(title, content, source_id, embedding, version, updated_at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(title) DO UPDATE SET content=excluded.content, "
                     "source_id=excluded.source_id, embedding=excluded.embedding, version=excluded.version, "
-                    "updated_at=excluded.updated_at", (title, content, sid, v.tobytes(), version, now))
-            self.db.execute("INSERT INTO meta(key, value) VALUES ('version', ?) "
-                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (version,))
+                    "updated_at=excluded.updated_at",
+                    (title, content, sid, v.tobytes(), version, now),
+                )
+            self.db.execute(
+                "INSERT INTO meta(key, value) VALUES ('version', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (version,),
+            )
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -154,10 +159,19 @@ class Reservoir:
         """(titles, contents, source ids, title matrix), re-read only after a commit by anyone."""
         dv = int(self.db.execute("PRAGMA data_version").fetchone()[0])  # changes on others' commits
         if self._cache is None or self._cache[:2] != (dv, self._own_writes):
-            rows = self.db.execute("SELECT title, content, source_id, embedding FROM knowledge ORDER BY title").fetchall()
-            mat = (np.stack([np.frombuffer(r[3], dtype=np.float32) for r in rows]) if rows
-                   else np.zeros((0, 0), dtype=np.float32))
-            self._cache = (dv, self._own_writes, ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], mat))
+            rows = self.db.execute(
+                "SELECT title, content, source_id, embedding FROM knowledge ORDER BY title"
+            ).fetchall()
+            mat = (
+                np.stack([np.frombuffer(r[3], dtype=np.float32) for r in rows])
+                if rows
+                else np.zeros((0, 0), dtype=np.float32)
+            )
+            self._cache = (
+                dv,
+                self._own_writes,
+                ([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], mat),
+            )
         return self._cache[2]
 
     def similarities(self, query_vecs: np.ndarray) -> np.ndarray:
@@ -232,8 +246,12 @@ class ReservoirBackend:
             by_store.setdefault(it.get("store"), []).append(i)
         result = [0] * len(items)
         for path, idx in by_store.items():
-            version = self.store(path).upsert([Knowledge(items[i]["title"], items[i]["content"], items[i]["vector"],
-                                                         items[i].get("id", "")) for i in idx])
+            version = self.store(path).upsert(
+                [
+                    Knowledge(items[i]["title"], items[i]["content"], items[i]["vector"], items[i].get("id", ""))
+                    for i in idx
+                ]
+            )
             for i in idx:
                 result[i] = version
         return result

@@ -44,43 +44,61 @@ STOPS = ("Intermediate answer:", "\nQuestion:", "\n\n")
 
 # Our own exemplars in the paper's format (Fig. 3).
 _SHOTS = [
-    ("Who was born earlier, the composer of the opera Tosca or the author of Dracula?",
-     [("Who composed the opera Tosca?", "Giacomo Puccini."),
-      ("When was Giacomo Puccini born?", "22 December 1858."),
-      ("Who wrote Dracula?", "Bram Stoker."),
-      ("When was Bram Stoker born?", "8 November 1847.")], "Bram Stoker"),
-    ("What is the capital of the country where the film Amelie was made?",
-     [("In which country was the film Amelie made?", "France."),
-      ("What is the capital of France?", "Paris.")], "Paris"),
+    (
+        "Who was born earlier, the composer of the opera Tosca or the author of Dracula?",
+        [
+            ("Who composed the opera Tosca?", "Giacomo Puccini."),
+            ("When was Giacomo Puccini born?", "22 December 1858."),
+            ("Who wrote Dracula?", "Bram Stoker."),
+            ("When was Bram Stoker born?", "8 November 1847."),
+        ],
+        "Bram Stoker",
+    ),
+    (
+        "What is the capital of the country where the film Amelie was made?",
+        [("In which country was the film Amelie made?", "France."), ("What is the capital of France?", "Paris.")],
+        "Paris",
+    ),
     ("What is the capital of Italy?", [], "Rome"),
 ]
 
 
 def _shot(question: str, steps: list[tuple[str, str]], final: str) -> str:
     body = "".join(f"Follow up: {f}\nIntermediate answer: {a}\n" for f, a in steps)
-    return (f"Question: {question}\nAre follow up questions needed here: {'Yes' if steps else 'No'}.\n"
-            f"{body}{FORCE} {final}\n\n")
+    return (
+        f"Question: {question}\nAre follow up questions needed here: {'Yes' if steps else 'No'}.\n"
+        f"{body}{FORCE} {final}\n\n"
+    )
 
 
-DEFAULT_TEMPLATE = PromptTemplate(chat=False, user="".join(_shot(*s) for s in _SHOTS)
-                                  + "Question: {question}\nAre follow up questions needed here:")
+DEFAULT_TEMPLATE = PromptTemplate(
+    chat=False, user="".join(_shot(*s) for s in _SHOTS) + "Question: {question}\nAre follow up questions needed here:"
+)
 DEFAULT_ANSWER_TEMPLATE = PromptTemplate(
     system=RAG_SYSTEM,
-    user="The following are given documents.\n\n{reference}\nAnswer the question: {question}\nAnswer:")
+    user="The following are given documents.\n\n{reference}\nAnswer the question: {question}\nAnswer:",
+)
 
 
 class SelfAskParams(MethodParams):
     k: int | None = Field(None, ge=1, le=100, description="passages retrieved per follow-up (None: retrieval.k)")
     max_follow_ups: int = Field(5, ge=0, le=20, description="follow-up questions answered at most")
     step_tokens: int = Field(64, ge=4, le=512, description="new tokens per self-ask step")
-    answer_tokens: int | None = Field(None, ge=1, description="new tokens of an intermediate answer "
-                                                               "(None: generation.max_new_tokens)")
+    answer_tokens: int | None = Field(
+        None, ge=1, description="new tokens of an intermediate answer (None: generation.max_new_tokens)"
+    )
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
-    template: PromptTemplate | None = Field(None, description="self-ask prompt head, continued by the transcript; "
-                                            "fields {question} {reference} (the latest follow-up's passages); "
-                                            "None: our own")
-    answer_template: PromptTemplate | None = Field(None, description="prompt answering a follow-up from its "
-                                                   "passages; fields {question} {reference}; None: short-answer RAG")
+    template: PromptTemplate | None = Field(
+        None,
+        description="self-ask prompt head, continued by the transcript; "
+        "fields {question} {reference} (the latest follow-up's passages); "
+        "None: our own",
+    )
+    answer_template: PromptTemplate | None = Field(
+        None,
+        description="prompt answering a follow-up from its "
+        "passages; fields {question} {reference}; None: short-answer RAG",
+    )
 
     @field_validator("template", "answer_template")
     @classmethod
@@ -94,9 +112,9 @@ def read_step(text: str) -> tuple[str, str | None, str | None]:
     final answer ("" when empty after its marker), whichever comes first; (text, None, None) for neither."""
     follow, final = FOLLOW_UP.search(text), FINAL.search(text)
     if follow and follow.group(1).strip() and (final is None or follow.start() < final.start()):
-        return text[:follow.end()].rstrip() + "\n", follow.group(1).strip(), None
+        return text[: follow.end()].rstrip() + "\n", follow.group(1).strip(), None
     if final:
-        return text, None, marked_answer(text[final.start():], marker=FINAL) or ""
+        return text, None, marked_answer(text[final.start() :], marker=FINAL) or ""
     return text, None, None
 
 
@@ -104,20 +122,32 @@ def _generate(prompt: Any, chat: bool, spec: SamplingSpec, stage: str) -> Genera
     return (yield Generate([prompt], sampling=spec, chat=chat, stage=stage))[0].text
 
 
-def answer_follow_up(follow: str, p: SelfAskParams, reader: PromptTemplate, follow_ups: list[dict[str, str]],
-                     used: dict[str, Hit]) -> Generator[Request, Any, list[Hit]]:
+def answer_follow_up(
+    follow: str, p: SelfAskParams, reader: PromptTemplate, follow_ups: list[dict[str, str]], used: dict[str, Hit]
+) -> Generator[Request, Any, list[Hit]]:
     """Retrieve for the follow-up, answer it from its passages; recorded in `follow_ups` and `used`."""
-    hits = (yield Retrieve([follow], k=p.k, retriever=p.retriever, step=f"follow-up-{len(follow_ups) + 1}",
-                           path="follow-up"))[0]
+    hits = (
+        yield Retrieve(
+            [follow], k=p.k, retriever=p.retriever, step=f"follow-up-{len(follow_ups) + 1}", path="follow-up"
+        )
+    )[0]
     used.update((h.id, h) for h in hits if h.id not in used)
-    said = yield from _generate(reader.render(hits, question=follow), reader.chat,
-                                SamplingSpec(max_tokens=p.answer_tokens), "intermediate-answer")
+    said = yield from _generate(
+        reader.render(hits, question=follow),
+        reader.chat,
+        SamplingSpec(max_tokens=p.answer_tokens),
+        "intermediate-answer",
+    )
     follow_ups.append({"question": follow, "answer": extract_answer(said) or "unknown"})
     return list(hits)
 
 
-@register_method("self-ask", params=SelfAskParams, paper=PAPER,
-                 description="self-ask: the model writes follow-up questions, each answered from retrieval")
+@register_method(
+    "self-ask",
+    params=SelfAskParams,
+    paper=PAPER,
+    description="self-ask: the model writes follow-up questions, each answered from retrieval",
+)
 def self_ask(q: Question, p: SelfAskParams) -> Generator[Request, Any, Answer]:
     tpl, reader = p.template or DEFAULT_TEMPLATE, p.answer_template or DEFAULT_ANSWER_TEMPLATE
     transcript = ""
@@ -145,6 +175,10 @@ def self_ask(q: Question, p: SelfAskParams) -> Generator[Request, Any, Answer]:
         said = yield from _generate(prompt, tpl.chat, SamplingSpec(max_tokens=32, stop=("\n",)), "self-ask")
         answer = extract_answer(said)
     extra = {"follow_ups": follow_ups, "stopped": stopped, "answer_forced": forced}
-    return Answer(answer or "", transcript.strip(), used_docs=list(used.values()),
-                  retrieval_triggered=bool(follow_ups), extra=extra)
-
+    return Answer(
+        answer or "",
+        transcript.strip(),
+        used_docs=list(used.values()),
+        retrieval_triggered=bool(follow_ups),
+        extra=extra,
+    )

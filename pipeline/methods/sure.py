@@ -44,21 +44,34 @@ from pipeline.methods.templates import PromptTemplate, check_template
 PAPER = "SuRe (Kim et al., ICLR 2024), Sec. 3"
 
 # Field names follow the usual ones of such templates (FlashRAG's included): pred = the candidate.
-FIELDS = {"candidates": {"reference", "question", "N", "n"}, "summary": {"reference", "question", "pred"},
-          "validity": {"question", "pred", "summary"}, "rank": {"question", "summary1", "summary2"}}
+FIELDS = {
+    "candidates": {"reference", "question", "N", "n"},
+    "summary": {"reference", "question", "pred"},
+    "validity": {"question", "pred", "summary"},
+    "rank": {"question", "summary1", "summary2"},
+}
 _DOC = "Passage {idx}: {title}. {text}\n"
 DEFAULTS = {
-    "candidates": PromptTemplate(doc=_DOC, system="Read the passages and give {n} different short candidate answers "
-                                 "to the question, each at most three words, as: (a) first, (b) second.",
-                                 user="{reference}\nQuestion: {question}\nCandidates:"),
-    "summary": PromptTemplate(doc=_DOC, system="Summarise the passages in a few sentences that support the given "
-                              "answer to the question. Use only what the passages say.",
-                              user="{reference}\nQuestion: {question}\nAnswer: {pred}\nSummary:"),
-    "validity": PromptTemplate(system="Does the summary support the answer to the question? Reply True or False.",
-                               user="Question: {question}\nAnswer: {pred}\nSummary: {summary}\nSupported:"),
-    "rank": PromptTemplate(system="Which summary is more informative for answering the question? "
-                           "Reply Summary 1 or Summary 2.",
-                           user="Question: {question}\nSummary 1: {summary1}\nSummary 2: {summary2}\nBetter:"),
+    "candidates": PromptTemplate(
+        doc=_DOC,
+        system="Read the passages and give {n} different short candidate answers "
+        "to the question, each at most three words, as: (a) first, (b) second.",
+        user="{reference}\nQuestion: {question}\nCandidates:",
+    ),
+    "summary": PromptTemplate(
+        doc=_DOC,
+        system="Summarise the passages in a few sentences that support the given "
+        "answer to the question. Use only what the passages say.",
+        user="{reference}\nQuestion: {question}\nAnswer: {pred}\nSummary:",
+    ),
+    "validity": PromptTemplate(
+        system="Does the summary support the answer to the question? Reply True or False.",
+        user="Question: {question}\nAnswer: {pred}\nSummary: {summary}\nSupported:",
+    ),
+    "rank": PromptTemplate(
+        system="Which summary is more informative for answering the question? Reply Summary 1 or Summary 2.",
+        user="Question: {question}\nSummary 1: {summary1}\nSummary 2: {summary2}\nBetter:",
+    ),
 }
 VALIDITY_CHOICES = ("True", "False")
 RANK_CHOICES = ("Summary 1", "Summary 2")
@@ -72,8 +85,9 @@ class SureParams(MethodParams):
     both_orders: bool = Field(True, description="judge each pair in both orders (mean), else once")
     constrained: bool = Field(True, description="hold candidate/validity/ranking outputs to their formats")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
-    templates: dict[str, PromptTemplate] | None = Field(None, description="prompts by step (candidates, "
-                                                 "summary, validity, rank); missing ones: our own")
+    templates: dict[str, PromptTemplate] | None = Field(
+        None, description="prompts by step (candidates, summary, validity, rank); missing ones: our own"
+    )
 
     @field_validator("templates")
     @classmethod
@@ -134,12 +148,17 @@ def _ask(prompts: list, tpl: PromptTemplate, stage: str, spec: SamplingSpec) -> 
 
 
 def _spec(p: SureParams, max_tokens: int, choice: tuple[str, ...] = (), regex: str | None = None) -> SamplingSpec:
-    return SamplingSpec(max_tokens=max_tokens, choice=choice if p.constrained else (),
-                        regex=regex if p.constrained else None)
+    return SamplingSpec(
+        max_tokens=max_tokens, choice=choice if p.constrained else (), regex=regex if p.constrained else None
+    )
 
 
-@register_method("sure", params=SureParams, paper=PAPER,
-                 description="answer candidates, a summary per candidate, validity + pairwise ranking pick one")
+@register_method(
+    "sure",
+    params=SureParams,
+    paper=PAPER,
+    description="answer candidates, a summary per candidate, validity + pairwise ranking pick one",
+)
 def sure(q: Question, p: SureParams) -> Generator[Request, Any, Answer]:
     hits: list[Hit] = (yield Retrieve([q.question], k=p.k, retriever=p.retriever, step="retrieve", path="query"))[0]
     tpl = p.template("candidates")
@@ -151,15 +170,27 @@ def sure(q: Question, p: SureParams) -> Generator[Request, Any, Answer]:
     if len(cands) < 2:
         return Answer(cands[0] if cands else "", raw, used_docs=list(hits), extra=extra)
     tpl = p.template("summary")
-    summaries = yield from _ask([tpl.render(hits, question=q.question, pred=c) for c in cands], tpl, "summarize",
-                                SamplingSpec(max_tokens=p.summary_tokens))
+    summaries = yield from _ask(
+        [tpl.render(hits, question=q.question, pred=c) for c in cands],
+        tpl,
+        "summarize",
+        SamplingSpec(max_tokens=p.summary_tokens),
+    )
     tpl = p.template("validity")
-    checks = yield from _ask([tpl.render(question=q.question, pred=c, summary=s) for c, s in zip(cands, summaries)],
-                             tpl, "validate", _spec(p, 4, choice=VALIDITY_CHOICES))
+    checks = yield from _ask(
+        [tpl.render(question=q.question, pred=c, summary=s) for c, s in zip(cands, summaries)],
+        tpl,
+        "validate",
+        _spec(p, 4, choice=VALIDITY_CHOICES),
+    )
     order = pairs(len(cands), p.both_orders)
     tpl = p.template("rank")
-    judged = yield from _ask([tpl.render(question=q.question, summary1=summaries[a], summary2=summaries[b])
-                              for a, b in order], tpl, "rank", _spec(p, 4, choice=RANK_CHOICES))
+    judged = yield from _ask(
+        [tpl.render(question=q.question, summary1=summaries[a], summary2=summaries[b]) for a, b in order],
+        tpl,
+        "rank",
+        _spec(p, 4, choice=RANK_CHOICES),
+    )
     valid = [validity(t) for t in checks]
     ranks = ranking_scores(len(cands), [(ab, prefers_first(t)) for ab, t in zip(order, judged)])
     scores = [v + r for v, r in zip(valid, ranks)]

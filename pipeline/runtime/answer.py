@@ -45,14 +45,20 @@ _OUTPUT_FIELDS = ("model", "backend", "dtype", "temperature", "top_p", "max_new_
 
 def run_settings(cfg: DynragConfig, params: Any) -> dict[str, Any]:
     """What decides a run's rows: the method, its parameters, and the generation and retrieval settings."""
-    return {"method": cfg.method.name, "params": params.model_dump(mode="json"),
-            "generation": {k: getattr(cfg.generation, k) for k in _OUTPUT_FIELDS},
-            "retrieval": cfg.retrieval.model_dump(mode="json")}
+    return {
+        "method": cfg.method.name,
+        "params": params.model_dump(mode="json"),
+        "generation": {k: getattr(cfg.generation, k) for k in _OUTPUT_FIELDS},
+        "retrieval": cfg.retrieval.model_dump(mode="json"),
+    }
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    return {k2: v2 for k, v in d.items()
-            for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}
+    return {
+        k2: v2
+        for k, v in d.items()
+        for k2, v2 in (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])
+    }
 
 
 def check_same_run(out: str, settings: dict[str, Any], chash: str) -> dict[str, Any] | None:
@@ -63,15 +69,27 @@ def check_same_run(out: str, settings: dict[str, Any], chash: str) -> dict[str, 
     if saved is None or saved["config_hash"] == chash:
         return saved
     old, new = _flat(saved["settings"]), _flat(settings)
-    diff = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
-                     if old.get(k) != new.get(k))
-    raise DynragError(f"{out} holds rows of another configuration ({diff or 'config hash ' + saved['config_hash']}); "
-                      "rerun with its settings, or choose another --out")
+    diff = "; ".join(
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)
+    )
+    raise DynragError(
+        f"{out} holds rows of another configuration ({diff or 'config hash ' + saved['config_hash']}); "
+        "rerun with its settings, or choose another --out"
+    )
 
 
-def run_answer(dataset: str, out: str, *, index: str | None = None, method: str | None = None,
-               limit: int | None = None, cfg: DynragConfig | None = None, dataset_format: str | None = None,
-               backends: Any = None, progress: bool | None = None) -> dict[str, Any]:
+def run_answer(
+    dataset: str,
+    out: str,
+    *,
+    index: str | None = None,
+    method: str | None = None,
+    limit: int | None = None,
+    cfg: DynragConfig | None = None,
+    dataset_format: str | None = None,
+    backends: Any = None,
+    progress: bool | None = None,
+) -> dict[str, Any]:
     """Answer `dataset` into Parquet rows under `out`; returns the run summary (also in out/summary.json).
 
     The summary holds rows/answered/errors, mean em/f1/acc/precision/recall, support_recall, calls and
@@ -101,9 +119,21 @@ def run_answer(dataset: str, out: str, *, index: str | None = None, method: str 
         stack.enter_context(output_lock(out))
         stack.enter_context(stop_on_sigterm())
         todo = None if cfg.runtime.mode == "ray" else itertools.chain(first, questions)
-        return _run_answer(dataset, out, todo, index=index, spec=spec, params=params,
-                           settings=settings, chash=chash, new_output=saved is None, limit=limit, cfg=cfg,
-                           backends=backends, progress=progress)
+        return _run_answer(
+            dataset,
+            out,
+            todo,
+            index=index,
+            spec=spec,
+            params=params,
+            settings=settings,
+            chash=chash,
+            new_output=saved is None,
+            limit=limit,
+            cfg=cfg,
+            backends=backends,
+            progress=progress,
+        )
 
 
 def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack) -> Any:
@@ -157,24 +187,31 @@ def load_generator(backends) -> None:
     except Exception as exc:
         detail = first_line(exc)
         if "custom code" in str(exc) or "trust_remote_code" in str(exc):
-            detail = f"{type(exc).__name__}: the model folder ships its own code, which runs only with " \
-                     "generation.trust_remote_code=true"
+            detail = (
+                f"{type(exc).__name__}: the model folder ships its own code, which runs only with "
+                "generation.trust_remote_code=true"
+            )
         raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: {detail}") from exc
 
 
-def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends,
-                progress) -> dict[str, Any]:
+def _run_answer(
+    dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends, progress
+) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
     done = answered_ids(out)
-    row_args = dict(run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash,
-                    model=cfg.generation.model)
+    row_args = dict(
+        run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash, model=cfg.generation.model
+    )
     # a new folder's configuration, written with its first rows
     saved = {"method": spec.name, "config_hash": chash, "settings": settings}
-    header = {RUN_FILE: json.dumps(saved, indent=2, default=str), "config.resolved.yaml": resolved_yaml(cfg)} \
-        if new_output else None
+    header = (
+        {RUN_FILE: json.dumps(saved, indent=2, default=str), "config.resolved.yaml": resolved_yaml(cfg)}
+        if new_output
+        else None
+    )
 
     bar = None
     if show:
@@ -193,8 +230,16 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
             todo = pending_questions(questions, done, limit, counts)
             head = list(itertools.islice(todo, 1))  # nothing to answer: no engine (nor model) starts
             if head:
-                reports = _answer_local(itertools.chain(head, todo), counts, PartWriter(out, run_id, header), cfg,
-                                        spec, params, row_args, backends)
+                reports = _answer_local(
+                    itertools.chain(head, todo),
+                    counts,
+                    PartWriter(out, run_id, header),
+                    cfg,
+                    spec,
+                    params,
+                    row_args,
+                    backends,
+                )
             else:
                 reports = (r for r in [batch_report([], counts["skipped"], {})])
         with contextlib.closing(reports):
@@ -208,8 +253,12 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
                     if bar is not None:
                         bar.update(report["rows"])
     except KeyboardInterrupt as stop:
-        log.warning("%s: %d rows of this run are under %s; rerun the same command to answer the rest",
-                    stop or "interrupted", written, out)
+        log.warning(
+            "%s: %d rows of this run are under %s; rerun the same command to answer the rest",
+            stop or "interrupted",
+            written,
+            out,
+        )
         raise
     finally:
         if bar is not None:
@@ -217,11 +266,19 @@ def _run_answer(dataset, out, questions, *, index, spec, params, settings, chash
     if skipped:
         log.info("resumed: %d questions already had a row under %s", skipped, out)
     wall = time.perf_counter() - t0
-    summary = {"run_id": run_id, "out": out, "dataset": dataset, "method": spec.name,
-               "method_params": run_params(params.model_dump(mode="json"), cfg.model_dump(mode="json")),
-               "config_hash": chash, "model": cfg.generation.model,
-               "runtime": cfg.runtime.mode, "skipped_already_answered": skipped, "backend_batch_calls": batch_calls,
-               **summarize(out, wall_time_s=wall, new_rows=written)}
+    summary = {
+        "run_id": run_id,
+        "out": out,
+        "dataset": dataset,
+        "method": spec.name,
+        "method_params": run_params(params.model_dump(mode="json"), cfg.model_dump(mode="json")),
+        "config_hash": chash,
+        "model": cfg.generation.model,
+        "runtime": cfg.runtime.mode,
+        "skipped_already_answered": skipped,
+        "backend_batch_calls": batch_calls,
+        **summarize(out, wall_time_s=wall, new_rows=written),
+    }
     write_json(out, "summary.json", summary)
     return summary
 

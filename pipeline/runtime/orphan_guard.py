@@ -19,7 +19,8 @@ import uuid
 
 ENV = "DYNRAG_GUARD"
 
-_WATCHDOG = """
+_WATCHDOG = (
+    """
 import os, sys, threading, time, psutil
 parent, token = int(sys.argv[1]), sys.argv[2]
 seen = {}  # pid: start time, of every process seen under the parent
@@ -57,7 +58,9 @@ for _ in range(5):  # again, for any process a dying one started meanwhile
     if not marked:
         break
     psutil.wait_procs(marked, timeout=5)
-""" % ENV
+"""
+    % ENV
+)
 
 
 class OrphanGuard:
@@ -65,8 +68,9 @@ class OrphanGuard:
         self._previous = os.environ.get(ENV)
         token = uuid.uuid4().hex
         # its own session: a Ctrl-C to the job's process group does not end the watchdog early
-        self._proc = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), token],
-                                      stdin=subprocess.PIPE, start_new_session=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), token], stdin=subprocess.PIPE, start_new_session=True
+        )
         os.environ[ENV] = token
 
     def close(self) -> None:

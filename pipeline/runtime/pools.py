@@ -87,10 +87,11 @@ class PoolClient:
             return []
         n = min(len(self.actors), len(items))
         size = -(-len(items) // n)
-        chunks = [items[i:i + size] for i in range(0, len(items), size)]
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
         start, self._next = self._next, (self._next + len(chunks)) % len(self.actors)
-        return ray.get([self.actors[(start + j) % len(self.actors)].run.remote(op, c, *args)
-                        for j, c in enumerate(chunks)])
+        return ray.get(
+            [self.actors[(start + j) % len(self.actors)].run.remote(op, c, *args) for j, c in enumerate(chunks)]
+        )
 
     def search(self, queries: list[str], k: int, retriever: str):
         return [hits for part in self._map("search", queries, k, retriever) for hits in part]

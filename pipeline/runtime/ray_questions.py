@@ -46,8 +46,9 @@ class QuestionSource(Datasource):
     def estimate_inmemory_data_size(self) -> int | None:
         return None
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context=None) -> list[ReadTask]:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context=None
+    ) -> list[ReadTask]:
         meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=[self.source])
         return [ReadTask(self._read, meta)]
 

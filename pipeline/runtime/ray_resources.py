@@ -27,13 +27,13 @@ def engine_actor_options(cfg) -> dict:
     return opts
 
 
-
 def pool_actor_options(cfg, kind: str) -> tuple[int, dict]:
     """(actors, `.options(...)` of each) of the `kind` pool: "retrieval" (CPU only) or "scorer"."""
     r = cfg.ray
     n, cpus, gpus, resources = {
         "retrieval": (r.retrieval_actors, r.retrieval_actor_num_cpus, 0.0, r.retrieval_actor_resources),
-        "scorer": (r.scorer_actors, r.scorer_actor_num_cpus, r.scorer_actor_num_gpus, r.scorer_actor_resources)}[kind]
+        "scorer": (r.scorer_actors, r.scorer_actor_num_cpus, r.scorer_actor_num_gpus, r.scorer_actor_resources),
+    }[kind]
     opts: dict = {"num_cpus": cpus}
     gpus = gpus_or_fallback(gpus, r.gpu_fallback, f"each {kind} actor")
     if gpus:

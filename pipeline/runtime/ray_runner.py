@@ -30,8 +30,15 @@ log = logging.getLogger(__name__)
 class EngineActor:
     """A Ray Data actor: builds the backends once; answers one batch of questions per call and writes its rows."""
 
-    def __init__(self, cfg_json: dict, index_dir: str | None, row_args: dict, out: str,
-                 header: dict[str, str] | None, pools: dict[str, list] | None = None):
+    def __init__(
+        self,
+        cfg_json: dict,
+        index_dir: str | None,
+        row_args: dict,
+        out: str,
+        header: dict[str, str] | None,
+        pools: dict[str, list] | None = None,
+    ):
         from pipeline.backends import Backends
         from pipeline.engine.continuous import make_engine
         from pipeline.io.output import PartWriter
@@ -107,8 +114,17 @@ def _for_workers(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
-def answer_with_ray(dataset: str, out: str, cfg: DynragConfig, index_dir: str | None, row_args: dict, *,
-                    header: dict[str, str] | None, done: set[str], limit: int | None) -> Generator[dict[str, Any], None, None]:
+def answer_with_ray(
+    dataset: str,
+    out: str,
+    cfg: DynragConfig,
+    index_dir: str | None,
+    row_args: dict,
+    *,
+    header: dict[str, str] | None,
+    done: set[str],
+    limit: int | None,
+) -> Generator[dict[str, Any], None, None]:
     """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes."""
     import ray
 
@@ -132,7 +148,8 @@ def answer_with_ray(dataset: str, out: str, cfg: DynragConfig, index_dir: str | 
         ds = ds.map_batches(
             EngineActor,
             fn_constructor_args=(cfg.model_dump(mode="json"), _for_workers(index_dir), row_args, out, header, pools),
-            batch_size=batch, batch_format="numpy",
+            batch_size=batch,
+            batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
             **engine_actor_options(cfg),
         )
