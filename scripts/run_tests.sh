@@ -4,7 +4,7 @@
 # and Ray beside a JVM that other files started crashed one long-lived interpreter (a segfault, seen with
 # test_indexing_incremental's Ray build). Each of those runs in a process of its own, after the rest.
 # TESTS=glob picks the files (default tests/test_*.py). Ends with the failing test ids, if any, and the summed
-# plain line "N passed, N failed, N skipped". Extra args go to every pytest.
+# plain line "N passed, N failed, N skipped"; each process prints its 15 slowest tests. Extra args go to every pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
@@ -16,7 +16,7 @@ done
 passed=0; failed=0; skipped=0; status=0; failures=""
 run() {  # one pytest process over the files given
   echo "=== $*"
-  out=$("$py" -m pytest -q -rfE -p no:cacheprovider "$@" "${extra[@]}" 2>&1); rc=$?
+  out=$("$py" -m pytest -q -rfE -p no:cacheprovider --durations=15 "$@" "${extra[@]}" 2>&1); rc=$?
   printf '%s\n' "$out" | tail -n 40
   line=$(printf '%s\n' "$out" | grep -E '^[=]* ?[0-9]+ (passed|failed|skipped|deselected|error)' | tail -n 1)
   n() { printf '%s' "$line" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' || echo 0; }
