@@ -14,8 +14,8 @@ import pytest
 
 from indexing.hits import Hit
 from jobs.bench.flashrag import agreement, driver_config, flashrag_prompt
-from jobs.bench.rss import TreeRss, run_measured
 from jobs.bench.flashrag_driver import flashrag_config, read_result
+from jobs.bench.rss import TreeRss, run_measured
 from pipeline.config import load_config
 from pipeline.methods.prompts import rag_prompt
 
@@ -123,13 +123,14 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
     assert "figures of answer" in out and "peak RSS of its process tree 1.00 GiB" in out
 
 
-def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
+def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None):
+    """`bench flashrag` with both sides and FlashRAG's venv faked: the commands run, in order, and the
+    templates dump (`dumped`) the bench reads from FlashRAG's package."""
     import jobs.bench.flashrag as bench
     import jobs.bench.flashrag_env
     import jobs.bench.roofline
     import pipeline.assets.models
     from jobs.bench.rss import Measured
-    from jobs.cli import build_parser
 
     order, commands = [], {}
 
@@ -139,22 +140,39 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
         commands[side] = cmd
         r = {"questions": 2, "seconds": 4e-6, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
              "prompt_tokens_per_question": 100.0, "completion_tokens_per_question": 10.0,
+             "llm_calls_per_question": 2.5 if side == "dynrag" else 3.0, "retrievals_per_question": 1.5,
              "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
+        if side == "dynrag":
+            r["answers"] = {"a": "Paris", "b": "y"}
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
 
     monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
     model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
     monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
-    monkeypatch.setattr(bench, "prepare", lambda cfg, ds, limit, warmup, work: {
-        "questions": limit, "warmup_questions": min(warmup, 3), "passages": 5})  # a file of limit + 3 questions
+
+    def prepare(cfg, ds, limit, warmup, work):  # a file of limit + 3 questions
+        (work / "questions.jsonl").write_text(json.dumps({"id": "a", "answers": ["Paris"]}) + "\n"
+                                              + json.dumps({"id": "b", "answers": ["z"]}) + "\n")
+        return {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5}
+
+    monkeypatch.setattr(bench, "prepare", prepare)
+    monkeypatch.setattr(bench, "dump_templates", lambda *a: dumped)
     monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(bench, "run_measured", fake)
+    return order, commands, model
+
+
+def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
+    from jobs.cli import build_parser
+
+    order, commands, model = fake_sides(monkeypatch, tmp_path)
     args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir",
                                       str(tmp_path)])
     assert args.func(args) == 0
     assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
     figures = json.loads(capsys.readouterr().out)
     assert figures["ratio_median"] == 10.0 and len(figures["repeats"]) == 2
+    assert figures["method"] == "sr-rag" and figures["flashrag_pipeline"] == "SequentialPipeline"
     # both sides warm up on the questions after the timed ones (16 asked, 3 left in the file), never on timed ones
     assert figures["warmup_questions"] == 3
     assert commands["dynrag"][commands["dynrag"].index("--warmup") + 1] == str(tmp_path / "warmup.jsonl")
@@ -166,12 +184,14 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     # 2 questions x (2 x 64 FLOPs a prompt token x 100 + 2 x (64 + 400) a generated token x 10) in 4 us
     assert rep["dynrag"]["model_gflops"] == rep["flashrag"]["model_gflops"] == 11.0
     assert figures["matmul_gflops"] == 0.0  # rounded to 0.1
+    # each side scored on its own answers: dynrag's "Paris" is right, FlashRAG's raw "x" is not
+    assert (rep["dynrag"]["em"], rep["flashrag"]["em"]) == (0.5, 0.0)
 
 
 def save_weights(folder, shapes: dict):
     """A model folder holding only zero weights of these shapes (what roofline.py reads)."""
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: torch.zeros(s) for k, s in shapes.items()}, str(folder / "model.safetensors"))
