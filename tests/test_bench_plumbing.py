@@ -111,7 +111,8 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
 
     def fake(cmd, **_):
         seen.append(cmd)
-        return Measured(0 if "dragin" not in cmd else 1, f"figures of {cmd[cmd.index('bench') + 1]}\n", "boom", 1.0, 2**30)
+        name = cmd[cmd.index("bench") + 1]
+        return Measured(0 if "dragin" not in cmd else 1, f"figures of {name}\n", "boom", 1.0, 2**30)
 
     monkeypatch.setattr(bench_all, "run_measured", fake)
     args = build_parser().parse_args(["bench", "all", "--index", "IDX", "--quick", "--only", "answer", "dragin",
@@ -246,6 +247,190 @@ def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_bes
     (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"threads": 1}))
-    r = subprocess.run(flashrag_command(sys.executable, config), env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    r = subprocess.run(flashrag_command(sys.executable, config),
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
                        capture_output=True, text=True, timeout=300)
     assert "the flashrag package" in r.stdout, r.stderr[-2000:]
+
+
+# -- bench flashrag --method: methods, FlashRAG's templates, counts ------------------------------------------------
+FLASHRAG_CLASSES = {"sr-rag": "SequentialPipeline", "flare": "FLAREPipeline", "ircot": "IRCOTPipeline",
+                    "self-ask": "SelfAskPipeline", "iter-retgen": "IterativePipeline", "sure": "SuRePipeline"}
+
+
+def made_up_dump() -> dict:
+    """What the driver's --templates writes, with made-up text (the project carries no FlashRAG prompt)."""
+    def tpl(user, chat=True, doc="D{idx} {title}: {text}\n"):
+        return {"system": "", "user": user, "doc": doc, "chat": chat}
+
+    return {"defaults": {"max_iter": 4, "iter_num": 3, "threshold": 0.25, "max_iter_num": 6, "single_hop": True},
+            "templates": {"standard": tpl("{reference}Q: {question}"),
+                          "prompt": tpl("{reference}Q {question}\nT:", False),
+                          "head": tpl("Ask.\n{reference}Q: {question}\nNeeded: No.\n", False),
+                          "candidates": tpl("{N} docs\n{reference}Q: {question}"),
+                          "summary": tpl("{reference}Q: {question} P: {pred}"),
+                          "validity": tpl("Q: {question} P: {pred} S: {summary}"),
+                          "rank": tpl("Q: {question} 1: {summary1} 2: {summary2}")}}
+
+
+def test_each_method_maps_to_flashrags_pipeline_class_and_a_dynrag_method(tmp_path):
+    from jobs.bench.flashrag_methods import METHODS, bench_method
+    from pipeline.methods.registry import get_method
+
+    assert {m: spec.pipeline for m, spec in METHODS.items()} == FLASHRAG_CLASSES
+    cfg = load_config(None, ["generation.max_new_tokens=24"])
+    for name in METHODS:
+        assert get_method(name).name == name
+        c = driver_config(cfg, "/m", tmp_path, k=3, warmup=False, batch=8, method=name)
+        assert c["pipeline"] == FLASHRAG_CLASSES[name] and c["dynrag_prompt"] == (name == "sr-rag")
+        assert (METHODS[name].differs is None) == (name == "sr-rag")  # every other method says what differs
+    assert driver_config(cfg, "/m", tmp_path, 3, False, 8, "flare")["pipeline_kwargs"] == {
+        "max_generation_length": 24, "look_ahead_steps": 24}
+    with pytest.raises(ValueError, match="unknown method 'self-rag'.*ircot"):
+        bench_method("self-rag")
+
+
+def test_unknown_method_is_a_clear_cli_error_and_help_lists_the_methods(capsys):
+    from jobs.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "flashrag", "--method", "self-rag"])
+    assert "invalid choice: 'self-rag'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "flashrag", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(f"{m} ({c})" in out for m, c in FLASHRAG_CLASSES.items())
+
+
+@pytest.mark.parametrize("method", ["ircot", "self-ask", "iter-retgen", "sure", "flare"])
+def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method):
+    from jobs.bench.flashrag_methods import dynrag_params
+    from pipeline.methods.registry import get_method
+    from pipeline.methods.templates import PromptTemplate
+
+    d = made_up_dump()
+    values = dynrag_params(method, d, k=4, max_new_tokens=24)
+    p = get_method(method).params(json.loads(json.dumps(values)))  # as the side reads its --params file
+    assert p.k == 4
+    t = d["templates"]
+    if method == "ircot":
+        assert p.template == PromptTemplate(**t["prompt"]) and p.max_steps == 4 and p.sentence_tokens == 24
+    elif method == "self-ask":
+        assert p.template == PromptTemplate(**t["head"]) and p.answer_template == PromptTemplate(**t["standard"])
+        assert p.max_follow_ups == 2  # FlashRAG's 4 generate calls alternate follow-up and intermediate answer
+    elif method == "iter-retgen":
+        assert p.template == PromptTemplate(**t["prompt"]) and p.iterations == 3 and p.max_tokens == 24
+    elif method == "sure":
+        assert {s: p.template(s) for s in ("candidates", "summary", "validity", "rank")} == {
+            s: PromptTemplate(**t[s]) for s in ("candidates", "summary", "validity", "rank")}
+        assert not p.constrained and p.candidates == 2
+    else:  # dynrag's flare takes no template: FlashRAG's threshold and retrieval budget only
+        assert p.prob_threshold == 0.25 and p.max_retrievals == 6 and p.max_tokens == 24
+
+
+def test_a_template_with_a_field_the_method_does_not_fill_is_refused_before_any_side_runs():
+    from jobs.bench.flashrag_methods import dynrag_params
+    from pipeline.methods.registry import MethodError
+
+    d = made_up_dump()
+    d["templates"]["prompt"]["user"] += "{examplars}"
+    with pytest.raises(MethodError, match="examplars"):
+        dynrag_params("ircot", d, k=3, max_new_tokens=24)
+
+
+def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, capsys, tmp_path):
+    from jobs.cli import build_parser
+
+    order, commands, _ = fake_sides(monkeypatch, tmp_path, dumped=made_up_dump())
+    args = build_parser().parse_args(["bench", "flashrag", "--method", "ircot", "--limit", "2", "--workdir",
+                                      str(tmp_path)])
+    assert args.func(args) == 0
+    dyn = commands["dynrag"]
+    assert dyn[dyn.index("--method") + 1] == "ircot"
+    params = json.loads(open(dyn[dyn.index("--params") + 1]).read())
+    assert params["template"] == made_up_dump()["templates"]["prompt"] and params["max_steps"] == 4
+    assert json.loads((tmp_path / "flashrag.json").read_text())["pipeline"] == "IRCOTPipeline"
+    out = capsys.readouterr().out
+    assert "ircot vs FlashRAG IRCOTPipeline" in out and "prompts/steps differ: same prompt text" in out
+    assert "dynrag's template: FlashRAG's own" in out
+    assert "LLM calls 2.50, retrievals 1.50, prompt tokens 100.0, generated tokens 10.0" in out
+    assert "LLM calls 3.00" in out and "EM 0.500 F1 0.500" in out
+    assert "identical predictions 2/2 (100%)" in out and "overlap" not in out  # top-k overlap: sr-rag only
+    assert "no ratio above" in out and "questions/s: 10.0" in out
+
+
+class _Tokens(list):
+    @property
+    def shape(self):
+        return (len(self), len(self[0]))
+
+    def sum(self):
+        return sum(map(sum, self))
+
+
+class _Seqs(_Tokens):
+    def __getitem__(self, key):
+        rows, cols = key if isinstance(key, tuple) else (key, slice(None))
+        return _Seqs(r[cols] for r in list.__getitem__(self, rows))
+
+    def tolist(self):
+        return [list(r) for r in self]
+
+
+def test_counts_wrap_flashrags_generator_and_retriever():
+    from types import SimpleNamespace
+
+    from jobs.bench.flashrag_probe import Counts
+
+    def model_generate(input_ids, attention_mask, **_):  # two prompts of 3 and 2 tokens; 0 pads, 9 ends
+        return SimpleNamespace(sequences=_Seqs([input_ids[0] + [5, 6, 9, 0], input_ids[1] + [7, 0, 0, 0]]))
+
+    model = SimpleNamespace(generate=model_generate)
+    gen = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=9))
+    gen.generate = lambda prompts, **_: [gen.model.generate(input_ids=_Tokens([[1, 2, 3], [0, 1, 2]]),
+                                                            attention_mask=_Tokens([[1, 1, 1], [0, 1, 1]]))] * 2
+    ret = SimpleNamespace(search=lambda q, **_: [], batch_search=lambda qs, **_: [[] for _ in qs])
+    counts = Counts(SimpleNamespace(generator=gen, retriever=ret))
+    gen.generate(["p1", "p2"])
+    ret.search("q")
+    ret.batch_search(["a", "b", "c"], return_score=True)
+    # generated: each row's tokens up to and with its first end (or pad) token
+    assert counts.totals == {"llm_calls": 2, "retrievals": 4, "prompt_tokens": 5, "completion_tokens": 3 + 2}
+    assert counts.per_question(2)["retrievals_per_question"] == 2.0
+    counts.reset()
+    assert counts.per_question(2)["llm_calls_per_question"] == 0.0
+
+
+class _FakeTemplate:
+    """A FlashRAG-shaped PromptTemplate (made-up text)."""
+
+    system_prompt, user_prompt, is_chat, enable_chat = "Sys {reference}", "Q: {question}", True, False
+
+    def format_reference(self, docs):
+        return "".join(f"[{i + 1}] {{{d['title']}}} {d['text']}\n" for i, d in enumerate(docs))
+
+
+def test_probe_reads_flashrags_template_objects_as_dynrag_templates():
+    from jobs.bench.flashrag_probe import doc_format, self_ask_head, template_fields
+    from pipeline.methods.templates import PromptTemplate
+
+    fields = template_fields(_FakeTemplate())
+    assert fields == {"system": "Sys {reference}", "user": "Q: {question}", "doc": "[{idx}] {{{title}}} {text}\n",
+                      "chat": False}
+    hits = [Hit("a", "T1", "one", 1.0), Hit("b", "T2", "two", 0.5)]
+    assert PromptTemplate(**fields).reference(hits) == _FakeTemplate().format_reference(
+        [{"title": h.title, "text": h.text} for h in hits])
+    with pytest.raises(ValueError, match="count from 1"):
+        doc_format(lambda docs: "".join(f"({i}) {d['text']}" for i, d in enumerate(docs)))
+
+    class SelfAsk:  # assembles its prompt in run_item, as FlashRAG's Self-Ask does
+        format_reference = _FakeTemplate.format_reference
+
+        def run_item(self, item):
+            ref = self.format_reference(self.retriever.search(item.question))
+            self.generator.generate("Ask {sub}.\n" + ref + "Q: " + item.question + "\nNeeded: No.\n")
+
+    head = self_ask_head(SelfAsk())
+    assert head["user"] == "Ask {{sub}}.\n{reference}Q: {question}\nNeeded: No.\n" and not head["chat"]
+    rendered = PromptTemplate(**head).render(hits[:1], question="Who?")
+    assert rendered == "Ask {sub}.\n[1] {T1} one\nQ: Who?\nNeeded: No.\n"
