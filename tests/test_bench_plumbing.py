@@ -55,7 +55,11 @@ def test_read_result_and_agreement():
     assert read_result(out)["questions_per_s"] == 2.0
     a = {"predictions": {"1": "Paris", "2": "no"}, "doc_ids": {"1": ["a", "b"], "2": ["c", "d"]}}
     b = {"predictions": {"1": " Paris", "2": "yes"}, "doc_ids": {"1": ["b", "a"], "2": ["c", "e"]}}
-    assert agreement(a, b) == {"same_prediction": 1, "compared": 2, "topk_overlap": 0.75}
+    assert agreement(a, b) == {"same_prediction": 1, "compared": 2, "normalized": False, "topk_overlap": 0.75}
+    b["predictions"]["2"], a["predictions"]["2"] = "The No.", None  # normalised: "no" == "no"; None: no answer
+    assert agreement(a, b, normalized=True)["same_prediction"] == 1
+    a["predictions"]["2"] = "no"
+    assert agreement(a, b, normalized=True)["same_prediction"] == 2 and agreement(a, b)["same_prediction"] == 1
 
 
 CHILD = textwrap.dedent("""
@@ -179,7 +183,7 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     assert commands["dynrag"][commands["dynrag"].index("--warmup") + 1] == str(tmp_path / "warmup.jsonl")
     assert json.loads((tmp_path / "flashrag.json").read_text())["warmup_questions"] == str(tmp_path / "warmup.jsonl")
     rep = figures["repeats"][0]
-    assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
+    assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "normalized": False, "topk_overlap": 0.75}
     assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]
     assert json.loads((tmp_path / "flashrag.json").read_text())["model_path"] == str(model)
     # 2 questions x (2 x 64 FLOPs a prompt token x 100 + 2 x (64 + 400) a generated token x 10) in 4 us
@@ -355,7 +359,8 @@ def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, c
     assert "dynrag's template: FlashRAG's own" in out
     assert "LLM calls 2.50, retrievals 1.50, prompt tokens 100.0, generated tokens 10.0" in out
     assert "LLM calls 3.00" in out and "EM 0.500 F1 0.500" in out
-    assert "identical predictions 2/2 (100%)" in out and "overlap" not in out  # top-k overlap: sr-rag only
+    assert "identical predictions (answers after SQuAD normalisation) 2/2 (100%)" in out
+    assert "overlap" not in out  # top-k overlap: sr-rag only
     assert "no ratio above" in out and "questions/s: 10.0" in out
 
 

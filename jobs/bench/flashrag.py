@@ -125,12 +125,19 @@ def parse_result(m) -> dict:
     return r
 
 
-def agreement(a: dict, b: dict) -> dict:
-    """Same predictions (exact string) and mean overlap |top-k ∩ top-k| / k of the two sides."""
+def agreement(a: dict, b: dict, normalized: bool = False) -> dict:
+    """Same predictions (the stripped string; `normalized`: the SQuAD-normalised answer, for methods whose two
+    pipelines shape their final answers differently) and mean overlap |top-k ∩ top-k| / k of the two sides."""
+    from pipeline.evaluation.metrics import normalize_answer
+
+    def said(side: dict, q: str) -> str:
+        text = (side["predictions"][q] or "").strip()
+        return normalize_answer(text) if normalized else text
+
     ids = [q for q in a["predictions"] if q in b["predictions"]]
-    same = sum(a["predictions"][q].strip() == b["predictions"][q].strip() for q in ids)
+    same = sum(said(a, q) == said(b, q) for q in ids)
     overlap = [len(set(a["doc_ids"][q]) & set(b["doc_ids"][q])) / max(1, len(a["doc_ids"][q])) for q in ids]
-    return {"same_prediction": same, "compared": len(ids),
+    return {"same_prediction": same, "compared": len(ids), "normalized": normalized,
             "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0}
 
 
@@ -200,7 +207,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
             r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
             print(f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
                   f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}", file=sys.stderr, flush=True)
-        got["agreement"] = agreement(got["dynrag"], got["flashrag"])
+        got["agreement"] = agreement(got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag")
         reps.append(score_repeat(got, golds, model_path, peak))
     spec = bench_method(args.method)
     figures = {"method": args.method, "flashrag_pipeline": spec.pipeline, "prompts_differ": spec.differs,

@@ -63,7 +63,8 @@ def print_figures(f: dict[str, Any], repeats: int) -> None:
                   f"({s['gflop_per_question']} GFLOP; model {s['model_gflops']} GFLOP/s)")
         a = r["agreement"]
         overlap = f", top-{f['k']} overlap {a['topk_overlap']}" if f["method"] == "sr-rag" else ""
-        print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); identical predictions "
+        how = " (answers after SQuAD normalisation)" if a["normalized"] else ""
+        print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); identical predictions{how} "
               f"{a['same_prediction']}/{a['compared']} ({a['same_prediction'] / max(1, a['compared']):.0%}){overlap}")
         print(f"  repeat {i} arithmetic: a {f['dtype']} matrix product runs at {f['matmul_gflops']} GFLOP/s here; "
               f"dynrag at that rate with its {r['dynrag']['gflop_per_question']} GFLOP a question against FlashRAG "
