@@ -439,3 +439,19 @@ def test_probe_reads_flashrags_template_objects_as_dynrag_templates():
     assert head["user"] == "Ask {{sub}}.\n{reference}Q: {question}\nNeeded: No.\n" and not head["chat"]
     rendered = PromptTemplate(**head).render(hits[:1], question="Who?")
     assert rendered == "Ask {sub}.\n[1] {T1} one\nQ: Who?\nNeeded: No.\n"
+
+
+def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from jobs.bench.flashrag_driver import _retrieved
+
+    class NeverRetrieved:  # FlashRAG's Item raises AttributeError for an output it never set (FLARE, no trigger)
+        def __getattr__(self, name):
+            raise AttributeError(name)
+
+    docs = [{"id": "a"}, {"id": "b"}]
+    assert _retrieved(SimpleNamespace(retrieval_result=np.array(docs, dtype=object))) == docs  # IterativePipeline
+    assert _retrieved(SimpleNamespace(retrieval_result=docs)) == docs and _retrieved(NeverRetrieved()) == []

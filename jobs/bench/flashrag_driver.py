@@ -144,9 +144,10 @@ def main(config_path: str, templates_out: str | None = None) -> None:
 def _retrieved(item) -> list:
     """The passages an item's last retrieval found (none when the pipeline never retrieved for it)."""
     try:
-        return item.retrieval_result or []
+        docs = item.retrieval_result  # a list, or an array where the pipeline set it for the whole dataset
     except AttributeError:
         return []
+    return [] if docs is None else list(docs)
 
 
 def _item(q: dict):
