@@ -75,7 +75,11 @@ def test_read_result_and_agreement():
     assert read_result(out)["questions_per_s"] == 2.0
     a = {"predictions": {"1": "Paris", "2": "no"}, "doc_ids": {"1": ["a", "b"], "2": ["c", "d"]}}
     b = {"predictions": {"1": " Paris", "2": "yes"}, "doc_ids": {"1": ["b", "a"], "2": ["c", "e"]}}
-    assert agreement(a, b) == {"same_prediction": 1, "compared": 2, "topk_overlap": 0.75}
+    assert agreement(a, b) == {"same_prediction": 1, "compared": 2, "normalized": False, "topk_overlap": 0.75}
+    b["predictions"]["2"], a["predictions"]["2"] = "The No.", None  # normalised: "no" == "no"; None: no answer
+    assert agreement(a, b, normalized=True)["same_prediction"] == 1
+    a["predictions"]["2"] = "no"
+    assert agreement(a, b, normalized=True)["same_prediction"] == 2 and agreement(a, b)["same_prediction"] == 1
 
 
 CHILD = textwrap.dedent("""
@@ -149,9 +153,8 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
 
     def fake(cmd, **_):
         seen.append(cmd)
-        return Measured(
-            0 if "dragin" not in cmd else 1, f"figures of {cmd[cmd.index('bench') + 1]}\n", "boom", 1.0, 2**30
-        )
+        name = cmd[cmd.index("bench") + 1]
+        return Measured(0 if "dragin" not in cmd else 1, f"figures of {name}\n", "boom", 1.0, 2**30)
 
     monkeypatch.setattr(bench_all, "run_measured", fake)
     args = build_parser().parse_args(
@@ -177,13 +180,14 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
     assert "figures of answer" in out and "peak RSS of its process tree 1.00 GiB" in out
 
 
-def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
+def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None):
+    """`bench flashrag` with both sides and FlashRAG's venv faked: the commands run, in order, and the
+    templates dump (`dumped`) the bench reads from FlashRAG's package."""
     import jobs.bench.flashrag as bench
     import jobs.bench.flashrag_env
     import jobs.bench.roofline
     import pipeline.assets.models
     from jobs.bench.rss import Measured
-    from jobs.cli import build_parser
 
     order, commands = [], {}
 
@@ -191,46 +195,54 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
         side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
         order.append(side)
         commands[side] = cmd
-        r = {
-            "questions": 2,
-            "seconds": 4e-6,
-            "startup_s": 3.0,
-            "questions_per_s": 0.5 if side == "dynrag" else 0.05,
-            "prompt_tokens_per_question": 100.0,
-            "completion_tokens_per_question": 10.0,
-            "predictions": {"a": "x", "b": "y"},
-            "doc_ids": {"a": ["1", "2"], "b": ["3", side]},
-        }
+        r = {"questions": 2, "seconds": 4e-6, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
+             "prompt_tokens_per_question": 100.0, "completion_tokens_per_question": 10.0,
+             "llm_calls_per_question": 2.5 if side == "dynrag" else 3.0, "retrievals_per_question": 1.5,
+             "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
+        if side == "dynrag":
+            r["answers"] = {"a": "Paris", "b": "y"}
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
 
     monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
     model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
     monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
-    monkeypatch.setattr(
-        bench,
-        "prepare",
-        lambda cfg, ds, limit, warmup, work: {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5},
-    )  # a file of limit + 3 questions
+
+    def prepare(cfg, ds, limit, warmup, work):  # a file of limit + 3 questions
+        (work / "questions.jsonl").write_text(json.dumps({"id": "a", "answers": ["Paris"]}) + "\n"
+                                              + json.dumps({"id": "b", "answers": ["z"]}) + "\n")
+        return {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5}
+
+    monkeypatch.setattr(bench, "prepare", prepare)
+    monkeypatch.setattr(bench, "dump_templates", lambda *a: dumped)
     monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(bench, "run_measured", fake)
-    args = build_parser().parse_args(
-        ["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir", str(tmp_path)]
-    )
+    return order, commands, model
+
+
+def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
+    from jobs.cli import build_parser
+
+    order, commands, model = fake_sides(monkeypatch, tmp_path)
+    args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir",
+                                      str(tmp_path)])
     assert args.func(args) == 0
     assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
     figures = json.loads(capsys.readouterr().out)
     assert figures["ratio_median"] == 10.0 and len(figures["repeats"]) == 2
+    assert figures["method"] == "sr-rag" and figures["flashrag_pipeline"] == "SequentialPipeline"
     # both sides warm up on the questions after the timed ones (16 asked, 3 left in the file), never on timed ones
     assert figures["warmup_questions"] == 3
     assert commands["dynrag"][commands["dynrag"].index("--warmup") + 1] == str(tmp_path / "warmup.jsonl")
     assert json.loads((tmp_path / "flashrag.json").read_text())["warmup_questions"] == str(tmp_path / "warmup.jsonl")
     rep = figures["repeats"][0]
-    assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "topk_overlap": 0.75}
+    assert rep["agreement"] == {"same_prediction": 2, "compared": 2, "normalized": False, "topk_overlap": 0.75}
     assert rep["flashrag"]["peak_rss_gib"] == 1.0 and "predictions" not in rep["dynrag"]
     assert json.loads((tmp_path / "flashrag.json").read_text())["model_path"] == str(model)
     # 2 questions x (2 x 64 FLOPs a prompt token x 100 + 2 x (64 + 400) a generated token x 10) in 4 us
     assert rep["dynrag"]["model_gflops"] == rep["flashrag"]["model_gflops"] == 11.0
     assert figures["matmul_gflops"] == 0.0  # rounded to 0.1
+    # each side scored on its own answers: dynrag's "Paris" is right, FlashRAG's raw "x" is not
+    assert (rep["dynrag"]["em"], rep["flashrag"]["em"]) == (0.5, 0.0)
 
 
 def save_weights(folder, shapes: dict):
@@ -293,11 +305,207 @@ def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_bes
     (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"threads": 1}))
-    r = subprocess.run(
-        flashrag_command(sys.executable, config),
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = subprocess.run(flashrag_command(sys.executable, config),
+                       env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+                       capture_output=True, text=True, timeout=300)
     assert "the flashrag package" in r.stdout, r.stderr[-2000:]
+
+
+# -- bench flashrag --method: methods, FlashRAG's templates, counts ------------------------------------------------
+FLASHRAG_CLASSES = {"sr-rag": "SequentialPipeline", "flare": "FLAREPipeline", "ircot": "IRCOTPipeline",
+                    "self-ask": "SelfAskPipeline", "iter-retgen": "IterativePipeline", "sure": "SuRePipeline"}
+
+
+def made_up_dump() -> dict:
+    """What the driver's --templates writes, with made-up text (the project carries no FlashRAG prompt)."""
+    def tpl(user, chat=True, doc="D{idx} {title}: {text}\n"):
+        return {"system": "", "user": user, "doc": doc, "chat": chat}
+
+    return {"defaults": {"max_iter": 4, "iter_num": 3, "threshold": 0.25, "max_iter_num": 6, "single_hop": True},
+            "templates": {"standard": tpl("{reference}Q: {question}"),
+                          "prompt": tpl("{reference}Q {question}\nT:", False),
+                          "head": tpl("Ask.\n{reference}Q: {question}\nNeeded: No.\n", False),
+                          "candidates": tpl("{N} docs\n{reference}Q: {question}"),
+                          "summary": tpl("{reference}Q: {question} P: {pred}"),
+                          "validity": tpl("Q: {question} P: {pred} S: {summary}"),
+                          "rank": tpl("Q: {question} 1: {summary1} 2: {summary2}")}}
+
+
+def test_each_method_maps_to_flashrags_pipeline_class_and_a_dynrag_method(tmp_path):
+    from jobs.bench.flashrag_methods import METHODS, bench_method
+    from pipeline.methods.registry import get_method
+
+    assert {m: spec.pipeline for m, spec in METHODS.items()} == FLASHRAG_CLASSES
+    cfg = load_config(None, ["generation.max_new_tokens=24"])
+    for name in METHODS:
+        assert get_method(name).name == name
+        c = driver_config(cfg, "/m", tmp_path, k=3, warmup=False, batch=8, method=name)
+        assert c["pipeline"] == FLASHRAG_CLASSES[name] and c["dynrag_prompt"] == (name == "sr-rag")
+        assert (METHODS[name].differs is None) == (name == "sr-rag")  # every other method says what differs
+    assert driver_config(cfg, "/m", tmp_path, 3, False, 8, "flare")["pipeline_kwargs"] == {
+        "max_generation_length": 24, "look_ahead_steps": 24}
+    with pytest.raises(ValueError, match="unknown method 'self-rag'.*ircot"):
+        bench_method("self-rag")
+
+
+def test_unknown_method_is_a_clear_cli_error_and_help_lists_the_methods(capsys):
+    from jobs.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "flashrag", "--method", "self-rag"])
+    assert "invalid choice: 'self-rag'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "flashrag", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert all(f"{m} ({c})" in out for m, c in FLASHRAG_CLASSES.items())
+
+
+@pytest.mark.parametrize("method", ["ircot", "self-ask", "iter-retgen", "sure", "flare"])
+def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method):
+    from jobs.bench.flashrag_methods import dynrag_params
+    from pipeline.methods.registry import get_method
+    from pipeline.methods.templates import PromptTemplate
+
+    d = made_up_dump()
+    values = dynrag_params(method, d, k=4, max_new_tokens=24)
+    p = get_method(method).params(json.loads(json.dumps(values)))  # as the side reads its --params file
+    assert p.k == 4
+    t = d["templates"]
+    if method == "ircot":
+        assert p.template == PromptTemplate(**t["prompt"]) and p.max_steps == 4 and p.sentence_tokens == 24
+    elif method == "self-ask":
+        assert p.template == PromptTemplate(**t["head"]) and p.answer_template == PromptTemplate(**t["standard"])
+        assert p.max_follow_ups == 2  # FlashRAG's 4 generate calls alternate follow-up and intermediate answer
+    elif method == "iter-retgen":
+        assert p.template == PromptTemplate(**t["prompt"]) and p.iterations == 3 and p.max_tokens == 24
+    elif method == "sure":
+        assert {s: p.template(s) for s in ("candidates", "summary", "validity", "rank")} == {
+            s: PromptTemplate(**t[s]) for s in ("candidates", "summary", "validity", "rank")}
+        assert not p.constrained and p.candidates == 2
+    else:  # dynrag's flare takes no template: FlashRAG's threshold and retrieval budget only
+        assert p.prob_threshold == 0.25 and p.max_retrievals == 6 and p.max_tokens == 24
+
+
+def test_a_template_with_a_field_the_method_does_not_fill_is_refused_before_any_side_runs():
+    from jobs.bench.flashrag_methods import dynrag_params
+    from pipeline.methods.registry import MethodError
+
+    d = made_up_dump()
+    d["templates"]["prompt"]["user"] += "{examplars}"
+    with pytest.raises(MethodError, match="examplars"):
+        dynrag_params("ircot", d, k=3, max_new_tokens=24)
+
+
+def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, capsys, tmp_path):
+    from jobs.cli import build_parser
+
+    order, commands, _ = fake_sides(monkeypatch, tmp_path, dumped=made_up_dump())
+    args = build_parser().parse_args(["bench", "flashrag", "--method", "ircot", "--limit", "2", "--workdir",
+                                      str(tmp_path)])
+    assert args.func(args) == 0
+    dyn = commands["dynrag"]
+    assert dyn[dyn.index("--method") + 1] == "ircot"
+    params = json.loads(open(dyn[dyn.index("--params") + 1]).read())
+    assert params["template"] == made_up_dump()["templates"]["prompt"] and params["max_steps"] == 4
+    assert json.loads((tmp_path / "flashrag.json").read_text())["pipeline"] == "IRCOTPipeline"
+    out = capsys.readouterr().out
+    assert "ircot vs FlashRAG IRCOTPipeline" in out and "prompts/steps differ: same prompt text" in out
+    assert "dynrag's template: FlashRAG's own" in out
+    assert "LLM calls 2.50, retrievals 1.50, prompt tokens 100.0, generated tokens 10.0" in out
+    assert "LLM calls 3.00" in out and "EM 0.500 F1 0.500" in out
+    assert "identical predictions (answers after SQuAD normalisation) 2/2 (100%)" in out
+    assert "overlap" not in out  # top-k overlap: sr-rag only
+    assert "no ratio above" in out and "questions/s: 10.0" in out
+
+
+class _Tokens(list):
+    @property
+    def shape(self):
+        return (len(self), len(self[0]))
+
+    def sum(self):
+        return sum(map(sum, self))
+
+
+class _Seqs(_Tokens):
+    def __getitem__(self, key):
+        rows, cols = key if isinstance(key, tuple) else (key, slice(None))
+        return _Seqs(r[cols] for r in list.__getitem__(self, rows))
+
+    def tolist(self):
+        return [list(r) for r in self]
+
+
+def test_counts_wrap_flashrags_generator_and_retriever():
+    from types import SimpleNamespace
+
+    from jobs.bench.flashrag_probe import Counts
+
+    def model_generate(input_ids, attention_mask, **_):  # two prompts of 3 and 2 tokens; 0 pads, 9 ends
+        return SimpleNamespace(sequences=_Seqs([input_ids[0] + [5, 6, 9, 0], input_ids[1] + [7, 0, 0, 0]]))
+
+    model = SimpleNamespace(generate=model_generate)
+    gen = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=9))
+    gen.generate = lambda prompts, **_: [gen.model.generate(input_ids=_Tokens([[1, 2, 3], [0, 1, 2]]),
+                                                            attention_mask=_Tokens([[1, 1, 1], [0, 1, 1]]))] * 2
+    ret = SimpleNamespace(search=lambda q, **_: [], batch_search=lambda qs, **_: [[] for _ in qs])
+    counts = Counts(SimpleNamespace(generator=gen, retriever=ret))
+    gen.generate(["p1", "p2"])
+    ret.search("q")
+    ret.batch_search(["a", "b", "c"], return_score=True)
+    # generated: each row's tokens up to and with its first end (or pad) token
+    assert counts.totals == {"llm_calls": 2, "retrievals": 4, "prompt_tokens": 5, "completion_tokens": 3 + 2}
+    assert counts.per_question(2)["retrievals_per_question"] == 2.0
+    counts.reset()
+    assert counts.per_question(2)["llm_calls_per_question"] == 0.0
+
+
+class _FakeTemplate:
+    """A FlashRAG-shaped PromptTemplate (made-up text)."""
+
+    system_prompt, user_prompt, is_chat, enable_chat = "Sys {reference}", "Q: {question}", True, False
+
+    def format_reference(self, docs):
+        return "".join(f"[{i + 1}] {{{d['title']}}} {d['text']}\n" for i, d in enumerate(docs))
+
+
+def test_probe_reads_flashrags_template_objects_as_dynrag_templates():
+    from jobs.bench.flashrag_probe import doc_format, self_ask_head, template_fields
+    from pipeline.methods.templates import PromptTemplate
+
+    fields = template_fields(_FakeTemplate())
+    assert fields == {"system": "Sys {reference}", "user": "Q: {question}", "doc": "[{idx}] {{{title}}} {text}\n",
+                      "chat": False}
+    hits = [Hit("a", "T1", "one", 1.0), Hit("b", "T2", "two", 0.5)]
+    assert PromptTemplate(**fields).reference(hits) == _FakeTemplate().format_reference(
+        [{"title": h.title, "text": h.text} for h in hits])
+    with pytest.raises(ValueError, match="count from 1"):
+        doc_format(lambda docs: "".join(f"({i}) {d['text']}" for i, d in enumerate(docs)))
+
+    class SelfAsk:  # assembles its prompt in run_item, as FlashRAG's Self-Ask does
+        format_reference = _FakeTemplate.format_reference
+
+        def run_item(self, item):
+            ref = self.format_reference(self.retriever.search(item.question))
+            self.generator.generate("Ask {sub}.\n" + ref + "Q: " + item.question + "\nNeeded: No.\n")
+
+    head = self_ask_head(SelfAsk())
+    assert head["user"] == "Ask {{sub}}.\n{reference}Q: {question}\nNeeded: No.\n" and not head["chat"]
+    rendered = PromptTemplate(**head).render(hits[:1], question="Who?")
+    assert rendered == "Ask {sub}.\n[1] {T1} one\nQ: Who?\nNeeded: No.\n"
+
+
+def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from jobs.bench.flashrag_driver import _retrieved
+
+    class NeverRetrieved:  # FlashRAG's Item raises AttributeError for an output it never set (FLARE, no trigger)
+        def __getattr__(self, name):
+            raise AttributeError(name)
+
+    docs = [{"id": "a"}, {"id": "b"}]
+    assert _retrieved(SimpleNamespace(retrieval_result=np.array(docs, dtype=object))) == docs  # IterativePipeline
+    assert _retrieved(SimpleNamespace(retrieval_result=docs)) == docs and _retrieved(NeverRetrieved()) == []

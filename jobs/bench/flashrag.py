@@ -1,16 +1,20 @@
-"""`dynrag bench flashrag`: questions/s of dynrag `sr-rag` / FlashRAG's standard RAG pipeline.
+"""`dynrag bench flashrag [--method NAME]`: questions/s of a dynrag method / FlashRAG's own pipeline class for it
+(sr-rag / SequentialPipeline by default; flare, ircot, self-ask, iter-retgen, sure: jobs/bench/flashrag_methods.py).
 
 Same corpus (the 100-word passages of the dataset's context paragraphs), same questions, same model
-folder, dtype, prompt text, k, max new tokens and greedy decoding on both sides; BM25 top-k on both
-(dynrag: Lucene via pyserini; FlashRAG: its bm25s retriever over an index built with the same k1, b).
+folder, dtype, k, max new tokens and greedy decoding on both sides. Prompts: for sr-rag FlashRAG asks
+dynrag's prompt; for the other methods dynrag's method asks FlashRAG's templates, read from FlashRAG's
+installed package at run time (the driver dumps them); what cannot be made the same is printed. BM25 top-k
+on both (dynrag: Lucene via pyserini; FlashRAG: its bm25s retriever over an index built with the same k1, b).
 FlashRAG (PyPI flashrag-dev 0.1.2, transformers generation) runs from its own virtual environment under
 the cache dir, installed on first use, through `jobs/bench/flashrag_driver.py`. Each side is a fresh process
 per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
 questions that follow the timed ones in the file (startup, not in the rate: never the timed questions, whose
 prompts vLLM's prefix cache would then serve), then times its pipeline over the questions: that rate is the
-figure. Also printed: whole-process wall time, peak RSS of each process tree (vLLM's engine core
-included), how many predictions agree and how far the two retrievers' top-k agree, and each side's model
-GFLOP/s against a matrix product measured here (`jobs/bench/roofline.py`: what bounds the ratio on a CPU).
+figure. Also printed per side: whole-process wall time, peak RSS of each process tree (vLLM's engine core
+included), EM/F1, LLM calls, retrievals, prompt and generated tokens per question (FlashRAG's counted by
+wrapping its generator and retriever), model GFLOP/s against a matrix product measured here
+(`jobs/bench/roofline.py`: what bounds the ratio on a CPU); and how many predictions agree.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jobs.bench.flashrag_methods import METHODS, bench_method
 from jobs.bench.rss import GIB, run_measured
 
 DRIVER = Path(__file__).with_name("flashrag_driver.py")
@@ -39,12 +44,11 @@ def flashrag_command(python, config: Path) -> list[str]:
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser(
-        "flashrag",
-        help="sr-rag questions/s vs FlashRAG's standard RAG pipeline",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = bsub.add_parser("flashrag", help="a method's questions/s vs FlashRAG's own pipeline for it",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", default="sr-rag", choices=list(METHODS),
+                   help="dynrag method against FlashRAG's pipeline class for it: "
+                        + ", ".join(f"{m.name} ({m.pipeline})" for m in METHODS.values()) + " (default sr-rag)")
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
@@ -104,25 +108,19 @@ def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
     return {"questions": len(qs[:limit]), "warmup_questions": len(qs[limit:]), "passages": len(passages)}
 
 
-def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch: int) -> dict:
+def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch: int, method: str = "sr-rag") -> dict:
+    """The FlashRAG driver's configuration (flashrag_driver.py): corpus, questions, model, k, the pipeline class
+    of `method` with its keyword arguments, and dynrag's prompt (asked by FlashRAG's side for sr-rag only)."""
     system, user, doc_format = flashrag_prompt()
-    return {
-        "model_path": model_path,
-        "corpus": str(work / "corpus_flashrag.jsonl"),
-        "questions": str(work / "questions.jsonl"),
-        "work": str(work / "flashrag"),
-        "k": k,
-        "max_new_tokens": cfg.generation.max_new_tokens,
-        "dtype": cfg.generation.dtype,
-        "batch_size": batch,
-        "threads": cfg.index.threads,
-        "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
-        "bm25_k1": cfg.index.bm25_k1,
-        "bm25_b": cfg.index.bm25_b,
-        "system_prompt": system,
-        "user_prompt": user,
-        "doc_format": doc_format,
-    }
+    spec = bench_method(method)
+    return {"pipeline": spec.pipeline, "pipeline_kwargs": spec.flashrag_kwargs(cfg.generation.max_new_tokens),
+            "dynrag_prompt": method == "sr-rag", "model_path": model_path,
+            "corpus": str(work / "corpus_flashrag.jsonl"), "questions": str(work / "questions.jsonl"),
+            "work": str(work / "flashrag"), "k": k, "max_new_tokens": cfg.generation.max_new_tokens,
+            "dtype": cfg.generation.dtype, "batch_size": batch, "threads": cfg.index.threads,
+            "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
+            "bm25_k1": cfg.index.bm25_k1, "bm25_b": cfg.index.bm25_b, "system_prompt": system, "user_prompt": user,
+            "doc_format": doc_format}
 
 
 def parse_result(m) -> dict:
@@ -139,16 +137,20 @@ def parse_result(m) -> dict:
     return r
 
 
-def agreement(a: dict, b: dict) -> dict:
-    """Same predictions (exact string) and mean overlap |top-k ∩ top-k| / k of the two sides."""
+def agreement(a: dict, b: dict, normalized: bool = False) -> dict:
+    """Same predictions (the stripped string; `normalized`: the SQuAD-normalised answer, for methods whose two
+    pipelines shape their final answers differently) and mean overlap |top-k ∩ top-k| / k of the two sides."""
+    from pipeline.evaluation.metrics import normalize_answer
+
+    def said(side: dict, q: str) -> str:
+        text = (side["predictions"][q] or "").strip()
+        return normalize_answer(text) if normalized else text
+
     ids = [q for q in a["predictions"] if q in b["predictions"]]
-    same = sum(a["predictions"][q].strip() == b["predictions"][q].strip() for q in ids)
+    same = sum(said(a, q) == said(b, q) for q in ids)
     overlap = [len(set(a["doc_ids"][q]) & set(b["doc_ids"][q])) / max(1, len(a["doc_ids"][q])) for q in ids]
-    return {
-        "same_prediction": same,
-        "compared": len(ids),
-        "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0,
-    }
+    return {"same_prediction": same, "compared": len(ids), "normalized": normalized,
+            "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,9 +166,33 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, cfg, dataset, Path(tmp))
 
 
+def dump_templates(python, config: Path, out: Path) -> dict:
+    """FlashRAG's templates and defaults for the configured pipeline, read from its installed package."""
+    import subprocess
+
+    r = subprocess.run([*flashrag_command(python, config), "--templates", str(out)], capture_output=True, text=True)
+    if r.returncode != 0:
+        from pipeline.errors import DynragError
+
+        raise DynragError(f"reading FlashRAG's templates failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def side_commands(args, python, work: Path, warm: int) -> dict[str, list[str]]:
+    return {"dynrag": [sys.executable, "-m", "jobs.bench.flashrag_side", "--index", str(work / "index"),
+                       "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
+                       "--method", args.method, "--params", str(work / "dynrag_params.json"),
+                       *(["--warmup", str(work / "warmup.jsonl")] if warm else []), "--set", f"retrieval.k={args.k}",
+                       *(["--config", args.config] if args.config else []),
+                       *[a for o in args.overrides for a in ("--set", o)]],
+            "flashrag": flashrag_command(python, work / "flashrag.json")}
+
+
 def _run(args, cfg, dataset: str, work: Path) -> int:
     from jobs.bench.flashrag_env import ensure_flashrag
-    from jobs.bench.roofline import achieved_gflops, matmul_gflops
+    from jobs.bench.flashrag_methods import dynrag_params
+    from jobs.bench.flashrag_report import print_figures, score_repeat
+    from jobs.bench.roofline import matmul_gflops
     from pipeline.assets.models import resolve_model
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
@@ -175,27 +201,14 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
     peak = round(matmul_gflops(cfg.generation.dtype), 1)  # measured before either side starts, on an idle process
     warm = sizes["warmup_questions"]
-    dcfg = driver_config(cfg, model_path, work, args.k, warm > 0, args.flashrag_batch)
+    dcfg = driver_config(cfg, model_path, work, args.k, warm > 0, args.flashrag_batch, args.method)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
-    sides = {
-        "dynrag": [
-            sys.executable,
-            "-m",
-            "jobs.bench.flashrag_side",
-            "--index",
-            str(work / "index"),
-            "--questions",
-            str(work / "questions.jsonl"),
-            "--out",
-            str(work / "dynrag"),
-            *(["--warmup", str(work / "warmup.jsonl")] if warm else []),
-            "--set",
-            f"retrieval.k={args.k}",
-            *(["--config", args.config] if args.config else []),
-            *[a for o in args.overrides for a in ("--set", o)],
-        ],
-        "flashrag": flashrag_command(py, work / "flashrag.json"),
-    }
+    dumped = None if args.method == "sr-rag" else dump_templates(py, work / "flashrag.json",
+                                                                 work / "flashrag_templates.json")
+    params = dynrag_params(args.method, dumped, args.k, cfg.generation.max_new_tokens)
+    (work / "dynrag_params.json").write_text(json.dumps(params, indent=1))
+    golds = {q["id"]: q["answers"] for q in map(json.loads, (work / "questions.jsonl").read_text().splitlines())}
+    sides = side_commands(args, py, work, warm)
     reps = []
     for rep in range(args.repeats):
         order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
@@ -204,61 +217,20 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
             got[side] = r = parse_result(run_measured(sides[side]))
             r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
-            print(
-                f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
-                f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}",
-                file=sys.stderr,
-                flush=True,
-            )
-        got["ratio"] = round(got["dynrag"]["questions_per_s"] / got["flashrag"]["questions_per_s"], 2)
-        got["wall_ratio"] = round(got["flashrag"]["process_wall_s"] / got["dynrag"]["process_wall_s"], 2)
-        got["agreement"] = agreement(got["dynrag"], got["flashrag"])
-        tokens = got["dynrag"]["prompt_tokens_per_question"], got["dynrag"]["completion_tokens_per_question"]
-        for side in ("dynrag", "flashrag"):  # the same prompts on both sides: dynrag's rows count their tokens
-            got[side]["model_gflops"] = round(
-                achieved_gflops(model_path, *tokens, got[side]["questions"], got[side]["seconds"]), 1
-            )
-        for side in ("dynrag", "flashrag"):
-            del got[side]["predictions"], got[side]["doc_ids"]
-        reps.append(got)
-    figures = {
-        "dataset": dataset,
-        **sizes,
-        "k": args.k,
-        "model": model_path,
-        "dtype": cfg.generation.dtype,
-        "max_new_tokens": cfg.generation.max_new_tokens,
-        "flashrag_batch": args.flashrag_batch,
-        "matmul_gflops": peak,
-        "repeats": reps,
-        "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3),
-    }
+            print(f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
+                  f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}", file=sys.stderr, flush=True)
+        got["agreement"] = agreement(got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag")
+        reps.append(score_repeat(got, golds, model_path, peak))
+    spec = bench_method(args.method)
+    figures = {"method": args.method, "flashrag_pipeline": spec.pipeline, "prompts_differ": spec.differs,
+               "dynrag_params": {k: v for k, v in params.items() if "template" not in k},
+               "templates_from_flashrag": sorted(k for k in params if "template" in k),
+               "dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
+               "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
+               "matmul_gflops": peak, "repeats": reps,
+               "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3)}
     if args.json:
         print(json.dumps(figures, indent=1))
-        return 0
-    print(
-        f"sr-rag vs FlashRAG standard RAG: {sizes['questions']} questions of {dataset}, {sizes['passages']} passages, "
-        f"BM25 top-{args.k}, {model_path} ({cfg.generation.dtype}), {cfg.generation.max_new_tokens} new tokens, greedy; "
-        f"{args.repeats} repeat(s), alternating which side runs first; untimed warm-up on {warm} other questions "
-        f"on each side"
-    )
-    for i, r in enumerate(figures["repeats"], 1):
-        for side in ("dynrag", "flashrag"):
-            s = r[side]
-            print(
-                f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
-                f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
-                f"load average {s['load_average_1min_after']}; model {s['model_gflops']} GFLOP/s)"
-            )
-        a = r["agreement"]
-        print(
-            f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); same prediction "
-            f"{a['same_prediction']}/{a['compared']}, top-{args.k} overlap {a['topk_overlap']}"
-        )
-    slow = min(min(r["dynrag"]["model_gflops"], r["flashrag"]["model_gflops"]) for r in reps)
-    print(
-        f"arithmetic: a {cfg.generation.dtype} matrix product runs at {peak} GFLOP/s here; at the slower side's "
-        f"{slow} GFLOP/s no ratio above {peak / max(slow, 0.1):.1f}x is possible on this machine"
-    )
-    print(f"dynrag sr-rag / FlashRAG questions/s: {figures['ratio_median']} (median of {len(reps)}; goal >= 5)")
+    else:
+        print_figures(figures, args.repeats)
     return 0

@@ -1,7 +1,10 @@
-"""FlashRAG's side of `dynrag bench flashrag`: its standard RAG pipeline (SequentialPipeline, BM25 via
-bm25s, transformers generation) over the bench's corpus and questions, timed; prints one JSON line.
+"""FlashRAG's side of `dynrag bench flashrag`: the FlashRAG pipeline class the config names (SequentialPipeline,
+FLAREPipeline, IRCOTPipeline, ...; BM25 via bm25s, transformers generation) over the bench's corpus and
+questions, timed, with its generator and retriever wrapped to count calls and tokens; prints one JSON line.
 
-Runs with the python of FlashRAG's own venv (jobs/bench/flashrag_env.py): `python flashrag_driver.py CONFIG.json`.
+Runs with the python of FlashRAG's own venv (jobs/bench/flashrag_env.py): `python -P flashrag_driver.py
+CONFIG.json`; with `--templates OUT.json` it only writes the pipeline's prompt templates and defaults (read from
+the installed package by flashrag_probe.py, no model loaded) for dynrag's side to ask the same prompts.
 Standard library only at import, so dynrag's tests can check the config it writes and its output.
 Workarounds for flashrag-dev 0.1.2 (see the STACK notes): its wheel lacks `basic_config.yaml`, so the
 whole configuration is given here; its BM25 builder indexes characters, so the bm25s index is built here
@@ -10,6 +13,7 @@ from text tokenised the way its retriever tokenises queries (bm25s.tokenize with
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -87,15 +91,44 @@ def _build_bm25(c: dict, index_dir: Path) -> None:
     bm25.save(str(index_dir), corpus=docs)
 
 
-def main(config_path: str) -> None:
+def probe_module():
+    """flashrag_probe.py beside this file, loaded by path (the driver's folder is not on sys.path)."""
+    spec = importlib.util.spec_from_file_location("flashrag_probe", Path(__file__).with_name("flashrag_probe.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dump_templates(c: dict, config, out: str) -> None:
+    """The pipeline class's templates and defaults as JSON, built with its generator and retriever stubbed."""
+    import flashrag.pipeline as fp
+    import flashrag.pipeline.active_pipeline as active
+    import flashrag.pipeline.branching_pipeline as branching
+    import flashrag.pipeline.pipeline as basic
+    from flashrag.prompt import PromptTemplate
+
+    probe = probe_module()
+    for module in (active, branching, basic):
+        for factory in ("get_generator", "get_retriever"):
+            if hasattr(module, factory):
+                setattr(module, factory, lambda *a, **k: probe._Stub())
+    cls = getattr(fp, c["pipeline"])
+    pipeline = cls(config, **c["pipeline_kwargs"])
+    dumped = {"pipeline": c["pipeline"], "defaults": probe.defaults(cls),
+              "templates": probe.templates(pipeline, PromptTemplate(config))}
+    Path(out).write_text(json.dumps(dumped, indent=1), encoding="utf-8")
+
+
+def main(config_path: str, templates_out: str | None = None) -> None:
     c = json.loads(Path(config_path).read_text(encoding="utf-8"))
     import torch
 
     torch.set_num_threads(c["threads"])
-    from flashrag.config import Config
+    from flashrag.config import Config  # first: the test of the side's command fakes this module
     from flashrag.dataset import Dataset
-    from flashrag.pipeline import SequentialPipeline
     from flashrag.prompt import PromptTemplate
+
+    fp = importlib.import_module("flashrag.pipeline")
 
     class DocsAsDynrag(PromptTemplate):  # the documents formatted as dynrag's prompt lists them
         def format_reference(self, retrieval_result):
@@ -108,12 +141,17 @@ def main(config_path: str) -> None:
 
     Config._get_internal_config = lambda self: {}  # the wheel has no basic_config.yaml
     fc = flashrag_config(c)
+    config = Config(config_dict=fc)
+    if templates_out:
+        return dump_templates(c, config, templates_out)
     index_dir = Path(fc["index_path"])
     if not (index_dir / "params.index.json").is_file():
         _build_bm25(c, index_dir)
-    config = Config(config_dict=fc)
-    template = DocsAsDynrag(config, system_prompt=c["system_prompt"], user_prompt=c["user_prompt"])
-    pipeline = SequentialPipeline(config, prompt_template=template)
+    kwargs = dict(c["pipeline_kwargs"])
+    if c["dynrag_prompt"]:  # sr-rag: FlashRAG asks dynrag's prompt
+        kwargs["prompt_template"] = DocsAsDynrag(config, system_prompt=c["system_prompt"], user_prompt=c["user_prompt"])
+    pipeline = getattr(fp, c["pipeline"])(config, **kwargs)
+    counts = probe_module().Counts(pipeline)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
     if dtype is not None:
         pipeline.generator.model.to(dtype)
@@ -125,25 +163,26 @@ def main(config_path: str) -> None:
     if c["warmup_questions"]:  # other questions than the timed ones
         pipeline.run(Dataset(config, data=[_item(q) for q in read(c["warmup_questions"])]), do_eval=False)
     startup = time.perf_counter() - T_START
+    counts.reset()
     dataset = Dataset(config, data=[_item(q) for q in questions])
     t0 = time.perf_counter()
     out = pipeline.run(dataset, do_eval=False)
     secs = time.perf_counter() - t0
-    print(
-        json.dumps(
-            {
-                "side": "flashrag",
-                "questions": len(questions),
-                "seconds": round(secs, 3),
-                "questions_per_s": len(questions) / secs,
-                "startup_s": round(startup, 2),
-                "generator_dtype": str(pipeline.generator.model.dtype),
-                "predictions": {it.id: it.pred for it in out},
-                "doc_ids": {it.id: [d["id"] for d in it.retrieval_result] for it in out},
-            }
-        ),
-        flush=True,
-    )
+    print(json.dumps({"side": "flashrag", "questions": len(questions), "seconds": round(secs, 3),
+                      "questions_per_s": len(questions) / secs, "startup_s": round(startup, 2),
+                      "generator_dtype": str(pipeline.generator.model.dtype), "pipeline": c["pipeline"],
+                      **counts.per_question(len(questions)),
+                      "predictions": {it.id: it.pred for it in out},
+                      "doc_ids": {it.id: [d["id"] for d in _retrieved(it)] for it in out}}), flush=True)
+
+
+def _retrieved(item) -> list:
+    """The passages an item's last retrieval found (none when the pipeline never retrieved for it)."""
+    try:
+        docs = item.retrieval_result  # a list, or an array where the pipeline set it for the whole dataset
+    except AttributeError:
+        return []
+    return [] if docs is None else list(docs)
 
 
 def _item(q: dict):
@@ -153,4 +192,4 @@ def _item(q: dict):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--templates"] else None)

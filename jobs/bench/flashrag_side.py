@@ -1,8 +1,9 @@
 """dynrag's side of `dynrag bench flashrag`, run as its own process so its memory is measured alone:
-`python -m jobs.bench.flashrag_side --index DIR --questions FILE --out DIR [--set ...]`.
+`python -m jobs.bench.flashrag_side --index DIR --questions FILE --out DIR [--method NAME --params FILE] [--set ...]`.
 
 Loads the backends, answers the `--warmup` file's questions (startup, untimed), then times one `run_answer` of
-sr-rag over all questions (read, retrieve, prompt, generate, score, write Parquet); prints one JSON line.
+the method (sr-rag by default; `--params`: its parameters as JSON, e.g. FlashRAG's templates) over all questions
+(read, retrieve, prompt, generate, score, write Parquet); prints one JSON line with the run's counts per question.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ T_START = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,6 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--questions", required=True, help="JSONL with id, question, answers")
     p.add_argument("--out", required=True)
     p.add_argument("--warmup", metavar="FILE", help="JSONL of warm-up questions (none of the timed ones)")
+    p.add_argument("--method", default="sr-rag")
+    p.add_argument("--params", metavar="FILE", help="the method's parameters as a JSON object")
     p.add_argument("--config")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     args = p.parse_args(argv)
@@ -34,41 +38,37 @@ def main(argv: list[str] | None = None) -> None:
 
     shutil.rmtree(args.out, ignore_errors=True)  # a fresh run, never a resumed one
     cfg = load_config(args.config, [*args.overrides, "dataset.format=generic", "answer.progress=false"])
+    if args.params:
+        cfg.method.params = json.loads(Path(args.params).read_text(encoding="utf-8"))
     backends = Backends(cfg, args.index)
     try:
         _ = backends.generator, backends.retriever  # loaded before the clock, as FlashRAG's pipeline loads its models
         if args.warmup:
-            run_answer(args.warmup, f"{args.out}/warmup", index=args.index, method="sr-rag", cfg=cfg, backends=backends)
+            run_answer(args.warmup, f"{args.out}/warmup", index=args.index, method=args.method, cfg=cfg,
+                       backends=backends)
         startup = time.perf_counter() - T_START
         t0 = time.perf_counter()
-        summary = run_answer(
-            args.questions, f"{args.out}/run", index=args.index, method="sr-rag", cfg=cfg, backends=backends
-        )
+        summary = run_answer(args.questions, f"{args.out}/run", index=args.index, method=args.method, cfg=cfg,
+                             backends=backends)
         secs = time.perf_counter() - t0
     finally:
         backends.close()
-    rows = pl.read_parquet(
-        f"{args.out}/run/parts/*.parquet", columns=["question_id", "prediction", "raw_output", "retrieved"]
-    )
-    print(
-        json.dumps(
-            {
-                "side": "dynrag",
-                "questions": summary["rows"],
-                "answered": summary["answered"],
-                "seconds": round(secs, 3),
-                "questions_per_s": summary["rows"] / secs,
-                "startup_s": round(startup, 2),
-                "generation_backend": cfg.generation.backend,
-                "dtype": cfg.generation.dtype,
-                "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
-                "completion_tokens_per_question": summary["completion_tokens_per_question"],
-                "predictions": dict(zip(rows["question_id"], rows["raw_output"])),
-                "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])},
-            }
-        ),
-        flush=True,
-    )
+    rows = pl.read_parquet(f"{args.out}/run/parts/*.parquet",
+                           columns=["question_id", "prediction", "raw_output", "retrieved"])
+    # sr-rag is compared on the raw output (FlashRAG's standard pipeline returns it whole), the others on the answer
+    said = rows["raw_output"] if args.method == "sr-rag" else rows["prediction"]
+    print(json.dumps({"side": "dynrag", "method": args.method, "questions": summary["rows"],
+                      "answered": summary["answered"], "seconds": round(secs, 3),
+                      "questions_per_s": summary["rows"] / secs, "startup_s": round(startup, 2),
+                      "generation_backend": cfg.generation.backend, "dtype": cfg.generation.dtype,
+                      "llm_calls_per_question": summary["llm_calls_per_question"],
+                      "retrievals_per_question": summary["retrieval_calls_per_question"],
+                      "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
+                      "completion_tokens_per_question": summary["completion_tokens_per_question"],
+                      "predictions": dict(zip(rows["question_id"], said)),
+                      "answers": dict(zip(rows["question_id"], rows["prediction"])),
+                      "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])}}),
+          flush=True)
 
 
 if __name__ == "__main__":
