@@ -195,10 +195,18 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None):
         side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
         order.append(side)
         commands[side] = cmd
-        r = {"questions": 2, "seconds": 4e-6, "startup_s": 3.0, "questions_per_s": 0.5 if side == "dynrag" else 0.05,
-             "prompt_tokens_per_question": 100.0, "completion_tokens_per_question": 10.0,
-             "llm_calls_per_question": 2.5 if side == "dynrag" else 3.0, "retrievals_per_question": 1.5,
-             "predictions": {"a": "x", "b": "y"}, "doc_ids": {"a": ["1", "2"], "b": ["3", side]}}
+        r = {
+            "questions": 2,
+            "seconds": 4e-6,
+            "startup_s": 3.0,
+            "questions_per_s": 0.5 if side == "dynrag" else 0.05,
+            "prompt_tokens_per_question": 100.0,
+            "completion_tokens_per_question": 10.0,
+            "llm_calls_per_question": 2.5 if side == "dynrag" else 3.0,
+            "retrievals_per_question": 1.5,
+            "predictions": {"a": "x", "b": "y"},
+            "doc_ids": {"a": ["1", "2"], "b": ["3", side]},
+        }
         if side == "dynrag":
             r["answers"] = {"a": "Paris", "b": "y"}
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
@@ -208,8 +216,9 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None):
     monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
 
     def prepare(cfg, ds, limit, warmup, work):  # a file of limit + 3 questions
-        (work / "questions.jsonl").write_text(json.dumps({"id": "a", "answers": ["Paris"]}) + "\n"
-                                              + json.dumps({"id": "b", "answers": ["z"]}) + "\n")
+        (work / "questions.jsonl").write_text(
+            json.dumps({"id": "a", "answers": ["Paris"]}) + "\n" + json.dumps({"id": "b", "answers": ["z"]}) + "\n"
+        )
         return {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5}
 
     monkeypatch.setattr(bench, "prepare", prepare)
@@ -223,8 +232,9 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     from jobs.cli import build_parser
 
     order, commands, model = fake_sides(monkeypatch, tmp_path)
-    args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir",
-                                      str(tmp_path)])
+    args = build_parser().parse_args(
+        ["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir", str(tmp_path)]
+    )
     assert args.func(args) == 0
     assert order == ["dynrag", "flashrag", "flashrag", "dynrag"]
     figures = json.loads(capsys.readouterr().out)
@@ -305,30 +315,45 @@ def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_bes
     (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"threads": 1}))
-    r = subprocess.run(flashrag_command(sys.executable, config),
-                       env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        flashrag_command(sys.executable, config),
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "the flashrag package" in r.stdout, r.stderr[-2000:]
 
 
 # -- bench flashrag --method: methods, FlashRAG's templates, counts ------------------------------------------------
-FLASHRAG_CLASSES = {"sr-rag": "SequentialPipeline", "flare": "FLAREPipeline", "ircot": "IRCOTPipeline",
-                    "self-ask": "SelfAskPipeline", "iter-retgen": "IterativePipeline", "sure": "SuRePipeline"}
+FLASHRAG_CLASSES = {
+    "sr-rag": "SequentialPipeline",
+    "flare": "FLAREPipeline",
+    "ircot": "IRCOTPipeline",
+    "self-ask": "SelfAskPipeline",
+    "iter-retgen": "IterativePipeline",
+    "sure": "SuRePipeline",
+}
 
 
 def made_up_dump() -> dict:
     """What the driver's --templates writes, with made-up text (the project carries no FlashRAG prompt)."""
+
     def tpl(user, chat=True, doc="D{idx} {title}: {text}\n"):
         return {"system": "", "user": user, "doc": doc, "chat": chat}
 
-    return {"defaults": {"max_iter": 4, "iter_num": 3, "threshold": 0.25, "max_iter_num": 6, "single_hop": True},
-            "templates": {"standard": tpl("{reference}Q: {question}"),
-                          "prompt": tpl("{reference}Q {question}\nT:", False),
-                          "head": tpl("Ask.\n{reference}Q: {question}\nNeeded: No.\n", False),
-                          "candidates": tpl("{N} docs\n{reference}Q: {question}"),
-                          "summary": tpl("{reference}Q: {question} P: {pred}"),
-                          "validity": tpl("Q: {question} P: {pred} S: {summary}"),
-                          "rank": tpl("Q: {question} 1: {summary1} 2: {summary2}")}}
+    return {
+        "defaults": {"max_iter": 4, "iter_num": 3, "threshold": 0.25, "max_iter_num": 6, "single_hop": True},
+        "templates": {
+            "standard": tpl("{reference}Q: {question}"),
+            "prompt": tpl("{reference}Q {question}\nT:", False),
+            "head": tpl("Ask.\n{reference}Q: {question}\nNeeded: No.\n", False),
+            "candidates": tpl("{N} docs\n{reference}Q: {question}"),
+            "summary": tpl("{reference}Q: {question} P: {pred}"),
+            "validity": tpl("Q: {question} P: {pred} S: {summary}"),
+            "rank": tpl("Q: {question} 1: {summary1} 2: {summary2}"),
+        },
+    }
 
 
 def test_each_method_maps_to_flashrags_pipeline_class_and_a_dynrag_method(tmp_path):
@@ -343,7 +368,9 @@ def test_each_method_maps_to_flashrags_pipeline_class_and_a_dynrag_method(tmp_pa
         assert c["pipeline"] == FLASHRAG_CLASSES[name] and c["dynrag_prompt"] == (name == "sr-rag")
         assert (METHODS[name].differs is None) == (name == "sr-rag")  # every other method says what differs
     assert driver_config(cfg, "/m", tmp_path, 3, False, 8, "flare")["pipeline_kwargs"] == {
-        "max_generation_length": 24, "look_ahead_steps": 24}
+        "max_generation_length": 24,
+        "look_ahead_steps": 24,
+    }
     with pytest.raises(ValueError, match="unknown method 'self-rag'.*ircot"):
         bench_method("self-rag")
 
@@ -380,7 +407,8 @@ def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method)
         assert p.template == PromptTemplate(**t["prompt"]) and p.iterations == 3 and p.max_tokens == 24
     elif method == "sure":
         assert {s: p.template(s) for s in ("candidates", "summary", "validity", "rank")} == {
-            s: PromptTemplate(**t[s]) for s in ("candidates", "summary", "validity", "rank")}
+            s: PromptTemplate(**t[s]) for s in ("candidates", "summary", "validity", "rank")
+        }
         assert not p.constrained and p.candidates == 2
     else:  # dynrag's flare takes no template: FlashRAG's threshold and retrieval budget only
         assert p.prob_threshold == 0.25 and p.max_retrievals == 6 and p.max_tokens == 24
@@ -400,8 +428,9 @@ def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, c
     from jobs.cli import build_parser
 
     order, commands, _ = fake_sides(monkeypatch, tmp_path, dumped=made_up_dump())
-    args = build_parser().parse_args(["bench", "flashrag", "--method", "ircot", "--limit", "2", "--workdir",
-                                      str(tmp_path)])
+    args = build_parser().parse_args(
+        ["bench", "flashrag", "--method", "ircot", "--limit", "2", "--workdir", str(tmp_path)]
+    )
     assert args.func(args) == 0
     dyn = commands["dynrag"]
     assert dyn[dyn.index("--method") + 1] == "ircot"
@@ -446,8 +475,10 @@ def test_counts_wrap_flashrags_generator_and_retriever():
 
     model = SimpleNamespace(generate=model_generate)
     gen = SimpleNamespace(model=model, tokenizer=SimpleNamespace(pad_token_id=0, eos_token_id=9))
-    gen.generate = lambda prompts, **_: [gen.model.generate(input_ids=_Tokens([[1, 2, 3], [0, 1, 2]]),
-                                                            attention_mask=_Tokens([[1, 1, 1], [0, 1, 1]]))] * 2
+    gen.generate = lambda prompts, **_: (
+        [gen.model.generate(input_ids=_Tokens([[1, 2, 3], [0, 1, 2]]), attention_mask=_Tokens([[1, 1, 1], [0, 1, 1]]))]
+        * 2
+    )
     ret = SimpleNamespace(search=lambda q, **_: [], batch_search=lambda qs, **_: [[] for _ in qs])
     counts = Counts(SimpleNamespace(generator=gen, retriever=ret))
     gen.generate(["p1", "p2"])
@@ -474,11 +505,16 @@ def test_probe_reads_flashrags_template_objects_as_dynrag_templates():
     from pipeline.methods.templates import PromptTemplate
 
     fields = template_fields(_FakeTemplate())
-    assert fields == {"system": "Sys {reference}", "user": "Q: {question}", "doc": "[{idx}] {{{title}}} {text}\n",
-                      "chat": False}
+    assert fields == {
+        "system": "Sys {reference}",
+        "user": "Q: {question}",
+        "doc": "[{idx}] {{{title}}} {text}\n",
+        "chat": False,
+    }
     hits = [Hit("a", "T1", "one", 1.0), Hit("b", "T2", "two", 0.5)]
     assert PromptTemplate(**fields).reference(hits) == _FakeTemplate().format_reference(
-        [{"title": h.title, "text": h.text} for h in hits])
+        [{"title": h.title, "text": h.text} for h in hits]
+    )
     with pytest.raises(ValueError, match="count from 1"):
         doc_format(lambda docs: "".join(f"({i}) {d['text']}" for i, d in enumerate(docs)))
 

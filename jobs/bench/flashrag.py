@@ -44,11 +44,20 @@ def flashrag_command(python, config: Path) -> list[str]:
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser("flashrag", help="a method's questions/s vs FlashRAG's own pipeline for it",
-                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", default="sr-rag", choices=list(METHODS),
-                   help="dynrag method against FlashRAG's pipeline class for it: "
-                        + ", ".join(f"{m.name} ({m.pipeline})" for m in METHODS.values()) + " (default sr-rag)")
+    p = bsub.add_parser(
+        "flashrag",
+        help="a method's questions/s vs FlashRAG's own pipeline for it",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--method",
+        default="sr-rag",
+        choices=list(METHODS),
+        help="dynrag method against FlashRAG's pipeline class for it: "
+        + ", ".join(f"{m.name} ({m.pipeline})" for m in METHODS.values())
+        + " (default sr-rag)",
+    )
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
@@ -113,14 +122,26 @@ def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch:
     of `method` with its keyword arguments, and dynrag's prompt (asked by FlashRAG's side for sr-rag only)."""
     system, user, doc_format = flashrag_prompt()
     spec = bench_method(method)
-    return {"pipeline": spec.pipeline, "pipeline_kwargs": spec.flashrag_kwargs(cfg.generation.max_new_tokens),
-            "dynrag_prompt": method == "sr-rag", "model_path": model_path,
-            "corpus": str(work / "corpus_flashrag.jsonl"), "questions": str(work / "questions.jsonl"),
-            "work": str(work / "flashrag"), "k": k, "max_new_tokens": cfg.generation.max_new_tokens,
-            "dtype": cfg.generation.dtype, "batch_size": batch, "threads": cfg.index.threads,
-            "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
-            "bm25_k1": cfg.index.bm25_k1, "bm25_b": cfg.index.bm25_b, "system_prompt": system, "user_prompt": user,
-            "doc_format": doc_format}
+    return {
+        "pipeline": spec.pipeline,
+        "pipeline_kwargs": spec.flashrag_kwargs(cfg.generation.max_new_tokens),
+        "dynrag_prompt": method == "sr-rag",
+        "model_path": model_path,
+        "corpus": str(work / "corpus_flashrag.jsonl"),
+        "questions": str(work / "questions.jsonl"),
+        "work": str(work / "flashrag"),
+        "k": k,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "dtype": cfg.generation.dtype,
+        "batch_size": batch,
+        "threads": cfg.index.threads,
+        "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
+        "bm25_k1": cfg.index.bm25_k1,
+        "bm25_b": cfg.index.bm25_b,
+        "system_prompt": system,
+        "user_prompt": user,
+        "doc_format": doc_format,
+    }
 
 
 def parse_result(m) -> dict:
@@ -149,8 +170,12 @@ def agreement(a: dict, b: dict, normalized: bool = False) -> dict:
     ids = [q for q in a["predictions"] if q in b["predictions"]]
     same = sum(said(a, q) == said(b, q) for q in ids)
     overlap = [len(set(a["doc_ids"][q]) & set(b["doc_ids"][q])) / max(1, len(a["doc_ids"][q])) for q in ids]
-    return {"same_prediction": same, "compared": len(ids), "normalized": normalized,
-            "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0}
+    return {
+        "same_prediction": same,
+        "compared": len(ids),
+        "normalized": normalized,
+        "topk_overlap": round(statistics.fmean(overlap), 3) if ids else 0.0,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,13 +204,29 @@ def dump_templates(python, config: Path, out: Path) -> dict:
 
 
 def side_commands(args, python, work: Path, warm: int) -> dict[str, list[str]]:
-    return {"dynrag": [sys.executable, "-m", "jobs.bench.flashrag_side", "--index", str(work / "index"),
-                       "--questions", str(work / "questions.jsonl"), "--out", str(work / "dynrag"),
-                       "--method", args.method, "--params", str(work / "dynrag_params.json"),
-                       *(["--warmup", str(work / "warmup.jsonl")] if warm else []), "--set", f"retrieval.k={args.k}",
-                       *(["--config", args.config] if args.config else []),
-                       *[a for o in args.overrides for a in ("--set", o)]],
-            "flashrag": flashrag_command(python, work / "flashrag.json")}
+    return {
+        "dynrag": [
+            sys.executable,
+            "-m",
+            "jobs.bench.flashrag_side",
+            "--index",
+            str(work / "index"),
+            "--questions",
+            str(work / "questions.jsonl"),
+            "--out",
+            str(work / "dynrag"),
+            "--method",
+            args.method,
+            "--params",
+            str(work / "dynrag_params.json"),
+            *(["--warmup", str(work / "warmup.jsonl")] if warm else []),
+            "--set",
+            f"retrieval.k={args.k}",
+            *(["--config", args.config] if args.config else []),
+            *[a for o in args.overrides for a in ("--set", o)],
+        ],
+        "flashrag": flashrag_command(python, work / "flashrag.json"),
+    }
 
 
 def _run(args, cfg, dataset: str, work: Path) -> int:
@@ -203,8 +244,11 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     warm = sizes["warmup_questions"]
     dcfg = driver_config(cfg, model_path, work, args.k, warm > 0, args.flashrag_batch, args.method)
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
-    dumped = None if args.method == "sr-rag" else dump_templates(py, work / "flashrag.json",
-                                                                 work / "flashrag_templates.json")
+    dumped = (
+        None
+        if args.method == "sr-rag"
+        else dump_templates(py, work / "flashrag.json", work / "flashrag_templates.json")
+    )
     params = dynrag_params(args.method, dumped, args.k, cfg.generation.max_new_tokens)
     (work / "dynrag_params.json").write_text(json.dumps(params, indent=1))
     golds = {q["id"]: q["answers"] for q in map(json.loads, (work / "questions.jsonl").read_text().splitlines())}
@@ -217,18 +261,32 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
             got[side] = r = parse_result(run_measured(sides[side]))
             r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
-            print(f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
-                  f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}", file=sys.stderr, flush=True)
+            print(
+                f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
+                f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}",
+                file=sys.stderr,
+                flush=True,
+            )
         got["agreement"] = agreement(got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag")
         reps.append(score_repeat(got, golds, model_path, peak))
     spec = bench_method(args.method)
-    figures = {"method": args.method, "flashrag_pipeline": spec.pipeline, "prompts_differ": spec.differs,
-               "dynrag_params": {k: v for k, v in params.items() if "template" not in k},
-               "templates_from_flashrag": sorted(k for k in params if "template" in k),
-               "dataset": dataset, **sizes, "k": args.k, "model": model_path, "dtype": cfg.generation.dtype,
-               "max_new_tokens": cfg.generation.max_new_tokens, "flashrag_batch": args.flashrag_batch,
-               "matmul_gflops": peak, "repeats": reps,
-               "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3)}
+    figures = {
+        "method": args.method,
+        "flashrag_pipeline": spec.pipeline,
+        "prompts_differ": spec.differs,
+        "dynrag_params": {k: v for k, v in params.items() if "template" not in k},
+        "templates_from_flashrag": sorted(k for k in params if "template" in k),
+        "dataset": dataset,
+        **sizes,
+        "k": args.k,
+        "model": model_path,
+        "dtype": cfg.generation.dtype,
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "flashrag_batch": args.flashrag_batch,
+        "matmul_gflops": peak,
+        "repeats": reps,
+        "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3),
+    }
     if args.json:
         print(json.dumps(figures, indent=1))
     else:

@@ -114,8 +114,11 @@ def dump_templates(c: dict, config, out: str) -> None:
                 setattr(module, factory, lambda *a, **k: probe._Stub())
     cls = getattr(fp, c["pipeline"])
     pipeline = cls(config, **c["pipeline_kwargs"])
-    dumped = {"pipeline": c["pipeline"], "defaults": probe.defaults(cls),
-              "templates": probe.templates(pipeline, PromptTemplate(config))}
+    dumped = {
+        "pipeline": c["pipeline"],
+        "defaults": probe.defaults(cls),
+        "templates": probe.templates(pipeline, PromptTemplate(config)),
+    }
     Path(out).write_text(json.dumps(dumped, indent=1), encoding="utf-8")
 
 
@@ -168,12 +171,23 @@ def main(config_path: str, templates_out: str | None = None) -> None:
     t0 = time.perf_counter()
     out = pipeline.run(dataset, do_eval=False)
     secs = time.perf_counter() - t0
-    print(json.dumps({"side": "flashrag", "questions": len(questions), "seconds": round(secs, 3),
-                      "questions_per_s": len(questions) / secs, "startup_s": round(startup, 2),
-                      "generator_dtype": str(pipeline.generator.model.dtype), "pipeline": c["pipeline"],
-                      **counts.per_question(len(questions)),
-                      "predictions": {it.id: it.pred for it in out},
-                      "doc_ids": {it.id: [d["id"] for d in _retrieved(it)] for it in out}}), flush=True)
+    print(
+        json.dumps(
+            {
+                "side": "flashrag",
+                "questions": len(questions),
+                "seconds": round(secs, 3),
+                "questions_per_s": len(questions) / secs,
+                "startup_s": round(startup, 2),
+                "generator_dtype": str(pipeline.generator.model.dtype),
+                "pipeline": c["pipeline"],
+                **counts.per_question(len(questions)),
+                "predictions": {it.id: it.pred for it in out},
+                "doc_ids": {it.id: [d["id"] for d in _retrieved(it)] for it in out},
+            }
+        ),
+        flush=True,
+    )
 
 
 def _retrieved(item) -> list:

@@ -27,59 +27,106 @@ class BenchMethod:
 
 
 def _flare(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
-    return {"k": k, "max_tokens": max(8, max_new), "prob_threshold": d["defaults"]["threshold"],
-            "max_retrievals": d["defaults"]["max_iter_num"]}
+    return {
+        "k": k,
+        "max_tokens": max(8, max_new),
+        "prob_threshold": d["defaults"]["threshold"],
+        "max_retrievals": d["defaults"]["max_iter_num"],
+    }
 
 
 def _ircot(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
-    return {"k": k, "max_steps": d["defaults"]["max_iter"], "sentence_tokens": max(4, max_new),
-            "template": d["templates"]["prompt"]}
+    return {
+        "k": k,
+        "max_steps": d["defaults"]["max_iter"],
+        "sentence_tokens": max(4, max_new),
+        "template": d["templates"]["prompt"],
+    }
 
 
 def _self_ask(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
     # FlashRAG's max_iter counts generate calls, which alternate follow-up / intermediate answer
-    return {"k": k, "max_follow_ups": (d["defaults"]["max_iter"] + 1) // 2, "step_tokens": max(4, max_new),
-            "answer_tokens": max_new, "template": d["templates"]["head"], "answer_template": d["templates"]["standard"]}
+    return {
+        "k": k,
+        "max_follow_ups": (d["defaults"]["max_iter"] + 1) // 2,
+        "step_tokens": max(4, max_new),
+        "answer_tokens": max_new,
+        "template": d["templates"]["head"],
+        "answer_template": d["templates"]["standard"],
+    }
 
 
 def _iter_retgen(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
-    return {"k": k, "iterations": d["defaults"]["iter_num"], "max_tokens": max_new,
-            "template": d["templates"]["prompt"]}
+    return {
+        "k": k,
+        "iterations": d["defaults"]["iter_num"],
+        "max_tokens": max_new,
+        "template": d["templates"]["prompt"],
+    }
 
 
 def _sure(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
     steps = ("candidates", "summary", "validity", "rank")
-    return {"k": k, "candidates": 2, "summary_tokens": max(8, max_new), "both_orders": True, "constrained": False,
-            "templates": {s: d["templates"][s] for s in steps}}
+    return {
+        "k": k,
+        "candidates": 2,
+        "summary_tokens": max(8, max_new),
+        "both_orders": True,
+        "constrained": False,
+        "templates": {s: d["templates"][s] for s in steps},
+    }
 
 
-METHODS: dict[str, BenchMethod] = {m.name: m for m in [
-    BenchMethod("sr-rag", "SequentialPipeline", lambda d, k, max_new: {}),
-    BenchMethod("flare", "FLAREPipeline", _flare,
-                lambda max_new: {"max_generation_length": max_new, "look_ahead_steps": max_new},
-                differs="dynrag's flare is DRAGIN's FLARE setting (its own few-shot chain-of-thought raw-text prompt; "
-                        "the method takes no template), FlashRAG's FLAREPipeline asks its standard chat prompt "
-                        "without exemplars; both get FlashRAG's probability threshold and max_iter_num as their "
-                        "trigger threshold and retrieval budget, and max new tokens as the whole answer's length"),
-    BenchMethod("ircot", "IRCOTPipeline", _ircot,
-                differs="same prompt text (FlashRAG's IRCoT template) and step budget (max_iter); dynrag keeps the "
-                        "first sentence of each thought (the paper) where FlashRAG keeps the whole output, keeps the "
-                        "paragraphs in the order found where FlashRAG sorts them by score, and without an answer "
-                        "continues once from 'So the answer is:' (one more LLM call)"),
-    BenchMethod("self-ask", "SelfAskPipeline", _self_ask,
-                differs="FlashRAG's Self-Ask (single_hop) retrieves for the question, puts those passages in the "
-                        "prompt, writes 'No.' for the model and lets it write intermediate answers itself over the "
-                        "latest follow-up's passages; dynrag's (the paper's) retrieves only for follow-ups and "
-                        "answers each with a separate RAG call (FlashRAG's standard template). The head prompt is "
-                        "FlashRAG's own, read from its pipeline"),
-    BenchMethod("iter-retgen", "IterativePipeline", _iter_retgen,
-                differs="same prompts (FlashRAG's standard template) and iterations; dynrag's prediction is the "
-                        "answer extracted from the last generation, FlashRAG's the last generation itself"),
-    BenchMethod("sure", "SuRePipeline", _sure,
-                differs="same four prompts (FlashRAG's SuRe templates) and two candidates, no constrained "
-                        "decoding; dynrag asks validity and ranking for 4 new tokens, FlashRAG for max new tokens, "
-                        "and dynrag averages each pair's two orders where FlashRAG sums one score per order"),
-]}
+METHODS: dict[str, BenchMethod] = {
+    m.name: m
+    for m in [
+        BenchMethod("sr-rag", "SequentialPipeline", lambda d, k, max_new: {}),
+        BenchMethod(
+            "flare",
+            "FLAREPipeline",
+            _flare,
+            lambda max_new: {"max_generation_length": max_new, "look_ahead_steps": max_new},
+            differs="dynrag's flare is DRAGIN's FLARE setting (its own few-shot chain-of-thought raw-text prompt; "
+            "the method takes no template), FlashRAG's FLAREPipeline asks its standard chat prompt "
+            "without exemplars; both get FlashRAG's probability threshold and max_iter_num as their "
+            "trigger threshold and retrieval budget, and max new tokens as the whole answer's length",
+        ),
+        BenchMethod(
+            "ircot",
+            "IRCOTPipeline",
+            _ircot,
+            differs="same prompt text (FlashRAG's IRCoT template) and step budget (max_iter); dynrag keeps the "
+            "first sentence of each thought (the paper) where FlashRAG keeps the whole output, keeps the "
+            "paragraphs in the order found where FlashRAG sorts them by score, and without an answer "
+            "continues once from 'So the answer is:' (one more LLM call)",
+        ),
+        BenchMethod(
+            "self-ask",
+            "SelfAskPipeline",
+            _self_ask,
+            differs="FlashRAG's Self-Ask (single_hop) retrieves for the question, puts those passages in the "
+            "prompt, writes 'No.' for the model and lets it write intermediate answers itself over the "
+            "latest follow-up's passages; dynrag's (the paper's) retrieves only for follow-ups and "
+            "answers each with a separate RAG call (FlashRAG's standard template). The head prompt is "
+            "FlashRAG's own, read from its pipeline",
+        ),
+        BenchMethod(
+            "iter-retgen",
+            "IterativePipeline",
+            _iter_retgen,
+            differs="same prompts (FlashRAG's standard template) and iterations; dynrag's prediction is the "
+            "answer extracted from the last generation, FlashRAG's the last generation itself",
+        ),
+        BenchMethod(
+            "sure",
+            "SuRePipeline",
+            _sure,
+            differs="same four prompts (FlashRAG's SuRe templates) and two candidates, no constrained "
+            "decoding; dynrag asks validity and ranking for 4 new tokens, FlashRAG for max new tokens, "
+            "and dynrag averages each pair's two orders where FlashRAG sums one score per order",
+        ),
+    ]
+}
 
 
 def bench_method(name: str) -> BenchMethod:

@@ -29,7 +29,7 @@ def doc_format(render: Callable[[list[dict[str, str]]], str]) -> str:
     """One document of `render`'s output as a format string over {idx} (from 1), {title}, {text}: two marked
     documents are rendered and the characters that go from 1 to 2 are the index."""
     one, two = render(marked_docs(1)), render(marked_docs(2))
-    second = two[len(one):]
+    second = two[len(one) :]
     if not two.startswith(one) or len(second) != len(one):
         raise ValueError(f"FlashRAG's document format is not one string per document: {one!r}")
     out = []
@@ -42,8 +42,12 @@ def doc_format(render: Callable[[list[dict[str, str]]], str]) -> str:
 
 def template_fields(t: Any, doc: str | None = None) -> dict[str, Any]:
     """A FlashRAG PromptTemplate as dynrag PromptTemplate fields (its format strings use the same syntax)."""
-    return {"system": t.system_prompt, "user": t.user_prompt, "doc": doc or doc_format(t.format_reference),
-            "chat": bool(t.is_chat and t.enable_chat)}
+    return {
+        "system": t.system_prompt,
+        "user": t.user_prompt,
+        "doc": doc or doc_format(t.format_reference),
+        "chat": bool(t.is_chat and t.enable_chat),
+    }
 
 
 class _Item:
@@ -81,8 +85,12 @@ def self_ask_head(pipeline: Any) -> dict[str, Any]:
     reference = escape(pipeline.format_reference(marked_docs(1)))
     if prompt.count(reference) != 1 or prompt.count(QUESTION) != 1:
         raise ValueError("FlashRAG's Self-Ask prompt no longer holds the passages and the question once each")
-    return {"system": "", "user": prompt.replace(reference, "{reference}").replace(QUESTION, "{question}"),
-            "doc": doc_format(pipeline.format_reference), "chat": False}
+    return {
+        "system": "",
+        "user": prompt.replace(reference, "{reference}").replace(QUESTION, "{question}"),
+        "doc": doc_format(pipeline.format_reference),
+        "chat": False,
+    }
 
 
 def templates(pipeline: Any, standard: Any) -> dict[str, dict[str, Any]]:
@@ -91,8 +99,12 @@ def templates(pipeline: Any, standard: Any) -> dict[str, dict[str, Any]]:
     name = type(pipeline).__name__
     if name == "SuRePipeline":
         doc = doc_format(lambda docs: pipeline.format_ref([d["title"] for d in docs], [d["text"] for d in docs]))
-        for step, attr in (("candidates", "P_CAN_TEMPLATE"), ("summary", "P_SUM_TEMPLATE"),
-                           ("validity", "P_VAL_TEMPLATE"), ("rank", "P_RANK_TEMPLATE")):
+        for step, attr in (
+            ("candidates", "P_CAN_TEMPLATE"),
+            ("summary", "P_SUM_TEMPLATE"),
+            ("validity", "P_VAL_TEMPLATE"),
+            ("rank", "P_RANK_TEMPLATE"),
+        ):
             out[step] = template_fields(getattr(pipeline, attr), doc)
     elif name == "SelfAskPipeline":
         out["head"] = self_ask_head(pipeline)
@@ -103,9 +115,12 @@ def templates(pipeline: Any, standard: Any) -> dict[str, dict[str, Any]]:
 
 def defaults(cls: type) -> dict[str, Any]:
     """The keyword defaults of a pipeline class's constructor (its step budgets and thresholds)."""
-    params = inspect.signature(cls.__init__).parameters.values()
-    return {p.name: p.default for p in params
-            if p.default is not inspect.Parameter.empty and isinstance(p.default, (int, float, str, bool))}
+    params = inspect.signature(cls).parameters.values()  # the constructor's, without self
+    return {
+        p.name: p.default
+        for p in params
+        if p.default is not inspect.Parameter.empty and isinstance(p.default, (int, float, str, bool))
+    }
 
 
 class Counts:
@@ -143,7 +158,7 @@ class Counts:
         """Prompt tokens: the attention mask's ones; generated: each row's tokens up to its first end token."""
         mask, ids = kwargs["attention_mask"], kwargs["input_ids"]
         self._add("prompt_tokens", int(mask.sum()))
-        for row in out.sequences[:, ids.shape[-1]:].tolist():
+        for row in out.sequences[:, ids.shape[-1] :].tolist():
             ends = [i for i, t in enumerate(row) if t in self._pad]
             self._add("completion_tokens", ends[0] + 1 if ends else len(row))
 

@@ -17,7 +17,7 @@ def answer_scores(predictions: dict[str, str], golds: dict[str, list[str]]) -> d
 
     rows = [answer_metrics(p or "", golds.get(q, [])) for q, p in predictions.items()]
     rows = [r for r in rows if r["em"] is not None]
-    return {m: round(statistics.fmean(r[m] for r in rows), 3) if rows else 0.0 for m in ("em", "f1")}
+    return {m: round(statistics.fmean(float(r[m] or 0.0) for r in rows), 3) if rows else 0.0 for m in ("em", "f1")}
 
 
 def score_repeat(got: dict[str, Any], golds: dict[str, list[str]], model_path: str | Path, peak: float) -> dict:
@@ -42,10 +42,12 @@ def score_repeat(got: dict[str, Any], golds: dict[str, list[str]], model_path: s
 
 
 def print_figures(f: dict[str, Any], repeats: int) -> None:
-    print(f"{f['method']} vs FlashRAG {f['flashrag_pipeline']}: {f['questions']} questions of {f['dataset']}, "
-          f"{f['passages']} passages, BM25 top-{f['k']}, {f['model']} ({f['dtype']}), {f['max_new_tokens']} new "
-          f"tokens, greedy; {repeats} repeat(s), alternating which side runs first; untimed warm-up on "
-          f"{f['warmup_questions']} other questions on each side")
+    print(
+        f"{f['method']} vs FlashRAG {f['flashrag_pipeline']}: {f['questions']} questions of {f['dataset']}, "
+        f"{f['passages']} passages, BM25 top-{f['k']}, {f['model']} ({f['dtype']}), {f['max_new_tokens']} new "
+        f"tokens, greedy; {repeats} repeat(s), alternating which side runs first; untimed warm-up on "
+        f"{f['warmup_questions']} other questions on each side"
+    )
     if f["prompts_differ"]:
         print(f"  prompts/steps differ: {f['prompts_differ']}")
     if f["templates_from_flashrag"]:
@@ -54,20 +56,30 @@ def print_figures(f: dict[str, Any], repeats: int) -> None:
     for i, r in enumerate(f["repeats"], 1):
         for side in SIDES:
             s = r[side]
-            print(f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
-                  f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
-                  f"load average {s['load_average_1min_after']})")
-            print(f"           {'':8s} EM {s['em']:.3f} F1 {s['f1']:.3f}; per question: LLM calls "
-                  f"{s['llm_calls_per_question']:.2f}, retrievals {s['retrievals_per_question']:.2f}, prompt tokens "
-                  f"{s['prompt_tokens_per_question']:.1f}, generated tokens {s['completion_tokens_per_question']:.1f} "
-                  f"({s['gflop_per_question']} GFLOP; model {s['model_gflops']} GFLOP/s)")
+            print(
+                f"  repeat {i} {side:8s} {s['questions_per_s']:.3f} q/s ({s['seconds']:.1f} s timed; startup "
+                f"{s['startup_s']:.1f} s; process {s['process_wall_s']:.1f} s; peak RSS {s['peak_rss_gib']:.2f} GiB; "
+                f"load average {s['load_average_1min_after']})"
+            )
+            print(
+                f"           {'':8s} EM {s['em']:.3f} F1 {s['f1']:.3f}; per question: LLM calls "
+                f"{s['llm_calls_per_question']:.2f}, retrievals {s['retrievals_per_question']:.2f}, prompt tokens "
+                f"{s['prompt_tokens_per_question']:.1f}, generated tokens {s['completion_tokens_per_question']:.1f} "
+                f"({s['gflop_per_question']} GFLOP; model {s['model_gflops']} GFLOP/s)"
+            )
         a = r["agreement"]
         overlap = f", top-{f['k']} overlap {a['topk_overlap']}" if f["method"] == "sr-rag" else ""
         how = " (answers after SQuAD normalisation)" if a["normalized"] else ""
-        print(f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); identical predictions{how} "
-              f"{a['same_prediction']}/{a['compared']} ({a['same_prediction'] / max(1, a['compared']):.0%}){overlap}")
-        print(f"  repeat {i} arithmetic: a {f['dtype']} matrix product runs at {f['matmul_gflops']} GFLOP/s here; "
-              f"dynrag at that rate with its {r['dynrag']['gflop_per_question']} GFLOP a question against FlashRAG "
-              f"as measured: no ratio above {r['ratio_bound']}x is possible on this machine")
-    print(f"dynrag {f['method']} / FlashRAG {f['flashrag_pipeline']} questions/s: {f['ratio_median']} "
-          f"(median of {len(f['repeats'])}; goal >= 5)")
+        print(
+            f"  repeat {i} ratio {r['ratio']}x (whole process {r['wall_ratio']}x); identical predictions{how} "
+            f"{a['same_prediction']}/{a['compared']} ({a['same_prediction'] / max(1, a['compared']):.0%}){overlap}"
+        )
+        print(
+            f"  repeat {i} arithmetic: a {f['dtype']} matrix product runs at {f['matmul_gflops']} GFLOP/s here; "
+            f"dynrag at that rate with its {r['dynrag']['gflop_per_question']} GFLOP a question against FlashRAG "
+            f"as measured: no ratio above {r['ratio_bound']}x is possible on this machine"
+        )
+    print(
+        f"dynrag {f['method']} / FlashRAG {f['flashrag_pipeline']} questions/s: {f['ratio_median']} "
+        f"(median of {len(f['repeats'])}; goal >= 5)"
+    )

@@ -44,31 +44,45 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _ = backends.generator, backends.retriever  # loaded before the clock, as FlashRAG's pipeline loads its models
         if args.warmup:
-            run_answer(args.warmup, f"{args.out}/warmup", index=args.index, method=args.method, cfg=cfg,
-                       backends=backends)
+            run_answer(
+                args.warmup, f"{args.out}/warmup", index=args.index, method=args.method, cfg=cfg, backends=backends
+            )
         startup = time.perf_counter() - T_START
         t0 = time.perf_counter()
-        summary = run_answer(args.questions, f"{args.out}/run", index=args.index, method=args.method, cfg=cfg,
-                             backends=backends)
+        summary = run_answer(
+            args.questions, f"{args.out}/run", index=args.index, method=args.method, cfg=cfg, backends=backends
+        )
         secs = time.perf_counter() - t0
     finally:
         backends.close()
-    rows = pl.read_parquet(f"{args.out}/run/parts/*.parquet",
-                           columns=["question_id", "prediction", "raw_output", "retrieved"])
+    rows = pl.read_parquet(
+        f"{args.out}/run/parts/*.parquet", columns=["question_id", "prediction", "raw_output", "retrieved"]
+    )
     # sr-rag is compared on the raw output (FlashRAG's standard pipeline returns it whole), the others on the answer
     said = rows["raw_output"] if args.method == "sr-rag" else rows["prediction"]
-    print(json.dumps({"side": "dynrag", "method": args.method, "questions": summary["rows"],
-                      "answered": summary["answered"], "seconds": round(secs, 3),
-                      "questions_per_s": summary["rows"] / secs, "startup_s": round(startup, 2),
-                      "generation_backend": cfg.generation.backend, "dtype": cfg.generation.dtype,
-                      "llm_calls_per_question": summary["llm_calls_per_question"],
-                      "retrievals_per_question": summary["retrieval_calls_per_question"],
-                      "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
-                      "completion_tokens_per_question": summary["completion_tokens_per_question"],
-                      "predictions": dict(zip(rows["question_id"], said)),
-                      "answers": dict(zip(rows["question_id"], rows["prediction"])),
-                      "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])}}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "side": "dynrag",
+                "method": args.method,
+                "questions": summary["rows"],
+                "answered": summary["answered"],
+                "seconds": round(secs, 3),
+                "questions_per_s": summary["rows"] / secs,
+                "startup_s": round(startup, 2),
+                "generation_backend": cfg.generation.backend,
+                "dtype": cfg.generation.dtype,
+                "llm_calls_per_question": summary["llm_calls_per_question"],
+                "retrievals_per_question": summary["retrieval_calls_per_question"],
+                "prompt_tokens_per_question": summary["prompt_tokens_per_question"],
+                "completion_tokens_per_question": summary["completion_tokens_per_question"],
+                "predictions": dict(zip(rows["question_id"], said)),
+                "answers": dict(zip(rows["question_id"], rows["prediction"])),
+                "doc_ids": {q: [d["id"] for d in r] for q, r in zip(rows["question_id"], rows["retrieved"])},
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
