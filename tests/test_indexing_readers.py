@@ -212,7 +212,7 @@ def test_duplicates_merged():
     assert stats.duplicates == 2 and stats.conflicting_duplicates == 1
 
 
-def test_gzip_and_s3(tmp_path, monkeypatch):
+def test_gzip_and_s3(tmp_path, s3):
     import gzip
 
     rows = [{"id": "1", "contents": '"A"\nalpha text'}, {"id": "2", "contents": "B\nbeta text"}]
@@ -222,23 +222,6 @@ def test_gzip_and_s3(tmp_path, monkeypatch):
     want = [Record("A", "alpha text", "1"), Record("B", "beta text", "2")]
     assert list(read_corpus(str(tmp_path / "c.jsonl.gz"))) == want
 
-    moto = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        for k, v in {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-        }.items():
-            monkeypatch.setenv(k, v)
-        s3fs.S3FileSystem.clear_instance_cache()
-        fs = s3fs.S3FileSystem()
-        fs.mkdir("dynrag-corpus")
-        fs.pipe("dynrag-corpus/c.jsonl", data.encode())
-        assert list(read_corpus("s3://dynrag-corpus/c.jsonl")) == want
-    finally:
-        s3fs.S3FileSystem.clear_instance_cache()
-        server.stop()
+    fs, bucket = s3
+    fs.pipe(f"{bucket}/c.jsonl", data.encode())
+    assert list(read_corpus(f"s3://{bucket}/c.jsonl")) == want
