@@ -9,6 +9,7 @@ from collections import Counter
 
 from indexing.hits import Hit
 from jobs.bench.simulated import PIECE  # noqa: F401  (re-exported for tests)
+from jobs.bench.simulated import WordAttention as FakeAttention  # noqa: F401  (re-exported for tests)
 from pipeline.engine.requests import Completion
 
 
