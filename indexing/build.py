@@ -50,6 +50,7 @@ from indexing.errors import IndexingError
 from indexing.faults import fault_point
 from indexing.manifest import (
     FORMAT_VERSION,
+    ShardFiles,
     build_lock,
     collect_garbage,
     current_version,
@@ -498,9 +499,10 @@ class _Builder:
         return read_manifest(self.root) if current_version(self.root) else None
 
     def _describe_shards(self, metas: list[dict]) -> int | None:
-        """Set each shard's `files` (its checksums); return the vectors' dimension (None: BM25 only)."""
+        """Set each shard's `files` (its checksums, read from disk when used); return the vectors' dimension
+        (None: BM25 only)."""
         for m in metas:
-            m["files"] = json.loads((self.shards_dir / m["key"] / "checksums.json").read_text())
+            m["files"] = ShardFiles(self.shards_dir / m["key"])
         if not self.dense:
             return None
         return int(np.load(self.shards_dir / metas[0]["key"] / "vectors.npy", mmap_mode="r").shape[1])
