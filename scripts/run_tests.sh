@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the tests in one pytest process, so that the tiny vLLM engine, the models and the JVM start once per
-# session (tests/conftest.py), except the files marked `own_process`: they start Ray in their own interpreter,
-# and Ray beside a JVM that other files started crashed one long-lived interpreter (a segfault, seen with
-# test_indexing_incremental's Ray build). Each of those runs in a process of its own, after the rest.
+# session (tests/conftest.py), except the files marked `own_process`, each run in a process of its own after the
+# rest: those that start Ray (Ray beside a JVM that other files started crashed one long-lived interpreter, a
+# segfault seen with test_indexing_incremental's Ray build), and the index-build memory test (its allocator and
+# JVM settings apply only before the JVM starts; after other faults tests it grew 252 MiB instead of ~8).
 # TESTS=glob picks the files (default tests/test_*.py). Ends with the failing test ids, if any, and the summed
 # plain line "N passed, N failed, N skipped"; each process prints its 15 slowest tests. Extra args go to every pytest.
 set -uo pipefail
