@@ -11,6 +11,11 @@ from typing import Any
 SIDES = ("dynrag", "flashrag")
 
 
+# The questions/s ratio each method aims at: FlashRAG runs FLARE, IRCoT and Self-Ask one question at a time
+# (issue 28: >= 3x), ITER-RETGEN and SuRe batched (>= 1.5x); sr-rag's 5x is issue 18's.
+GOALS = {"sr-rag": 5, "flare": 3, "ircot": 3, "self-ask": 3, "iter-retgen": 1.5, "sure": 1.5}
+
+
 def answer_scores(predictions: dict[str, str], golds: dict[str, list[str]]) -> dict[str, float]:
     """Mean EM and F1 of the predictions (dynrag's metrics: SQuAD normalisation, best over the gold answers)."""
     from pipeline.evaluation.metrics import answer_metrics
@@ -81,5 +86,5 @@ def print_figures(f: dict[str, Any], repeats: int) -> None:
         )
     print(
         f"dynrag {f['method']} / FlashRAG {f['flashrag_pipeline']} questions/s: {f['ratio_median']} "
-        f"(median of {len(f['repeats'])}; goal >= 5)"
+        f"(median of {len(f['repeats'])}; goal >= {GOALS.get(f['method'], 1)})"
     )
