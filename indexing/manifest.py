@@ -36,7 +36,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from indexing.errors import CorruptIndexError, IndexingError
@@ -92,6 +92,9 @@ class ShardFiles(Mapping[str, dict]):
 
     def __len__(self) -> int:
         return len(self.load())
+
+    def items(self) -> ItemsView[str, dict]:  # one read, not one per key (Mapping's view calls __getitem__)
+        return self.load().items()
 
 
 def _manifest_json(obj: object) -> dict:
