@@ -7,18 +7,31 @@ list). When it does, the first process to get there writes its pid to `$DYNRAG_P
 and sleeps until a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), or
 for at most DYNRAG_PAUSE_SECONDS (default 600) before going on. Once that file exists the point no
 longer pauses, so a restarted worker or a retried task runs through. Real runs never set the variable.
+
+`name@N` pauses at the N-th time a process gets to the point (e.g. `engine.question_done@10`: after ten
+questions finished). A caller may pass `until`: the pause also ends when it returns true (a drain
+requested by the signal the test sent, which does not end the process).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+_hits: dict[str, int] = {}  # times this process got to each point named with @N
 
-def fault_point(name: str) -> None:
+
+def fault_point(name: str, until: Callable[[], bool] | None = None) -> None:
     wanted = os.environ.get("DYNRAG_PAUSE_AT")
-    if not wanted or name not in wanted.split(","):
+    if not wanted:
+        return
+    points = dict((p.split("@") + ["1"])[:2] for p in wanted.split(","))
+    if name not in points:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] != int(points[name]):
         return
     folder = Path(os.environ.get("DYNRAG_PAUSE_DIR", "."))
     folder.mkdir(parents=True, exist_ok=True)
@@ -29,5 +42,5 @@ def fault_point(name: str) -> None:
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
     deadline = time.monotonic() + float(os.environ.get("DYNRAG_PAUSE_SECONDS", "600"))
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (until and until()):
         time.sleep(0.05)

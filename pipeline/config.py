@@ -276,6 +276,12 @@ class AnswerConfig(Section):
         "backend call (a full batch; generation uses generation.batch_size)",
     )
     progress: bool = Field(True, description="show a progress bar with questions/s")
+    drain_s: float = Field(
+        30.0,
+        ge=0,
+        description="on SIGTERM: admit no more questions, finish those in flight for at most this long, write "
+        "every finished answer, exit 130 (a second SIGTERM or Ctrl-C stops at once)",
+    )
 
 
 class RayConfig(Section):
@@ -287,6 +293,12 @@ class RayConfig(Section):
     actor_num_gpus: float = Field(0.0, ge=0, description="GPUs per engine actor (1 on a GPU cluster)")
     batch_questions: int | None = Field(
         None, ge=1, description="questions per actor batch (None: answer.batch_questions)"
+    )
+    actor_batches: int = Field(
+        2,
+        ge=1,
+        description="continuous engine: batches an engine actor holds at once, so that the next batch's "
+        "questions are admitted while the previous one's last questions finish",
     )
     actor_resources: dict[str, float] = Field(
         default_factory=dict,

@@ -16,6 +16,7 @@ prompts are submitted as soon as it is made, and the program advances when its l
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -26,7 +27,48 @@ from typing import Any
 from pipeline.backends.streaming import collect
 from pipeline.config import DynragConfig
 from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
+from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Call, Question, Request
+
+log = logging.getLogger(__name__)
+
+
+DRAIN_POLL_S = 0.2  # the coordinator's longest wait before it looks at a drain request again
+WAKE: tuple[None, list] = (None, [])  # an inbox event with no deliveries: a Feed has more questions
+NOTHING_YET = Question("", "")  # what iterating a Feed gives when no question is waiting and it is not closed
+
+
+class Feed:
+    """Questions that arrive while a continuous engine runs (a Ray engine actor's batches): `put` them,
+    `close` when no more will come. `engine.stream(feed, ...)` admits what is there, and `put` wakes it."""
+
+    def __init__(self) -> None:
+        self._items: deque[Question] = deque()
+        self._closed = False
+        self._lock = threading.Lock()
+        self.wake: Callable[[], None] = lambda: None  # set by the engine that reads the feed
+
+    def put(self, questions: Iterable[Question]) -> None:
+        with self._lock:
+            self._items.extend(questions)
+        self.wake()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.wake()
+
+    def __iter__(self) -> Iterator[Question]:
+        """The questions as they come; NOTHING_YET whenever none is waiting; ends once closed and empty."""
+        while True:
+            with self._lock:
+                if self._items:
+                    item = self._items.popleft()
+                elif self._closed:
+                    return
+                else:
+                    item = NOTHING_YET
+            yield item
 
 
 def lane(req: Request) -> str:
@@ -77,11 +119,15 @@ class ContinuousEngine(BaseEngine):
             else:
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
+        if isinstance(questions, Feed):  # questions arrive during the run: take what is there, woken by more
+            questions.wake = lambda: inbox.put(WAKE)
         while True:
-            while more and live < self.max_in_flight:  # admit
+            while more and live < self.max_in_flight and not self.drain.requested:  # admit
                 nxt = next(todo, None)
                 if nxt is None:
                     more = False
+                    break
+                if nxt[1] is NOTHING_YET:
                     break
                 started = self._start(*nxt, program, params)
                 if isinstance(started, Outcome):
@@ -92,15 +138,20 @@ class ContinuousEngine(BaseEngine):
             wait = self._dispatch(waiting, busy, inbox, streams)
             yield from done
             done.clear()
-            if not live and not more:
+            if not live and (not more or self.drain.requested):
                 return
-            try:
-                events = [inbox.get(timeout=wait)]
+            if self.drain.expired():
+                log.warning("drain: %d questions still in flight after %.0f s, not answered", live, self.drain.seconds)
+                return
+            try:  # a drain comes from a signal handler or another thread: look at it every DRAIN_POLL_S
+                events = [inbox.get(timeout=min(wait or DRAIN_POLL_S, DRAIN_POLL_S))]
             except queue.Empty:
                 continue  # a partial batch has waited long enough
             while not inbox.empty():
                 events.append(inbox.get_nowait())
             for name, deliveries in events:
+                if name is None:  # a Feed's wake-up: more questions to admit
+                    continue
                 busy[name] -= 1
                 if not busy[name]:
                     del busy[name]
@@ -175,15 +226,16 @@ class ContinuousEngine(BaseEngine):
             inbox.put((name, deliveries))
 
 
-def make_engine(cfg: DynragConfig, backends: Any) -> BaseEngine:
-    """The engine `answer.engine` names, configured from `cfg` (a DynragConfig)."""
+def make_engine(cfg: DynragConfig, backends: Any, drain: Drain | None = None) -> BaseEngine:
+    """The engine `answer.engine` names, configured from `cfg` (a DynragConfig), stopping on `drain`."""
     a = cfg.answer
     if a.engine == "lockstep":
-        return Engine(backends, batch_questions=a.batch_questions)
+        return Engine(backends, batch_questions=a.batch_questions, drain=drain)
     return ContinuousEngine(
         backends,
         max_in_flight=a.max_in_flight,
         batch_wait_s=a.batch_wait_s,
         caps={"generate": cfg.generation.batch_size},
         batch_items=a.batch_items,
+        drain=drain,
     )

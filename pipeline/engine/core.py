@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar, cast
 
+from indexing.faults import fault_point
+from pipeline.engine.drain import Drain
 from pipeline.engine.requests import (
     Answer,
     Call,
@@ -111,9 +113,10 @@ class BaseEngine:
     `clock` times stages and latency (tests pass a fake one).
     """
 
-    def __init__(self, backends: Any, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, backends: Any, clock: Callable[[], float] = time.perf_counter, drain: Drain | None = None):
         self.backends = backends
         self.clock = clock
+        self.drain = drain or Drain()  # once requested: admit no more questions; drop those in flight at its deadline
         self.batch_calls: dict[str, int] = defaultdict(int)  # backend calls made, by kind
         self.batch_seconds: dict[str, float] = defaultdict(float)  # time inside them, by kind
         self._stats_lock = threading.Lock()  # batches may be served from several threads
@@ -126,7 +129,9 @@ class BaseEngine:
 
     def stream(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[Outcome]:
         """Outcomes as questions finish (any order); `questions` is consumed lazily."""
-        return (o for _, o in self._outcomes(questions, program, params))
+        for _, outcome in self._outcomes(questions, program, params):
+            fault_point("engine.question_done", until=lambda: self.drain.requested)
+            yield outcome
 
     def stream_batches(
         self, questions: Iterable[Question], program: Program, params: Any, n: int | None
@@ -396,6 +401,8 @@ class Engine(BaseEngine):
     ) -> Iterator[Iterator[tuple[int, Outcome]]]:
         """Each batch of `batch_questions`, run in lockstep: its outcomes, as they are decided."""
         for batch in batched(enumerate(questions), self.batch_questions):
+            if self.drain.requested:  # no new batch starts (its questions stay unanswered: a rerun answers them)
+                return
             yield self._lockstep(batch, program, params)
 
     def _lockstep(
@@ -413,13 +420,14 @@ class Engine(BaseEngine):
             for st in states:
                 if st.pending is not None:
                     waiting[_kind(st.pending)].append(st)
-            if not waiting:
+            if not waiting or self.drain.expired():
                 break
             kind = max(waiting, key=lambda k: sum(_size(st.pending) for st in waiting[k]))
             for st, value, exc in self.serve(waiting[kind]):
                 self._advance(st, value, exc)
         for st in states:
-            yield st.index, self._outcome(st)
+            if st.pending is None:  # else still in flight when a drain ran out: not answered
+                yield st.index, self._outcome(st)
 
 
 def batched(items: Iterable[T], n: int | None) -> Iterator[list[T]]:

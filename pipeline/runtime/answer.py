@@ -28,13 +28,14 @@ from typing import Any
 
 from indexing.faults import fault_point
 from pipeline.config import DynragConfig, resolved_yaml
+from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
 from pipeline.io.datasets import load_questions, pending_questions
 from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock
 from pipeline.methods.registry import config_hash, get_method
-from pipeline.runtime.signals import stop_on_sigterm
+from pipeline.runtime.signals import Interrupted, stop_on_sigterm
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,9 @@ def run_answer(
     The summary holds rows/answered/errors, mean em/f1/acc/precision/recall, support_recall, calls and
     tokens per question, `time_per_question_s` per stage, wall_time_s and questions_per_s of this run.
     Whole-input faults (dataset, index, model, configuration, an output of another configuration) are
-    raised before anything is written. One job at a time per `out` (output_lock.py); SIGTERM or Ctrl-C
-    stops after the rows written so far (signals.py), and a rerun answers the rest.
+    raised before anything is written. One job at a time per `out` (output_lock.py); SIGTERM
+    drains (signals.py: no new question, those in flight finished for up to answer.drain_s and written,
+    then Interrupted); a second SIGTERM or Ctrl-C stops after the rows written so far; a rerun answers the rest.
     """
     cfg = (cfg or DynragConfig()).model_copy(deep=True)
     if method:
@@ -117,7 +119,8 @@ def run_answer(
         chash = config_hash(*settings.values())
         saved = check_same_run(out, settings, chash)
         stack.enter_context(output_lock(out))
-        stack.enter_context(stop_on_sigterm())
+        drain = Drain(cfg.answer.drain_s)
+        stack.enter_context(stop_on_sigterm(drain))
         todo = None if cfg.runtime.mode == "ray" else itertools.chain(first, questions)
         return _run_answer(
             dataset,
@@ -133,6 +136,7 @@ def run_answer(
             cfg=cfg,
             backends=backends,
             progress=progress,
+            drain=drain,
         )
 
 
@@ -195,7 +199,7 @@ def load_generator(backends) -> None:
 
 
 def _run_answer(
-    dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends, progress
+    dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends, progress, drain
 ) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
@@ -224,7 +228,9 @@ def _run_answer(
         if cfg.runtime.mode == "ray":
             from pipeline.runtime.ray_runner import answer_with_ray
 
-            reports = answer_with_ray(dataset, out, cfg, index, row_args, header=header, done=done, limit=limit)
+            reports = answer_with_ray(
+                dataset, out, cfg, index, row_args, header=header, done=done, limit=limit, drain=drain
+            )
         else:
             counts: dict[str, int] = {}
             todo = pending_questions(questions, done, limit, counts)
@@ -239,6 +245,7 @@ def _run_answer(
                     params,
                     row_args,
                     backends,
+                    drain,
                 )
             else:
                 reports = (r for r in [batch_report([], counts["skipped"], {})])
@@ -252,6 +259,8 @@ def _run_answer(
                     fault_point("answer.part_written")
                     if bar is not None:
                         bar.update(report["rows"])
+        if drain.requested:  # drained: every finished answer is written; the rest is the rerun's
+            raise Interrupted("stopped by SIGTERM")
     except KeyboardInterrupt as stop:
         log.warning(
             "%s: %d rows of this run are under %s; rerun the same command to answer the rest",
@@ -283,14 +292,16 @@ def _run_answer(
     return summary
 
 
-def _answer_local(todo, counts, writer, cfg, spec, params, row_args, backends) -> Generator[dict[str, Any], None, None]:
+def _answer_local(
+    todo, counts, writer, cfg, spec, params, row_args, backends, drain
+) -> Generator[dict[str, Any], None, None]:
     """Answer `todo` (pending_questions, counting into `counts`) in parts of `answer.batch_questions`, as
     questions finish, each written by `writer`; yields a batch_report per part. `backends` stay open
     (their owner closes them). The generation model is loaded first (a model that cannot load is one
     error, not one per row)."""
     from pipeline.engine.continuous import make_engine
 
-    engine = make_engine(cfg, backends)
+    engine = make_engine(cfg, backends, drain)
     reported = 0  # questions skipped as answered, reported so far
     try:
         load_generator(backends)

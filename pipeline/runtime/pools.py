@@ -14,6 +14,8 @@ the in-process backends would. The driver starts the pools and owns them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,10 +25,10 @@ log = logging.getLogger(__name__)
 
 
 class PoolActor:
-    def __init__(self, cfg_json: dict, index_dir: str | None):
+    def __init__(self, cfg_json: dict, index_dir: str | None, make_backends: Callable[..., Any] | None = None):
         from pipeline.backends import Backends
 
-        self.backends = Backends(DynragConfig.model_validate(cfg_json), index_dir)
+        self.backends = (make_backends or Backends)(DynragConfig.model_validate(cfg_json), index_dir)
         self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 
     def ready(self, part: str | None) -> bool:
@@ -58,15 +60,18 @@ def pool_stats(actors: list) -> dict[str, list[int]]:
     return total
 
 
-def start_pool(cfg: DynragConfig, kind: str, index_dir: str | None = None) -> list:
-    """Start the `kind` pool ("retrieval" or "scorer") as configured; wait until each actor is ready."""
+def start_pool(
+    cfg: DynragConfig, kind: str, index_dir: str | None = None, make_backends: Callable[..., Any] | None = None
+) -> list:
+    """Start the `kind` pool ("retrieval" or "scorer") as configured; wait until each actor is ready.
+    `make_backends` replaces `Backends` in its actors (the latency-model bench)."""
     import ray
 
     from pipeline.runtime.ray_resources import pool_actor_options
 
     n, opts = pool_actor_options(cfg, kind)
     cls = ray.remote(PoolActor)
-    actors = [cls.options(**opts).remote(cfg.model_dump(mode="json"), index_dir) for _ in range(n)]
+    actors = [cls.options(**opts).remote(cfg.model_dump(mode="json"), index_dir, make_backends) for _ in range(n)]
     ray.get([a.ready.remote("retriever" if kind == "retrieval" else None) for a in actors])
     log.info("%d %s actors ready (%s)", n, kind, opts)
     return actors

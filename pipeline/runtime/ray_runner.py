@@ -15,20 +15,30 @@ node shares (`check_shared`). Actors are data-parallel replicas (`ray.actors`, o
 
 from __future__ import annotations
 
+import _thread
+import concurrent.futures
 import json
 import logging
 import os
-from collections.abc import Generator
+import threading
+import time
+from collections.abc import Callable, Generator
 from typing import Any, overload
 
 from pipeline.config import DynragConfig
+from pipeline.engine.continuous import DRAIN_POLL_S, Feed
+from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Question
 
 log = logging.getLogger(__name__)
 
 
 class EngineActor:
-    """A Ray Data actor: builds the backends once; answers one batch of questions per call and writes its rows."""
+    """A Ray Data actor: builds the backends and one engine once; answers each batch it is given and writes
+    its rows. With the continuous engine, batches run at once (`ray.actor_batches` calls in flight, each in
+    its own Ray thread): their questions go into one `Feed` that the engine's coordinator thread reads, so
+    the next batch's questions are admitted while the previous one's last questions finish (no drain of
+    the engine at each batch boundary); a call returns when its own questions are done."""
 
     def __init__(
         self,
@@ -38,9 +48,11 @@ class EngineActor:
         out: str,
         header: dict[str, str] | None,
         pools: dict[str, list] | None = None,
+        drain_flag: Any = None,
+        make_backends: Callable[..., Any] | None = None,
     ):
         from pipeline.backends import Backends
-        from pipeline.engine.continuous import make_engine
+        from pipeline.engine.continuous import ContinuousEngine, make_engine
         from pipeline.io.output import PartWriter
         from pipeline.io.output_lock import check_shared
         from pipeline.methods.registry import get_method
@@ -53,24 +65,135 @@ class EngineActor:
         # a part served by a pool (pools.py) is not built here
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
-        self.backends = Backends(self.cfg, index_dir, retriever=remote.get("retrieval"), scorer=scorer, embedder=scorer)
-        self.engine = make_engine(self.cfg, self.backends)
+        self.backends = (make_backends or Backends)(
+            self.cfg, index_dir, retriever=remote.get("retrieval"), scorer=scorer, embedder=scorer
+        )
+        self.drain = Drain(self.cfg.answer.drain_s)
+        self.engine = make_engine(self.cfg, self.backends, self.drain)
+        self.feed = Feed() if isinstance(self.engine, ContinuousEngine) else None
         self.row_args = row_args
         self.writer = PartWriter(out, row_args["run_id"], header)
+        self.lock = threading.Lock()  # the calls' shared state: batches waiting, the coordinator, the reports
+        self.waiting: dict[int, _Batch] = {}  # id(question) -> its batch
+        self.coordinator: threading.Thread | None = None
+        self.ended: BaseException | str | None = None  # why the coordinator stopped: "drained" or its error
+        self.first_call: float | None = None  # time.time() of the first batch: the start of the busy ratio
+        if drain_flag is not None:
+            threading.Thread(target=self._watch, args=(drain_flag,), name="dynrag-drain", daemon=True).start()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         from indexing.faults import fault_point
         from pipeline.io.output import batch_report, make_row
 
         fault_point("ray.engine_batch")
+        with self.lock:
+            self.first_call = self.first_call or time.time()
         questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
-        outcomes = self.engine.run(questions, self.spec.program, self.params) if questions else []
+        outcomes = self._answer(questions) if questions and not self.drain.requested else []
         rows = [make_row(o, **self.row_args) for o in outcomes]
         part = self.writer.write(rows)
         if part:
             fault_point("ray.part_written")
-        report = batch_report(rows, int(sum(batch["skipped"])), self.engine.new_calls())
+        with self.lock:
+            report = batch_report(rows, int(sum(batch["skipped"])), self.engine.new_calls())
+            report["generator"] = self._generator_busy()
         return {"part": [part or ""], "report": [json.dumps(report)]}
+
+    def _answer(self, questions: list[Question]) -> list:
+        """The outcomes of `questions`, in their order (those still in flight when a drain ran out: none)."""
+        if self.feed is None:  # the lockstep engine: one batch at a time (ray.actor_batches is 1)
+            return self.engine.run(questions, self.spec.program, self.params)
+        got = _Batch(questions)
+        with self.lock:
+            if isinstance(self.ended, BaseException):  # the engine failed in an earlier batch
+                raise self.ended
+            if self.ended:  # drained: these questions are the rerun's
+                return []
+            self.waiting.update((id(q), got) for q in questions)
+            if self.coordinator is None:
+                self.coordinator = threading.Thread(
+                    target=self._coordinate, args=(self.feed,), name="dynrag-engine", daemon=True
+                )
+                self.coordinator.start()
+        self.feed.put(questions)
+        return got.result()
+
+    def _coordinate(self, feed: Feed) -> None:
+        """Run the engine over the feed (until a drain ends it), handing each outcome to its batch."""
+        try:
+            for outcome in self.engine.stream(feed, self.spec.program, self.params):
+                with self.lock:
+                    self.waiting.pop(id(outcome.question)).add(outcome)
+        except BaseException as err:  # a bug in the engine: every waiting batch fails (Ray Data retries it)
+            with self.lock:
+                self.ended = err
+                for got in set(self.waiting.values()):
+                    got.fail(err)
+            raise
+        finally:
+            with self.lock:  # drained: each batch still waiting gets what finished of it
+                self.ended = self.ended or "drained"
+                for got in set(self.waiting.values()):
+                    got.finish()
+                self.waiting.clear()
+
+    def _watch(self, flag: Any) -> None:
+        """Poll the driver's drain flag; when it is raised, drain this actor's engine within its deadline."""
+        import ray
+
+        while not self.drain.requested:
+            left = ray.get(flag.remaining.remote())
+            if left is not None:
+                self.drain.request(left)
+                return
+            time.sleep(DRAIN_POLL_S)
+
+    def _generator_busy(self) -> dict[str, float] | None:
+        """The generator's busy seconds (time with a sequence in flight) since it started, and the seconds
+        since this actor's first batch: their ratio is the replica's generator busy fraction."""
+        flight = getattr(self.backends._generator, "flight", None)  # a streaming generator's, once built
+        if flight is None or self.first_call is None:
+            return None
+        return {"busy_s": flight.busy_s, "active_s": time.time() - self.first_call, "pid": os.getpid()}
+
+
+class _Batch:
+    """One call's questions and their outcomes, collected from the coordinator thread."""
+
+    def __init__(self, questions: list[Question]):
+        self.order = {id(q): i for i, q in enumerate(questions)}
+        self.outcomes: list = []
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def add(self, outcome) -> None:
+        self.outcomes.append(outcome)
+        if len(self.outcomes) == len(self.order):
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(sorted(self.outcomes, key=lambda o: self.order[id(o.question)]))
+
+    def fail(self, err: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(err)
+
+    def result(self) -> list:
+        return self.future.result()
+
+
+class DrainFlag:
+    """A Ray actor the driver raises on SIGTERM; each engine actor polls it (`remaining`) and drains."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # time.time() by which the engines stop
+
+    def request(self, seconds: float) -> None:
+        if self.deadline is None:
+            self.deadline = time.time() + seconds
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
 
 
 def init_ray(cfg: DynragConfig) -> bool:
@@ -124,8 +247,15 @@ def answer_with_ray(
     header: dict[str, str] | None,
     done: set[str],
     limit: int | None,
+    drain: Drain | None = None,
+    make_backends: Callable[..., Any] | None = None,
 ) -> Generator[dict[str, Any], None, None]:
-    """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes."""
+    """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes.
+
+    `drain` (set by SIGTERM) is passed on to the engine actors (a `DrainFlag` actor they poll): they admit no
+    more questions, finish those in flight within `answer.drain_s` and write them; later batches come back
+    empty. If the stream has not ended by then (and a grace period), the main thread is interrupted.
+    `make_backends` replaces `Backends` in the engine and pool actors (the latency-model bench)."""
     import ray
 
     from pipeline.runtime.orphan_guard import OrphanGuard
@@ -137,20 +267,40 @@ def answer_with_ray(
     guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
     started = init_ray(cfg)
     pools: dict[str, list] = {}
+    flag, finished = None, threading.Event()
     try:
         if cfg.ray.retrieval_actors and index_dir:
-            pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir))
+            pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir), make_backends)
         if cfg.ray.scorer_actors:
-            pools["scorer"] = start_pool(cfg, "scorer")
+            pools["scorer"] = start_pool(cfg, "scorer", None, make_backends)
+        flag = ray.remote(DrainFlag).options(num_cpus=0).remote()
+        if drain is not None:
+            args = (drain, flag, finished)
+            threading.Thread(target=_pass_drain, args=args, name="dynrag-drain", daemon=True).start()
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = ray.data.read_datasource(QuestionSource(_for_workers(dataset), cfg, done, limit, batch))
         out = _for_workers(out)
+        calls = cfg.ray.actor_batches if cfg.answer.engine == "continuous" else 1
         ds = ds.map_batches(
             EngineActor,
-            fn_constructor_args=(cfg.model_dump(mode="json"), _for_workers(index_dir), row_args, out, header, pools),
+            fn_constructor_args=(
+                cfg.model_dump(mode="json"),
+                _for_workers(index_dir),
+                row_args,
+                out,
+                header,
+                pools,
+                flag,
+                make_backends,
+            ),
             batch_size=batch,
             batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
+            compute=ray.data.ActorPoolStrategy(
+                size=cfg.ray.actors,
+                max_concurrent_calls_per_actor=calls,  # each call in its own thread: the actor takes the next
+                enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
+                max_tasks_in_flight_per_actor=calls + 1,
+            ),
             **engine_actor_options(cfg),
         )
         seen: set[str] = set()  # parts reported: a retried batch reports its part again
@@ -163,9 +313,25 @@ def answer_with_ray(
         for kind, actors in pools.items():  # the pools' share of the work, before they go
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
     finally:
-        for actor in (a for actors in pools.values() for a in actors):
+        finished.set()
+        for actor in [a for actors in pools.values() for a in actors] + ([flag] if flag is not None else []):
             ray.kill(actor)
         if started:
             ray.shutdown()
         if guard is not None:
             guard.close()
+
+
+DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
+
+
+def _pass_drain(drain: Drain, flag: Any, finished: threading.Event) -> None:
+    """Driver side of a drain: raise the actors' flag when SIGTERM comes; if the job has not `finished` by
+    the deadline and a grace period, interrupt the main thread (the rows written so far stay)."""
+    while not drain.event.wait(DRAIN_POLL_S):
+        if finished.is_set():
+            return
+    flag.request.remote(drain.seconds)
+    if not finished.wait(drain.seconds + DRAIN_GRACE_S):
+        log.warning("drain: the engine actors did not finish within %.0f s; stopping", drain.seconds + DRAIN_GRACE_S)
+        _thread.interrupt_main()

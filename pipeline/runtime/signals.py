@@ -1,7 +1,12 @@
-"""SIGTERM stops a job the way Ctrl-C does: `stop_on_sigterm()` turns it into `Interrupted` (a
-KeyboardInterrupt), so `finally` blocks run, rows already written stay, backends close, and the CLI
-exits 130 with a one-line message. Only the main thread can install the handler; elsewhere this is
-a no-op."""
+"""SIGTERM drains a job; a second SIGTERM, or Ctrl-C, stops it at once.
+
+SIGTERM is what a preemptible node gets shortly before it goes. `stop_on_sigterm(drain)` turns the first
+one into a `Drain` request: the engine stops admitting questions, finishes those in flight for at most
+`answer.drain_s`, every finished answer is written, and the job then raises `Interrupted` (a
+KeyboardInterrupt), so `finally` blocks run, backends close, and the CLI exits 130; a rerun answers the
+rest. A second SIGTERM (or Ctrl-C, SIGINT) raises `Interrupted` at once: rows already written stay.
+Only the main thread can install the handler; elsewhere this is a no-op.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +14,26 @@ import contextlib
 import signal
 import threading
 
+from pipeline.engine.drain import Drain
+
 
 class Interrupted(KeyboardInterrupt):
     """The job was asked to stop (SIGTERM)."""
 
 
-def _raise(signum, frame):
-    raise Interrupted(f"stopped by {signal.Signals(signum).name}")
-
-
 @contextlib.contextmanager
-def stop_on_sigterm():
+def stop_on_sigterm(drain: Drain | None = None):
+    """While inside: SIGTERM requests `drain` (the second one, or any without a drain, raises Interrupted)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise)
+
+    def on_sigterm(signum, frame):
+        if drain is None or drain.requested:
+            raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+        drain.request()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
     finally:

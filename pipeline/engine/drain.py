@@ -1,0 +1,33 @@
+"""A drain request: stop admitting questions, finish those in flight within a deadline (signals.py sets it
+on SIGTERM; a Ray engine actor, from its driver's request)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class Drain:
+    """A request to stop admitting questions and finish those in flight within `seconds`. Set from a signal
+    handler or another thread; read by the engine's coordinator (`requested`, `remaining`, `expired`)."""
+
+    def __init__(self, seconds: float = 30.0):
+        self.seconds = seconds
+        self.event = threading.Event()
+        self._deadline = float("inf")
+
+    def request(self, seconds: float | None = None) -> None:
+        if not self.event.is_set():
+            self._deadline = time.monotonic() + (self.seconds if seconds is None else seconds)
+            self.event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def remaining(self) -> float | None:
+        """Seconds left to finish the questions in flight (None: no drain requested)."""
+        return max(0.0, self._deadline - time.monotonic()) if self.requested else None
+
+    def expired(self) -> bool:
+        return self.requested and time.monotonic() >= self._deadline
