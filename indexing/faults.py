@@ -27,16 +27,16 @@ def fault_point(name: str, until: Callable[[], bool] | None = None) -> None:
     wanted = os.environ.get("DYNRAG_PAUSE_AT")
     if not wanted:
         return
-    points = dict((p.split("@") + ["1"])[:2] for p in wanted.split(","))
-    if name not in points:
+    spec = next((p for p in wanted.split(",") if p.split("@")[0] == name), None)  # "name" or "name@N"
+    if spec is None:
         return
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] != int(points[name]):
+    if _hits[name] != int((spec.split("@") + ["1"])[1]):
         return
     folder = Path(os.environ.get("DYNRAG_PAUSE_DIR", "."))
     folder.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:  # the marker is named as the test named the point
+        fd = os.open(folder / spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return
     os.write(fd, str(os.getpid()).encode())

@@ -43,6 +43,9 @@ def answer_cmd(dataset, out, n, *extra):
     )
 
 
+RAY = ["--set", "runtime.mode=ray", "--set", "ray.num_cpus=2", "--set", "ray.actors=1"]
+
+
 def rows_of(out):
     return pl.read_parquet(f"{out}/parts/*.parquet") if part_files(str(out)) else pl.DataFrame()
 
@@ -81,16 +84,34 @@ def test_sigkill_at_several_points_under_load_then_resume(nq_dev, tmp_path):
     assert_exactly_once(out, n)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_ctrl_c_stop_cleanly_after_the_finished_rows(nq_dev, tmp_path, sig):
-    n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    stopped = kill_at(answer_cmd(nq_dev, out, n), "answer.part_written", pauses, sig)
+def assert_stopped_cleanly(stopped, out):
     assert stopped.returncode == 130, stopped.stderr[-2000:]
     assert "interrupted" in stopped.stderr and "rerun the same command" in stopped.stderr
     assert "Traceback" not in stopped.stderr
-    assert rows_of(out).height == 25  # the finished batch was flushed, nothing more
     assert not (out / ".dynrag.lock").exists()  # released and removed on the way out
+
+
+def test_ctrl_c_stops_at_once_after_the_finished_rows(nq_dev, tmp_path):
+    n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
+    stopped = kill_at(answer_cmd(nq_dev, out, n), "answer.part_written", pauses, signal.SIGINT)
+    assert_stopped_cleanly(stopped, out)
+    assert rows_of(out).height == 25  # the finished batch was flushed, nothing more
     done = run(answer_cmd(nq_dev, out, n))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_exactly_once(out, n)
+
+
+@pytest.mark.parametrize("mode", ["in-process", "ray"])
+def test_sigterm_drains_writes_every_finished_answer_and_the_rerun_answers_the_rest(nq_dev, tmp_path, mode):
+    """One batch larger than the dataset, so no part is written before the signal: the answers finished by
+    then (at least 10) and those in flight (answer.max_in_flight bounds them) are written by the drain."""
+    n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
+    big = ["--set", "answer.batch_questions=1000", "--set", "answer.max_in_flight=16"]
+    cmd = answer_cmd(nq_dev, out, n, *big, *(RAY if mode == "ray" else []))
+    stopped = kill_at(cmd, "engine.question_done@10", pauses, signal.SIGTERM)  # in the engine actor with Ray
+    assert_stopped_cleanly(stopped, out)
+    assert 10 <= rows_of(out).height < n, rows_of(out).height
+    done = run(answer_cmd(nq_dev, out, n, *big))
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(out, n)
 
@@ -111,9 +132,6 @@ def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(n
     third = run(answer_cmd(nq_dev, out, n), timeout=600)
     assert third.returncode == 0, third.stderr[-2000:]
     assert_exactly_once(out, n)
-
-
-RAY = ["--set", "runtime.mode=ray", "--set", "ray.num_cpus=2", "--set", "ray.actors=1"]
 
 
 def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_path):

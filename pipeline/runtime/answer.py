@@ -256,7 +256,7 @@ def _run_answer(
                 for kind, n in report["calls"].items():
                     batch_calls[kind] = batch_calls.get(kind, 0) + n
                 if report["rows"]:
-                    fault_point("answer.part_written")
+                    fault_point("answer.part_written", until=lambda: drain.requested)
                     if bar is not None:
                         bar.update(report["rows"])
         if drain.requested:  # drained: every finished answer is written; the rest is the rerun's

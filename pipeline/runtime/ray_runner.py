@@ -266,6 +266,10 @@ def answer_with_ray(
     # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
     guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
     started = init_ray(cfg)
+    if drain is not None:
+        from pipeline.runtime.signals import sigterm_drains
+
+        sigterm_drains(drain)  # Ray's own SIGTERM handler exits at once
     pools: dict[str, list] = {}
     flag, finished = None, threading.Event()
     try:

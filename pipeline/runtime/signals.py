@@ -27,14 +27,22 @@ def stop_on_sigterm(drain: Drain | None = None):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    previous = signal.getsignal(signal.SIGTERM)
+    sigterm_drains(drain)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_drains(drain: Drain | None) -> None:
+    """Install the handler (again: `ray.init` installs its own, which exits at once); main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
 
     def on_sigterm(signum, frame):
         if drain is None or drain.requested:
             raise Interrupted(f"stopped by {signal.Signals(signum).name}")
         drain.request()
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    signal.signal(signal.SIGTERM, on_sigterm)
