@@ -320,3 +320,72 @@ def test_a_backend_being_built_does_not_hold_up_the_other_lanes():
     assert all(o.error is None for o in out) and out[0].answer.prediction == "x"
     assert out[0].trace.latency_s >= SLOW_BUILD_S  # the call question did wait for its backend
     assert out[1].trace.latency_s < SLOW_BUILD_S / 2  # a generous bound: the other question did not
+
+
+class ClosingRetriever(MemoryRetriever):
+    """A search blocks until `release` is set; `events` records "search done" and the close's return, in order."""
+
+    def __init__(self):
+        super().__init__(PASSAGES)
+        self.searching, self.release, self.events = threading.Event(), threading.Event(), []
+
+    def search(self, queries, k, retriever="bm25"):
+        self.searching.set()
+        self.release.wait(30)
+        self.events.append("search done")
+        return super().search(queries, k, retriever)
+
+
+def retrieve_once(q: Question, params):
+    return Answer((yield Retrieve([q.question], k=1))[0][0].title)
+
+
+def test_close_waits_for_a_lane_still_inside_a_search():
+    """The owner closes the backends after the engine: close must not return while a lane still searches."""
+    ret = ClosingRetriever()
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=ret), batch_wait_s=0.001)
+    out: list = []
+    runner = threading.Thread(
+        target=lambda: out.extend(eng.run([Question("q", "capital of France")], retrieve_once, None))
+    )
+    runner.start()
+    assert ret.searching.wait(30)
+    closer = threading.Thread(target=lambda: (eng.close(), ret.events.append("close returned")))
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # still waiting for the search
+    ret.release.set()
+    closer.join(30)
+    runner.join(30)
+    assert ret.events == ["search done", "close returned"]
+    assert [o.answer.prediction for o in out] == ["Paris"]
+
+
+def test_close_with_idle_lanes_returns_at_once_and_leaves_no_lane_thread():
+    before = set(threading.enumerate())
+    eng = ContinuousEngine(_backends(), batch_wait_s=0.001)
+    qs = [Question(f"{m}-0", "Who directed the film Jaws?") for m in ("sr-rag", "cfs", "pairs")]
+    out = eng.run(qs, mixed, None)
+    lanes = {t.name for t in set(threading.enumerate()) - before if t.name.startswith("dynrag-")}
+    t0 = time.monotonic()
+    eng.close()
+    assert time.monotonic() - t0 < 1
+    assert all(o.error is None for o in out) and {"dynrag-retrieve", "dynrag-score"} <= lanes
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("dynrag-")]
+
+
+def test_close_gives_up_on_a_stuck_lane_after_its_timeout(monkeypatch, caplog):
+    import pipeline.engine.continuous as continuous
+
+    monkeypatch.setattr(continuous, "LANE_JOIN_TIMEOUT_S", 0.2)
+    ret = ClosingRetriever()
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=ret), batch_wait_s=0.001)
+    runner = threading.Thread(target=eng.run, args=([Question("q", "capital of France")], retrieve_once, None))
+    runner.start()
+    try:
+        assert ret.searching.wait(30)
+        eng.close()  # returns, naming the lane it left behind
+        assert ret.events == [] and "engine lane retrieve is still busy" in caplog.text
+    finally:
+        ret.release.set()
+        runner.join(30)
