@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 from fakes import FakeAttention, MemoryRetriever
@@ -140,11 +141,15 @@ class HoldingGenerator(StreamingGenerator):
     def __init__(self, short: int):
         self.short, self.submitted, self.released, self.held_out = short, 0, threading.Event(), False
 
-    def submit(self, prompt, sampling, chat, done):
+    def submit(self, prompt, sampling, chat) -> Future:
+        fut: Future = Future()
+
         def deliver(long: bool):
             if long:
                 self.held_out = not self.released.wait(30)
-            done(Completion(f"{'long' if long else 'short'} {prompt}", completion_tokens=sampling.max_tokens), 0.001)
+            fut.set_result(
+                (Completion(f"{'long' if long else 'short'} {prompt}", completion_tokens=sampling.max_tokens), 0.001)
+            )
 
         long = sampling.max_tokens > 4
         if not long:
@@ -152,6 +157,7 @@ class HoldingGenerator(StreamingGenerator):
             if self.submitted == self.short:
                 self.released.set()
         threading.Thread(target=deliver, args=(long,), daemon=True).start()
+        return fut
 
 
 def test_a_streamed_short_answer_does_not_wait_for_a_long_output():
@@ -193,12 +199,12 @@ class ReleasingGenerator(SimGenerator):
         super().__init__()
         self.retriever, self.during_search = retriever, 0
 
-    def submit(self, prompt, sampling, chat, done):
+    def submit(self, prompt, sampling, chat) -> Future:
         if self.retriever.searching.is_set() and not self.retriever.release.is_set():
             self.during_search += 1
             if self.during_search == 3:
                 self.retriever.release.set()
-        super().submit(prompt, sampling, chat, done)
+        return super().submit(prompt, sampling, chat)
 
 
 def three_rounds_or_retrieve(q: Question, params):
@@ -389,3 +395,28 @@ def test_close_gives_up_on_a_stuck_lane_after_its_timeout(monkeypatch, caplog):
     finally:
         ret.release.set()
         runner.join(30)
+
+
+@pytest.mark.parametrize("engine", ["continuous", "lockstep"])
+def test_a_cancelled_prompt_is_its_questions_error_and_the_run_goes_on(engine):
+    from fakes import CancellingGenerator
+
+    def two_rounds(q: Question, params):
+        first = (yield Generate([q.question]))[0]
+        return Answer((yield Generate([f"{q.question} then {first.text}"]))[0].text)
+
+    cfg = DynragConfig()
+    cfg.answer.engine = engine
+    eng = make_engine(cfg, Backends(cfg, generator=CancellingGenerator()))
+    qs = [Question("a", "first"), Question("c", "please cancel"), Question("b", "second")]
+    out: list = []
+    runner = threading.Thread(target=lambda: out.extend(eng.run(qs, two_rounds, None)), daemon=True)
+    try:
+        runner.start()
+        runner.join(30)  # a waiter left unresolved would hang here
+    finally:
+        eng.close()
+    assert len(out) == 3, "the run did not finish"
+    assert [o.error is None for o in out] == [True, False, True]
+    assert "CancelledError" in out[1].error and out[1].error_kind == "system"  # a rerun retries it
+    assert all(o.answer.prediction for o in (out[0], out[2]))

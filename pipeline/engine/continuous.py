@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeline.backends.streaming import collect
+from pipeline.backends.streaming import collect, resolved
 from pipeline.config import DynragConfig
 from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
 from pipeline.engine.requests import Call, Question, Request
@@ -162,12 +162,13 @@ class ContinuousEngine(BaseEngine):
                 deliveries = [(st, None, err)]
             inbox.put(("generate", deliveries))
 
-        done_at = collect(len(prompts), finish)
-        for i, args in enumerate(zip(prompts, samplings, chats)):
+        futures = []
+        for args in zip(prompts, samplings, chats):
             try:
-                self.backends.submit(*args, done_at(i))
+                futures.append(self.backends.submit(*args))
             except Exception as err:  # the prompt fails, its question with it
-                done_at(i)(err, 0.0)
+                futures.append(resolved(err))
+        collect(futures, finish)  # a prompt whose future fails or is cancelled is its question's error
 
     # ---- workers ---------------------------------------------------------------------------------
     def _worker(self, name: str) -> queue.Queue:
