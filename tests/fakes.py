@@ -1,14 +1,16 @@
-"""Test doubles: a generation backend that records its calls, a tiny in-memory BM25 retriever, and
-DRAGIN's attention pass on word-level tokens (the benchmark's, at no cost)."""
+"""Test doubles: a generation backend that records its calls, a streaming one that cancels some prompts, a
+tiny in-memory BM25 retriever, and DRAGIN's attention pass on word-level tokens (the benchmark's, at no cost)."""
 
 from __future__ import annotations
 
 import math
 import re
+import threading
 from collections import Counter
+from concurrent.futures import Future
 
 from indexing.hits import Hit
-from jobs.bench.simulated import PIECE  # noqa: F401  (re-exported for tests)
+from jobs.bench.simulated import PIECE, SimGenerator  # noqa: F401  (PIECE re-exported for tests)
 from jobs.bench.simulated import WordAttention as FakeAttention  # noqa: F401  (re-exported for tests)
 from pipeline.engine.requests import Completion
 
@@ -26,6 +28,22 @@ class RecordingGenerator:
         if self.fail_on and any(self.fail_on in str(p) for p in prompts):
             raise RuntimeError(f"cannot generate for a prompt containing {self.fail_on!r}")
         return [Completion(self.reply(p), prompt_tokens=len(str(p).split()), completion_tokens=2) for p in prompts]
+
+
+class CancellingGenerator(SimGenerator):
+    """The simulated streaming generator, except that a prompt containing `cancel_on` gets a future that is
+    cancelled 50 ms later, while still pending (as a generator shutting down cancels its requests)."""
+
+    def __init__(self, cancel_on: str = "cancel"):
+        super().__init__()
+        self.cancel_on = cancel_on
+
+    def submit(self, prompt, sampling, chat) -> Future:
+        if self.cancel_on not in str(prompt):
+            return super().submit(prompt, sampling, chat)
+        fut: Future = Future()
+        threading.Timer(0.05, fut.cancel).start()
+        return fut
 
 
 def _tokens(text: str) -> list[str]:

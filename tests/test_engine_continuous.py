@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 from fakes import FakeAttention, MemoryRetriever
@@ -140,11 +141,15 @@ class HoldingGenerator(StreamingGenerator):
     def __init__(self, short: int):
         self.short, self.submitted, self.released, self.held_out = short, 0, threading.Event(), False
 
-    def submit(self, prompt, sampling, chat, done):
+    def submit(self, prompt, sampling, chat) -> Future:
+        fut: Future = Future()
+
         def deliver(long: bool):
             if long:
                 self.held_out = not self.released.wait(30)
-            done(Completion(f"{'long' if long else 'short'} {prompt}", completion_tokens=sampling.max_tokens), 0.001)
+            fut.set_result(
+                (Completion(f"{'long' if long else 'short'} {prompt}", completion_tokens=sampling.max_tokens), 0.001)
+            )
 
         long = sampling.max_tokens > 4
         if not long:
@@ -152,6 +157,7 @@ class HoldingGenerator(StreamingGenerator):
             if self.submitted == self.short:
                 self.released.set()
         threading.Thread(target=deliver, args=(long,), daemon=True).start()
+        return fut
 
 
 def test_a_streamed_short_answer_does_not_wait_for_a_long_output():
@@ -193,12 +199,12 @@ class ReleasingGenerator(SimGenerator):
         super().__init__()
         self.retriever, self.during_search = retriever, 0
 
-    def submit(self, prompt, sampling, chat, done):
+    def submit(self, prompt, sampling, chat) -> Future:
         if self.retriever.searching.is_set() and not self.retriever.release.is_set():
             self.during_search += 1
             if self.during_search == 3:
                 self.retriever.release.set()
-        super().submit(prompt, sampling, chat, done)
+        return super().submit(prompt, sampling, chat)
 
 
 def three_rounds_or_retrieve(q: Question, params):
@@ -320,3 +326,97 @@ def test_a_backend_being_built_does_not_hold_up_the_other_lanes():
     assert all(o.error is None for o in out) and out[0].answer.prediction == "x"
     assert out[0].trace.latency_s >= SLOW_BUILD_S  # the call question did wait for its backend
     assert out[1].trace.latency_s < SLOW_BUILD_S / 2  # a generous bound: the other question did not
+
+
+class ClosingRetriever(MemoryRetriever):
+    """A search blocks until `release` is set; `events` records "search done" and the close's return, in order."""
+
+    def __init__(self):
+        super().__init__(PASSAGES)
+        self.searching, self.release, self.events = threading.Event(), threading.Event(), []
+
+    def search(self, queries, k, retriever="bm25"):
+        self.searching.set()
+        self.release.wait(30)
+        self.events.append("search done")
+        return super().search(queries, k, retriever)
+
+
+def retrieve_once(q: Question, params):
+    return Answer((yield Retrieve([q.question], k=1))[0][0].title)
+
+
+def test_close_waits_for_a_lane_still_inside_a_search():
+    """The owner closes the backends after the engine: close must not return while a lane still searches."""
+    ret = ClosingRetriever()
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=ret), batch_wait_s=0.001)
+    out: list = []
+    runner = threading.Thread(
+        target=lambda: out.extend(eng.run([Question("q", "capital of France")], retrieve_once, None))
+    )
+    runner.start()
+    assert ret.searching.wait(30)
+    closer = threading.Thread(target=lambda: (eng.close(), ret.events.append("close returned")))
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # still waiting for the search
+    ret.release.set()
+    closer.join(30)
+    runner.join(30)
+    assert ret.events == ["search done", "close returned"]
+    assert [o.answer.prediction for o in out] == ["Paris"]
+
+
+def test_close_with_idle_lanes_returns_at_once_and_leaves_no_lane_thread():
+    before = set(threading.enumerate())
+    eng = ContinuousEngine(_backends(), batch_wait_s=0.001)
+    qs = [Question(f"{m}-0", "Who directed the film Jaws?") for m in ("sr-rag", "cfs", "pairs")]
+    out = eng.run(qs, mixed, None)
+    lanes = {t.name for t in set(threading.enumerate()) - before if t.name.startswith("dynrag-")}
+    t0 = time.monotonic()
+    eng.close()
+    assert time.monotonic() - t0 < 1
+    assert all(o.error is None for o in out) and {"dynrag-retrieve", "dynrag-score"} <= lanes
+    assert not [t.name for t in set(threading.enumerate()) - before if t.name.startswith("dynrag-")]
+
+
+def test_close_gives_up_on_a_stuck_lane_after_its_timeout(monkeypatch, caplog):
+    import pipeline.engine.continuous as continuous
+
+    monkeypatch.setattr(continuous, "LANE_JOIN_TIMEOUT_S", 0.2)
+    ret = ClosingRetriever()
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=ret), batch_wait_s=0.001)
+    runner = threading.Thread(target=eng.run, args=([Question("q", "capital of France")], retrieve_once, None))
+    runner.start()
+    try:
+        assert ret.searching.wait(30)
+        eng.close()  # returns, naming the lane it left behind
+        assert ret.events == [] and "engine lane retrieve is still busy" in caplog.text
+    finally:
+        ret.release.set()
+        runner.join(30)
+
+
+@pytest.mark.parametrize("engine", ["continuous", "lockstep"])
+def test_a_cancelled_prompt_is_its_questions_error_and_the_run_goes_on(engine):
+    from fakes import CancellingGenerator
+
+    def two_rounds(q: Question, params):
+        first = (yield Generate([q.question]))[0]
+        return Answer((yield Generate([f"{q.question} then {first.text}"]))[0].text)
+
+    cfg = DynragConfig()
+    cfg.answer.engine = engine
+    eng = make_engine(cfg, Backends(cfg, generator=CancellingGenerator()))
+    qs = [Question("a", "first"), Question("c", "please cancel"), Question("b", "second")]
+    out: list = []
+    runner = threading.Thread(target=lambda: out.extend(eng.run(qs, two_rounds, None)), daemon=True)
+    try:
+        runner.start()
+        runner.join(30)  # a waiter left unresolved would hang here
+    finally:
+        eng.close()
+    assert len(out) == 3, "the run did not finish"
+    assert [o.error is None for o in out] == [True, False, True]
+    assert "CancelledError" in out[1].error and out[1].error_kind == "system"  # a rerun retries it
+    assert all(o.answer.prediction for o in (out[0], out[2]))

@@ -6,7 +6,6 @@ import polars as pl
 import pytest
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
 
-from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
 
@@ -91,52 +90,3 @@ def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, 
     assert set(served["retrieval"]) == {"search"} and set(served["scorer"]) == {"embed"}, served
     assert served["retrieval"]["search"][1] == rows["ray"]["retrieval_calls"].sum()
     assert served["scorer"]["embed"][1] == rows["ray"]["embedding_calls"].sum()
-
-
-class InlineActor:
-    """A pool actor called in-process: `run.remote(...)` returns the result itself (ray.get is patched to identity)."""
-
-    def __init__(self):
-        from types import SimpleNamespace
-
-        from jobs.bench.simulated import SimRetriever, SimScorer
-        from pipeline.runtime.pools import PoolActor
-
-        self.actor, self.calls = PoolActor.__new__(PoolActor), []
-        self.actor.served = {}
-        self.actor.backends = Backends(
-            DynragConfig(), retriever=SimRetriever(), scorer=SimScorer(), embedder=SimScorer()
-        )
-        self.run = SimpleNamespace(
-            remote=lambda op, items, *a: self.calls.append((op, len(items))) or self.actor.run(op, items, *a)
-        )
-
-
-def test_engine_actor_sends_retrieval_and_scoring_to_its_pools(monkeypatch):
-    import numpy as np
-    import ray
-
-    from jobs.bench.simulated import SimRetriever, SimScorer
-    from pipeline.runtime.ray_runner import EngineActor
-
-    monkeypatch.setattr(ray, "get", lambda refs: refs)
-    retrieval, scorer = [InlineActor(), InlineActor()], [InlineActor()]
-    cfg = DynragConfig()
-    cfg.method.name = "pairs"
-    engine = EngineActor(
-        cfg.model_dump(mode="json"),
-        None,
-        {"run_id": "r"},
-        "memory://rows",
-        None,
-        {"retrieval": retrieval, "scorer": scorer},
-    )
-    b = engine.backends  # no index (None) and no models: every part but the generator comes from a pool
-    queries = [f"query {i}" for i in range(5)]
-    assert b.search(queries, 3, "bm25") == SimRetriever().search(queries, 3)
-    assert [a.calls for a in retrieval] == [[("search", 3)], [("search", 2)]]  # contiguous chunks, in order
-    assert b.score([("q", "d1"), ("q", "d2")], "default") == SimScorer().score([("q", "d1"), ("q", "d2")])
-    assert np.array_equal(b.embed(queries, None), SimScorer().embed(queries))
-    assert scorer[0].calls == [("score", 2), ("embed", 5)]
-    assert scorer[0].actor.stats() == {"score": [1, 2], "embed": [1, 5]}
-    assert [a.actor.stats() for a in retrieval] == [{"search": [1, 3]}, {"search": [1, 2]}]

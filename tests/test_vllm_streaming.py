@@ -1,15 +1,16 @@
 """vLLM's async engine as a streaming generator (tiny random model): the same outputs as batched
-`LLM.generate`, a short sequence delivered before a long one submitted earlier, engine_kwargs applied, and
-rows equal to the lockstep engine's through the continuous engine. One vLLM engine at a time."""
+`LLM.generate`, a short sequence delivered before a long one submitted earlier, engine_kwargs applied,
+rows equal to the lockstep engine's through the continuous engine, and a prompt still running at close or
+submitted after it resolves its future. One vLLM engine at a time."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
+from concurrent.futures import wait
 
 import pytest
 
-from pipeline.backends import Backends, make_generator
+from pipeline.backends import BackendError, Backends, make_generator
 from pipeline.engine.continuous import ContinuousEngine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Generate, Question, SamplingSpec
@@ -49,18 +50,20 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
         assert isinstance(gen, VllmStreamingGenerator)
         assert gen.llm.vllm_config.scheduler_config.max_num_seqs == 3  # engine_kwargs reach the async engine
         streamed = gen.generate(PROMPTS, SPECS, [True] * len(PROMPTS))
-        order, finished = [], threading.Event()
+        order = []
 
         def done_as(name):
-            def done(result, cost_s):
+            def done(fut):
+                result, cost_s = fut.result()
                 order.append((name, result.completion_tokens, cost_s > 0))
-                finished.set() if len(order) == 2 else None
 
             return done
 
-        gen.submit(PROMPTS[0], SamplingSpec(max_tokens=48), True, done_as("long"))
-        gen.submit(PROMPTS[1], SamplingSpec(max_tokens=2), True, done_as("short"))
-        assert finished.wait(120)
+        futures = []
+        for name, prompt, n in [("long", PROMPTS[0], 48), ("short", PROMPTS[1], 2)]:
+            futures.append(gen.submit(prompt, SamplingSpec(max_tokens=n), True))
+            futures[-1].add_done_callback(done_as(name))
+        assert not wait(futures, 120).not_done
         qs = [Question(str(i), p) for i, p in enumerate(PROMPTS[:4] * 2)]
         eng = ContinuousEngine(Backends(stream_cfg, generator=gen), batch_wait_s=0.001)
         try:
@@ -68,8 +71,12 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
         finally:
             eng.close()
         lockstep = Engine(Backends(stream_cfg, generator=gen)).run(qs, two_rounds, None)
+        at_close = gen.submit(PROMPTS[2], SamplingSpec(max_tokens=900), True)  # likely still running at close
     finally:
         gen.close()
+    assert at_close.done() and len(gen.flight) == 0  # cancelled (or finished) with the engine: no waiter hangs
+    late = gen.submit(PROMPTS[1], SamplingSpec(max_tokens=2), True)
+    assert isinstance(late.exception(timeout=5), BackendError)  # after close: fails at once, never hangs
     assert not asyncio.all_tasks(gen._loop)  # no task left pending ("Task was destroyed but it is pending!" at exit)
     assert order[0][:2] == ("short", 2) and order[1][0] == "long" and order[1][1] > 2  # not in submission order
     assert all(shared for *_, shared in order)  # each got a share of the generator's time

@@ -22,6 +22,7 @@ import re
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +65,7 @@ class SimGenerator(StreamingGenerator):
         self.cost, self.max_seqs = cost, max_seqs
         self.steps: list[int] = []
         self.flight = InFlight()
-        self._waiting: deque[list] = deque()  # [completion, steps left, done, key]
+        self._waiting: deque[list] = deque()  # [completion, steps left, future, key]
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None  # runs while any sequence is in flight
         self._keys = itertools.count()
@@ -73,23 +74,28 @@ class SimGenerator(StreamingGenerator):
     def busy_s(self) -> float:
         return self.flight.busy_s
 
-    def submit(self, prompt, sampling, chat, done) -> None:
+    def submit(self, prompt, sampling, chat) -> Future:
         out = self._one(prompt, sampling.max_tokens or 32, sampling.logprobs)
-        key = next(self._keys)
+        key, fut = next(self._keys), Future[tuple[Completion, float]]()
         self.flight.start(key)
         with self._cv:
-            self._waiting.append([out, out.completion_tokens, done, key])
+            self._waiting.append([out, out.completion_tokens, fut, key])
             if self._thread is None:
                 self._thread = threading.Thread(target=self._schedule, name="sim-generator", daemon=True)
                 self._thread.start()
+        return fut
 
     def _schedule(self) -> None:
         running: list[list] = []
         while True:
             with self._cv:
-                admitted = [
-                    self._waiting.popleft() for _ in range(min(len(self._waiting), self.max_seqs - len(running)))
-                ]
+                admitted: list[list] = []
+                while self._waiting and len(running) + len(admitted) < self.max_seqs:
+                    seq = self._waiting.popleft()
+                    if seq[2].set_running_or_notify_cancel():
+                        admitted.append(seq)
+                    else:  # cancelled while it waited: it does not run
+                        self.flight.finish(seq[3])
                 if not running and not admitted:
                     self._thread = None
                     return
@@ -98,9 +104,9 @@ class SimGenerator(StreamingGenerator):
             self.steps.append(len(running))
             for seq in running:
                 seq[1] -= 1
-            for out, left, done, key in running:
+            for out, left, fut, key in running:
                 if left <= 0:
-                    done(out, self.flight.finish(key))
+                    fut.set_result((out, self.flight.finish(key)))
             running = [seq for seq in running if seq[1] > 0]
 
     @staticmethod

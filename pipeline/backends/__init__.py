@@ -1,6 +1,7 @@
 """Backends behind small interfaces, created lazily on first use by `Backends`.
 
-- generation: `generate(prompts, samplings, chats) -> list[Completion | Exception]` (vLLM or transformers)
+- generation: `generate(prompts, samplings, chats) -> list[Completion | Exception]` (vLLM or transformers),
+  and a streaming generator's `submit(prompt, sampling, chat) -> Future` (streaming.py)
 - retrieval:  `search(queries, k, retriever) -> list[list[Hit]]` (an index from `indexing.open_index`)
 - scoring:    `score(items, classifier) -> list[float]` (cross-encoders)
 - embedding:  `embed(texts, model) -> ndarray` (sentence-transformers)
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from pipeline.config import DynragConfig
@@ -124,8 +126,8 @@ class Backends:
         """The generator takes prompts one by one (`submit`, pipeline/backends/streaming.py)."""
         return hasattr(self.generator, "submit")
 
-    def submit(self, prompt, sampling, chat, done) -> None:
-        self.generator.submit(prompt, sampling, chat, done)
+    def submit(self, prompt, sampling, chat) -> Future:
+        return self.generator.submit(prompt, sampling, chat)
 
     def search(self, queries, k, retriever):
         return self.retriever.search(queries, k, retriever)

@@ -1,8 +1,10 @@
 """Streaming generators: each prompt is submitted on its own and delivered when its sequence finishes.
 
-A streaming generator has `submit(prompt, sampling, chat, done)`, where `done(result, cost_s)` is called
-once from the generator's thread with a `Completion` (or the exception for that prompt) and the prompt's
-share of the generator's time. It has no call boundaries, so a short answer never waits for a long
+A streaming generator has `submit(prompt, sampling, chat) -> concurrent.futures.Future`, whose result is
+`(Completion or the exception for that prompt, the prompt's share of the generator's time in seconds)`:
+one prompt's failure is a value, so it stays its question's. A future that fails or is cancelled (the
+generator shut down under it) resolves its waiters too, with that error as the prompt's result
+(`outcome`). It has no call boundaries, so a short answer never waits for a long
 pseudo-context in the same batch (vLLM's continuous batching, driven as its async engine is). Its
 `generate` (for the lockstep engine and plain callers) is `generate_all` over `submit`, which subclasses
 of `StreamingGenerator` inherit.
@@ -13,7 +15,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
 from typing import Any
+
+from pipeline.engine.requests import Completion
 
 
 class InFlight:
@@ -25,6 +30,10 @@ class InFlight:
         self._start: dict[Any, float] = {}  # key -> the per-sequence time integral when it started
         self._per_seq, self._since = 0.0, 0.0  # integral of dt / (sequences in flight)
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """Sequences in flight now."""
+        return len(self._start)
 
     def _tick(self) -> None:
         now = self.clock()
@@ -45,44 +54,52 @@ class InFlight:
             return self._per_seq - self._start.pop(key)
 
 
-def collect(n: int, finish: Callable[[list, list[float]], None]) -> Callable[[int], Callable]:
-    """`done` callbacks for n submitted prompts (`done_at(i)` for the i-th): `finish(results, costs)` runs
-    once, in the thread that delivers the last of them."""
-    results, costs, left, lock = [None] * n, [0.0] * n, [n], threading.Lock()
-
-    def done_at(i: int):
-        def done(result, cost_s: float) -> None:
-            results[i], costs[i] = result, cost_s
-            with lock:
-                left[0] -= 1
-                last = not left[0]
-            if last:
-                finish(results, costs)
-
-        return done
-
-    return done_at
+def resolved(result: Completion | BaseException, cost_s: float = 0.0) -> Future:
+    """A future already done with `(result, cost_s)`: a prompt that failed before it reached the model."""
+    fut: Future = Future()
+    fut.set_result((result, cost_s))
+    return fut
 
 
-def generate_all(submit: Callable, prompts, samplings, chats) -> list:
-    """A batch `generate` on a streaming generator: submit every prompt, return when all are done."""
-    out: list = []
-    all_done = threading.Event()
+def outcome(fut: Future) -> tuple[Completion | BaseException, float]:
+    """`fut`'s `(result, cost_s)` once it is done; a future that failed or was cancelled gives its prompt that
+    error (a CancelledError is an Exception here, so it stays its question's)."""
+    try:
+        err = fut.exception()  # waits; raises if the future is, or becomes, cancelled
+    except CancelledError:
+        return CancelledError("the prompt's generation was cancelled"), 0.0
+    return (err, 0.0) if err is not None else fut.result()
 
-    def finish(results: list, _costs: list[float]) -> None:
-        out.extend(results)
-        all_done.set()
 
-    done_at = collect(len(prompts), finish)
-    for i, (p, s, c) in enumerate(zip(prompts, samplings, chats)):
-        submit(p, s, c, done_at(i))
-    if prompts:
-        all_done.wait()
-    return out
+def collect(futures: list[Future], finish: Callable[[list, list[float]], None]) -> None:
+    """Call `finish(results, costs)` once, in the thread that completes the last of `futures` (or at once if
+    there are none)."""
+    left, lock = [len(futures)], threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            left[0] -= 1
+            last = not left[0]
+        if last:
+            outs = [outcome(f) for f in futures]
+            finish([r for r, _ in outs], [c for _, c in outs])
+
+    if not futures:
+        finish([], [])
+    for f in futures:
+        f.add_done_callback(one_done)
+
+
+def generate_all(submit: Callable[..., Future], prompts, samplings, chats) -> list:
+    """A batch `generate` on a streaming generator: submit every prompt, return when all are done. Waits on
+    each future in turn, not with `concurrent.futures.wait`, which counts a future cancelled by its holder
+    (not by its producer) as still pending until the producer notices."""
+    futures = [submit(p, s, c) for p, s, c in zip(prompts, samplings, chats)]
+    return [outcome(f)[0] for f in futures]
 
 
 class StreamingGenerator:
-    """A streaming generator's batch `generate`, over the `submit(prompt, sampling, chat, done)` a subclass
+    """A streaming generator's batch `generate`, over the `submit(prompt, sampling, chat) -> Future` a subclass
     defines (not declared here: `Backends.streams` asks whether the generator has one)."""
 
     def generate(self, prompts, samplings, chats) -> list:

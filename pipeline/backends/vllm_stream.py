@@ -3,6 +3,8 @@ when its sequence finishes, so there are no call boundaries (a streaming generat
 pipeline/backends/streaming.py). The continuous engine submits every Generate request at once and vLLM's
 scheduler keeps its batch full; `generate` (the lockstep engine) submits a batch and waits for all.
 Settings, tokenization and outputs are `VllmGenerator`'s; the engine's asyncio loop runs in a thread.
+A prompt's future is its asyncio task's (`run_coroutine_threadsafe`): a task cancelled at shutdown
+cancels its future, which resolves its waiters, and a prompt submitted after `close` fails at once.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from concurrent.futures import Future
 from typing import Any
 
-from pipeline.backends.streaming import InFlight, StreamingGenerator
+from pipeline.backends import BackendError
+from pipeline.backends.streaming import InFlight, StreamingGenerator, resolved
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator
 from pipeline.engine.requests import Completion
 
@@ -23,6 +27,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.flight, self._ids = InFlight(), itertools.count()
+        self._submitting = threading.Lock()  # a submit schedules its prompt, or sees the engine closed
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, name="dynrag-vllm-async", daemon=True).start()
 
@@ -31,30 +36,36 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
 
         return asyncio.run_coroutine_threadsafe(start(), self._loop).result()
 
-    def submit(self, prompt, sampling, chat, done) -> None:
+    def submit(self, prompt, sampling, chat) -> Future:
+        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         (ids,) = self.encode_all([prompt], [chat])
         if isinstance(ids, Exception):
-            done(ids, 0.0)
-            return
+            return resolved(ids)
         params = self.sampling_params(sampling, len(ids))
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per sequence, when it finishes
-        key = str(next(self._ids))
+        with self._submitting:
+            if self.llm is None:
+                fut: Future = Future()
+                fut.set_exception(BackendError("the vLLM engine is closed: no more prompts can be submitted"))
+                return fut
+            # the future is the task's: cancelled with it (at shutdown), and cancelling it cancels the task
+            run = self._run(self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params)
+            return asyncio.run_coroutine_threadsafe(run, self._loop)
+
+    async def _run(self, llm, key: str, prompt, params) -> tuple[Completion | Exception, float]:
         self.flight.start(key)
-        asyncio.run_coroutine_threadsafe(self._run(key, ids, params, done), self._loop)
-
-    async def _run(self, key: str, ids: list[int], params, done) -> None:
-        from vllm.inputs import TokensPrompt
-
         result: Completion | Exception
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, key):
+            async for out in llm.generate(prompt, params, key):
                 final = out
             result = self._completion(final)
         except Exception as err:  # this prompt's error, its question's
             result = err
-        done(result, self.flight.finish(key))
+        finally:  # also when cancelled: the sequence leaves the flight either way
+            cost_s = self.flight.finish(key)
+        return result, cost_s
 
     def _shutdown(self, llm) -> None:
         async def stop_output_handler():  # before the engine core goes: it would log the dead engine as an error
@@ -70,6 +81,8 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+        with self._submitting:  # `close` set self.llm to None: every later submit fails at once, and every
+            pass  # earlier one has scheduled its task, which finish_tasks cancels if vLLM did not end it
         try:
             asyncio.run_coroutine_threadsafe(stop_output_handler(), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
             llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)

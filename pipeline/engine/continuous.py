@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeline.backends.streaming import collect
+from pipeline.backends.streaming import collect, resolved
 from pipeline.config import DynragConfig
 from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
 from pipeline.engine.drain import Drain
@@ -71,6 +71,10 @@ class Feed:
             yield item
 
 
+# close() waits this long in all for the lanes' batches in flight (a search, a model call) before it returns
+LANE_JOIN_TIMEOUT_S = 60.0
+
+
 def lane(req: Request) -> str:
     return f"call:{req.backend}" if isinstance(req, Call) else _kind(req).lower()
 
@@ -89,12 +93,19 @@ class ContinuousEngine(BaseEngine):
         super().__init__(backends, **kw)
         self.max_in_flight, self.batch_wait_s = max_in_flight, batch_wait_s
         self.caps, self.batch_items = dict(caps or {}), batch_items  # items per batch, by lane; else batch_items
-        self._jobs: dict[str, queue.Queue] = {}  # lane -> its worker's job queue
+        self._lanes: dict[str, tuple[queue.Queue, threading.Thread]] = {}  # lane -> its worker's jobs, thread
 
     def close(self) -> None:
-        for jobs in self._jobs.values():
+        """Stop the lane workers and wait for each to finish its batch in flight (at most LANE_JOIN_TIMEOUT_S
+        in all), so that the backends' owner does not close a backend while a lane is still calling it."""
+        lanes, self._lanes = self._lanes, {}
+        for jobs, _ in lanes.values():
             jobs.put(None)
-        self._jobs.clear()
+        deadline = time.monotonic() + LANE_JOIN_TIMEOUT_S
+        for name, (_, thread) in lanes.items():
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("engine lane %s is still busy after %.0f s: closing without it", name, LANE_JOIN_TIMEOUT_S)
 
     # ---- the coordinator ---------------------------------------------------------------------
     def _outcomes(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[tuple[int, Outcome]]:
@@ -200,21 +211,22 @@ class ContinuousEngine(BaseEngine):
                 deliveries = [(st, None, err)]
             inbox.put(("generate", deliveries))
 
-        done_at = collect(len(prompts), finish)
-        for i, args in enumerate(zip(prompts, samplings, chats)):
+        futures = []
+        for args in zip(prompts, samplings, chats):
             try:
-                self.backends.submit(*args, done_at(i))
+                futures.append(self.backends.submit(*args))
             except Exception as err:  # the prompt fails, its question with it
-                done_at(i)(err, 0.0)
+                futures.append(resolved(err))
+        collect(futures, finish)  # a prompt whose future fails or is cancelled is its question's error
 
     # ---- workers ---------------------------------------------------------------------------------
     def _worker(self, name: str) -> queue.Queue:
-        if name not in self._jobs:
-            self._jobs[name] = queue.Queue()
-            threading.Thread(
-                target=self._serve_lane, args=(name, self._jobs[name]), name=f"dynrag-{name}", daemon=True
-            ).start()
-        return self._jobs[name]
+        if name not in self._lanes:
+            jobs: queue.Queue = queue.Queue()
+            thread = threading.Thread(target=self._serve_lane, args=(name, jobs), name=f"dynrag-{name}", daemon=True)
+            thread.start()
+            self._lanes[name] = (jobs, thread)
+        return self._lanes[name][0]
 
     def _serve_lane(self, name: str, jobs: queue.Queue) -> None:
         while (job := jobs.get()) is not None:

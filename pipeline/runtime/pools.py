@@ -6,14 +6,15 @@
   CPU or a share of a GPU (`ray.scorer_actor_num_gpus`); models load on first use, by name.
 
 With a pool, the engine actors do not build that part: every Retrieve, Score or Embed batch an engine
-gathers is cut into contiguous chunks served in parallel by the pool's actors (`PoolClient`), results
-in input order. Each pool actor holds a `Backends` of the run's configuration, so it serves exactly what
-the in-process backends would. The driver starts the pools and owns them.
+gathers is cut into contiguous chunks served in parallel by the pool's actors (`PoolClient`, over
+`ray.util.ActorPool`), results in input order. Each pool actor holds a `Backends` of the run's
+configuration, so it serves exactly what the in-process backends would. The driver starts the pools and owns them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -78,14 +79,24 @@ def start_pool(
 
 
 class PoolClient:
-    """The `search`, `score` and `embed` of `Backends`, served by a pool of actors."""
+    """The `search`, `score` and `embed` of `Backends`, served by a pool of actors.
+
+    A call cuts its items into contiguous chunks, at most one per actor, and maps them over the actors with
+    `ray.util.ActorPool.map` (results in input order). Each call builds its own ActorPool over the actors it
+    uses: an ActorPool is not thread-safe and keeps the tasks a failed call left behind, while several
+    engine-actor threads may call one client at once; a pool is a list and two dicts, so one per call costs
+    nothing next to the remote calls. Consecutive calls start at the next actor (`_next`, under a lock), so
+    the engine actors' small batches spread over the pool; ActorPool hands out its idle actors last first,
+    so a call's actors are given to it in reverse, and chunk j goes to the j-th actor from the start.
+    """
 
     def __init__(self, actors: list):
         self.actors = list(actors)
-        self._next = 0  # rotate the first actor so the engine actors spread their small batches
+        self._next = 0  # the first actor of the next call
+        self._lock = threading.Lock()
 
     def _map(self, op: str, items, *args) -> list:
-        import ray
+        from ray.util import ActorPool
 
         items = list(items)
         if not items:
@@ -93,10 +104,11 @@ class PoolClient:
         n = min(len(self.actors), len(items))
         size = -(-len(items) // n)
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
-        start, self._next = self._next, (self._next + len(chunks)) % len(self.actors)
-        return ray.get(
-            [self.actors[(start + j) % len(self.actors)].run.remote(op, c, *args) for j, c in enumerate(chunks)]
-        )
+        with self._lock:
+            start, self._next = self._next, (self._next + len(chunks)) % len(self.actors)
+        used = [self.actors[(start + j) % len(self.actors)] for j in range(len(chunks))]
+        pool = ActorPool(used[::-1])
+        return list(pool.map(lambda actor, chunk: actor.run.remote(op, chunk, *args), chunks))
 
     def search(self, queries: list[str], k: int, retriever: str):
         return [hits for part in self._map("search", queries, k, retriever) for hits in part]
