@@ -9,6 +9,7 @@ import pytest
 from engine_fixtures import tiny_model_path
 from fakes import PIECE, FakeAttention, MemoryRetriever
 
+from jobs.bench.simulated import tokenized
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
@@ -57,9 +58,22 @@ class ScriptedGenerator:
                     completion_tokens=len(pieces),
                     finish_reason=finish,
                     logprobs=lps,
+                    **tokenized(prompt, pieces, spec.token_spans),
                 )
             )
         return out
+
+
+def attention_item(tok, prompt: str, generated: str, context, generated_ids=None) -> dict:
+    """An `attention.stats` item; the generated ids are the text's own encoding unless given."""
+    ids = tok(generated, add_special_tokens=False)["input_ids"] if generated_ids is None else generated_ids
+    return {
+        "prompt": prompt,
+        "prompt_ids": tok(prompt)["input_ids"],
+        "generated": generated,
+        "generated_ids": list(ids),
+        "context": context,
+    }
 
 
 def run(method: str, n: int = 12, params=None):
@@ -132,23 +146,18 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
 
     path = tiny_model_path(tmp_path_factory)
     backend = AttentionPass(DynragConfig(), None, model_path=str(path))
+    tok = AutoTokenizer.from_pretrained(path)
     prompt = "Question: who wrote the novel?\nAnswer:"
     items = [
-        {
-            "prompt": prompt,
-            "generated": " the author of the book" + " was born in London" * (i % 3),
-            "context": [(10, 30)],
-        }
+        attention_item(tok, prompt, " the author of the book" + " was born in London" * (i % 3), [(10, 30)])
         for i in range(9)
     ]
     res = backend.stats(items)
     assert backend.forward_batches == [9]  # one forward pass for all nine items
 
-    tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     for it, r in zip(items[:3], res[:3]):
-        p_ids = tok(it["prompt"])["input_ids"]
-        g_ids = tok(it["generated"], add_special_tokens=False)["input_ids"]
+        p_ids, g_ids = it["prompt_ids"], it["generated_ids"]
         with torch.no_grad():
             o = model(torch.tensor([p_ids + g_ids]), output_attentions=True)
         n, L = len(p_ids), len(p_ids) + len(g_ids)
@@ -173,12 +182,10 @@ def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tm
     from pipeline.config import GenerationConfig
 
     path = str(tiny_model_path(tmp_path_factory))
-    item = {
-        "prompt": "Question: who wrote the novel?\nAnswer:",
-        "generated": " the author of the book",
-        "context": [(10, 30)],
-    }
     cpu = attention.AttentionPass(DynragConfig(), None, model_path=path)
+    item = attention_item(
+        cpu.tokenizer, "Question: who wrote the novel?\nAnswer:", " the author of the book", [(10, 30)]
+    )
     assert (cpu.device.type, cpu.model.dtype) == ("cpu", torch.float32)  # no GPU: fp32 on the CPU, as before
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)

@@ -12,6 +12,9 @@ C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale
 - retrieve (BM25 on CPU): 2 ms + 1 ms per query; score (classifier on CPU): 1 ms + 0.5 ms per item;
   embed (CPU): 1 ms + 0.2 ms per text; DRAGIN's attention pass (on the GPU): like a prefill of prompt +
   generated tokens
+
+Token ids are word-level: a piece (`PIECE`, a word with the blanks before it) has the id `piece_id`, so a
+text's ids lay its pieces end to end and the attention pass can check it got the generator's ids.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from indexing.hits import Hit
 from pipeline.backends.streaming import InFlight, StreamingGenerator
-from pipeline.engine.requests import Completion, TokenLogprob
+from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.methods.dragin_math import candidates_for
 
 PIECE = re.compile(r"\s*\S+")  # a word-level "token": a word with the spaces before it
@@ -41,6 +44,20 @@ def stable_hash(text) -> int:
 
 def tokens(text) -> int:
     return int(1.3 * len(str(text).split())) + 1
+
+
+def piece_id(piece: str) -> int:
+    return stable_hash(piece) % 100_000
+
+
+def tokenized(prompt, pieces: list[str], token_spans: bool) -> dict:
+    """A Completion's token fields for output `pieces` after `prompt` (its str, split into pieces)."""
+    ends = list(itertools.accumulate(len(p) for p in pieces))
+    return {
+        "token_ids": [piece_id(p) for p in pieces],
+        "prompt_token_ids": [piece_id(p) for p in PIECE.findall(str(prompt))],
+        "token_spans": [(e - len(p), e) for p, e in zip(pieces, ends)] if token_spans else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -74,7 +91,7 @@ class SimGenerator(StreamingGenerator):
         return self.flight.busy_s
 
     def submit(self, prompt, sampling, chat, done) -> None:
-        out = self._one(prompt, sampling.max_tokens or 32, sampling.logprobs)
+        out = self._one(prompt, sampling)
         key = next(self._keys)
         self.flight.start(key)
         with self._cv:
@@ -104,18 +121,19 @@ class SimGenerator(StreamingGenerator):
             running = [seq for seq in running if seq[1] > 0]
 
     @staticmethod
-    def _one(prompt, max_tokens: int, logprobs: int | None) -> Completion:
+    def _one(prompt, sampling: SamplingSpec) -> Completion:
         h = stable_hash(prompt)
-        n = max(1, max_tokens * (25 + h % 76) // 100)
+        n = max(1, (sampling.max_tokens or 32) * (25 + h % 76) // 100)
         words = [WORDS[(h >> (i % 24)) % len(WORDS)] for i in range(max(0, n - 1))]
         pieces = PIECE.findall(" ".join(words) + f" <answer>{WORDS[h % 4]}</answer>")[:n]
-        lps = [TokenLogprob(t, -((stable_hash(t) + h) % 300) / 100) for t in pieces] if logprobs else None
+        lps = [TokenLogprob(t, -((stable_hash(t) + h) % 300) / 100) for t in pieces] if sampling.logprobs else None
         return Completion(
             "".join(pieces),
             prompt_tokens=tokens(prompt),
             completion_tokens=len(pieces),
             finish_reason="length",
             logprobs=lps,
+            **tokenized(prompt, pieces, sampling.token_spans),
         )
 
 
@@ -163,14 +181,21 @@ class SimScorer:
 
 class WordAttention:
     """DRAGIN's `attention.stats` on word-level tokens: entropy 3 on `uncertain` words (0.5 elsewhere), a_max 0.5
-    (0 for the last token); every generated token attends strongly to the question's words."""
+    (0 for the last token); every generated token attends strongly to the question's words. Items whose ids
+    are not their texts' pieces are refused; `items` keeps every item received."""
 
     def __init__(self, uncertain: str = "Zorblat", cost: Cost = FREE):
         self.uncertain, self.cost = uncertain, cost
         self.calls: list[int] = []
+        self.items: list[dict] = []
 
     def stats(self, items):
         self.calls.append(len(items))
+        self.items += items
+        for it in items:
+            ids = tokenized(it["prompt"], PIECE.findall(it["generated"]), False)
+            if (ids["prompt_token_ids"], ids["token_ids"]) != (list(it["prompt_ids"]), list(it["generated_ids"])):
+                raise ValueError("attention item: the token ids are not the generator's ids of its texts")
         self.cost.sleep(0.005 + sum(tokens(it["prompt"]) + tokens(it["generated"]) for it in items) / 20_000)
         return [self._one(it) for it in items]
 

@@ -42,16 +42,16 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per sequence, when it finishes
         key = str(next(self._ids))
         self.flight.start(key)
-        asyncio.run_coroutine_threadsafe(self._run(key, ids, params, done), self._loop)
+        asyncio.run_coroutine_threadsafe(self._run(key, ids, params, sampling.token_spans, done), self._loop)
 
-    async def _run(self, key: str, ids: list[int], params, done) -> None:
+    async def _run(self, key: str, ids: list[int], params, spans: bool, done) -> None:
         from vllm.inputs import TokensPrompt
 
         result: Completion | Exception
         try:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=ids), params, key):
                 final = out
-            result = self._completion(final)
+            result = self._completion(final, spans)
         except Exception as err:  # this prompt's error, its question's
             result = err
         done(result, self.flight.finish(key))
