@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fixtures import tiny_model_path
+from engine_fixtures import captured_ids, tiny_model_path
 from fakes import PIECE, FakeAttention, MemoryRetriever
 
 from jobs.bench.simulated import tokenized
@@ -205,18 +205,6 @@ def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tm
     (r16,), (r32,) = half.stats([item]), cpu.stats([item])
     assert r16["offsets"] == r32["offsets"] and r16["entropy"].dtype == r32["entropy"].dtype
     assert r16["entropy"] == pytest.approx(r32["entropy"], rel=0.05)
-
-
-def captured_ids(backend) -> list[list[int]]:
-    """Records the unpadded id rows of every forward pass of an AttentionPass."""
-    rows: list[list[int]] = []
-
-    def hook(_module, _args, kwargs):
-        for ids, mask in zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist()):
-            rows.append([t for t, m in zip(ids, mask) if m])
-
-    backend.model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
-    return rows
 
 
 def test_attention_pass_scores_the_generators_ids_not_a_reencoding_of_the_texts(tmp_path_factory):

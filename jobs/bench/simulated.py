@@ -12,9 +12,6 @@ C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale
 - retrieve (BM25 on CPU): 2 ms + 1 ms per query; score (classifier on CPU): 1 ms + 0.5 ms per item;
   embed (CPU): 1 ms + 0.2 ms per text; DRAGIN's attention pass (on the GPU): like a prefill of prompt +
   generated tokens
-
-Token ids are word-level: a piece (`PIECE`, a word with the blanks before it) has the id `piece_id`, so a
-text's ids lay its pieces end to end and the attention pass can check it got the generator's ids.
 """
 
 from __future__ import annotations
@@ -47,6 +44,8 @@ def tokens(text) -> int:
 
 
 def piece_id(piece: str) -> int:
+    """Simulated token ids are word-level: a piece (`PIECE`, a word with the blanks before it) has this id, so a
+    text's ids lay its pieces end to end and the attention pass can check it got the generator's ids."""
     return stable_hash(piece) % 100_000
 
 
