@@ -18,6 +18,18 @@ def tiny_model_path(tmp_path_factory) -> Path:
     return folder
 
 
+def captured_ids(backend) -> list[list[int]]:
+    """Records the unpadded id rows of every forward pass of an AttentionPass (`pipeline/backends/attention.py`)."""
+    rows: list[list[int]] = []
+
+    def hook(_module, _args, kwargs):
+        for ids, mask in zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist()):
+            rows.append([t for t, m in zip(ids, mask) if m])
+
+    backend.model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
+    return rows
+
+
 def at_least(data_dir: Path, rel: str, n: int, out_dir: Path) -> Path:
     """A JSONL question file of the kit with at least n records: the kit's own where it has them, else (the
     fixture kit) its records repeated up to n lines in out_dir, each repeat's id suffixed "-r<k>" so that

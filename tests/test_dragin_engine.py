@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_fixtures import tiny_model_path
+from engine_fixtures import captured_ids, tiny_model_path
 from fakes import PIECE, FakeAttention, MemoryRetriever
 
+from jobs.bench.simulated import tokenized
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
@@ -31,6 +32,7 @@ class ScriptedGenerator:
 
     def __init__(self):
         self.calls: list[int] = []
+        self.outs: list[Completion] = []
 
     def generate(self, prompts, samplings, chats):
         self.calls.append(len(prompts))
@@ -57,9 +59,23 @@ class ScriptedGenerator:
                     completion_tokens=len(pieces),
                     finish_reason=finish,
                     logprobs=lps,
+                    **tokenized(prompt, pieces, spec.token_spans),
                 )
             )
+        self.outs += out
         return out
+
+
+def attention_item(tok, prompt: str, generated: str, context, generated_ids=None) -> dict:
+    """An `attention.stats` item; the generated ids are the text's own encoding unless given."""
+    ids = tok(generated, add_special_tokens=False)["input_ids"] if generated_ids is None else generated_ids
+    return {
+        "prompt": prompt,
+        "prompt_ids": tok(prompt)["input_ids"],
+        "generated": generated,
+        "generated_ids": list(ids),
+        "context": context,
+    }
 
 
 def run(method: str, n: int = 12, params=None):
@@ -81,6 +97,9 @@ def test_dragin_batches_generation_attention_and_retrieval_across_questions():
     assert att.calls == [12, 12]
     assert ret.calls == [12]
     assert engine.batch_calls["attention.stats"] == 2
+    # the attention pass got each completion's own prompt and output ids
+    got = [(it["prompt_ids"], it["generated_ids"]) for it in att.items]
+    assert got == [(o.prompt_token_ids, o.token_ids) for o in gen.outs] and all(g for _, g in got)
     a = out[0].answer
     assert a.prediction == "Steven Spielberg"
     assert a.extra["retrievals"] == 1 and a.extra["hallucination_points"] == 1 and a.extra["entropy"] == "exact"
@@ -132,23 +151,18 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
 
     path = tiny_model_path(tmp_path_factory)
     backend = AttentionPass(DynragConfig(), None, model_path=str(path))
+    tok = AutoTokenizer.from_pretrained(path)
     prompt = "Question: who wrote the novel?\nAnswer:"
     items = [
-        {
-            "prompt": prompt,
-            "generated": " the author of the book" + " was born in London" * (i % 3),
-            "context": [(10, 30)],
-        }
+        attention_item(tok, prompt, " the author of the book" + " was born in London" * (i % 3), [(10, 30)])
         for i in range(9)
     ]
     res = backend.stats(items)
     assert backend.forward_batches == [9]  # one forward pass for all nine items
 
-    tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     for it, r in zip(items[:3], res[:3]):
-        p_ids = tok(it["prompt"])["input_ids"]
-        g_ids = tok(it["generated"], add_special_tokens=False)["input_ids"]
+        p_ids, g_ids = it["prompt_ids"], it["generated_ids"]
         with torch.no_grad():
             o = model(torch.tensor([p_ids + g_ids]), output_attentions=True)
         n, L = len(p_ids), len(p_ids) + len(g_ids)
@@ -173,12 +187,10 @@ def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tm
     from pipeline.config import GenerationConfig
 
     path = str(tiny_model_path(tmp_path_factory))
-    item = {
-        "prompt": "Question: who wrote the novel?\nAnswer:",
-        "generated": " the author of the book",
-        "context": [(10, 30)],
-    }
     cpu = attention.AttentionPass(DynragConfig(), None, model_path=path)
+    item = attention_item(
+        cpu.tokenizer, "Question: who wrote the novel?\nAnswer:", " the author of the book", [(10, 30)]
+    )
     assert (cpu.device.type, cpu.model.dtype) == ("cpu", torch.float32)  # no GPU: fp32 on the CPU, as before
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
@@ -193,3 +205,128 @@ def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tm
     (r16,), (r32,) = half.stats([item]), cpu.stats([item])
     assert r16["offsets"] == r32["offsets"] and r16["entropy"].dtype == r32["entropy"].dtype
     assert r16["entropy"] == pytest.approx(r32["entropy"], rel=0.05)
+
+
+def test_attention_pass_scores_the_generators_ids_not_a_reencoding_of_the_texts(tmp_path_factory):
+    """Ids a generator may emit that its tokenizer would not: a word spelled one byte-level character per
+    token, and a random model's own greedy output after a prompt that ends mid-word. The pass scores those
+    ids, and places them in the text by reading them back."""
+    from pipeline.backends.attention import AttentionPass
+    from pipeline.backends.hf_gen import HfGenerator
+    from pipeline.engine.requests import SamplingSpec
+
+    cfg = DynragConfig()
+    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
+    cfg.generation.backend = "transformers"
+    hf = HfGenerator(cfg)
+    backend = AttentionPass(cfg, Backends(cfg, generator=hf))
+    assert backend.model is hf.model
+    tok = hf.tokenizer
+
+    prompt = "Question: who wrote the novel?\nAnswer:"
+    spelled = " the author"
+    char_ids = tok.convert_tokens_to_ids(["Ġ" if c == " " else c for c in spelled])
+    items = [attention_item(tok, prompt, spelled, [(10, 30)], generated_ids=char_ids)]
+    spec = SamplingSpec(max_tokens=10, temperature=0.0, stop=("\n",))
+    mid_word = ["Question: who wrote the nov", "Berlin is the capi", "Shirley Temple was an Amer"]
+    for p, out in zip(mid_word, hf.generate(mid_word, [spec] * 3, [False] * 3)):
+        assert out.prompt_token_ids == tok(p)["input_ids"] and out.text.strip()
+        items.append(attention_item(tok, p, out.text, [(0, len(p))], generated_ids=out.token_ids))
+    # encoding the texts apart (the old pass) gives other ids for the spelled word and some greedy outputs
+    apart = [it["prompt_ids"] + tok(it["generated"], add_special_tokens=False)["input_ids"] for it in items]
+    ran = [it["prompt_ids"] + it["generated_ids"] for it in items]
+    assert apart[0] != ran[0] and sum(a != r for a, r in zip(apart, ran)) >= 2
+
+    rows = captured_ids(backend)  # from here on: the generator's model shared, its generate not called
+    res = backend.stats(items)
+    assert sorted(rows) == sorted(ran)  # exactly the generator's ids went through the model
+    for it, r in zip(items, res):
+        n = len(it["generated_ids"])
+        assert len(r["offsets"]) == n and r["entropy"].shape == r["prob"].shape == (n,)
+        spans = list(dict.fromkeys(map(tuple, r["offsets"])))
+        assert "".join(it["generated"][s:e] for s, e in spans) == it["generated"]
+    # each character of the spelled word is one token, placed on its own character and mapped to its word
+    assert [tuple(o) for o in res[0]["offsets"]] == [(i, i + 1) for i in range(len(spelled))]
+    assert res[0]["cand_words"][-len(spelled) :] == [None, "the", "the", "the", None] + ["author"] * 6
+
+
+# an answer whose first sentence has multi-byte characters, each of its UTF-8 bytes one token of the tiny model
+FIRST = " 東京 and Tōkyō are one city."
+BYTE_GUESS = FIRST + " The film was made by Zorblat Unknown. So the answer is Unknown."
+BYTE_INFORMED = FIRST + " The film was made by Steven Spielberg. So the answer is Steven Spielberg."
+
+
+class VllmLike:
+    """The scripted reasoning as vLLM returns it (ids of the tiny model's tokenizer, the last completing the stop
+    "\\n"; each logprob's `decoded_token` its id decoded alone; " Zorblat" improbable), turned into Completions
+    by VllmGenerator's own conversion."""
+
+    def __init__(self, tok):
+        from pipeline.backends.vllm_gen import VllmGenerator
+
+        self.tok, self.outs = tok, []
+        self.vllm = object.__new__(VllmGenerator)  # only its output conversion, with the model's tokenizer
+        self.vllm.tokenizer = tok
+        others = tok(BYTE_GUESS.replace(" Zorblat", "") + BYTE_INFORMED, add_special_tokens=False)["input_ids"]
+        self.zorblat = set(tok(" Zorblat", add_special_tokens=False)["input_ids"]) - set(others)
+        assert self.zorblat
+
+    def generate(self, prompts, samplings, chats):
+        from types import SimpleNamespace
+
+        outs = []
+        for prompt, spec in zip(prompts, samplings):
+            target = BYTE_INFORMED if "Context:" in prompt else BYTE_GUESS
+            so_far = prompt.rsplit("\nAnswer:", 1)[1]
+            text = target[len(so_far) :] if so_far and target.startswith(so_far) else target
+            text = " Unknown." if so_far.endswith("So the answer is") else text
+            ids = self.tok(text + "\n", add_special_tokens=False)["input_ids"]
+            lps = None
+            if spec.logprobs:
+                p = [0.1 if t in self.zorblat else 0.9 for t in ids]
+                lps = [
+                    {t: SimpleNamespace(logprob=np.log(x), decoded_token=self.tok.decode([t]))} for t, x in zip(ids, p)
+                ]
+            c = SimpleNamespace(text=text, token_ids=ids, logprobs=lps, finish_reason="stop")
+            ro = SimpleNamespace(prompt_token_ids=self.tok(prompt)["input_ids"], outputs=[c])
+            outs.append(self.vllm._completion(ro, spec.token_spans))
+        self.outs += outs
+        return outs
+
+
+@pytest.fixture(scope="module")
+def run_bytes(tmp_path_factory):
+    """Runs a method on one question over VllmLike."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path(tmp_path_factory))
+    q = [Question("0", "Who directed the film Jaws?", answers=["Steven Spielberg"], dataset="hotpotqa")]
+
+    def run_with(method):
+        gen = VllmLike(tok)
+        engine = Engine(Backends(DynragConfig(), generator=gen, retriever=MemoryRetriever(PASSAGES)))
+        spec = get_method(method)
+        (o,) = engine.run(q, spec.program, spec.params({}))
+        assert o.error is None, o.error
+        return o.answer, gen, lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return run_with
+
+
+def test_flare_places_byte_level_tokens_by_reading_their_ids(run_bytes):
+    """vLLM's `decoded_token` of each byte of a multi-byte character is U+FFFD: laid end to end, those strings
+    run past the characters, and a low-probability word after "東京" landed on the next word. The spans read
+    from the ids put it on its own word."""
+    a, gen, n_tokens = run_bytes("flare")
+    assert len("".join(t.token for t in gen.outs[0].logprobs)) > len(BYTE_GUESS)  # a U+FFFD per byte
+    assert a.extra["queries"] == ["The film was made by Unknown"]  # " Zorblat", not " Unknown", was masked
+    assert a.extra["retrieval_at_tokens"] == [n_tokens(FIRST)]  # the first sentence kept, all its tokens counted
+    assert a.prediction == "Steven Spielberg"
+    assert a.raw_output.startswith(FIRST.strip() + " The film was made by Steven")
+
+
+def test_fs_rag_counts_byte_level_tokens_by_reading_their_ids(run_bytes):
+    a, _, n_tokens = run_bytes("fs-rag")
+    second = " The film was made by Steven Spielberg."
+    assert a.extra["queries"] == ["Who directed the film Jaws?", FIRST.strip(), second.strip()]
+    assert a.extra["retrieval_at_tokens"] == [0, n_tokens(FIRST), n_tokens(FIRST) + n_tokens(second)]

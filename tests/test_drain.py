@@ -6,6 +6,7 @@ it through Ray)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -132,8 +133,8 @@ def _actor(tmp_path, cost: Cost, max_new_tokens: int = 16, **answer):
         setattr(cfg.answer, key, value)
 
     class Sim(SimGenerator):  # every answer max_new_tokens long at most (the simulation's default is 32)
-        def _one(self, prompt, max_tokens, logprobs):
-            return SimGenerator._one(prompt, max_new_tokens, logprobs)
+        def _one(self, prompt, sampling):
+            return SimGenerator._one(prompt, dataclasses.replace(sampling, max_tokens=max_new_tokens))
 
     def sim_backends(cfg, index_dir, **parts):
         return Backends(cfg, index_dir, generator=Sim(cost), **parts)

@@ -174,6 +174,46 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     assert same.token_ids == plain.token_ids and same.prompt_tokens == plain.prompt_tokens
 
 
+def test_dragin_and_flare_on_vllm_read_vllms_own_token_ids(tiny_cfg, tiny_vllm):
+    """On vLLM's own output (a random model's, odd bytes included) the ids read back give vLLM's text, the
+    attention pass scores exactly the ids vLLM ran, and DRAGIN and FLARE answer without error."""
+    from engine_fixtures import captured_ids
+    from fakes import MemoryRetriever
+
+    from pipeline.backends.attention import AttentionPass
+    from pipeline.backends.detok import detokenize
+    from pipeline.engine.core import Engine
+    from pipeline.engine.requests import Question, SamplingSpec
+    from pipeline.methods.registry import get_method
+
+    tok = tiny_vllm.tokenizer
+    prompts = ["Question: who wrote the nov", "Berlin is the capi", "Shirley Temple was an Amer"]
+    spec = SamplingSpec(max_tokens=12, temperature=0.0, stop=("\n",), logprobs=1, token_spans=True)
+    for p, o in zip(prompts, tiny_vllm.generate(prompts, [spec] * 3, [False] * 3)):
+        assert o.prompt_token_ids == tok(p)["input_ids"] and len(o.token_spans) == len(o.token_ids) > 0
+        assert detokenize(tok, o.token_ids, o.prompt_token_ids)[0].startswith(o.text)
+        assert "".join(o.text[s:e] for s, e in dict.fromkeys(o.token_spans)) == o.text
+
+    class Kept:  # vLLM, keeping every sequence it ran
+        ran: set[tuple[int, ...]] = set()
+
+        def generate(self, prompts, samplings, chats):
+            outs = tiny_vllm.generate(prompts, samplings, chats)
+            self.ran |= {tuple(o.prompt_token_ids + o.token_ids) for o in outs}
+            return outs
+
+    gen, att = Kept(), AttentionPass(tiny_cfg, None)
+    scored = captured_ids(att)
+    passages = [("p1", "Paris", "Paris is the capital of France."), ("p2", "Berlin", "Berlin is in Germany.")]
+    engine = Engine(Backends(tiny_cfg, generator=gen, retriever=MemoryRetriever(passages), named={"attention": att}))
+    qs = [Question(str(i), q, dataset="hotpotqa") for i, q in enumerate(["Who wrote the novel?", "Where is Berlin?"])]
+    for method, params in [("dragin", {"theta": 1e-6, "max_tokens": 16}), ("flare", {"max_tokens": 16})]:
+        spec_ = get_method(method)
+        outs = engine.run(qs, spec_.program, spec_.params(params))
+        assert all(o.error is None for o in outs), [o.error for o in outs]
+    assert scored and all(tuple(row) in gen.ran for row in scored)
+
+
 def test_vllm_constrained_decoding_keeps_a_random_model_to_the_choices(tiny_vllm):
     """A random-weight model writes noise; with `choice` or `regex` (vLLM structured outputs) it cannot."""
     from pipeline.engine.requests import SamplingSpec

@@ -29,7 +29,7 @@ import numpy as np
 
 from indexing.hits import Hit
 from pipeline.backends.streaming import InFlight, StreamingGenerator
-from pipeline.engine.requests import Completion, TokenLogprob
+from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.methods.dragin_math import candidates_for
 
 PIECE = re.compile(r"\s*\S+")  # a word-level "token": a word with the spaces before it
@@ -42,6 +42,22 @@ def stable_hash(text) -> int:
 
 def tokens(text) -> int:
     return int(1.3 * len(str(text).split())) + 1
+
+
+def piece_id(piece: str) -> int:
+    """Simulated token ids are word-level: a piece (`PIECE`, a word with the blanks before it) has this id, so a
+    text's ids lay its pieces end to end and the attention pass can check it got the generator's ids."""
+    return stable_hash(piece) % 100_000
+
+
+def tokenized(prompt, pieces: list[str], token_spans: bool) -> dict:
+    """A Completion's token fields for output `pieces` after `prompt` (its str, split into pieces)."""
+    ends = list(itertools.accumulate(len(p) for p in pieces))
+    return {
+        "token_ids": [piece_id(p) for p in pieces],
+        "prompt_token_ids": [piece_id(p) for p in PIECE.findall(str(prompt))],
+        "token_spans": [(e - len(p), e) for p, e in zip(pieces, ends)] if token_spans else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,7 @@ class SimGenerator(StreamingGenerator):
         return self.flight.busy_s
 
     def submit(self, prompt, sampling, chat) -> Future:
-        out = self._one(prompt, sampling.max_tokens or 32, sampling.logprobs)
+        out = self._one(prompt, sampling)
         key, fut = next(self._keys), Future[tuple[Completion, float]]()
         self.flight.start(key)
         with self._cv:
@@ -110,18 +126,19 @@ class SimGenerator(StreamingGenerator):
             running = [seq for seq in running if seq[1] > 0]
 
     @staticmethod
-    def _one(prompt, max_tokens: int, logprobs: int | None) -> Completion:
+    def _one(prompt, sampling: SamplingSpec) -> Completion:
         h = stable_hash(prompt)
-        n = max(1, max_tokens * (25 + h % 76) // 100)
+        n = max(1, (sampling.max_tokens or 32) * (25 + h % 76) // 100)
         words = [WORDS[(h >> (i % 24)) % len(WORDS)] for i in range(max(0, n - 1))]
         pieces = PIECE.findall(" ".join(words) + f" <answer>{WORDS[h % 4]}</answer>")[:n]
-        lps = [TokenLogprob(t, -((stable_hash(t) + h) % 300) / 100) for t in pieces] if logprobs else None
+        lps = [TokenLogprob(t, -((stable_hash(t) + h) % 300) / 100) for t in pieces] if sampling.logprobs else None
         return Completion(
             "".join(pieces),
             prompt_tokens=tokens(prompt),
             completion_tokens=len(pieces),
             finish_reason="length",
             logprobs=lps,
+            **tokenized(prompt, pieces, sampling.token_spans),
         )
 
 
@@ -169,14 +186,21 @@ class SimScorer:
 
 class WordAttention:
     """DRAGIN's `attention.stats` on word-level tokens: entropy 3 on `uncertain` words (0.5 elsewhere), a_max 0.5
-    (0 for the last token); every generated token attends strongly to the question's words."""
+    (0 for the last token); every generated token attends strongly to the question's words. Items whose ids
+    are not their texts' pieces are refused; `items` keeps every item received."""
 
     def __init__(self, uncertain: str = "Zorblat", cost: Cost = FREE):
         self.uncertain, self.cost = uncertain, cost
         self.calls: list[int] = []
+        self.items: list[dict] = []
 
     def stats(self, items):
         self.calls.append(len(items))
+        self.items += items
+        for it in items:
+            ids = tokenized(it["prompt"], PIECE.findall(it["generated"]), False)
+            if (ids["prompt_token_ids"], ids["token_ids"]) != (list(it["prompt_ids"]), list(it["generated_ids"])):
+                raise ValueError("attention item: the token ids are not the generator's ids of its texts")
         self.cost.sleep(0.005 + sum(tokens(it["prompt"]) + tokens(it["generated"]) for it in items) / 20_000)
         return [self._one(it) for it in items]
 

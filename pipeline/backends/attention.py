@@ -1,10 +1,17 @@
-"""The `attention` backend: a transformers forward pass over (prompt, generated text) pairs that
-returns what DRAGIN's RIND and QFS need (Su et al., 2024, Sec. 3) — vLLM never returns attention.
+"""The `attention` backend: a transformers forward pass over the token ids the generator ran (prompt,
+then output) that returns what DRAGIN's RIND and QFS need (Su et al., 2024, Sec. 3) — vLLM never returns
+attention.
 
-    Call("attention", "stats", [{"prompt": str, "generated": str, "context": [(start, end), ...]}, ...])
+    Call("attention", "stats", [{"prompt": str, "prompt_ids": [int], "generated": str,
+                                 "generated_ids": [int], "context": [(start, end), ...]}, ...])
 
-`context` are character spans of the prompt whose tokens QFS may pick (the question, the answer so
-far); every generated token may be picked too. One result per item (a dict):
+The pass scores exactly `prompt_ids + generated_ids` (a Completion's `prompt_token_ids` and `token_ids`):
+encoding the two texts apart would give other tokens (a merge across their boundary, a leading-space
+marker). `prompt_ids` must be this tokenizer's encoding of `prompt` (the generator's, as the generator
+encoded it), whose offset mapping places the prompt's tokens; the generated tokens are placed by reading
+their ids as a detokenizer does (pipeline/backends/detok.py; `generated` is what they decode to, up to a
+stop string). `context` are character spans of the prompt whose tokens QFS may pick (the question, the
+answer so far); every generated token may be picked too. One result per item (a dict):
 
 - `offsets`   (start, end) of each generated token in `generated`
 - `entropy`   exact Eq. 1 entropy of the full next-token distribution that produced each token (nats)
@@ -31,6 +38,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.backends import register_backend
+from pipeline.backends.detok import clip, detokenize
+from pipeline.errors import DynragError
 from pipeline.methods.dragin_math import entropy, max_later_attention, word_spans
 
 log = logging.getLogger(__name__)
@@ -96,20 +105,30 @@ class AttentionPass:
     # -- internals -------------------------------------------------------------------------------
     def _encode(self, item: dict[str, Any]) -> dict[str, Any]:
         prompt, generated = item["prompt"], item["generated"]
+        p_ids, g_ids = [int(t) for t in item["prompt_ids"]], [int(t) for t in item["generated_ids"]]
+        if generated and not g_ids:
+            raise DynragError("no generated token ids: the attention pass scores the generator's Completion.token_ids")
         p = self.tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)
-        g = self.tokenizer(generated, add_special_tokens=False, return_offsets_mapping=True)
+        if list(p["input_ids"]) != p_ids:
+            raise DynragError("the prompt ids are not the attention tokenizer's encoding of the prompt text")
+        g_text, g_spans = detokenize(self.tokenizer, g_ids, p_ids)
+        if not g_text.startswith(generated):
+            raise DynragError(
+                f"the generated ids decode to {g_text[:40]!r}, not to the generator's text {generated[:40]!r}"
+            )
+        gen_offsets = clip(g_spans, len(generated))
         shift = len(prompt)
-        offsets = [tuple(o) for o in p["offset_mapping"]] + [(s + shift, e + shift) for s, e in g["offset_mapping"]]
-        n_prompt = len(p["input_ids"])
+        offsets = [tuple(o) for o in p["offset_mapping"]] + [(s + shift, e + shift) for s, e in gen_offsets]
+        n_prompt = len(p_ids)
         full = prompt + generated
         spans = word_spans(full, offsets)
         context = [tuple(c) for c in item.get("context", [])]
         cand = [j for j in range(n_prompt) if any(offsets[j][0] < ce and cs < offsets[j][1] for cs, ce in context)]
         cand += list(range(n_prompt, len(offsets)))
         return {
-            "ids": list(p["input_ids"]) + list(g["input_ids"]),
+            "ids": p_ids + g_ids,
             "n_prompt": n_prompt,
-            "gen_offsets": [(s, e) for s, e in g["offset_mapping"]],
+            "gen_offsets": gen_offsets,
             "cand": cand,
             "cand_words": [None if (sp := spans[j]) is None else full[sp[0] : sp[1]] for j in cand],
             "cand_order": [-1 if (sp := spans[j]) is None else sp[0] for j in cand],

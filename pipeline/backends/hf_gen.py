@@ -1,7 +1,9 @@
 """Generation with transformers: the fallback backend, and the one that can return attention
 weights (DRAGIN's RIND/QFS need them; vLLM never returns them). Batched with left padding.
 
-Stop strings are applied to the decoded text; per-token logprobs come from the generation scores.
+The text is read from the ids as vLLM's detokenizer reads them (pipeline/backends/detok.py); stop strings
+cut it, and the ids end, as vLLM's do, with the one that completes the stop string. Per-token logprobs
+come from the generation scores.
 `self.model` / `self.tokenizer` are public so methods' helpers can run forward passes
 (e.g. with `output_attentions=True`, the model is loaded with eager attention).
 """
@@ -14,6 +16,7 @@ from typing import cast
 
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
+from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
@@ -99,8 +102,12 @@ class HfGenerator:
                 finish = "stop"
             while gen and gen[-1] == self.pad_id:
                 gen = gen[:-1]
-            text = self.tokenizer.decode(gen, skip_special_tokens=True)
-            text, stopped = cut_at_stop(text, spec.stop)
+            full, spans = detokenize(self.tokenizer, gen, ids)
+            text, stopped = cut_at_stop(full, spec.stop)
+            if stopped:  # as vLLM: the ids end with the one that completes the stop string
+                stop_end = len(text) + next(len(s) for s in spec.stop if s and full.startswith(s, len(text)))
+                gen = gen[: next((k + 1 for k, (_, e) in enumerate(spans) if e >= stop_end), len(gen))]
+                spans = clip(spans[: len(gen)], len(text))
             lps = None
             if spec.logprobs:
                 lps = []
@@ -114,5 +121,16 @@ class HfGenerator:
                             {self.tokenizer.decode([int(t)]): float(v) for v, t in zip(top.values, top.indices)},
                         )
                     )
-            completions.append(Completion(text, len(ids), len(gen), "stop" if stopped else finish, lps, gen))
+            completions.append(
+                Completion(
+                    text,
+                    len(ids),
+                    len(gen),
+                    "stop" if stopped else finish,
+                    lps,
+                    gen,
+                    prompt_token_ids=list(ids),
+                    token_spans=spans if spec.token_spans else None,
+                )
+            )
         return completions

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, encode
+from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
@@ -134,11 +135,12 @@ class VllmGenerator:
             params = [self.sampling_params(samplings[i], len(cast(list[int], encoded[i]))) for i in live]
             outs = self.llm.generate(reqs, params, use_tqdm=False)
             for i, ro in zip(live, outs):
-                results[i] = self._completion(ro)
+                results[i] = self._completion(ro, samplings[i].token_spans)
         return cast(list[Completion | Exception], results)  # every slot filled
 
-    def _completion(self, ro) -> Completion:
+    def _completion(self, ro, spans: bool = False) -> Completion:
         c = ro.outputs[0]
+        prompt_ids = list(ro.prompt_token_ids or [])
         lps = None
         if c.logprobs is not None:
             lps = []
@@ -154,11 +156,14 @@ class VllmGenerator:
                 )
         return Completion(
             text=c.text,
-            prompt_tokens=len(ro.prompt_token_ids or []),
+            prompt_tokens=len(prompt_ids),
             completion_tokens=len(c.token_ids),
             finish_reason=str(c.finish_reason or ""),
             logprobs=lps,
             token_ids=list(c.token_ids),
+            prompt_token_ids=prompt_ids,
+            # vLLM's text is its detokenizer's, cut before a stop string (which the last id may hold)
+            token_spans=clip(detokenize(self.tokenizer, c.token_ids, prompt_ids)[1], len(c.text)) if spans else None,
         )
 
     def close(self) -> None:

@@ -51,16 +51,18 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
                 fut.set_exception(BackendError("the vLLM engine is closed: no more prompts can be submitted"))
                 return fut
             # the future is the task's: cancelled with it (at shutdown), and cancelling it cancels the task
-            run = self._run(self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params)
+            run = self._run(
+                self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params, sampling.token_spans
+            )
             return asyncio.run_coroutine_threadsafe(run, self._loop)
 
-    async def _run(self, llm, key: str, prompt, params) -> tuple[Completion | Exception, float]:
+    async def _run(self, llm, key: str, prompt, params, spans: bool = False) -> tuple[Completion | Exception, float]:
         self.flight.start(key)
         result: Completion | Exception
         try:
             async for out in llm.generate(prompt, params, key):
                 final = out
-            result = self._completion(final)
+            result = self._completion(final, spans)
         except Exception as err:  # this prompt's error, its question's
             result = err
         finally:  # also when cancelled: the sequence leaves the flight either way

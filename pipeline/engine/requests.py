@@ -35,6 +35,7 @@ class SamplingSpec:
     top_p: float | None = None
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # top-k logprobs per generated token
+    token_spans: bool = False  # also each generated token's character span in the text (Completion.token_spans)
     prompt_logprobs: int | None = None
     # constrained decoding (vLLM's structured outputs; the transformers backend ignores it and methods parse
     # what comes): the output is one of `choice`, or matches `regex`
@@ -91,12 +92,19 @@ class TokenLogprob:
 
 @dataclass
 class Completion:
+    """One prompt's output. `prompt_token_ids` + `token_ids` is the exact sequence the model ran (the
+    prompt as the generator encoded it, then every generated id, the one that ends at a stop string
+    included); `token_spans[i]` is id i's (start, end) in `text`, read as a detokenizer reads ids
+    (pipeline/backends/detok.py), when the sampling asked for them."""
+
     text: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = ""
     logprobs: list[TokenLogprob] | None = None
     token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_spans: list[tuple[int, int]] | None = None
 
 
 @dataclass

@@ -19,6 +19,14 @@ The final answer follows Appendix B: the words after "So the answer is"; if the 
 `attention` backend (a transformers forward pass; the entropy is exact over the whole vocabulary:
 rows record `entropy: "exact"`); generation is the run's generation backend (vLLM by default).
 Rows' `extra` hold retrievals, generated tokens, hallucination points (triggers), queries.
+
+Tokens are the generator's own: DRAGIN's attention pass scores the prompt ids and output ids the
+generator ran (`Completion.prompt_token_ids`, `token_ids`), never a re-encoding of the texts. FLARE and
+FS-RAG place tokens in the output by `Completion.token_spans`, which the generator reads from its ids
+the way a detokenizer does (decode(ids[:i+1]) minus decode(ids[:i]); pipeline/backends/detok.py), the
+same reading the attention pass uses. vLLM's per-token `decoded_token` strings are not used: each is one
+id decoded alone, so byte pieces of a multi-byte character and SentencePiece's leading spaces do not lay
+end to end along the text.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ from pydantic import Field
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
-from pipeline.engine.requests import Answer, Call, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.errors import DynragError
 from pipeline.methods.dragin_math import (
     Candidate,
     ends_sentence,
@@ -162,9 +171,11 @@ class Run:
     def prompt(self) -> tuple[str, list[tuple[int, int]]]:
         return cot_prompt(self.q.question, self.docs, self.text, self.p.doc_words)
 
-    def generate(self, max_tokens: int, logprobs: int | None = None):
+    def generate(self, max_tokens: int, logprobs: int | None = None, token_spans: bool = False):
         prompt, spans = self.prompt()
-        spec = SamplingSpec(max_tokens=max(1, max_tokens), temperature=0.0, stop=("\n",), logprobs=logprobs)
+        spec = SamplingSpec(
+            max_tokens=max(1, max_tokens), temperature=0.0, stop=("\n",), logprobs=logprobs, token_spans=token_spans
+        )
         out = (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
         self.generated += out.completion_tokens
         return prompt, spans, out
@@ -216,14 +227,11 @@ class Run:
         )  # ans: the marked answer, or the forced one ("" at worst)
 
 
-def _token_offsets(pieces: Sequence[str], text: str) -> list[tuple[int, int]]:
-    """Character spans of generated token strings laid end to end, clipped to the text."""
-    out, pos = [], 0
-    for s in pieces:
-        end = min(pos + len(s), len(text))
-        out.append((pos, end))
-        pos = end
-    return out
+def token_spans(out: Completion) -> list[tuple[int, int]]:
+    """Each generated token's (start, end) in the output text, as the generator read its ids."""
+    if out.token_spans is None or len(out.token_spans) != len(out.token_ids):
+        raise DynragError("the generator returned no span per token id (SamplingSpec.token_spans)")
+    return [(int(s), int(e)) for s, e in out.token_spans]
 
 
 def sentence_of(text: str, pos: int) -> tuple[int, int]:
@@ -257,11 +265,14 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
         if not new.strip():
             break
         if run.can_retrieve():
-            st = (
-                yield Call(
-                    "attention", "stats", [{"prompt": prompt, "generated": new, "context": spans}], stage="attention"
-                )
-            )[0]
+            item = {
+                "prompt": prompt,
+                "prompt_ids": out.prompt_token_ids,
+                "generated": new,
+                "generated_ids": out.token_ids,
+                "context": spans,
+            }
+            st = (yield Call("attention", "stats", [item], stage="attention"))[0]
             offsets = [tuple(o) for o in st["offsets"]]
             amax = sentence_relative(st["amax"], new, offsets) if p.attention_norm == "sentence" else st["amax"]
             scores = rind(st["entropy"], amax, semantic_mask(new, offsets))
@@ -301,12 +312,12 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     length = table9(q.dataset)[0]
     run = Run(q, p, p.max_tokens or length)
     while run.left() > 0:
-        _, _, out = yield from run.generate(run.budget, logprobs=1)
+        _, _, out = yield from run.generate(run.budget, logprobs=1, token_spans=True)
         new = out.text
         if not new.strip():
             break
         if run.can_retrieve() and out.logprobs:
-            offsets = _token_offsets([t.token for t in out.logprobs], new)
+            offsets = token_spans(out)
             low = [
                 k
                 for k, t in enumerate(out.logprobs)
@@ -373,14 +384,13 @@ def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
     while run.left() > 0:
         if run.can_retrieve():
             yield from run.retrieve(query)
-        _, _, out = yield from run.generate(run.budget, logprobs=1)
+        _, _, out = yield from run.generate(run.budget, token_spans=True)
         new = out.text
         if not new.strip():
             break
         spans = sentence_spans(new)
         end = spans[0][1] if spans else len(new)
-        offsets = _token_offsets([t.token for t in out.logprobs or []], new)
-        tokens = sum(1 for s, e in offsets if e <= end) if offsets else out.completion_tokens
+        tokens = sum(1 for s, e in token_spans(out) if e <= end)
         run.accept(new[:end], tokens)
         query = new[:end].strip()
         if complete(run.text) or (end >= len(new.rstrip()) and out.finish_reason not in ("length", "")):
