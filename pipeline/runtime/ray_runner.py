@@ -44,6 +44,7 @@ class EngineActor:
         from pipeline.io.output import PartWriter
         from pipeline.io.output_lock import check_shared
         from pipeline.methods.registry import get_method
+        from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
 
         check_shared(out)
@@ -53,7 +54,15 @@ class EngineActor:
         # a part served by a pool (pools.py) is not built here
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
-        self.backends = Backends(self.cfg, index_dir, retriever=remote.get("retrieval"), scorer=scorer, embedder=scorer)
+        plan = replica_gpu_plan(self.cfg, index_dir, frozenset(remote))  # None without CUDA; refuses a misfit
+        self.backends = Backends(
+            self.cfg,
+            index_dir,
+            retriever=remote.get("retrieval"),
+            scorer=scorer,
+            embedder=scorer,
+            faiss_placement=plan.index if plan else None,
+        )
         self.engine = make_engine(self.cfg, self.backends)
         self.row_args = row_args
         self.writer = PartWriter(out, row_args["run_id"], header)
