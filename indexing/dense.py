@@ -8,7 +8,8 @@ coarse quantizer, which the reader attaches from the template (`load_faiss`), so
 disk and in memory once and the PQ/SQ codebooks are the same in every shard. `ShardSet` searches all
 shards together: `faiss.IndexShards` (Flat: exactly the top-k of one index over all vectors) or, for
 IVF, `faiss.IndexShardsIVF`, which assigns each query to its lists once for all shards (equal to one
-IVF index over all vectors built from the same template).
+IVF index over all vectors built from the same template). On a GPU (a replica's plan placed it there,
+`indexing.faiss_gpu`) the shards become one merged index, cloned once; without a plan nothing goes to a GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from indexing.errors import IndexingError
+from indexing.faiss_gpu import FaissGpuMover, GpuMover, IndexPlacement
 
 log = logging.getLogger(__name__)
 
@@ -134,23 +136,34 @@ def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer: Any = None) -
             params.set_index_parameter(index, name, value)
         except RuntimeError:
             pass  # this index type has no such parameter
-    if quantizer is None and hasattr(faiss, "get_num_gpus") and faiss.get_num_gpus() > 0:
-        index = faiss.index_cpu_to_all_gpus(index)
     return index
 
 
-def merged_ivf(indexes: list) -> Any:
+def merged_ivf(indexes: list, consume: bool = False) -> Any:
     """One IVF index holding the inverted lists of every shard (all filled from one template, so their lists
     agree), ids numbered shard after shard as in a ShardSet: what a GPU searches, as faiss's IndexShardsIVF
-    does not run there. The shards are left as they were (their copies are merged)."""
+    does not run there. The shards are left as they were (their copies are merged), or with `consume` the
+    first shard becomes the merged index and the others are emptied into it (merge_from moves the lists), so
+    the shards and a merged copy are never held at once."""
     import faiss
 
-    merged = faiss.clone_index(indexes[0])
+    merged = indexes[0] if consume else faiss.clone_index(indexes[0])
     ivf = faiss.extract_index_ivf(merged)
     for ix in indexes[1:]:
-        copy = faiss.clone_index(ix)  # kept referenced: the extracted IVF is a view of it
-        ivf.merge_from(faiss.extract_index_ivf(copy), ivf.ntotal)
+        source = ix if consume else faiss.clone_index(ix)  # kept referenced: the extracted IVF is a view of it
+        ivf.merge_from(faiss.extract_index_ivf(source), ivf.ntotal)
     merged.ntotal = ivf.ntotal  # a wrapper (e.g. a pre-transform) counts its inner index's vectors
+    return merged
+
+
+def merged_flat(indexes: list) -> Any:
+    """One flat index of every shard's vectors in shard order, each shard emptied once copied."""
+    import faiss
+
+    merged = faiss.IndexFlat(indexes[0].d, indexes[0].metric_type)
+    for ix in indexes:
+        merged.add(ix.reconstruct_n(0, ix.ntotal))
+        ix.reset()
     return merged
 
 
@@ -158,26 +171,37 @@ class ShardSet:
     """All shards' FAISS indexes searched as one (threaded; ids numbered shard after shard), each hit
     mapped back to (shard, row): `faiss.IndexShards`, or `faiss.IndexShardsIVF` over the shared
     `quantizer` of IVF shards. With Flat shards the top-k equals one index's over all vectors.
-    Where faiss sees a GPU (`gpus`: None asks faiss), IVF shards are merged into one index (`merged_ivf`) and
-    searched on every GPU; `merge=True` takes that path on the CPU too (tests: same hits)."""
+    With a `gpu` placement on the GPU (a replica's GPU plan) the shards are merged into one index (`merged_ivf`,
+    `merged_flat`; the shards emptied into it) and `mover` clones that index once; `merge=True` merges IVF shards
+    on the CPU (tests: same hits)."""
 
     def __init__(
-        self, indexes: list, quantizer: Any = None, nprobe: int = 1, gpus: int | None = None, merge: bool = False
+        self,
+        indexes: list,
+        quantizer: Any = None,
+        nprobe: int = 1,
+        merge: bool = False,
+        gpu: IndexPlacement | None = None,
+        mover: GpuMover | None = None,
     ):
         import faiss
 
         self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])
         self.params = None
-        if gpus is None:
-            gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-        if quantizer is not None and indexes and (gpus > 0 or merge):
+        self._quantizer = quantizer  # shared by the shards (and a merged index made of them), owned by none
+        if gpu is not None and gpu.on_gpu and indexes:
+            if quantizer is None and not isinstance(indexes[0], faiss.IndexFlat):
+                raise DenseIndexError(f"a {type(indexes[0]).__name__} index cannot be placed on a GPU")
+            merged = merged_flat(indexes) if quantizer is None else merged_ivf(indexes, consume=True)
+            if quantizer is not None:
+                faiss.extract_index_ivf(merged).nprobe = min(nprobe, quantizer.ntotal)  # the GPU copy takes it
+            self._mover = mover or FaissGpuMover()  # holds the GPU resources the index allocates through
+            self.shards = self._mover.to_gpu(merged, gpu)
+            self._indexes = [self.shards]
+            return
+        if quantizer is not None and indexes and merge:
             merged = merged_ivf(indexes)
-            nprobe = min(nprobe, quantizer.ntotal)
-            if gpus > 0:
-                merged = faiss.index_cpu_to_all_gpus(merged)
-                faiss.GpuParameterSpace().set_index_parameter(merged, "nprobe", nprobe)
-            else:
-                faiss.extract_index_ivf(merged).nprobe = nprobe
+            faiss.extract_index_ivf(merged).nprobe = min(nprobe, quantizer.ntotal)
             self.shards, self._indexes = merged, [merged]
             return
         if quantizer is not None:
@@ -187,7 +211,6 @@ class ShardSet:
             self.shards = faiss.IndexShardsIVF(quantizer, quantizer.ntotal, True, True)
             # faiss's stub lacks the keyword arguments its Python wrapper adds to SearchParameters classes
             self.params = faiss.SearchParametersIVF(nprobe=nprobe)  # type: ignore[call-arg]
-            self._quantizer = quantizer
         else:
             # faiss's stub has only IndexShards(d); the SWIG class also takes (d, threaded, successive_ids)
             self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None  # type: ignore[call-arg]

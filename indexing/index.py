@@ -167,6 +167,7 @@ class Index:
                     [load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search, quantizer) for d in self._dirs],
                     quantizer,
                     i.faiss_nprobe,
+                    gpu=self.cfg.faiss_placement,
                 )
         return self._faiss
 

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from indexing.errors import IndexingError
+from indexing.faiss_gpu import IndexPlacement
 
 
 class Section(BaseModel):
@@ -70,6 +71,12 @@ class IndexConfig(Section):
         ge=1,
         description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
         "each when CUDA is present); a cluster build embeds in its per-file tasks instead",
+    )
+    faiss_gpu: Literal["auto", "cpu", "gpu"] = Field(
+        "auto",
+        description="where a replica that sees CUDA keeps the FAISS index (its GPU plan, pipeline/runtime/gpu_plan.py): "
+        "auto: one merged index on its GPU when it fits beside vLLM and the models, else the CPU; cpu; gpu: refuse "
+        "to start unless it fits. HNSW and other factories without a GPU index stay on the CPU",
     )
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
@@ -130,6 +137,9 @@ class IndexSettings(Section):
     ray: RaySettings = Field(default_factory=RaySettings)
     cache_dir: str = Field(default_factory=default_cache_dir, description="where remote indexes are pulled to")
     resolve_model: Callable[[str], str] | None = Field(None, exclude=True)
+    faiss_placement: IndexPlacement | None = Field(
+        None, exclude=True, description="set by a replica's GPU plan; None: the FAISS index stays on the CPU"
+    )
 
     def model_path(self, name: str) -> str:
         if name == "hash":  # embed.HashEncoder: no folder

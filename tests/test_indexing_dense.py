@@ -138,11 +138,11 @@ def test_ivf_shards_merged_for_a_gpu_search_as_the_shard_set_does(tmp_path):
     vecs = unit(rng, 2400)
     quantizer, shards, parts = ivf_shards(tmp_path, vecs, "IVF16,PQ8", 3)
     queries = unit(rng, 40)
-    S, SH, R = ShardSet(shards, quantizer, nprobe=4, gpus=0).search(queries, k=10)
-    S2, SH2, R2 = ShardSet(shards, quantizer, nprobe=4, gpus=0, merge=True).search(queries, k=10)
+    S, SH, R = ShardSet(shards, quantizer, nprobe=4).search(queries, k=10)
+    S2, SH2, R2 = ShardSet(shards, quantizer, nprobe=4, merge=True).search(queries, k=10)
     np.testing.assert_allclose(S2, S, rtol=1e-5)
     assert np.mean((SH2 == SH) & (R2 == R)) > 0.99  # equal up to ties of equal codes
     assert [s.ntotal for s in shards] == [len(p) for p in parts]
     # nprobe reaches the merged index: probing every list differs
-    S3, _, _ = ShardSet(shards, quantizer, nprobe=16, gpus=0, merge=True).search(queries, k=10)
+    S3, _, _ = ShardSet(shards, quantizer, nprobe=16, merge=True).search(queries, k=10)
     assert not np.allclose(S3, S2)

@@ -35,6 +35,7 @@ from pipeline.io.datasets import load_questions, pending_questions
 from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock
 from pipeline.methods.registry import config_hash, get_method
+from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
 from pipeline.runtime.signals import Interrupted, stop_on_sigterm
 
 log = logging.getLogger(__name__)
@@ -162,11 +163,14 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
         else:
             from pipeline.backends import Backends
 
-            backends = Backends(cfg, index)
+            plan = replica_gpu_plan(cfg, index)  # None without CUDA; refuses a plan that does not fit
+            backends = Backends(cfg, index, faiss_placement=plan.index if plan else None)
             stack.callback(backends.close)
             if index:
                 backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
                 manifest = backends.retriever.index.manifest
+    except GpuPlanError:
+        raise  # its own message: the GPU's parts in GiB
     except Exception as exc:
         raise DynragError(f"cannot use the index {index}: {first_line(exc)}") from exc
     if index:

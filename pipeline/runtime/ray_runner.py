@@ -56,6 +56,7 @@ class EngineActor:
         from pipeline.io.output import PartWriter
         from pipeline.io.output_lock import check_shared
         from pipeline.methods.registry import get_method
+        from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
 
         check_shared(out)
@@ -65,8 +66,14 @@ class EngineActor:
         # a part served by a pool (pools.py) is not built here
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
+        plan = replica_gpu_plan(self.cfg, index_dir, frozenset(remote))  # None without CUDA; refuses a misfit
         self.backends = (make_backends or Backends)(
-            self.cfg, index_dir, retriever=remote.get("retrieval"), scorer=scorer, embedder=scorer
+            self.cfg,
+            index_dir,
+            retriever=remote.get("retrieval"),
+            scorer=scorer,
+            embedder=scorer,
+            faiss_placement=plan.index if plan else None,
         )
         self.drain = Drain(self.cfg.answer.drain_s)
         self.engine = make_engine(self.cfg, self.backends, self.drain)
