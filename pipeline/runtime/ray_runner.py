@@ -10,7 +10,8 @@ predictions equal the in-process run. It writes each batch's rows as one Parquet
 (`PartWriter`: keyed by question id as in-process, and a retried batch replaces its own part) and sends
 the driver only a small report (`batch_report`: counts). So the output must be a URI or a folder every
 node shares (`check_shared`). Actors are data-parallel replicas (`ray.actors`, one per GPU on a cluster:
-`ray.actor_num_gpus=1`); their resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`).
+`ray.actor_num_gpus=1`, or one per `generation.engine_kwargs.tensor_parallel_size` GPUs of a node); their
+resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`; ray_resources.py).
 """
 
 from __future__ import annotations
@@ -131,13 +132,15 @@ def answer_with_ray(
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_questions import QuestionSource
-    from pipeline.runtime.ray_resources import engine_actor_options
+    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus
 
     # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
     guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
     started = init_ray(cfg)
     pools: dict[str, list] = {}
+    placement_groups: list = []  # of tensor-parallel replicas (ray_resources.py)
     try:
+        gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
         if cfg.ray.retrieval_actors and index_dir:
             pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir))
         if cfg.ray.scorer_actors:
@@ -151,7 +154,7 @@ def answer_with_ray(
             batch_size=batch,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
-            **engine_actor_options(cfg),
+            **engine_actor_options(cfg, gpus, placement_groups),
         )
         seen: set[str] = set()  # parts reported: a retried batch reports its part again
         for got in ds.iter_batches(batch_size=None, batch_format="numpy"):
@@ -165,6 +168,8 @@ def answer_with_ray(
     finally:
         for actor in (a for actors in pools.values() for a in actors):
             ray.kill(actor)
+        for pg in placement_groups:
+            ray.util.remove_placement_group(pg)
         if started:
             ray.shutdown()
         if guard is not None:
