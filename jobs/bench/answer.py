@@ -77,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
     from pipeline.backends import Backends
     from pipeline.backends.vllm_gen import VllmGenerator
-    from pipeline.runtime.answer import run_answer
+    from pipeline.runtime.answer import generation_dtype, run_answer
 
     cfg = config_from_args(args)
     cfg.generation.backend = "vllm"
+    cfg.generation.dtype = generation_dtype(cfg)  # recorded with the figures
     cfg.answer.progress = False
     dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")
     t0 = time.perf_counter()

@@ -120,6 +120,8 @@ def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
 def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch: int, method: str = "sr-rag") -> dict:
     """The FlashRAG driver's configuration (flashrag_driver.py): corpus, questions, model, k, the pipeline class
     of `method` with its keyword arguments, and dynrag's prompt (asked by FlashRAG's side for sr-rag only)."""
+    from pipeline.runtime.answer import generation_dtype
+
     system, user, doc_format = flashrag_prompt()
     spec = bench_method(method)
     return {
@@ -132,7 +134,7 @@ def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch:
         "work": str(work / "flashrag"),
         "k": k,
         "max_new_tokens": cfg.generation.max_new_tokens,
-        "dtype": cfg.generation.dtype,
+        "dtype": generation_dtype(cfg),  # never "auto": FlashRAG's side would keep the model's own dtype
         "batch_size": batch,
         "threads": cfg.index.threads,
         "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
@@ -180,9 +182,11 @@ def agreement(a: dict, b: dict, normalized: bool = False) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
+    from pipeline.runtime.answer import generation_dtype
 
     cfg = config_from_args(args)
     cfg.retrieval.k = args.k
+    cfg.generation.dtype = generation_dtype(cfg)  # both sides load the model in this dtype
     dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)

@@ -34,10 +34,11 @@ def main(argv: list[str] | None = None) -> None:
 
     from pipeline.backends import Backends
     from pipeline.config import load_config
-    from pipeline.runtime.answer import run_answer
+    from pipeline.runtime.answer import generation_dtype, run_answer
 
     shutil.rmtree(args.out, ignore_errors=True)  # a fresh run, never a resumed one
     cfg = load_config(args.config, [*args.overrides, "dataset.format=generic", "answer.progress=false"])
+    cfg.generation.dtype = generation_dtype(cfg)
     if args.params:
         cfg.method.params = json.loads(Path(args.params).read_text(encoding="utf-8"))
     backends = Backends(cfg, args.index)

@@ -17,7 +17,7 @@ from typing import cast
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
 from pipeline.backends.detok import clip, detokenize
-from pipeline.config import DynragConfig
+from pipeline.config import DynragConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,9 @@ class HfGenerator:
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=g.trust_remote_code)
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(g.dtype, "auto")
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        cuda = torch.cuda.is_available()
+        self.device = "cuda" if cuda else "cpu"
+        dtype = getattr(torch, resolve_dtype(g.dtype, cuda))
         self.model = (
             AutoModelForCausalLM.from_pretrained(
                 path, dtype=dtype, attn_implementation="eager", trust_remote_code=g.trust_remote_code

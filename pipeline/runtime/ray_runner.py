@@ -10,7 +10,8 @@ predictions equal the in-process run. It writes each batch's rows as one Parquet
 (`PartWriter`: keyed by question id as in-process, and a retried batch replaces its own part) and sends
 the driver only a small report (`batch_report`: counts). So the output must be a URI or a folder every
 node shares (`check_shared`). Actors are data-parallel replicas (`ray.actors`, one per GPU on a cluster:
-`ray.actor_num_gpus=1`); their resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`).
+`ray.actor_num_gpus=1`, or one per `generation.engine_kwargs.tensor_parallel_size` GPUs of a node); their
+resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`; ray_resources.py).
 """
 
 from __future__ import annotations
@@ -268,7 +269,7 @@ def answer_with_ray(
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_questions import QuestionSource
-    from pipeline.runtime.ray_resources import engine_actor_options
+    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus
 
     # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
     guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
@@ -279,7 +280,9 @@ def answer_with_ray(
         sigterm_drains(drain)  # Ray's own SIGTERM handler exits at once
     pools: dict[str, list] = {}
     flag, finished = None, threading.Event()
+    placement_groups: list = []  # of tensor-parallel replicas (ray_resources.py)
     try:
+        gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
         if cfg.ray.retrieval_actors and index_dir:
             pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir), make_backends)
         if cfg.ray.scorer_actors:
@@ -312,7 +315,7 @@ def answer_with_ray(
                 enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
                 max_tasks_in_flight_per_actor=calls + 1,
             ),
-            **engine_actor_options(cfg),
+            **engine_actor_options(cfg, gpus, placement_groups),
         )
         seen: set[str] = set()  # parts reported: a retried batch reports its part again
         for got in ds.iter_batches(batch_size=None, batch_format="numpy"):
@@ -327,6 +330,8 @@ def answer_with_ray(
         finished.set()
         for actor in [a for actors in pools.values() for a in actors] + ([flag] if flag is not None else []):
             ray.kill(actor)
+        for pg in placement_groups:
+            ray.util.remove_placement_group(pg)
         if started:
             ray.shutdown()
         if guard is not None:
