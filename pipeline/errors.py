@@ -13,3 +13,7 @@ class QuestionError(Exception):
 
 class DynragError(Exception):
     """Bad input, a bad config value, a missing model or file: say what and where, in one line."""
+
+
+class BackendError(DynragError, RuntimeError):
+    """A backend cannot be built from the configuration (missing index, model, package) or used any more."""

@@ -32,7 +32,9 @@ def test_generate_all_returns_a_cancelled_prompt_as_its_error():
     prompts = ["first", "please cancel me", "third"]
     outs = _bounded(lambda: gen.generate(prompts, [SamplingSpec(max_tokens=4)] * 3, [True] * 3))
     assert isinstance(outs[1], CancelledError)
-    assert [o.text for o in (outs[0], outs[2])] == [SimGenerator._one(p, 4, None).text for p in ("first", "third")]
+    assert [o.text for o in (outs[0], outs[2])] == [
+        SimGenerator._one(p, SamplingSpec(max_tokens=4)).text for p in ("first", "third")
+    ]
 
 
 def test_generate_all_returns_a_failed_future_as_its_prompts_error():
@@ -56,7 +58,9 @@ def test_the_simulated_generator_skips_a_prompt_cancelled_while_it_waited():
         assert second.cancel()
     third = gen.submit("c", spec, True)  # served after the cancelled one: the scheduler goes on
     assert not wait([first, third], 10).not_done
-    assert [f.result()[0].text for f in (first, third)] == [SimGenerator._one(p, 4, None).text for p in "ac"]
+    assert [f.result()[0].text for f in (first, third)] == [
+        SimGenerator._one(p, SamplingSpec(max_tokens=4)).text for p in "ac"
+    ]
     assert second.cancelled() and len(gen.flight) == 0
 
 

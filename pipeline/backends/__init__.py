@@ -22,13 +22,9 @@ from typing import Any
 
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Completion, Retrieve
-from pipeline.errors import DynragError
+from pipeline.errors import BackendError as BackendError  # re-exported: raised by the backends
 
 log = logging.getLogger(__name__)
-
-
-class BackendError(DynragError, RuntimeError):
-    """A backend cannot be built from the configuration (missing index, model, package)."""
 
 
 _NAMED: dict[str, Callable[..., Any]] = {}

@@ -15,10 +15,10 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from pipeline.backends import BackendError
 from pipeline.backends.streaming import InFlight, StreamingGenerator, resolved
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator
 from pipeline.engine.requests import Completion
+from pipeline.errors import BackendError
 
 
 class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
