@@ -5,6 +5,13 @@ whose calls sleep for a GPU-like generator's batch time and stated CPU costs for
 and embedding (the model is in that module's docstring and printed), and prints per method and engine:
 questions/s, generator busy fraction (time with a generate batch in flight / wall time) and mean latency
 (first request to answer). Sleeps are `--time-scale` times the modelled seconds.
+
+`--runtime ray` runs the real Ray path instead (`runtime.mode=ray`'s `answer_with_ray`: a local Ray, the
+questions read by Ray Data, `ray.actors` engine actors taking `ray.actor_batches` batches at once, a
+retrieval and a scorer pool), each actor building the same latency-model backends; rows are written as
+Parquet parts. Per method: questions/s and generator busy over the engine actor's active time (its first
+batch to its last report; Ray's and the actors' start excluded, and printed), beside the in-process
+continuous engine's figures.
 """
 
 from __future__ import annotations
@@ -19,6 +26,15 @@ METHODS = ("sr-rag", "cfs", "pairs", "dragin")
 # GPU-sized batches for both engines (lockstep: answer.batch_questions=256 per round); --set overrides them
 DEFAULTS = ["generation.batch_size=256", "answer.max_in_flight=512"]
 PARAMS = {"cfs": {"threshold": 0.5}}  # no trained classifier here: its decision threshold given
+# --runtime ray: one engine actor (one GPU replica) beside a retrieval and a scorer pool, on a local Ray whose
+# logical CPUs are not this machine's limit (the backends sleep)
+RAY_DEFAULTS = [
+    "ray.num_cpus=8",
+    "ray.actors=1",
+    "ray.retrieval_actors=1",
+    "ray.retrieval_actor_num_cpus=1",
+    "ray.scorer_actors=1",
+]
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
@@ -40,6 +56,13 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", action="append", choices=METHODS, help=f"repeatable (default: {', '.join(METHODS)})")
     p.add_argument("--questions", type=int, default=2000, help="questions per method and engine (default 2000)")
     p.add_argument("--time-scale", type=float, default=0.1, help="seconds slept per modelled second (default 0.1)")
+    p.add_argument(
+        "--runtime",
+        choices=("in-process", "ray"),
+        default="in-process",
+        help="ray: the engine actors of runtime.mode=ray (and retrieval and scorer pools), beside the "
+        "in-process continuous engine",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -71,10 +94,7 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     )
     spec = get_method(method)
     params = spec.params({**PARAMS.get(method, {}), **cfg.method.params}, cfg)
-    questions = [
-        Question(str(i), f"Who directed the film number {i} that was shot in {simulated.WORDS[i % 9]}?")
-        for i in range(n)
-    ]
+    questions = [Question(str(i), q) for i, q in _questions(n)]
     eng = make_engine(cfg, backends)
     t0 = time.perf_counter()
     try:
@@ -96,14 +116,63 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     }
 
 
+def bench_ray(cfg, method: str, n: int, scale: float) -> dict:
+    """`method` through `answer_with_ray` (engine actors and pools on a local Ray) over latency-model backends."""
+    import tempfile
+    from pathlib import Path
+
+    from pipeline.io.output_lock import output_lock
+    from pipeline.runtime.ray_runner import answer_with_ray
+
+    cfg = cfg.model_copy(deep=True)
+    cfg.runtime.mode, cfg.method.name, cfg.dataset.format = "ray", method, "generic"
+    cfg.method.params = {**PARAMS.get(method, {}), **cfg.method.params}
+    make = simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256)
+    with tempfile.TemporaryDirectory(prefix="dynrag-bench-ray-") as tmp:
+        dataset, out = Path(tmp) / "questions.jsonl", str(Path(tmp) / "out")
+        dataset.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n" for i, q in _questions(n)))
+        row_args = dict(run_id="bench", method=method, params_json="{}", chash="bench", model="simulated")
+        t0 = time.perf_counter()
+        rows = errors = 0
+        last: dict[int, dict] = {}  # engine actor (pid) -> its latest generator figures
+        with output_lock(out):
+            reports = answer_with_ray(
+                str(dataset), out, cfg, "simulated", row_args, header=None, done=set(), limit=n, make_backends=make
+            )
+            for report in reports:
+                rows, errors = rows + report["rows"], errors + report["errors"]
+                if report.get("generator"):
+                    last[report["generator"]["pid"]] = report["generator"]
+        wall = time.perf_counter() - t0
+    if errors or rows != n:
+        raise RuntimeError(f"{method} through Ray: {rows} rows of {n}, {errors} error rows")
+    active = max(g["active_s"] for g in last.values())
+    return {
+        "method": method,
+        "engine": "ray",
+        "questions_per_s": round(n / active, 2),
+        "generator_busy": round(sum(g["busy_s"] / g["active_s"] for g in last.values()) / len(last), 3),
+        "actors": len(last),
+        "startup_s": round(wall - active, 1),
+    }
+
+
+def _questions(n: int) -> list[tuple[int, str]]:
+    return [(i, f"Who directed the film number {i} that was shot in {simulated.WORDS[i % 9]}?") for i in range(n)]
+
+
 def run(args: argparse.Namespace) -> None:
     from pipeline.config import load_config
 
-    cfg = load_config(args.config, [*DEFAULTS, *args.overrides])
+    extra = RAY_DEFAULTS if args.runtime == "ray" else []
+    cfg = load_config(args.config, [*DEFAULTS, *extra, *args.overrides])
+    engines = ("continuous", "ray") if args.runtime == "ray" else ("lockstep", "continuous")
     results = [
-        bench_one(cfg, m, e, args.questions, args.time_scale)
+        bench_ray(cfg, m, args.questions, args.time_scale)
+        if e == "ray"
+        else bench_one(cfg, m, e, args.questions, args.time_scale)
         for m in args.method or METHODS
-        for e in ("lockstep", "continuous")
+        for e in engines
     ]
     if args.json:
         print(json.dumps(results, indent=1))
@@ -115,7 +184,21 @@ def run(args: argparse.Namespace) -> None:
         f"prompts streamed to the generator, other batches wait up to {a.batch_wait_s} s"
     )
     print(simulated.__doc__.split("\n\n", 1)[1].strip())
+    if args.runtime == "ray":
+        rc = cfg.ray
+        print(
+            f"ray: {rc.actors} engine actor(s), {rc.actor_batches} batches of "
+            f"{rc.batch_questions or a.batch_questions} questions each at once, {rc.retrieval_actors} retrieval "
+            f"and {rc.scorer_actors} scorer pool actor(s); "
+            "its rate and busy fraction are over the engine actor's active time"
+        )
     for r in results:
+        if r["engine"] == "ray":
+            print(
+                f"  {r['method']:8s} {'ray':10s} {r['questions_per_s']:8.2f} q/s  generator busy "
+                f"{r['generator_busy']:.3f}  ({r['actors']} actor(s); Ray and actor start {r['startup_s']} s)"
+            )
+            continue
         print(
             f"  {r['method']:8s} {r['engine']:10s} {r['questions_per_s']:8.2f} q/s  generator busy "
             f"{r['generator_busy']:.3f}  mean latency {r['mean_latency_s']:.3f} s  "

@@ -225,3 +225,28 @@ class WordAttention:
             "cand_order": [c.order for c in cands],
             "cand_attn": attn,
         }
+
+
+@dataclass(frozen=True)
+class SimBackends:
+    """Latency-model `Backends` for Ray's engine and pool actors (`make_backends` of `answer_with_ray`):
+    picklable, each actor builds its own; a part a pool serves is the pool's (PoolClient)."""
+
+    scale: float = 0.1
+    max_seqs: int = 256
+
+    def __call__(self, cfg, index_dir=None, *, retriever=None, scorer=None, embedder=None, **kw):
+        from pipeline.backends import Backends
+
+        cost = Cost(self.scale)
+        sim = SimScorer(cost)
+        return Backends(
+            cfg,
+            index_dir,
+            generator=SimGenerator(cost, self.max_seqs),
+            retriever=retriever or SimRetriever(cost),
+            scorer=scorer or sim,
+            embedder=embedder or sim,
+            named={"attention": WordAttention(cost=cost)},
+            **kw,
+        )
