@@ -38,18 +38,22 @@ class EngineActor:
         out: str,
         header: dict[str, str] | None,
         pools: dict[str, list] | None = None,
+        params: dict | None = None,
     ):
         from pipeline.backends import Backends
         from pipeline.engine.continuous import make_engine
         from pipeline.io.output import PartWriter
-        from pipeline.io.output_lock import check_shared
+        from pipeline.io.output_lock import check_same_host, check_shared
         from pipeline.methods.registry import get_method
         from pipeline.runtime.pools import PoolClient
 
         check_shared(out)
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
-        self.params = self.spec.params(self.cfg.method.params, self.cfg)
+        # the driver's parameters bound to the run (for_output), else the configuration's
+        self.params = self.spec.params(self.cfg.method.params, self.cfg) if params is None else self.spec.params(params)
+        for path in self.params.state_files():  # held by the driver (state_lock): a local file, one host
+            check_same_host(path)
         # a part served by a pool (pools.py) is not built here
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
@@ -124,8 +128,10 @@ def answer_with_ray(
     header: dict[str, str] | None,
     done: set[str],
     limit: int | None,
+    params: dict | None = None,
 ) -> Generator[dict[str, Any], None, None]:
-    """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes."""
+    """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes.
+    `params`: the method's parameters bound to the run (MethodParams.for_output), as JSON."""
     import ray
 
     from pipeline.runtime.orphan_guard import OrphanGuard
@@ -147,7 +153,15 @@ def answer_with_ray(
         out = _for_workers(out)
         ds = ds.map_batches(
             EngineActor,
-            fn_constructor_args=(cfg.model_dump(mode="json"), _for_workers(index_dir), row_args, out, header, pools),
+            fn_constructor_args=(
+                cfg.model_dump(mode="json"),
+                _for_workers(index_dir),
+                row_args,
+                out,
+                header,
+                pools,
+                params,
+            ),
             batch_size=batch,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.ray.actors),
