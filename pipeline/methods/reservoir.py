@@ -194,18 +194,6 @@ class Reservoir:
         order = [j for j in np.argsort(-sims, kind="stable") if sims[j] >= tau][:limit]
         return pop, [Hit(ids[j] or f"memory:{titles[j]}", titles[j], contents[j], float(sims[j])) for j in order]
 
-    def backup(self, dest: str | Path) -> Reservoir:
-        """A consistent copy at `dest` (SQLite online backup), opened; for experiments from one state."""
-        dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.unlink(missing_ok=True)
-        out = sqlite3.connect(dest)
-        try:
-            self.db.backup(out)
-        finally:
-            out.close()
-        return Reservoir(dest)
-
     def close(self) -> None:
         self.db.close()
 
