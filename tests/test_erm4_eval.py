@@ -60,6 +60,13 @@ def test_table2_reports_the_saving_at_the_fastest_tau_against_tau_one_with_its_s
     ]
 
 
+def test_table2_says_when_the_fastest_tau_used_no_memory():
+    rows = [FIRST, {**_row(0.6, 4.0, 0.5), "memory": 0.0}, _row(1.0, 5.0, 0.5)]
+    assert "At tau = 0.6 no query was answered from memory" in render_table2(rows)
+    rows[1]["memory"] = 2.0
+    assert "no query was answered from memory" not in render_table2(rows)
+
+
 def test_tau_sweep_gives_no_saving_from_run_order_alone():
     """A fake engine whose first run is 2x slower and whose taus cost the same: without the warm-up the first
     tau would look 2x slower; with it, in either order, every tau times the same and the saving is 0."""

@@ -257,6 +257,11 @@ def render_table2(rows: list[dict]) -> str:
             f"{_fmt(best['hit_rate'], True, 1)}% vs {_fmt(ref['hit_rate'], True, 1)}%). Each tau ran after a "
             "discarded warm-up run, in alternating order."
         )
+        if best is not ref and not best["memory"]:
+            lines.append(
+                f"At tau = {best['tau']} no query was answered from memory (memory knowledge 0): it did the work of "
+                "tau = 1.0, so its time difference is noise, not a saving."
+            )
     return "\n".join(lines)
 
 
