@@ -90,3 +90,15 @@ def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, 
     assert set(served["retrieval"]) == {"search"} and set(served["scorer"]) == {"embed"}, served
     assert served["retrieval"]["search"][1] == rows["ray"]["retrieval_calls"].sum()
     assert served["scorer"]["embed"][1] == rows["ray"]["embedding_calls"].sum()
+
+
+def test_the_simulated_gpu_bench_runs_the_ray_path_with_pools():
+    """`dynrag bench pipeline --simulate-gpu --runtime ray`'s run: several batches through one engine actor
+    (two at once) and the retrieval and scorer pools, every question answered, the generator's busy time reported."""
+    from jobs.bench.pipeline import DEFAULTS, RAY_DEFAULTS, bench_ray
+    from pipeline.config import load_config
+
+    cfg = load_config(None, [*DEFAULTS, *RAY_DEFAULTS, "answer.batch_questions=8", "ray.num_cpus=4"])
+    got = bench_ray(cfg, "pairs", 40, 0.01)
+    assert got["engine"] == "ray" and got["actors"] == 1
+    assert got["questions_per_s"] > 0 and 0 < got["generator_busy"] <= 1

@@ -2,6 +2,8 @@
 
 import json
 
+import yaml
+
 from jobs.eval.erm4 import merge_repeats, paraphrase, render_table2, second_set, tau_sweep
 from pipeline.config import DynragConfig
 from pipeline.io.datasets import load_questions
@@ -58,6 +60,13 @@ def test_table2_reports_the_saving_at_the_fastest_tau_against_tau_one_with_its_s
     ]
 
 
+def test_table2_says_when_the_fastest_tau_used_no_memory():
+    rows = [FIRST, {**_row(0.6, 4.0, 0.5), "memory": 0.0}, _row(1.0, 5.0, 0.5)]
+    assert "At tau = 0.6 no query was answered from memory" in render_table2(rows)
+    rows[1]["memory"] = 2.0
+    assert "no query was answered from memory" not in render_table2(rows)
+
+
 def test_tau_sweep_gives_no_saving_from_run_order_alone():
     """A fake engine whose first run is 2x slower and whose taus cost the same: without the warm-up the first
     tau would look 2x slower; with it, in either order, every tau times the same and the saving is 0."""
@@ -75,15 +84,15 @@ def test_tau_sweep_gives_no_saving_from_run_order_alone():
         assert "a time saving of 0.0%" in render_table2(rows)
 
 
-def test_table2_runs_through_the_shared_runner_with_reservoir_copies(tmp_path):
-    """Table 2 end to end with fakes: the first set fills the reservoir; each tau run answers the second set
-    from its own copy of it (the first set's reservoir never changes), through run_methods on the given backends."""
+def test_table2_second_set_reads_the_first_sets_own_reservoir(tmp_path):
+    """Table 2 end to end with fakes: the first set fills its run's own reservoir; each tau run answers the
+    second set reading it (named as reservoir_path, never updated), through run_methods on the given backends."""
     from fakes import MemoryRetriever, RecordingGenerator
     from test_erm4_methods import PASSAGES, WordEmbedder, reply
 
     from jobs.eval.erm4 import table2
     from pipeline.backends import Backends
-    from pipeline.methods.reservoir import Reservoir
+    from pipeline.methods.reservoir import RUN_RESERVOIR, Reservoir
 
     dev = tmp_path / "dev.jsonl"
     dev.write_text(
@@ -105,14 +114,17 @@ def test_table2_runs_through_the_shared_runner_with_reservoir_copies(tmp_path):
     backends = Backends(cfg, generator=gen, retriever=MemoryRetriever(PASSAGES), embedder=WordEmbedder())
     out = tmp_path / "out"
     rows = table2(cfg, backends, str(dev), None, first=2, taus=[0.3, 1.0], theta=1, out=out, repeats=1)
-    first = Reservoir(out / "table2" / "reservoir-first-set.sqlite")
-    size = len(first)
+    base = out / "table2" / "first-set" / RUN_RESERVOIR
+    size = len(Reservoir(base))
     assert rows[0]["questions"] == 2 and rows[0]["reservoir"] == size > 0
     assert [r["tau"] for r in rows[1:]] == [0.3, 1.0] and all(r["questions"] == 2 for r in rows[1:])
     assert all(r["errors"] == 0 for r in rows)
-    # tau 0.3 answers the rephrased questions from memory, tau 1.0 mostly from outside
-    assert rows[1]["memory"] > rows[2]["memory"] and rows[1]["external"] < rows[2]["external"]
+    # tau 0.3 answers a query of each rephrased question from memory (the cached "James Cameron"), tau 1.0 none
+    assert rows[1]["memory"] == 1.0 and rows[2]["memory"] == 0.0 and rows[1]["external"] <= rows[2]["external"]
     for folder in ("warm-up", "repeat1/second-set-tau0.3", "repeat1/second-set-tau1.0"):
         assert (out / "table2" / folder / "parts").is_dir()
-        assert (out / "table2" / f"{folder}.sqlite").is_file()  # its own copy
-    assert len(Reservoir(out / "table2" / "reservoir-first-set.sqlite")) == size
+        assert not (out / "table2" / folder / RUN_RESERVOIR).exists()  # no reservoir of its own
+        resolved = yaml.safe_load((out / "table2" / folder / "config.resolved.yaml").read_text())
+        assert resolved["method"]["params"]["reservoir_path"] == str(base)
+        assert resolved["method"]["params"]["update_reservoir"] is False
+    assert len(Reservoir(base)) == size

@@ -145,19 +145,21 @@ def test_backend_batches_lookups_and_adds_per_store(tmp_path):
     cfg = DynragConfig()
     cfg.paths.cache_dir = str(tmp_path / "cache")
     b = ReservoirBackend(cfg)
-    other = str(tmp_path / "other.sqlite")
+    run, other = str(tmp_path / "run.sqlite"), str(tmp_path / "other.sqlite")
     versions = b.add(
         [
-            {"store": None, "title": "A", "content": "a", "id": "1", "vector": E1},
+            {"store": run, "title": "A", "content": "a", "id": "1", "vector": E1},
             {"store": other, "title": "B", "content": "b", "id": "2", "vector": E1},
-            {"store": None, "title": "C", "content": "c", "id": "3", "vector": unit_with_first(0.5)},
+            {"store": run, "title": "C", "content": "c", "id": "3", "vector": unit_with_first(0.5)},
         ]
     )
     assert versions == [2, 1, 2]  # one transaction per store
-    assert (tmp_path / "cache" / "erm4" / "reservoir.sqlite").is_file()
+    assert not (tmp_path / "cache").exists()  # no reservoir outside the one a run names
+    with pytest.raises(ReservoirError, match="bound to a run"):
+        b.lookup([{"store": None, "vector": E1, "tau": 0.5, "limit": None}])
     res = b.lookup(
         [
-            {"store": None, "vector": E1, "tau": 0.5, "limit": None},
+            {"store": run, "vector": E1, "tau": 0.5, "limit": None},
             {"store": other, "vector": E1, "tau": 0.5, "limit": None},
         ]
     )

@@ -21,12 +21,38 @@ through the `erm4-model` backend (its own vLLM/transformers engine; meant for a 
 cross-encoder can replace the NLI prompt (`filter=classifier`; train it with `dynrag train-classifier
 --set classifier.task=pair`, (question, supporting paragraph) positive).
 
-Within one engine batch the questions run together, so a question sees the reservoir as it was when the
-batch reached its lookup; the pairs of each answered question are added right after its answer.
+The memory path follows the authors' code (github.com/Ancientshi/ERM4, Components.py at a732ed7):
+- `RetrievalTrigger.check_retrieval_need(query)`: the reservoir is the union of the past questions'
+  `filtered knowledge` (title -> content, `dict.update` in record order: a newer pair replaces an older one
+  of the same title, Sec. 3.3); titles and queries are embedded (utils.py `sentence2embedding`,
+  all-mpnet-base-v2; here the run's embedder), and a query with at least theta titles at cosine >= tau gets
+  all of those titles (no top-k), any other query is retrieved externally. Defaults there: tau = 0.4
+  (config.py `--cosine_similarity_threshold`), theta = 3 (`--popularity_threshold`).
+- So what is cached is what the Knowledge Filter kept: each question adds its kept external knowledge
+  after its answer (its kept memory knowledge is already there).
+- Whether memory knowledge passes the filter again is not in the code: main.py runs rewrite -> filter ->
+  read on pre-fetched Bing knowledge and never calls the trigger (shell/ERM4.sh: trigger=none). The paper's
+  Table 2 settles it: at tau = 0.2 there is no external knowledge, 30.30 memory and 11.62 irrelevant
+  knowledge per question, so memory knowledge was judged by the filter. Here it is, too (one NLI call each).
+Titles key the pairs (Sec. 3.3), and Wikipedia passages share their article's title: the reservoir keeps
+one passage per article, the last one cached.
+
+A reservoir belongs to a run: by default `<out>/erm4-reservoir.sqlite` (`Erm4Params.for_output`), empty at
+the run's first batch and kept across a resume of the same output; its pairs come from this run only (on a
+resume, also from the questions whose rows the killed job had not yet written). `reservoir_path` shares one
+across runs explicitly; it is then part of the run's configuration (run.json, config.resolved.yaml), and
+one job at a time uses it (`state_lock`: a second is refused). With Ray, every engine actor must run on the
+driver's host (SQLite over a network filesystem is not safe): an actor on another node refuses to start.
+Within a run the questions run concurrently: a question sees the pairs of those that finished before its
+lookup. With `answer.engine=lockstep` that is a function of the input order (batches of
+`answer.batch_questions`, all lookups of a batch before its updates); with the continuous engine it depends
+on which questions finished first, so for reproducible rows use lockstep, or `update_reservoir=false` over a
+fixed reservoir (as `dynrag eval-erm4 --tables 2` does for its second set).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Generator, Sequence
 from typing import Any, Literal
@@ -50,7 +76,7 @@ from pipeline.engine.requests import (
 )
 from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
 from pipeline.methods.prompts import extract_answer
-from pipeline.methods.registry import MethodParams, register_method
+from pipeline.methods.registry import MethodError, MethodParams, register_method
 
 PAPER = "ERM4 (Shi et al.)"
 
@@ -304,7 +330,10 @@ class Erm4Params(RewriterPlusParams):
         True, description="use the Memory Knowledge Reservoir and the Retrieval Trigger (Sec. 3.3-3.4)"
     )
     reservoir_path: str | None = Field(
-        None, description="reservoir SQLite file; None: <paths.cache_dir>/erm4/reservoir.sqlite"
+        None,
+        description="a reservoir shared across runs (SQLite file; one job at a time); None: the run's own, "
+        "<out>/erm4-reservoir.sqlite, empty at its first batch and kept across a resume. Pairs are keyed by "
+        "title (Sec. 3.3): one passage per Wikipedia article, the last cached",
     )
     tau: float = Field(
         0.6,
@@ -321,7 +350,25 @@ class Erm4Params(RewriterPlusParams):
         description="memory knowledge per in-boundary query, most similar first "
         "(None: every entry with S >= tau; the prompt cap still applies)",
     )
-    update_reservoir: bool = Field(True, description="cache each question's external knowledge after its answer")
+    update_reservoir: bool = Field(
+        True, description="cache each question's filtered external knowledge after its answer (the authors' code)"
+    )
+
+    def for_output(self, out: str) -> Erm4Params:
+        """The run's own reservoir under `out` when none is named; a named one as an absolute path."""
+        if not self.reservoir:
+            return self
+        if self.reservoir_path:
+            return self.model_copy(update={"reservoir_path": os.path.abspath(self.reservoir_path)})
+        if "://" in out and not out.startswith("file://"):
+            raise MethodError(
+                f"erm4: the reservoir is a local SQLite file, so with --out {out} name one "
+                "(method.params.reservoir_path=PATH) or set method.params.reservoir=false"
+            )
+        return self.model_copy(update={"reservoir_path": _reservoir.run_reservoir_path(out.removeprefix("file://"))})
+
+    def state_files(self) -> list[str]:
+        return [self.reservoir_path] if self.reservoir and self.reservoir_path else []
 
 
 # -- programs ------------------------------------------------------------------------------------------------------
@@ -442,14 +489,17 @@ def erm4(q: Question, p: Erm4Params):
         "filter_unparsed": unparsed,
     }
     answer = yield from _read(s, kept, extra, bool(external_q))
-    if p.reservoir and p.update_reservoir and ext_unique:
-        title_vecs = yield Embed([h.title for h in ext_unique])
+    # the reservoir caches filtered knowledge (Components.py, RetrievalTrigger); kept memory pairs are there
+    remembered = {h.id for hits in memory.values() for h in hits}
+    new = [h for h in kept if h.id not in remembered]
+    if p.reservoir and p.update_reservoir and new:
+        title_vecs = yield Embed([h.title for h in new])
         yield Call(
             "reservoir",
             "add",
             [
                 {"store": p.reservoir_path, "title": h.title, "content": h.text, "id": h.id, "vector": v}
-                for h, v in zip(ext_unique, title_vecs)
+                for h, v in zip(new, title_vecs)
             ],
             stage="retrieval",
         )

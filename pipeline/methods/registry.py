@@ -41,6 +41,17 @@ class MethodParams(BaseModel):
         """These parameters with the defaults that depend on the run's configuration filled in."""
         return self
 
+    def for_output(self, out: str) -> MethodParams:
+        """These parameters bound to the run writing `out`: where a method keeps state of its own per run
+        (ERM4's reservoir). The rows and the run's configuration record the unbound parameters, so the same
+        command in two output folders gives the same rows."""
+        return self
+
+    def state_files(self) -> list[str]:
+        """Local files this run reads and writes besides its output (bound parameters): one job at a time
+        holds each (`pipeline.io.output_lock.state_lock`)."""
+        return []
+
 
 @dataclass(frozen=True)
 class MethodSpec:

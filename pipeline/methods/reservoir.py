@@ -12,8 +12,9 @@ lost update. WAL lets readers go on while one process writes. Similarity is exac
 product over the title embeddings, re-read only when another connection committed): a reservoir is a
 cache of what past questions retrieved (thousands of entries, not millions), and Pop needs an exact
 ">= tau" count, which FAISS's inner-product range_search does not give (it keeps only scores > radius).
-Limit: SQLite's WAL needs every process on one host; a multi-node cluster needs one reservoir per node
-(or a server database) rather than one file on a network filesystem.
+Limit: SQLite's WAL needs every process on one host, so a Ray run keeps its engine actors on the
+driver's host (`check_same_host`: an actor elsewhere refuses to start) rather than one file on a network
+filesystem. Where a run's reservoir lives, and who may share it: `pipeline.methods.erm4`.
 
 Methods reach it through the engine with `Call(backend="reservoir", op="lookup" | "add", items=[...])`,
 batched across questions (`ReservoirBackend`).
@@ -21,6 +22,7 @@ batched across questions (`ReservoirBackend`).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -192,24 +194,16 @@ class Reservoir:
         order = [j for j in np.argsort(-sims, kind="stable") if sims[j] >= tau][:limit]
         return pop, [Hit(ids[j] or f"memory:{titles[j]}", titles[j], contents[j], float(sims[j])) for j in order]
 
-    def backup(self, dest: str | Path) -> Reservoir:
-        """A consistent copy at `dest` (SQLite online backup), opened; for experiments from one state."""
-        dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.unlink(missing_ok=True)
-        out = sqlite3.connect(dest)
-        try:
-            self.db.backup(out)
-        finally:
-            out.close()
-        return Reservoir(dest)
-
     def close(self) -> None:
         self.db.close()
 
 
-def default_reservoir_path(cache_dir: str) -> str:
-    return str(Path(cache_dir) / "erm4" / "reservoir.sqlite")
+RUN_RESERVOIR = "erm4-reservoir.sqlite"
+
+
+def run_reservoir_path(out: str) -> str:
+    """A run's own reservoir: a file in its (local) output folder, so a resume of the run keeps it."""
+    return os.path.abspath(os.path.join(out, RUN_RESERVOIR))
 
 
 @register_backend("reservoir")
@@ -220,7 +214,7 @@ class ReservoirBackend:
       "limit": int|None} -> {"pop": Pop(q), "hits": [Hit, ...]} each
     - `add`: items {"store", "title", "content", "id", "vector"} -> the reservoir version after the write;
       one transaction per store for the whole batch
-    A None store is `<paths.cache_dir>/erm4/reservoir.sqlite`.
+    `store` is the bound parameters' path (Erm4Params.for_output: the run's own, or a named shared one).
     """
 
     def __init__(self, cfg, backends=None):
@@ -228,7 +222,9 @@ class ReservoirBackend:
         self._stores: dict[str, Reservoir] = {}
 
     def store(self, path: str | None) -> Reservoir:
-        key = str(Path(path or default_reservoir_path(self.cfg.paths.cache_dir)).resolve())
+        if not path:
+            raise ReservoirError("no reservoir named: ERM4's parameters are bound to a run by run_answer (for_output)")
+        key = str(Path(path).resolve())
         if key not in self._stores:
             self._stores[key] = Reservoir(key)
         return self._stores[key]

@@ -33,7 +33,7 @@ from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
 from pipeline.io.datasets import load_questions, pending_questions
 from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
-from pipeline.io.output_lock import output_lock
+from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
 from pipeline.runtime.signals import Interrupted, stop_on_sigterm
@@ -125,6 +125,7 @@ def run_answer(
         cfg.dataset.format = dataset_format  # type: ignore[assignment]  # a str, checked on assignment (validate_assignment)
     spec = get_method(cfg.method.name)
     params = spec.params(cfg.method.params, cfg)
+    bound = params.for_output(out)  # what the program runs with: the run's own state (ERM4's reservoir)
     with contextlib.ExitStack() as stack:
         questions = load_questions(dataset, cfg)
         stack.callback(questions.close)
@@ -138,6 +139,8 @@ def run_answer(
         saved = check_same_run(out, settings, chash)
         stack.enter_context(output_lock(out))
         drain = Drain(cfg.answer.drain_s)
+        for path in bound.state_files():
+            stack.enter_context(state_lock(path))
         stack.enter_context(stop_on_sigterm(drain))
         todo = None if cfg.runtime.mode == "ray" else itertools.chain(first, questions)
         return _run_answer(
@@ -147,6 +150,7 @@ def run_answer(
             index=index,
             spec=spec,
             params=params,
+            bound=bound,
             settings=settings,
             chash=chash,
             new_output=saved is None,
@@ -220,7 +224,22 @@ def load_generator(backends) -> None:
 
 
 def _run_answer(
-    dataset, out, questions, *, index, spec, params, settings, chash, new_output, limit, cfg, backends, progress, drain
+    dataset,
+    out,
+    questions,
+    *,
+    index,
+    spec,
+    params,
+    bound,
+    settings,
+    chash,
+    new_output,
+    limit,
+    cfg,
+    backends,
+    progress,
+    drain,
 ) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
@@ -250,7 +269,16 @@ def _run_answer(
             from pipeline.runtime.ray_runner import answer_with_ray
 
             reports = answer_with_ray(
-                dataset, out, cfg, index, row_args, header=header, done=done, limit=limit, drain=drain
+                dataset,
+                out,
+                cfg,
+                index,
+                row_args,
+                header=header,
+                done=done,
+                limit=limit,
+                params=bound.model_dump(mode="json"),
+                drain=drain,
             )
         else:
             counts: dict[str, int] = {}
@@ -263,7 +291,7 @@ def _run_answer(
                     PartWriter(out, run_id, header),
                     cfg,
                     spec,
-                    params,
+                    bound,
                     row_args,
                     backends,
                     drain,

@@ -51,11 +51,12 @@ class EngineActor:
         pools: dict[str, list] | None = None,
         drain_flag: Any = None,
         make_backends: Callable[..., Any] | None = None,
+        params: dict | None = None,
     ):
         from pipeline.backends import Backends
         from pipeline.engine.continuous import ContinuousEngine, make_engine
         from pipeline.io.output import PartWriter
-        from pipeline.io.output_lock import check_shared
+        from pipeline.io.output_lock import check_same_host, check_shared
         from pipeline.methods.registry import get_method
         from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
@@ -63,7 +64,10 @@ class EngineActor:
         check_shared(out)
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
-        self.params = self.spec.params(self.cfg.method.params, self.cfg)
+        # the driver's parameters bound to the run (for_output), else the configuration's
+        self.params = self.spec.params(self.cfg.method.params, self.cfg) if params is None else self.spec.params(params)
+        for path in self.params.state_files():  # held by the driver (state_lock): a local file, one host
+            check_same_host(path)
         # a part served by a pool (pools.py) is not built here
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
@@ -257,13 +261,15 @@ def answer_with_ray(
     limit: int | None,
     drain: Drain | None = None,
     make_backends: Callable[..., Any] | None = None,
+    params: dict | None = None,
 ) -> Generator[dict[str, Any], None, None]:
     """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes.
 
     `drain` (set by SIGTERM) is passed on to the engine actors (a `DrainFlag` actor they poll): they admit no
     more questions, finish those in flight within `answer.drain_s` and write them; later batches come back
     empty. If the stream has not ended by then (and a grace period), the main thread is interrupted.
-    `make_backends` replaces `Backends` in the engine and pool actors (the latency-model bench)."""
+    `make_backends` replaces `Backends` in the engine and pool actors (the latency-model bench). `params`:
+    the method's parameters bound to the run (MethodParams.for_output), as JSON."""
     import ray
 
     from pipeline.runtime.orphan_guard import OrphanGuard
@@ -306,6 +312,7 @@ def answer_with_ray(
                 pools,
                 flag,
                 make_backends,
+                params,
             ),
             batch_size=batch,
             batch_format="numpy",
