@@ -30,9 +30,10 @@ def fault_point(name: str, until: Callable[[], bool] | None = None) -> None:
     spec = next((p for p in wanted.split(",") if p.split("@")[0] == name), None)  # "name" or "name@N"
     if spec is None:
         return
-    _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] != int((spec.split("@") + ["1"])[1]):
-        return
+    if "@" in spec:  # the N-th time only (a plain name pauses at any time, until its marker exists)
+        _hits[name] = _hits.get(name, 0) + 1
+        if _hits[name] != int(spec.split("@")[1]):
+            return
     folder = Path(os.environ.get("DYNRAG_PAUSE_DIR", "."))
     folder.mkdir(parents=True, exist_ok=True)
     try:  # the marker is named as the test named the point

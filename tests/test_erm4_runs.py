@@ -98,7 +98,7 @@ def test_a_resumed_run_keeps_its_reservoir(dataset, tmp_path, monkeypatch):
     cfg = config(tmp_path)
     out = tmp_path / "run"
 
-    def stop_after_the_first_part(name):
+    def stop_after_the_first_part(name, until=None):
         if name == "answer.part_written":
             raise KeyboardInterrupt("killed")
 
