@@ -12,6 +12,9 @@ served by the same `BaseEngine.serve` as the lockstep engine, with the same acco
 A streaming generator (`pipeline/backends/streaming.py`) has no generate lane: each Generate request's
 prompts are submitted as soon as it is made, and the program advances when its last prompt is done, so a
 32-token answer never waits for a 128-token pseudo-context that happened to be in the same call.
+
+Questions may come from a `Feed` (a Ray engine actor's batches, put while earlier ones run). A `Drain`
+(SIGTERM) stops admission; the run ends when nothing is in flight, or at the drain's deadline.
 """
 
 from __future__ import annotations
