@@ -309,11 +309,12 @@ class RayConfig(Section):
     batch_questions: int | None = Field(
         None, ge=1, description="questions per actor batch (None: answer.batch_questions)"
     )
-    actor_batches: int = Field(
-        2,
+    actor_batches: int | None = Field(
+        None,
         ge=1,
         description="continuous engine: batches an engine actor holds at once, so that the next batch's "
-        "questions are admitted while the previous one's last questions finish",
+        "questions are admitted while the previous one's last questions finish (None: enough for twice "
+        "answer.max_in_flight questions, at least 2)",
     )
     actor_resources: dict[str, float] = Field(
         default_factory=dict,

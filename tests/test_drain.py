@@ -184,3 +184,13 @@ def test_a_drained_engine_actor_writes_what_finished_and_takes_no_more(tmp_path)
     assert json.loads(result["report"][0])["rows"] == 0  # in flight at the deadline: not written
     later = actor(_batch(questions(3, "later")))
     assert json.loads(later["report"][0])["rows"] == 0 and later["part"][0] == ""
+
+
+def test_an_engine_actor_holds_enough_batches_for_twice_the_questions_in_flight():
+    from pipeline.runtime.ray_runner import actor_batches
+
+    cfg = DynragConfig()
+    cfg.answer.max_in_flight = 512
+    assert actor_batches(cfg, 128) == 8 and actor_batches(cfg, 100) == 11 and actor_batches(cfg, 4096) == 2
+    cfg.ray.actor_batches = 3  # set: taken as given
+    assert actor_batches(cfg, 128) == 3

@@ -30,6 +30,7 @@ PARAMS = {"cfs": {"threshold": 0.5}}  # no trained classifier here: its decision
 # logical CPUs are not this machine's limit (the backends sleep)
 RAY_DEFAULTS = [
     "ray.num_cpus=8",
+    "ray.batch_questions=128",  # parts of 128 rows; 8 of them held by the actor (actor_batches)
     "ray.actors=1",
     "ray.retrieval_actors=1",
     "ray.retrieval_actor_num_cpus=1",
@@ -193,10 +194,13 @@ def run(args: argparse.Namespace) -> None:
     )
     print(simulated.__doc__.split("\n\n", 1)[1].strip())
     if args.runtime == "ray":
+        from pipeline.runtime.ray_runner import actor_batches
+
         rc = cfg.ray
+        batch = rc.batch_questions or a.batch_questions
         print(
-            f"ray: {rc.actors} engine actor(s), {rc.actor_batches} batches of "
-            f"{rc.batch_questions or a.batch_questions} questions each at once, {rc.retrieval_actors} retrieval "
+            f"ray: {rc.actors} engine actor(s), {actor_batches(cfg, batch)} batches of {batch} questions each "
+            f"at once, {rc.retrieval_actors} retrieval "
             f"and {rc.scorer_actors} scorer pool actor(s); "
             "its rate and busy fraction are over the engine actor's active time"
         )

@@ -300,7 +300,7 @@ def answer_with_ray(
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = ray.data.read_datasource(QuestionSource(_for_workers(dataset), cfg, done, limit, batch))
         out = _for_workers(out)
-        calls = cfg.ray.actor_batches if cfg.answer.engine == "continuous" else 1
+        calls = actor_batches(cfg, batch) if cfg.answer.engine == "continuous" else 1
         ds = ds.map_batches(
             EngineActor,
             fn_constructor_args=(
@@ -343,6 +343,15 @@ def answer_with_ray(
             ray.shutdown()
         if guard is not None:
             guard.close()
+
+
+def actor_batches(cfg: DynragConfig, batch: int) -> int:
+    """Batches an engine actor holds at once: `ray.actor_batches`, else enough for twice `answer.max_in_flight`
+    questions (at least 2). Held beyond what is in flight, a batch's questions are admitted as others finish;
+    with only as many as can be in flight, a batch's questions start and end together and the generator
+    idles while the next batch retrieves (measured: cfs through Ray, generator busy 0.80 with 2 x 256
+    questions held for 512 in flight, 0.97 with 8 x 128; `dynrag bench pipeline --simulate-gpu --runtime ray`)."""
+    return cfg.ray.actor_batches or max(2, -(-2 * cfg.answer.max_in_flight // batch))
 
 
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
