@@ -545,3 +545,20 @@ def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
     docs = [{"id": "a"}, {"id": "b"}]
     assert _retrieved(SimpleNamespace(retrieval_result=np.array(docs, dtype=object))) == docs  # IterativePipeline
     assert _retrieved(SimpleNamespace(retrieval_result=docs)) == docs and _retrieved(NeverRetrieved()) == []
+
+
+def test_flashrags_search_of_a_query_with_no_tokens_finds_nothing_instead_of_ending_the_run():
+    from jobs.bench.flashrag_driver import no_tokens_no_hits
+
+    def search(query, num=None, return_score=False):  # bm25s's refusal, as FlashRAG's BM25 retriever raises it
+        if query == "bad":
+            raise ValueError("The query_tokens must be a list of list of tokens")
+        if query == "other":
+            raise ValueError("something else")
+        return ([{"id": "1"}], [1.0]) if return_score else [{"id": "1"}]
+
+    shim = no_tokens_no_hits(search)
+    assert shim("bad") == [] and shim("bad", return_score=True) == ([], [])
+    assert shim("good", 3, True) == ([{"id": "1"}], [1.0]) and shim("good") == [{"id": "1"}]
+    with pytest.raises(ValueError, match="something else"):
+        shim("other")

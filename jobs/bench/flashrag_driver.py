@@ -154,6 +154,7 @@ def main(config_path: str, templates_out: str | None = None) -> None:
     if c["dynrag_prompt"]:  # sr-rag: FlashRAG asks dynrag's prompt
         kwargs["prompt_template"] = DocsAsDynrag(config, system_prompt=c["system_prompt"], user_prompt=c["user_prompt"])
     pipeline = getattr(fp, c["pipeline"])(config, **kwargs)
+    pipeline.retriever.search = no_tokens_no_hits(pipeline.retriever.search)
     counts = probe_module().Counts(pipeline)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
     if dtype is not None:
@@ -188,6 +189,22 @@ def main(config_path: str, templates_out: str | None = None) -> None:
         ),
         flush=True,
     )
+
+
+def no_tokens_no_hits(search):
+    """FlashRAG's `retriever.search` where a query with no token left after bm25s's stopwords and stemming
+    (IRCoT sends such thoughts, e.g. "So the answer is:") retrieves nothing, as Lucene does on dynrag's side;
+    bm25s raises ValueError for it, which ended FlashRAG's whole run."""
+
+    def search_or_nothing(query, num=None, return_score=False):
+        try:
+            return search(query, num, return_score)
+        except ValueError as err:
+            if "query_tokens" not in str(err):
+                raise
+            return ([], []) if return_score else []
+
+    return search_or_nothing
 
 
 def _retrieved(item) -> list:
