@@ -410,7 +410,8 @@ def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method)
             s: PromptTemplate(**t[s]) for s in ("candidates", "summary", "validity", "rank")
         }
         assert not p.constrained and p.candidates == 2
-    else:  # dynrag's flare takes no template: FlashRAG's threshold and retrieval budget only
+    else:  # FlashRAG's template, threshold and retrieval budget; a retrieval serves one sentence
+        assert p.template == PromptTemplate(**t["prompt"]) and not p.keep_docs
         assert p.prob_threshold == 0.25 and p.max_retrievals == 6 and p.max_tokens == 24
 
 

@@ -330,3 +330,63 @@ def test_fs_rag_counts_byte_level_tokens_by_reading_their_ids(run_bytes):
     second = " The film was made by Steven Spielberg."
     assert a.extra["queries"] == ["Who directed the film Jaws?", FIRST.strip(), second.strip()]
     assert a.extra["retrieval_at_tokens"] == [0, n_tokens(FIRST), n_tokens(FIRST) + n_tokens(second)]
+
+
+class ChatSentenceGenerator:
+    """Chat prompts: continues sentence by sentence from the answer the prompt's assistant turn holds, with
+    FACT's sentences when the documents (system message) name Spielberg, else GUESSED's; "Zorblat" has a low
+    probability. Records every prompt."""
+
+    FACT = [" Steven Spielberg.", " He was born in 1946."]
+    GUESSED = [" Zorblat directed Jaws.", " He was born in 1946."]
+
+    def __init__(self):
+        self.prompts: list = []
+
+    def generate(self, prompts, samplings, chats):
+        out = []
+        for prompt, spec, chat in zip(prompts, samplings, chats):
+            assert chat and isinstance(prompt, list)
+            self.prompts.append(prompt)
+            docs = "Spielberg" in prompt[0]["content"]
+            so_far = prompt[-1]["content"] if prompt[-1]["role"] == "assistant" else ""
+            done = so_far.count(".")
+            pieces = PIECE.findall("".join((self.FACT if docs else self.GUESSED)[done:]))[: spec.max_tokens]
+            lps = [TokenLogprob(p, float(np.log(0.1 if "Zorblat" in p else 0.9))) for p in pieces]
+            text = "".join(pieces)
+            out.append(
+                Completion(
+                    text, 10, len(pieces), "stop", logprobs=lps, **tokenized(prompt[-1]["content"], pieces, True)
+                )
+            )
+        return out
+
+
+@pytest.mark.parametrize("keep_docs", [True, False])
+def test_flare_with_a_template_regenerates_one_sentence_per_retrieval_unless_docs_are_kept(keep_docs):
+
+    gen = ChatSentenceGenerator()
+    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=MemoryRetriever(PASSAGES)))
+    tpl = {"system": "Documents:\n{reference}", "user": "Question: {question}", "chat": True}
+    spec = get_method("flare")
+    qs = [Question("0", "Who directed the film Jaws?", answers=["Steven Spielberg"])]
+    params = spec.params({"template": tpl, "keep_docs": keep_docs, "max_tokens": 32, "k": 1})
+    a = engine.run(qs, spec.program, params)[0].answer
+    # the sentence with "Zorblat" triggers one retrieval; its query drops the low-probability word
+    assert a.extra["queries"] == ["directed Jaws"] and a.extra["retrievals"] == 1
+    assert a.raw_output == "Steven Spielberg. He was born in 1946."
+    assert a.prediction == "Steven Spielberg. He was born in 1946"  # the output itself: no answer marker
+    assert not a.extra["answer_forced"]
+    docs_in = ["Spielberg" in p[0]["content"] for p in gen.prompts]
+    if keep_docs:  # the documents stay: the look-ahead with them is accepted whole
+        assert docs_in == [False, True]
+    else:  # only the regenerated sentence sees them; the model then goes on from it, without documents
+        assert docs_in == [False, True, False]
+        assert gen.prompts[-1][-1] == {"role": "assistant", "content": " Steven Spielberg."}
+
+
+def test_flare_refuses_a_template_field_it_does_not_fill():
+    from pipeline.methods.registry import MethodError
+
+    with pytest.raises(MethodError, match="examples"):
+        get_method("flare").params({"template": {"user": "{question} {examples}"}})

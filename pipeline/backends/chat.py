@@ -1,5 +1,7 @@
 """Turning a prompt (a user message, chat messages, or raw text) into token ids, the same way for
-every generation backend: the model's chat template with the generation prompt appended."""
+every generation backend: the model's chat template with the generation prompt appended. Chat messages that
+end with an assistant message are continued: that message's text follows the generation prompt as the start
+of the model's own turn (how a multi-round method lets the model go on from what it has written)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ def render(tokenizer: Any, prompt: Prompt, chat: bool = True) -> tuple[str, bool
     if isinstance(prompt, str) and not chat:
         return prompt, True
     messages = to_messages(prompt)
+    if len(messages) > 1 and messages[-1]["role"] == "assistant":
+        text, special = render(tokenizer, messages[:-1], chat)
+        return text + messages[-1]["content"], special
     if getattr(tokenizer, "chat_template", None):
         try:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False

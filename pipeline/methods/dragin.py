@@ -37,11 +37,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
-from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.engine.requests import (
+    Answer,
+    Call,
+    Completion,
+    Generate,
+    Prompt,
+    Question,
+    Request,
+    Retrieve,
+    SamplingSpec,
+)
 from pipeline.errors import DynragError
 from pipeline.methods.dragin_math import (
     Candidate,
@@ -55,8 +65,9 @@ from pipeline.methods.dragin_math import (
     truncate,
     word_spans,
 )
-from pipeline.methods.prompts import SO_THE_ANSWER_IS, marked_answer
+from pipeline.methods.prompts import SO_THE_ANSWER_IS, extract_answer, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
+from pipeline.methods.templates import PromptTemplate, check_template
 
 PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"
 
@@ -116,6 +127,22 @@ class DraginParams(MultiRoundParams):
 
 class FlareParams(MultiRoundParams):
     prob_threshold: float = Field(0.4, gt=0, lt=1, description="a token below this probability triggers retrieval")
+    template: PromptTemplate | None = Field(
+        None,
+        description="prompt; fields {reference} (the documents in the prompt) {question}; the answer so far starts "
+        "the model's turn and the prediction is the whole answer (no marker). None: the few-shot chain of thought",
+    )
+    keep_docs: bool = Field(
+        True,
+        description="documents stay in the prompt until the next retrieval (DRAGIN's setting); False: only the "
+        "sentence regenerated after a retrieval sees them (FLARE's Sec. 3: a step uses its own retrieval only)",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _fields(cls, v: PromptTemplate | None) -> PromptTemplate | None:
+        check_template(v, {"reference", "question"})
+        return v
 
 
 class FlRagParams(MultiRoundParams):
@@ -160,7 +187,8 @@ class Run:
     budget: int
     text: str = ""  # the accepted output
     used: int = 0  # tokens accepted
-    docs: list[Hit] = field(default_factory=list)
+    docs: list[Hit] = field(default_factory=list)  # the latest retrieval's
+    show_docs: bool = True  # the prompt holds `docs`
     retrievals: int = 0
     triggers: int = 0
     generated: int = 0  # every token generated, accepted or not
@@ -168,15 +196,24 @@ class Run:
     at_tokens: list[int] = field(default_factory=list)  # answer tokens accepted when each retrieval ran (the trigger)
     seen_docs: dict[str, Hit] = field(default_factory=dict)
 
-    def prompt(self) -> tuple[str, list[tuple[int, int]]]:
-        return cot_prompt(self.q.question, self.docs, self.text, self.p.doc_words)
+    @property
+    def template(self) -> PromptTemplate | None:
+        return getattr(self.p, "template", None)
+
+    def prompt(self) -> tuple[Prompt, list[tuple[int, int]]]:
+        """(prompt, character spans QFS may read: none with a template)."""
+        docs = self.docs if self.show_docs else []
+        if self.template:
+            return self.template.render(docs, continuation=self.text, question=self.q.question), []
+        return cot_prompt(self.q.question, docs, self.text, self.p.doc_words)
 
     def generate(self, max_tokens: int, logprobs: int | None = None, token_spans: bool = False):
         prompt, spans = self.prompt()
         spec = SamplingSpec(
             max_tokens=max(1, max_tokens), temperature=0.0, stop=("\n",), logprobs=logprobs, token_spans=token_spans
         )
-        out = (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
+        chat = self.template.chat if self.template else False
+        out = (yield Generate([prompt], sampling=spec, chat=chat, stage="answer"))[0]
         self.generated += out.completion_tokens
         return prompt, spans, out
 
@@ -189,7 +226,7 @@ class Run:
         self.retrievals += 1
         self.queries.append(query)
         self.at_tokens.append(self.used)
-        self.docs = list(hits)
+        self.docs, self.show_docs = list(hits), True
         for h in hits:
             self.seen_docs.setdefault(h.id, h)
 
@@ -204,10 +241,11 @@ class Run:
         return self.budget - self.used
 
     def finish(self, extra: dict[str, Any]):
-        """Appendix B: read the answer after "So the answer is", generating it when absent."""
+        """Appendix B: read the answer after "So the answer is", generating it when absent; with a template,
+        the answer is the output itself (`extract_answer`)."""
         raw = self.text
-        ans = marked_answer(raw, marker=SO_THE_ANSWER_IS)
-        forced = not ans
+        ans = extract_answer(raw) if self.template else marked_answer(raw, marker=SO_THE_ANSWER_IS)
+        forced = not ans and not self.template
         if forced:
             self.text = raw.rstrip() + " So the answer is"
             _, _, out = yield from self.generate(24)
@@ -316,6 +354,13 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
         new = out.text
         if not new.strip():
             break
+        if run.docs and run.show_docs and not p.keep_docs:  # the sentence regenerated with its retrieval: kept
+            end = sentence_of(new, 0)[1]
+            run.accept(new[:end], sum(1 for s, e in token_spans(out) if e <= end))
+            run.show_docs = False
+            if complete(run.text) or (end >= len(new.rstrip()) and out.finish_reason not in ("length", "")):
+                break
+            continue
         if run.can_retrieve() and out.logprobs:
             offsets = token_spans(out)
             low = [
@@ -343,6 +388,7 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
             {
                 "entropy": "none (token probabilities from generation logprobs)",
                 "prob_threshold": p.prob_threshold,
+                "keep_docs": p.keep_docs,
                 "max_tokens": run.budget,
             }
         )

@@ -67,7 +67,9 @@ class IrcotParams(MethodParams):
     sentence_tokens: int = Field(64, ge=4, le=512, description="new tokens per reasoning step (one sentence kept)")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
     template: PromptTemplate | None = Field(
-        None, description="reasoning prompt; fields {reference} {question} {cot} (appended when absent); None: our own"
+        None,
+        description="reasoning prompt; fields {reference} {question} {cot} (without {cot}: the CoT so far starts the "
+        "model's turn); None: our own",
     )
 
     @field_validator("template")
@@ -117,7 +119,7 @@ class Chain:
         cot = " ".join(self.cot + ([suffix] if suffix else []))
         if "{cot}" in tpl.user:
             return tpl.render(self.paragraphs, question=self.q.question, cot=cot)
-        return tpl.render(self.paragraphs, suffix=cot, question=self.q.question)
+        return tpl.render(self.paragraphs, continuation=cot, question=self.q.question)
 
     def retrieve(self, query: str) -> Generator[Request, Any, None]:
         step = f"step-{len(self.queries)}"

@@ -4,7 +4,8 @@
 A template is Python format strings: `system` and `user` over the fields the method names (unknown fields are
 refused when the parameters are validated), `doc` formats each retrieved passage into the `{reference}` field.
 With `chat` the prompt is chat messages (the generator applies the model's chat template); without it, system
-and user are joined by a blank line and sent as raw text.
+and user are joined by a blank line and sent as raw text. A `continuation` (what the model has written so far)
+follows the prompt as the start of the model's turn: an assistant message in chat, appended text in raw.
 """
 
 from __future__ import annotations
@@ -33,14 +34,15 @@ class PromptTemplate(BaseModel):
     def reference(self, hits: Sequence[Hit]) -> str:
         return "".join(self.doc.format(idx=i, title=h.title, text=h.text) for i, h in enumerate(hits, 1))
 
-    def render(self, hits: Sequence[Hit] = (), suffix: str = "", **fields: object) -> Prompt:
+    def render(self, hits: Sequence[Hit] = (), suffix: str = "", continuation: str = "", **fields: object) -> Prompt:
         """The prompt with `fields` (and `{reference}` from `hits`) filled in; `suffix` is appended to the user
-        message (text the model continues, e.g. the reasoning so far)."""
+        message, `continuation` starts the model's turn (text the model continues, e.g. the reasoning so far)."""
         values = {"reference": self.reference(hits), **fields}
         system, user = self.system.format(**values), self.user.format(**values) + suffix
         if not self.chat:  # raw text the model continues: no trailing blank (a lone space is a poor token)
-            return "\n\n".join(p for p in (system, user) if p).rstrip(" ")
-        return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+            return ("\n\n".join(p for p in (system, user) if p) + continuation).rstrip(" ")
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return messages + ([{"role": "assistant", "content": continuation}] if continuation.strip() else [])
 
 
 def check_template(template: PromptTemplate | None, allowed: set[str], what: str = "template") -> None:
