@@ -5,10 +5,13 @@ Stages, each visible in the log (and as progress bars on a terminal):
 1. read + split + shard: stream the sources (readers.py) into passages (passages.py), cut them into
    content-defined shards (shards.py) and write every shard that does not exist yet to
    `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key exists
-   under `shards/` are reused untouched.
+   under `shards/` are reused untouched. With vectors given (`--vectors FILE`, given_vectors.py), each
+   shard's rows of the file are read here: their digest is part of its key, and a staged shard gets
+   its `vectors.npy` from them.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
    previous version (same model settings) are copied from it; only the rest go through the
    embedding stage (embed.py). A shard's `vectors.npy` is saved as soon as its last batch arrives.
+   With vectors given, nothing is embedded (the query model encodes one text, for its dimension).
 3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
    staging directory is renamed into `shards/`.
 4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
@@ -21,7 +24,7 @@ with the very template it was filled from.
 
 This is the in-process build. With `runtime.mode=ray`, stages 1-3 run as Ray tasks on the workers, one
 per corpus file, each writing its shards straight to the index's storage; stage 4 stays here
-(cluster_build.py, a subclass of `_Builder`).
+(cluster_build.py, a subclass of `_Builder`). Given vectors are taken by the in-process build only.
 
 A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
 passages and vectors are reused from `staging/`, an IVF template trained for this build is reused from
@@ -48,6 +51,7 @@ from indexing.dense import is_ivf
 from indexing.embed import EncoderSpec, embed_batches, embed_input
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
+from indexing.given_vectors import GivenVectors, VectorFile
 from indexing.manifest import (
     FORMAT_VERSION,
     ShardFiles,
@@ -59,8 +63,8 @@ from indexing.manifest import (
     write_checksums,
 )
 from indexing.native_memory import release_free_memory
-from indexing.passages import PassageStats, passages_of
-from indexing.readers import CorpusError, ReadStats, expand_sources, read_corpus
+from indexing.passages import Passage, PassageStats, passages_of
+from indexing.readers import CorpusError, ReadStats, Record, expand_sources, read_corpus
 from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
 from indexing.store import read_table, write_store
@@ -84,11 +88,13 @@ def _ehash(title: str, text: str) -> bytes:
     return hashlib.blake2b(embed_input(title, text).encode("utf-8"), digest_size=12).digest()
 
 
-def _settings(cfg: IndexSettings) -> dict:
+def _settings(cfg: IndexSettings, given: dict | None = None) -> dict:
+    """The settings a version records; `given`: its vectors came from a file (given_vectors.py)."""
     from indexing.sparse import configured_analyzer
 
     e, i = cfg.embedding, cfg.index
     embedding = {"model": e.model, "dtype": e.dtype, "max_seq_length": e.max_seq_length, "input": "title\\ntext"}
+    embedding.update(given or {})
     return {
         **({} if i.dense else {"dense": False}),  # absent: dense (what every index built before the flag is)
         "embedding": embedding,
@@ -117,9 +123,13 @@ def build_local_index(
     fields: dict | None = None,
     on_bad_line: str = "error",
     builder: type | None = None,
+    vectors: str | os.PathLike | None = None,
+    normalize_vectors: bool = False,
 ) -> dict:
     """Build or incrementally refresh the local index at `index_dir` from `sources`; return a report.
-    `builder`: the class that runs it (cluster_build.py passes its Ray one; default in-process)."""
+    `builder`: the class that runs it (cluster_build.py passes its Ray one; default in-process).
+    `vectors`: a file of the records' vectors, taken instead of embedding (given_vectors.py), L2-normalised
+    with `normalize_vectors`."""
     if not sources:
         raise BuildError("no corpus sources given")
     root = Path(index_dir)
@@ -129,7 +139,8 @@ def build_local_index(
         bound_native_memory(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
     with build_lock(root):
         try:
-            return (builder or _Builder)(sources, root, cfg, fmt, fields, on_bad_line).run()
+            given = (vectors, normalize_vectors) if vectors is not None else None
+            return (builder or _Builder)(sources, root, cfg, fmt, fields, on_bad_line, given).run()
         finally:
             for folder in (root / "staging", root / "shards"):  # removed if empty: staged work stays for a rerun
                 with contextlib.suppress(OSError):
@@ -138,11 +149,25 @@ def build_local_index(
 
 class _Builder:
     def __init__(
-        self, sources: list[str], root: Path, cfg: IndexSettings, fmt: str, fields: dict | None, on_bad_line: str
+        self,
+        sources: list[str],
+        root: Path,
+        cfg: IndexSettings,
+        fmt: str,
+        fields: dict | None,
+        on_bad_line: str,
+        given: tuple[str | os.PathLike, bool] | None = None,
     ):
         self.sources, self.root, self.cfg = sources, root, cfg
         self.fmt, self.fields, self.on_bad_line = fmt, fields, on_bad_line
-        self.settings = _settings(cfg)
+        self.read_stats = ReadStats()
+        # vectors taken from a file instead of embedded: (path, normalise)
+        self.given = (
+            GivenVectors(VectorFile.open(given[0]), given[1], self.read_stats, cfg.index.passage_words)
+            if given
+            else None
+        )
+        self.settings = _settings(cfg, self.given.settings() if self.given else None)
         self.dense = cfg.index.dense
         self.ivf = self.dense and is_ivf(self.settings["faiss_factory"])  # shards filled from a shared template
         self.settings_hash = _hash(
@@ -159,7 +184,6 @@ class _Builder:
         self.shards_dir = root / "shards"
         self.staging = root / "staging"
         self.timings: dict[str, float] = {}
-        self.read_stats = ReadStats()
         self.passage_stats = PassageStats()
         self.embedded = 0
         self.vectors_reused = 0
@@ -177,20 +201,48 @@ class _Builder:
         and vectors, does not depend on the template), so a rerun finds it before knowing the template."""
         return self.staging / shard_key(meta["content_hash"], self.settings_hash)
 
+    def _check_vectors_source(self, prev: dict | None) -> None:
+        """Before any work: given vectors fit the query model, and given and embedded vectors never mix."""
+        if prev is not None and self.dense and not self.given and prev["settings"]["embedding"].get("given"):
+            raise BuildError(
+                f"{self.root} holds vectors given with --vectors ({prev['settings']['embedding']['model']}): "
+                "refresh it with --vectors again, or build into a new --index to embed with embedding.model"
+            )
+        if not self.given:
+            return
+        if not self.dense:
+            raise BuildError("--vectors with index.dense=false: a BM25-only index has no vectors to take")
+        from indexing.embed import get_encoder
+
+        model = self.cfg.embedding.model
+        dim = get_encoder(EncoderSpec.from_config(self.cfg)).encode(["the query model's dimension"]).shape[1]
+        if dim != self.given.file.dim:
+            raise BuildError(
+                f"vectors {self.given.file.path} has dimension {self.given.file.dim}, but the query model "
+                f"{model} gives {dim}: name the model that made them (--vectors-model)"
+            )
+
     # ---- stage 1 ----
     def _stage_passages(self) -> list[dict]:
         t = time.perf_counter()
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
-        records = itertools.chain.from_iterable(
+        records: Iterable[Record] = itertools.chain.from_iterable(
             read_corpus(src, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats)
             for src in expand_sources(self.sources)
         )
-        passages = _progress(passages_of(records, self.cfg.index.passage_words, self.passage_stats), "passages", "psg")
+        if self.given:
+            records = self.given.number(records)
+        passages: Iterable[Passage] = passages_of(records, self.cfg.index.passage_words, self.passage_stats)
+        if self.given:
+            passages = self.given.attach(passages)
+        passages = _progress(passages, "passages", "psg")
         metas = []
         ivf_untrained = self.ivf and self.template is None
         for group in shard_stream(passages, self.settings["shard_size"]):
-            ch = content_hash(group)
+            ch, given_vectors = content_hash(group), None
+            if self.given:  # the shard's vectors are part of its content
+                ch, given_vectors = self.given.shard(ch, cast(list, group))
             # with a template still to train, keys are set after training (`_stage_template`); no shard
             # under shards/ can have it yet, so every shard is staged
             key = None if ivf_untrained else self._shard_key(ch)
@@ -206,12 +258,17 @@ class _Builder:
                 if not (target / "passages.arrow").is_file():
                     target.mkdir(parents=True, exist_ok=True)
                     write_store(group, target)
+                if given_vectors is not None and not (target / "vectors.npy").is_file():
+                    cast(GivenVectors, self.given).save(cast(list, group), given_vectors, target)
             metas.append(meta)
         if self.read_stats.records == 0 or not metas:
             raise BuildError(
                 f"no passages in {', '.join(self.sources)}"
                 + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else "")
             )
+        if self.given:
+            self.given.check_count()
+            self.extra["vectors"] = self.given.describe()
         self.timings["passages_s"] = time.perf_counter() - t
         log.info(
             "stage passages: %d records -> %d passages (%d duplicates merged) in %d shards, %.1fs",
@@ -226,8 +283,9 @@ class _Builder:
     # ---- stage 2 helpers ----
     def _vector_cache(self, prev: dict | None, keep: set[str]) -> tuple[dict[bytes, tuple[str, int]], int | None]:
         """Embedding-input hash -> (old shard, row), over the previous version's shards that this
-        build does not reuse (the passages of changed shards come from them)."""
-        if prev is None or prev["settings"]["embedding_hash"] != self.settings["embedding_hash"]:
+        build does not reuse (the passages of changed shards come from them). None with given vectors
+        (every staged shard has its vectors from stage 1)."""
+        if self.given or prev is None or prev["settings"]["embedding_hash"] != self.settings["embedding_hash"]:
             return {}, None
         cache: dict[bytes, tuple[str, int]] = {}
         for s in prev["shards"]:
@@ -336,17 +394,45 @@ class _Builder:
         from indexing.manifest import sha256_file
 
         t = time.perf_counter()
+        vecs = self._training_vectors(metas)
+        out = self.root / "trained" / ".template.tmp"
+        out.parent.mkdir(exist_ok=True)
+        train_template(vecs, self.cfg.index.faiss_factory, out)
+        digest = sha256_file(out)
+        final = out.with_name(f"{digest[:16]}.index")
+        os.replace(out, final)
+        self.timings["faiss_train_s"] = time.perf_counter() - t
+        log.info(
+            "trained %s on %d passages in %.1fs",
+            self.cfg.index.faiss_factory,
+            len(vecs),
+            self.timings["faiss_train_s"],
+        )
+        return {
+            "path": f"trained/{final.name}",
+            "sha256": digest,
+            "bytes": final.stat().st_size,
+            "settings_hash": self.settings_hash,
+        }
+
+    def _training_vectors(self, metas: list[dict]) -> np.ndarray:
+        """The vectors of `index.faiss_train_size` passages taken evenly over the whole corpus: embedded, or
+        the staged ones when the vectors were given."""
         total = sum(m["passages"] for m in metas)
         picks = np.unique(np.linspace(0, total - 1, min(total, self.cfg.index.faiss_train_size)).astype(np.int64))
-        texts, start = [], 0
+        texts, given, start = [], [], 0
         for m in metas:
             rows = picks[(picks >= start) & (picks < start + m["passages"])] - start
-            if len(rows):  # every shard is staged when a template is trained (stage 1)
+            if len(rows) and self.given:  # every shard is staged when a template is trained (stage 1)
+                given.append(np.load(self._stage_dir(m) / "vectors.npy", mmap_mode="r")[rows])
+            elif len(rows):
                 tab = read_table(self._stage_dir(m)).take(rows)
                 texts += [
                     embed_input(a, b) for a, b in zip(tab.column("title").to_pylist(), tab.column("text").to_pylist())
                 ]
             start += m["passages"]
+        if self.given:
+            return np.concatenate(given)
         sample = self.staging / ".train.parquet"
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -356,26 +442,8 @@ class _Builder:
         )
         spec = EncoderSpec.from_config(self.cfg, build=True)
         vecs = np.concatenate([v for _, _, v in embed_batches([str(sample)], spec, self.cfg)])
-        out = self.root / "trained" / ".template.tmp"
-        out.parent.mkdir(exist_ok=True)
-        train_template(vecs, self.cfg.index.faiss_factory, out)
-        digest = sha256_file(out)
-        final = out.with_name(f"{digest[:16]}.index")
-        os.replace(out, final)
         sample.unlink()
-        self.timings["faiss_train_s"] = time.perf_counter() - t
-        log.info(
-            "trained %s on %d passages in %.1fs",
-            self.cfg.index.faiss_factory,
-            len(texts),
-            self.timings["faiss_train_s"],
-        )
-        return {
-            "path": f"trained/{final.name}",
-            "sha256": digest,
-            "bytes": final.stat().st_size,
-            "settings_hash": self.settings_hash,
-        }
+        return vecs
 
     # ---- stage 3 ----
     def _finalize(self, metas: list[dict]) -> None:
@@ -529,6 +597,7 @@ class _Builder:
     def run(self) -> dict:
         t0 = time.perf_counter()
         prev = self._previous()
+        self._check_vectors_source(prev)
         metas, n_new = self._build_shards(prev)
         dim = self._describe_shards(metas)
         keys = [m["key"] for m in metas]

@@ -51,6 +51,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip malformed records (counted and reported) instead of stopping at the first one",
     )
+    v = b.add_argument_group("given vectors (instead of embedding)")
+    v.add_argument(
+        "--vectors",
+        metavar="FILE",
+        help="take the passages' vectors from FILE, a .npy of shape (records, dim) (float32 or float16) or a "
+        "FAISS Flat index, whose row i belongs to the corpus's i-th record (a bad line skipped keeps its row); "
+        "nothing is embedded. In-process builds only",
+    )
+    v.add_argument(
+        "--vectors-model",
+        metavar="MODEL",
+        help="the model that made the --vectors (required with them): it encodes the queries (sets embedding.model)",
+    )
+    v.add_argument(
+        "--normalize-vectors",
+        action="store_true",
+        help="L2-normalise the --vectors (default: kept as given, so inner product is the model's own score)",
+    )
     o = b.add_argument_group("output")
     o.add_argument("--index", required=True, metavar="DIR", help="index directory (created, or refreshed)")
     add_config_args(b)
@@ -99,7 +117,15 @@ def _quiet() -> None:
 def _build(args: argparse.Namespace) -> int:
     from indexing import build_index
     from jobs.cli import config_from_args
+    from pipeline.errors import DynragError
 
+    if (args.vectors is None) != (args.vectors_model is None) or (args.normalize_vectors and not args.vectors):
+        raise DynragError(
+            "--vectors FILE and --vectors-model MODEL go together (the model that made the vectors encodes "
+            "the queries); --normalize-vectors needs them"
+        )
+    if args.vectors_model is not None:
+        args.overrides = [*args.overrides, f"embedding.model={args.vectors_model}"]
     cfg = config_from_args(args)
     _quiet()
     fields = {k: v for k, v in (("id", args.id_field), ("title", args.title_field), ("text", args.text_field)) if v}
@@ -110,6 +136,7 @@ def _build(args: argparse.Namespace) -> int:
         fmt=args.format,
         fields=fields or None,
         on_bad_line="skip" if args.skip_bad_lines else "error",
+        **({"vectors": args.vectors, "normalize_vectors": args.normalize_vectors} if args.vectors else {}),
     )
     state = "published" if report["published"] else "unchanged, still"
     print(
@@ -119,6 +146,9 @@ def _build(args: argparse.Namespace) -> int:
         f"{report['duplicates_merged']} duplicates merged; {report['bad_lines_skipped']} bad lines skipped; "
         f"{report['seconds']:.1f}s"
     )
+    if "vectors" in report:
+        v = report["vectors"]
+        print(f"  vectors from {v['file']} ({v['rows']} rows of {v['dim']} {v['dtype']}): {v['taken']} taken")
     for where in report["skipped_examples"]:
         print(f"  skipped {where}")
     return 0
@@ -179,8 +209,10 @@ def _info(args: argparse.Namespace) -> int:
     st, b = m["settings"], m["build"]
     print(f"index {args.index}, version {m['version']} ({m['created']})")
     print(f"  passages   {m['passages']} in {len(sizes)} shards (min {min(sizes)}, max {max(sizes)})")
+    given = " (vectors given" + (", L2-normalised)" if st["embedding"].get("normalize") else ")")
     print(
-        f"  embedding  {st['embedding']['model']} ({st['embedding']['dtype']}, dim {m['dim']}); "
+        f"  embedding  {st['embedding']['model']}{given if st['embedding'].get('given') else ''} "
+        f"({st['embedding']['dtype']}, dim {m['dim']}); "
         f"FAISS {st['faiss_factory']}; BM25 Lucene per shard, merged per version"
     )
     print(f"  passages   {st['passage_words']} words max; shard_size {st['shard_size']}")
