@@ -158,15 +158,16 @@ class Index:
         """All shards' FAISS indexes (dense.ShardSet), read on first use."""
         with self._lock:
             if self._faiss is None:
-                from indexing.dense import ShardSet, load_faiss, load_template_quantizer
+                from indexing.dense import load_shards, load_template_quantizer
 
                 i = self.cfg.index
                 template = self.manifest.get("faiss_template")
                 quantizer = load_template_quantizer(self.root / template["path"]) if template else None
-                self._faiss = ShardSet(
-                    [load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search, quantizer) for d in self._dirs],
-                    quantizer,
+                self._faiss = load_shards(
+                    [d / "faiss.index" for d in self._dirs],
                     i.faiss_nprobe,
+                    i.faiss_ef_search,
+                    quantizer,
                     gpu=self.cfg.faiss_placement,
                 )
         return self._faiss
