@@ -159,11 +159,11 @@ def ivf_list_sizes(paths: Iterable[Path]) -> np.ndarray | None:
     total = None
     for path in paths:
         index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
-        ivf = faiss.extract_index_ivf(index)
-        lists = faiss.downcast_InvertedLists(ivf.invlists)
-        if not isinstance(lists, faiss.OnDiskInvertedLists):
+        ivf: Any = faiss.extract_index_ivf(index)  # Any: faiss's stub lacks SWIG's vector methods used below
+        if not isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists):
             return None
-        table = np.empty((lists.nlist, 3), dtype=np.uint64)  # faiss's OnDiskOneList: size, capacity, offset
+        lists: Any = faiss.downcast_InvertedLists(ivf.invlists)
+        table: np.ndarray = np.empty((lists.nlist, 3), dtype=np.uint64)  # OnDiskOneList: size, capacity, offset
         faiss.memcpy(faiss.swig_ptr(table), lists.lists.data(), table.nbytes)
         if int(table[:, 0].sum()) != ivf.ntotal:  # another faiss layout: ask list by list
             table[:, 0] = [lists.list_size(i) for i in range(lists.nlist)]
@@ -182,9 +182,9 @@ def merged_ivf(indexes: Iterable, list_sizes: np.ndarray | None = None) -> Any:
 
     shards = iter(indexes)
     merged = next(shards)
-    ivf = faiss.extract_index_ivf(merged)
+    ivf: Any = faiss.extract_index_ivf(merged)  # faiss's stub: optional lists, no SWIG `this`
     if list_sizes is not None:
-        lists = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
+        lists: Any = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
         for i in np.flatnonzero(list_sizes):
             lists.resize(int(i), int(list_sizes[i]))  # allocated at the final size, then emptied: capacity stays
             lists.resize(int(i), 0)
@@ -242,6 +242,7 @@ class ShardSet:
         shards = iter(indexes)
         first = next(shards, None)
         on_gpu = gpu is not None and gpu.on_gpu
+        self.shards: Any
         if first is None:
             self.shards, self._indexes = None, []
         elif quantizer is not None:
@@ -261,7 +262,7 @@ class ShardSet:
                 self.shards.add_shard(ix)
         self.offsets = np.cumsum([0] + sizes)
         self._quantizer = quantizer  # shared by the shards (and so the merged index), owned by none
-        if on_gpu and self.shards is not None:
+        if gpu is not None and on_gpu and self.shards is not None:
             self._mover = mover or FaissGpuMover()  # holds the GPU resources the index allocates through
             self.shards = self._mover.to_gpu(self.shards, gpu)
             self._indexes = [self.shards]
