@@ -37,7 +37,7 @@ from indexing.errors import IndexingError
 from indexing.passages import id_hash
 
 ROWS_PER_BATCH = 64
-ID_MAP_BUCKET = 1 << 20  # passages merged at a time into the version's id map: ~20 MB of numpy work
+ID_MAP_BUCKET = 1 << 20  # passages merged at a time into the version's id map: ~40 MiB of numpy work
 
 
 def id_hashes(ids: list[str]) -> np.ndarray:
@@ -129,7 +129,7 @@ def write_id_shards(shard_dirs: list[Path], out: Path, bucket: int = ID_MAP_BUCK
     """Write the id map of a version whose shards (in order) are `shard_dirs` into the folder `out`:
     hashes.npy (every id hash, sorted; equal hashes in shard order) and shards.npy (each one's shard
     ordinal). The shards' sorted, memory-mapped ids are merged one hash range of about `bucket` passages
-    at a time, written as it goes: memory stays ~20 bytes x `bucket` whatever the corpus size."""
+    at a time, written as it goes: memory stays ~40 bytes x `bucket` whatever the corpus size."""
     keys = [np.load(d / "ids.npy", mmap_mode="r") for d in shard_dirs]
     total = sum(len(k) for k in keys)
     n_ranges = max(1, -(-total // bucket))
