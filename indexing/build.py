@@ -15,8 +15,8 @@ Stages, each visible in the log (and as progress bars on a terminal):
 3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
    staging directory is renamed into `shards/`.
 4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
-   `index.bm25_segments`), a new manifest version, then `CURRENT` (manifest.py); old versions
-   are pruned.
+   `index.bm25_segments`) and id map (id hash -> shard, merged from the shards' sorted ids; store.py),
+   a new manifest version, then `CURRENT` (manifest.py); old versions are pruned.
 
 A shard's key is a hash of its passages, the settings it is built with and, for an IVF factory, the
 digest of the template its FAISS index is filled from (`_Builder._shard_key`): a shard is reused only
@@ -67,7 +67,7 @@ from indexing.passages import Passage, PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, Record, expand_sources, read_corpus
 from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
-from indexing.store import read_table, write_store
+from indexing.store import read_table, write_id_shards, write_store
 
 log = logging.getLogger(__name__)
 
@@ -580,12 +580,21 @@ class _Builder:
         self._publish_here(manifest, metas)
         collect_garbage(self.root, self.cfg.index.keep_versions, published=manifest)
 
+    def _id_map(self, metas: list[dict]) -> Path:
+        t = time.perf_counter()
+        out = self.staging / ".id_shards"
+        write_id_shards([self.shards_dir / m["key"] for m in metas], out)
+        self.timings["id_map_s"] = time.perf_counter() - t
+        return out
+
     def _publish_here(self, manifest: dict, metas: list[dict]) -> None:
         bm25 = self._merge_bm25(metas)
         fault_point("build.bm25_merged")
-        manifest["bm25"] = {"path": "lucene", "files": write_checksums(bm25)}
-        (bm25 / "checksums.json").unlink()
-        publish(self.root, manifest, {"lucene": bm25})
+        folders = {"lucene": bm25, "id_shards": self._id_map(metas)}
+        for part, name in (("bm25", "lucene"), ("id_shards", "id_shards")):
+            manifest[part] = {"path": name, "files": write_checksums(folders[name])}
+            (folders[name] / "checksums.json").unlink()
+        publish(self.root, manifest, folders)
 
     def _clean_staging(self) -> None:
         for stale in self.staging.iterdir():  # staged shards, .template.json, .train.parquet
@@ -602,7 +611,10 @@ class _Builder:
         dim = self._describe_shards(metas)
         keys = [m["key"] for m in metas]
         unchanged = (
-            prev is not None and [s["key"] for s in prev["shards"]] == keys and prev["settings"] == self.settings
+            prev is not None
+            and [s["key"] for s in prev["shards"]] == keys
+            and prev["settings"] == self.settings
+            and "id_shards" in prev  # a version from before id maps is published again, with one
         )
         if unchanged and prev is not None:
             version = prev["version"]

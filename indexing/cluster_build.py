@@ -21,7 +21,8 @@ tasks that embed also ask for `ray.embed_actor_num_gpus` GPUs, as the embedding 
 
 The driver never reads the corpus nor a vector: it holds a few hundred bytes per shard. It keeps the build
 lock for the whole build and then does stage 4 of build.py itself: the version's BM25 index (a merge of the
-shards' Lucene segments: postings and docids, no text) and publishing (manifest, then CURRENT). Publishing
+shards' Lucene segments: postings and docids, no text), its id map (from the shards' sorted id hashes, merged
+a hash range at a time) and publishing (manifest, then CURRENT). Publishing
 stays on the one process that holds the lock, so two builders can never interleave versions.
 
 Shards: content-defined boundaries restart at each unit, so a unit's shards are those an in-process build of
@@ -570,8 +571,8 @@ def build_remote_cluster_index(
 
 class _RemoteClusterBuilder(_ClusterBuilder):
     """The tasks upload each shard straight to the store (ShardStorage). The driver works in a local folder: it
-    pulls the shards' Lucene indexes (postings and docids; never passages nor vectors) for the version's BM25
-    merge, publishes there and uploads the version (remote.upload_version: manifest last, then CURRENT).
+    pulls the shards' Lucene indexes (postings and docids; never passages nor vectors) and `ids.npy` (8 bytes a
+    passage) for the version's BM25 merge and id map, publishes there and uploads the version (remote.upload_version: manifest last, then CURRENT).
     Object stores have no lock: one builder per remote index at a time, as remote.py says."""
 
     uri: str
@@ -597,7 +598,7 @@ class _RemoteClusterBuilder(_ClusterBuilder):
                 (f"{base}/shards/{m['key']}/{rel}", self.shards_dir / m["key"] / rel, want)
                 for m in metas
                 for rel, want in m["files"].items()
-                if rel.startswith("lucene/")
+                if rel.startswith("lucene/") or rel == "ids.npy"  # the BM25 merge's and the id map's inputs
             ],
         )
         self.timings["lucene_pull_s"] = time.perf_counter() - t

@@ -5,17 +5,26 @@ METRIC_INNER_PRODUCT)`. `Flat` (the default; exact) and `HNSW32` are built per s
 (`IVF4096,PQ64`, `IVF4096,SQ8`, ...) is trained once, on a sample of the corpus, into a template
 (`train_template`): every shard is a copy of it filled with its own vectors, written without the
 coarse quantizer, which the reader attaches from the template (`load_faiss`), so the quantizer is on
-disk and in memory once and the PQ/SQ codebooks are the same in every shard. `ShardSet` searches all
-shards together: `faiss.IndexShards` (Flat: exactly the top-k of one index over all vectors) or, for
-IVF, `faiss.IndexShardsIVF`, which assigns each query to its lists once for all shards (equal to one
-IVF index over all vectors built from the same template). On a GPU (a replica's plan placed it there,
-`indexing.faiss_gpu`) the shards become one merged index, cloned once; without a plan nothing goes to a GPU.
+disk and in memory once and the PQ/SQ codebooks are the same in every shard.
+
+`ShardSet` searches all shards together with a number of threads that does not grow with the shard count
+(faiss's threaded shard sets ran one thread, with its own scratch, per shard: ~420 at 21M passages).
+IVF shards are merged at load into one IVF index of all their inverted lists (`merged_ivf`: each shard
+moved into the first as it is read, so shards and copy are never both held), searched with FAISS's
+OpenMP threads; its top-k is that of one IVF index over all vectors built from the same template.
+Flat and HNSW shards are searched one after another (a non-threaded `faiss.IndexShards`, each search
+using FAISS's threads; a batch's per-shard top-k lists, n x k each, are held until merged); Flat gives
+exactly the top-k of one index over all vectors. On a GPU (a
+replica's plan placed it there, `indexing.faiss_gpu`) the merged index is cloned once (Flat shards are
+merged into one flat index first); without a plan nothing goes to a GPU.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,84 +148,124 @@ def load_faiss(path: Path, nprobe: int, ef_search: int, quantizer: Any = None) -
     return index
 
 
-def merged_ivf(indexes: list, consume: bool = False) -> Any:
-    """One IVF index holding the inverted lists of every shard (all filled from one template, so their lists
-    agree), ids numbered shard after shard as in a ShardSet: what a GPU searches, as faiss's IndexShardsIVF
-    does not run there. The shards are left as they were (their copies are merged), or with `consume` the
-    first shard becomes the merged index and the others are emptied into it (merge_from moves the lists), so
-    the shards and a merged copy are never held at once."""
+def ivf_list_sizes(paths: Iterable[Path]) -> np.ndarray | None:
+    """The length of each inverted list summed over the IVF shard files at `paths`, read from their headers:
+    each file is opened memory-mapped (`IO_FLAG_MMAP`: its lists stay on disk) and its per-list sizes copied
+    from faiss's on-disk list table in one call (a call per list costs 0.5 us: 14 s over 421 shards of
+    65,536 lists), checked against the shard's vector count. None for lists faiss does not map that way
+    (fast-scan's blocks)."""
     import faiss
 
-    merged = indexes[0] if consume else faiss.clone_index(indexes[0])
-    ivf = faiss.extract_index_ivf(merged)
-    for ix in indexes[1:]:
-        source = ix if consume else faiss.clone_index(ix)  # kept referenced: the extracted IVF is a view of it
-        ivf.merge_from(faiss.extract_index_ivf(source), ivf.ntotal)
+    total = None
+    for path in paths:
+        index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
+        ivf: Any = faiss.extract_index_ivf(index)  # Any: faiss's stub lacks SWIG's vector methods used below
+        if not isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists):
+            return None
+        lists: Any = faiss.downcast_InvertedLists(ivf.invlists)
+        table: np.ndarray = np.empty((lists.nlist, 3), dtype=np.uint64)  # OnDiskOneList: size, capacity, offset
+        faiss.memcpy(faiss.swig_ptr(table), lists.lists.data(), table.nbytes)
+        if int(table[:, 0].sum()) != ivf.ntotal:  # another faiss layout: ask list by list
+            table[:, 0] = [lists.list_size(i) for i in range(lists.nlist)]
+        total = table[:, 0].copy() if total is None else total + table[:, 0]
+    return total
+
+
+def merged_ivf(indexes: Iterable, list_sizes: np.ndarray | None = None) -> Any:
+    """One IVF index holding the inverted lists of every shard (all filled from one template, so their lists
+    agree), ids numbered shard after shard: the first shard becomes the merged index and each shard is moved
+    into it (merge_from) and dropped, so with shards loaded one at a time (a generator) the shards and a merged
+    copy are never held at once. With `list_sizes` (ivf_list_sizes of the shards) each merged list is
+    allocated once at its final length; without, lists grow as shards arrive and end up to twice as large
+    as their contents (measured: +45% over 421 shards)."""
+    import faiss
+
+    shards = iter(indexes)
+    merged = next(shards)
+    ivf: Any = faiss.extract_index_ivf(merged)  # faiss's stub: optional lists, no SWIG `this`
+    if list_sizes is not None:
+        lists: Any = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
+        for i in np.flatnonzero(list_sizes):
+            lists.resize(int(i), int(list_sizes[i]))  # allocated at the final size, then emptied: capacity stays
+            lists.resize(int(i), 0)
+        lists.merge_from(ivf.invlists, 0)
+        ivf.replace_invlists(lists, True)  # frees the first shard's own lists
+        lists.this.disown()  # now the index's
+    for ix in shards:
+        ivf.merge_from(faiss.extract_index_ivf(ix), ivf.ntotal)
     merged.ntotal = ivf.ntotal  # a wrapper (e.g. a pre-transform) counts its inner index's vectors
     return merged
 
 
-def merged_flat(indexes: list) -> Any:
+def merged_flat(indexes: Iterable) -> Any:
     """One flat index of every shard's vectors in shard order, each shard emptied once copied."""
     import faiss
 
-    merged = faiss.IndexFlat(indexes[0].d, indexes[0].metric_type)
+    merged = None
     for ix in indexes:
+        if merged is None:
+            merged = faiss.IndexFlat(ix.d, ix.metric_type)
         merged.add(ix.reconstruct_n(0, ix.ntotal))
         ix.reset()
     return merged
 
 
 class ShardSet:
-    """All shards' FAISS indexes searched as one (threaded; ids numbered shard after shard), each hit
-    mapped back to (shard, row): `faiss.IndexShards`, or `faiss.IndexShardsIVF` over the shared
-    `quantizer` of IVF shards. With Flat shards the top-k equals one index's over all vectors.
-    With a `gpu` placement on the GPU (a replica's GPU plan) the shards are merged into one index (`merged_ivf`,
-    `merged_flat`; the shards emptied into it) and `mover` clones that index once; `merge=True` merges IVF shards
-    on the CPU (tests: same hits)."""
+    """All shards' FAISS indexes searched as one (ids numbered shard after shard), each hit mapped back to
+    (shard, row), with threads that do not grow in number with the shards. The set takes the
+    indexes it is given (a list or, better, a generator that loads them one at a time): IVF shards, on the CPU
+    as on a GPU, become one index of all their lists (`merged_ivf`, over the shared `quantizer`; the same
+    top-k as faiss's IndexShardsIVF or one IVF index over all vectors from the template), searched with
+    FAISS's own OpenMP threads. Flat and HNSW shards are searched one after another by a non-threaded
+    `faiss.IndexShards` (each shard's search uses FAISS's threads; Flat: exactly the top-k of one index over
+    all vectors). With a `gpu` placement on the GPU (a replica's GPU plan) Flat shards become one flat index
+    (`merged_flat`) and `mover` clones the merged index once. `list_sizes`: see `merged_ivf`."""
 
     def __init__(
         self,
-        indexes: list,
+        indexes: Iterable,
         quantizer: Any = None,
         nprobe: int = 1,
-        merge: bool = False,
         gpu: IndexPlacement | None = None,
         mover: GpuMover | None = None,
+        list_sizes: np.ndarray | None = None,
     ):
         import faiss
 
-        self.offsets = np.cumsum([0] + [ix.ntotal for ix in indexes])
-        self.params = None
-        self._quantizer = quantizer  # shared by the shards (and a merged index made of them), owned by none
-        if gpu is not None and gpu.on_gpu and indexes:
-            if quantizer is None and not isinstance(indexes[0], faiss.IndexFlat):
-                raise DenseIndexError(f"a {type(indexes[0]).__name__} index cannot be placed on a GPU")
-            merged = merged_flat(indexes) if quantizer is None else merged_ivf(indexes, consume=True)
-            if quantizer is not None:
-                faiss.extract_index_ivf(merged).nprobe = min(nprobe, quantizer.ntotal)  # the GPU copy takes it
-            self._mover = mover or FaissGpuMover()  # holds the GPU resources the index allocates through
-            self.shards = self._mover.to_gpu(merged, gpu)
-            self._indexes = [self.shards]
-            return
-        if quantizer is not None and indexes and merge:
-            merged = merged_ivf(indexes)
-            faiss.extract_index_ivf(merged).nprobe = min(nprobe, quantizer.ntotal)
+        sizes: list[int] = []
+
+        def sized(shards: Iterable) -> Iterator[Any]:  # each shard's size, taken before it is merged
+            for ix in shards:
+                sizes.append(ix.ntotal)
+                yield ix
+
+        shards = iter(indexes)
+        first = next(shards, None)
+        on_gpu = gpu is not None and gpu.on_gpu
+        self.shards: Any
+        if first is None:
+            self.shards, self._indexes = None, []
+        elif quantizer is not None:
+            merged = merged_ivf(sized(itertools.chain([first], shards)), list_sizes)
+            faiss.extract_index_ivf(merged).nprobe = min(nprobe, quantizer.ntotal)  # a GPU copy takes it too
             self.shards, self._indexes = merged, [merged]
-            return
-        if quantizer is not None:
-            nprobe = min(nprobe, quantizer.ntotal)  # more probes than lists misaligns IndexShardsIVF's assignments
-            for ix in indexes:
-                faiss.extract_index_ivf(ix).nprobe = nprobe  # it checks that each shard's equals the search's
-            self.shards = faiss.IndexShardsIVF(quantizer, quantizer.ntotal, True, True)
-            # faiss's stub lacks the keyword arguments its Python wrapper adds to SearchParameters classes
-            self.params = faiss.SearchParametersIVF(nprobe=nprobe)  # type: ignore[call-arg]
+        elif on_gpu:
+            if not isinstance(first, faiss.IndexFlat):
+                raise DenseIndexError(f"a {type(first).__name__} index cannot be placed on a GPU")
+            merged = merged_flat(sized(itertools.chain([first], shards)))
+            self.shards, self._indexes = merged, [merged]
         else:
             # faiss's stub has only IndexShards(d); the SWIG class also takes (d, threaded, successive_ids)
-            self.shards = faiss.IndexShards(indexes[0].d, True, True) if indexes else None  # type: ignore[call-arg]
-        for ix in indexes:
-            self.shards.add_shard(ix)
-        self._indexes = indexes  # the Python wrappers own the shards IndexShards points to
+            self.shards = faiss.IndexShards(first.d, False, True)  # type: ignore[call-arg]
+            self._indexes = list(sized(itertools.chain([first], shards)))  # the wrappers own what it points to
+            for ix in self._indexes:
+                self.shards.add_shard(ix)
+        self.offsets = np.cumsum([0] + sizes)
+        self._quantizer = quantizer  # shared by the shards (and so the merged index), owned by none
+        if gpu is not None and on_gpu and self.shards is not None:
+            self._mover = mover or FaissGpuMover()  # holds the GPU resources the index allocates through
+            self.shards = self._mover.to_gpu(self.shards, gpu)
+            self._indexes = [self.shards]
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(scores, shard, row), each (n_queries, k'); k' <= k, padded with shard -1."""
@@ -224,7 +273,17 @@ class ShardSet:
         if k == 0:
             empty = np.zeros((len(queries), 0))
             return empty, empty.astype(int), empty.astype(int)
-        S, ids = self.shards.search(np.ascontiguousarray(queries, dtype=np.float32), k, params=self.params)
+        S, ids = self.shards.search(np.ascontiguousarray(queries, dtype=np.float32), k)
         shard = np.searchsorted(self.offsets, ids, side="right") - 1
         shard = np.where(ids >= 0, shard, -1)
         return S, shard, np.where(ids >= 0, ids - self.offsets[np.maximum(shard, 0)], -1)
+
+
+def load_shards(
+    paths: list[Path], nprobe: int, ef_search: int, quantizer: Any = None, gpu: IndexPlacement | None = None
+) -> ShardSet:
+    """The ShardSet of the shard index files at `paths`, read one at a time (IVF shards merged as they are
+    read, into lists sized beforehand from the files' headers)."""
+    sizes = ivf_list_sizes(paths) if quantizer is not None else None
+    shards = (load_faiss(p, nprobe, ef_search, quantizer) for p in paths)
+    return ShardSet(shards, quantizer, nprobe, gpu=gpu, list_sizes=sizes)

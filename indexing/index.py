@@ -7,8 +7,10 @@ Opening reads the manifest and checks that the files search reads exist at their
 (`index.verify`; sha256 is checked at write and pull, and by `dynrag index verify`): its cost does
 not depend on the number of passages. FAISS shards, Lucene and the query encoder load on first use;
 passage text is never held: each hit's row is read from its shard's store (store.py). FAISS row ->
-passage is (shard, row) arithmetic; a Lucene hit or a looked-up id is found by its id hash in the
-shards' sorted, memory-mapped `ids.npy`.
+passage is (shard, row) arithmetic (dense.ShardSet); a Lucene hit or a looked-up id is found by its id
+hash: the version's memory-mapped id map names its shard, whose sorted `ids.npy` gives the row, so a
+lookup touches one shard whatever their number. A version published before id maps existed has none:
+every shard is then searched in turn, as before (a rebuild publishes a version with one).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from indexing.dense import ShardSet
     from indexing.embed import Encoder, HashEncoder
     from indexing.settings import IndexSettings
+    from indexing.store import EveryShard, IdShards
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class SearchError(IndexingError, ValueError):
 class Index:
     def __init__(self, root: Path, cfg: IndexSettings, manifest: dict):
         from indexing.sparse import LuceneShard, configured_analyzer, index_analyzer
-        from indexing.store import PassageStore
+        from indexing.store import EveryShard, IdShards, PassageStore
 
         self.root, self.cfg, self.manifest = root, cfg, manifest
         self.version = manifest["version"]
@@ -51,6 +54,20 @@ class Index:
             verify_version(root, manifest, full=False, search_only=True)
         self._dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
         self._stores = [PassageStore(d) for d in self._dirs]
+        id_map = manifest.get("id_shards")
+        self._id_shards: IdShards | EveryShard = (
+            IdShards(root / "versions" / f"v{self.version:06d}" / id_map["path"])
+            if id_map
+            else EveryShard(len(self._dirs))
+        )
+        if not id_map and len(self._dirs) > 1:
+            log.warning(
+                "%s version %d has no id map (built by an older dynrag): each id lookup searches all %d shards; "
+                "rerun `dynrag index build` to publish a version with one",
+                root,
+                self.version,
+                len(self._dirs),
+            )
         self._faiss: ShardSet | None = None
         bm25 = root / "versions" / f"v{self.version:06d}" / manifest["bm25"]["path"]
         self.analyzer = index_analyzer(manifest["settings"])
@@ -73,22 +90,26 @@ class Index:
         return Hit(id=pid, title=title, text=text, score=float(score))
 
     def _lookup(self, ids: list[str], score: list[float] | None = None) -> list[Hit | None]:
-        """Hits for passage ids (None where this version has none): each shard's sorted id hashes are
-        searched for the ids not found yet, and a candidate row counts once its stored id matches."""
+        """Hits for passage ids (None where this version has none): the id map names each id hash's shard
+        (its candidates, in shard order, when ids share a hash), whose store is asked for the row, one call
+        per shard for the batch; a candidate row counts once its stored id matches."""
         from indexing.store import id_hashes
 
         out: list[Hit | None] = [None] * len(ids)
-        todo = np.arange(len(ids))
         hashes = id_hashes(ids)
-        for si, store in enumerate(self._stores):
-            if not len(todo):
-                break
-            rows = store.find(hashes[todo])
-            for i, row in zip(todo[rows >= 0], rows[rows >= 0]):
-                hit = self._hit(si, int(row), score[i] if score else 0.0)
-                if hit.id == ids[i]:
-                    out[i] = hit
-            todo = np.array([i for i in todo if out[i] is None], dtype=np.int64)
+        pos, end = self._id_shards.locate(hashes)
+        todo = np.flatnonzero(pos < end)
+        while len(todo):
+            shards = self._id_shards.shard_at(pos[todo])
+            for si in np.unique(shards):
+                group = todo[shards == si]
+                rows = self._stores[si].find(hashes[group])
+                for i, row in zip(group[rows >= 0], rows[rows >= 0]):
+                    hit = self._hit(int(si), int(row), score[i] if score else 0.0)
+                    if hit.id == ids[i]:
+                        out[i] = hit
+            pos[todo] += 1  # the next candidate, for an id not found at this one
+            todo = np.array([i for i in todo if out[i] is None and pos[i] < end[i]], dtype=np.int64)
         return out
 
     def passages(self, ids: list[str]) -> list[Hit | None]:
@@ -146,7 +167,7 @@ class Index:
 
         results = batch_search(self._lucene, queries, k, self.cfg.index.threads)
         flat = [h for hits in results for h in hits]
-        found = self._lookup([d for d, _ in flat], [s for _, s in flat])  # one lookup per shard for the batch
+        found = self._lookup([d for d, _ in flat], [s for _, s in flat])  # one call per shard hit
         if None in found:
             missing = flat[found.index(None)][0]
             raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
@@ -158,15 +179,16 @@ class Index:
         """All shards' FAISS indexes (dense.ShardSet), read on first use."""
         with self._lock:
             if self._faiss is None:
-                from indexing.dense import ShardSet, load_faiss, load_template_quantizer
+                from indexing.dense import load_shards, load_template_quantizer
 
                 i = self.cfg.index
                 template = self.manifest.get("faiss_template")
                 quantizer = load_template_quantizer(self.root / template["path"]) if template else None
-                self._faiss = ShardSet(
-                    [load_faiss(d / "faiss.index", i.faiss_nprobe, i.faiss_ef_search, quantizer) for d in self._dirs],
-                    quantizer,
+                self._faiss = load_shards(
+                    [d / "faiss.index" for d in self._dirs],
                     i.faiss_nprobe,
+                    i.faiss_ef_search,
+                    quantizer,
                     gpu=self.cfg.faiss_placement,
                 )
         return self._faiss

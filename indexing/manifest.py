@@ -4,6 +4,8 @@
       CURRENT                      "v000003": the published version (replaced with os.replace)
       versions/v000003/manifest.json   immutable once renamed into place
       versions/v000003/lucene/     the version's BM25 index: the union of its shards' Lucene segments
+      versions/v000003/id_shards/  the version's id hash -> shard map (store.py; absent from versions
+                                   published before it: their lookups search every shard)
       shards/<key>/                immutable, content-addressed (key = hash of passages + settings + IVF template)
         passages.arrow  ids.npy  faiss.index    what search reads (SEARCH_FILES; store.py, dense.py)
         vectors.npy  lucene/                    what builds read (vector reuse, the version's BM25 merge)
@@ -183,7 +185,10 @@ def version_files(manifest: dict, search_only: bool = False) -> list[tuple[str, 
     for s in manifest["shards"]:
         files = s["files"] if not search_only else {k: v for k, v in s["files"].items() if k in SEARCH_FILES}
         out.append((f"shards/{s['key']}", files))
-    out.append((f"versions/{version_name(manifest['version'])}/{manifest['bm25']['path']}", manifest["bm25"]["files"]))
+    for part in ("bm25", "id_shards"):  # the version's own folders (every version has a BM25 index)
+        if manifest.get(part):
+            folder = f"versions/{version_name(manifest['version'])}/{manifest[part]['path']}"
+            out.append((folder, manifest[part]["files"]))
     if manifest.get("faiss_template"):  # an IVF quantizer shared by all shards (dense.py)
         t = manifest["faiss_template"]
         out.append((str(Path(t["path"]).parent), {Path(t["path"]).name: {"sha256": t["sha256"], "bytes": t["bytes"]}}))

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from indexing.errors import IndexingError
-from indexing.manifest import read_manifest, verify_shard, version_name
+from indexing.manifest import read_manifest, verify_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,9 +100,7 @@ def published_version(root: Path) -> int | None:
     if not (root / "CURRENT").exists():
         return None
     m = read_manifest(root)
-    for s in m["shards"]:
-        verify_shard(root / "shards" / s["key"], s["files"], full=False)
-    verify_shard(root / "versions" / version_name(m["version"]) / m["bm25"]["path"], m["bm25"]["files"], full=False)
+    verify_version(root, m, full=False)
     return m["version"]
 
 

@@ -305,7 +305,11 @@ def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster,
     assert node == cluster["node_2"]
     served = {f"shards/{sh['key']}/{f}" for sh in m["shards"] for f in ("passages.arrow", "ids.npy", "faiss.index")}
     lucene = {f"versions/v000001/lucene/{f}" for f in m["bm25"]["files"]}
-    assert {f.split("/", 1)[1] for f in files} == served | lucene | {"versions/v000001/manifest.json", "SOURCE"}
+    id_map = {f"versions/v000001/id_shards/{f}" for f in m["id_shards"]["files"]}
+    assert {f.split("/", 1)[1] for f in files} == served | lucene | id_map | {
+        "versions/v000001/manifest.json",
+        "SOURCE",
+    }
     assert local["passages"] == report["passages"]
     for kind in ("bm25", "dense"):
         assert found[kind] == hits(tmp_path / "local", settings(), kind), kind

@@ -6,7 +6,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 import pytest
-from test_indexing_dense import ivf_shards, unit
+from test_indexing_dense import faiss_shard_set, ivf_shards, unit
 
 from indexing.dense import DenseIndexError, ShardSet, build_faiss, load_faiss
 from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape, gpu_index_bytes, place_index
@@ -64,12 +64,12 @@ GPU = IndexPlacement(True, "test", gpu_bytes=1, scratch_bytes=2, use_float16=Tru
 
 def test_ivf_shards_cloned_once_as_one_merged_index(tmp_path):
     """A GPU placement clones one merged index holding every shard's lists, with the plan's options, the shards
-    emptied into it; searches return the shard set's hits."""
+    emptied into it; searches return faiss's CPU shard set's hits."""
     rng = np.random.default_rng(5)
     vecs = unit(rng, 2400)
     quantizer, shards, parts = ivf_shards(tmp_path, vecs, "IVF16,SQ8", 3)  # SQ8 trains in a blink; PQ alike
     queries = unit(rng, 40)
-    S, SH, R = ShardSet(shards, quantizer, nprobe=4, merge=True).search(queries, k=10)
+    D, ids = faiss_shard_set(shards, quantizer, 4, queries, 10)
     mover = FakeMover()
     on_gpu = ShardSet(shards, quantizer, nprobe=4, gpu=GPU, mover=mover)
     assert len(mover.calls) == 1
@@ -77,14 +77,14 @@ def test_ivf_shards_cloned_once_as_one_merged_index(tmp_path):
     assert placement is GPU and ntotal == len(vecs) and faiss.extract_index_ivf(index).nprobe == 4
     assert index is shards[0] and [s.ntotal for s in shards[1:]] == [0, 0]  # no copy beside the shards
     S2, SH2, R2 = on_gpu.search(queries, k=10)
-    np.testing.assert_allclose(S2, S, rtol=1e-5)
-    np.testing.assert_array_equal(SH2, SH)
-    np.testing.assert_array_equal(R2, R)
+    np.testing.assert_allclose(S2, D, rtol=1e-5)
+    np.testing.assert_array_equal(on_gpu.offsets[SH2] + R2, ids)
 
 
 def test_flat_shards_cloned_once_and_nothing_cloned_on_the_cpu(tmp_path):
     """Flat shards become one IndexFlat of all vectors, cloned once; without a GPU placement (a plan that keeps
-    the index on the CPU, or no plan) the mover is never called and the shard set is faiss's IndexShards."""
+    the index on the CPU, or no plan) the mover is never called and the shard set is faiss's IndexShards,
+    searching the shards one after another."""
     rng = np.random.default_rng(0)
     parts = [unit(rng, n) for n in (50, 130, 7)]
 

@@ -1,12 +1,28 @@
-"""FAISS shards searched together (faiss.IndexShards): exact for Flat shards, other factory strings, bad settings (random vectors)."""
+"""FAISS shards searched together (dense.ShardSet): exact for Flat shards, IVF shards merged into one index,
+threads that do not grow with the shard count, other factory strings, bad settings (random vectors)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import faiss
 import numpy as np
 import pytest
 
-from indexing.dense import DenseIndexError, ShardSet, build_faiss, load_faiss, load_template_quantizer, train_template
+from indexing.dense import (
+    DenseIndexError,
+    ShardSet,
+    build_faiss,
+    ivf_list_sizes,
+    load_faiss,
+    load_template_quantizer,
+    train_template,
+)
 
 
 def unit(rng, n, d=32):
@@ -131,18 +147,106 @@ def test_build_faiss_reads_the_template_once_and_leaves_it_unchanged(tmp_path, m
     assert reads.count(str(template)) == 2
 
 
-def test_ivf_shards_merged_for_a_gpu_search_as_the_shard_set_does(tmp_path):
-    """The GPU path (IVF shards merged into one index, since IndexShardsIVF does not run on a GPU), taken on the
-    CPU: the same scores and (shard, row) hits as the shard set, and the shards themselves stay unchanged."""
+def reload(tmp_path, n: int, quantizer, nprobe: int = 4) -> list:
+    """The `n` shards `ivf_shards` wrote, read again (a ShardSet takes the shards it merges)."""
+    return [load_faiss(tmp_path / f"{i}.index", nprobe=nprobe, ef_search=16, quantizer=quantizer) for i in range(n)]
+
+
+def faiss_shard_set(shards: list, quantizer, nprobe: int, queries, k: int) -> tuple:
+    """faiss's own IndexShardsIVF over the shards (what ShardSet used on the CPU before merging): (D, I)."""
+    ref = faiss.IndexShardsIVF(quantizer, quantizer.ntotal, False, True)
+    for ix in shards:
+        ref.add_shard(ix)
+    return ref.search(queries, k, params=faiss.SearchParametersIVF(nprobe=nprobe))
+
+
+def test_ivf_shards_merged_into_one_index_equal_faiss_shard_set(tmp_path):
+    """IVF shards become one index of all their lists (the first shard, the others moved into it), with lists
+    sized from the files' headers or grown as shards arrive: the same scores and (shard, row) hits as faiss's
+    IndexShardsIVF over the same shards; nprobe reaches the merged index."""
     rng = np.random.default_rng(5)
     vecs = unit(rng, 2400)
-    quantizer, shards, parts = ivf_shards(tmp_path, vecs, "IVF16,PQ8", 3)
+    quantizer, shards, parts = ivf_shards(tmp_path, vecs, "IVF16,SQ8", 3)  # SQ8 trains in a blink
     queries = unit(rng, 40)
-    S, SH, R = ShardSet(shards, quantizer, nprobe=4).search(queries, k=10)
-    S2, SH2, R2 = ShardSet(shards, quantizer, nprobe=4, merge=True).search(queries, k=10)
-    np.testing.assert_allclose(S2, S, rtol=1e-5)
-    assert np.mean((SH2 == SH) & (R2 == R)) > 0.99  # equal up to ties of equal codes
-    assert [s.ntotal for s in shards] == [len(p) for p in parts]
-    # nprobe reaches the merged index: probing every list differs
-    S3, _, _ = ShardSet(shards, quantizer, nprobe=16, merge=True).search(queries, k=10)
-    assert not np.allclose(S3, S2)
+    D, I = faiss_shard_set(shards, quantizer, 4, queries, 10)
+    offsets = np.cumsum([0] + [len(p) for p in parts])
+    sizes = ivf_list_sizes([tmp_path / f"{i}.index" for i in range(3)])
+    ivf = faiss.extract_index_ivf(shards[0])
+    assert sizes.sum() == len(vecs) and sizes[3] == sum(
+        ix.invlists.list_size(3) for ix in map(faiss.extract_index_ivf, shards)
+    )
+    for list_sizes in (sizes, None):
+        fresh = reload(tmp_path, 3, quantizer)
+        merged = ShardSet(fresh, quantizer, nprobe=4, list_sizes=list_sizes)
+        assert merged.shards is fresh[0] and [s.ntotal for s in fresh] == [len(vecs), 0, 0]
+        S, SH, R = merged.search(queries, k=10)
+        np.testing.assert_allclose(S, D, rtol=1e-5)
+        assert np.mean(offsets[SH] + R == I) > 0.99  # equal up to ties of equal codes
+        assert faiss.extract_index_ivf(merged.shards).invlists.list_size(3) == sizes[3]
+    assert ivf.ntotal == len(parts[0])
+    S3, _, _ = ShardSet(reload(tmp_path, 3, quantizer), quantizer, nprobe=16).search(queries, k=10)
+    assert not np.allclose(S3, S)  # probing every list differs
+
+
+THREADS_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from pathlib import Path
+    import numpy as np
+    from indexing.dense import build_faiss, load_shards, load_template_quantizer, train_template
+
+    tmp, factory = Path(sys.argv[1]), sys.argv[2]
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((2400, 32)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    template = tmp / "template.index" if "IVF" in factory else None
+    if template:
+        train_template(vecs[::2], factory, template)
+
+    def shard_set(n):
+        paths = [tmp / f"{n}-{i}.index" for i in range(n)]
+        for path, part in zip(paths, np.array_split(vecs, n)):
+            build_faiss(part, factory, path, template)
+        return load_shards(paths, 4, 16, load_template_quantizer(template) if template else None)
+
+    def threads():
+        return len(os.listdir("/proc/self/task"))
+
+    queries = vecs[:200]
+    shard_set(1).search(queries, 10)  # FAISS's OpenMP and BLAS threads exist from here on
+    peaks = {}
+    for n in (2, 12):
+        shards, peak, done = shard_set(n), [threads()], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak.append(threads())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        for _ in range(10):
+            shards.search(queries, 10)  # FAISS searches without the GIL: the watcher samples meanwhile
+        done.set()
+        watcher.join()
+        peaks[n] = max(peak)
+    print(json.dumps(peaks))
+    """
+)
+
+
+@pytest.mark.parametrize("factory", ["Flat", "HNSW16", "IVF16,SQ8"])
+def test_search_threads_do_not_grow_with_the_shard_count(tmp_path, factory):
+    """The process's threads (/proc/self/task) during and after searches of 2 and of 12 shards, in a fresh
+    process: the same count (faiss's threaded shard sets ran a thread per shard)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", THREADS_SCRIPT, str(tmp_path), factory],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    peaks = json.loads(out.stdout.strip().splitlines()[-1])
+    assert peaks["2"] == peaks["12"], peaks

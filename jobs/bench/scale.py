@@ -107,7 +107,7 @@ def _run(n: int, cfg, work: Path) -> dict:
     settings = cfg.index_settings()
     build_index([str(work / "warm.jsonl")], work / "warm", settings)  # loads the encoder and the JVM
     report = build_index([str(work / "corpus.jsonl")], work / "index", settings)
-    stages = ("passages_s", "embed_s", "faiss_s", "lucene_s", "checksum_s", "bm25_merge_s")
+    stages = ("passages_s", "embed_s", "faiss_s", "lucene_s", "checksum_s", "bm25_merge_s", "id_map_s")
     build = {k.removesuffix("_s"): round(1000 * report.get(k, 0.0) / n, 4) for k in stages}
     build["other"] = round(1000 * report["seconds"] / n - sum(build.values()), 4)
     disk = _disk(work / "index")
@@ -140,7 +140,8 @@ def _disk(root: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     for rel, files in version_files(read_manifest(root)):
         for name, meta in files.items():
-            kind = "bm25 (version)" if rel.startswith("versions") else name.split("/")[0]
+            version_kind = "id map (version)" if rel.endswith("/id_shards") else "bm25 (version)"
+            kind = version_kind if rel.startswith("versions") else name.split("/")[0]
             out[kind] = out.get(kind, 0) + meta["bytes"]
     return out
 
