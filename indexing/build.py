@@ -2,11 +2,13 @@
 
 Stages, each visible in the log (and as progress bars on a terminal):
 
-1. read + split + shard: stream the sources (readers.py) into passages (passages.py), cut them into
-   content-defined shards (shards.py) and write every shard that does not exist yet to
-   `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key exists
-   under `shards/` are reused untouched. With vectors given (`--vectors FILE`, given_vectors.py), each
-   shard's rows of the file are read here: their digest is part of its key, and a staged shard gets
+1. read + split + shard: stream the sources' work units (readers.plan_units: a file, or a byte range of
+   one larger than `index.unit_bytes`) in order into passages (passages.py; an id an earlier unit holds
+   is dropped), cut each unit's passages into content-defined shards (shards.py; boundaries restart at
+   each unit, as in a cluster build, so both cut the same shards) and write every shard that does not
+   exist yet to `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key
+   exists under `shards/` are reused untouched. With vectors given (`--vectors FILE`, given_vectors.py),
+   each shard's rows of the file are read here: their digest is part of its key, and a staged shard gets
    its `vectors.npy` from them.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
    previous version (same model settings) are copied from it; only the rest go through the
@@ -23,7 +25,7 @@ digest of the template its FAISS index is filled from (`_Builder._shard_key`): a
 with the very template it was filled from.
 
 This is the in-process build. With `runtime.mode=ray`, stages 1-3 run as Ray tasks on the workers, one
-per corpus file, each writing its shards straight to the index's storage; stage 4 stays here
+per work unit, each writing its shards straight to the index's storage; stage 4 stays here
 (cluster_build.py, a subclass of `_Builder`). Given vectors are taken by the in-process build only.
 
 A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ from typing import Any, cast
 import numpy as np
 
 from indexing.dense import is_ivf
+from indexing.digests import DigestSet
 from indexing.embed import EncoderSpec, embed_batches, embed_input
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
@@ -64,7 +66,7 @@ from indexing.manifest import (
 )
 from indexing.native_memory import release_free_memory
 from indexing.passages import Passage, PassageStats, passages_of
-from indexing.readers import CorpusError, ReadStats, Record, expand_sources, read_corpus
+from indexing.readers import CorpusError, ReadStats, Record, plan_units, read_corpus
 from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
 from indexing.store import read_table, write_id_shards, write_store
@@ -112,6 +114,27 @@ def _progress(iterable: Iterable[Any] | None, desc: str, unit: str, total: int |
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, unit=unit, total=total, disable=None, mininterval=1.0, leave=False)
+
+
+class UnitProgress:
+    """Work units finished in a stage: a progress bar on a terminal, a log line at most every 15 s."""
+
+    def __init__(self, stage: str, total: int):
+        self.stage, self.total, self.count = stage, total, 0
+        self.bar = _progress(None, stage, "unit", total=total)
+        self.last_log = time.perf_counter()
+
+    def done(self, status: str = "") -> None:
+        self.count += 1
+        self.bar.update(1)
+        if status:
+            self.bar.set_postfix_str(status, refresh=False)
+        if time.perf_counter() - self.last_log > 15 and self.count < self.total:
+            self.last_log = time.perf_counter()
+            log.info("%s: %d/%d units done%s", self.stage, self.count, self.total, f" ({status})" if status else "")
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def build_local_index(
@@ -227,40 +250,25 @@ class _Builder:
         t = time.perf_counter()
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
-        records: Iterable[Record] = itertools.chain.from_iterable(
-            read_corpus(src, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats)
-            for src in expand_sources(self.sources)
-        )
-        if self.given:
-            records = self.given.number(records)
-        passages: Iterable[Passage] = passages_of(records, self.cfg.index.passage_words, self.passage_stats)
-        if self.given:
-            passages = self.given.attach(passages)
-        passages = _progress(passages, "passages", "psg")
-        metas = []
+        units = plan_units(self.sources, self.fmt, self.cfg.index.unit_bytes)
+        self.extra["units"] = len(units)
+        seen = DigestSet()  # ids over all units: the first occurrence in source order wins
+        progress = UnitProgress("read + shard", len(units))
+        metas: list[dict] = []
         ivf_untrained = self.ivf and self.template is None
-        for group in shard_stream(passages, self.settings["shard_size"]):
-            ch, given_vectors = content_hash(group), None
-            if self.given:  # the shard's vectors are part of its content
-                ch, given_vectors = self.given.shard(ch, cast(list, group))
-            # with a template still to train, keys are set after training (`_stage_template`); no shard
-            # under shards/ can have it yet, so every shard is staged
-            key = None if ivf_untrained else self._shard_key(ch)
-            meta = {
-                "key": key,
-                "passages": len(group),
-                "content_hash": ch,
-                "first_id": group[0].id,
-                "last_id": group[-1].id,
-            }
-            if key is None or not (self.shards_dir / key / "checksums.json").is_file():
-                target = self._stage_dir(meta)
-                if not (target / "passages.arrow").is_file():
-                    target.mkdir(parents=True, exist_ok=True)
-                    write_store(group, target)
-                if given_vectors is not None and not (target / "vectors.npy").is_file():
-                    cast(GivenVectors, self.given).save(cast(list, group), given_vectors, target)
-            metas.append(meta)
+        for unit in units:
+            records: Iterable[Record] = read_corpus(
+                unit, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats
+            )
+            if self.given:  # rows count records over all units, in order
+                records = self.given.number(records)
+            passages: Iterable[Passage] = passages_of(records, self.cfg.index.passage_words, self.passage_stats, seen)
+            if self.given:
+                passages = self.given.attach(passages)
+            for group in shard_stream(passages, self.settings["shard_size"]):  # shards restart at each unit
+                metas.append(self._stage_group(group, ivf_untrained))
+            progress.done(f"{self.passage_stats.passages} passages, {len(metas)} shards")
+        progress.close()
         if self.read_stats.records == 0 or not metas:
             raise BuildError(
                 f"no passages in {', '.join(self.sources)}"
@@ -271,14 +279,39 @@ class _Builder:
             self.extra["vectors"] = self.given.describe()
         self.timings["passages_s"] = time.perf_counter() - t
         log.info(
-            "stage passages: %d records -> %d passages (%d duplicates merged) in %d shards, %.1fs",
+            "stage passages: %d records -> %d passages (%d duplicates merged) in %d shards from %d units, %.1fs",
             self.read_stats.records,
             self.passage_stats.passages,
             self.passage_stats.duplicates,
             len(metas),
+            len(units),
             self.timings["passages_s"],
         )
         return metas
+
+    def _stage_group(self, group: list, ivf_untrained: bool) -> dict:
+        """A shard's meta; its passages (and given vectors) are staged unless the shard exists under `shards/`."""
+        ch, given_vectors = content_hash(group), None
+        if self.given:  # the shard's vectors are part of its content
+            ch, given_vectors = self.given.shard(ch, group)
+        # with a template still to train, keys are set after training (`_stage_template`); no shard
+        # under shards/ can have it yet, so every shard is staged
+        key = None if ivf_untrained else self._shard_key(ch)
+        meta = {
+            "key": key,
+            "passages": len(group),
+            "content_hash": ch,
+            "first_id": group[0].id,
+            "last_id": group[-1].id,
+        }
+        if key is None or not (self.shards_dir / key / "checksums.json").is_file():
+            target = self._stage_dir(meta)
+            if not (target / "passages.arrow").is_file():
+                target.mkdir(parents=True, exist_ok=True)
+                write_store(group, target)
+            if given_vectors is not None and not (target / "vectors.npy").is_file():
+                cast(GivenVectors, self.given).save(group, given_vectors, target)
+        return meta
 
     # ---- stage 2 helpers ----
     def _vector_cache(self, prev: dict | None, keep: set[str]) -> tuple[dict[bytes, tuple[str, int]], int | None]:

@@ -1,34 +1,40 @@
 """The cluster build (`runtime.mode=ray`): Ray workers read, split, shard, embed and index; the driver plans
 and publishes.
 
-Work units: one per corpus file (readers.expand_sources: a glob becomes its matches, sorted).
-Three rounds of Ray tasks, spread over the cluster's nodes (scheduling strategy SPREAD, one CPU each; the
-tasks that embed also ask for `ray.embed_actor_num_gpus` GPUs, as the embedding actors of embed.py do):
+Work units: readers.plan_units: one per corpus file (a glob becomes its matches, sorted), and a file larger
+than `index.unit_bytes` (uncompressed JSONL, TSV, Parquet) is several, line-aligned byte ranges resolved by
+the task that reads them (the driver only looks up file sizes). Four rounds of Ray tasks, spread over the
+cluster's nodes (scheduling strategy SPREAD, one CPU each; the tasks that embed also ask for
+`ray.embed_actor_num_gpus` GPUs, as the embedding actors of embed.py do):
 
-1. scan, one task per unit: read and split the unit; return its passage count (to the driver) and, as a
-   Ray object the driver never fetches, its passages' 64-bit id hashes with a digest of title and text
-   (16 bytes a passage).
-2. train, only for an IVF factory without a template yet: one task per unit returns the embedding inputs of
+1. scan, one task per unit: read and split the unit; return its passage count (to the driver) and, as P
+   Ray objects the driver never fetches, its passages' 64-bit id hashes with a digest of title and text
+   (16 bytes a passage), cut into P ranges of the id hash (P = min(units, 16)).
+2. dedup, P tasks (with more than one unit): task p takes range p of every unit (each pair moves once:
+   O(passages) in all) and returns per unit the ids it must drop, those an earlier unit holds (the first
+   occurrence in source order wins, as in-process), each flagged when its text differs from the kept one.
+3. train, only for an IVF factory without a template yet: one task per unit returns the embedding inputs of
    its share of a sample taken evenly over the corpus; one task embeds them, trains the template and writes
    it to `trained/` (build.py's template: the shard keys depend on it, so it exists before any shard).
-3. build, one task per unit: read and split the unit again, drop the passages whose id an earlier unit has
-   (the ids of units 0..i-1 from round 1 reach the task as Ray objects: the first occurrence in source order
-   wins, as in-process), cut content-defined shards, and for each shard whose key is not under `shards/`
-   yet: stage its passages, take the vectors of passages the previous version embedded from the old shards
-   that share its first or last passage id (the shards a changed shard came from), embed the rest with the
-   worker's encoder (loaded once per worker process), then FAISS, Lucene, checksums and the atomic rename
-   into `shards/<key>/` (build.finalize_shard). It returns the shards' metadata, counts and its node id.
+4. build, one task per unit: read and split the unit again, drop the passages of its drop lists (its own
+   P objects from round 2, never other units' ids), cut content-defined shards, and for each shard whose key
+   is not under `shards/` yet: stage its passages, take the vectors of passages the previous version
+   embedded from the old shards that share its first or last passage id (the shards a changed shard came
+   from), embed the rest with the worker's encoder (loaded once per worker process), then FAISS, Lucene,
+   checksums and the atomic rename into `shards/<key>/` (build.finalize_shard). It returns the shards'
+   metadata, counts and its node id.
 
-The driver never reads the corpus nor a vector: it holds a few hundred bytes per shard. It keeps the build
-lock for the whole build and then does stage 4 of build.py itself: the version's BM25 index (a merge of the
-shards' Lucene segments: postings and docids, no text), its id map (from the shards' sorted id hashes, merged
-a hash range at a time) and publishing (manifest, then CURRENT). Publishing
-stays on the one process that holds the lock, so two builders can never interleave versions.
+The driver never reads the corpus nor a vector: it holds a few hundred bytes per shard and Ray object
+references. It keeps the build lock for the whole build and then does stage 4 of build.py itself: the
+version's BM25 index (a merge of the shards' Lucene segments: postings and docids, no text), its id map
+(from the shards' sorted id hashes, merged a hash range at a time) and publishing (manifest, then CURRENT).
+Publishing stays on the one process that holds the lock, so two builders can never interleave versions.
+A progress bar and the log count the units each round has finished.
 
-Shards: content-defined boundaries restart at each unit, so a unit's shards are those an in-process build of
-that file alone would cut (with one file: the in-process build's shards and keys exactly; with several, the
-shards differ only where one file ends and the next begins). Edits change only the shards of the edited
-file near the edit; the search results are those of an in-process build of the same corpus.
+Shards: content-defined boundaries restart at each unit, in-process as here, so both builds cut the same
+shards with the same keys, and the search results are those of an in-process build of the same corpus.
+Edits change only the shards of the edited unit near the edit (and those next to a unit boundary the edit
+moved: readers.py says when one moves).
 
 Resume: a task that fails (or whose worker dies; Ray retries it) leaves the shards it finished under
 `shards/` and staged passages and vectors under `staging/`; the retry or a rerun of the build skips or
@@ -52,12 +58,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from indexing.build import BuildError, _Builder, _ehash, build_local_index, finalize_shard
+from indexing.build import BuildError, UnitProgress, _Builder, _ehash, build_local_index, finalize_shard
 from indexing.embed import HASH_ENCODER, EncoderSpec, embed_input, get_encoder
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
 from indexing.passages import Passage, PassageStats, id_hash
-from indexing.readers import ReadStats, expand_sources
+from indexing.readers import ReadStats, Unit, plan_units
 from indexing.shards import content_hash, shard_key, shard_stream
 from indexing.store import read_table, write_store
 
@@ -65,6 +71,8 @@ if TYPE_CHECKING:
     from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
+
+DEDUP_RANGES = 16  # at most this many dedup tasks, each over one range of the id hash of every unit
 
 
 def build_cluster_index(sources: list[str], index_dir: str | os.PathLike, cfg: IndexSettings, **options: Any) -> dict:
@@ -169,7 +177,7 @@ class ShardStorage:
 class UnitJob:
     """What a worker needs for one unit: plain values (no settings object, no model resolver, crosses over)."""
 
-    unit: str
+    unit: Unit
     store: ShardStorage
     fmt: str
     fields: dict | None
@@ -212,18 +220,41 @@ def _digest(title: str, text: str) -> int:
 
 
 # ---- round 1 ----
-def scan_unit(job: UnitJob) -> tuple[dict, np.ndarray]:
-    """The unit's counts (small, for the driver) and its (id hash, text digest) pairs sorted by id hash."""
+def scan_unit(job: UnitJob, ranges: int) -> list:
+    """The unit's counts (small, for the driver), then its (id hash, text digest) pairs sorted by id hash
+    and cut into `ranges` equal ranges of the hash (one array each; `ranges` 0: one empty array)."""
     rs, ps = ReadStats(), PassageStats()
+    if not ranges:  # the only unit: no ids to compare
+        return [{"passages": sum(1 for _ in _passages(job, rs, ps)), "node": _node()}, np.zeros((0, 2), np.uint64)]
     flat = np.fromiter(
         itertools.chain.from_iterable((id_hash(p.id), _digest(p.title, p.text)) for p in _passages(job, rs, ps)),
         dtype=np.uint64,
     )
     pairs = flat.reshape(-1, 2)
-    return {"passages": len(pairs), "node": _node()}, pairs[np.argsort(pairs[:, 0], kind="stable")]
+    pairs = pairs[np.argsort(pairs[:, 0], kind="stable")]
+    edges = np.array([(r << 64) // ranges for r in range(1, ranges)], dtype=np.uint64)
+    return [{"passages": len(pairs), "node": _node()}, *np.split(pairs, np.searchsorted(pairs[:, 0], edges))]
 
 
-# ---- round 2 (IVF) ----
+# ---- round 2 ----
+def dedup_range(*per_unit: np.ndarray) -> list[np.ndarray]:
+    """One hash range of every unit's (id hash, digest) pairs, in unit order (ids unique within a unit) ->
+    per unit, the (id hash, conflicting) pairs it must drop: ids an earlier unit holds, flagged 1 when the
+    digest differs from the earliest unit's. Sorted by id hash."""
+    pairs = np.concatenate(per_unit)
+    unit = np.repeat(np.arange(len(per_unit)), [len(p) for p in per_unit])
+    order = np.lexsort((unit, pairs[:, 0]))  # by id hash, then unit: each id's first occurrence leads
+    ids, digests, unit = pairs[order, 0], pairs[order, 1], unit[order]
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = ids[1:] != ids[:-1]
+    kept = np.maximum.accumulate(np.where(first, np.arange(len(ids)), 0))  # each row's first occurrence
+    later = np.flatnonzero(~first)
+    later = later[np.argsort(unit[later], kind="stable")]  # grouped by unit, by id hash within each
+    drops = np.column_stack((ids[later], (digests[later] != digests[kept[later]]).astype(np.uint64)))
+    return np.split(drops, np.searchsorted(unit[later], np.arange(1, len(per_unit))))
+
+
+# ---- round 3 (IVF) ----
 def sample_unit(job: UnitJob, rows: np.ndarray) -> list[str]:
     """The embedding inputs of the unit's passages at positions `rows` (sorted)."""
     wanted, out = set(rows.tolist()), []
@@ -260,15 +291,16 @@ def train_unit_template(
     }
 
 
-# ---- round 3 ----
-def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
-    """Cut the unit's shards (without the passages earlier units hold) and build those not yet built."""
+# ---- round 4 ----
+def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
+    """Cut the unit's shards (without the passages of its drop lists: ids earlier units hold, round 2)
+    and build those not yet built."""
     from indexing.native_memory import release_free_memory
 
     t0 = time.perf_counter()
-    seen = np.concatenate(earlier) if earlier else np.zeros((0, 2), np.uint64)
-    seen = seen[np.argsort(seen[:, 0], kind="stable")]
-    keys, digests = np.ascontiguousarray(seen[:, 0]), np.ascontiguousarray(seen[:, 1])
+    drops = np.concatenate(drop_lists) if drop_lists else np.zeros((0, 2), np.uint64)
+    drops = drops[np.argsort(drops[:, 0], kind="stable")]
+    keys, conflicting = np.ascontiguousarray(drops[:, 0]), drops[:, 1]
     rs, ps = ReadStats(), PassageStats()
     out: dict[str, Any] = {
         "node": _node(),
@@ -288,7 +320,7 @@ def build_unit(job: UnitJob, *earlier: np.ndarray) -> dict:
             i = int(np.searchsorted(keys, h))
             if i < len(keys) and keys[i] == h:
                 out["duplicates"] += 1
-                out["conflicting"] += int(digests[i]) != _digest(p.title, p.text)
+                out["conflicting"] += int(conflicting[i])
                 continue
             yield p
 
@@ -389,19 +421,25 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     return len(todo), len(copied)
 
 
-def _gather(refs: list) -> list:
+def _gather(refs: list, stage: str | None = None) -> list:
     """Every task's result, in order; after all have ended, the first failure is raised (its own
-    IndexingError where a task raised one, so the message is the one-line error of an in-process build)."""
+    IndexingError where a task raised one, so the message is the one-line error of an in-process build).
+    With a `stage` name (one task per unit), the units done are shown (build.UnitProgress)."""
     import ray
     from ray.exceptions import RayTaskError
 
     results, error, pending = {}, None, list(refs)
+    progress = UnitProgress(stage, len(refs)) if stage else None
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         try:
             results[done[0]] = ray.get(done[0])
         except Exception as exc:  # noqa: BLE001 (re-raised below, once every task has ended)
             error = error or exc
+        if progress:
+            progress.done()
+    if progress:
+        progress.close()
     if error is not None:
         cause = getattr(error, "cause", None) if isinstance(error, RayTaskError) else None
         if isinstance(cause, IndexingError):
@@ -411,7 +449,7 @@ def _gather(refs: list) -> list:
 
 
 class _ClusterBuilder(_Builder):
-    """build._Builder with stages 1-3 as Ray tasks (the module doc); stage 4 is the base class's."""
+    """build._Builder with stages 1-3 as Ray tasks (rounds 1-4 of the module doc); stage 4 is the base class's."""
 
     def __init__(self, *args: Any):
         super().__init__(*args)
@@ -459,7 +497,7 @@ class _ClusterBuilder(_Builder):
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
         self.template = self._known_template(prev)
-        units = expand_sources(self.sources)
+        units = plan_units(self.sources, self.fmt, self.cfg.index.unit_bytes)
         jobs = [self._job(u, prev) for u in units]
         from indexing.embed import resolve_device
         from indexing.raytools import embed_actor_gpus
@@ -470,15 +508,26 @@ class _ClusterBuilder(_Builder):
         gpus = embed_actor_gpus(self.cfg, resolve_device(spec.device)) if embeds else 0
         embedding_task = ray.remote(num_cpus=1, num_gpus=gpus, scheduling_strategy="SPREAD")  # train and build
         t = time.perf_counter()
-        scans = [task(scan_unit).options(num_returns=2).remote(j) for j in jobs]
-        counts = _gather([c for c, _ in scans])
-        ids = [i for _, i in scans]
+        ranges = min(len(jobs), DEDUP_RANGES) if len(jobs) > 1 else 0  # one unit: no earlier unit's ids
+        scans = [task(scan_unit).options(num_returns=1 + max(ranges, 1)).remote(j, ranges) for j in jobs]
+        counts = _gather([s[0] for s in scans], "scan")
         self.timings["scan_s"] = time.perf_counter() - t
+        drops: list[list] = [[] for _ in jobs]  # per unit: its drop list from each dedup task
+        if ranges:
+            t = time.perf_counter()
+            for r in range(ranges):
+                per_unit = task(dedup_range).options(num_returns=len(jobs)).remote(*[s[1 + r] for s in scans])
+                for unit_drops, ref in zip(drops, per_unit):
+                    unit_drops.append(ref)
+            refs = [ref for d in drops for ref in d]
+            ray.wait(refs, num_returns=len(refs), fetch_local=False)  # failures surface in the build round
+            self.timings["dedup_s"] = time.perf_counter() - t
+        del scans  # the id hashes leave the object store
         if self.template is None and self.ivf:
             self.template = self._train_on_cluster(task, embedding_task, jobs, [c["passages"] for c in counts])
             jobs = [dataclasses.replace(j, template=self.template) for j in jobs]
         t = time.perf_counter()
-        results = _gather([embedding_task(build_unit).remote(j, *ids[:i]) for i, j in enumerate(jobs)])
+        results = _gather([embedding_task(build_unit).remote(j, *d) for j, d in zip(jobs, drops)], "build")
         self.timings["unit_tasks_wait_s"] = time.perf_counter() - t
         metas = self._collect(units, counts, results)
         fault_point("build.passages_staged")
@@ -509,7 +558,7 @@ class _ClusterBuilder(_Builder):
         atomic_write(self.staging / ".template.json", json.dumps(template))  # a rerun reuses it
         return template
 
-    def _collect(self, units: list[str], counts: list[dict], results: list[dict]) -> list[dict]:
+    def _collect(self, units: list[Unit], counts: list[dict], results: list[dict]) -> list[dict]:
         metas: list[dict] = []
         nodes: dict[str, int] = {}
         for _unit, count, r in zip(units, counts, results):
@@ -530,7 +579,7 @@ class _ClusterBuilder(_Builder):
                 f"no passages in {', '.join(self.sources)}"
                 + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else "")
             )
-        self.dim = results[0]["dim"]
+        self.dim = next((r["dim"] for r in results if "dim" in r), None)  # a unit may have no shard
         self.extra = {"units": len(units), "tasks_by_node": nodes}
         log.info("cluster build: %d units, %d shards, tasks on %d nodes", len(units), len(metas), len(nodes))
         return metas

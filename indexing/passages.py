@@ -91,11 +91,14 @@ class PassageStats:
     empty: int = 0
 
 
-def passages_of(records: Iterable[Record], size: int, stats: PassageStats | None = None) -> Iterator[Passage]:
+def passages_of(
+    records: Iterable[Record], size: int, stats: PassageStats | None = None, seen: DigestSet | None = None
+) -> Iterator[Passage]:
     """Split records into passages and drop repeated ids (first kept). Holds a `DigestSet` of id
-    digests (about 12 bytes per passage) to merge duplicates across the whole stream."""
+    digests (about 12 bytes per passage) to merge duplicates across the whole stream; pass `seen` to
+    share it between streams (a build's units: a later unit drops ids an earlier one holds)."""
     stats = stats if stats is not None else PassageStats()
-    seen = DigestSet()
+    seen = seen if seen is not None else DigestSet()
     for rec in records:
         ps = record_passages(rec, size)
         if not ps:

@@ -19,6 +19,22 @@ Formats (`fmt`):
 by line; JSON files (dataset-sized lists and dicts) are parsed whole. Paragraphs of the multi-hop
 datasets carry no source id: their passage ids are derived from (title, text) (see passages.py),
 so a paragraph shared by several questions is one passage.
+
+Work units (`plan_units`, what a build reads and shards one at a time, and a cluster build's tasks): a
+file is one `Unit`, except an uncompressed line-oriented (JSONL, TSV) or Parquet file larger than
+`index.unit_bytes`, which is cut at the nominal offsets 0, U, 2U, ... (U = unit_bytes; fixed multiples,
+so appending to a file moves no boundary). A line-oriented unit [a, b) is resolved when read to whole
+lines: from the first *anchor* line starting at or after byte a (byte 0 for the first unit) to the first
+anchor line starting at or after b, an anchor being a line whose bytes hash to 0 modulo `anchor_every`
+(a few dozen lines apart; `anchor_spacing`). Lines are cut at b"\n" only, which is never part of a
+multi-byte UTF-8 character; units cover every line once (a last line without a newline included), and
+a unit may be empty. Anchors make the boundaries depend on content near the nominal offset, so an edit
+shifting the bytes of a file by d moves a later boundary only if an anchor lies within d bytes before
+its offset. A TSV unit after the first reads the file's header line for its columns (a quoted field
+spanning lines must not straddle a boundary: set index.unit_bytes=0 for such files); a generic JSONL
+unit decides whether the file has ids by the file's first record, as a whole-file read does. A
+Parquet unit [a, b) holds the row groups whose data start in it. Errors in a unit that starts past
+byte 0 name `file:byte N` (where the line starts) instead of `file:line`.
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import csv
 import json
 import logging
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -35,6 +52,7 @@ from indexing.errors import IndexingError
 
 log = logging.getLogger(__name__)
 
+COMPRESSED = (".gz", ".bz2", ".zst")  # opened with fsspec's compression="infer": read whole, never split
 FORMATS = ("dpr-tsv", "flashrag-jsonl", "jsonl", "parquet", "hotpotqa", "2wiki", "musique", "wiki-lead-sections")
 DEFAULT_FIELDS = {"id": "id", "title": "title", "text": "text"}
 
@@ -67,6 +85,27 @@ class ReadStats:
         log.warning("skipping bad record at %s: %s", where, reason)
 
 
+@dataclass(frozen=True)
+class Unit:
+    """A work unit: the whole file at `path` (start 0, end None), or its nominal byte range [start, end)
+    (end None: to the end of the file), resolved to whole lines or row groups when read (module doc)."""
+
+    path: str
+    start: int = 0
+    end: int | None = None
+    anchor_every: int = 1
+
+    def __str__(self) -> str:
+        whole = self.start == 0 and self.end is None
+        return self.path if whole else f"{self.path}[{self.start}:{'' if self.end is None else self.end}]"
+
+
+def anchor_spacing(unit_bytes: int) -> int:
+    """Lines between anchors on average: 64 for units of 256 MiB and more (tens of KiB of typical
+    lines), fewer for small units so that each still has anchors (1: every line is one)."""
+    return max(1, min(64, unit_bytes >> 22))
+
+
 class _Bad(Exception):
     """A malformed record; turned into a CorpusError or a skip by `read_corpus`."""
 
@@ -77,8 +116,7 @@ def _open(path: str, mode: str = "rt") -> Any:
     try:
         if "b" in mode:
             return fsspec.open(path, mode, compression="infer").open()
-        tsv = ".tsv" in path.rsplit("/", 1)[-1]
-        return fsspec.open(path, mode, compression="infer", encoding="utf-8", newline="" if tsv else None).open()
+        return fsspec.open(path, mode, compression="infer", encoding="utf-8").open()
     except FileNotFoundError:
         raise CorpusError(f"{path}: file not found") from None
     except (OSError, ValueError) as exc:
@@ -195,20 +233,48 @@ CONVERTERS: dict[str, Callable[[Any, dict], Iterator[Record]]] = {
 # ---- raw records of a file: (location, object) ----
 
 
-def _jsonl_items(path: str) -> Iterator[tuple[str, Any]]:
-    with _open(path, "rb") as f:
+def _anchor_at(f: Any, offset: int, every: int) -> int:
+    """The start of the first anchor line (module doc) that begins at or after byte `offset` > 0 of the
+    binary file `f`, or the end of the file if none does."""
+    f.seek(offset - 1)
+    pos = offset - 1 + len(f.readline())  # past the line holding byte offset-1: the next line starts here
+    while True:
+        line = f.readline()
+        if not line or zlib.crc32(line.rstrip(b"\n")) % every == 0:
+            return pos
+        pos += len(line)
+
+
+def _unit_lines(unit: Unit) -> Iterator[tuple[str, bytes]]:
+    """The raw lines of a unit, each with where it is: `file:line`, or `file:byte N` in a unit starting
+    past byte 0 (its line numbers are unknown without reading what comes before)."""
+    with _open(unit.path, "rb") as f:
+        start, end = 0, None
+        if unit.start or unit.end is not None:  # a byte range (an uncompressed file: seekable)
+            start = _anchor_at(f, unit.start, unit.anchor_every) if unit.start else 0
+            end = None if unit.end is None else _anchor_at(f, unit.end, unit.anchor_every)
+            f.seek(start)
+        pos = start
         for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield f"{path}:{lineno}", _Bad(f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
-                continue
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{lineno}", json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield f"{path}:{lineno}", _Bad(f"invalid JSON ({exc.msg} at column {exc.colno})")
+            if end is not None and pos >= end:
+                return
+            yield (f"{unit.path}:{lineno}" if start == 0 else f"{unit.path}:byte {pos}"), raw
+            pos += len(raw)
+
+
+def _jsonl_items(unit: Unit) -> Iterator[tuple[str, Any]]:
+    for where, raw in _unit_lines(unit):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield where, _Bad(f"not valid UTF-8 ({exc.reason} at byte {exc.start})")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield where, json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield where, _Bad(f"invalid JSON ({exc.msg} at column {exc.colno})")
 
 
 def _json_items(path: str) -> Iterator[tuple[str, Any]]:
@@ -232,50 +298,73 @@ def _json_items(path: str) -> Iterator[tuple[str, Any]]:
         raise CorpusError(f"{path}: top-level JSON is {type(data).__name__}, expected a list or an object")
 
 
-def _tsv_records(path: str, stats: ReadStats, skip: bool) -> Iterator[Record]:
+def _utf8(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorpusError(
+            f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); corpus files must be UTF-8"
+        ) from None
+
+
+def _tsv_records(unit: Unit, stats: ReadStats, skip: bool) -> Iterator[Record]:
     csv.field_size_limit(1 << 26)  # long documents in user TSVs; the default caps a field at 128 KiB
-    with _open(path) as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_MINIMAL)
-        header = next(reader, None)
-        if header is None:
+    path = unit.path
+    where = f"{path}:1"  # of the last line the csv reader took
+
+    def text_lines() -> Iterator[str]:
+        nonlocal where
+        if unit.start:  # a later unit of the file: its header line names the columns
+            with _open(path, "rb") as f:
+                yield _utf8(f.readline(), where)
+        for where, raw in _unit_lines(unit):
+            yield _utf8(raw, where)
+
+    reader = csv.reader(text_lines(), delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+    header = next(reader, None)
+    if header is None:
+        return
+    cols = [h.strip().lower() for h in header]
+    if not {"id", "text", "title"} <= set(cols):
+        raise CorpusError(f"{path}:1: DPR TSV header must name id, text and title (got {header!r})")
+    i_id, i_text, i_title = cols.index("id"), cols.index("text"), cols.index("title")
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
             return
-        cols = [h.strip().lower() for h in header]
-        if not {"id", "text", "title"} <= set(cols):
-            raise CorpusError(f"{path}:1: DPR TSV header must name id, text and title (got {header!r})")
-        i_id, i_text, i_title = cols.index("id"), cols.index("text"), cols.index("title")
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:
-                where = f"{path}:{reader.line_num}"
-                if not skip:
-                    raise CorpusError(f"{where}: {exc}") from None
-                stats.skip(where, str(exc))
-                continue
-            where = f"{path}:{reader.line_num}"
-            if len(row) != len(cols) or not row[i_id].strip():
-                reason = (
-                    f"expected {len(cols)} tab-separated fields, got {len(row)}"
-                    if len(row) != len(cols)
-                    else "empty id"
-                )
-                if not skip:
-                    raise CorpusError(f"{where}: {reason}")
-                stats.skip(where, reason)
-                continue
-            yield Record(title=row[i_title], text=row[i_text], source_id=row[i_id].strip())
+        except csv.Error as exc:
+            if not skip:
+                raise CorpusError(f"{where}: {exc}") from None
+            stats.skip(where, str(exc))
+            continue
+        if len(row) != len(cols) or not row[i_id].strip():
+            reason = (
+                f"expected {len(cols)} tab-separated fields, got {len(row)}" if len(row) != len(cols) else "empty id"
+            )
+            if not skip:
+                raise CorpusError(f"{where}: {reason}")
+            stats.skip(where, reason)
+            continue
+        yield Record(title=row[i_title], text=row[i_text], source_id=row[i_id].strip())
 
 
-def _parquet_items(path: str) -> Iterator[tuple[str, Any]]:
+def _parquet_items(unit: Unit) -> Iterator[tuple[str, Any]]:
     import pyarrow.parquet as pq
 
+    path = unit.path
     with _open(path, "rb") as f:
         try:
             pf = pq.ParquetFile(f)
-            row = 0
-            for batch in pf.iter_batches(batch_size=8192):
+            groups, row = [], 0  # the unit's row groups; rows before them
+            for g in range(pf.metadata.num_row_groups):
+                meta = pf.metadata.row_group(g)
+                at = meta.column(0).data_page_offset if meta.num_columns else 0
+                if at < unit.start:
+                    row += meta.num_rows
+                elif unit.end is None or at < unit.end:
+                    groups.append(g)
+            for batch in pf.iter_batches(batch_size=8192, row_groups=groups) if groups else ():
                 for obj in batch.to_pylist():
                     row += 1
                     yield f"{path}:row {row}", obj
@@ -299,7 +388,7 @@ def _first_line(path: str) -> str:
 def detect_format(path: str) -> str:
     """Pick a format from the extension and the first record; raise CorpusError when ambiguous."""
     name = path.rsplit("/", 1)[-1].lower()
-    for ext in (".gz", ".bz2", ".zst"):
+    for ext in COMPRESSED:
         name = name.removesuffix(ext)
     if name.endswith(".tsv"):
         return "dpr-tsv"
@@ -367,14 +456,47 @@ def expand_sources(sources: list[str]) -> list[str]:
     return units
 
 
+def _split_kind(path: str, fmt: str) -> str | None:
+    """How a file splits into byte-range units: "lines", "parquet", or None (read whole)."""
+    name = path.rsplit("/", 1)[-1].lower()
+    if name.endswith(COMPRESSED):
+        return None
+    if fmt == "parquet" or (fmt == "auto" and name.endswith(".parquet")):
+        return "parquet"
+    if fmt in ("dpr-tsv", "flashrag-jsonl", "jsonl") or name.endswith((".jsonl", ".tsv")):
+        return "lines"
+    return None
+
+
+def plan_units(sources: list[str], fmt: str = "auto", unit_bytes: int = 0) -> list[Unit]:
+    """The work units of `sources` in corpus order (module doc); `unit_bytes` 0: one unit per file. Only
+    file sizes are looked up: no corpus byte is read."""
+    import fsspec
+
+    units = []
+    for path in expand_sources(sources):
+        n = 1
+        if unit_bytes and _split_kind(path, fmt):
+            try:
+                size = fsspec.core.url_to_fs(path)[0].size(path)
+            except FileNotFoundError:
+                raise CorpusError(f"{path}: file not found") from None
+            except (OSError, ValueError) as exc:
+                raise CorpusError(f"{path}: cannot open ({type(exc).__name__}: {exc})") from None
+            n = max(1, -(-size // unit_bytes))
+        every = anchor_spacing(unit_bytes)
+        units += [Unit(path, i * unit_bytes, (i + 1) * unit_bytes if i + 1 < n else None, every) for i in range(n)]
+    return units
+
+
 def read_corpus(
-    path: str,
+    source: str | Unit,
     fmt: str = "auto",
     fields: dict | None = None,
     on_bad_line: str = "error",
     stats: ReadStats | None = None,
 ) -> Iterator[Record]:
-    """Stream the records of one corpus file or URI.
+    """Stream the records of one corpus file or URI, or of one work unit of it (`plan_units`).
 
     `on_bad_line="error"` raises CorpusError naming `file:line` at the first malformed record;
     `"skip"` skips it, counting it in `stats` (and logging it).
@@ -383,31 +505,33 @@ def read_corpus(
         raise CorpusError(f"on_bad_line must be 'error' or 'skip', not {on_bad_line!r}")
     stats = stats if stats is not None else ReadStats()
     skip = on_bad_line == "skip"
-    fmt = detect_format(path) if fmt == "auto" else fmt
+    unit = source if isinstance(source, Unit) else Unit(source)
+    fmt = detect_format(unit.path) if fmt == "auto" else fmt
     if fmt not in FORMATS:
         raise CorpusError(f"unknown corpus format {fmt!r}; choose from: auto, {', '.join(FORMATS)}")
     fields = {**DEFAULT_FIELDS, **(fields or {})}
-    log.info("reading %s as %s", path, fmt)
+    log.info("reading %s as %s", unit, fmt)
     try:
-        yield from _records(path, fmt, fields, skip, stats)
-    except UnicodeDecodeError as exc:  # TSV and JSON files are decoded as they are read
+        yield from _records(unit, fmt, fields, skip, stats)
+    except UnicodeDecodeError as exc:  # JSON files are decoded as they are read
         raise CorpusError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start} of a block); corpus files must be UTF-8"
+            f"{unit.path}: not UTF-8 text ({exc.reason} at byte {exc.start} of a block); corpus files must be UTF-8"
         ) from None
 
 
-def _records(path: str, fmt: str, fields: dict, skip: bool, stats: ReadStats) -> Iterator[Record]:
+def _records(unit: Unit, fmt: str, fields: dict, skip: bool, stats: ReadStats) -> Iterator[Record]:
+    path = unit.path
     if fmt == "dpr-tsv":
-        for rec in _tsv_records(path, stats, skip):
+        for rec in _tsv_records(unit, stats, skip):
             stats.records += 1
             yield rec
         return
     if fmt == "parquet":
-        items = _parquet_items(path)
-    elif fmt == "flashrag-jsonl" or (fmt == "jsonl"):
-        items = _jsonl_items(path)
-    elif _looks_like_jsonl(path):
-        items = _jsonl_items(path)
+        items = _parquet_items(unit)
+    elif fmt in ("flashrag-jsonl", "jsonl") or _looks_like_jsonl(path):
+        if fmt == "jsonl" and unit.start:
+            _ids_as_in_first_record(path, fields)
+        items = _jsonl_items(unit)
     else:
         items = _json_items(path)
     convert = CONVERTERS[fmt]
@@ -425,9 +549,20 @@ def _records(path: str, fmt: str, fields: dict, skip: bool, stats: ReadStats) ->
         yield from recs
 
 
+def _ids_as_in_first_record(path: str, fields: dict) -> None:
+    """A later unit of a generic JSONL file has ids when the file's first record has one (as `_generic`
+    decides for the whole file); a first record that is not a JSON object decides nothing."""
+    try:
+        obj = json.loads(_first_line(path) or "null")
+    except json.JSONDecodeError:
+        return
+    if isinstance(obj, dict):
+        fields["_has_ids"] = bool(fields.get("id")) and fields["id"] in obj
+
+
 def _looks_like_jsonl(path: str) -> bool:
     name = path.lower()
-    for ext in (".gz", ".bz2", ".zst"):
+    for ext in COMPRESSED:
         name = name.removesuffix(ext)
     if name.endswith(".jsonl"):
         return True

@@ -51,6 +51,13 @@ class IndexConfig(Section):
         description="IVF factories: passages sampled evenly over the corpus and embedded to train the "
         "shared quantizer and codebooks, at the first build (later builds of the index reuse them)",
     )
+    unit_bytes: int = Field(
+        256 * 2**20,
+        ge=0,
+        description="an uncompressed JSONL, TSV or Parquet file larger than this is read as several work units "
+        "of about this many bytes, cut between lines (indexing/readers.py): shards restart at each unit, and a "
+        "cluster build runs one task per unit. 0: one unit per file (e.g. a TSV whose quoted fields span lines)",
+    )
     passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
     bm25_k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (search time; Anserini's default)")
     bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (search time; Anserini's default)")
@@ -70,7 +77,7 @@ class IndexConfig(Section):
         1,
         ge=1,
         description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
-        "each when CUDA is present); a cluster build embeds in its per-file tasks instead",
+        "each when CUDA is present); a cluster build embeds in its unit tasks instead",
     )
     faiss_gpu: Literal["auto", "cpu", "gpu"] = Field(
         "auto",
