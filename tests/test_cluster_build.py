@@ -2,7 +2,7 @@
 driver's node) and two workers with one CPU each, all on this machine (`ray.cluster_utils.Cluster`).
 
 The corpus is four JSONL files of real HotpotQA paragraphs (ids h0, h1, ...; the last file repeats two
-passages of the first, so duplicates cross work units). The test encoder (`embedding.model=hash`) keeps
+passages of the first, so duplicates cross work units), or one such file cut into several units. The test encoder (`embedding.model=hash`) keeps
 embedding cheap; everything else (readers, FAISS, Lucene, checksums, publishing) is the real build.
 """
 
@@ -151,6 +151,34 @@ def test_cluster_build_spreads_over_nodes_and_searches_as_in_process(cluster, ro
     cfg = settings()
     ids = [r["id"] for r in rows]
     assert passages(tmp_path / "ray", cfg, ids) == passages(tmp_path / "local", cfg, ids)
+    for retriever in ("bm25", "dense"):
+        assert hits(tmp_path / "ray", cfg, retriever) == hits(tmp_path / "local", cfg, retriever), retriever
+
+
+@pytest.mark.slow  # ~25 s here: two builds of 13 shards
+def test_one_file_runs_as_several_unit_tasks(cluster, rows, tmp_path, request):
+    """A file larger than index.unit_bytes is several units, each one scan and one build task (spread over
+    both workers); ids repeated in a later unit are dropped through the dedup round; the shards and their keys
+    are those of the in-process build, which restarts shards at the same units, and so are the hits."""
+    path = tmp_path / "one.jsonl"
+    repeated = [*rows[:3], {**rows[5], "text": "the same id with another text"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows + repeated), encoding="utf-8")
+    units = {"index.unit_bytes": path.stat().st_size // 5 + 1}  # five units
+    local = build_index([str(path)], tmp_path / "local", settings(**units))
+    request.getfixturevalue("driver_without_corpus")
+    report = build_index([str(path)], tmp_path / "ray", settings(cluster, **units))
+    assert report["units"] == local["units"] == 5
+    assert sum(report["tasks_by_node"].values()) == 2 * 5 and set(report["tasks_by_node"]) == cluster["workers"]
+    assert report["dedup_s"] > 0 and report["shards"] > 5
+    for k in ("passages", "records", "duplicates_merged", "conflicting_duplicates", "passages_embedded"):
+        assert report[k] == local[k], k
+    assert (report["duplicates_merged"], report["conflicting_duplicates"]) == (4, 1)
+    keys = [s["key"] for s in read_manifest(tmp_path / "ray")["shards"]]
+    assert keys == [s["key"] for s in read_manifest(tmp_path / "local")["shards"]]
+    cfg = settings()
+    ids = [r["id"] for r in rows]
+    assert passages(tmp_path / "ray", cfg, ids) == passages(tmp_path / "local", cfg, ids)
+    assert passages(tmp_path / "ray", cfg, ["h5"])[0][2].startswith(rows[5]["text"][:40])  # the first kept
     for retriever in ("bm25", "dense"):
         assert hits(tmp_path / "ray", cfg, retriever) == hits(tmp_path / "local", cfg, retriever), retriever
 
