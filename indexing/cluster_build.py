@@ -242,10 +242,10 @@ def dedup_range(*per_unit: np.ndarray) -> list[np.ndarray]:
     per unit, the (id hash, conflicting) pairs it must drop: ids an earlier unit holds, flagged 1 when the
     digest differs from the earliest unit's. Sorted by id hash."""
     pairs = np.concatenate(per_unit)
-    unit = np.repeat(np.arange(len(per_unit)), [len(p) for p in per_unit])
+    unit: np.ndarray = np.repeat(np.arange(len(per_unit)), [len(p) for p in per_unit])
     order = np.lexsort((unit, pairs[:, 0]))  # by id hash, then unit: each id's first occurrence leads
     ids, digests, unit = pairs[order, 0], pairs[order, 1], unit[order]
-    first = np.ones(len(ids), dtype=bool)
+    first: np.ndarray = np.ones(len(ids), dtype=bool)
     first[1:] = ids[1:] != ids[:-1]
     kept = np.maximum.accumulate(np.where(first, np.arange(len(ids)), 0))  # each row's first occurrence
     later = np.flatnonzero(~first)
@@ -456,7 +456,7 @@ class _ClusterBuilder(_Builder):
         self.store = ShardStorage(str(self.root))
         self.dim: int | None = None
 
-    def _job(self, unit: str, prev: dict | None) -> UnitJob:
+    def _job(self, unit: Unit, prev: dict | None) -> UnitJob:
         cfg = self.cfg
         same_model = (
             self.dense

@@ -68,7 +68,7 @@ def test_a_multibyte_character_at_a_boundary(tmp_path):
 
 
 def test_tsv_units_take_the_header_of_the_file(tmp_path):
-    lines = ["title\tid\ttext"] + [f"T{i}\t{i}\t\"passage {i} über\"" for i in range(50)]
+    lines = ["title\tid\ttext"] + [f'T{i}\t{i}\t"passage {i} über"' for i in range(50)]
     path = tmp_path / "psgs.tsv"
     path.write_text("\n".join(lines), encoding="utf-8")  # no final newline
     units = plan_units([str(path)], unit_bytes=100)
@@ -89,7 +89,9 @@ def test_errors_in_a_later_unit_name_the_byte(tmp_path):
         read_units(units)
     stats = ReadStats()
     assert len(flat([list(read_corpus(u, on_bad_line="skip", stats=stats)) for u in units])) == 20
-    assert stats.skipped == [f"{good}:byte {offset}: invalid JSON (Expecting property name enclosed in double quotes at column 2)"]
+    assert stats.skipped == [
+        f"{good}:byte {offset}: invalid JSON (Expecting property name enclosed in double quotes at column 2)"
+    ]
 
 
 def test_jsonl_without_ids_stays_without_ids_in_later_units(tmp_path):
@@ -185,3 +187,19 @@ def test_build_over_units_holds_the_passages_of_one_unit(tmp_path):
         s["key"] for s in read_manifest(tmp_path / "units")["shards"]
     ]
     assert fresh["shards_built"] == fresh["shards"]
+
+
+def test_cluster_dedup_drops_ids_an_earlier_unit_holds():
+    """cluster_build's dedup round over one hash range: per unit, the ids an earlier unit holds (flagged
+    when their text digest differs from the first occurrence's), whatever the order units arrive in."""
+    import numpy as np
+
+    from indexing.cluster_build import dedup_range
+
+    def pairs(*rows):
+        return np.array(rows, dtype=np.uint64).reshape(-1, 2)
+
+    units = [pairs((1, 10), (5, 50)), pairs((1, 10), (3, 30)), pairs(), pairs((1, 11), (3, 30), (7, 70))]
+    drops = dedup_range(*units)
+    assert [d.tolist() for d in drops] == [[], [[1, 0]], [], [[1, 1], [3, 0]]]
+    assert dedup_range(units[3], units[0])[1].tolist() == [[1, 1]]  # the first unit given wins
