@@ -105,6 +105,17 @@ def test_row_i_is_record_i_and_nothing_is_embedded(corpus, tmp_path, encoded, ki
     assert [h[0].id for h in hits] == [f"r{i}" for i in kept()]
 
 
+def test_rows_count_records_over_the_units_of_a_file(corpus, tmp_path):
+    """The corpus read as four work units (index.unit_bytes): row i is still the file's record i."""
+    vectors = write_vectors(tmp_path / "v.npy", probes(LINES), "npy32")
+    cfg = config(**{"index.unit_bytes": corpus.stat().st_size // 4 + 1})
+    report = build_index([str(corpus)], tmp_path / "idx", cfg, vectors=vectors, on_bad_line="skip", fmt="jsonl")
+    assert report["units"] == 4 and report["vectors"]["taken"] == len(kept())
+    with open_index(tmp_path / "idx", cfg) as index:
+        hits = index.search([f"probe{i}" for i in kept()], k=1, retriever="dense")
+    assert [h[0].id for h in hits] == [f"r{i}" for i in kept()]
+
+
 def run_build(corpus: Path, idx: Path, *extra: str) -> int:
     return main(["index", "build", str(corpus), "--index", str(idx), "--skip-bad-lines", *LOCAL, *extra])
 
