@@ -155,7 +155,6 @@ def test_cluster_build_spreads_over_nodes_and_searches_as_in_process(cluster, ro
         assert hits(tmp_path / "ray", cfg, retriever) == hits(tmp_path / "local", cfg, retriever), retriever
 
 
-@pytest.mark.slow  # ~25 s here: two builds of 13 shards
 def test_one_file_runs_as_several_unit_tasks(cluster, rows, tmp_path, request):
     """A file larger than index.unit_bytes is several units, each one scan and one build task (spread over
     both workers); ids repeated in a later unit are dropped through the dedup round; the shards and their keys
