@@ -15,7 +15,9 @@ Stages, each visible in the log (and as progress bars on a terminal):
    embedding stage (embed.py). A shard's `vectors.npy` is saved as soon as its last batch arrives.
    With vectors given, nothing is embedded (the query model encodes one text, for its dimension).
 3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
-   staging directory is renamed into `shards/`.
+   staging directory is renamed into `shards/`. With `index.keep_vectors=false` a shard's `vectors.npy`
+   is deleted once its FAISS index is written (before its checksums): a later build re-embeds the
+   passages of the shards it changes instead of copying their vectors.
 4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
    `index.bm25_segments`) and id map (id hash -> shard, merged from the shards' sorted ids; store.py),
    a new manifest version, then `CURRENT` (manifest.py); old versions are pruned.
@@ -491,6 +493,7 @@ class _Builder:
                     cfg.index.threads,
                     str(self.root / self.template["path"]) if self.template else None,
                     self.settings["lucene"]["analyzer"],
+                    cfg.index.keep_vectors,
                 )
             )
             self._release()
@@ -606,7 +609,10 @@ class _Builder:
             m["files"] = ShardFiles(self.shards_dir / m["key"])
         if not self.dense:
             return None
-        return int(np.load(self.shards_dir / metas[0]["key"] / "vectors.npy", mmap_mode="r").shape[1])
+        from indexing.dense import faiss_dim
+
+        with open(self.shards_dir / metas[0]["key"] / "faiss.index", "rb") as f:
+            return faiss_dim(f)
 
     def _publish(self, manifest: dict, metas: list[dict]) -> None:
         """Stage 4: the version's BM25 index, the manifest, CURRENT; then old versions are collected."""
@@ -717,10 +723,17 @@ class _Builder:
 
 
 def finalize_shard(
-    staging_dir: str, final_dir: str, factory: str | None, threads: int, template: str | None, analyzer: dict
+    staging_dir: str,
+    final_dir: str,
+    factory: str | None,
+    threads: int,
+    template: str | None,
+    analyzer: dict,
+    keep_vectors: bool = True,
 ) -> dict[str, float]:
     """Build one shard's FAISS (unless `factory` is None: a BM25-only index) and Lucene indexes in staging,
-    checksum, and move it into place; returns the seconds of each step."""
+    checksum, and move it into place; returns the seconds of each step. Without `keep_vectors` the staged
+    `vectors.npy` is deleted once FAISS has them (a crash after that re-embeds the shard on rerun)."""
     from indexing.dense import build_faiss
     from indexing.sparse import build_lucene
 
@@ -731,6 +744,8 @@ def finalize_shard(
     t0 = time.perf_counter()
     if factory:
         build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index", Path(template) if template else None)
+        if not keep_vectors:
+            (src / "vectors.npy").unlink()
     fault_point("shard.faiss_written")
     t1 = time.perf_counter()
     t = read_table(src)

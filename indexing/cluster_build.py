@@ -111,17 +111,16 @@ class ShardStorage:
         return json.loads(fs.cat_file(f"{base}/shards/{key}/checksums.json"))
 
     def dim(self, key: str) -> int:
-        """The vectors' dimension of a complete shard, from the header of its vectors.npy."""
+        """The vectors' dimension of a complete shard, from the header of its faiss.index."""
         import fsspec
 
-        npy = np.lib.format
+        from indexing.dense import faiss_dim
+
         path = (
-            f"{self.root}/shards/{key}/vectors.npy" if self.remote else str(self.local / "shards" / key / "vectors.npy")
+            f"{self.root}/shards/{key}/faiss.index" if self.remote else str(self.local / "shards" / key / "faiss.index")
         )
         with fsspec.open(path, "rb") as f:
-            version = npy.read_magic(f)
-            shape = (npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0)(f)[0]
-        return int(shape[1])
+            return faiss_dim(f)
 
     def drop_pulled(self, rel: str) -> None:
         """Remove what `fetch` pulled under `rel` (a remote index's; a local one is never copied)."""
@@ -194,6 +193,7 @@ class UnitJob:
     release: bool  # index.memory_budget_mb set: give free pages back after each shard
     dense: bool  # false: a BM25-only index (index.dense): no vectors, no FAISS
     template: dict | None = None
+    keep_vectors: bool = True  # index.keep_vectors
 
     def key(self, content: str) -> str:
         """The shard key, as build._Builder._shard_key."""
@@ -378,7 +378,10 @@ def _build_shard(job: UnitJob, group: list, meta: dict, out: dict) -> None:
     tpl = job.template
     template = str(job.store.fetch(tpl["path"], {"sha256": tpl["sha256"], "bytes": tpl["bytes"]})) if tpl else None
     factory = job.factory if job.dense else None
-    _tally(out["timings"], job.store.finish(stage, meta["key"], factory, job.threads, template, job.analyzer))
+    _tally(
+        out["timings"],
+        job.store.finish(stage, meta["key"], factory, job.threads, template, job.analyzer, job.keep_vectors),
+    )
 
 
 def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[int, int]:
@@ -480,12 +483,14 @@ class _ClusterBuilder(_Builder):
             reuse_from=tuple(
                 (s["key"], s["first_id"], s["last_id"], {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
                 for s in prev["shards"]
+                if "vectors.npy" in s["files"]  # not with index.keep_vectors=false
             )
             if same_model and prev is not None
             else (),
             release=bool(cfg.index.memory_budget_mb),
             dense=self.dense,
             template=self.template,
+            keep_vectors=cfg.index.keep_vectors,
         )
 
     def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:

@@ -26,7 +26,7 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -70,6 +70,15 @@ def _write(index: Any, out: Path) -> None:
     tmp = out.with_name(out.name + ".tmp")
     faiss.write_index(index, str(tmp))
     tmp.replace(out)
+
+
+def faiss_dim(f: BinaryIO) -> int:
+    """The dimension of the FAISS index in the file `f` (local or fsspec) from its first bytes: every index
+    file starts with a 4-byte type code and then `d` as an int32 (faiss's write_index_header)."""
+    head = f.read(8)
+    if len(head) < 8:
+        raise IndexingError(f"{getattr(f, 'name', 'a FAISS file')} is too short to be a FAISS index")
+    return int.from_bytes(head[4:8], "little", signed=True)
 
 
 def train_template(vectors: np.ndarray, factory: str, out: Path) -> None:

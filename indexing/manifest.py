@@ -8,7 +8,8 @@
                                    published before it: their lookups search every shard)
       shards/<key>/                immutable, content-addressed (key = hash of passages + settings + IVF template)
         passages.arrow  ids.npy  faiss.index    what search reads (SEARCH_FILES; store.py, dense.py)
-        vectors.npy  lucene/                    what builds read (vector reuse, the version's BM25 merge)
+        vectors.npy  lucene/                    what builds read (vector reuse, the version's BM25 merge);
+                                                no vectors.npy with index.keep_vectors=false
         checksums.json                          sha256 and size of every file, written last
       trained/<sha>.index          an IVF factory's trained quantizer + codebooks, shared by all shards (dense.py)
       staging/<key>/               shards being built (key without the template); a crash leaves them here,

@@ -58,6 +58,13 @@ class IndexConfig(Section):
         "of about this many bytes, cut between lines (indexing/readers.py): shards restart at each unit, and a "
         "cluster build runs one task per unit. 0: one unit per file (e.g. a TSV whose quoted fields span lines)",
     )
+    keep_vectors: bool = Field(
+        True,
+        description="keep each shard's vectors.npy (4 x dim bytes a passage) beside its FAISS index, so that an "
+        "incremental build or a new faiss_factory copies vectors instead of embedding again; false: deleted once "
+        "the shard's FAISS index is written (for IVF-PQ, most of the disk), and a rebuild embeds the passages of "
+        "every changed shard again",
+    )
     passage_words: int = Field(100, ge=10, description="long texts are split into passages of this many words")
     bm25_k1: float = Field(0.9, gt=0, description="BM25 term-frequency saturation (search time; Anserini's default)")
     bm25_b: float = Field(0.4, ge=0, le=1, description="BM25 length normalisation (search time; Anserini's default)")

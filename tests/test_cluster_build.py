@@ -385,3 +385,25 @@ def test_bm25_only_index_on_the_cluster(cluster, rows, tmp_path):
     assert all("vectors.npy" not in s["files"] and "faiss.index" not in s["files"] for s in m["shards"])
     cfg = settings(**{"index.dense": False})
     assert hits(tmp_path / "idx", cfg, "bm25") == hits(tmp_path / "local", cfg, "bm25")
+
+
+def test_cluster_build_without_vectors_reembeds_changed_shards(cluster, rows, tmp_path):
+    """index.keep_vectors=false on the workers: no vectors.npy is kept; a refresh embeds the whole changed shard
+    (nothing to copy it from) and equals a cluster build that kept its vectors."""
+    sources = write_corpus(tmp_path / "corpus", rows)
+    dropped, kept = settings(cluster, **{"index.keep_vectors": False}), settings(cluster)
+    first = build_index(sources, tmp_path / "idx", dropped)
+    build_index(sources, tmp_path / "kept", kept)
+    m = read_manifest(tmp_path / "idx")
+    assert m["dim"] == 384 and not list((tmp_path / "idx").rglob("vectors.npy"))
+    verify_version(tmp_path / "idx", m, full=True)
+    edited = [dict(r) for r in rows]
+    edited[len(rows) // 4 + 3]["text"] += " A sentence added in a later revision."
+    write_corpus(tmp_path / "corpus", edited)
+    report = build_index(sources, tmp_path / "idx", dropped)
+    assert build_index(sources, tmp_path / "kept", kept)["passages_embedded"] == 1
+    changed = [s for s in read_manifest(tmp_path / "idx")["shards"] if s["key"] not in {x["key"] for x in m["shards"]}]
+    assert len(changed) == 1 and report["vectors_reused"] == 0
+    assert report["passages_embedded"] == changed[0]["passages"] > 1 and first["shards"] == report["shards"]
+    for retriever in ("bm25", "dense"):
+        assert hits(tmp_path / "idx", settings(), retriever) == hits(tmp_path / "kept", settings(), retriever)
