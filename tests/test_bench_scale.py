@@ -1,11 +1,19 @@
-"""`dynrag bench scale` end to end at a tiny size (plumbing and the figures' arithmetic, no timings asserted)."""
+"""`dynrag bench scale`: the DPR-shaped corpus writer, and the bench end to end at a tiny size (plumbing and
+the figures' arithmetic, no timings asserted)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from indexing.readers import ReadStats, read_corpus
+from jobs.bench import dpr_synthetic
+from jobs.bench.scale import disk_needed, ivf_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +28,101 @@ def dynrag(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_bench_scale_json(tmp_path):
+def test_dpr_synthetic_corpus(tmp_path):
+    path = tmp_path / "c.tsv"
+    assert dpr_synthetic.write_tsv(path, 3000, seed=4)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "id\ttext\ttitle" and len(lines) == 3001
+    ids, texts, titles = zip(*(line.split("\t") for line in lines[1:]))
+    assert list(ids) == [str(i) for i in range(1, 3001)]
+    assert all(t.startswith('"') and t.endswith('"') and len(t[1:-1].split(" ")) == 100 for t in texts)
+    assert all(1 <= len(t.split()) <= 3 and t.istitle() for t in titles) and 400 < len(set(titles)) < 1500
+    counts = collections.Counter(w for t in texts for w in t[1:-1].split())
+    ranked = [c for _, c in counts.most_common()]
+    assert counts.most_common(1)[0][0] == "the" and ranked[0] > 30 * ranked[99]  # Zipf, s = 1: 100x
+    assert 50_000 < len(counts) < 200_000  # a long tail of rare words
+    # the dpr-tsv reader takes it as DPR's file: 100 words a passage, titles apart
+    records = list(read_corpus(str(path), "auto", {}, "error", ReadStats()))
+    assert len(records) == 3000 and records[0].source_id == "1" and len(records[0].text.split()) == 100
+    assert abs(path.stat().st_size - dpr_synthetic.vocabulary().expected_bytes(3000)) < 0.01 * path.stat().st_size
+
+    # deterministic in its parameters; reused while its sidecar and size match, else written again
+    first = path.read_bytes()
+    other = tmp_path / "d.tsv"
+    dpr_synthetic.write_tsv(other, 3000, seed=4)
+    assert other.read_bytes() == first
+    dpr_synthetic.write_tsv(other, 3000, seed=5)
+    assert other.read_bytes() != first
+    mtime = path.stat().st_mtime_ns
+    assert not dpr_synthetic.write_tsv(path, 3000, seed=4) and path.stat().st_mtime_ns == mtime
+    size = dpr_synthetic.append_rows(path, 30, first_id=3001)
+    assert path.read_text(encoding="utf-8").splitlines()[-1].startswith("3030\t")
+    assert not dpr_synthetic.is_current(path, 3000, seed=4)
+    assert dpr_synthetic.write_tsv(path, 3000, seed=4) and path.read_bytes() == first and size == len(first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.tsv", "c.tsv.params.json", "d.tsv", "d.tsv.params.json"]
+    queries = dpr_synthetic.sample_queries(path, 50)
+    assert len(queries) == 50 and all(len(q.split()) == 12 for q in queries)
+
+
+def test_full_size_choices():
+    assert ivf_factory(2000) == ("IVF128,PQ64np", 2000)
+    assert ivf_factory(1_000_000) == ivf_factory(21_015_324) == ("IVF4096,PQ64np", 163_840)
+    from indexing import IndexSettings
+
+    s = IndexSettings(index={"faiss_factory": "IVF4096,PQ64np", "keep_vectors": False})
+    # 21M passages: the TSV, passages + ids + Lucene, 72 B of codes a passage, +1% and margins
+    need = disk_needed(21_015_324, 13_200_000_000, s, 384)
+    assert 36e9 < need < 42e9
+    kept = s.model_copy(deep=True)
+    kept.index.keep_vectors = True  # + the vectors, 1,536 B a passage at 384-d
+    assert disk_needed(21_015_324, 0, kept, 384) - disk_needed(21_015_324, 0, s, 384) > 21_015_324 * 1536
+
+
+@pytest.mark.slow
+def test_bench_scale_dpr_synthetic(tmp_path):
+    r = dynrag(
+        "bench",
+        "scale",
+        "--passages",
+        "2000",
+        "--corpus",
+        "dpr-synthetic",
+        "--encoder",
+        "hash",
+        "--queries",
+        "300",
+        "--batch",
+        "50",
+        "--json",
+        "--corpus-dir",
+        str(tmp_path),
+        "--keep",
+        "--set",
+        "index.shard_size=500",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["passages"] == 2000 and out["encoder"] == "hash" and out["shards"] >= 2
+    assert out["faiss_factory"] == "IVF128,PQ64np" and out["keep_vectors"] is False and out["corpus_written"]
+    assert not list((tmp_path / "index").rglob("vectors.npy"))
+    assert set(out["build_s_by_stage"]) >= {"passages", "faiss_train", "embed", "faiss", "lucene", "bm25_merge"}
+    assert abs(sum(out["build_s_by_stage"].values()) - out["build_s"]) < 0.05
+    assert out["build_peak_rss_bytes"] > 100 * 2**20  # the build process tree: Python, the JVM
+    assert out["queries"] == 300 and out["bm25_qps"] > 0 and out["dense_qps"] > 0 and out["open_s"] > 0
+    assert out["resident_beyond_faiss_bytes"] == out["rss_delta_bytes"] - out["faiss_bytes"]
+    assert out["resident_bytes_per_passage"] == round(out["resident_beyond_faiss_bytes"] / 2000, 1)
+    assert out["resident_goal_bytes"] == 256 * 2**20 + 16 * 2000
+    # 72 B of codes and ids a passage, plus the shards' codebooks and the template: in FAISS's files
+    assert out["faiss_bytes"] > 2000 * 72 and abs(out["faiss_bytes_per_passage"] * 2000 - out["faiss_bytes"]) < 200
+    assert out["incremental_passages_added"] == 20 and 0 < out["incremental_ratio"] < 1
+    assert out["incremental_passages_embedded"] >= 20 and out["incremental_shards_built"] >= 1
+    # the corpus is as written again (the 1% appended for the incremental build was cut off), and kept
+    assert dpr_synthetic.is_current(tmp_path / "dpr-synthetic-2000.tsv", 2000)
+    assert abs(out["disk_bytes_per_passage"] - sum(out["disk_bytes_per_passage_by_file"].values())) < 1
+
+
+@pytest.mark.slow
+def test_bench_scale_lead_sections(tmp_path):
     r = dynrag(
         "bench",
         "scale",
@@ -28,24 +130,24 @@ def test_bench_scale_json(tmp_path):
         "400",
         "--encoder",
         "hash",
-        "--json",
-        "--workdir",
+        "--queries",
+        "200",
+        "--corpus-dir",
         str(tmp_path),
         "--set",
         "index.shard_size=150",
     )
-    assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["passages"] == 400 and out["encoder"] == "hash" and out["shards"] >= 2
-    assert out["faiss_bytes_per_passage"] >= 384 * 4  # Flat, 384-d float32
-    assert out["resident_bytes_per_passage"] == round((out["rss_delta_bytes"] - out["faiss_bytes"]) / 400, 1)
-    assert (
-        out["open_s"] > 0 and out["build_s_per_1k"] > 0 and set(out["build_s_per_1k_by_stage"]) >= {"lucene", "embed"}
-    )
-    assert abs(out["disk_bytes_per_passage"] - sum(out["disk_bytes_per_passage_by_file"].values())) < 1
-    assert len((tmp_path / "corpus.jsonl").read_text().splitlines()) == 400
+    assert r.returncode == 0, r.stderr[-3000:]
+    text = r.stdout
+    for line in ("passages    400", "build ", "disk ", "open ", "search ", "resident ", "incremental +4 passages"):
+        assert line in text, line
+    assert list(tmp_path.iterdir()) == []  # without --keep, what the run wrote is removed
 
 
-def test_bench_scale_bad_size_is_one_line():
+def test_bench_scale_refusals_are_one_line(tmp_path):
     r = dynrag("bench", "scale", "--passages", "0")
     assert r.returncode == 2 and r.stderr.strip() == "dynrag: error: --passages must be at least 1, got 0"
+    r = dynrag("bench", "scale", "--passages", str(10**12), "--corpus", "dpr-synthetic", "--corpus-dir", str(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "GB free, the run needs about" in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []

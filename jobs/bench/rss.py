@@ -115,11 +115,19 @@ def run_measured(
     cwd: str | None = None,
     timeout: float | None = None,
     interval: float = 0.5,
+    capture_stderr: bool = True,
 ) -> Measured:
-    """Run `cmd` in its own session, sampling its tree's RSS; afterwards nothing of that session is left."""
+    """Run `cmd` in its own session, sampling its tree's RSS; afterwards nothing of that session is left.
+    Without `capture_stderr` its stderr is ours (its progress bars and logs show as it runs)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE if capture_stderr else None,
+        text=True,
+        start_new_session=True,
     )
     try:
         with TreeRss(proc.pid, interval) as m:
@@ -130,4 +138,4 @@ def run_measured(
         raise
     finally:
         _reap_session(proc.pid)
-    return Measured(proc.returncode, out, err, time.perf_counter() - t0, m.peak)
+    return Measured(proc.returncode, out, err or "", time.perf_counter() - t0, m.peak)

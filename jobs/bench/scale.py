@@ -1,36 +1,59 @@
-"""`dynrag bench scale`: what an index of N passages costs, per passage, so that sizes can be compared.
+"""`dynrag bench scale`: what an index of N passages costs to build, store and hold, so that sizes compare.
 
-1. corpus: N synthetic Wikipedia-like passages, each 100 words drawn (seeded) from the words of one
-   of the 10,033 packaged lead sections (pipeline/assets/embedded.py), titled by that article.
-2. build (this process, `runtime.mode` as configured): seconds per 1,000 passages by stage, and the
-   published version's bytes per passage on disk by file.
-3. search (a fresh process, so that its memory is the index's): the process first loads its
-   libraries, the JVM and the encoder on a 1,000-passage warm-up index, then opens the index (timed),
-   answers 1,000 BM25 and 1,000 dense queries (first sentence words of random lead sections, k=10,
-   one batch each) and reports RSS after minus RSS before opening (its JVM has a fixed 512 MiB heap,
-   committed before that first reading: see `_probe`). FAISS's share is the size of the
-   `faiss.index` files (what FAISS holds in memory); `resident_bytes_per_passage` is the rest / N.
+Corpora (`--corpus`):
 
-`--encoder hash` (indexing.embed.HashEncoder) is a deterministic feature-hashing test encoder, not
-a language model: it measures everything but embedding at sizes a CPU cannot embed; the default is
-the configured `embedding.model` (MiniLM).
+- `lead-sections` (default): N passages of 100 words drawn (seeded) from the words of one of the 10,033
+  packaged lead sections (pipeline/assets/embedded.py), titled by that article; one JSONL file.
+- `dpr-synthetic`: one DPR-shaped TSV (id, text, title; 100 words a passage over a Zipf vocabulary:
+  jobs/bench/dpr_synthetic.py), reused from `--corpus-dir` when present with the same parameters. It
+  comes with the settings of a full-size run: FAISS `ivf_factory(N)` (below) and `index.keep_vectors=false`
+  (the vectors of 21M passages at 384-d would take 32 GB of disk); `--set` and `--factory` override them.
+
+Steps, each but the first in a process of its own (scale_child.py), so that the bench's own memory is in
+no figure:
+
+1. corpus: written to `--corpus-dir` (default: a temporary directory), with the queries (`--queries`,
+   12 words each from random passages) and a 1,000-passage warm-up corpus. Before anything, the disk
+   space the run needs is estimated (`disk_needed`) and a run that does not fit is refused.
+2. build: a warm-up index (loads the encoder and the JVM), then the index, from scratch; wall time per
+   stage from the build's own report, the process tree's peak RSS sampled every 0.5 s (rss.py).
+3. search: a fresh index holder opens the index (timed), answers every query in batches of `--batch`
+   (k = 10) with BM25 and then dense, and reports its resident memory grown since before the open
+   (scale_child.py): beyond what FAISS loaded (its files: the shards' and the template's), anonymous
+   memory and file-backed pages (mapped Lucene and `ids.npy`), against the goal 256 MiB + 16 B x N.
+4. incremental: 1% new passages appended to the corpus (truncated back afterwards) and the index
+   rebuilt in place: that build's wall time / the full build's.
+
+`--encoder hash` (indexing.embed.HashEncoder) is a deterministic feature-hashing test encoder, not a
+language model: it measures everything but embedding at sizes a CPU cannot embed; the default is the
+configured `embedding.model` (MiniLM).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from jobs.bench import dpr_synthetic
 
 WARM_PASSAGES = 1000
-QUERIES = 1000
-JVM_HEAP_MB = 512
+MIB = 1 << 20
+GOAL_FIXED_BYTES, GOAL_BYTES_PER_PASSAGE = 256 * MIB, 16  # a holder's memory beyond FAISS (issue 30)
+# disk a passage takes besides its FAISS codes (measured at 1M: docs/scale.md): passages.arrow, ids.npy,
+# the shard's and the version's Lucene index
+PASSAGE_DISK_BYTES = 673 + 8 + 180
+IVF_MAX_LISTS = 4096  # trained on 40 x 4096 vectors of 384-d in a few minutes on 2 cores (ivf_factory)
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
@@ -38,11 +61,12 @@ def register(bsub: argparse._SubParsersAction) -> None:
 
     p = bsub.add_parser(
         "scale",
-        help="build and search an index of N synthetic passages; costs per passage",
+        help="build, search and refresh an index of N synthetic passages: time, memory and disk",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--passages", type=int, required=True, metavar="N", help="passages in the index")
+    p.add_argument("--corpus", choices=("lead-sections", "dpr-synthetic"), default="lead-sections")
     p.add_argument(
         "--encoder",
         default=None,
@@ -50,29 +74,295 @@ def register(bsub: argparse._SubParsersAction) -> None:
         help="embedding model: 'hash' (a cheap deterministic test encoder) or a model name "
         "(default: the configured embedding.model)",
     )
+    p.add_argument("--factory", default=None, help="index.faiss_factory (dpr-synthetic's default: ivf_factory(N))")
+    p.add_argument("--queries", type=int, default=10_000, help="queries per retriever (default 10,000)")
+    p.add_argument("--batch", type=int, default=100, help="queries per search call (default 100)")
+    p.add_argument(
+        "--corpus-dir",
+        default=None,
+        metavar="DIR",
+        help="where the corpus, the queries and the index go (default: a temporary directory)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep what the run wrote (corpus, index) for the next run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--workdir", default=None, help="where to build (default: a temporary directory, removed after)")
     add_config_args(p)
     p.set_defaults(func=run)
 
 
+def ivf_factory(n: int) -> tuple[str, int]:
+    """The FAISS factory and training sample of a `dpr-synthetic` run: about 4 sqrt(N) inverted lists (a power
+    of two, at most IVF_MAX_LISTS), trained on 40 vectors a list (faiss asks for at least 39), and PQ64np:
+    64-byte codes, without faiss's default polysemous training of PQ64 (a code order for Hamming-filtered
+    search, which IVF search does not use; it made training 13x slower here). Measured on this machine
+    (loaded): k-means of 512 lists on 20k vectors 1.5 s of CPU, growing with lists x sample; the 64
+    codebooks' training ~2.5 ms of CPU a sample vector, up to faiss's cap of 65,536."""
+    lists = min(IVF_MAX_LISTS, 2 ** max(4, round(math.log2(4 * math.sqrt(n)))))
+    return f"IVF{lists},PQ64np", min(n, 40 * lists)
+
+
+def faiss_bytes_per_passage(factory: str, dim: int) -> int:
+    """What FAISS stores a passage in (codes, and an IVF list's 8-byte id), from its factory string."""
+    pq, sq = re.search(r"PQ(\d+)", factory), re.search(r"SQ(\d+)", factory)
+    ivf = 8 if "IVF" in factory else 0
+    if pq:
+        return int(pq.group(1)) + ivf
+    if sq:
+        return dim * int(sq.group(1)) // 8 + ivf
+    hnsw = re.search(r"HNSW(\d+)", factory)
+    return 4 * dim + ivf + (8 * int(hnsw.group(1)) if hnsw else 0)
+
+
+def disk_needed(n: int, corpus_bytes: int, settings, dim: int) -> int:
+    """Bytes a run writes at most: the corpus (0 when reused), the index, the 1% appended and the rebuilt
+    shards of the incremental build (a second version's BM25 index), a shard's staged vectors; +10%."""
+    i = settings.index
+    per_passage = PASSAGE_DISK_BYTES + faiss_bytes_per_passage(i.faiss_factory, dim)
+    per_passage += 4 * dim if i.keep_vectors else 0
+    staged = min(n, i.shard_size) * 4 * dim
+    return int(1.1 * (corpus_bytes + n * per_passage * 1.02 + n * 100 + staged))
+
+
 def run(args: argparse.Namespace) -> int:
-    from jobs.cli import config_from_args
+    from pipeline.config import load_config
     from pipeline.errors import DynragError
 
-    if args.passages < 1:
-        raise DynragError(f"--passages must be at least 1, got {args.passages}")
-    cfg = config_from_args(args)
+    for name, value, least in (("passages", args.passages, 1), ("queries", args.queries, 1), ("batch", args.batch, 1)):
+        if value < least:
+            raise DynragError(f"--{name} must be at least {least}, got {value}")
+    overrides = list(args.overrides or [])
+    if args.corpus == "dpr-synthetic":  # the full-size defaults, before the user's --set
+        factory, train = ivf_factory(args.passages)
+        defaults = [f"index.faiss_factory={factory}", f"index.faiss_train_size={train}", "index.keep_vectors=false"]
+        overrides = defaults + overrides
     if args.encoder:
-        cfg.embedding.model = args.encoder
-    if args.workdir:
-        Path(args.workdir).mkdir(parents=True, exist_ok=True)
-        result = _run(args.passages, cfg, Path(args.workdir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="dynrag-bench-scale-") as tmp:
-            result = _run(args.passages, cfg, Path(tmp))
+        overrides.append(f"embedding.model={args.encoder}")
+    if args.factory:
+        overrides.append(f"index.faiss_factory={args.factory}")
+    cfg = load_config(getattr(args, "config", None), overrides)
+    work = Path(args.corpus_dir) if args.corpus_dir else Path(tempfile.mkdtemp(prefix="dynrag-bench-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    made: list[Path] = [] if args.corpus_dir else [work]
+    try:
+        result = Bench(args, cfg, work, made).run()
+    finally:
+        if not args.keep:
+            for path in reversed(made):
+                _remove(path)
+    if args.keep:
+        print(f"kept in {work}", file=sys.stderr)
     print(json.dumps(result) if args.json else _text(result))
     return 0
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, cfg, work: Path, made: list[Path]):
+        self.args, self.cfg, self.work, self.made = args, cfg, work, made
+        self.n = args.passages
+        self.settings = cfg.index_settings()
+        self.dpr = args.corpus == "dpr-synthetic"
+        ext = "tsv" if self.dpr else "jsonl"
+        self.corpus = work / f"{args.corpus}-{self.n}.{ext}"
+        self.warm_corpus = work / f"warm.{ext}"
+        self.index, self.warm_index, self.queries = work / "index", work / "warm-index", work / "queries.json"
+
+    def _made(self, path: Path) -> Path:
+        if path not in self.made:
+            self.made.append(path)
+        return path
+
+    def run(self) -> dict:
+        out: dict = {
+            "passages": self.n,
+            "corpus": self.args.corpus,
+            "encoder": self.cfg.embedding.model,
+            "faiss_factory": self.settings.index.faiss_factory,
+            "keep_vectors": self.settings.index.keep_vectors,
+        }
+        out.update(self._check_disk())
+        out.update(self._write_corpus())
+        full = self._build([([str(self.warm_corpus)], self.warm_index), ([str(self.corpus)], self.index)], fresh=True)
+        out.update(self._build_figures(full))
+        out.update(self._disk())
+        out.update(self._probe())
+        out.update(self._incremental(full["wall_s"]))
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        return out
+
+    # ---- 1. corpus ----
+    def _corpus_present(self) -> bool:
+        return self.dpr and dpr_synthetic.is_current(self.corpus, self.n)
+
+    def _check_disk(self) -> dict:
+        from pipeline.errors import DynragError
+
+        corpus_bytes = 0
+        if not self._corpus_present():
+            corpus_bytes = dpr_synthetic.vocabulary().expected_bytes(self.n) if self.dpr else 800 * self.n
+        need = disk_needed(self.n, corpus_bytes, self.settings, _dim(self.settings))
+        free = shutil.disk_usage(self.work).free
+        if need > free:
+            raise DynragError(
+                f"{self.work} has {free / 1e9:.1f} GB free, the run needs about {need / 1e9:.1f} GB "
+                "(choose another disk with --corpus-dir)"
+            )
+        return {"disk_needed_bytes": need, "disk_free_bytes": free}
+
+    def _write_corpus(self) -> dict:
+        from tqdm import tqdm
+
+        t = time.perf_counter()
+        written = True
+        if self.dpr:
+            with tqdm(total=self.n, desc="corpus", unit="row", disable=None, leave=False) as bar:
+                written = dpr_synthetic.write_tsv(self._made(self.corpus), self.n, progress=bar.update)
+            if not written:
+                self.made.remove(self.corpus)  # not this run's: left as found
+            dpr_synthetic.write_tsv(self._made(self.warm_corpus), WARM_PASSAGES, seed=1)
+            queries = dpr_synthetic.sample_queries(self.corpus, self.args.queries)
+        else:
+            articles = _articles(self.cfg)
+            write_corpus(self._made(self.corpus), self.n, articles)
+            write_corpus(self._made(self.warm_corpus), WARM_PASSAGES, articles, seed=1)
+            rng = random.Random(2)
+            queries = [" ".join(w[:12]) for _, w in rng.choices(articles, k=self.args.queries)]
+        seconds = time.perf_counter() - t
+        self._made(self.queries).write_text(json.dumps(queries), encoding="utf-8")
+        return {
+            "corpus_bytes": self.corpus.stat().st_size,
+            "corpus_written": written,
+            "corpus_rows_per_s": round(self.n / seconds) if written else None,
+        }
+
+    # ---- 2. build ----
+    def _child(self, what: str, spec: dict, measured: bool) -> tuple[Any, float, int]:
+        """Run scale_child.py; its stderr (progress bars, logs) goes to ours. Returns its result, wall
+        time and, when `measured`, its process tree's peak RSS."""
+        from jobs.bench.rss import run_measured
+        from pipeline.errors import DynragError
+
+        spec = {"config": self.cfg.model_dump(mode="json"), "log_level": _log_level(), **spec}
+        path = self.work / f".{what}.json"
+        path.write_text(json.dumps(spec), encoding="utf-8")
+        cmd = [sys.executable, "-m", "jobs.bench.scale_child", what, str(path)]
+        try:
+            if measured:
+                m = run_measured(cmd, capture_stderr=False)
+                code, stdout, wall, peak = m.returncode, m.stdout, m.wall_s, m.peak_rss
+            else:
+                t = time.perf_counter()
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+                code, stdout, wall, peak = p.returncode, p.stdout, time.perf_counter() - t, 0
+        finally:
+            path.unlink(missing_ok=True)
+        if code != 0:
+            raise DynragError(f"the bench's {what} process failed (exit {code}; its errors are above)")
+        return json.loads(stdout.strip().splitlines()[-1]), wall, peak
+
+    def _build(self, builds: list[tuple[list[str], Path]], fresh: bool = False) -> dict:
+        """Build in a child process; `fresh`: the first build is the warm-up, and each index starts from nothing."""
+        for _, index_dir in builds:
+            if fresh:
+                _remove(index_dir)
+            self._made(index_dir)
+        spec = {"builds": [(s, str(d)) for s, d in builds], "warm_first": fresh}
+        reports, _, peak = self._child("build", spec, measured=True)
+        report = reports[-1]
+        return {"report": report, "wall_s": report["seconds"], "peak_rss": peak}
+
+    def _build_figures(self, full: dict) -> dict:
+        r = full["report"]
+        stages = ("passages", "faiss_train", "embed", "faiss", "lucene", "checksum", "bm25_merge", "id_map")
+        by_stage = {k: round(r.get(f"{k}_s", 0.0), 2) for k in stages}
+        by_stage["other"] = round(r["seconds"] - sum(by_stage.values()), 2)
+        return {
+            "shards": r["shards"],
+            "faiss_train_size": self.settings.index.faiss_train_size if "faiss_train_s" in r else None,
+            "build_s": r["seconds"],
+            "build_s_by_stage": by_stage,
+            "build_s_per_1k": round(1000 * r["seconds"] / self.n, 4),
+            "build_peak_rss_bytes": full["peak_rss"],
+        }
+
+    def _disk(self) -> dict:
+        """Bytes of the published version by kind of file (what `index.keep_versions=1` would keep)."""
+        from indexing.manifest import read_manifest, version_files
+
+        by_kind: dict[str, int] = {}
+        for rel, files in version_files(read_manifest(self.index)):
+            for name, meta in files.items():
+                if rel.startswith("versions"):
+                    kind = "id map (version)" if rel.endswith("/id_shards") else "bm25 (version)"
+                else:  # a shard's file or folder (lucene/), or the IVF template (trained/)
+                    kind = "trained" if rel == "trained" else name.split("/")[0]
+                by_kind[kind] = by_kind.get(kind, 0) + meta["bytes"]
+        return {
+            "disk_bytes_per_passage": round(sum(by_kind.values()) / self.n, 1),
+            "disk_bytes_per_passage_by_file": {k: round(v / self.n, 1) for k, v in by_kind.items()},
+        }
+
+    # ---- 3. search ----
+    def _probe(self) -> dict:
+        spec = {
+            "index": str(self.index),
+            "warm_index": str(self.warm_index),
+            "queries": str(self.queries),
+            "batch": self.args.batch,
+        }
+        p, _, _ = self._child("probe", spec, measured=False)
+        beyond = p["rss_delta_bytes"] - p["faiss_bytes"]
+        return {
+            **p,
+            "faiss_bytes_per_passage": round(p["faiss_bytes"] / self.n, 1),
+            "resident_beyond_faiss_bytes": beyond,
+            "resident_beyond_faiss_anon_bytes": p["rss_delta_anon_bytes"] - p["faiss_bytes"],
+            "resident_bytes_per_passage": round(beyond / self.n, 1),
+            "resident_goal_bytes": GOAL_FIXED_BYTES + GOAL_BYTES_PER_PASSAGE * self.n,
+        }
+
+    # ---- 4. incremental ----
+    def _incremental(self, full_s: float) -> dict:
+        added = max(1, self.n // 100)
+        size = self.corpus.stat().st_size
+        try:
+            if self.dpr:
+                dpr_synthetic.append_rows(self.corpus, added, first_id=self.n + 1)
+            else:
+                write_corpus(self.corpus, added, _articles(self.cfg), seed=3, append=True)
+            inc = self._build([([str(self.corpus)], self.index)])
+        finally:
+            os.truncate(self.corpus, size)  # the corpus as written (its sidecar's size)
+        r = inc["report"]
+        return {
+            "incremental_passages_added": added,
+            "incremental_build_s": r["seconds"],
+            "incremental_build_peak_rss_bytes": inc["peak_rss"],
+            "incremental_shards_built": r["shards_built"],
+            "incremental_passages_embedded": r["passages_embedded"],
+            "incremental_ratio": round(r["seconds"] / full_s, 4),
+        }
+
+
+def _dim(settings) -> int:
+    """The embedding dimension, for the disk estimate: the model's hidden size where its folder says (1,024 if not)."""
+    from indexing.embed import HASH_ENCODER, HashEncoder, _model_config
+
+    name = settings.embedding.model
+    if name == HASH_ENCODER:
+        return HashEncoder.dim
+    return int(_model_config(settings.model_path(name)).get("hidden_size", 1024))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _log_level() -> str:
+    import logging
+
+    return logging.getLevelName(logging.getLogger().getEffectiveLevel())
 
 
 def _articles(cfg) -> list[tuple[str, list[str]]]:
@@ -82,9 +372,9 @@ def _articles(cfg) -> list[tuple[str, list[str]]]:
     return [(v["title"], v["extract"].split()) for _, v in sorted(sections.items()) if len(v["extract"].split()) >= 10]
 
 
-def write_corpus(path: Path, n: int, articles, seed: int = 0) -> None:
+def write_corpus(path: Path, n: int, articles, seed: int = 0, append: bool = False) -> None:
     rng = random.Random(seed)
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
         for i in range(n):
             title, words = articles[rng.randrange(len(articles))]
             f.write(
@@ -92,139 +382,32 @@ def write_corpus(path: Path, n: int, articles, seed: int = 0) -> None:
             )
 
 
-def _run(n: int, cfg, work: Path) -> dict:
-    import shutil
-
-    from indexing import build_index
-
-    for old in ("index", "warm"):  # always a fresh build
-        shutil.rmtree(work / old, ignore_errors=True)
-    articles = _articles(cfg)
-    write_corpus(work / "corpus.jsonl", n, articles)
-    write_corpus(work / "warm.jsonl", WARM_PASSAGES, articles, seed=1)
-    rng = random.Random(2)
-    (work / "queries.json").write_text(json.dumps([" ".join(w[:12]) for _, w in rng.choices(articles, k=QUERIES)]))
-    settings = cfg.index_settings()
-    build_index([str(work / "warm.jsonl")], work / "warm", settings)  # loads the encoder and the JVM
-    report = build_index([str(work / "corpus.jsonl")], work / "index", settings)
-    stages = ("passages_s", "embed_s", "faiss_s", "lucene_s", "checksum_s", "bm25_merge_s", "id_map_s")
-    build = {k.removesuffix("_s"): round(1000 * report.get(k, 0.0) / n, 4) for k in stages}
-    build["other"] = round(1000 * report["seconds"] / n - sum(build.values()), 4)
-    disk = _disk(work / "index")
-    probe = subprocess.run(
-        [sys.executable, "-m", "jobs.bench.scale", str(work), str(n)],
-        check=True,
-        input=json.dumps(cfg.model_dump(mode="json")),
-        capture_output=True,
-        text=True,
-    )
-    measured = json.loads(probe.stdout.strip().splitlines()[-1])
-    return {
-        "passages": n,
-        "encoder": cfg.embedding.model,
-        "shards": report["shards"],
-        "build_s_per_1k": round(1000 * report["seconds"] / n, 4),
-        "build_s_per_1k_by_stage": build,
-        "disk_bytes_per_passage": round(sum(disk.values()) / n, 1),
-        "disk_bytes_per_passage_by_file": {k: round(v / n, 1) for k, v in disk.items()},
-        **measured,
-        "resident_bytes_per_passage": round((measured["rss_delta_bytes"] - measured["faiss_bytes"]) / n, 1),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def _disk(root: Path) -> dict[str, int]:
-    """Bytes of the published version by kind of file (what `index.keep_versions=1` would keep)."""
-    from indexing.manifest import read_manifest, version_files
-
-    out: dict[str, int] = {}
-    for rel, files in version_files(read_manifest(root)):
-        for name, meta in files.items():
-            version_kind = "id map (version)" if rel.endswith("/id_shards") else "bm25 (version)"
-            kind = version_kind if rel.startswith("versions") else name.split("/")[0]
-            out[kind] = out.get(kind, 0) + meta["bytes"]
-    return out
-
-
-def _probe(work: Path, n: int, cfg_json: dict) -> dict:
-    """Run in a fresh process: RSS of opening the index and answering the queries. The JVM gets a fixed
-    heap, committed at its start (before the reading 'before'), as a long-lived holder's should have:
-    by default its heap grows with each BM25 batch's garbage towards a quarter of the machine's RAM."""
-    import gc
-
-    from indexing import open_index
-    from indexing.java import bound_jvm_memory, ensure_java
-    from pipeline.config import DynragConfig
-
-    ensure_java()
-    bound_jvm_memory(JVM_HEAP_MB)
-    settings = DynragConfig.model_validate(cfg_json).index_settings()
-    queries = json.loads((work / "queries.json").read_text())
-    with open_index(work / "warm", settings) as warm:
-        for retriever in ("bm25", "dense"):
-            warm.search(queries, k=10, retriever=retriever)
-    gc.collect()
-    before = _status()
-    t0 = time.perf_counter()
-    index = open_index(work / "index", settings)
-    open_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    index.search(queries[:1], k=10, retriever="dense")  # reads the FAISS shards
-    first_dense_s = time.perf_counter() - t1
-    timings = {}
-    for retriever in ("bm25", "dense"):
-        t = time.perf_counter()
-        index.search(queries, k=10, retriever=retriever)
-        timings[retriever] = time.perf_counter() - t
-    gc.collect()
-    after = _status()
-    from indexing.native_memory import release_free_memory
-
-    release_free_memory()  # what of the growth malloc only kept as free pages (search scratch)
-    trimmed = _status()
-    faiss_bytes = sum(p.stat().st_size for p in (work / "index").glob("shards/*/faiss.index"))
-    index.close()
-    return {
-        "open_s": round(open_s, 4),
-        "first_dense_query_s": round(first_dense_s, 3),
-        "bm25_s_per_1k_queries": round(timings["bm25"] * 1000 / len(queries), 3),
-        "dense_s_per_1k_queries": round(timings["dense"] * 1000 / len(queries), 3),
-        "rss_before_open_bytes": before["VmRSS"],
-        "rss_delta_bytes": after["VmRSS"] - before["VmRSS"],
-        "rss_delta_anon_bytes": after["RssAnon"] - before["RssAnon"],
-        "rss_delta_file_bytes": after["RssFile"] - before["RssFile"],
-        "rss_delta_after_malloc_trim_bytes": trimmed["VmRSS"] - before["VmRSS"],
-        "faiss_bytes": faiss_bytes,
-        "faiss_bytes_per_passage": round(faiss_bytes / n, 1),
-    }
-
-
-def _status() -> dict[str, int]:
-    """This process's resident bytes: all, anonymous (heap), file-backed (mapped files)."""
-    with open("/proc/self/status") as f:
-        return {
-            k: int(v.split()[0]) * 1024 for k, v in (x.split(":", 1) for x in f) if k in ("VmRSS", "RssAnon", "RssFile")
-        }
-
-
 def _text(r: dict) -> str:
-    stages = ", ".join(f"{k} {v:.3f}" for k, v in r["build_s_per_1k_by_stage"].items())
+    gb = 1e9
+    stages = ", ".join(f"{k} {v:.1f}" for k, v in r["build_s_by_stage"].items())
     files = ", ".join(f"{k} {v:.0f}" for k, v in r["disk_bytes_per_passage_by_file"].items())
+    corpus = f"{r['corpus_bytes'] / gb:.2f} GB" + (
+        f", written at {r['corpus_rows_per_s']:,} rows/s" if r["corpus_written"] else ", reused"
+    )
+    goal = r["resident_goal_bytes"]
     return "\n".join(
         [
-            f"passages {r['passages']} ({r['shards']} shards), encoder {r['encoder']}, load average {r['load_average']}",
-            f"build       {r['build_s_per_1k']:.3f} s per 1,000 passages ({stages})",
+            f"passages    {r['passages']:,} ({r['shards']} shards), corpus {r['corpus']} ({corpus}), encoder "
+            f"{r['encoder']}, FAISS {r['faiss_factory']}, keep_vectors {r['keep_vectors']}, load {r['load_average']}",
+            f"build       {r['build_s']:.1f} s ({stages}); peak RSS of the build {r['build_peak_rss_bytes'] / gb:.2f} GB",
             f"disk        {r['disk_bytes_per_passage']:.0f} bytes per passage ({files})",
-            f"open        {r['open_s']:.3f} s; first dense query (reads FAISS) {r['first_dense_query_s']:.2f} s",
-            f"search      BM25 {r['bm25_s_per_1k_queries']:.2f} s, dense {r['dense_s_per_1k_queries']:.2f} s per 1,000 queries (k=10)",
-            f"resident    {r['resident_bytes_per_passage']:.1f} bytes per passage beyond FAISS "
-            f"(RSS +{r['rss_delta_bytes'] / 2**20:.1f} MiB after open + 2,000 queries: anonymous "
-            f"+{r['rss_delta_anon_bytes'] / 2**20:.1f}, mapped files +{r['rss_delta_file_bytes'] / 2**20:.1f}; "
-            f"FAISS {r['faiss_bytes'] / 2**20:.1f} MiB = {r['faiss_bytes_per_passage']:.0f} bytes per passage; "
-            f"+{r['rss_delta_after_malloc_trim_bytes'] / 2**20:.1f} MiB once malloc returned its free pages)",
+            f"open        {r['open_s']:.4f} s; first dense query (reads FAISS) {r['first_dense_query_s']:.2f} s",
+            f"search      {r['queries']:,} queries in batches of {r['batch']}, k=10: BM25 {r['bm25_qps']:.1f} q/s, "
+            f"dense {r['dense_qps']:.1f} q/s",
+            f"resident    beyond FAISS {r['resident_beyond_faiss_bytes'] / MIB:.1f} MiB = "
+            f"{r['resident_bytes_per_passage']:.1f} B per passage (anonymous "
+            f"{r['resident_beyond_faiss_anon_bytes'] / MIB:.1f} MiB, mapped files {r['rss_delta_file_bytes'] / MIB:.1f} "
+            f"MiB); goal 256 MiB + 16 B x N = {goal / MIB:.0f} MiB: {'met' if r['resident_beyond_faiss_bytes'] <= goal else 'NOT met'}",
+            f"            RSS +{r['rss_delta_bytes'] / MIB:.1f} MiB after open + queries, of it FAISS "
+            f"{r['faiss_bytes'] / MIB:.1f} MiB ({r['faiss_bytes_per_passage']:.0f} B per passage); "
+            f"+{r['rss_delta_after_malloc_trim_bytes'] / MIB:.1f} MiB once malloc returned its free pages",
+            f"incremental +{r['incremental_passages_added']:,} passages: {r['incremental_build_s']:.1f} s "
+            f"({r['incremental_shards_built']} shards built, {r['incremental_passages_embedded']:,} passages embedded) "
+            f"= {r['incremental_ratio']:.4f} of the full build",
         ]
     )
-
-
-if __name__ == "__main__":  # the measuring process: python -m jobs.bench.scale WORKDIR N < config.json
-    print(json.dumps(_probe(Path(sys.argv[1]), int(sys.argv[2]), json.loads(sys.stdin.read()))))
