@@ -140,9 +140,9 @@ def run(args: argparse.Namespace) -> int:
     if args.factory:
         overrides.append(f"index.faiss_factory={args.factory}")
     cfg = load_config(getattr(args, "config", None), overrides)
-    work = Path(args.corpus_dir) if args.corpus_dir else Path(tempfile.mkdtemp(prefix="dynrag-bench-scale-"))
+    work = Path(args.corpus_dir or tempfile.mkdtemp(prefix="dynrag-bench-scale-"))
+    made: list[Path] = [] if args.corpus_dir and work.exists() else [work]  # removed after the run unless --keep
     work.mkdir(parents=True, exist_ok=True)
-    made: list[Path] = [] if args.corpus_dir else [work]
     try:
         result = Bench(args, cfg, work, made).run()
     finally:
