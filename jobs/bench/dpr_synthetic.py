@@ -5,7 +5,7 @@ psgs_w100.tsv, header `id\\ttext\\ttitle`, ids 1..N, the text quoted as DPR quot
   with ZIPF_S = 1.0 over VOCABULARY = 1,000,000 words. The 33 most frequent words are Lucene's English
   stop words (28% of the words, as "the", "of", "and" in English text); the others are made-up lower-case
   words whose length grows with their rank (3 + 0.3 log2 r letters, at most 12; 5.0 letters a word on
-  average by frequency): about 600 bytes of text a passage, 13.2 GB for DPR's 21,015,324 rows.
+  average by frequency): about 600 bytes of text a passage, 13.6 GB for DPR's 21,015,324 rows (13 GB for DPR's file).
 - Titles: 1-3 capitalised vocabulary words (ranks beyond the stop words) per article; an article is
   1-7 consecutive passages (3.5 on average), as DPR cuts articles into 100-word passages.
 
