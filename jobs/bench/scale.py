@@ -51,9 +51,10 @@ WARM_PASSAGES = 1000
 MIB = 1 << 20
 GOAL_FIXED_BYTES, GOAL_BYTES_PER_PASSAGE = 256 * MIB, 16  # a holder's memory beyond FAISS (issue 30)
 # disk a passage takes besides its FAISS codes, measured on dpr-synthetic at 100k (lead-sections: 94 + 80 B
-# of Lucene): passages.arrow, ids.npy, the shard's Lucene index; the version's BM25 index (one per version kept)
+# of Lucene): passages.arrow, ids.npy, the shard's Lucene index; the version's BM25 index and id map (12 B; one
+# per version kept)
 PASSAGE_DISK_BYTES = 658 + 8 + 243
-VERSION_BM25_BYTES = 216
+VERSION_BYTES = 216 + 12
 IVF_MAX_LISTS = 4096  # trained on 40 x 4096 vectors of 384-d in a few minutes on 2 cores (ivf_factory)
 
 
@@ -115,12 +116,12 @@ def faiss_bytes_per_passage(factory: str, dim: int) -> int:
 
 def disk_needed(n: int, corpus_bytes: int, settings, dim: int) -> int:
     """Bytes a run writes at most: the corpus (0 when reused), the index, for the incremental build 1% more
-    of both and a second version's BM25 index, and a shard's staged vectors; +10%."""
+    of both and a second version's BM25 index and id map, and a shard's staged vectors; +10%."""
     i = settings.index
-    per_passage = PASSAGE_DISK_BYTES + VERSION_BM25_BYTES + faiss_bytes_per_passage(i.faiss_factory, dim)
+    per_passage = PASSAGE_DISK_BYTES + VERSION_BYTES + faiss_bytes_per_passage(i.faiss_factory, dim)
     per_passage += 4 * dim if i.keep_vectors else 0
     staged = min(n, i.shard_size) * 4 * dim
-    return int(1.1 * (1.01 * (corpus_bytes + n * per_passage) + n * VERSION_BM25_BYTES + staged))
+    return int(1.1 * (1.01 * (corpus_bytes + n * per_passage) + n * VERSION_BYTES + staged))
 
 
 def run(args: argparse.Namespace) -> int:
