@@ -438,6 +438,8 @@ def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, c
     params = json.loads(open(dyn[dyn.index("--params") + 1]).read())
     assert params["template"] == made_up_dump()["templates"]["prompt"] and params["max_steps"] == 4
     assert json.loads((tmp_path / "flashrag.json").read_text())["pipeline"] == "IRCOTPipeline"
+    for side in ("dynrag", "flashrag"):  # each side's predictions are kept in the workdir
+        assert len(json.loads((tmp_path / f"{side}-repeat1.json").read_text())["predictions"]) == 2
     out = capsys.readouterr().out
     assert "ircot vs FlashRAG IRCOTPipeline" in out and "prompts/steps differ: same prompt text" in out
     assert "dynrag's template: FlashRAG's own" in out

@@ -70,7 +70,11 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "(default: --flashrag-batch on both sides, or as many as the file has left; 0: none)",
     )
     p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
-    p.add_argument("--workdir", help="where corpus, indexes and outputs go (default: a temporary directory)")
+    p.add_argument(
+        "--workdir",
+        help="where corpus, indexes and outputs go, with each side's result per repeat (SIDE-repeatN.json: its "
+        "predictions and retrieved ids per question) (default: a temporary directory)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     add_config_args(p)
     p.set_defaults(func=run)
@@ -264,6 +268,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         for side in order:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
             got[side] = r = parse_result(run_measured(sides[side]))
+            (work / f"{side}-repeat{rep + 1}.json").write_text(json.dumps(r, indent=1))  # predictions, per question
             r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
             print(
                 f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
