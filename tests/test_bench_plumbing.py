@@ -403,6 +403,7 @@ def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method)
     elif method == "self-ask":
         assert p.template == PromptTemplate(**t["head"]) and p.answer_template == PromptTemplate(**t["standard"])
         assert p.max_follow_ups == 2  # FlashRAG's 4 generate calls alternate follow-up and intermediate answer
+        assert p.retrieve_question  # FlashRAG's single_hop: the question's passages in the head prompt
     elif method == "iter-retgen":
         assert p.template == PromptTemplate(**t["prompt"]) and p.iterations == 3 and p.max_tokens == 24
     elif method == "sure":

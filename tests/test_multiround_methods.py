@@ -166,6 +166,18 @@ def test_self_ask_no_follow_up_needed_answers_without_retrieval():
     assert o.answer.prediction == "Rome" and o.trace.retrieval_calls == 0 and o.answer.retrieval_triggered is False
 
 
+def test_self_ask_retrieve_question_puts_the_questions_passages_in_the_first_prompt():
+    head = {"user": "{reference}Question: {question}\nAre follow up questions needed here: No.\n", "chat": False}
+    params = {"k": 2, "retrieve_question": True, "template": head}
+    (o,), gen, ret = run("self-ask", params, [("needed here: No.\n", "So the final answer is: James Cameron")])
+    assert o.answer.prediction == "James Cameron" and ret.calls == [1] and steps(o) == [("question", 1)] * 2
+    first = gen.log[0][0]
+    assert "Titanic won Best Picture" in first and first.index("Titanic") < first.index("Question:")
+    assert {h.id for h in o.answer.used_docs} == {d["id"] for d in o.trace.retrieved}
+    (o,), gen, ret = run("self-ask", {**params, "retrieve_question": False}, [("needed here: No.\n", "x")])
+    assert ret.calls == [] and "Titanic" not in gen.log[0][0]  # the paper's: no retrieval for the question
+
+
 def test_self_ask_max_follow_ups_forces_the_final_answer():
     replies = [
         ("So the final answer is:", "Titanic's director"),

@@ -53,6 +53,7 @@ def _self_ask(d: Dumped, k: int, max_new: int) -> dict[str, Any]:
         "max_follow_ups": (d["defaults"]["max_iter"] + 1) // 2,
         "step_tokens": max(4, max_new),
         "answer_tokens": max_new,
+        "retrieve_question": bool(d["defaults"].get("single_hop", False)),
         "template": d["templates"]["head"],
         "answer_template": d["templates"]["standard"],
     }
@@ -108,11 +109,11 @@ METHODS: dict[str, BenchMethod] = {
             "self-ask",
             "SelfAskPipeline",
             _self_ask,
-            differs="FlashRAG's Self-Ask (single_hop) retrieves for the question, puts those passages in the "
-            "prompt, writes 'No.' for the model and lets it write intermediate answers itself over the "
-            "latest follow-up's passages; dynrag's (the paper's) retrieves only for follow-ups and "
-            "answers each with a separate RAG call (FlashRAG's standard template). The head prompt is "
-            "FlashRAG's own, read from its pipeline",
+            differs="same head prompt (FlashRAG's own, read from its pipeline, with its 'No.' written for the "
+            "model) and, as FlashRAG's single_hop, the question's passages in it (retrieve_question); a "
+            "follow-up the model still asks is answered by a separate RAG call on dynrag's side "
+            "(FlashRAG's standard template), by the model itself over the follow-up's passages on "
+            "FlashRAG's",
         ),
         BenchMethod(
             "iter-retgen",

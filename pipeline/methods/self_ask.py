@@ -6,7 +6,8 @@ Generation stops at "Intermediate answer:" (the paper's stop); the follow-up is 
 that answer is inserted after "Intermediate answer:" before the model goes on. The paper asks a search engine
 for the answer; here the follow-up retrieves k passages and the run's generator answers it from them (one
 short-answer RAG prompt). It ends when the model writes "So the final answer is: ...". As in the paper there is
-no retrieval for the original question: a model that says "No." answers from its parameters.
+no retrieval for the original question: a model that says "No." answers from its parameters
+(`retrieve_question` puts the question's own passages in the prompt first, as FlashRAG's single-hop variant).
 
 Fallback (documented, `answer_forced` in the row): after `max_follow_ups` follow-ups, or when an output holds
 neither a follow-up nor a final answer (or the final answer is empty), "So the final answer is:" is appended
@@ -88,6 +89,11 @@ class SelfAskParams(MethodParams):
         None, ge=1, description="new tokens of an intermediate answer (None: generation.max_new_tokens)"
     )
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
+    retrieve_question: bool = Field(
+        False,
+        description="retrieve k passages for the question itself into {reference} before the first step "
+        "(FlashRAG's single-hop Self-Ask); False: the paper's, retrieval for follow-ups only",
+    )
     template: PromptTemplate | None = Field(
         None,
         description="self-ask prompt head, continued by the transcript; "
@@ -156,6 +162,9 @@ def self_ask(q: Question, p: SelfAskParams) -> Generator[Request, Any, Answer]:
     used: dict[str, Hit] = {}
     step_spec = SamplingSpec(max_tokens=p.step_tokens, stop=STOPS)
     answer, stopped = None, ""
+    if p.retrieve_question:
+        hits = list((yield Retrieve([q.question], k=p.k, retriever=p.retriever, step="question", path="question"))[0])
+        used.update((h.id, h) for h in hits)
     while not stopped:
         prompt = tpl.render(hits, suffix=transcript, question=q.question)
         kept, follow, final = read_step((yield from _generate(prompt, tpl.chat, step_spec, "self-ask")))
