@@ -71,7 +71,7 @@ from indexing.passages import Passage, PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, Record, plan_units, read_corpus
 from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
-from indexing.store import read_table, write_id_shards, write_store
+from indexing.store import read_table, save_array, write_id_shards, write_store
 
 log = logging.getLogger(__name__)
 
@@ -382,10 +382,7 @@ class _Builder:
             vecs[list(rows)] = old[list(old_rows)]
         self.vectors_reused += len(cached)
         d = self._stage_dir(meta)
-        tmp = d / ".vectors.npy.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, vecs)
-        os.replace(tmp, d / "vectors.npy")
+        save_array(d / "vectors.npy", vecs)
         (d / "to_embed.parquet").unlink(missing_ok=True)
 
     # ---- stage 2b: an IVF factory's shared template ----

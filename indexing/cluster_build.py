@@ -65,7 +65,7 @@ from indexing.faults import fault_point
 from indexing.passages import Passage, PassageStats, id_hash
 from indexing.readers import ReadStats, Unit, plan_units
 from indexing.shards import content_hash, shard_key, shard_stream
-from indexing.store import read_table, write_store
+from indexing.store import read_table, save_array, write_store
 
 if TYPE_CHECKING:
     from indexing.settings import IndexSettings
@@ -415,10 +415,7 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     for old, pairs in by_old.items():
         rows, old_rows = zip(*pairs)
         vecs[list(rows)] = np.load(old_dirs[old] / "vectors.npy", mmap_mode="r")[list(old_rows)]
-    tmp = stage / ".vectors.npy.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, vecs)
-    os.replace(tmp, stage / "vectors.npy")
+    save_array(stage / "vectors.npy", vecs)
     for old in old_dirs:
         job.store.drop_pulled(f"shards/{old}")
     return len(todo), len(copied)

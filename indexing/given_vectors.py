@@ -211,14 +211,11 @@ class GivenVectors:
 
     def save(self, group: list[RowPassage], raw: np.ndarray, stage: Path) -> None:
         """Write a staged shard's `vectors.npy`: float32, in its store's row order (id-hash order, store.py)."""
-        from indexing.store import id_hashes
+        from indexing.store import id_hashes, save_array
 
         vecs = raw[np.argsort(id_hashes([p.id for p in group]), kind="stable")].astype(np.float32)
         if self.normalize:
             norms = np.linalg.norm(vecs, axis=1, keepdims=True)
             vecs /= np.where(norms > 0, norms, 1)
-        tmp = stage / ".vectors.npy.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, vecs)
-        os.replace(tmp, stage / "vectors.npy")
+        save_array(stage / "vectors.npy", vecs)
         self.taken += len(group)

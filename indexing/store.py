@@ -62,13 +62,18 @@ def write_store(passages: list, shard_dir: Path) -> None:
     ps = [passages[i] for i in order]
     table = pa.table({"id": [p.id for p in ps], "title": [p.title for p in ps], "text": [p.text for p in ps]})
     table = table.replace_schema_metadata({"rows_per_batch": str(ROWS_PER_BATCH)})
-    _atomic(shard_dir / "ids.npy", lambda f: np.save(f, keys))
+    save_array(shard_dir / "ids.npy", keys)
 
     def arrow(f: BinaryIO) -> None:
         with ipc.new_file(f, table.schema) as w:
             w.write_table(table, max_chunksize=ROWS_PER_BATCH)
 
     _atomic(shard_dir / "passages.arrow", arrow)
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """Write `array` as the .npy file `path` atomically: a reader or a resumed build never sees half of it."""
+    _atomic(path, lambda f: np.save(f, array))
 
 
 def _atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
