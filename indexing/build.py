@@ -7,7 +7,8 @@ Stages, each visible in the log (and as progress bars on a terminal):
    is dropped), cut each unit's passages into content-defined shards (shards.py; boundaries restart at
    each unit, as in a cluster build, so both cut the same shards) and write every shard that does not
    exist yet to `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key
-   exists under `shards/` are reused untouched. With vectors given (`--vectors FILE`, given_vectors.py),
+   exists under `shards/` are reused untouched, and a unit whose bytes are those of a unit of the previous
+   version is not read at all: its shards are taken as they were (unit_reuse.py). With vectors given (`--vectors FILE`, given_vectors.py),
    each shard's rows of the file are read here: their digest is part of its key, and a staged shard gets
    its `vectors.npy` from them.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
@@ -64,17 +65,24 @@ from indexing.manifest import (
     current_version,
     publish,
     read_manifest,
+    version_name,
     write_checksums,
 )
 from indexing.native_memory import release_free_memory
 from indexing.passages import Passage, PassageStats, passages_of
-from indexing.readers import CorpusError, ReadStats, Record, plan_units, read_corpus
+from indexing.readers import CorpusError, ReadStats, Record, plan_units, read_corpus, unit_digest
 from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
 from indexing.store import read_table, save_array, write_id_shards, write_store
+from indexing.unit_reuse import UnitLedger, counts, unit_entry
 
 log = logging.getLogger(__name__)
 
+
+# a version's BM25 index is updated from the previous one's (not merged again from every shard) while it
+# holds at most this share of deleted documents and this many segments beyond index.bm25_segments
+BM25_MAX_DELETED = 0.05
+BM25_EXTRA_SEGMENTS = 16
 
 # with index.memory_budget_mb set, Lucene's JVM gets a fixed heap of at least this size (java.py)
 JVM_HEAP_MB = 512
@@ -213,6 +221,9 @@ class _Builder:
         self.embedded = 0
         self.vectors_reused = 0
         self.reembedded_shards: list[str] = []
+        self.previous: dict | None = None  # the version this build refreshes (`run`)
+        self._bm25_linked: dict[str, dict] = {}  # checksums of the BM25 files linked from the previous version
+        self.unit_entries: list[dict] | None = None  # the manifest's `units` (unit_reuse.py); None: not recorded
         self.extra: dict = {}  # further entries of the manifest's `build` record and of the report (cluster_build.py)
         # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
         self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
@@ -248,7 +259,7 @@ class _Builder:
             )
 
     # ---- stage 1 ----
-    def _stage_passages(self) -> list[dict]:
+    def _stage_passages(self, prev: dict | None) -> list[dict]:
         t = time.perf_counter()
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
@@ -258,7 +269,28 @@ class _Builder:
         progress = UnitProgress("read + shard", len(units))
         metas: list[dict] = []
         ivf_untrained = self.ivf and self.template is None
-        for unit in units:
+        # units of the previous version taken unread (unit_reuse.py): not with given vectors (their rows
+        # count every record) nor before a template is trained (no shard keys yet)
+        ledger = (
+            UnitLedger(prev, self._shard_key, self.shards_dir) if prev and not (self.given or ivf_untrained) else None
+        )
+        self.unit_entries = []
+        # what turns a unit's bytes into shards besides them: part of its digest
+        reading = [self.fmt, self.fields, self.on_bad_line, self.cfg.index.passage_words, self.settings["shard_size"]]
+        for position, unit in enumerate(units):
+            t_digest = time.perf_counter()
+            digest = _hash([unit_digest(unit, self.fmt), reading])
+            self._tally({"unit_digest_s": time.perf_counter() - t_digest})
+            taken = (
+                ledger.take(position, str(unit), digest, seen, self.read_stats, self.passage_stats) if ledger else None
+            )
+            if taken:
+                self.unit_entries.append(taken[0])
+                metas += taken[1]
+                self.extra["units_reused"] = self.extra.get("units_reused", 0) + 1
+                progress.done(f"{self.passage_stats.passages} passages, {len(metas)} shards")
+                continue
+            before, first_shard = counts(self.read_stats, self.passage_stats), len(metas)
             records: Iterable[Record] = read_corpus(
                 unit, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats
             )
@@ -269,6 +301,8 @@ class _Builder:
                 passages = self.given.attach(passages)
             for group in shard_stream(passages, self.settings["shard_size"]):  # shards restart at each unit
                 metas.append(self._stage_group(group, ivf_untrained))
+            after = counts(self.read_stats, self.passage_stats)
+            self.unit_entries.append(unit_entry(str(unit), digest, len(metas) - first_shard, before, after))
             progress.done(f"{self.passage_stats.passages} passages, {len(metas)} shards")
         progress.close()
         if self.read_stats.records == 0 or not metas:
@@ -578,7 +612,7 @@ class _Builder:
         """Stages 1-3: every shard of the corpus complete under `shards/`; returns their metas (in corpus
         order) and how many of them this build made (cluster_build.py does the same on Ray workers)."""
         self.template = self._known_template(prev)
-        metas = self._stage_passages()
+        metas = self._stage_passages(prev)
         fault_point("build.passages_staged")
         self._stage_template(metas)
         n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
@@ -586,14 +620,53 @@ class _Builder:
         return metas, n_new
 
     # ---- stage 4 ----
-    def _merge_bm25(self, metas: list[dict]) -> Path:
+    def _merge_bm25(self, metas: list[dict]) -> tuple[Path, dict]:
+        """The version's BM25 index (in staging) and its stats: updated from the previous version's when that
+        keeps it within BM25_UPDATE's bounds (`_bm25_update`), else merged from every shard."""
         from indexing.sparse import merge_lucene
 
         t = time.perf_counter()
         out = self.staging / ".bm25"
-        merge_lucene([self.shards_dir / m["key"] / "lucene" for m in metas], out, self.cfg.index.bm25_segments)
+        stats = self._bm25_update(metas, out)
+        if stats is None:
+            lucene = [self.shards_dir / m["key"] / "lucene" for m in metas]
+            stats = {**merge_lucene(lucene, out, self.cfg.index.bm25_segments), "updated": False}
         self.timings["bm25_merge_s"] = time.perf_counter() - t
-        return out
+        self.extra["bm25"] = stats
+        return out, stats
+
+    def _bm25_update(self, metas: list[dict], out: Path) -> dict | None:
+        """The previous version's BM25 index with the documents of its shards this version drops deleted and
+        the new shards' segments added (sparse.update_lucene: no segment is copied), or None when there is
+        none here to start from, or the result would hold more than `BM25_MAX_DELETED` deleted documents
+        (they count in BM25's statistics until merged away) or more than `BM25_EXTRA_SEGMENTS` segments
+        beyond `index.bm25_segments` (each costs every query a little)."""
+        from indexing.sparse import update_lucene
+
+        prev = self.previous
+        if not prev or not prev.get("bm25") or prev["settings"]["lucene"] != self.settings["lucene"]:
+            return None
+        folder = self.root / "versions" / version_name(prev["version"]) / prev["bm25"]["path"]
+        keys = {m["key"] for m in metas}
+        dropped = [s for s in prev["shards"] if s["key"] not in keys]
+        known = {s["key"] for s in prev["shards"]}
+        added = [m for m in metas if m["key"] not in known]
+        stores = [self.shards_dir / s["key"] for s in dropped]
+        if not folder.is_dir() or not all((d / "passages.arrow").is_file() for d in stores):
+            return None  # a remote build's previous version is not on this disk
+        deleted = prev["bm25"].get("deleted", 0) + sum(s["passages"] for s in dropped)
+        if deleted > BM25_MAX_DELETED * (deleted + sum(m["passages"] for m in metas)):
+            return None
+        ids = (i for d in stores for i in read_table(d).column("id").to_pylist())
+        stats = update_lucene(folder, out, ids, [self.shards_dir / m["key"] / "lucene" for m in added])
+        limit = self.cfg.index.bm25_segments + BM25_EXTRA_SEGMENTS
+        if self.cfg.index.bm25_segments and stats["segments"] > limit:
+            log.info("BM25 update left %d segments (more than %d): merging every shard", stats["segments"], limit)
+            return None
+        self._bm25_linked = {
+            name: prev["bm25"]["files"][name] for name in prev["bm25"]["files"] if _same_file(folder / name, out / name)
+        }
+        return {**stats, "updated": True}
 
     def _previous(self) -> dict | None:
         """The published manifest this build refreshes, if any."""
@@ -624,12 +697,14 @@ class _Builder:
         return out
 
     def _publish_here(self, manifest: dict, metas: list[dict]) -> None:
-        bm25 = self._merge_bm25(metas)
+        bm25, stats = self._merge_bm25(metas)
         fault_point("build.bm25_merged")
         folders = {"lucene": bm25, "id_shards": self._id_map(metas)}
+        known = {"lucene": self._bm25_linked, "id_shards": {}}
         for part, name in (("bm25", "lucene"), ("id_shards", "id_shards")):
-            manifest[part] = {"path": name, "files": write_checksums(folders[name])}
+            manifest[part] = {"path": name, "files": write_checksums(folders[name], known[name])}
             (folders[name] / "checksums.json").unlink()
+        manifest["bm25"].update(stats)
         publish(self.root, manifest, folders)
 
     def _clean_staging(self) -> None:
@@ -641,7 +716,7 @@ class _Builder:
 
     def run(self) -> dict:
         t0 = time.perf_counter()
-        prev = self._previous()
+        prev = self.previous = self._previous()
         self._check_vectors_source(prev)
         metas, n_new = self._build_shards(prev)
         dim = self._describe_shards(metas)
@@ -667,6 +742,7 @@ class _Builder:
                 "dim": dim,
                 "passages": sum(m["passages"] for m in metas),
                 "shards": metas,
+                **({"units": self.unit_entries} if self.unit_entries is not None else {}),
                 "build": {
                     "shards_reused": len(metas) - n_new,
                     "shards_built": n_new,
@@ -717,6 +793,10 @@ class _Builder:
             seconds,
         )
         return report
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and os.path.samefile(a, b)
 
 
 def finalize_shard(

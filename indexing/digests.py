@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 VALUE_MASK = 0xFFFFFFFF  # values are kept to their low 32 bits
+UNKNOWN = VALUE_MASK  # the value of keys added without one (`add_sorted` of a reused unit's ids)
 
 
 class DigestSet:
@@ -38,12 +39,33 @@ class DigestSet:
         if len(self._recent) >= self._run:
             self._flush()
 
+    def add_sorted(self, keys: np.ndarray, value: int = 0) -> None:
+        """Add sorted, distinct uint64 `keys` at once (a shard's `ids.npy`), each with `value`."""
+        if len(keys):
+            self._runs.append((np.asarray(keys, np.uint64), np.full(len(keys), value & VALUE_MASK, np.uint32)))
+            self._settle()
+
+    def holds_any(self, keys: np.ndarray) -> bool:
+        """Whether any of the uint64 `keys` was added."""
+        keys = np.asarray(keys, np.uint64)
+        if self._recent and np.isin(keys, np.fromiter(self._recent, np.uint64, len(self._recent))).any():
+            return True
+        for run, _ in self._runs:
+            at = np.minimum(np.searchsorted(run, keys), len(run) - 1)  # runs are never empty
+            if (run[at] == keys).any():
+                return True
+        return False
+
     def _flush(self) -> None:
         keys = np.fromiter(self._recent.keys(), dtype=np.uint64, count=len(self._recent))
         values = np.fromiter(self._recent.values(), dtype=np.uint32, count=len(self._recent))
         self._recent = {}
         order = np.argsort(keys)
         self._runs.append((keys[order], values[order]))
+        self._settle()
+
+    def _settle(self) -> None:
+        """Merge the newest runs while the one before is at most twice as large (runs stay largest first)."""
         while len(self._runs) > 1 and len(self._runs[-2][0]) <= 2 * len(self._runs[-1][0]):
             newer, older = self._runs.pop(), self._runs.pop()
             self._runs.append(_merge(older, newer))

@@ -67,11 +67,14 @@ def shard_files(shard_dir: Path) -> list[Path]:
     return sorted(p for p in shard_dir.rglob("*") if p.is_file() and p.name != "checksums.json")
 
 
-def write_checksums(shard_dir: Path) -> dict[str, dict]:
-    sums = {
-        str(p.relative_to(shard_dir)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-        for p in shard_files(shard_dir)
-    }
+def write_checksums(shard_dir: Path, known: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Checksum every file of `shard_dir` into its checksums.json; `known`: entries of files already
+    checksummed (hard links to a published version's files), taken as they are."""
+    known = known or {}
+    sums = {}
+    for p in shard_files(shard_dir):
+        name = str(p.relative_to(shard_dir))
+        sums[name] = known.get(name) or {"sha256": sha256_file(p), "bytes": p.stat().st_size}
     atomic_write(shard_dir / "checksums.json", checksums_text(sums))
     return sums
 

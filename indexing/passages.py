@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from indexing.digests import DigestSet
+from indexing.digests import UNKNOWN, DigestSet
 from indexing.readers import Record
 
 _WS = re.compile(r"\s+")
@@ -109,7 +109,7 @@ def passages_of(
             known = seen.get(key)
             if known is not None:
                 stats.duplicates += 1
-                if known != text_key:
+                if known not in (text_key, UNKNOWN):  # UNKNOWN: held by a reused unit (unit_reuse.py)
                     stats.conflicting_duplicates += 1
                 continue
             seen.add(key, text_key)

@@ -104,39 +104,119 @@ class LuceneShard:
             self._searcher = None
 
 
-def merge_lucene(shard_indexes: list[Path], out: Path, max_segments: int = 0) -> None:
-    """One Lucene index holding the segments of `shard_indexes`, in order (docids follow shard order),
-    then force-merged down to `max_segments` segments when that is > 0 (fewer segments, faster search)."""
-    ensure_java()
-    from pyserini.pyclass import autoclass  # configures the classpath; first: importing jnius starts the JVM
+class _Lucene:
+    """Lucene's classes through pyserini's JVM, for writing a version's BM25 index."""
 
-    # isort: split
-    from jnius import cast
+    def __init__(self) -> None:
+        ensure_java()
+        from pyserini.pyclass import autoclass  # configures the classpath; first: importing jnius starts the JVM
 
-    fs = autoclass("org.apache.lucene.store.FSDirectory")
-    paths = autoclass("java.nio.file.Paths")
-    config = autoclass("org.apache.lucene.index.IndexWriterConfig")(
-        autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
-    )
-    config.setOpenMode(autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode").CREATE)
-    if out.exists():
-        shutil.rmtree(out)
-    out_dir = fs.open(paths.get(str(out)))
-    writer = autoclass("org.apache.lucene.index.IndexWriter")(out_dir, config)
-    sources = [cast("org.apache.lucene.store.Directory", fs.open(paths.get(str(d)))) for d in shard_indexes]
+        # isort: split
+        from jnius import cast
+
+        self.autoclass, self.cast = autoclass, cast
+        self.fs, self.paths = autoclass("org.apache.lucene.store.FSDirectory"), autoclass("java.nio.file.Paths")
+
+    def directory(self, path: Path) -> Any:
+        return self.cast("org.apache.lucene.store.Directory", self.fs.open(self.paths.get(str(path))))
+
+    def writer(self, out: Any, mode: str) -> Any:
+        """An IndexWriter on the directory `out`, `mode` CREATE or APPEND."""
+        config = self.autoclass("org.apache.lucene.index.IndexWriterConfig")(
+            self.autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
+        )
+        config.setOpenMode(getattr(self.autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode"), mode))
+        return self.autoclass("org.apache.lucene.index.IndexWriter")(out, config)
+
+    def stats(self, directory: Any) -> dict:
+        """{"segments", "documents" (live), "deleted"} of the index in `directory`."""
+        reader = self.autoclass("org.apache.lucene.index.DirectoryReader").open(directory)
+        try:
+            return {
+                "segments": reader.leaves().size(),
+                "documents": reader.numDocs(),
+                "deleted": reader.numDeletedDocs(),
+            }
+        finally:
+            reader.close()
+
+
+def start_lucene() -> None:
+    """Start the JVM and load Lucene's writer class (what a build's first BM25 step would do)."""
+    _Lucene().autoclass("org.apache.lucene.index.IndexWriter")
+
+
+def _write(out: Path, mode: str, edit: Any) -> dict:
+    """Open a writer on `out`, run `edit(writer, lucene)`, commit, close; returns the index's stats."""
+    lucene = _Lucene()
+    out_dir = lucene.directory(out)
+    writer = lucene.writer(out_dir, mode)
     try:
-        writer.addIndexes(*sources)
-        if max_segments > 0:
-            writer.forceMerge(max_segments)
+        edit(writer, lucene)
         writer.commit()
     finally:
         writer.close()
+    try:
+        return lucene.stats(out_dir)
+    finally:
+        out_dir.close()
+        (out / "write.lock").unlink(missing_ok=True)  # an empty marker Lucene leaves behind; not part of the index
+
+
+def _add_indexes(writer: Any, lucene: _Lucene, shard_indexes: list[Path]) -> None:
+    sources = [lucene.directory(d) for d in shard_indexes]
+    try:
+        if sources:
+            writer.addIndexes(*sources)
+    finally:
         for d in sources:
             d.close()
-        out_dir.close()
-    lock = out / "write.lock"
-    if lock.exists():
-        lock.unlink()
+
+
+def merge_lucene(shard_indexes: list[Path], out: Path, max_segments: int = 0) -> dict:
+    """One Lucene index holding the segments of `shard_indexes`, in order (docids follow shard order),
+    then force-merged down to `max_segments` segments when that is > 0 (fewer segments, faster search);
+    returns its stats (`_Lucene.stats`)."""
+
+    def edit(writer: Any, lucene: _Lucene) -> None:
+        _add_indexes(writer, lucene, shard_indexes)
+        if max_segments > 0:
+            writer.forceMerge(max_segments)
+
+    if out.exists():
+        shutil.rmtree(out)
+    return _write(out, "CREATE", edit)
+
+
+def update_lucene(previous: Path, out: Path, delete_ids: Iterable[str], shard_indexes: list[Path]) -> dict:
+    """A version's BM25 index made from the previous version's without copying it: `out` gets hard links to
+    `previous`'s files (Lucene never rewrites a file), the documents of `delete_ids` are deleted, the segments
+    of `shard_indexes` appended, and Lucene's merge policy merges what it finds worth merging. A deleted
+    document stays in its segment, and in BM25's document count and mean length, until a merge rewrites
+    the segment (build.py bounds their share). Returns the stats (`_Lucene.stats`)."""
+    import os
+
+    def edit(writer: Any, lucene: _Lucene) -> None:
+        bytes_ref, terms = (
+            lucene.autoclass("org.apache.lucene.util.BytesRef"),
+            lucene.autoclass("java.util.ArrayList")(),
+        )
+        for doc_id in delete_ids:
+            terms.add(bytes_ref(doc_id.encode("utf-8")))
+        if terms.size():
+            query = lucene.autoclass("org.apache.lucene.search.TermInSetQuery")("id", terms)
+            writer.deleteDocuments(lucene.cast("org.apache.lucene.search.Query", query))
+        writer.commit()  # the deletes reach the previous segments only, not the ones added next
+        _add_indexes(writer, lucene, shard_indexes)
+        writer.maybeMerge()
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for f in previous.iterdir():
+        if f.is_file() and f.name not in ("write.lock", "checksums.json"):
+            os.link(f, out / f.name)
+    return _write(out, "APPEND", edit)
 
 
 def batch_search(searcher: LuceneShard, queries: list[str], k: int, threads: int) -> list[list[tuple[str, float]]]:

@@ -203,3 +203,48 @@ def test_cluster_dedup_drops_ids_an_earlier_unit_holds():
     drops = dedup_range(*units)
     assert [d.tolist() for d in drops] == [[], [[1, 0]], [], [[1, 1], [3, 0]]]
     assert dedup_range(units[3], units[0])[1].tolist() == [[1, 1]]  # the first unit given wins
+
+
+def test_unchanged_units_are_taken_unread(tmp_path):
+    """A rebuild reads only the units whose bytes changed (unit_reuse.py), and still equals a full build:
+    an append re-reads the last unit; an edit that gives an earlier unit an id a later unit holds re-reads
+    that later unit too (its passage is now a duplicate), and no other."""
+    recs = rows(300, seed=3)
+    path = write_jsonl(tmp_path / "c.jsonl", recs)
+    first = build_index([path], tmp_path / "index", settings(4000))
+    assert first["units"] > 6 and "units_reused" not in first
+
+    def rebuild_and_compare(name: str) -> dict:
+        again = build_index([path], tmp_path / "index", settings(4000))
+        fresh = build_index([path], tmp_path / name, settings(4000))
+        keys = [[s["key"] for s in read_manifest(tmp_path / d)["shards"]] for d in ("index", name)]
+        assert keys[0] == keys[1]
+        for k in ("passages", "records", "duplicates_merged", "conflicting_duplicates"):
+            assert again[k] == fresh[k], k
+        ids = [r["id"] for r in recs]
+        assert index_passages(tmp_path / "index", ids) == index_passages(tmp_path / name, ids)
+        return again
+
+    recs += rows(330, seed=4)[300:]
+    write_jsonl(tmp_path / "c.jsonl", recs)
+    appended = rebuild_and_compare("fresh-append")
+    assert appended["units_reused"] == first["units"] - 1
+
+    holder = next(
+        i
+        for i, u in enumerate(plan_units([path], unit_bytes=4000))
+        if any(r.source_id == "r290" for r in read_corpus(u))
+    )
+    recs[150] = {**recs[150], "id": "r290"}  # same length: no boundary moves; r290 is now a duplicate
+    write_jsonl(tmp_path / "c.jsonl", recs)
+    edited = rebuild_and_compare("fresh-edit")
+    assert edited["units_reused"] == edited["units"] - 2 and edited["conflicting_duplicates"] == 1
+    assert index_passages(tmp_path / "index", ["r290"])[0][2] == recs[150]["text"]
+    assert (
+        holder
+        > [
+            i
+            for i, u in enumerate(plan_units([path], unit_bytes=4000))
+            if any(r.source_id == "r290" for r in read_corpus(u))
+        ][0]
+    )

@@ -22,7 +22,10 @@ no figure:
    (scale_child.py): beyond what FAISS loaded (its files: the shards' and the template's), anonymous
    memory and file-backed pages (mapped Lucene and `ids.npy`), against the goal 256 MiB + 16 B x N.
 4. incremental: 1% new passages appended to the corpus (truncated back afterwards) and the index
-   rebuilt in place: that build's wall time / the full build's.
+   rebuilt in place: that build's wall time / the full build's, with the work units it took unread
+   (indexing/unit_reuse.py) and whether it updated the previous BM25 index or merged every shard again.
+
+After each step the figures so far are in `DIR/scale-N.partial.json` (removed when the run ends well).
 
 `--encoder hash` (indexing.embed.HashEncoder) is a deterministic feature-hashing test encoder, not a
 language model: it measures everything but embedding at sizes a CPU cannot embed; the default is the
@@ -180,14 +183,21 @@ class Bench:
             "faiss_factory": self.settings.index.faiss_factory,
             "keep_vectors": self.settings.index.keep_vectors,
         }
-        out.update(self._check_disk())
-        out.update(self._write_corpus())
-        full = self._build([([str(self.warm_corpus)], self.warm_index), ([str(self.corpus)], self.index)], fresh=True)
-        out.update(self._build_figures(full))
-        out.update(self._disk())
-        out.update(self._probe())
-        out.update(self._incremental(full["wall_s"]))
-        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        partial = self.work / f"scale-{self.n}.partial.json"  # what is measured so far, should a later step fail
+        for step in (
+            self._check_disk,
+            self._write_corpus,
+            lambda: self._build_figures(
+                self._build([([str(self.warm_corpus)], self.warm_index), ([str(self.corpus)], self.index)], fresh=True)
+            ),
+            self._disk,
+            self._probe,
+            lambda: self._incremental(out["build_s"]),
+        ):
+            out.update(step())
+            out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+            partial.write_text(json.dumps(out), encoding="utf-8")
+        partial.unlink()
         return out
 
     # ---- 1. corpus ----
@@ -273,14 +283,11 @@ class Bench:
 
     def _build_figures(self, full: dict) -> dict:
         r = full["report"]
-        stages = ("passages", "faiss_train", "embed", "faiss", "lucene", "checksum", "bm25_merge", "id_map")
-        by_stage = {k: round(r.get(f"{k}_s", 0.0), 2) for k in stages}
-        by_stage["other"] = round(r["seconds"] - sum(by_stage.values()), 2)
         return {
             "shards": r["shards"],
             "faiss_train_size": self.settings.index.faiss_train_size if "faiss_train_s" in r else None,
             "build_s": r["seconds"],
-            "build_s_by_stage": by_stage,
+            "build_s_by_stage": _by_stage(r),
             "build_s_per_1k": round(1000 * r["seconds"] / self.n, 4),
             "build_peak_rss_bytes": full["peak_rss"],
         }
@@ -340,8 +347,21 @@ class Bench:
             "incremental_build_peak_rss_bytes": inc["peak_rss"],
             "incremental_shards_built": r["shards_built"],
             "incremental_passages_embedded": r["passages_embedded"],
+            "incremental_units_reused": r.get("units_reused", 0),
+            "incremental_units": r["units"],
+            "incremental_bm25": r["bm25"],
+            "incremental_build_s_by_stage": _by_stage(r),
             "incremental_ratio": round(r["seconds"] / full_s, 4),
         }
+
+
+def _by_stage(report: dict) -> dict[str, float]:
+    """A build's wall time by stage (its report's timings); `passages` without the units' digests."""
+    stages = ("unit_digest", "passages", "faiss_train", "embed", "faiss", "lucene", "checksum", "bm25_merge", "id_map")
+    out = {k: round(report.get(f"{k}_s", 0.0), 2) for k in stages}
+    out["passages"] = round(out["passages"] - out["unit_digest"], 2)
+    out["other"] = round(report["seconds"] - sum(out.values()), 2)
+    return out
 
 
 def _dim(settings) -> int:
@@ -411,7 +431,10 @@ def _text(r: dict) -> str:
             f"{r['faiss_bytes'] / MIB:.1f} MiB ({r['faiss_bytes_per_passage']:.0f} B per passage); "
             f"+{r['rss_delta_after_malloc_trim_bytes'] / MIB:.1f} MiB once malloc returned its free pages",
             f"incremental +{r['incremental_passages_added']:,} passages: {r['incremental_build_s']:.1f} s "
-            f"({r['incremental_shards_built']} shards built, {r['incremental_passages_embedded']:,} passages embedded) "
+            f"({r['incremental_shards_built']} shards built, {r['incremental_passages_embedded']:,} passages embedded, "
+            f"{r['incremental_units_reused']}/{r['incremental_units']} units taken unread, BM25 "
+            f"{'updated' if r['incremental_bm25']['updated'] else 'merged again'}) "
             f"= {r['incremental_ratio']:.4f} of the full build",
+            "            " + ", ".join(f"{k} {v:.1f}" for k, v in r["incremental_build_s_by_stage"].items()),
         ]
     )

@@ -2,7 +2,8 @@
 figures: `python -m jobs.bench.scale_child build|probe SPEC.json` prints one JSON line (its result).
 
 - build: builds each (sources, index) of the spec in turn (the first, a small warm-up index, loads the
-  encoder and the JVM) and prints the builds' reports; the bench samples this process tree's RSS.
+  encoder and the JVM; without one, as for the incremental build, the JVM is started first) and prints the
+  builds' reports; the bench samples this process tree's RSS.
 - probe: an index holder. It loads its libraries, the JVM (fixed 512 MiB heap, committed at its start,
   as a long-lived holder's should be: by default the heap grows with each BM25 batch's garbage towards a
   quarter of the machine's RAM) and the encoder on the warm-up index, reads its memory, opens the index
@@ -36,6 +37,10 @@ def build(spec: dict) -> list[dict]:
 
     settings = _settings(spec)
     warm = _settings(spec, faiss_factory="Flat")  # an IVF factory cannot train on the warm-up's few passages
+    if not spec.get("warm_first"):  # no warm-up build: the JVM starts before the timed one, as it would there
+        from indexing.sparse import start_lucene
+
+        start_lucene()
     return [
         build_index(sources, index_dir, warm if i == 0 and spec.get("warm_first") else settings)
         for i, (sources, index_dir) in enumerate(spec["builds"])
