@@ -98,9 +98,10 @@ class IndexConfig(Section):
     bm25_segments: int = Field(
         1,
         ge=0,
-        description="merge each version's BM25 index (the union of its shards' Lucene segments) down to at "
-        "most this many segments: faster search for a re-merge per version; 0 keeps the shards' segments as they are "
-        "(the cheapest refresh for very large corpora)",
+        description="merge a version's BM25 index (the union of its shards' Lucene segments) down to at most this "
+        "many segments when it is merged from every shard: faster search; 0 keeps the shards' segments as they are. "
+        "A refresh instead updates the previous version's index (deletes the dropped shards' documents, adds the new "
+        "shards' segments) while that leaves at most 5% deleted documents and 16 segments beyond this number",
     )
     remote_cache_dir: str | None = Field(
         None,

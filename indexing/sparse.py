@@ -9,7 +9,9 @@ the segment count), and searched with one pyserini `batch_search` over all queri
 per-shard results by score, BM25 then uses the corpus-wide term statistics, so results equal
 those of one index built over all passages, and the per-query cost does not grow with the number
 of shards. The price is a copy of the Lucene segments per version (disk and I/O, no CPU-heavy
-analysis).
+analysis). A refresh avoids even that (`update_lucene`): the new version's index links the previous one's
+files, deletes the documents of the shards it drops and adds the new shards' segments; the deleted documents
+count in BM25's statistics until a merge rewrites their segment, so build.py bounds their share.
 """
 
 from __future__ import annotations
