@@ -8,9 +8,9 @@ Stages, each visible in the log (and as progress bars on a terminal):
    each unit, as in a cluster build, so both cut the same shards) and write every shard that does not
    exist yet to `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key
    exists under `shards/` are reused untouched, and a unit whose bytes are those of a unit of the previous
-   version is not read at all: its shards are taken as they were (unit_reuse.py). With vectors given (`--vectors FILE`, given_vectors.py),
-   each shard's rows of the file are read here: their digest is part of its key, and a staged shard gets
-   its `vectors.npy` from them.
+   version is not read at all: its shards are taken as they were (unit_reuse.py). With vectors given
+   (`--vectors FILE`, given_vectors.py), each shard's rows of the file are read here: their digest is part
+   of its key, and a staged shard gets its `vectors.npy` from them.
 2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
    previous version (same model settings) are copied from it; only the rest go through the
    embedding stage (embed.py). A shard's `vectors.npy` is saved as soon as its last batch arrives.
@@ -20,7 +20,7 @@ Stages, each visible in the log (and as progress bars on a terminal):
    is deleted once its FAISS index is written (before its checksums): a later build re-embeds the
    passages of the shards it changes instead of copying their vectors.
 4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
-   `index.bm25_segments`) and id map (id hash -> shard, merged from the shards' sorted ids; store.py),
+   `index.bm25_segments`, or the previous version's updated: `_bm25_update`) and id map (id hash -> shard, merged from the shards' sorted ids; store.py),
    a new manifest version, then `CURRENT` (manifest.py); old versions are pruned.
 
 A shard's key is a hash of its passages, the settings it is built with and, for an IVF factory, the
@@ -622,7 +622,7 @@ class _Builder:
     # ---- stage 4 ----
     def _merge_bm25(self, metas: list[dict]) -> tuple[Path, dict]:
         """The version's BM25 index (in staging) and its stats: updated from the previous version's when that
-        keeps it within BM25_UPDATE's bounds (`_bm25_update`), else merged from every shard."""
+        keeps it within BM25_MAX_DELETED and BM25_EXTRA_SEGMENTS (`_bm25_update`), else merged from every shard."""
         from indexing.sparse import merge_lucene
 
         t = time.perf_counter()
