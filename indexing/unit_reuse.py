@@ -64,28 +64,29 @@ class UnitLedger:
         """The unit's manifest entry and shard metas when it can be taken (module doc), its ids added to
         `seen` and its counts to the stats; None: read it."""
         found = self.units.get(name)
-        taken = found is not None and found[1]["sha256"] == digest and self._take(position, found, seen)
-        self.in_place = self.in_place and bool(taken)
-        if not taken or found is None:
+        metas = self._take(position, found, seen) if found is not None and found[1]["sha256"] == digest else None
+        self.in_place = self.in_place and metas is not None
+        if metas is None or found is None:
             return None
-        _, entry, old = found
+        entry = found[1]
         for k in READ_COUNTS:
             setattr(read_stats, k, getattr(read_stats, k) + entry[k])
         for k in PASSAGE_COUNTS:
             setattr(passage_stats, k, getattr(passage_stats, k) + entry[k])
+        return entry, metas
+
+    def _take(self, position: int, found: tuple[int, dict, list[dict]], seen: DigestSet) -> list[dict] | None:
+        """The unit's shard metas under this build's keys, its ids added to `seen`; None: it cannot be taken."""
+        previous_position, entry, old = found
         metas = [{k: m[k] for k in ("passages", "content_hash", "first_id", "last_id")} for m in old]
         for m in metas:
             m["key"] = self.shard_key(m["content_hash"])
-        return entry, metas
-
-    def _take(self, position: int, found: tuple[int, dict, list[dict]], seen: DigestSet) -> bool:
-        previous_position, entry, old = found
-        keys = [self.shard_key(m["content_hash"]) for m in old]
-        if not all((self.shards_dir / k / "checksums.json").is_file() for k in keys):
-            return False
-        ids = np.sort(np.concatenate([np.load(self.shards_dir / k / "ids.npy") for k in keys] or [np.zeros(0)]))
+        dirs = [self.shards_dir / m["key"] for m in metas]
+        if not all((d / "checksums.json").is_file() for d in dirs):
+            return None
+        ids = np.sort(np.concatenate([np.load(d / "ids.npy") for d in dirs] or [np.zeros(0)]))
         same_before = self.in_place and previous_position == position
         if not same_before and (entry["duplicates"] or seen.holds_any(ids)):
-            return False
+            return None
         seen.add_sorted(ids.astype(np.uint64), UNKNOWN)
-        return True
+        return metas
