@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from indexing.readers import ReadStats, read_corpus
-from jobs.bench import dpr_synthetic
+from jobs.bench import dpr_synthetic, memory_cap
 from jobs.bench.scale import disk_needed, ivf_factory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +121,26 @@ def test_bench_scale_dpr_synthetic(tmp_path):
     assert dpr_synthetic.is_current(tmp_path / "dpr-synthetic-2000.tsv", 2000)
     assert abs(out["disk_bytes_per_passage"] - sum(out["disk_bytes_per_passage_by_file"].values())) < 1
 
+    # the kept index searched again, without a build; under the goal's memory cap where cgroups can be made
+    cap = os.geteuid() == 0 and _cgroups()
+    r = dynrag("bench", "scale", "--search-only", "--corpus-dir", str(tmp_path), "--json", *["--memory-cap"] * cap)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = json.loads(r.stdout.strip().splitlines()[-1])
+    assert again["passages"] == 2020 and again["queries"] == 300 and "build_s" not in again
+    assert again["resident_goal_bytes"] == 256 * 2**20 + 16 * 2020
+    if cap:
+        assert again["capped_completed"] and again["capped_bm25_qps"] > 0 and again["capped_dense_qps"] > 0
+        want = again["rss_before_open_bytes"] + again["faiss_bytes"] + again["resident_goal_bytes"]
+        assert again["capped_limit_bytes"] == want and again["capped_peak_bytes"] <= want
+
+
+def _cgroups() -> bool:
+    try:
+        memory_cap._own_group()
+    except memory_cap.MemoryCapUnavailable:
+        return False
+    return True
+
 
 @pytest.mark.slow
 def test_bench_scale_lead_sections(tmp_path):
@@ -147,6 +168,10 @@ def test_bench_scale_lead_sections(tmp_path):
 def test_bench_scale_refusals_are_one_line(tmp_path):
     r = dynrag("bench", "scale", "--passages", "0")
     assert r.returncode == 2 and r.stderr.strip() == "dynrag: error: --passages must be at least 1, got 0"
+    r = dynrag("bench", "scale", "--search-only")
+    assert r.returncode == 2 and "give its --corpus-dir" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = dynrag("bench", "scale", "--search-only", "--corpus-dir", str(tmp_path))
+    assert r.returncode == 2 and f"no index at {tmp_path / 'index'}" in r.stderr, r.stderr
     r = dynrag("bench", "scale", "--passages", str(10**12), "--corpus", "dpr-synthetic", "--corpus-dir", str(tmp_path))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "GB free, the run needs about" in lines[0], r.stderr

@@ -21,9 +21,16 @@ no figure:
    (k = 10) with BM25 and then dense, and reports its resident memory grown since before the open
    (scale_child.py): beyond what FAISS loaded (its files: the shards' and the template's), anonymous
    memory and file-backed pages (mapped Lucene and `ids.npy`), against the goal 256 MiB + 16 B x N.
+3b. with `--memory-cap` (Linux, root): the search again, its process in a memory cgroup capped at what the
+   goal allows a holder (its memory before the open + FAISS's files + the goal; memory_cap.py), the page
+   cache dropped first so that the index files it reads are charged to it: whether it finished (or was
+   killed for memory), its queries/s and the cgroup's peak. RSS counts the mapped index files' pages, which
+   are page cache the kernel reclaims; the cap shows what the holder needs.
 4. incremental: 1% new passages appended to the corpus (truncated back afterwards) and the index
    rebuilt in place: that build's wall time / the full build's, with the work units it took unread
    (indexing/unit_reuse.py) and whether it updated the previous BM25 index or merged every shard again.
+
+`--search-only` runs steps 3 (and 3b) alone, on the index an earlier `--keep` run left in `--corpus-dir`.
 
 After each step the figures so far are in `DIR/scale-N.partial.json` (removed when the run ends well).
 
@@ -70,7 +77,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--passages", type=int, required=True, metavar="N", help="passages in the index")
+    p.add_argument("--passages", type=int, metavar="N", help="passages in the index (required but with --search-only)")
     p.add_argument("--corpus", choices=("lead-sections", "dpr-synthetic"), default="lead-sections")
     p.add_argument(
         "--encoder",
@@ -89,6 +96,17 @@ def register(bsub: argparse._SubParsersAction) -> None:
         help="where the corpus, the queries and the index go (default: a temporary directory)",
     )
     p.add_argument("--keep", action="store_true", help="keep what the run wrote (corpus, index) for the next run")
+    p.add_argument(
+        "--memory-cap",
+        action="store_true",
+        help="after the search step, search again in a memory cgroup capped at the goal's budget (step 3b; "
+        "Linux, root)",
+    )
+    p.add_argument(
+        "--search-only",
+        action="store_true",
+        help="measure only the search (and --memory-cap) of the index an earlier --keep run left in --corpus-dir",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_config_args(p)
     p.set_defaults(func=run)
@@ -131,9 +149,17 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from pipeline.errors import DynragError
 
-    for name, value, least in (("passages", args.passages, 1), ("queries", args.queries, 1), ("batch", args.batch, 1)):
+    if args.passages is None and not args.search_only:
+        raise DynragError("--passages N is required (but with --search-only)")
+    for name, value, least in (
+        ("passages", 1 if args.passages is None else args.passages, 1),
+        ("queries", args.queries, 1),
+        ("batch", args.batch, 1),
+    ):
         if value < least:
             raise DynragError(f"--{name} must be at least {least}, got {value}")
+    if args.search_only and not args.corpus_dir:
+        raise DynragError("--search-only measures an index kept by an earlier run: give its --corpus-dir")
     overrides = list(args.overrides or [])
     if args.corpus == "dpr-synthetic":  # the full-size defaults, before the user's --set
         factory, train = ivf_factory(args.passages)
@@ -184,21 +210,41 @@ class Bench:
             "keep_vectors": self.settings.index.keep_vectors,
         }
         partial = self.work / f"scale-{self.n}.partial.json"  # what is measured so far, should a later step fail
-        for step in (
-            self._check_disk,
-            self._write_corpus,
-            lambda: self._build_figures(
-                self._build([([str(self.warm_corpus)], self.warm_index), ([str(self.corpus)], self.index)], fresh=True)
-            ),
-            self._disk,
-            self._probe,
-            lambda: self._incremental(out["build_s"]),
-        ):
+        capped = [lambda: self._capped_probe(out)] if self.args.memory_cap else []
+        steps = [self._kept, self._probe, *capped]
+        if not self.args.search_only:
+            steps = [
+                self._check_disk,
+                self._write_corpus,
+                lambda: self._build_figures(
+                    self._build(
+                        [([str(self.warm_corpus)], self.warm_index), ([str(self.corpus)], self.index)], fresh=True
+                    )
+                ),
+                self._disk,
+                self._probe,
+                *capped,
+                lambda: self._incremental(out["build_s"]),
+            ]
+        for step in steps:
             out.update(step())
             out["load_average"] = [round(x, 2) for x in os.getloadavg()]
             partial.write_text(json.dumps(out), encoding="utf-8")
         partial.unlink()
         return out
+
+    def _kept(self) -> dict:
+        """--search-only: the index, warm-up index and queries an earlier --keep run left; N is the index's."""
+        from indexing.manifest import current_version, read_manifest
+        from pipeline.errors import DynragError
+
+        for path in (self.index, self.warm_index):
+            if current_version(path) is None:
+                raise DynragError(f"no index at {path}: build one first with --keep --corpus-dir {self.work}")
+        if not self.queries.exists():
+            raise DynragError(f"no {self.queries}: build one first with --keep --corpus-dir {self.work}")
+        self.n = read_manifest(self.index)["passages"]
+        return {"passages": self.n}
 
     # ---- 1. corpus ----
     def _corpus_present(self) -> bool:
@@ -246,9 +292,11 @@ class Bench:
         }
 
     # ---- 2. build ----
-    def _child(self, what: str, spec: dict, measured: bool) -> tuple[Any, float, int]:
+    def _child(self, what: str, spec: dict, measured: bool, cap: int | None = None) -> tuple[Any, float, int | None]:
         """Run scale_child.py; its stderr (progress bars, logs) goes to ours. Returns its result, wall
-        time and, when `measured`, its process tree's peak RSS."""
+        time and, when `measured`, its process tree's peak RSS; with a memory `cap` (memory_cap.py), the
+        cgroup's peak, and no result when the kernel killed it for memory."""
+        from jobs.bench.memory_cap import run_capped
         from jobs.bench.rss import run_measured
         from pipeline.errors import DynragError
 
@@ -256,10 +304,16 @@ class Bench:
         path = self.work / f".{what}.json"
         path.write_text(json.dumps(spec), encoding="utf-8")
         cmd = [sys.executable, "-m", "jobs.bench.scale_child", what, str(path)]
+        peak: int | None
         try:
             if measured:
                 m = run_measured(cmd, capture_stderr=False)
                 code, stdout, wall, peak = m.returncode, m.stdout, m.wall_s, m.peak_rss
+            elif cap is not None:
+                c = run_capped(cmd, cap)
+                if c.oom_killed:
+                    return None, c.wall_s, c.peak_bytes
+                code, stdout, wall, peak = c.returncode, c.stdout, c.wall_s, c.peak_bytes
             else:
                 t = time.perf_counter()
                 p = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -310,14 +364,16 @@ class Bench:
         }
 
     # ---- 3. search ----
-    def _probe(self) -> dict:
-        spec = {
+    def _probe_spec(self) -> dict:
+        return {
             "index": str(self.index),
             "warm_index": str(self.warm_index),
             "queries": str(self.queries),
             "batch": self.args.batch,
         }
-        p, _, _ = self._child("probe", spec, measured=False)
+
+    def _probe(self) -> dict:
+        p, _, _ = self._child("probe", self._probe_spec(), measured=False)
         beyond = p["rss_delta_bytes"] - p["faiss_bytes"]
         return {
             **p,
@@ -327,6 +383,16 @@ class Bench:
             "resident_bytes_per_passage": round(beyond / self.n, 1),
             "resident_goal_bytes": GOAL_FIXED_BYTES + GOAL_BYTES_PER_PASSAGE * self.n,
         }
+
+    def _capped_probe(self, out: dict) -> dict:
+        """The search again, the holder in a cgroup capped at what the goal allows it: its memory before the
+        open (libraries, JVM, encoder) + FAISS's files + the goal; the page cache dropped first."""
+        limit = out["rss_before_open_bytes"] + out["faiss_bytes"] + out["resident_goal_bytes"]
+        p, _, peak = self._child("probe", self._probe_spec(), measured=False, cap=limit)
+        figures = {"capped_limit_bytes": limit, "capped_peak_bytes": peak, "capped_completed": p is not None}
+        if p is not None:
+            figures |= {f"capped_{k}": p[k] for k in ("open_s", "bm25_qps", "dense_qps", "rss_delta_file_bytes")}
+        return figures
 
     # ---- 4. incremental ----
     def _incremental(self, full_s: float) -> dict:
@@ -405,13 +471,23 @@ def write_corpus(path: Path, n: int, articles, seed: int = 0, append: bool = Fal
 
 
 def _text(r: dict) -> str:
+    """The figures as lines, those of the steps that ran (--search-only: the search's)."""
+    lines = [_build_text(r)] if "build_s" in r else [f"passages    {r['passages']:,} (the kept index)"]
+    lines.append(_search_text(r))
+    if "capped_limit_bytes" in r:
+        lines.append(_capped_text(r))
+    if "incremental_ratio" in r:
+        lines.append(_incremental_text(r))
+    return "\n".join(lines)
+
+
+def _build_text(r: dict) -> str:
     gb = 1e9
     stages = ", ".join(f"{k} {v:.1f}" for k, v in r["build_s_by_stage"].items())
     files = ", ".join(f"{k} {v:.0f}" for k, v in r["disk_bytes_per_passage_by_file"].items())
     corpus = f"{r['corpus_bytes'] / gb:.2f} GB" + (
         f", written at {r['corpus_rows_per_s']:,} rows/s" if r["corpus_written"] else ", reused"
     )
-    goal, beyond = r["resident_goal_bytes"], r["resident_beyond_faiss_bytes"]
     peak = r["build_peak_rss_bytes"] / gb
     return "\n".join(
         [
@@ -420,6 +496,14 @@ def _text(r: dict) -> str:
             f"load {r['load_average']}",
             f"build       {r['build_s']:.1f} s ({stages}); peak RSS of the build {peak:.2f} GB",
             f"disk        {r['disk_bytes_per_passage']:.0f} bytes per passage ({files})",
+        ]
+    )
+
+
+def _search_text(r: dict) -> str:
+    goal, beyond = r["resident_goal_bytes"], r["resident_beyond_faiss_bytes"]
+    return "\n".join(
+        [
             f"open        {r['open_s']:.4f} s; first dense query (reads FAISS) {r['first_dense_query_s']:.2f} s",
             f"search      {r['queries']:,} queries in batches of {r['batch']}, k=10: BM25 {r['bm25_qps']:.1f} q/s, "
             f"dense {r['dense_qps']:.1f} q/s",
@@ -430,6 +514,24 @@ def _text(r: dict) -> str:
             f"            RSS +{r['rss_delta_bytes'] / MIB:.1f} MiB after open + queries, of it FAISS "
             f"{r['faiss_bytes'] / MIB:.1f} MiB ({r['faiss_bytes_per_passage']:.0f} B per passage); "
             f"+{r['rss_delta_after_malloc_trim_bytes'] / MIB:.1f} MiB once malloc returned its free pages",
+        ]
+    )
+
+
+def _capped_text(r: dict) -> str:
+    head = f"capped      the search again in {r['capped_limit_bytes'] / MIB:,.0f} MiB (before the open + FAISS + goal)"
+    peak = f", cgroup peak {r['capped_peak_bytes'] / MIB:,.0f} MiB" if r["capped_peak_bytes"] else ""
+    if not r["capped_completed"]:
+        return f"{head}: killed for memory{peak}"
+    return (
+        f"{head}: finished{peak}; BM25 {r['capped_bm25_qps']:.1f} q/s, dense {r['capped_dense_qps']:.1f} q/s, "
+        f"open {r['capped_open_s']:.4f} s, mapped files resident {r['capped_rss_delta_file_bytes'] / MIB:+.1f} MiB"
+    )
+
+
+def _incremental_text(r: dict) -> str:
+    return "\n".join(
+        [
             f"incremental +{r['incremental_passages_added']:,} passages: {r['incremental_build_s']:.1f} s "
             f"({r['incremental_shards_built']} shards built, {r['incremental_passages_embedded']:,} passages embedded, "
             f"{r['incremental_units_reused']}/{r['incremental_units']} units taken unread, BM25 "
