@@ -127,6 +127,7 @@ def test_bench_scale_dpr_synthetic(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     again = json.loads(r.stdout.strip().splitlines()[-1])
     assert again["passages"] == 2020 and again["queries"] == 300 and "build_s" not in again
+    assert again["encoder"] == "hash" and again["faiss_factory"] == "IVF128,PQ64np"  # the index's, not the config's
     assert again["resident_goal_bytes"] == 256 * 2**20 + 16 * 2020
     if cap:
         assert again["capped_completed"] and again["capped_bm25_qps"] > 0 and again["capped_dense_qps"] > 0
