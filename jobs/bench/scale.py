@@ -515,7 +515,7 @@ def _search_text(r: dict) -> str:
             f"(anonymous {r['resident_beyond_faiss_anon_bytes'] / MIB:.1f} MiB, mapped files "
             f"{r['rss_delta_file_bytes'] / MIB:.1f} MiB); goal 256 MiB + 16 B x N = {goal / MIB:.0f} MiB: "
             + ("met" if beyond <= goal else "NOT met")
-            + (", met by the anonymous part" if beyond > goal >= r["resident_beyond_faiss_anon_bytes"] else ""),
+            + (" (the anonymous part alone: met)" if beyond > goal >= r["resident_beyond_faiss_anon_bytes"] else ""),
             f"            RSS +{r['rss_delta_bytes'] / MIB:.1f} MiB after open + queries, of it FAISS "
             f"{r['faiss_bytes'] / MIB:.1f} MiB ({r['faiss_bytes_per_passage']:.0f} B per passage); "
             f"+{r['rss_delta_after_malloc_trim_bytes'] / MIB:.1f} MiB once malloc returned its free pages",
