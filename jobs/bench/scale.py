@@ -30,7 +30,8 @@ no figure:
    rebuilt in place: that build's wall time / the full build's, with the work units it took unread
    (indexing/unit_reuse.py) and whether it updated the previous BM25 index or merged every shard again.
 
-`--search-only` runs steps 3 (and 3b) alone, on the index an earlier `--keep` run left in `--corpus-dir`.
+`--search-only` runs steps 3 (and 3b) alone, on the index an earlier `--keep` run left in `--corpus-dir`,
+with the first `--queries` of its queries.
 
 After each step the figures so far are in `DIR/scale-N.partial.json` (removed when the run ends well).
 
@@ -87,7 +88,12 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "(default: the configured embedding.model)",
     )
     p.add_argument("--factory", default=None, help="index.faiss_factory (dpr-synthetic's default: ivf_factory(N))")
-    p.add_argument("--queries", type=int, default=10_000, help="queries per retriever (default 10,000)")
+    p.add_argument(
+        "--queries",
+        type=int,
+        default=10_000,
+        help="queries per retriever (default 10,000; --search-only: the first of the kept run's)",
+    )
     p.add_argument("--batch", type=int, default=100, help="queries per search call (default 100)")
     p.add_argument(
         "--corpus-dir",
@@ -372,6 +378,7 @@ class Bench:
             "index": str(self.index),
             "warm_index": str(self.warm_index),
             "queries": str(self.queries),
+            "limit": self.args.queries,
             "batch": self.args.batch,
         }
 

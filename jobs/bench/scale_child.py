@@ -72,7 +72,7 @@ def probe(spec: dict) -> dict:
     bound_jvm_memory(JVM_HEAP_MB)
     settings = _settings(spec)
     warm_settings = _settings(spec, faiss_factory="Flat")
-    queries = json.loads(Path(spec["queries"]).read_text(encoding="utf-8"))
+    queries = json.loads(Path(spec["queries"]).read_text(encoding="utf-8"))[: spec["limit"]]
     with open_index(spec["warm_index"], warm_settings) as warm:
         for retriever in ("bm25", "dense"):
             warm.search(queries[: spec["batch"]], k=K, retriever=retriever)
