@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     if args.search_only and not args.corpus_dir:
         raise DynragError("--search-only measures an index kept by an earlier run: give its --corpus-dir")
     overrides = list(args.overrides or [])
-    if args.corpus == "dpr-synthetic":  # the full-size defaults, before the user's --set
+    if args.corpus == "dpr-synthetic" and not args.search_only:  # the full-size defaults, before the user's --set
         factory, train = ivf_factory(args.passages)
         defaults = [f"index.faiss_factory={factory}", f"index.faiss_train_size={train}", "index.keep_vectors=false"]
         overrides = defaults + overrides
@@ -217,8 +217,8 @@ class Bench:
                 "keep_vectors": self.settings.index.keep_vectors,
             }
         partial = self.work / f"scale-{self.n}.partial.json"  # what is measured so far, should a later step fail
-        capped = [lambda: self._capped_probe(out)] if self.args.memory_cap else []
-        steps = [self._kept, self._probe, *capped]
+        search = [self._probe, *([lambda: self._capped_probe(out)] if self.args.memory_cap else [])]
+        steps = [self._kept, *search]
         if not self.args.search_only:
             steps = [
                 self._check_disk,
@@ -229,8 +229,7 @@ class Bench:
                     )
                 ),
                 self._disk,
-                self._probe,
-                *capped,
+                *search,
                 lambda: self._incremental(out["build_s"]),
             ]
         for step in steps:
