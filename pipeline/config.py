@@ -107,6 +107,11 @@ class GenerationConfig(Section):
         "batched LLM.generate calls",
     )
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
+    attention_pass: Literal["incremental", "full"] = Field(
+        "incremental",
+        description="DRAGIN's attention pass: incremental computes what RIND/QFS read (SDPA below the "
+        "last layer, the shared prompt prefix once); full runs every layer eager over the whole sequence",
+    )
     attention_batch_mib: float = Field(
         128.0,
         gt=0,

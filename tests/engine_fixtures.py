@@ -19,12 +19,20 @@ def tiny_model_path(tmp_path_factory) -> Path:
 
 
 def captured_ids(backend) -> list[list[int]]:
-    """Records the unpadded id rows of every forward pass of an AttentionPass (`pipeline/backends/attention.py`)."""
+    """Records the unpadded id rows of every pass of an AttentionPass (`pipeline/backends/attention.py`) as
+    its model ran them: a kept prefix's ids (from its key/value cache) then the forward's own ids."""
     rows: list[list[int]] = []
 
     def hook(_module, _args, kwargs):
+        if "attention_mask" not in kwargs:  # a prefix's keys and values being computed
+            return
+        cache = kwargs.get("past_key_values")
+        m = cache.get_seq_length() if cache is not None else 0
+        prefix = backend.passes.prefix.ids[:m] if m else []
+        assert len(prefix) == m
         for ids, mask in zip(kwargs["input_ids"].tolist(), kwargs["attention_mask"].tolist()):
-            rows.append([t for t, m in zip(ids, mask) if m])
+            assert all(mask[:m])
+            rows.append(prefix + [t for t, k in zip(ids, mask[m:]) if k])
 
     backend.model.get_decoder().register_forward_pre_hook(hook, with_kwargs=True)
     return rows

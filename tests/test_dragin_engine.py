@@ -158,10 +158,14 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
         for i in range(9)
     ]
     res = backend.stats(items)
-    assert backend.forward_batches == [9]  # one forward pass for all nine items
+    assert backend.forward_batches == [6, 3]  # sorted by length; the longest three would pad over a quarter
+    backend.mode = "full"
+    full = backend.stats(items)
+    assert backend.forward_batches[2:] == [9]  # the reference pass: one padded forward for all nine
 
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
-    for it, r in zip(items[:3], res[:3]):
+    for it, r, f in zip(items[:3], res[:3], full[:3]):
+        assert f["entropy"] == pytest.approx(r["entropy"], abs=1e-5) and np.allclose(f["amax"], r["amax"], atol=1e-6)
         p_ids, g_ids = it["prompt_ids"], it["generated_ids"]
         with torch.no_grad():
             o = model(torch.tensor([p_ids + g_ids]), output_attentions=True)

@@ -20,9 +20,18 @@ answer so far); every generated token may be picked too. One result per item (a 
 - `cand_words`, `cand_order`: each QFS candidate token's word (None: punctuation) and text position
 - `cand_attn` [n_generated, n_candidates]: attention each generated token pays each candidate before it
 
-All items of one call share forward passes: sorted by length, right-padded, cut into batches whose
-last-layer attention fits `generation.attention_batch_mib`. The model runs with eager attention; a forward hook
-keeps the last layer's weights only (output_attentions=True would hold every layer's L x L maps).
+An item may carry `skip_bound`: {"theta", "attention_norm", "top_logprobs": one list of the generator's top
+log-probabilities per generated token}. Where that bound proves no token's RIND score can exceed theta
+(pipeline/methods/dragin_math.py, `rind_upper_bound`), the pass is skipped and the result is
+{"skipped": True, "offsets": ...}; the bound needs the model's vocabulary size, which this backend knows.
+
+The pass computes only what RIND and QFS read (pipeline/backends/rind_pass.py): SDPA below the last
+layer, the last layer's weights for the generated rows, and the keys and values of the prompt prefix the
+call's items share (the few-shot exemplars) computed once and kept across calls, so a pass costs the
+item's suffix. `generation.attention_pass=full` runs every layer eager over the whole sequence (the
+official implementation's pass; `dynrag bench dragin --reference`). Items are sorted by length and cut
+into forward batches whose last-layer weights fit `generation.attention_batch_mib` and whose padding
+stays within a quarter of its real positions.
 With generation.backend=transformers the generator's model is reused, otherwise it is loaded here, where
 `placement` says: on a GPU, the generator's device in half precision (bf16 unless the generator runs
 fp16), in the same process as the generator (the Ray engine actor beside vLLM: one copy per GPU, so leave
@@ -40,7 +49,14 @@ import numpy as np
 from pipeline.backends import register_backend
 from pipeline.backends.detok import clip, detokenize
 from pipeline.errors import DynragError
-from pipeline.methods.dragin_math import entropy, max_later_attention, word_spans
+from pipeline.methods.dragin_math import (
+    cannot_trigger,
+    entropy,
+    entropy_upper_bound,
+    max_later_attention,
+    rind_upper_bound,
+    word_spans,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +70,9 @@ def placement(g, cuda: bool) -> tuple[str, str]:
     return f"cuda:{torch.cuda.current_device()}", "float16" if g.dtype == "float16" else "bfloat16"
 
 
+PADDING = 0.25  # a forward batch's padded positions stay within this share of its real ones
+
+
 @register_backend("attention")
 class AttentionPass:
     def __init__(self, cfg, backends=None, *, model_path: str | None = None, max_attention_bytes: float | None = None):
@@ -61,9 +80,13 @@ class AttentionPass:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from pipeline.assets.models import resolve_model
+        from pipeline.backends import rind_pass
 
+        rind_pass.register()
         self.max_attention_bytes = max_attention_bytes or cfg.generation.attention_batch_mib * 2**20
+        self.mode = cfg.generation.attention_pass  # "incremental" | "full"; the bench switches it
         self.forward_batches: list[int] = []  # items per forward pass, for tests and benchmarks
+        self.skipped = 0  # items whose RIND bound made the pass needless
         gen = backends.generator if backends is not None and cfg.generation.backend == "transformers" else None
         if gen is not None and hasattr(gen, "model"):
             self.model, self.tokenizer = gen.model, gen.tokenizer
@@ -75,32 +98,58 @@ class AttentionPass:
                 path,
                 dtype=getattr(torch, dtype),
                 device_map=device,
-                attn_implementation="eager",
+                attn_implementation=rind_pass.IMPLEMENTATION,
                 trust_remote_code=cfg.generation.trust_remote_code,
             ).eval()
-        if self.model.config._attn_implementation != "eager":
-            raise ValueError("the attention backend needs a model loaded with attn_implementation='eager'")
-        self.device = next(self.model.parameters()).device
-        self.pad_id = (
-            self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        )
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.passes = rind_pass.RindPass(self.model, pad_id)  # raises unless the model runs IMPLEMENTATION
+        self.device = self.passes.device
         self.heads = self.model.config.num_attention_heads
+
+    @property
+    def tokens_computed(self) -> int:
+        """Positions run through the model so far (shared prefixes once), for benchmarks."""
+        return self.passes.tokens_computed
 
     # -- the operation -------------------------------------------------------------------------
     def stats(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         enc = [self._encode(it) for it in items]
-        order = sorted(range(len(items)), key=lambda k: len(enc[k]["ids"]))
+        seqs, starts = [e["ids"] for e in enc], [e["n_prompt"] for e in enc]
+        full = self.mode == "full"
         results: list[Any] = [None] * len(items)
+        for k, (it, e) in enumerate(zip(items, enc)):
+            if "skip_bound" in it and not full and self._bound_holds(it["skip_bound"], it["generated"], e):
+                results[k] = {"skipped": True, "offsets": e["gen_offsets"]}
+                self.skipped += 1
+        todo = [k for k in range(len(items)) if results[k] is None]
+        if not todo:
+            return results
+        prefix = None if full else self.passes.shared_prefix([seqs[k] for k in todo], [starts[k] for k in todo])
+        m = len(prefix.ids) if prefix else 0
+        order = sorted(todo, key=lambda k: len(seqs[k]))
         batch: list[int] = []
         for k in order:
-            width = len(enc[k]["ids"])
-            if batch and (len(batch) + 1) * self.heads * width * width * 4 > self.max_attention_bytes:
-                self._forward([enc[b] for b in batch], batch, results)
+            width, rows = len(seqs[k]), len(seqs[k]) - m  # full: rows == width (m == 0)
+            grown = (len(batch) + 1) * self.heads * rows * width * 4 > self.max_attention_bytes
+            padded = (len(batch) + 1) * rows > (1 + PADDING) * (sum(len(seqs[b]) - m for b in batch) + rows)
+            if batch and (grown or (padded and not full)):
+                self._forward(enc, batch, prefix, results)
                 batch = []
             batch.append(k)
         if batch:
-            self._forward([enc[b] for b in batch], batch, results)
+            self._forward(enc, batch, prefix, results)
         return results
+
+    def _bound_holds(self, bound: dict, generated: str, e: dict) -> bool:
+        """The RIND bound of the generator's top log-probabilities (one list per generated token) stays below
+        theta for every token of `generated` (dragin_math.rind_upper_bound): no pass needed."""
+        tops = bound["top_logprobs"]
+        if len(tops) != len(e["gen_offsets"]) or not all(tops):
+            return False
+        vocab = self.model.config.get_text_config(decoder=True).vocab_size
+        h = np.array([entropy_upper_bound(t, vocab) for t in tops])
+        s = rind_upper_bound(h, generated, [tuple(o) for o in e["gen_offsets"]], bound["attention_norm"])
+        return cannot_trigger(s, bound["theta"])
 
     # -- internals -------------------------------------------------------------------------------
     def _encode(self, item: dict[str, Any]) -> dict[str, Any]:
@@ -134,32 +183,22 @@ class AttentionPass:
             "cand_order": [-1 if (sp := spans[j]) is None else sp[0] for j in cand],
         }
 
-    def _forward(self, encs: list[dict], slots: list[int], results: list) -> None:
+    def _forward(self, enc: list[dict], batch: list[int], prefix, results: list) -> None:
         import torch
 
-        width = max(len(e["ids"]) for e in encs)
-        ids = torch.full((len(encs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(encs), width), dtype=torch.long)
-        for r, e in enumerate(encs):
-            ids[r, : len(e["ids"])] = torch.tensor(e["ids"])
-            mask[r, : len(e["ids"])] = 1
-        captured: dict[str, Any] = {}
-        decoder = self.model.get_decoder()
-        hook = decoder.layers[-1].self_attn.register_forward_hook(
-            lambda _m, _inp, out: captured.__setitem__("w", out[1].float().mean(dim=1))
+        outs = self.passes.run(
+            [enc[k]["ids"] for k in batch], [enc[k]["n_prompt"] for k in batch], prefix, full=self.mode == "full"
         )
-        try:
-            with torch.no_grad():
-                hidden = decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
-                head = self.model.get_output_embeddings()
-                for r, (e, slot) in enumerate(zip(encs, slots)):
-                    results[slot] = self._item_stats(e, hidden[r], captured["w"][r], head)
-        finally:
-            hook.remove()
-        self.forward_batches.append(len(encs))
+        head = self.model.get_output_embeddings()
+        with torch.no_grad():
+            for k, (hidden, rows) in zip(batch, outs):
+                results[k] = self._item_stats(enc[k], hidden, rows, head)
+        self.forward_batches.append(len(batch))
 
     @staticmethod
-    def _item_stats(e: dict, hidden, attn, head) -> dict[str, Any]:
+    def _item_stats(e: dict, hidden, rows, head) -> dict[str, Any]:
+        """`hidden`: the final hidden states that produced the generated tokens; `rows`: the generated
+        tokens' last-layer attention over every position before them."""
         n_prompt, length = e["n_prompt"], len(e["ids"])
         gen = np.arange(n_prompt, length)
         if gen.size == 0:
@@ -172,19 +211,18 @@ class AttentionPass:
                 "cand_order": e["cand_order"],
                 "cand_attn": np.zeros((0, len(e["cand"])), dtype=np.float32),
             }
-        # the distribution that produced token i sits at position i - 1
-        logits = head(hidden[gen - 1]).float().cpu().numpy()
+        logits = head(hidden).float().cpu().numpy()
         tok = np.asarray(e["ids"])[gen]
         z = logits - logits.max(axis=-1, keepdims=True)
         prob = np.exp(z[np.arange(len(gen)), tok]) / np.exp(z).sum(axis=-1)
-        a = attn[:length, :length].cpu().numpy()
+        a = rows.cpu().numpy()
         cand = np.asarray(e["cand"])
-        cand_attn = a[np.ix_(gen, cand)] * (cand[None, :] < gen[:, None])  # only tokens before i (Sec. 3.2)
+        cand_attn = a[:, cand] * (cand[None, :] < gen[:, None])  # only tokens before i (Sec. 3.2)
         return {
             "offsets": e["gen_offsets"],
             "entropy": entropy(logits),
             "prob": prob,
-            "amax": max_later_attention(a, gen, length),
+            "amax": max_later_attention(a[:, gen], np.arange(len(gen)), len(gen)),
             "cand_words": e["cand_words"],
             "cand_order": e["cand_order"],
             "cand_attn": cand_attn.astype(np.float32),

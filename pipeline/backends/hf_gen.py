@@ -4,8 +4,9 @@ weights (DRAGIN's RIND/QFS need them; vLLM never returns them). Batched with lef
 The text is read from the ids as vLLM's detokenizer reads them (pipeline/backends/detok.py); stop strings
 cut it, and the ids end, as vLLM's do, with the one that completes the stop string. Per-token logprobs
 come from the generation scores.
-`self.model` / `self.tokenizer` are public so methods' helpers can run forward passes
-(e.g. with `output_attentions=True`, the model is loaded with eager attention).
+`self.model` / `self.tokenizer` are public so that DRAGIN's attention pass reuses them: the model runs
+SDPA attention through the pass's registered implementation (pipeline/backends/rind_pass.py), eager
+where a pass asks for weights.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class HfGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from pipeline.backends import rind_pass
+
+        rind_pass.register()
         g = self.cfg = cfg.generation
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
         t0 = time.perf_counter()
@@ -37,7 +41,7 @@ class HfGenerator:
         dtype = getattr(torch, resolve_dtype(g.dtype, cuda))
         self.model = (
             AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation="eager", trust_remote_code=g.trust_remote_code
+                path, dtype=dtype, attn_implementation=rind_pass.IMPLEMENTATION, trust_remote_code=g.trust_remote_code
             )
             .to(self.device)
             .eval()

@@ -123,6 +123,12 @@ class DraginParams(MultiRoundParams):
         description="sentence: a_max relative to its sentence's mean, as the official code (theta ~1); "
         "none: the raw a_max of Eq. 3",
     )
+    skip_bound: bool = Field(
+        True,
+        description="skip the attention pass where a bound from the generator's top log-probabilities proves "
+        "no token can exceed theta (the same decisions, fewer passes)",
+    )
+    bound_logprobs: int = Field(20, ge=1, le=20, description="top log-probabilities per token for that bound")
 
 
 class FlareParams(MultiRoundParams):
@@ -286,6 +292,13 @@ def qfs(stats: dict, i: int, n: int, skip_stop_words: bool) -> str:
     return qfs_query(np.asarray(stats["cand_attn"][i][:before]), cands, n, skip_stop_words)
 
 
+def rind_trigger(st: dict, new: str, theta: float, attention_norm: str) -> int | None:
+    """RIND (Eq. 5) over the pass's statistics: the first generated token whose score exceeds theta."""
+    offsets = [tuple(o) for o in st["offsets"]]
+    amax = sentence_relative(st["amax"], new, offsets) if attention_norm == "sentence" else st["amax"]
+    return first_above(rind(st["entropy"], amax, semantic_mask(new, offsets)), theta)
+
+
 @register_method(
     "dragin",
     params=DraginParams,
@@ -297,28 +310,32 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     theta = p.theta or theta
     top_n = p.top_n or top_n
     run = Run(q, p, p.max_tokens or length)
+    skipped = 0
     while run.left() > 0:
-        prompt, spans, out = yield from run.generate(run.budget)
+        bound = p.skip_bound and run.can_retrieve()
+        prompt, spans, out = yield from run.generate(run.budget, logprobs=p.bound_logprobs if bound else None)
         new = out.text
         if not new.strip():
             break
         if run.can_retrieve():
-            item = {
+            item: dict[str, Any] = {
                 "prompt": prompt,
                 "prompt_ids": out.prompt_token_ids,
                 "generated": new,
                 "generated_ids": out.token_ids,
                 "context": spans,
             }
+            if bound and out.logprobs:
+                tops = [list(t.top.values()) for t in out.logprobs]
+                item["skip_bound"] = {"theta": theta, "attention_norm": p.attention_norm, "top_logprobs": tops}
             st = (yield Call("attention", "stats", [item], stage="attention"))[0]
-            offsets = [tuple(o) for o in st["offsets"]]
-            amax = sentence_relative(st["amax"], new, offsets) if p.attention_norm == "sentence" else st["amax"]
-            scores = rind(st["entropy"], amax, semantic_mask(new, offsets))
-            i = first_above(scores, theta)
+            skipped += bool(st.get("skipped"))
+            i = None if st.get("skipped") else rind_trigger(st, new, theta, p.attention_norm)
             if i is not None:
                 query = qfs(st, i, top_n, p.qfs_skip_stop_words)
                 if query and query not in run.queries[-1:]:
                     run.triggers += 1
+                    offsets = [tuple(o) for o in st["offsets"]]
                     kept = truncate(new, offsets, i)
                     run.accept(kept, sum(1 for s, e in offsets if e <= len(kept)))
                     yield from run.retrieve(query)
@@ -334,6 +351,7 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
                 "theta": theta,
                 "top_n": top_n,
                 "max_tokens": run.budget,
+                "attention_skipped": skipped,
             }
         )
     )

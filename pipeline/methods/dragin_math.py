@@ -150,6 +150,16 @@ def ends_sentence(text: str) -> bool:
     return False
 
 
+def sentence_of_tokens(text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
+    """Each token's sentence index (its last character's sentence; -1: an empty token)."""
+    sent = np.full(len(offsets), -1)
+    for k, (s, e) in enumerate(sentence_spans(text)):
+        for i, (ts, te) in enumerate(offsets):
+            if te > ts and s <= te - 1 < e:
+                sent[i] = k
+    return sent
+
+
 def sentence_relative(values: np.ndarray, text: str, offsets: list[tuple[int, int]]) -> np.ndarray:
     """Each token's value divided by the mean value of its sentence's tokens (mean 1 per sentence).
 
@@ -158,13 +168,45 @@ def sentence_relative(values: np.ndarray, text: str, offsets: list[tuple[int, in
     length; Eq. 5 as printed uses the raw a_max (`attention_norm="none"`)."""
     values = np.asarray(values, float)
     out = np.zeros_like(values)
-    sent = np.full(len(offsets), -1)
-    for k, (s, e) in enumerate(sentence_spans(text)):
-        for i, (ts, te) in enumerate(offsets):
-            if te > ts and s <= te - 1 < e:
-                sent[i] = k
+    sent = sentence_of_tokens(text, offsets)
     for k in set(sent.tolist()) - {-1}:
         idx = sent == k
         m = values[idx].mean()
         out[idx] = values[idx] / m if m > 0 else 0.0
     return out
+
+
+# -- a bound on RIND without the attention pass -----------------------------------------------------
+def entropy_upper_bound(top_logprobs: list[float], vocab: int) -> float:
+    """An upper bound on Eq. 1's entropy from the k most probable tokens' log-probabilities alone: theirs,
+    plus the remaining mass r spread evenly over the other vocab - k tokens (for a given mass the even
+    spread has the most entropy): H <= -sum_top p log p + r log((vocab - k) / r)."""
+    lp = np.asarray(top_logprobs, float)
+    p = np.exp(lp)
+    known = float(-(p * lp).sum())
+    r, rest = 1.0 - float(p.sum()), vocab - len(lp)
+    return known + (r * np.log(rest / r) if r > 1e-12 and rest > 0 else 0.0)
+
+
+def rind_upper_bound(
+    entropy_bounds: np.ndarray, text: str, offsets: list[tuple[int, int]], attention_norm: str
+) -> np.ndarray:
+    """Per token, a bound on Eq. 5's S_RIND that needs no attention: the entropy bound times the most
+    a_max can be (attention weights are at most 1, and the last token has no later token: 0; relative to
+    its sentence's mean, a_max is at most the sentence's token count, all others being 0) times s_i."""
+    n = len(offsets)
+    if attention_norm == "sentence":
+        sent = sentence_of_tokens(text, offsets)
+        most = np.array([float((sent == sent[i]).sum()) if sent[i] >= 0 else 0.0 for i in range(n)])
+    else:
+        most = np.ones(n)
+    if n:
+        most[-1] = 0.0
+    return np.asarray(entropy_bounds, float) * most * semantic_mask(text, offsets)
+
+
+def cannot_trigger(bounds: np.ndarray, theta: float) -> bool:
+    """No token's RIND bound reaches theta (the pass may be skipped). The bound reads the generator's
+    log-probabilities while the pass computes its own: the two engines sum in other orders (fp32 here, half
+    precision on a GPU), so the bound must clear theta by a margin (5% and 1e-3) to count."""
+    return not len(bounds) or float(np.max(bounds)) * 1.05 + 1e-3 <= theta
