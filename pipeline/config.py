@@ -112,6 +112,11 @@ class GenerationConfig(Section):
         description="DRAGIN's attention pass: incremental computes what RIND/QFS read (SDPA below the "
         "last layer, the shared prompt prefix once); full runs every layer eager over the whole sequence",
     )
+    attention_dtype: Dtype | Literal["auto"] = Field(
+        "auto",
+        description="DRAGIN's attention model: auto is the generator's half precision on a GPU (bf16 unless it "
+        "runs fp16) and float32 on a CPU; bfloat16 on a CPU with AVX512-BF16/AMX is faster but not exact",
+    )
     attention_batch_mib: float = Field(
         128.0,
         gt=0,

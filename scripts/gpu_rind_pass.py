@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import torch
 spec = importlib.util.spec_from_file_location(
     "rind_pass", Path(__file__).resolve().parents[1] / "pipeline" / "backends" / "rind_pass.py"
 )
-rind_pass = importlib.util.module_from_spec(spec)
+rind_pass = sys.modules["rind_pass"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(rind_pass)
 
 SHAPES = {

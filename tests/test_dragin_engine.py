@@ -200,6 +200,8 @@ def test_attention_model_is_loaded_on_the_device_and_dtype_placement_resolves(tm
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert attention.placement(GenerationConfig(), True) == ("cuda:1", "bfloat16")
     assert attention.placement(GenerationConfig(dtype="float16"), True) == ("cuda:1", "float16")
+    assert attention.placement(GenerationConfig(attention_dtype="bfloat16"), False) == ("cpu", "bfloat16")
+    assert attention.placement(GenerationConfig(attention_dtype="float32"), True) == ("cuda:1", "float32")
     # a machine that reports a GPU takes the GPU path: its dtype, with the device swapped for the CPU here
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     gpu_path = attention.placement

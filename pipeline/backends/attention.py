@@ -35,8 +35,9 @@ stays within a quarter of its real positions.
 With generation.backend=transformers the generator's model is reused, otherwise it is loaded here, where
 `placement` says: on a GPU, the generator's device in half precision (bf16 unless the generator runs
 fp16), in the same process as the generator (the Ray engine actor beside vLLM: one copy per GPU, so leave
-it room with generation.engine_kwargs.gpu_memory_utilization); on a CPU fp32, as half precision is slow
-there. vLLM's own copy of the weights lives in its engine process and cannot be shared.
+it room with generation.engine_kwargs.gpu_memory_utilization); on a CPU fp32, the exact figures
+(`generation.attention_dtype` sets another: bf16 matrix products ran 2.3x fp32's here, on AVX512-BF16,
+but round entropies and weights: `dynrag bench dragin --reference` counts the decisions that change). vLLM's own copy of the weights lives in its engine process and cannot be shared.
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ log = logging.getLogger(__name__)
 def placement(g, cuda: bool) -> tuple[str, str]:
     """(device, torch dtype name) of the attention model for generation settings `g`."""
     if not cuda:
-        return "cpu", "float32"
+        return "cpu", "float32" if g.attention_dtype == "auto" else g.attention_dtype
     import torch
 
-    return f"cuda:{torch.cuda.current_device()}", "float16" if g.dtype == "float16" else "bfloat16"
+    auto = "float16" if g.dtype == "float16" else "bfloat16"
+    return f"cuda:{torch.cuda.current_device()}", auto if g.attention_dtype == "auto" else g.attention_dtype
 
 
 PADDING = 0.25  # a forward batch's padded positions stay within this share of its real ones

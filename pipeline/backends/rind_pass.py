@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -75,6 +76,37 @@ class PrefixKV:
 
     def cut(self, n: int) -> PrefixKV:
         return PrefixKV(self.ids[:n], [(k[:, :, :n], v[:, :, :n]) for k, v in self.layers])
+
+
+@lru_cache(maxsize=1)
+def _prefix_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class PrefixLayer(DynamicLayer):
+        """One layer's prefix keys and values, read by a forward and never grown: the forward's own keys and
+        values join them for that layer's attention only (the pass keeps no cache of its suffix)."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+            super().__init__()
+            self.keys, self.values, self.is_initialized = keys, values, True
+            self.dtype, self.device = keys.dtype, keys.device
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            b = key_states.shape[0]
+            return (
+                torch.cat([self.keys.expand(b, -1, -1, -1), key_states], dim=-2),
+                torch.cat([self.values.expand(b, -1, -1, -1), value_states], dim=-2),
+            )
+
+    return PrefixLayer
+
+
+def prefix_cache(prefix: PrefixKV):
+    """A transformers cache that serves `prefix` to every row of a forward's batch without copying it."""
+    from transformers.cache_utils import Cache
+
+    layer = _prefix_layer_class()
+    return Cache(layers=[layer(k, v) for k, v in prefix.layers])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -139,8 +171,6 @@ class RindPass:
         layer's attention rows of positions starts .. len-1 over keys 0 .. len-1 [n_gen, len], mean over
         heads), the sequences right-padded into one forward after `prefix` (which each must start with;
         `shared_prefix`), every layer eager when `full`."""
-        from transformers import DynamicCache
-
         m = len(prefix.ids) if prefix else 0
         width = max(len(s) for s in seqs) - m
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
@@ -148,12 +178,7 @@ class RindPass:
         for r, s in enumerate(seqs):
             ids[r, : len(s) - m] = torch.tensor(s[m:])
             mask[r, : len(s)] = 1
-        cache = None
-        if prefix:
-            b = len(seqs)
-            cache = DynamicCache(
-                ddp_cache_data=[(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1)) for k, v in prefix.layers]
-            )
+        cache = prefix_cache(prefix) if prefix else None
         weights: list[torch.Tensor] = []
         eager = self.layers if full else self.layers[-1:]
         for layer in eager:
