@@ -106,7 +106,6 @@ def job_spec(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a token file alone must not switch auth on (STACK.md)
     spec = job_spec(args)
     client = JobSubmissionClient(args.address)
     job_id = client.submit_job(**spec)

@@ -14,6 +14,8 @@ from pipeline.config import default_cache_dir, default_data_dir
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the tests' local Ray instances run without token auth whatever ~/.ray holds (dynrag itself leaves auth to Ray)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 FIXTURE_KIT = Path(__file__).resolve().parent / "fixtures" / "kit"
 

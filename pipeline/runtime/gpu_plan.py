@@ -149,8 +149,10 @@ def replica_models(cfg: DynragConfig, dense_index: bool, pooled: frozenset[str] 
     if g.backend == "transformers":
         needs.append(ModelNeed("generator", size(g.model, DTYPE_BYTES[g.dtype])))
     if g.backend == "vllm" and cfg.method.name == "dragin":  # the attention backend's own copy, half precision
-        maps = 2 * int(g.attention_batch_mib * MiB)  # one layer's attention maps in the making, the last one kept
-        needs.append(ModelNeed("DRAGIN attention model", size(g.model, 2) + maps))
+        # the last layer's weights of one forward batch, in the making and kept (the layers below run SDPA)
+        maps = 2 * int(g.attention_batch_mib * MiB)
+        dtype_bytes = 2 if g.attention_dtype == "auto" else DTYPE_BYTES[g.attention_dtype]
+        needs.append(ModelNeed("DRAGIN attention model", size(g.model, dtype_bytes) + maps))
     if dense_index and "retrieval" not in pooled and _on_gpu(e.device):
         needs.append(ModelNeed("query encoder", size(e.model, DTYPE_BYTES[e.dtype])))
     if "scorer" not in pooled:

@@ -216,7 +216,6 @@ def init_ray(cfg: DynragConfig) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     from indexing.java import jvm_signals_kept
 
