@@ -69,7 +69,7 @@ from indexing.manifest import (
     write_checksums,
 )
 from indexing.native_memory import release_free_memory
-from indexing.passages import Passage, PassageStats, passages_of
+from indexing.passages import RULES_VERSION, Passage, PassageStats, passages_of
 from indexing.readers import CorpusError, ReadStats, Record, plan_units, read_corpus, unit_digest
 from indexing.settings import IndexSettings
 from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
@@ -276,7 +276,14 @@ class _Builder:
         )
         self.unit_entries = []
         # what turns a unit's bytes into shards besides them: part of its digest
-        reading = [self.fmt, self.fields, self.on_bad_line, self.cfg.index.passage_words, self.settings["shard_size"]]
+        reading = [
+            RULES_VERSION,
+            self.fmt,
+            self.fields,
+            self.on_bad_line,
+            self.cfg.index.passage_words,
+            self.settings["shard_size"],
+        ]
         for position, unit in enumerate(units):
             t_digest = time.perf_counter()
             digest = _hash([unit_digest(unit, self.fmt), reading])

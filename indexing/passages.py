@@ -29,6 +29,11 @@ from dataclasses import dataclass
 from indexing.digests import UNKNOWN, DigestSet
 from indexing.readers import Record
 
+# The version of the rules that turn a unit's bytes into passages (the readers, the splitting and id scheme
+# above). It is part of each work unit's digest, so a refresh after a change of these rules reads every unit
+# again instead of taking units unread with passages cut by the old rules: raise it with any such change.
+RULES_VERSION = 1
+
 _WS = re.compile(r"\s+")
 _CHUNK = re.compile(r"#\d+$")
 

@@ -229,6 +229,13 @@ def test_unchanged_units_are_taken_unread(tmp_path):
     write_jsonl(tmp_path / "c.jsonl", recs)
     appended = rebuild_and_compare("fresh-append")
     assert appended["units_reused"] == first["units"] - 1
+    # new reading or splitting rules (RULES_VERSION raised): no unit is taken with passages cut by the old ones
+    import indexing.build
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(indexing.build, "RULES_VERSION", indexing.build.RULES_VERSION + 1)
+        upgraded = build_index([path], tmp_path / "index", settings(4000))
+    assert "units_reused" not in upgraded and upgraded["passages"] == appended["passages"]
 
     holder = next(
         i
