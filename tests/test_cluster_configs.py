@@ -47,7 +47,6 @@ def test_launcher_config_is_valid_for_ray_and_maps_the_groups():
     assert "GPU" not in types["cpu-workers"]["resources"] and types["gpu-workers"]["resources"]["GPU"] >= 1
     for group in ("cpu-workers", "gpu-workers"):
         assert 0 <= types[group]["min_workers"] <= types[group]["max_workers"] <= cfg["max_workers"]
-    assert types["gpu-workers"]["min_workers"] >= 1  # the guide's advice for ray.gpu_fallback
     assert types["head"]["resources"]["CPU"] >= 1  # index builds finalize shards on the driver's node
     # the image's Ray is the Ray of the environment; the checkout is installed with existing extras
     assert f"ray:{ray.__version__}-" in cfg["docker"]["image"]

@@ -175,6 +175,7 @@ def test_replicas_that_cannot_fit_are_one_error_line():
 def test_gpu_fallback_runs_single_gpu_replicas_on_cpu_but_not_tensor_parallel_ones():
     cfg = load_config(overrides=["ray.actor_num_gpus=1", "ray.actors=4"])
     assert replica_gpus(cfg, [], 0.0) == 0.0  # no GPU in the cluster: CPU replicas
+    assert replica_gpus(cfg, [(1.0, math.inf)], 0.0) == 1.0  # none up, but an autoscaler's GPU group: kept
     assert replica_gpus(cfg, [(1.0, 4.0)], 1.0) == 1.0
     tp = load_config(overrides=["generation.engine_kwargs.tensor_parallel_size=2"])
     with pytest.raises(DynragError, match="tensor_parallel_size=2 needs GPUs and the Ray cluster has none"):

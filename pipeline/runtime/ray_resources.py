@@ -11,8 +11,8 @@
 
 Whether the replicas fit the cluster is decided before any actor starts (`replica_gpus`). With
 `ray.gpu_fallback` (default) GPU requests are dropped when the Ray cluster has no GPU at all, so a
-cluster config also runs on a laptop. An autoscaling cluster whose GPU group starts at zero nodes shows
-no GPU yet: set `ray.gpu_fallback=false` there (cluster/README.md).
+cluster config also runs on a laptop. An autoscaling cluster whose GPU group starts at zero nodes keeps
+them: the autoscaler publishes the group (`cluster_gpu_nodes`), and Ray starts its nodes for the actors.
 """
 
 from __future__ import annotations
@@ -87,9 +87,10 @@ def check_replicas(
 
 def replica_gpus(cfg, nodes: Sequence[tuple[float, float]], gpus_now: float) -> float:
     """GPUs of each engine replica on a cluster of GPU `nodes` (check_replicas) with `gpus_now` GPUs up; 0
-    (CPU replicas, with a warning) when ray.gpu_fallback applies to a cluster without any GPU."""
+    (CPU replicas, with a warning) when ray.gpu_fallback applies to a cluster without any GPU: none up and
+    none the autoscaler may start (a GPU group scaling from zero nodes keeps the replicas' GPUs)."""
     tp = tensor_parallel_size(cfg)
-    fallback = cfg.ray.gpu_fallback and not gpus_now
+    fallback = cfg.ray.gpu_fallback and not gpus_now and not nodes
     want = check_replicas(tp, cfg.ray.actor_num_gpus, cfg.ray.actors, () if fallback else nodes, cfg.generation.backend)
     if want and fallback:
         if tp > 1:
