@@ -407,3 +407,21 @@ def test_cluster_build_without_vectors_reembeds_changed_shards(cluster, rows, tm
     assert report["passages_embedded"] == changed[0]["passages"] > 1 and first["shards"] == report["shards"]
     for retriever in ("bm25", "dense"):
         assert hits(tmp_path / "idx", settings(), retriever) == hits(tmp_path / "kept", settings(), retriever)
+
+
+def test_an_answer_jobs_questions_are_read_with_a_head_without_cpus(cluster, data_dir, tmp_path):
+    """The question file of an answer job, local to the driver, becomes the same rows as in-process on a
+    cluster whose head (the driver's node) has no CPU: the read task asks for none (it asked for one and
+    failed the job)."""
+    from pipeline.config import DynragConfig
+    from pipeline.runtime.ray_questions import QuestionSource, question_dataset
+
+    assert ray.cluster_resources().get("CPU") == 2 and all(
+        n["Resources"].get("CPU", 0) == 0 for n in ray.nodes() if "node:__internal_head__" in n["Resources"]
+    )
+    path, cfg = str(data_dir / "hotpotqa/dev_400.jsonl"), DynragConfig()
+    ds = question_dataset(path, cfg, {"5a8c7595554299585d9e36b6"}, 12, 5)
+    got = [(r["q"] and json.loads(r["q"])["id"], r["skipped"]) for r in ds.take_all()]
+    local = QuestionSource(path, cfg, {"5a8c7595554299585d9e36b6"}, 12, 5).read_blocks()
+    want = [(q and json.loads(q)["id"], s) for t in local for q, s in zip(t["q"].to_pylist(), t["skipped"].to_pylist())]
+    assert got == want and len([g for g in got if g[0]]) == 11 and sum(g[1] for g in got) == 1

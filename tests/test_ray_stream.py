@@ -44,7 +44,7 @@ def test_question_source_reads_like_in_process(data_dir, tmp_path):
     done = {every[0].id, every[3].id, every[5].id}  # the last one lies past a limit of 5
 
     def read(limit, block_rows):
-        tables = list(QuestionSource(str(path), cfg, done, limit, block_rows)._read())
+        tables = list(QuestionSource(str(path), cfg, done, limit, block_rows).read_blocks())
         rows = [r for t in tables for r in t.to_pylist()]
         return [json.loads(r["q"])["id"] for r in rows if r["q"]], sum(r["skipped"] for r in rows)
 

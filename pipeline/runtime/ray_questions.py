@@ -1,12 +1,14 @@
-"""The questions of an answer job as a Ray Data dataset, read from the file on a worker (`runtime.mode=ray`).
+"""The questions of an answer job as a Ray Data dataset (`runtime.mode=ray`).
 
-    ds = ray.data.read_datasource(QuestionSource(dataset, cfg, done, limit, block_rows=64))
+    ds = question_dataset(dataset, cfg, done, limit, block_rows=64)
 
-One read task streams the file through dynrag's own loader (`load_questions`: every format, fsspec
-URIs, `dpr:` sets) and `pending_questions`, exactly as an in-process run reads it: a bad line is the same
-error row with the same `dynrag:line-N` id, duplicate ids are found over the whole file, `limit` takes the
-first `limit` questions of the file (error rows count, blank lines do not) and the ids in `done` (answered
-under the output) are dropped. A local file is read on the driver's node, where it was found. Ray's
+The file streams through dynrag's own loader (`load_questions`: every format, fsspec URIs, `dpr:` sets)
+and `pending_questions`, exactly as an in-process run reads it: a bad line is the same error row with the
+same `dynrag:line-N` id, duplicate ids are found over the whole file, `limit` takes the first `limit`
+questions of the file (error rows count, blank lines do not) and the ids in `done` (answered under the
+output) are dropped. One read task streams it: a remote file (s3://, gs://, ...) on any worker, a local
+file (or `dpr:` set) on the driver's node, where it was found, asking for no CPU there (a large cluster's
+head node, where the driver runs, has none, as Ray's docs advise). Ray's
 `read_text`/`read_parquet` are not used: `read_text` reads a whole file at once and decodes it as UTF-8 (one bad byte fails
 every row), splits lines at other characters than the loader (U+2028, form feeds) and numbers none, and
 ids, duplicates and the format are decided in file order anyway, so a file is one sequential read.
@@ -30,6 +32,14 @@ from pipeline.config import DynragConfig
 from pipeline.engine.core import batched
 
 
+def question_dataset(source: str, cfg: DynragConfig, done: set[str], limit: int | None, block_rows: int):
+    """The pending questions of `source` as a dataset of `q` / `skipped` rows (module docstring)."""
+    import ray
+
+    src = QuestionSource(source, cfg, done, limit, block_rows)
+    return ray.data.read_datasource(src, num_cpus=None if src.supports_distributed_reads else 0)
+
+
 class QuestionSource(Datasource):
     def __init__(self, source: str, cfg: DynragConfig, done: set[str], limit: int | None, block_rows: int):
         super().__init__()
@@ -50,9 +60,9 @@ class QuestionSource(Datasource):
         self, parallelism: int, per_task_row_limit: int | None = None, data_context=None
     ) -> list[ReadTask]:
         meta = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None, input_files=[self.source])
-        return [ReadTask(self._read, meta)]
+        return [ReadTask(self.read_blocks, meta)]
 
-    def _read(self) -> Iterator[pa.Table]:
+    def read_blocks(self) -> Iterator[pa.Table]:
         from pipeline.io.datasets import load_questions, pending_questions
 
         counts: dict[str, int] = {}

@@ -1,9 +1,9 @@
 """`runtime.mode=ray`: questions stream from the dataset file through a Ray Data pipeline of engine actors,
 and the actors write the rows.
 
-The dataset is read on a worker (`QuestionSource`, ray_questions.py: dynrag's own loader, the first
-`limit` questions less those already answered; a local file is read on the driver's node), never held by
-the driver. Each engine actor holds the backends (a vLLM or transformers generator, the index, scorer,
+The dataset is read on a worker (ray_questions.py: dynrag's own loader, the first `limit` questions less
+those already answered; a local file is read on the driver's node, by a task that needs no CPU there),
+never held by the driver. Each engine actor holds the backends (a vLLM or transformers generator, the index, scorer,
 embedder; the index, or the scorer and embedder, served instead by the retrieval and scorer pools when
 configured, pools.py) and runs the same engine (`answer.engine`) over each batch it receives, so
 predictions equal the in-process run. It writes each batch's rows as one Parquet part under the output
@@ -273,7 +273,7 @@ def answer_with_ray(
 
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
-    from pipeline.runtime.ray_questions import QuestionSource
+    from pipeline.runtime.ray_questions import question_dataset
     from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus
 
     # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
@@ -297,7 +297,7 @@ def answer_with_ray(
             args = (drain, flag, finished)
             threading.Thread(target=_pass_drain, args=args, name="dynrag-drain", daemon=True).start()
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
-        ds = ray.data.read_datasource(QuestionSource(_for_workers(dataset), cfg, done, limit, batch))
+        ds = question_dataset(_for_workers(dataset), cfg, done, limit, batch)
         out = _for_workers(out)
         calls = actor_batches(cfg, batch) if cfg.answer.engine == "continuous" else 1
         ds = ds.map_batches(
