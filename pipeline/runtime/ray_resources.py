@@ -173,7 +173,9 @@ def pool_actor_options(cfg, kind: str) -> tuple[int, dict]:
         "retrieval": (r.retrieval_actors, r.retrieval_actor_num_cpus, 0.0, r.retrieval_actor_resources),
         "scorer": (r.scorer_actors, r.scorer_actor_num_cpus, r.scorer_actor_num_gpus, r.scorer_actor_resources),
     }[kind]
-    opts: dict = {"num_cpus": cpus}
+    # a pool actor lost with its node is started again elsewhere and the calls it held are sent again (its
+    # calls are searches and scores: any retry returns what the first would have)
+    opts: dict = {"num_cpus": cpus, "max_restarts": -1, "max_task_retries": -1}
     gpus = gpus_or_fallback(gpus, r.gpu_fallback, f"each {kind} actor")
     if gpus:
         opts["num_gpus"] = gpus

@@ -136,7 +136,7 @@ class EngineActor:
             for outcome in self.engine.stream(feed, self.spec.program, self.params):
                 with self.lock:
                     self.waiting.pop(id(outcome.question)).add(outcome)
-        except BaseException as err:  # a bug in the engine: every waiting batch fails (Ray Data retries it)
+        except BaseException as err:  # a bug in the engine: every waiting batch fails (Ray Data does not retry it)
             with self.lock:
                 self.ended = err
                 for got in set(self.waiting.values()):
@@ -292,7 +292,10 @@ def answer_with_ray(
             pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir), make_backends)
         if cfg.ray.scorer_actors:
             pools["scorer"] = start_pool(cfg, "scorer", None, make_backends)
-        flag = ray.remote(DrainFlag).options(num_cpus=0).remote()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        flag = ray.remote(DrainFlag).options(num_cpus=0, scheduling_strategy=here).remote()  # lives with the driver
         if drain is not None:
             args = (drain, flag, finished)
             threading.Thread(target=_pass_drain, args=args, name="dynrag-drain", daemon=True).start()
