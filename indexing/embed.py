@@ -72,11 +72,9 @@ def _model_config(path: str) -> dict:
 
 
 def resolve_device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
+    from indexing.device import own_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return own_device(device)
 
 
 class Encoder:

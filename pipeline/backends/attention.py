@@ -81,6 +81,7 @@ class AttentionPass:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from indexing.device import own_cuda
         from pipeline.assets.models import resolve_model
         from pipeline.backends import rind_pass
 
@@ -94,7 +95,7 @@ class AttentionPass:
             self.model, self.tokenizer = gen.model, gen.tokenizer
         else:
             path = model_path or resolve_model(cfg.generation.model, cfg.paths.cache_dir)
-            device, dtype = placement(cfg.generation, torch.cuda.is_available())
+            device, dtype = placement(cfg.generation, own_cuda())
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.generation.trust_remote_code)
             self.model = AutoModelForCausalLM.from_pretrained(
                 path,

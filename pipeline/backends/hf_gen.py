@@ -29,6 +29,7 @@ class HfGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from indexing.device import own_cuda
         from pipeline.backends import rind_pass
 
         rind_pass.register()
@@ -36,7 +37,7 @@ class HfGenerator:
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
         t0 = time.perf_counter()
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=g.trust_remote_code)
-        cuda = torch.cuda.is_available()
+        cuda = own_cuda()
         self.device = "cuda" if cuda else "cpu"
         dtype = getattr(torch, resolve_dtype(g.dtype, cuda))
         self.model = (

@@ -19,10 +19,10 @@ import os
 import time
 from typing import Any, cast
 
+from indexing.device import cuda_available
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import PromptTooLong, encode
 from pipeline.backends.detok import clip, detokenize
-from pipeline.backends.device import cuda_available
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
@@ -40,10 +40,13 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-def llm_kwargs(g: GenerationConfig, path: str, gpu: bool, ray_replica: bool = False) -> dict[str, Any]:
+def llm_kwargs(
+    g: GenerationConfig, path: str, gpu: bool, ray_replica: bool = False, utilization: float | None = None
+) -> dict[str, Any]:
     """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given. In a Ray engine
     replica (`ray_replica`) a tensor-parallel engine runs its workers as Ray actors in the replica's placement
-    group (ray_resources.py), as Ray Data LLM runs them."""
+    group (ray_resources.py), as Ray Data LLM runs them. `utilization`: vLLM's share of the GPU where the
+    configuration leaves it open (gpu_plan.vllm_utilization: 0.9 of a replica's share of its GPU)."""
     kwargs: dict[str, Any] = dict(
         model=path,
         dtype=resolve_dtype(g.dtype, gpu),
@@ -52,6 +55,8 @@ def llm_kwargs(g: GenerationConfig, path: str, gpu: bool, ray_replica: bool = Fa
         disable_log_stats=True,
         enable_prefix_caching=True,
     )
+    if gpu and utilization is not None:
+        kwargs["gpu_memory_utilization"] = utilization
     kwargs.update(g.engine_kwargs.model_dump(exclude_none=True))
     kwargs["max_model_len"] = g.max_model_len  # one value, also used for the prompt-length check below
     if ray_replica and kwargs.get("tensor_parallel_size", 1) > 1:
@@ -70,11 +75,13 @@ class VllmGenerator:
         if not gpu:
             configure_cpu_env(g.kv_cache_gib)
         t0 = time.perf_counter()
+        from pipeline.runtime.gpu_plan import vllm_utilization
         from pipeline.runtime.orphan_guard import OrphanGuard
 
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
-            self.llm = self._engine(llm_kwargs(g, str(path), gpu, ray_replica=cfg.runtime.mode == "ray"))
+            kwargs = llm_kwargs(g, str(path), gpu, cfg.runtime.mode == "ray", vllm_utilization(cfg))
+            self.llm = self._engine(kwargs)
         except BaseException:
             self._guard.close()
             raise

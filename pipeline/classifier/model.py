@@ -163,11 +163,9 @@ def CrossEncoder(encoder, pooling: str = "mean"):
 
 
 def pick_device(name: str = "auto") -> str:
-    import torch
+    from indexing.device import own_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return own_device(name)
 
 
 class Classifier(ThresholdClassifier):

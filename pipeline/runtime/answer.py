@@ -56,7 +56,7 @@ def generation_dtype(cfg: DynragConfig) -> Dtype:
         from pipeline.runtime.ray_resources import replica_gpu_request
 
         return resolve_dtype(g.dtype, cuda=replica_gpu_request(cfg) > 0)
-    from pipeline.backends.device import cuda_available
+    from indexing.device import cuda_available
 
     return resolve_dtype(g.dtype, cuda=cuda_available())
 

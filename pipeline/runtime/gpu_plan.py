@@ -44,16 +44,21 @@ class ModelNeed:
 
 @dataclass(frozen=True)
 class GpuPlan:
-    total: int
-    vllm_utilization: float
+    total: int  # the GPU's memory
+    vllm_utilization: float  # of the whole GPU, as vLLM counts it
     models: tuple[ModelNeed, ...]
     index: IndexPlacement
     index_shape: IndexShape | None = None
     cuda_context: int = CUDA_CONTEXT
+    share: float = 1.0  # of the GPU this replica owns (ray.actor_num_gpus below 1: replicas sharing one GPU)
 
     @property
     def vllm(self) -> int:
         return int(self.total * self.vllm_utilization)
+
+    @property
+    def budget(self) -> int:
+        return int(self.total * self.share)
 
     def parts(self) -> list[tuple[str, int]]:
         head = [(f"vLLM ({self.vllm_utilization:.2f})", self.vllm)] if self.vllm else []
@@ -64,7 +69,8 @@ class GpuPlan:
         if self.index_shape is not None:
             index = f"FAISS {self.index_shape.describe()} {self.index.describe()}"
         used = sum(b for _, b in self.parts()) + self.index.gpu_bytes + self.index.scratch_bytes
-        return f"GPU plan ({_gib(self.total)}): {_sum(self.parts())}; {index}; {_gib(self.total - used)} unplanned"
+        of = f"{self.share:g} of {_gib(self.total)}" if self.share < 1 else _gib(self.total)
+        return f"GPU plan ({of}): {_sum(self.parts())}; {index}; {_gib(self.budget - used)} unplanned"
 
 
 def _gib(n: int) -> str:
@@ -82,14 +88,19 @@ def plan_gpu(
     index_shape: IndexShape | None = None,
     index_mode: str = "auto",
     cuda_context: int = CUDA_CONTEXT,
+    share: float = 1.0,
 ) -> GpuPlan:
-    """The plan of one GPU (`vllm_utilization` 0 when no vLLM runs here); GpuPlanError when it cannot fit."""
-    plan = GpuPlan(total_bytes, vllm_utilization, tuple(models), IndexPlacement(False, "no index"), None, cuda_context)
-    fixed = sum(b for _, b in plan.parts())
-    if fixed > total_bytes:
-        most = max(0.0, (total_bytes - fixed + plan.vllm) / total_bytes)
+    """The plan of this replica's `share` of one GPU (`vllm_utilization`, of the whole GPU, 0 when no vLLM runs
+    here); GpuPlanError when it cannot fit."""
+    plan = GpuPlan(
+        total_bytes, vllm_utilization, tuple(models), IndexPlacement(False, "no index"), None, cuda_context, share
+    )
+    fixed, budget = sum(b for _, b in plan.parts()), plan.budget
+    if fixed > budget:
+        most = max(0.0, (budget - fixed + plan.vllm) / total_bytes)
+        mine = f"its share {share:g} of the GPU, {_gib(budget)}" if share < 1 else f"the GPU's {_gib(budget)}"
         raise GpuPlanError(
-            f"the GPU plan does not fit: {_sum(plan.parts())} = {_gib(fixed)} > the GPU's {_gib(total_bytes)}; "
+            f"the GPU plan does not fit: {_sum(plan.parts())} = {_gib(fixed)} > {mine}; "
             f"lower generation.engine_kwargs.gpu_memory_utilization (at most {math.floor(most * 100) / 100:.2f} "
             "here) or move models to the CPU (embedding.device, classifier.device, ray.scorer_actors)"
         )
@@ -98,13 +109,13 @@ def plan_gpu(
     if index_mode == "cpu":
         index = IndexPlacement(False, "index.faiss_gpu=cpu")
     else:
-        index = place_index(index_shape, total_bytes - fixed, total_bytes)
+        index = place_index(index_shape, budget - fixed, budget)
     if index_mode == "gpu" and not index.on_gpu:
         raise GpuPlanError(
             f"index.faiss_gpu=gpu, but the FAISS index {index_shape.describe()} cannot go on the GPU: {index.reason} "
-            f"({_sum(plan.parts())} of the GPU's {_gib(total_bytes)}); set index.faiss_gpu=auto to keep it on the CPU"
+            f"({_sum(plan.parts())} of {_gib(budget)}); set index.faiss_gpu=auto to keep it on the CPU"
         )
-    return GpuPlan(total_bytes, vllm_utilization, plan.models, index, index_shape, cuda_context)
+    return GpuPlan(total_bytes, vllm_utilization, plan.models, index, index_shape, cuda_context, share)
 
 
 # -- the replica's side: sizes read from the configuration, the model folders and the index manifest ----------
@@ -173,23 +184,35 @@ def _index_manifest(index_dir: str) -> dict:
     return remote_manifest(index_dir) if is_remote(index_dir) else read_manifest(Path(index_dir))
 
 
-def replica_gpu_plan(cfg: DynragConfig, index_dir: str | None, pooled: frozenset[str] = frozenset()) -> GpuPlan | None:
-    """The plan of this replica's GPU (CUDA device 0: the one Ray gives the actor), None without CUDA."""
-    try:
-        import torch
+def replica_share(cfg: DynragConfig) -> float:
+    """The share of its GPU a replica owns: `ray.actor_num_gpus` where Ray replicas share GPUs (below 1), else 1."""
+    g = cfg.ray.actor_num_gpus
+    return g if cfg.runtime.mode == "ray" and 0 < g < 1 else 1.0
 
-        if not torch.cuda.is_available():
-            return None
-        total = int(torch.cuda.get_device_properties(0).total_memory)
-    except ImportError:
+
+def vllm_utilization(cfg: DynragConfig) -> float:
+    """vLLM's gpu_memory_utilization: as configured, else vLLM's default 0.9 of the replica's share."""
+    return cfg.generation.engine_kwargs.gpu_memory_utilization or round(0.9 * replica_share(cfg), 4)
+
+
+def replica_gpu_plan(cfg: DynragConfig, index_dir: str | None, pooled: frozenset[str] = frozenset()) -> GpuPlan | None:
+    """The plan of this replica's GPU (CUDA device 0: the one Ray gives the actor, or its share of it), None
+    where this process owns no GPU (no CUDA; a Ray actor that Ray gave none, as a tensor-parallel replica's
+    engine actor, whose GPUs are its vLLM workers': its models and index stay on the CPU)."""
+    from indexing.device import own_cuda
+
+    if not own_cuda():
         return None
+    import torch
+
+    total = int(torch.cuda.get_device_properties(0).total_memory)
     shape = None
     if index_dir and "retrieval" not in pooled:
         m = _index_manifest(index_dir)
         if m["settings"].get("dense") is not False:
             shape = IndexShape.from_factory(m["settings"]["faiss_factory"], int(m["dim"]), int(m["passages"]))
-    g = cfg.generation
-    utilization = (g.engine_kwargs.gpu_memory_utilization or 0.9) if g.backend == "vllm" else 0.0
-    plan = plan_gpu(total, utilization, replica_models(cfg, shape is not None, pooled), shape, cfg.index.faiss_gpu)
+    utilization = vllm_utilization(cfg) if cfg.generation.backend == "vllm" else 0.0
+    needs = replica_models(cfg, shape is not None, pooled)
+    plan = plan_gpu(total, utilization, needs, shape, cfg.index.faiss_gpu, share=replica_share(cfg))
     log.info("%s", plan.describe())
     return plan
