@@ -149,6 +149,32 @@ def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_pa
     assert_exactly_once(out, n)
 
 
+def test_ray_engine_actor_sigterm_drains_then_its_batches_run_again_and_the_job_completes(nq_dev, tmp_path):
+    """A pre-empted node's processes get SIGTERM: the engine actor, paused after its tenth question, finishes
+    and writes what it holds (its first part comes after the signal, from its own process), then exits;
+    Ray restarts it and Ray Data re-runs its batches, whose parts replace the drained ones. The job ends
+    with every question once, no error row."""
+    n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
+    cmd = answer_cmd(nq_dev, out, n, *RAY, "--set", "answer.max_in_flight=16")
+    proc = start(cmd, env_for("engine.question_done@10,ray.part_written", pauses))
+    try:
+        marker, deadline = pauses / "engine.question_done@10", time.time() + 600
+        while not (marker.exists() and marker.read_text()):
+            assert proc.poll() is None and time.time() < deadline, "never paused after ten questions"
+            time.sleep(0.05)
+        actor = int(marker.read_text())
+        assert actor != proc.pid and not (pauses / "ray.part_written").exists()  # nothing written yet
+        os.kill(actor, signal.SIGTERM)
+        psutil.Process(actor).wait(timeout=120)  # it drained, wrote and went
+        assert int((pauses / "ray.part_written").read_text()) == actor  # the drain's part, by the actor itself
+        stdout, stderr = proc.communicate(timeout=900)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"rows {n} (answered {n}" in stdout
+    assert_exactly_once(out, n)
+
+
 def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
     # paused in the engine actor right after its first part (the actors write the parts, and would

@@ -199,13 +199,16 @@ class PartWriter:
     def __init__(self, out: str, run_id: str, header: dict[str, str] | None = None):
         self.out, self.run_id, self.header = out, run_id, dict(header or {})
 
-    def write(self, rows: list[dict[str, Any]]) -> str | None:
+    def write(self, rows: list[dict[str, Any]], batch_ids: list[str] | None = None) -> str | None:
+        """Writes `rows` as one part keyed by `batch_ids` (the batch's question ids: a batch drained part way
+        and then run again whole replaces its part), else by the rows' own ids."""
         if not rows:
             return None
         for name, text in self.header.items():
             write_text(self.out, name, text)
         self.header = {}
-        digest = hashlib.sha1("\n".join(sorted(r["question_id"] for r in rows)).encode()).hexdigest()[:12]
+        ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
+        digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
         return write_part(self.out, rows, f"{self.run_id}-{digest}")
 
 

@@ -21,6 +21,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -92,20 +93,34 @@ class EngineActor:
         self.first_call: float | None = None  # time.time() of the first batch: the start of the busy ratio
         if drain_flag is not None:
             threading.Thread(target=self._watch, args=(drain_flag,), name="dynrag-drain", daemon=True).start()
+        # this actor's own SIGTERM (its node pre-empted): drain, write, then go as Ray would have it go
+        self.preempted = threading.Event()
+        self.calls = 0  # calls between their start and their part written
+        if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
+            signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         from indexing.faults import fault_point
         from pipeline.io.output import batch_report, make_row
 
-        fault_point("ray.engine_batch")
+        fault_point("ray.engine_batch", until=self.preempted.is_set)
         with self.lock:
             self.first_call = self.first_call or time.time()
-        questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
-        outcomes = self._answer(questions) if questions and not self.drain.requested else []
-        rows = [make_row(o, **self.row_args) for o in outcomes]
-        part = self.writer.write(rows)
-        if part:
-            fault_point("ray.part_written")
+            self.calls += 1
+        try:
+            questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
+            outcomes = self._answer(questions) if questions and not self.drain.requested else []
+            rows = [make_row(o, **self.row_args) for o in outcomes]
+            part = self.writer.write(rows, [q.id for q in questions])
+            if part:
+                fault_point("ray.part_written", until=self.preempted.is_set)
+        finally:
+            with self.lock:
+                self.calls -= 1
+        if self.preempted.is_set():
+            # the process goes once every call has written what it finished: Ray Data sends this batch to a
+            # new actor, whose part (keyed by the batch's questions) replaces this one
+            threading.Event().wait()
         with self.lock:
             report = batch_report(rows, int(sum(batch["skipped"])), self.engine.new_calls())
             report["generator"] = self._generator_busy()
@@ -148,6 +163,43 @@ class EngineActor:
                 for got in set(self.waiting.values()):
                     got.finish()
                 self.waiting.clear()
+
+    def close(self) -> None:
+        """Shut down what this actor holds: the engine (its coordinator ended, its lanes joined), then the
+        backends (vLLM's engine, the index, the models); failures are logged, not raised."""
+        if self.feed is not None:
+            self.feed.close()
+        if self.coordinator is not None:
+            self.coordinator.join(CLOSE_JOIN_S)
+        for part in (self.engine, self.backends):
+            try:
+                part.close()
+            except Exception as err:
+                log.warning("engine actor %d: closing %s failed: %s", os.getpid(), type(part).__name__, err)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        """SIGTERM to this actor's process (a pre-empted node's processes all get it): admit no more
+        questions, finish those in flight within answer.drain_s, write them, then exit as a failed worker
+        (Ray restarts the actor elsewhere and Ray Data re-runs the batches it held)."""
+        if self.preempted.is_set():
+            return
+        log.warning("engine actor %d: SIGTERM, draining (up to %.0f s)", os.getpid(), self.cfg.answer.drain_s)
+        self.preempted.set()
+        self.drain.request(self.cfg.answer.drain_s)
+        threading.Thread(target=self._exit_when_written, name="dynrag-preempted", daemon=True).start()
+
+    def _exit_when_written(self) -> None:
+        deadline = time.monotonic() + self.cfg.answer.drain_s + DRAIN_GRACE_S
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.calls:
+                    break
+            time.sleep(DRAIN_POLL_S)
+        self.close()
+        # not Ray's own exit: it waits for the calls still running, and those hold batches only partly
+        # answered, which Ray Data sends to the restarted actor once this process is gone
+        log.warning("engine actor %d: drained and written; exiting", os.getpid())
+        os._exit(1)
 
     def _watch(self, flag: Any) -> None:
         """Poll the driver's drain flag; when it is raised, drain this actor's engine within its deadline."""
@@ -356,6 +408,7 @@ def actor_batches(cfg: DynragConfig, batch: int) -> int:
     return cfg.ray.actor_batches or max(2, -(-2 * cfg.answer.max_in_flight // batch))
 
 
+CLOSE_JOIN_S = 30.0  # for an engine actor's coordinator to end once its feed is closed
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
 
