@@ -52,6 +52,9 @@ REQUIREMENTS = [
     "langid",
     "termcolor",
 ]
+# every .pyc written at install (as scripts/setup.sh does for dynrag: where PYTHONDONTWRITEBYTECODE is set, each
+# process would compile torch and vLLM again); the best match over all indexes, as pip does
+UV_FLAGS = ["--quiet", "--compile-bytecode", "--index-strategy", "unsafe-best-match"]
 NEVER = ("torchvision", "torchaudio", "torchcodec", "triton")  # CUDA builds; torchvision breaks transformers
 
 
@@ -90,14 +93,14 @@ def python_of(cache_dir: str | os.PathLike, source: str | None = None) -> Path:
 
 
 def _stamp(spec: str) -> str:
-    return hashlib.sha256("\n".join([spec, vllm_pin(), *REQUIREMENTS, LOCK.read_text()]).encode()).hexdigest()[:16]
+    text = "\n".join([spec, vllm_pin(), *REQUIREMENTS, *UV_FLAGS, LOCK.read_text()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def installer(py: Path) -> list[str]:
     """uv's `pip install` into the venv of `py`, with the local CPU torch wheel folder where there is one."""
     uv = Path(sys.executable).with_name("uv")
-    cmd = [str(uv if uv.is_file() else "uv"), "pip", "install", "--python", str(py), "--quiet"]
-    cmd += ["--index-strategy", "unsafe-best-match"]  # the best match over all indexes, as pip does
+    cmd = [str(uv if uv.is_file() else "uv"), "pip", "install", "--python", str(py), *UV_FLAGS]
     links = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else None)
     extra = os.environ.get("PIP_EXTRA_INDEX_URL") or (None if links else "https://download.pytorch.org/whl/cpu")
     return cmd + (["--find-links", links] if links else []) + (["--extra-index-url", extra] if extra else [])
