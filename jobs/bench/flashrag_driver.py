@@ -15,13 +15,15 @@ CONFIG.json`; with `--bm25` it only builds FlashRAG's BM25 index; with `--templa
 the installed package by flashrag_probe.py, no model loaded) for dynrag's side to ask the same prompts.
 Standard library only at import, so dynrag's tests can check the config it writes and its output.
 Workarounds for flashrag-dev 0.1.2 (see the STACK notes): its wheel lacks `basic_config.yaml`, so the
-whole configuration is given here; its BM25 builder indexes characters, so the bm25s index is built here
-from text tokenised the way its retriever tokenises queries (bm25s.tokenize with an English stemmer).
+whole configuration is given here (a checkout's own file, where there is one, stays under it); its BM25 builder
+indexes characters, so the bm25s index is built here from text tokenised the way its retriever tokenises
+queries (`build_bm25`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import sys
 import time
@@ -90,17 +92,29 @@ def read_result(stdout: str) -> dict:
 
 
 def build_bm25(c: dict, index_dir: Path) -> None:
-    """FlashRAG's bm25s index of the corpus, unless it is there."""
+    """FlashRAG's bm25s index of the corpus (unless it is there), tokenised as the installed FlashRAG's retriever
+    tokenises queries: 0.1.2 with `bm25s.tokenize` and an English stemmer; a FlashRAG whose retriever loads a
+    saved tokenizer (its GitHub main) with that tokenizer (English stopwords and stemmer), saved beside it."""
     if (index_dir / "params.index.json").is_file():
         return
     import bm25s
     import Stemmer
+    from flashrag.retriever.retriever import BM25Retriever
 
     docs = [json.loads(line) for line in Path(c["corpus"]).read_text(encoding="utf-8").splitlines() if line]
-    tokens = bm25s.tokenize([d["contents"] for d in docs], stemmer=Stemmer.Stemmer("english"), show_progress=False)
+    texts, stemmer = [d["contents"] for d in docs], Stemmer.Stemmer("english")
+    saved_tokenizer = "load_vocab" in inspect.getsource(BM25Retriever)
+    if saved_tokenizer:
+        tokenizer = bm25s.tokenization.Tokenizer(stopwords="en", stemmer=stemmer)
+        tokens = tokenizer.tokenize(texts, return_as="tuple", show_progress=False)
+    else:
+        tokens = bm25s.tokenize(texts, stemmer=stemmer, show_progress=False)
     bm25 = bm25s.BM25(k1=c["bm25_k1"], b=c["bm25_b"])
     bm25.index(tokens, show_progress=False)
     bm25.save(str(index_dir), corpus=docs)
+    if saved_tokenizer:
+        tokenizer.save_vocab(str(index_dir))
+        tokenizer.save_stopwords(str(index_dir))
 
 
 def probe_module():
@@ -170,7 +184,8 @@ def main(config_path: str, templates_out: str | None = None, bm25_only: bool = F
     torch.set_num_threads(c["threads"])
     from flashrag.config import Config  # first: the test of the side's command fakes this module
 
-    Config._get_internal_config = lambda self: {}  # the wheel has no basic_config.yaml
+    if not Path(inspect.getfile(Config)).with_name("basic_config.yaml").is_file():  # PyPI's 0.1.2 wheel lacks it
+        Config._get_internal_config = lambda self: {}
     config = Config(config_dict=flashrag_config(c))
     if templates_out:
         return dump_templates(c, config, templates_out)
