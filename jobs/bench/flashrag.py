@@ -134,7 +134,9 @@ def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
     (work / "corpus_flashrag.jsonl").write_text(
         "".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"}) + "\n" for p in passages)
     )
-    build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg.index_settings())
+    bm25_only = cfg.model_copy(deep=True)
+    bm25_only.index.dense = False  # both sides search BM25: no passage is embedded
+    build_index([str(work / "corpus.jsonl")], str(work / "index"), bm25_only.index_settings())
     return {"questions": len(qs[:limit]), "warmup_questions": len(qs[limit:]), "passages": len(passages)}
 
 
