@@ -100,3 +100,20 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script
     monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(launch, "run_measured", fake)
     return script.order, script.commands, model, script
+
+
+def run_driver_with(site, config):
+    """FlashRAG's driver, as the bench runs it, on `config` with the packages under `site` (fakes) first on its path."""
+    import os
+    import subprocess
+    import sys
+
+    from jobs.bench.flashrag_launch import flashrag_command
+
+    return subprocess.run(
+        flashrag_command(sys.executable, config),
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

@@ -13,7 +13,7 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
-from bench_fixtures import Script, fake_sides
+from bench_fixtures import Script, fake_sides, run_driver_with
 
 from jobs.cli import build_parser
 from pipeline.errors import DynragError
@@ -163,7 +163,6 @@ FAKE_FLASHRAG = {
 def test_the_driver_reports_what_failed_in_flashrags_vllm_generator_and_exits_for_the_fallback(tmp_path):
     from jobs.bench.flashrag import driver_config
     from jobs.bench.flashrag_driver import VLLM_FAILED, read_result
-    from jobs.bench.flashrag_launch import flashrag_command
     from pipeline.config import load_config
 
     for name, text in FAKE_FLASHRAG.items():
@@ -174,13 +173,7 @@ def test_the_driver_reports_what_failed_in_flashrags_vllm_generator_and_exits_fo
     (tmp_path / "flashrag" / "bm25" / "params.index.json").write_text("{}")  # the index is there
     config = tmp_path / "c.json"
     config.write_text(json.dumps(driver_config(load_config(None, []), "/m", tmp_path, 3, False, 4, threads=1)))
-    r = subprocess.run(
-        flashrag_command(sys.executable, config),
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_driver_with(tmp_path / "site", config)
     assert r.returncode == VLLM_FAILED, r.stderr[-2000:]
     failed = read_result(r.stdout)["vllm_failed"]
     assert failed.startswith("NotImplementedError: no logprobs on this vLLM (at ")

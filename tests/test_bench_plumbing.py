@@ -11,7 +11,7 @@ import textwrap
 
 import psutil
 import pytest
-from bench_fixtures import fake_sides, save_weights
+from bench_fixtures import fake_sides, run_driver_with, save_weights
 
 from indexing.hits import Hit
 from jobs.bench.flashrag import agreement, driver_config, flashrag_prompt
@@ -254,23 +254,13 @@ def test_bench_pipeline_runs_every_method_on_both_engines(capsys):
 
 def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_beside_the_driver(tmp_path):
     """jobs/bench/flashrag.py lies beside the driver script: the side's command must import the real package."""
-    import os
-
-    from jobs.bench.flashrag_launch import flashrag_command
-
     fake = tmp_path / "site" / "flashrag"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"threads": 1}))
-    r = subprocess.run(
-        flashrag_command(sys.executable, config),
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_driver_with(tmp_path / "site", config)
     assert "the flashrag package" in r.stdout, r.stderr[-2000:]
 
 
