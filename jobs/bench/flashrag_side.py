@@ -3,7 +3,10 @@
 
 Loads the backends, answers the `--warmup` file's questions (startup, untimed), then times one `run_answer` of
 the method (sr-rag by default; `--params`: its parameters as JSON, e.g. FlashRAG's templates) over all questions
-(read, retrieve, prompt, generate, score, write Parquet); prints one JSON line with the run's counts per question.
+(read, retrieve, prompt, generate, score, write Parquet); prints one JSON line with the run's counts (totals and
+per question) and its startup by stage: imports, generator (vLLM: importing it, then its engine core and worker
+processes, each importing torch and vLLM again, loading the model and the KV cache), index (the JVM and Lucene,
+opened by a first search), warm-up.
 """
 
 from __future__ import annotations
