@@ -485,9 +485,14 @@ def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
         def __getattr__(self, name):
             raise AttributeError(name)
 
+    class NeverRetrievedOnMain:  # FlashRAG's GitHub main: Item.__getattr__ reads its data dict
+        def __getattr__(self, name):
+            raise KeyError(name)
+
     docs = [{"id": "a"}, {"id": "b"}]
     assert _retrieved(SimpleNamespace(retrieval_result=np.array(docs, dtype=object))) == docs  # IterativePipeline
     assert _retrieved(SimpleNamespace(retrieval_result=docs)) == docs and _retrieved(NeverRetrieved()) == []
+    assert _retrieved(NeverRetrievedOnMain()) == []
 
 
 def test_flashrags_search_of_a_query_with_no_tokens_finds_nothing_instead_of_ending_the_run():

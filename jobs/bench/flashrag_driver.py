@@ -282,7 +282,7 @@ def _retrieved(item) -> list:
     """The passages an item's last retrieval found (none when the pipeline never retrieved for it)."""
     try:
         docs = item.retrieval_result  # a list, or an array where the pipeline set it for the whole dataset
-    except AttributeError:
+    except (AttributeError, KeyError):  # never set: 0.1.2's Item raises AttributeError, GitHub main's KeyError
         return []
     return [] if docs is None else list(docs)
 
