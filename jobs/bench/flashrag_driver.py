@@ -1,25 +1,36 @@
 """FlashRAG's side of `dynrag bench flashrag`: the FlashRAG pipeline class the config names (SequentialPipeline,
-FLAREPipeline, IRCOTPipeline, ...; BM25 via bm25s, transformers generation) over the bench's corpus and
-questions, timed, with its generator and retriever wrapped to count calls and tokens; prints one JSON line.
+FLAREPipeline, IRCOTPipeline, ...; BM25 via bm25s; its vLLM generator, `framework: vllm`, or transformers, `hf`)
+over the bench's corpus and questions, timed, with its generator and retriever wrapped to count calls and
+tokens; prints one JSON line. Where the vLLM generator fails (starting, or serving the method's calls), the
+driver prints a JSON line with `vllm_failed` (the error and the frame it came from) and exits with
+VLLM_FAILED: the bench then runs this method on hf.
+
+FlashRAG's vLLM generator passes `LLM(...)` the tensor parallel size it computes from the GPU count (0 on a
+machine without one: the driver gives 1, what it computes on a one-GPU machine) and its own memory and logprob
+settings; what it leaves unset (dtype, eager mode, prefix caching, seed, max_model_len) the driver fills with
+dynrag's engine settings (`engine_kwargs` of the config), recorded as `engine_kwargs_added`.
 
 Runs with the python of FlashRAG's own venv (jobs/bench/flashrag_env.py): `python -P flashrag_driver.py
-CONFIG.json`; with `--templates OUT.json` it only writes the pipeline's prompt templates and defaults (read from
+CONFIG.json`; with `--bm25` it only builds FlashRAG's BM25 index; with `--templates OUT.json` it only writes the pipeline's prompt templates and defaults (read from
 the installed package by flashrag_probe.py, no model loaded) for dynrag's side to ask the same prompts.
 Standard library only at import, so dynrag's tests can check the config it writes and its output.
 Workarounds for flashrag-dev 0.1.2 (see the STACK notes): its wheel lacks `basic_config.yaml`, so the
-whole configuration is given here; its BM25 builder indexes characters, so the bm25s index is built here
-from text tokenised the way its retriever tokenises queries (bm25s.tokenize with an English stemmer).
+whole configuration is given here (a checkout's own file, where there is one, stays under it); its BM25 builder
+indexes characters, so the bm25s index is built here from text tokenised the way its retriever tokenises
+queries (`build_bm25`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import sys
 import time
 from pathlib import Path
 
 T_START = time.perf_counter()
+VLLM_FAILED = 3  # exit status: FlashRAG's vLLM generator could not serve the method
 
 
 def flashrag_config(c: dict) -> dict:
@@ -36,7 +47,7 @@ def flashrag_config(c: dict) -> dict:
         "seed": 2024,
         "gpu_id": None,
         "gpu_num": 0,
-        "framework": "hf",
+        "framework": c["framework"],
         "device": "cpu",
         "generator_model": "smollm2",
         "generator_model_path": c["model_path"],
@@ -80,15 +91,30 @@ def read_result(stdout: str) -> dict:
     return json.loads([ln for ln in stdout.splitlines() if ln.startswith("{")][-1])
 
 
-def _build_bm25(c: dict, index_dir: Path) -> None:
+def build_bm25(c: dict, index_dir: Path) -> None:
+    """FlashRAG's bm25s index of the corpus (unless it is there), tokenised as the installed FlashRAG's retriever
+    tokenises queries: 0.1.2 with `bm25s.tokenize` and an English stemmer; a FlashRAG whose retriever loads a
+    saved tokenizer (its GitHub main) with that tokenizer (English stopwords and stemmer), saved beside it."""
+    if (index_dir / "params.index.json").is_file():
+        return
     import bm25s
     import Stemmer
+    from flashrag.retriever.retriever import BM25Retriever
 
     docs = [json.loads(line) for line in Path(c["corpus"]).read_text(encoding="utf-8").splitlines() if line]
-    tokens = bm25s.tokenize([d["contents"] for d in docs], stemmer=Stemmer.Stemmer("english"), show_progress=False)
+    texts, stemmer = [d["contents"] for d in docs], Stemmer.Stemmer("english")
+    saved_tokenizer = "load_vocab" in inspect.getsource(BM25Retriever)
+    if saved_tokenizer:
+        tokenizer = bm25s.tokenization.Tokenizer(stopwords="en", stemmer=stemmer)
+        tokens = tokenizer.tokenize(texts, return_as="tuple", show_progress=False)
+    else:
+        tokens = bm25s.tokenize(texts, stemmer=stemmer, show_progress=False)
     bm25 = bm25s.BM25(k1=c["bm25_k1"], b=c["bm25_b"])
     bm25.index(tokens, show_progress=False)
     bm25.save(str(index_dir), corpus=docs)
+    if saved_tokenizer:
+        tokenizer.save_vocab(str(index_dir))
+        tokenizer.save_stopwords(str(index_dir))
 
 
 def probe_module():
@@ -122,12 +148,63 @@ def dump_templates(c: dict, config, out: str) -> None:
     Path(out).write_text(json.dumps(dumped, indent=1), encoding="utf-8")
 
 
-def main(config_path: str, templates_out: str | None = None) -> None:
+def engine_defaults(extra: dict, added: dict) -> None:
+    """`vllm.LLM` (FlashRAG imports it when its generator starts) made to fill the arguments FlashRAG leaves
+    unset from `extra`, and a tensor parallel size below 1 with 1; what was filled goes into `added`."""
+    import vllm
+
+    class LLM(vllm.LLM):
+        def __init__(self, model, **kwargs):
+            if kwargs.get("tensor_parallel_size", 1) < 1:
+                added["tensor_parallel_size"] = kwargs["tensor_parallel_size"] = 1
+            for key, value in extra.items():
+                if key not in kwargs:
+                    added[key] = kwargs[key] = value
+            super().__init__(model, **kwargs)
+
+    vllm.LLM = LLM
+
+
+def failure(err: BaseException) -> str:
+    """The error and the innermost frame of FlashRAG (or, without one, the last frame) it came from."""
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if "/flashrag/" in f.filename] or frames
+    where = f" (at {own[-1].filename}:{own[-1].lineno} in {own[-1].name})" if own else ""
+    return f"{type(err).__name__}: {err}{where}"
+
+
+def main(config_path: str, templates_out: str | None = None, bm25_only: bool = False) -> None:
     c = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    if bm25_only:  # before any timed run: FlashRAG's index, as dynrag's, is built outside the sides' processes
+        return build_bm25(c, Path(flashrag_config(c)["index_path"]))
     import torch
 
     torch.set_num_threads(c["threads"])
     from flashrag.config import Config  # first: the test of the side's command fakes this module
+
+    if not Path(inspect.getfile(Config)).with_name("basic_config.yaml").is_file():  # PyPI's 0.1.2 wheel lacks it
+        Config._get_internal_config = lambda self: {}
+    config = Config(config_dict=flashrag_config(c))
+    if templates_out:
+        return dump_templates(c, config, templates_out)
+    added: dict = {}
+    if c["framework"] == "vllm":
+        engine_defaults(c["engine_kwargs"], added)
+        try:
+            result = run_pipeline(c, config)
+        except Exception as err:
+            print(json.dumps({"side": "flashrag", "vllm_failed": failure(err)}), flush=True)
+            sys.exit(VLLM_FAILED)
+    else:
+        result = run_pipeline(c, config)
+    print(json.dumps({**result, "engine_kwargs_added": added}), flush=True)
+
+
+def run_pipeline(c: dict, config) -> dict:
+    """Builds the pipeline, warms it up, times it over the questions: the side's result."""
+    import torch
     from flashrag.dataset import Dataset
     from flashrag.prompt import PromptTemplate
 
@@ -142,14 +219,7 @@ def main(config_path: str, templates_out: str | None = None) -> None:
                 for i, d in enumerate(retrieval_result, 1)
             )
 
-    Config._get_internal_config = lambda self: {}  # the wheel has no basic_config.yaml
-    fc = flashrag_config(c)
-    config = Config(config_dict=fc)
-    if templates_out:
-        return dump_templates(c, config, templates_out)
-    index_dir = Path(fc["index_path"])
-    if not (index_dir / "params.index.json").is_file():
-        _build_bm25(c, index_dir)
+    build_bm25(c, Path(config["index_path"]))
     kwargs = dict(c["pipeline_kwargs"])
     if c["dynrag_prompt"]:  # sr-rag: FlashRAG asks dynrag's prompt
         kwargs["prompt_template"] = DocsAsDynrag(config, system_prompt=c["system_prompt"], user_prompt=c["user_prompt"])
@@ -157,7 +227,7 @@ def main(config_path: str, templates_out: str | None = None) -> None:
     pipeline.retriever.search = no_tokens_no_hits(pipeline.retriever.search)
     counts = probe_module().Counts(pipeline)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
-    if dtype is not None:
+    if c["framework"] == "hf" and dtype is not None:
         pipeline.generator.model.to(dtype)
 
     def read(path):
@@ -172,23 +242,24 @@ def main(config_path: str, templates_out: str | None = None) -> None:
     t0 = time.perf_counter()
     out = pipeline.run(dataset, do_eval=False)
     secs = time.perf_counter() - t0
-    print(
-        json.dumps(
-            {
-                "side": "flashrag",
-                "questions": len(questions),
-                "seconds": round(secs, 3),
-                "questions_per_s": len(questions) / secs,
-                "startup_s": round(startup, 2),
-                "generator_dtype": str(pipeline.generator.model.dtype),
-                "pipeline": c["pipeline"],
-                **counts.per_question(len(questions)),
-                "predictions": {it.id: it.pred for it in out},
-                "doc_ids": {it.id: [d["id"] for d in _retrieved(it)] for it in out},
-            }
-        ),
-        flush=True,
-    )
+    answered = sum(isinstance(it.pred, str) for it in out)
+    return {
+        "side": "flashrag",
+        "framework": c["framework"],
+        "threads": c["threads"],
+        "questions": len(questions),
+        "answered": answered,
+        "errors": len(questions) - answered,
+        "seconds": round(secs, 3),
+        "questions_per_s": answered / secs,
+        "startup_s": round(startup, 2),
+        "generator_dtype": c["dtype"] if c["framework"] == "vllm" else str(pipeline.generator.model.dtype),
+        "pipeline": c["pipeline"],
+        **counts.totals,
+        **counts.per_question(len(questions)),
+        "predictions": {it.id: it.pred for it in out},
+        "doc_ids": {it.id: [d["id"] for d in _retrieved(it)] for it in out},
+    }
 
 
 def no_tokens_no_hits(search):
@@ -211,7 +282,7 @@ def _retrieved(item) -> list:
     """The passages an item's last retrieval found (none when the pipeline never retrieved for it)."""
     try:
         docs = item.retrieval_result  # a list, or an array where the pipeline set it for the whole dataset
-    except AttributeError:
+    except (AttributeError, KeyError):  # never set: 0.1.2's Item raises AttributeError, GitHub main's KeyError
         return []
     return [] if docs is None else list(docs)
 
@@ -223,4 +294,4 @@ def _item(q: dict):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--templates"] else None)
+    main(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--templates"] else None, sys.argv[2:3] == ["--bm25"])

