@@ -65,6 +65,9 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script
     import jobs.bench.flashrag_launch as launch
     import jobs.bench.roofline
     import pipeline.assets.models
+    import pipeline.backends.embedding
+    import pipeline.backends.hf_gen
+    import pipeline.backends.vllm_gen  # noqa: F401  bound resolve_model before it is patched below, not after
     from jobs.bench.flashrag_driver import VLLM_FAILED
     from jobs.bench.rss import Measured
 
