@@ -4,7 +4,6 @@ options and placement groups of such replicas."""
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +19,6 @@ from pipeline.runtime.ray_resources import (
     engine_actor_options,
     replica_bundles,
     replica_gpus,
-    replica_placement,
 )
 
 CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
@@ -200,34 +198,12 @@ def test_the_shipped_cluster_config_fits_its_gpu_group_and_a_tensor_parallel_var
 
 def test_engine_actor_options_of_single_gpu_and_tensor_parallel_replicas():
     cfg = load_config(CLUSTER / "dynrag.yaml", ["ray.actor_resources={generation: 1}"])
-    groups: list = []
-    assert engine_actor_options(cfg, 1.0, groups) == {"num_cpus": 4, "num_gpus": 1.0, "resources": {"generation": 1}}
-    assert engine_actor_options(cfg, 0.0, groups) == {"num_cpus": 4, "resources": {"generation": 1}}  # fallback
+    assert engine_actor_options(cfg, 1.0) == {"num_cpus": 4, "num_gpus": 1.0, "resources": {"generation": 1}}
+    assert engine_actor_options(cfg, 0.0) == {"num_cpus": 4, "resources": {"generation": 1}}  # fallback
     cfg.generation.engine_kwargs.tensor_parallel_size, cfg.ray.actor_num_gpus = 4, 4
-    opts = engine_actor_options(cfg, 4.0, groups)
-    fn = opts.pop("ray_remote_args_fn")
-    assert opts == {"num_cpus": 4, "num_gpus": 0, "resources": {"generation": 1}}  # the group's GPUs are vLLM's
-    assert isinstance(fn, functools.partial) and fn.func is replica_placement and fn.args[1] is groups
-    assert fn.args[0] == [{"CPU": 4, "GPU": 1.0, "generation": 1}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
-    assert replica_bundles(1, 2.0, {}) == [{"CPU": 2.0, "GPU": 1.0}]
-
-
-def test_each_tensor_parallel_actor_gets_a_fresh_placement_group_its_children_join(monkeypatch):
-    import ray.util
-
-    made_by_ray = []
-
-    def placement_group(bundles, strategy):
-        made_by_ray.append((bundles, strategy))
-        return f"pg{len(made_by_ray)}"
-
-    monkeypatch.setattr(ray.util, "placement_group", placement_group)
-    bundles, groups = replica_bundles(2, 4.0, {}), []
-    first, second = replica_placement(bundles, groups), replica_placement(bundles, groups)
-    assert groups == ["pg1", "pg2"] and made_by_ray == [(bundles, "STRICT_PACK")] * 2
-    s = first["scheduling_strategy"]
-    assert s.placement_group == "pg1" and second["scheduling_strategy"].placement_group == "pg2"
-    assert s.placement_group_bundle_index == 0 and s.placement_group_capture_child_tasks is True
+    # the replica's GPUs are its placement group's (vLLM's workers), one bundle each
+    assert engine_actor_options(cfg, 4.0) == {"num_cpus": 4, "num_gpus": 0, "resources": {"generation": 1}}
+    assert replica_bundles(4) == [{"GPU": 1.0}] * 4
 
 
 def test_cluster_gpu_nodes_reads_the_autoscaler_bounds_else_the_live_nodes(monkeypatch):

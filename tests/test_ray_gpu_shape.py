@@ -118,3 +118,78 @@ def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
     assert tp["ids"] == [] and not tp["owns"]  # sees the node's GPUs, owns none: its models stay on the CPU
     ray.kill(engine)
     remove_placement_group(pg)
+
+
+# -- whole answer jobs on the fake-GPU cluster (latency-model backends: the placement is what is tested) -----
+
+
+def run_job(cluster, tmp_path, n: int, overrides: list[str], on_report=None, scale: float = 0.02) -> list[dict]:
+    """`answer_with_ray` of n questions on `cluster`; each batch's report (also given to `on_report`)."""
+    import json
+
+    from jobs.bench.simulated import SimBackends
+    from pipeline.io.output_lock import output_lock
+    from pipeline.runtime.ray_runner import answer_with_ray
+
+    cfg = load_config(
+        overrides=[
+            "runtime.mode=ray",
+            f"runtime.ray_address={cluster.address}",
+            "method.name=sr-rag",
+            "dataset.format=generic",
+            "answer.batch_questions=10",
+            *overrides,
+        ]
+    )
+    dataset, out = tmp_path / "questions.jsonl", str(tmp_path / "out")
+    dataset.write_text(
+        "".join(json.dumps({"id": f"q{i}", "question": f"Who wrote book {i}?"}) + "\n" for i in range(n))
+    )
+    row_args = dict(run_id="t", method="sr-rag", params_json="{}", chash="t", model="simulated")
+    reports = []
+    with output_lock(out):
+        for report in answer_with_ray(
+            str(dataset),
+            out,
+            cfg,
+            "simulated",
+            row_args,
+            header=None,
+            done=set(),
+            limit=n,
+            make_backends=SimBackends(scale),
+        ):
+            reports.append(report)
+            if on_report is not None:
+                on_report(report)
+    return reports
+
+
+def live_groups() -> list[dict]:
+    from ray.util import placement_group_table
+
+    return [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+
+
+def assert_each_question_once(out: Path, n: int) -> None:
+    import polars as pl
+
+    rows = pl.read_parquet(f"{out}/parts/*.parquet")
+    assert rows.height == n and rows["question_id"].n_unique() == n
+    assert rows["error"].null_count() == n, rows.filter(pl.col("error").is_not_null())["error"].to_list()[:3]
+
+
+def test_tensor_parallel_replicas_each_claim_one_group_made_once_and_removed_at_the_end(gpu_cluster, tmp_path):
+    """Two TP-2 replicas: exactly two STRICT_PACK groups of two one-GPU bundles exist during the run (none
+    made again when Ray Data asks for actor options), each replica holds its own, on one node; none is left."""
+    seen_during: list[int] = []
+    tp = ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2", "ray.actors=2"]
+    reports = run_job(
+        gpu_cluster, tmp_path, 60, [*tp, "ray.actor_num_cpus=1"], lambda r: seen_during.append(len(live_groups()))
+    )
+    assert set(seen_during) == {2}
+    groups = {r["replica"]["group"] for r in reports}
+    assert len(groups) == 2 and None not in groups
+    assert sum(r["rows"] for r in reports) == 60
+    assert live_groups() == []
+    assert_each_question_once(tmp_path / "out", 60)

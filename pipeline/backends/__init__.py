@@ -52,10 +52,12 @@ class Backends:
         embedder: Any = None,
         named: dict[str, Any] | None = None,
         faiss_placement: Any = None,
+        replica_group: Any = None,
     ):
         self.cfg = cfg
         self.index_dir = index_dir
         self.faiss_placement = faiss_placement  # where the index goes (a replica's GPU plan); None: the CPU
+        self.replica_group = replica_group  # a tensor-parallel Ray replica's placement group (ray_control.py)
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
         # the continuous engine's lanes may build parts at the same time: one lock per part, so a part that
@@ -81,7 +83,7 @@ class Backends:
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        return self._built("_generator", lambda: make_generator(self.cfg))
+        return self._built("_generator", lambda: make_generator(self.cfg, self.replica_group))
 
     @property
     def retriever(self):
@@ -172,17 +174,17 @@ class NoGenerator:
         return [Completion("", finish_reason="none") for _ in prompts]
 
 
-def make_generator(cfg: DynragConfig):
+def make_generator(cfg: DynragConfig, replica_group: Any = None):
     if cfg.generation.backend == "none":
         return NoGenerator()
     if cfg.generation.backend == "vllm" and cfg.generation.streaming:
         from pipeline.backends.vllm_stream import VllmStreamingGenerator
 
-        return VllmStreamingGenerator(cfg)
+        return VllmStreamingGenerator(cfg, replica_group=replica_group)
     if cfg.generation.backend == "vllm":
         from pipeline.backends.vllm_gen import VllmGenerator
 
-        return VllmGenerator(cfg)
+        return VllmGenerator(cfg, replica_group=replica_group)
     from pipeline.backends.hf_gen import HfGenerator
 
     return HfGenerator(cfg)

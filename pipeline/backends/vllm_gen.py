@@ -25,6 +25,7 @@ from pipeline.backends.chat import PromptTooLong, encode
 from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
+from pipeline.runtime.ray_control import placed_in
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ def llm_kwargs(
 
 
 class VllmGenerator:
-    def __init__(self, cfg: DynragConfig, model_path: str | None = None):
+    def __init__(self, cfg: DynragConfig, model_path: str | None = None, replica_group: Any = None):
+        """`replica_group`: a Ray engine actor's tensor-parallel placement group (ray_control.claim), whose GPUs
+        vLLM's Ray executor puts its workers on."""
         g = cfg.generation
         self.cfg = g
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
@@ -89,7 +92,8 @@ class VllmGenerator:
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
             kwargs = llm_kwargs(g, str(path), gpu, cfg.runtime.mode == "ray", vllm_utilization(cfg))
-            self.llm = self._engine(kwargs)
+            with placed_in(replica_group):
+                self.llm = self._engine(kwargs)
         except BaseException:
             self._guard.close()
             raise
@@ -182,11 +186,12 @@ class VllmGenerator:
         if llm is None:
             return
         self.llm = None
-        self._guard.close()
-        try:
+        try:  # the guard stays armed until the engine's processes are gone
             self._shutdown(llm)
-        except Exception:
-            log.debug("vLLM shutdown failed", exc_info=True)
+        except Exception as err:
+            log.warning("vLLM shutdown failed: %s", err, exc_info=log.isEnabledFor(logging.DEBUG))
+        finally:
+            self._guard.close()
 
     def _shutdown(self, llm) -> None:
         llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)

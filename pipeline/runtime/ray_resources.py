@@ -4,8 +4,8 @@
   any custom `ray.actor_resources` (placement on a node group that advertises them, see cluster/). GPUs:
   `ray.actor_num_gpus` (1, or a share, per vLLM replica that fits one GPU), or with
   `generation.engine_kwargs.tensor_parallel_size` = N > 1 a placement group of N one-GPU bundles on one
-  node per replica, as Ray Data LLM places tensor-parallel engines: the actor itself holds no GPU and
-  vLLM's Ray executor starts one worker on each bundle's GPU (vllm_gen.llm_kwargs);
+  node per replica, made once by the driver (ray_control.py): the actor itself holds no GPU, claims its
+  replica's group, and vLLM's Ray executor starts one worker on each bundle's GPU (vllm_gen.py);
 - embedding actors of an index build: `index.embed_actors` of them, `ray.embed_actor_num_gpus` GPUs each;
 - the retrieval and scorer pools (pipeline/runtime/pools.py): `ray.retrieval_actor_*`, `ray.scorer_actor_*`.
 
@@ -17,7 +17,6 @@ them: the autoscaler publishes the group (`cluster_gpu_nodes`), and Ray starts i
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Sequence
@@ -125,40 +124,20 @@ def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
     return [(g, 1.0) for g in alive if g], now
 
 
-def replica_bundles(tp: int, num_cpus: float, resources: dict[str, float]) -> list[dict[str, float]]:
-    """The placement group of a tensor-parallel replica: one bundle per GPU (vLLM's Ray executor puts a
-    worker on each, taking its GPU and no CPU); the first also holds the engine actor's CPUs and custom
-    resources, the actor being placed there."""
-    return [{"CPU": num_cpus, "GPU": 1.0, **resources}] + [{"GPU": 1.0} for _ in range(tp - 1)]
+def replica_bundles(tp: int) -> list[dict[str, float]]:
+    """The placement group of a tensor-parallel replica: one bundle per GPU, each taken by one of vLLM's
+    workers (no CPU: the engine actor's CPUs are its own request)."""
+    return [{"GPU": 1.0} for _ in range(tp)]
 
 
-def replica_placement(bundles: list[dict[str, float]], made: list) -> dict:
-    """Ray options placing one engine actor in a fresh STRICT_PACK placement group of `bundles` (Ray Data
-    calls this before starting each actor); the group is appended to `made`, whose owner removes it.
-    Tasks and actors the engine starts (vLLM's workers) join the group (placement_group_capture_child_tasks),
-    which is how vLLM finds it."""
-    from ray.util import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    pg = placement_group(bundles, strategy="STRICT_PACK")
-    made.append(pg)
-    strategy = PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
-    )
-    return {"scheduling_strategy": strategy}
-
-
-def engine_actor_options(cfg, gpus: float, placement_groups: list) -> dict:
+def engine_actor_options(cfg, gpus: float) -> dict:
     """Keyword arguments for `map_batches` of the engine actors whose replicas have `gpus` GPUs
-    (replica_gpus). A tensor-parallel replica's placement groups are collected in `placement_groups`."""
+    (replica_gpus). A tensor-parallel replica's GPUs are its placement group's (`replica_bundles`), not the
+    actor's."""
     r = cfg.ray
     opts: dict = {"num_cpus": r.actor_num_cpus}
-    tp = tensor_parallel_size(cfg)
-    if gpus and tp > 1:
+    if gpus and tensor_parallel_size(cfg) > 1:
         opts["num_gpus"] = 0  # the group's GPUs belong to vLLM's workers
-        # ray_remote_args_fn is deprecated in Ray 2.60 (removed in 2.64); Ray Data LLM 2.60 places its engines so too
-        bundles = replica_bundles(tp, r.actor_num_cpus, dict(r.actor_resources))
-        opts["ray_remote_args_fn"] = functools.partial(replica_placement, bundles, placement_groups)
     elif gpus:
         opts["num_gpus"] = gpus
     if r.actor_resources:

@@ -50,7 +50,7 @@ class EngineActor:
         out: str,
         header: dict[str, str] | None,
         pools: dict[str, list] | None = None,
-        drain_flag: Any = None,
+        control: Any = None,
         make_backends: Callable[..., Any] | None = None,
         params: dict | None = None,
     ):
@@ -73,6 +73,11 @@ class EngineActor:
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
         plan = replica_gpu_plan(self.cfg, index_dir, frozenset(remote))  # None without CUDA; refuses a misfit
+        self.control = control  # the driver's RunControl (ray_control.py)
+        self.actor_id = _own_actor_id()
+        group = self._claim_group()
+        # where this replica runs (in each batch's report): its process, node and placement group
+        self.replica = {"pid": os.getpid(), "node": _own_node_id(), "group": group.id.hex() if group else None}
         self.backends = (make_backends or Backends)(
             self.cfg,
             index_dir,
@@ -80,6 +85,7 @@ class EngineActor:
             scorer=scorer,
             embedder=scorer,
             faiss_placement=plan.index if plan else None,
+            replica_group=group,
         )
         self.drain = Drain(self.cfg.answer.drain_s)
         self.engine = make_engine(self.cfg, self.backends, self.drain)
@@ -91,8 +97,9 @@ class EngineActor:
         self.coordinator: threading.Thread | None = None
         self.ended: BaseException | str | None = None  # why the coordinator stopped: "drained" or its error
         self.first_call: float | None = None  # time.time() of the first batch: the start of the busy ratio
-        if drain_flag is not None:
-            threading.Thread(target=self._watch, args=(drain_flag,), name="dynrag-drain", daemon=True).start()
+        self.reported_drained = False
+        if control is not None:
+            threading.Thread(target=self._watch, args=(control,), name="dynrag-drain", daemon=True).start()
         # this actor's own SIGTERM (its node pre-empted): drain, write, then go as Ray would have it go
         self.preempted = threading.Event()
         self.calls = 0  # calls between their start and their part written
@@ -117,6 +124,7 @@ class EngineActor:
         finally:
             with self.lock:
                 self.calls -= 1
+            self._report_drained()
         if self.preempted.is_set():
             # the process goes once every call has written what it finished: Ray Data sends this batch to a
             # new actor, whose part (keyed by the batch's questions) replaces this one
@@ -124,6 +132,7 @@ class EngineActor:
         with self.lock:
             report = batch_report(rows, int(sum(batch["skipped"])), self.engine.new_calls())
             report["generator"] = self._generator_busy()
+            report["replica"] = self.replica
         return {"part": [part or ""], "report": [json.dumps(report)]}
 
     def _answer(self, questions: list[Question]) -> list:
@@ -151,8 +160,10 @@ class EngineActor:
             for outcome in self.engine.stream(feed, self.spec.program, self.params):
                 with self.lock:
                     self.waiting.pop(id(outcome.question)).add(outcome)
-        except BaseException as err:  # a bug in the engine: every waiting batch fails (Ray Data does not retry it)
-            with self.lock:
+        except BaseException as err:  # the engine cannot go on (say vLLM's engine core died)
+            if self._restart_for(err):
+                return
+            with self.lock:  # once too often: every waiting batch fails, and with it the job
                 self.ended = err
                 for got in set(self.waiting.values()):
                     got.fail(err)
@@ -169,13 +180,51 @@ class EngineActor:
         backends (vLLM's engine, the index, the models); failures are logged, not raised."""
         if self.feed is not None:
             self.feed.close()
-        if self.coordinator is not None:
+        if self.coordinator is not None and self.coordinator is not threading.current_thread():
             self.coordinator.join(CLOSE_JOIN_S)
+        if self.control is not None:
+            self.control.release.remote(self.actor_id)
         for part in (self.engine, self.backends):
             try:
                 part.close()
             except Exception as err:
                 log.warning("engine actor %d: closing %s failed: %s", os.getpid(), type(part).__name__, err)
+
+    def _claim_group(self) -> Any:
+        """This replica's placement group (tensor-parallel runs), claimed from the driver; waited for, since
+        an autoscaler may still be starting its node."""
+        if self.control is None:
+            return None
+        import ray
+
+        group = ray.get(self.control.claim.remote(self.actor_id, ray.get_runtime_context().get_node_id()))
+        if group is not None:
+            ray.get(group.ready())
+        return group
+
+    def _report_drained(self) -> None:
+        """Tell the driver once this actor has drained: a drain asked for, its engine ended, nothing in flight."""
+        if self.control is None or not self.drain.requested or self.reported_drained:
+            return
+        with self.lock:
+            done = not self.calls and (self.feed is None or self.ended is not None)
+        if done:
+            self.reported_drained = True
+            self.control.drained.remote(self.actor_id)
+
+    def _restart_for(self, err: BaseException) -> bool:
+        """After the engine failed: exit so that Ray starts this actor again and Ray Data sends its batches to
+        the new one (the batches' questions run again; their parts are keyed by question), unless engines
+        have failed ENGINE_RESTARTS times in this run (a fault that comes back: the job stops with it)."""
+        import ray
+
+        failures = ray.get(self.control.engine_failed.remote()) if self.control is not None else ENGINE_RESTARTS + 1
+        if failures > ENGINE_RESTARTS:
+            log.error("engine actor %d: the engine failed (%d times in this run): %r", os.getpid(), failures, err)
+            return False
+        log.error("engine actor %d: the engine failed, restarting the actor: %r", os.getpid(), err)
+        self.close()
+        os._exit(1)
 
     def _on_sigterm(self, signum, frame) -> None:
         """SIGTERM to this actor's process (a pre-empted node's processes all get it): admit no more
@@ -201,12 +250,12 @@ class EngineActor:
         log.warning("engine actor %d: drained and written; exiting", os.getpid())
         os._exit(1)
 
-    def _watch(self, flag: Any) -> None:
-        """Poll the driver's drain flag; when it is raised, drain this actor's engine within its deadline."""
+    def _watch(self, control: Any) -> None:
+        """Poll the driver's drain; when it is asked for, drain this actor's engine within its deadline."""
         import ray
 
         while not self.drain.requested:
-            left = ray.get(flag.remaining.remote())
+            left = ray.get(control.remaining.remote())
             if left is not None:
                 self.drain.request(left)
                 return
@@ -244,20 +293,6 @@ class _Batch:
 
     def result(self) -> list:
         return self.future.result()
-
-
-class DrainFlag:
-    """A Ray actor the driver raises on SIGTERM; each engine actor polls it (`remaining`) and drains."""
-
-    def __init__(self) -> None:
-        self.deadline: float | None = None  # time.time() by which the engines stop
-
-    def request(self, seconds: float) -> None:
-        if self.deadline is None:
-            self.deadline = time.time() + seconds
-
-    def remaining(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.time())
 
 
 def init_ray(cfg: DynragConfig) -> bool:
@@ -316,17 +351,25 @@ def answer_with_ray(
 ) -> Generator[dict[str, Any], None, None]:
     """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes.
 
-    `drain` (set by SIGTERM) is passed on to the engine actors (a `DrainFlag` actor they poll): they admit no
-    more questions, finish those in flight within `answer.drain_s` and write them; later batches come back
-    empty. If the stream has not ended by then (and a grace period), the main thread is interrupted.
+    `drain` (set by SIGTERM) is passed on to the engine actors (through the `RunControl` actor they poll): they
+    admit no more questions, finish those in flight within `answer.drain_s`, write them and say so; once every
+    replica has, the driver stops feeding. If the stream has not ended by then (and a grace period), the main
+    thread is interrupted.
     `make_backends` replaces `Backends` in the engine and pool actors (the latency-model bench). `params`:
     the method's parameters bound to the run (MethodParams.for_output), as JSON."""
     import ray
 
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
+    from pipeline.runtime.ray_control import RunControl, make_replica_groups, remove_replica_groups
     from pipeline.runtime.ray_questions import question_dataset
-    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus
+    from pipeline.runtime.ray_resources import (
+        cluster_gpu_nodes,
+        engine_actor_options,
+        replica_bundles,
+        replica_gpus,
+        tensor_parallel_size,
+    )
 
     # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
     guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
@@ -336,8 +379,8 @@ def answer_with_ray(
 
         sigterm_drains(drain)  # Ray's own SIGTERM handler exits at once
     pools: dict[str, list] = {}
-    flag, finished = None, threading.Event()
-    placement_groups: list = []  # of tensor-parallel replicas (ray_resources.py)
+    control, finished = None, threading.Event()
+    groups: list = []  # one per tensor-parallel replica (ray_control.py)
     try:
         gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
         if cfg.ray.retrieval_actors and index_dir:
@@ -346,10 +389,13 @@ def answer_with_ray(
             pools["scorer"] = start_pool(cfg, "scorer", None, make_backends)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+        if gpus and tensor_parallel_size(cfg) > 1:
+            groups = make_replica_groups(replica_bundles(tensor_parallel_size(cfg)), cfg.ray.actors)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        flag = ray.remote(DrainFlag).options(num_cpus=0, scheduling_strategy=here).remote()  # lives with the driver
+        # lives (and goes) with the driver
+        control = ray.remote(RunControl).options(num_cpus=0, scheduling_strategy=here).remote(groups)
         if drain is not None:
-            args = (drain, flag, finished)
+            args = (drain, control, finished)
             threading.Thread(target=_pass_drain, args=args, name="dynrag-drain", daemon=True).start()
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = question_dataset(_for_workers(dataset), cfg, done, limit, batch)
@@ -364,7 +410,7 @@ def answer_with_ray(
                 out,
                 header,
                 pools,
-                flag,
+                control,
                 make_backends,
                 params,
             ),
@@ -376,7 +422,7 @@ def answer_with_ray(
                 enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
                 max_tasks_in_flight_per_actor=calls + 1,
             ),
-            **engine_actor_options(cfg, gpus, placement_groups),
+            **engine_actor_options(cfg, gpus),
         )
         seen: set[str] = set()  # parts reported: a retried batch reports its part again
         for got in ds.iter_batches(batch_size=None, batch_format="numpy"):
@@ -385,14 +431,16 @@ def answer_with_ray(
                     continue
                 seen.add(part)
                 yield json.loads(report)
+            if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
+                log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
+                break
         for kind, actors in pools.items():  # the pools' share of the work, before they go
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
     finally:
         finished.set()
-        for actor in [a for actors in pools.values() for a in actors] + ([flag] if flag is not None else []):
+        for actor in [a for actors in pools.values() for a in actors] + ([control] if control is not None else []):
             ray.kill(actor)
-        for pg in placement_groups:
-            ray.util.remove_placement_group(pg)
+        remove_replica_groups(groups)
         if started:
             ray.shutdown()
         if guard is not None:
@@ -408,17 +456,34 @@ def actor_batches(cfg: DynragConfig, batch: int) -> int:
     return cfg.ray.actor_batches or max(2, -(-2 * cfg.answer.max_in_flight // batch))
 
 
+ENGINE_RESTARTS = 3  # engine failures in one run after which the job stops with the error
 CLOSE_JOIN_S = 30.0  # for an engine actor's coordinator to end once its feed is closed
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
 
-def _pass_drain(drain: Drain, flag: Any, finished: threading.Event) -> None:
-    """Driver side of a drain: raise the actors' flag when SIGTERM comes; if the job has not `finished` by
+def _own_actor_id() -> str | None:
+    """This Ray actor's id (hex); None outside an actor (an engine built by a test)."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    actor = ray.get_runtime_context().get_actor_id()
+    return actor or None
+
+
+def _own_node_id() -> str | None:
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def _pass_drain(drain: Drain, control: Any, finished: threading.Event) -> None:
+    """Driver side of a drain: ask the actors to drain when SIGTERM comes; if the job has not `finished` by
     the deadline and a grace period, interrupt the main thread (the rows written so far stay)."""
     while not drain.event.wait(DRAIN_POLL_S):
         if finished.is_set():
             return
-    flag.request.remote(drain.seconds)
+    control.request.remote(drain.seconds)
     if not finished.wait(drain.seconds + DRAIN_GRACE_S):
         log.warning("drain: the engine actors did not finish within %.0f s; stopping", drain.seconds + DRAIN_GRACE_S)
         _thread.interrupt_main()
