@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.engine.core import STAGES
-from pipeline.evaluation import charts
+from pipeline.evaluation import charts, comparison
 from pipeline.evaluation.runs import Run, load_runs
 from pipeline.evaluation.table import COLUMNS, cell, record
 
@@ -115,8 +115,36 @@ def html_table(recs: list[dict[str, Any]]) -> str:
     return f'<table class="evaluation">{head}{body}</table>'
 
 
-def render(runs: list[Run], title: str = "dynrag evaluation") -> str:
-    """The whole report as one HTML string."""
+def comparison_table(rows: list[dict[str, Any]]) -> str:
+    """Each run against the baseline: difference in points with its 95% interval and p per metric; a
+    difference whose interval excludes 0 is marked (bold, class "significant")."""
+    if not rows:
+        return ""
+    head = "<tr><th>run</th><th>n</th>" + "".join(
+        f"<th>{m.upper()}</th><th>&Delta;{m.upper()} [95% CI]</th><th>p</th>" for m in comparison.METRICS
+    )
+    body = ""
+    for r in rows:
+        cells = f"<td>{escape(r['run'])}</td><td>{r['n']}</td>"
+        for m in comparison.METRICS:
+            sig = comparison.significant(r, m)
+            delta = escape(comparison.delta_cell(r, m))
+            cells += (
+                f"<td>{'-' if r[m] is None else f'{100 * r[m]:.1f}'}</td>"
+                + (f'<td class="significant"><b>{delta}</b></td>' if sig else f"<td>{delta}</td>")
+                + f"<td>{comparison.p_cell(r[f'p_{m}'])}</td>"
+            )
+        body += f"<tr>{cells}</tr>"
+    r0 = rows[0]
+    return (
+        f'<p class="note">Against {escape(r0["baseline"])}, on the questions both answered (points; 95% '
+        f"percentile paired bootstrap, {r0['resamples']} resamples; p: paired sign-flip randomization). Bold, *: "
+        f'the interval excludes 0.</p><table class="comparison">{head}</tr>{body}</table>'
+    )
+
+
+def render(runs: list[Run], title: str = "dynrag evaluation", compared: list[dict[str, Any]] | None = None) -> str:
+    """The whole report as one HTML string; `compared`: `comparison.comparisons` rows, shown per dataset."""
     sections = []
     for ds in dict.fromkeys(r.dataset for r in runs):
         these = [r for r in runs if r.dataset == ds]
@@ -130,6 +158,7 @@ def render(runs: list[Run], title: str = "dynrag evaluation") -> str:
         sections.append(
             f'<section id="dataset-{slug(ds)}"><h2>{escape(ds)}</h2>'
             f"{html_table([record(r) for r in these])}"
+            f"{comparison_table([c for c in compared or [] if c['dataset'] == ds])}"
             f'<div class="charts">{"".join(c for c in charts if c)}</div></section>'
         )
     paths = "".join(f"<li>{escape(r.dataset)} / {escape(r.label)}: <code>{escape(r.path)}</code></li>" for r in runs)
@@ -143,9 +172,19 @@ def render(runs: list[Run], title: str = "dynrag evaluation") -> str:
     )
 
 
-def write_report(out_dirs: list[str], html: str, title: str = "dynrag evaluation") -> str:
-    """Render the runs at or below `out_dirs` into the file `html`; returns its path."""
+def write_report(
+    out_dirs: list[str],
+    html: str,
+    title: str = "dynrag evaluation",
+    baseline: str | None = None,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> str:
+    """Render the runs at or below `out_dirs` into the file `html` (with each run against `baseline`, a run
+    folder or label, when given); returns its path."""
+    runs = load_runs(out_dirs)
+    compared = comparison.comparisons(runs, baseline, resamples, seed) if baseline else None
     path = Path(html)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render(load_runs(out_dirs), title), encoding="utf-8")
+    path.write_text(render(runs, title, compared), encoding="utf-8")
     return str(path)
