@@ -266,6 +266,8 @@ def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path
     rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
     assert {(r["dataset"], r["method"], r["questions"]) for r in rows} == {("my_dev", "bm25", 2), ("my_dev", "qdc", 2)}
     assert all(0 < r["recall"] <= 1 and r["docs"] == 3 for r in rows)  # MuSiQue labels its supporting paragraphs
+    intervals = (tmp_path / "out" / "table5.md").read_text().split("k=3, against BM25:")[1]
+    assert "Δgold-doc recall [95% CI]" in intervals and "| qdc-k3 | 2 |" in intervals and "EM" not in intervals
     # the same questions without labels: a one-line error, not a table of blanks
     bare = tmp_path / "bare.jsonl"
     bare.write_text(

@@ -108,3 +108,19 @@ def test_bad_baseline_is_a_clear_error(tmp_path, capsys, argv, message):
     assert main(["evaluate", str(tmp_path / "a"), "--out", str(tmp_path / "t"), *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dynrag: error:") and message in err
+
+
+def test_papers_tables_print_intervals_against_their_baseline_row(tmp_path):
+    from jobs.eval import dragin, drrag, erm4, pairs
+
+    runs = {name: scored_run(tmp_path / name, f1s) for name, f1s in (("base", [0.0] * 40), ("up", [1.0] * 40))}
+    text = pairs.intervals([("sr-rag", {"out": runs["base"]}), ("pairs", {"out": runs["up"]})])
+    assert text.startswith("against sr-rag:") and "| pairs | 40 | 100.0 | +100.0 [+100.0, +100.0]* |" in text
+    text = dragin.intervals([{"method": "dragin", "out": runs["up"]}, {"method": "sr-rag", "out": runs["base"]}])
+    assert "against SR-RAG" in text and "| dragin | 40 |" in text and "| sr-rag |" not in text
+    text = erm4.intervals1([{"config": "(i) Direct", "out": runs["up"]}, {"config": "(ii) RRR", "out": runs["base"]}])
+    assert "against (ii) RRR" in text and "| (i) Direct | 40 | 100.0 | +100.0" in text and "| EM |" not in text
+    drrag_like_runs(tmp_path / "t5")  # SM absent: each method against the first (bm25) at the same k
+    text = drrag.intervals(tmp_path / "t5", ["hotpotqa"], ["bm25", "cfs"], [3, 4], generate=True)
+    assert "k=3, against BM25" in text and "| cfs-k3 | 2 |" in text and "| cfs-k4 | 2 |" in text
+    assert "| gold-doc recall | Δgold-doc recall [95% CI] | p | EM |" in text

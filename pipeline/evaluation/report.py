@@ -115,18 +115,25 @@ def html_table(recs: list[dict[str, Any]]) -> str:
     return f'<table class="evaluation">{head}{body}</table>'
 
 
+def comparison_tables(rows: list[dict[str, Any]]) -> str:
+    """One `comparison_table` per set of compared metrics (answers, or gold-document recall without them)."""
+    groups = dict.fromkeys(tuple(r["metrics"]) for r in rows)
+    return "".join(comparison_table([r for r in rows if tuple(r["metrics"]) == m]) for m in groups)
+
+
 def comparison_table(rows: list[dict[str, Any]]) -> str:
     """Each run against the baseline: difference in points with its 95% interval and p per metric; a
     difference whose interval excludes 0 is marked (bold, class "significant")."""
     if not rows:
         return ""
+    metrics = rows[0]["metrics"]
     head = "<tr><th>run</th><th>n</th>" + "".join(
-        f"<th>{m.upper()}</th><th>&Delta;{m.upper()} [95% CI]</th><th>p</th>" for m in comparison.METRICS
+        f"<th>{comparison.NAMES[m]}</th><th>&Delta;{comparison.NAMES[m]} [95% CI]</th><th>p</th>" for m in metrics
     )
     body = ""
     for r in rows:
         cells = f"<td>{escape(r['run'])}</td><td>{r['n']}</td>"
-        for m in comparison.METRICS:
+        for m in metrics:
             sig = comparison.significant(r, m)
             delta = escape(comparison.delta_cell(r, m))
             cells += (
@@ -158,7 +165,7 @@ def render(runs: list[Run], title: str = "dynrag evaluation", compared: list[dic
         sections.append(
             f'<section id="dataset-{slug(ds)}"><h2>{escape(ds)}</h2>'
             f"{html_table([record(r) for r in these])}"
-            f"{comparison_table([c for c in compared or [] if c['dataset'] == ds])}"
+            f"{comparison_tables([c for c in compared or [] if c['dataset'] == ds])}"
             f'<div class="charts">{"".join(c for c in charts if c)}</div></section>'
         )
     paths = "".join(f"<li>{escape(r.dataset)} / {escape(r.label)}: <code>{escape(r.path)}</code></li>" for r in runs)
