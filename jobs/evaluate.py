@@ -3,6 +3,7 @@
     dynrag evaluate runs/drrag-table5 runs/pairs [--out DIR]   # table per dataset (.md, .csv, .parquet)
     dynrag evaluate runs/b --baseline runs/a [--json]           # paired differences, 95% intervals, p-values
     dynrag evaluate runs/drrag-table5 --baseline sm-k4          # every run against the run labelled sm-k4
+    dynrag evaluate runs/demo --judge qwen2.5-0.5b-instruct     # an LLM judge's accuracy beside EM/Acc
     dynrag report runs/drrag-table5 --html report.html         # one self-contained HTML file with plots
 
 Each OUT_DIR is a run folder (`dynrag answer --out`) or a folder holding run folders at any depth.
@@ -45,6 +46,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "dataset, n, em/f1/acc, delta_*, delta_*_ci95 [low, high], p_*)",
     )
     add_stat_args(ev)
+    ev.add_argument(
+        "--judge",
+        metavar="MODEL",
+        help="also judge every answer with this model (a name from `dynrag models` or a folder), on the first "
+        "run's generation backend: judge Acc beside EM/Acc and the agreement with each; verdicts cached under "
+        "each run (RUN/judge/), so a rerun asks only about new answers. Prompt: pipeline/evaluation/judge.py",
+    )
+    ev.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --judge: override the judge's configuration, e.g. --set generation.kv_cache_gib=2",
+    )
     ev.set_defaults(func=run_evaluate)
     rep = sub.add_parser(
         "report",
@@ -73,7 +89,16 @@ def run_evaluate(args: argparse.Namespace) -> int:
     runs = load_runs(args.out_dirs)
     out = args.out or args.out_dirs[0]
     recs = records(runs)
-    text, paths = markdown(recs), write_tables(recs, out)
+    text = markdown(recs)
+    if args.judge:
+        from pipeline.evaluation import judge
+
+        judged = judge.judge_runs(runs, args.judge, args.overrides)
+        by_path = {run.path: j for run, j in judged}
+        for rec in recs:
+            rec.update({k: v for k, v in by_path[rec["path"]].items() if k != "cache"})
+        text += "\n" + judge.markdown(judged)
+    paths = write_tables(recs, out)
     rows: list = recs
     if args.baseline:
         rows = comparison.comparisons(runs, args.baseline, args.resamples, args.seed)
