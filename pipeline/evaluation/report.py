@@ -1,7 +1,8 @@
 """The self-contained HTML report: per dataset, the evaluation table and inline SVG plots (`charts`).
 
-Plots (chart ids, `<ds>` = the dataset's slug): F1 and EM against mean time per question, one series per
-method (`f1-time-<ds>`, `em-time-<ds>`); gold-document recall against k per retrieval strategy for runs
+Plots (chart ids, `<ds>` = the dataset's slug): the cost-quality front, F1 against LLM calls, tokens and
+mean latency per question side by side, each with its Pareto front dashed (`front-<ds>`); F1 and EM against
+mean time per question, one series per method (`f1-time-<ds>`, `em-time-<ds>`); gold-document recall against k per retrieval strategy for runs
 that vary k (`recall-k-<ds>`); LLM calls per question (`llm-calls-<ds>`); the mean per-stage time per
 question (`stage-time-<ds>`). No scripts, no external resources.
 """
@@ -60,6 +61,29 @@ def quality_time_chart(ds: str, runs: list[Run], metric: str) -> str | None:
         "mean seconds per question",
         f"{metric.upper()} (%)",
     )
+
+
+COSTS = (  # the front's panels: x axis label, the run summary's cost per question
+    ("LLM calls per question", lambda s: s["llm_calls_per_question"]),
+    ("tokens per question", lambda s: s["tokens_per_question"]),
+    ("mean latency per question (s)", lambda s: s["latency_s"]["mean"]),
+)
+
+
+def front_chart(ds: str, runs: list[Run]) -> str | None:
+    """F1 against each cost per question, every run a point coloured by method, each panel's Pareto front."""
+    panels = []
+    for xlabel, cost in COSTS:
+        series: dict[str, list[tuple[float, float, str]]] = {}
+        for r in runs:
+            x, y = cost(r.summary), r.summary["f1"]
+            if x is not None and y is not None:
+                series.setdefault(r.method, []).append((x, 100 * y, f"{r.label}: F1 {100 * y:.1f} at {x:.3g} {xlabel}"))
+        if series:
+            panels.append((xlabel, series))
+    if not panels:
+        return None
+    return charts.fronts(f"front-{slug(ds)}", f"{ds}: F1 vs cost per question (dashed: Pareto front)", panels, "F1 (%)")
 
 
 def recall_k_chart(ds: str, runs: list[Run]) -> str | None:
@@ -156,6 +180,7 @@ def render(runs: list[Run], title: str = "dynrag evaluation", compared: list[dic
     for ds in dict.fromkeys(r.dataset for r in runs):
         these = [r for r in runs if r.dataset == ds]
         charts = [
+            front_chart(ds, these),
             quality_time_chart(ds, these, "f1"),
             quality_time_chart(ds, these, "em"),
             recall_k_chart(ds, these),
