@@ -2,8 +2,10 @@
 
 A question counts when both runs have an error-free row with a score for it. Excluded and counted:
 `errors_excluded` (an error row in either run), `missing_excluded` (a row in one run only) and `unscored`
-(no gold answer, so no EM/F1/Acc). Means, deltas (run - baseline) and intervals are over the paired questions,
-so `f1` here can differ from the evaluation table's F1 over all of a run's answered questions.
+(no value for a compared metric: no gold answer, or no supporting labels). Means, deltas (run - baseline)
+and intervals are over the paired questions, so `f1` here can differ from the evaluation table's F1 over
+all of a run's answered questions. The compared metrics are EM, F1 and Acc, or gold-document recall where a
+run has no answers (generation.backend=none); the papers' jobs choose theirs.
 """
 
 from __future__ import annotations
