@@ -24,7 +24,13 @@ BASELINE_HELP = (
 
 
 def add_stat_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--resamples", type=int, default=10_000, metavar="R", help="bootstrap and randomization resamples")
+    p.add_argument(
+        "--resamples",
+        type=int,
+        default=10_000,
+        metavar="R",
+        help="bootstrap and randomization resamples (default 10000)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the resamples (default 0)")
 
 
