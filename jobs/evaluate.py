@@ -101,8 +101,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
         judged = judge.judge_runs(runs, args.judge, args.overrides)
         by_path = {run.path: j for run, j in judged}
-        for rec in recs:
-            rec.update({k: v for k, v in by_path[rec["path"]].items() if k != "cache"})
+        for rec in recs:  # runs without answers were not judged
+            rec.update({k: v for k, v in by_path.get(rec["path"], {}).items() if k != "cache"})
         text += "\n" + judge.markdown(judged)
     paths = write_tables(recs, out)
     rows: list = recs

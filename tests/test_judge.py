@@ -95,6 +95,10 @@ def test_cli_judge_column_and_no_model_on_a_cached_rerun(tmp_path, monkeypatch, 
     assert [(g.model, g.backend, g.kv_cache_gib) for g in built] == [("my-judge", "vllm", 3)]
     assert pl.read_csv(tmp_path / "t" / "evaluation.csv")["judge_acc"].to_list() == [pytest.approx(2 / 3)]
     assert main(argv) == 0 and len(built) == 1  # every verdict cached: no judge engine built
+    capsys.readouterr()
+    (tmp_path / "r" / "config.resolved.yaml").write_text("generation:\n  backend: none\n")  # no answers to judge
+    assert main([*argv[:-2], "--out", str(tmp_path / "t2")]) == 0 and len(built) == 1
+    assert "judged by" not in capsys.readouterr().out
 
 
 def test_tiny_model_judges_end_to_end(tiny_vllm, tmp_path):

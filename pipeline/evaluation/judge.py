@@ -186,7 +186,11 @@ class LazyGenerator:
 def judge_runs(
     runs: list[Run], model: str, overrides: list[str] | tuple[str, ...] = (), generator: Any = None
 ) -> list[tuple[Run, dict[str, Any]]]:
-    """Judge every run with one judge engine (`generator`, else one built from the first run's settings)."""
+    """Judge every run that has answers with one judge engine (`generator`, else one built from the first such
+    run's settings); runs without answers (generation.backend=none) are left out."""
+    runs = [r for r in runs if r.summary.get("f1") is not None]
+    if not runs:
+        return []
     own = generator is None
     gen = LazyGenerator(judge_config(runs[0], model, overrides)) if own else generator
     try:
