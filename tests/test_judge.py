@@ -29,11 +29,12 @@ class Scripted:
         pass
 
 
-def judged_run(folder, predictions: list[str], gold="Paris"):
+def judged_run(folder, predictions: list[str], gold="Paris", finished_at=1.0):
+    """A run whose rows finished at `finished_at` (a rewrite with a later time replaces them)."""
     rows = []
     for i, p in enumerate(predictions):
         row = fake_row(i, dataset="d", method="m", params={}, f1=0.0, total_s=0.1, gold_answers=[gold])
-        row.update(prediction=p, em=float(p == gold), acc=float(gold in p))
+        row.update(prediction=p, em=float(p == gold), acc=float(gold in p), finished_at=finished_at)
         rows.append(row)
     write_part(str(folder), rows)
     return str(folder)
@@ -71,7 +72,7 @@ def test_scripted_judge_counts_garbage_as_unjudged_and_asks_nothing_twice(tmp_pa
     [(_, again)] = judge_runs(load_runs([run]), "judge-model", generator=gen)
     assert gen.asked == [] and again["asked"] == 0 and again["judge_acc"] == j["judge_acc"]
     # a changed prediction (the question answered again) is asked about; the others are not
-    judged_run(tmp_path / "r", ["Paris", "The answer is Paris.", "Lyon", "Nice", "Paris, France"])
+    judged_run(tmp_path / "r", ["Paris", "The answer is Paris.", "Lyon", "Nice", "Paris, France"], finished_at=2.0)
     gen.replies["Paris, France"] = "yes"
     [(_, third)] = judge_runs(load_runs([run]), "judge-model", generator=gen)
     assert len(gen.asked) == 1 and "Proposed answer: Paris, France" in gen.asked[0] and third["judged"] == 4
