@@ -209,7 +209,8 @@ def ordering(rows: list[dict]) -> list[str]:
             chain = rec["bm25"] < rec["sm"] < rec["qdc"] <= rec["cfs"]
             goal = rec["cfs"] > rec["sm"] and (got["cfs"]["docs"] or 0) < (got["sm"]["docs"] or 0)
             notes.append(
-                f"{d} k={k}: BM25<SM<QDC<=CFS {'holds' if chain else 'does not hold'}; "
+                f"{d} k={k}, by the means (the intervals below say which differences hold): "
+                f"BM25<SM<QDC<=CFS {'holds' if chain else 'does not hold'}; "
                 f"CFS above SM with fewer documents: {'yes' if goal else 'no'}"
             )
     return notes
