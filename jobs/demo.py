@@ -169,6 +169,8 @@ def comparison(summaries: list[dict], cfg) -> str:
     g = cfg.generation
     lines.append(
         f"model {g.model} ({g.backend}, max_new_tokens {g.max_new_tokens}); {summaries[0]['rows']} "
-        "questions; compare runs with `dynrag evaluate " + " ".join(s["out"] for s in summaries) + "`"
+        "questions; compare runs with `dynrag evaluate "
+        + " ".join(s["out"] for s in summaries[1:] or summaries)
+        + (f" --baseline {summaries[0]['out']}`" if len(summaries) > 1 else "`")
     )
     return "\n".join(lines)

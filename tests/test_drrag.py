@@ -213,9 +213,13 @@ def test_table5_rendering_and_the_papers_ordering_check():
     ]
     text = table(rows, generate=False)
     assert "| 4 | Classifier Forward Selection | 75.00 | 3.60 |" in text
-    assert ordering(rows) == ["hotpotqa k=4: BM25<SM<QDC<=CFS holds; CFS above SM with fewer documents: yes"]
+    assert ordering(rows) == [
+        "hotpotqa k=4, by the means (the intervals below say which differences hold): BM25<SM<QDC<=CFS holds; CFS above SM with fewer documents: yes"
+    ]
     rows[1]["recall"] = 0.8  # SM above QDC and CFS: neither claim holds
-    assert ordering(rows) == ["hotpotqa k=4: BM25<SM<QDC<=CFS does not hold; CFS above SM with fewer documents: no"]
+    assert ordering(rows) == [
+        "hotpotqa k=4, by the means (the intervals below say which differences hold): BM25<SM<QDC<=CFS does not hold; CFS above SM with fewer documents: no"
+    ]
     assert csv_choice("hotpotqa, musique", ["hotpotqa", "musique"]) == ["hotpotqa", "musique"]
     with pytest.raises(DynragError, match="pick from"):
         csv_choice("hotpot", ["hotpotqa"])
@@ -266,6 +270,8 @@ def test_eval_drrag_takes_any_dev_file_with_supporting_labels(data_dir, tmp_path
     rows = _json.loads((tmp_path / "out" / "table5.json").read_text())
     assert {(r["dataset"], r["method"], r["questions"]) for r in rows} == {("my_dev", "bm25", 2), ("my_dev", "qdc", 2)}
     assert all(0 < r["recall"] <= 1 and r["docs"] == 3 for r in rows)  # MuSiQue labels its supporting paragraphs
+    intervals = (tmp_path / "out" / "table5.md").read_text().split("k=3, against BM25:")[1]
+    assert "Δgold-doc recall [95% CI]" in intervals and "| qdc-k3 | 2 |" in intervals and "EM" not in intervals
     # the same questions without labels: a one-line error, not a table of blanks
     bare = tmp_path / "bare.jsonl"
     bare.write_text(

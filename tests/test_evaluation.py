@@ -87,6 +87,9 @@ def test_experiment_file_short_forms_and_errors(tmp_path):
     bad.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [{method: bm25, params: {kk: 3}}]\n")
     with pytest.raises(DynragError, match="kk"):
         load_experiment(str(bad))
+    bad.write_text("name: x\ndatasets: [hotpotqa]\nmethods: [bm25]\ngrid: {k: [3]}\nbaseline: bm25\n")
+    with pytest.raises(DynragError, match="baseline 'bm25' is none of the runs \\(bm25-k3\\)"):
+        load_experiment(str(bad))
 
 
 def test_error_rows_are_counted_and_shown(tmp_path):

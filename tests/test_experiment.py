@@ -59,3 +59,6 @@ def test_tiny_experiment_runs_resumes_and_reports(data_dir, tmp_path, monkeypatc
         assert f'id="{chart}-hotpotqa"' in html
     assert 'id="f1-time-hotpotqa"' not in html  # generation.backend=none: no answers, so no quality plot
     assert "| bm25-k2 | bm25 | 5 | - | - | - | - | - |" in md  # ... and EM/F1 are unknown, not 0
+    # every run against the first (bm25-k2) on gold-document recall, the one score without answers
+    assert "### hotpotqa: against bm25-k2" in printed and "| sm-k3 | 5 | " in printed
+    assert "Δgold-doc recall [95% CI]" in (out / "comparison.md").read_text() and 'class="comparison"' in html

@@ -91,11 +91,11 @@ def test_report_is_one_file_of_inline_svg_charts(tmp_path):
     drrag_like_runs(tmp_path / "runs")
     text = Path(write_report([str(tmp_path / "runs")], str(tmp_path / "a.html"))).read_text(encoding="utf-8")
     svgs = re.findall(r"<svg .*?</svg>", text, re.S)
-    assert len(svgs) == 10 and all(s.startswith('<svg id="') and ' class="chart"' in s[:200] for s in svgs)
+    assert len(svgs) == 12 and all(s.startswith('<svg id="') and ' class="chart"' in s[:200] for s in svgs)
     assert "<script" not in text and "http" not in text and "<image" not in text
     assert set(re.findall(r'(?:href="|url\()(.)', text)) == {"#"}  # markers and clips point into the page only
     ids = re.findall(r' id="([^"]+)"', text)
-    assert len(ids) == len(set(ids))  # ten charts in one page: no id repeats
+    assert len(ids) == len(set(ids))  # twelve charts in one page: no id repeats
     f1 = next(s for s in svgs if s.startswith('<svg id="f1-time-hotpotqa"'))
     assert all(f">{m}</text>" in f1 for m in ("bm25", "cfs", "no-retrieval"))  # legend entries are text
     assert ">mean seconds per question</text>" in f1 and ">F1 (%)</text>" in f1
@@ -132,6 +132,7 @@ def test_report_plots_render_in_chromium(chromium, tmp_path):
     charts = {c["id"]: c for c in json.loads(unescape(found.group(1)))}
     for ds in ("hotpotqa", "musique"):
         expected = {
+            f"front-{ds}": 9,  # 3 methods in each of the 3 cost panels
             f"f1-time-{ds}": 3,
             f"em-time-{ds}": 3,
             f"recall-k-{ds}": 2,
@@ -146,7 +147,7 @@ def test_report_plots_render_in_chromium(chromium, tmp_path):
             assert all(s["marks"] and s["w"] > 0 for s in chart["series"]), chart
     recall = {s["name"]: s for s in charts["recall-k-hotpotqa"]["series"]}
     assert set(recall) == {"bm25", "cfs"} and recall["cfs"]["marks"] == 4  # line + 3 points (k = 3, 4, 6)
-    assert len(charts) == 10
+    assert len(charts) == 12
     assert dom.count('<table class="evaluation">') == 2
 
 
@@ -176,3 +177,36 @@ def test_report_screenshot_is_not_blank(chromium, tmp_path):
     colours = Image.open(shot).convert("RGB").getcolors(1 << 20)
     palette_blue = (0x4E, 0x79, 0xA7)  # the first series' colour fills points, lines and bars
     assert any(c == palette_blue and n > 200 for n, c in colours), "no plotted marks visible in the screenshot"
+
+
+def test_pareto_front_by_hand():
+    from pipeline.evaluation.charts import pareto_front
+
+    # (2, 50) beats (3, 40); (2, 30) loses to (2, 50) at the same cost; (1, 10) and (5, 60) are on the front
+    assert pareto_front([(3, 40), (1, 10), (2, 50), (5, 60), (2, 30), (6, 60)]) == [(1, 10), (2, 50), (5, 60)]
+    assert pareto_front([]) == []
+
+
+def test_front_chart_is_valid_svg_with_a_front_per_cost(tmp_path):
+    import xml.etree.ElementTree as ET
+
+    drrag_like_runs(tmp_path / "runs")
+    text = render(load_runs([str(tmp_path / "runs")]))
+    svg = re.search(r'<svg id="front-musique".*?</svg>', text, re.S)[0]
+    # standalone, the inline chart is a well-formed SVG document once it names its namespaces
+    root = ET.fromstring(
+        svg.replace("<svg ", '<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" ', 1)
+    )
+    ns = {"s": "http://www.w3.org/2000/svg"}
+    assert root.tag == "{http://www.w3.org/2000/svg}svg" and len(root.get("viewBox").split()) == 4
+    groups = root.findall(".//s:g[@class='series']", ns)
+    assert [g.get("data-series") for g in groups] == ["bm25", "cfs", "no-retrieval"] * 3
+    assert all(g.findall(".//s:use", ns) for g in groups)  # every series has its points in every panel
+    fronts = [
+        g for g in root.iter("{http://www.w3.org/2000/svg}g") if (g.get("id") or "").startswith("front-musique-pareto")
+    ]
+    assert len(fronts) == 3 and all(g.find(".//s:path", ns) is not None for g in fronts)
+    for label in ("LLM calls per question", "tokens per question", "mean latency per question (s)"):
+        assert f">{label}</text>" in svg
+    # the tips name each run's cost: cfs-k3's mean latency is 3 x (0.3 + 0.6) / 2
+    assert "<title>cfs-k3: F1 50.0 at 1.35 mean latency per question (s)</title>" in svg

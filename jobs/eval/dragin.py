@@ -67,6 +67,7 @@ def evaluate(cfg, datasets: list[str], methods: list[str], limit: int | None, ou
                     "llm_calls": s.get("llm_calls_per_question"),
                     **{column: e[key] for column, key in EXTRA_COLUMNS.items()},
                     "s_per_q": s["time_per_question_s"]["total"],
+                    "out": s["out"],
                 }
             )
             logging.getLogger(__name__).info("%s %s: %s", ds, s["label"], rows[-1])
@@ -113,6 +114,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def intervals(rows: list[dict]) -> str:
+    """Every method against SR-RAG (else the first method) per dataset: EM/F1/Acc differences with 95%
+    intervals and p."""
+    from pipeline.evaluation.comparison import against_baseline
+
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    base = "sr-rag" if "sr-rag" in methods else methods[0]
+    return f"against {LABELS.get(base, base)}:\n\n" + against_baseline([(r["method"], r["out"]) for r in rows], base)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
@@ -156,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         + table(rows)
         + "\n\n"
         + "\n".join(comparison(rows))
+        + "\n\n"
+        + intervals(rows)
     )
     print(text)
     out.mkdir(parents=True, exist_ok=True)

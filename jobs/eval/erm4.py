@@ -116,6 +116,7 @@ def _row(label: str, out: Path, s: dict) -> dict:
         "backoff": e["backoff"],
         "unparsed": e["filter_unparsed"],
         "rewrite_parsed": e["rewrite_parsed"],
+        "out": str(out),
     }
 
 
@@ -145,6 +146,15 @@ def render_table1(rows: list[dict]) -> str:
             f"| {r['questions']} |"
         )
     return "\n".join(lines)
+
+
+def intervals1(rows: list[dict]) -> str:
+    """Table 1's methods against (ii) Rewriter-Retriever-Reader (else the first row): F1 and hit-rate (Acc)
+    differences with 95% intervals and p."""
+    from pipeline.evaluation.comparison import against_baseline
+
+    base = next((r for r in rows if r["config"].startswith("(ii)")), rows[0])["config"]
+    return f"\nagainst {base}:\n\n" + against_baseline([(r["config"], r["out"]) for r in rows], base, ("f1", "acc"))
 
 
 def second_set(cfg, dataset: str, first: int, dest: Path) -> Path:
@@ -299,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(text2), flush=True)
         if "1" in tables:
             rows = table1(cfg, backends, dataset, args.index, args.limit, out)
-            text += [f"\nERM4 Table 1 (first {args.limit} questions)", render_table1(rows)]
+            text += [f"\nERM4 Table 1 (first {args.limit} questions)", render_table1(rows), intervals1(rows)]
             (out / "table1.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
         if "2" in tables:
             text += text2

@@ -120,6 +120,15 @@ def table(results: list[tuple[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def intervals(results: list[tuple[str, dict]]) -> str:
+    """Every run against sr-rag (else the first run): EM/F1/Acc differences with 95% intervals and p."""
+    from pipeline.evaluation.comparison import against_baseline
+
+    labels = [label for label, _ in results]
+    base = "sr-rag" if "sr-rag" in labels else labels[0]
+    return f"against {base}:\n\n" + against_baseline([(label, s["out"]) for label, s in results], base)
+
+
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
     from pipeline.evaluation.experiment import MethodRun, run_methods
@@ -153,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     results = list(zip(labels, summaries))
     text = (
         f"dataset {args.dataset} (first {args.limit}), index {args.index}, model {cfg.generation.model}, "
-        f"shared params {json.dumps(shared)}\n\n{table(results)}\n"
+        f"shared params {json.dumps(shared)}\n\n{table(results)}\n\n{intervals(results)}"
     )
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text, encoding="utf-8")

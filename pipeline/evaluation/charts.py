@@ -66,7 +66,10 @@ def _chart(title: str, xlabel: str, ylabel: str, height: float, legend_items: in
 
 def _svg(fig: Figure, chart_id: str, kind: str, series: list[tuple[str, list[str]]], mark: str) -> str:
     """The figure as an inline `<svg>`; series: (name, hover text of each `mark` element) of artist gid `s<index>`."""
-    fig.axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    entries = [e for ax in fig.axes for e in zip(*ax.get_legend_handles_labels())]  # every panel's series
+    fig.axes[-1].legend(
+        [h for h, _ in entries], [lab for _, lab in entries], loc="upper left", bbox_to_anchor=(1.01, 1)
+    )
     buf = io.StringIO()
     with rc_context({"svg.hashsalt": chart_id}):  # stable ids, unique to this chart within the page
         fig.savefig(buf, format="svg", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
@@ -89,6 +92,23 @@ def _svg(fig: Figure, chart_id: str, kind: str, series: list[tuple[str, list[str
     return text
 
 
+def _points(ax: Axes, ps: list[tuple[float, float, str]], color: str, label: str, gid: str) -> None:
+    """One series' points (x, y, hover text) as round markers; points at an axis stay whole."""
+    ax.plot(
+        [p[0] for p in ps],
+        [p[1] for p in ps],
+        "o",
+        ms=7,
+        alpha=0.8,
+        mec="white",
+        mew=0.8,
+        clip_on=False,
+        color=color,
+        label=label,
+        gid=gid,
+    )
+
+
 @rc_context(STYLE)
 def scatter(
     chart_id: str, title: str, series: dict[str, list[tuple[float, float, str]]], xlabel: str, ylabel: str
@@ -96,19 +116,7 @@ def scatter(
     """Points (x, y, hover text), one colour per series; the y axis starts at 0."""
     fig, ax = _chart(title, xlabel, ylabel, HEIGHT, len(series))
     for i, (name, ps) in enumerate(series.items()):
-        ax.plot(
-            [p[0] for p in ps],
-            [p[1] for p in ps],
-            "o",
-            ms=7,
-            alpha=0.8,
-            mec="white",
-            mew=0.8,
-            clip_on=False,
-            color=PALETTE[i % len(PALETTE)],
-            label=name[:24],
-            gid=f"s{i}",
-        )  # points at 0 whole
+        _points(ax, ps, PALETTE[i % len(PALETTE)], name[:24], f"s{i}")
     ax.set_ylim(0, max(ax.get_ylim()[1], 1.0))  # from 0; all-zero scores still get a 0..1 % axis
     return _svg(fig, chart_id, "scatter", [(name, [p[2] for p in ps]) for name, ps in series.items()], "use")
 
@@ -160,3 +168,49 @@ def stacked_bars(chart_id: str, title: str, bars: list[tuple[str, dict[str, floa
     )
     ax.grid(axis="y", visible=False)
     return _svg(fig, chart_id, "bars", tips, "path")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats (lower or equal x and higher or equal y, one of them strictly), by x."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front
+
+
+@rc_context(STYLE)
+def fronts(
+    chart_id: str,
+    title: str,
+    panels: list[tuple[str, dict[str, list[tuple[float, float, str]]]]],
+    ylabel: str,
+) -> str:
+    """Side by side, one panel per cost (xlabel, {series: [(x, y, hover text)]}): the points, one colour per
+    series in every panel, and each panel's Pareto front (`pareto_front`) as a dashed step line."""
+    names = list(dict.fromkeys(name for _, series in panels for name in series))
+    fig = Figure(figsize=(WIDTH * 1.6, max(HEIGHT, 0.9 + ROW * len(names))), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes: list[Axes] = list(fig.subplots(1, len(panels), sharey=True, squeeze=False)[0])
+    groups: list[tuple[str, list[str]]] = []
+    for j, (ax, (xlabel, series)) in enumerate(zip(axes, panels)):
+        ax.set_xlabel(xlabel)
+        for name, ps in series.items():
+            i = names.index(name)
+            label = name[:24] if name not in (g for g, _ in groups) else "_nolegend_"  # one legend entry a name
+            _points(ax, ps, PALETTE[i % len(PALETTE)], label, f"s{len(groups)}")
+            groups.append((name, [p[2] for p in ps]))
+        front = pareto_front([(p[0], p[1]) for ps in series.values() for p in ps])
+        ax.step(
+            [x for x, _ in front],
+            [y for _, y in front],
+            where="post",
+            color="#555",
+            lw=1.2,
+            ls="--",
+            gid=f"{chart_id}-pareto{j}",
+        )
+    axes[0].set_title(title)
+    axes[0].set_ylabel(ylabel)
+    axes[0].set_ylim(0, max(axes[0].get_ylim()[1], 1.0))
+    return _svg(fig, chart_id, "front", groups, "use")

@@ -9,6 +9,7 @@
       - {method: cfs, params: {classifier: models/drrag-clf}}
       - {method: sr-rag, label: sr-dense, params: {retriever: dense}, grid: {k: [3, 5]}}
     config: {generation: {backend: none}}   # dynrag configuration sections shared by every run
+    baseline: bm25-k4                  # run the others are compared with (95% intervals, p); default: the first
 
 Runs go to OUT/<dataset>/<label>[-<param><value>...] (OUT is `out:`, default runs/<name>). Each dataset's
 index is OUT/indexes/<dataset> (or `indexes:`), built once from the dataset's corpus, by default its own
@@ -65,6 +66,9 @@ class Experiment(_Strict):
     methods: list[MethodRuns] = Field(min_length=1)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
+    baseline: str | None = Field(
+        None, description="label of the run every other is compared with, per dataset (default: the first run)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -101,6 +105,8 @@ def load_experiment(path: str) -> Experiment:
             labels.append(label)
     if twice := sorted({lab for lab in labels if labels.count(lab) > 1}):
         raise DynragError(f"experiment file {p}: runs named {twice} more than once (give the methods a `label`)")
+    if exp.baseline is not None and exp.baseline not in labels:
+        raise DynragError(f"experiment file {p}: baseline {exp.baseline!r} is none of the runs ({', '.join(labels)})")
     return exp
 
 
@@ -199,7 +205,9 @@ def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig,
 
 def run_experiment(path: str, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     """Run (or resume) the experiment file at `path`; returns the output folder, run summaries and report paths."""
+    from pipeline.evaluation.comparison import comparisons, markdown, write_comparison
     from pipeline.evaluation.report import write_report
+    from pipeline.evaluation.runs import load_runs
     from pipeline.evaluation.table import evaluate
 
     exp = load_experiment(path)
@@ -209,5 +217,9 @@ def run_experiment(path: str, overrides: list[str] | tuple[str, ...] = ()) -> di
     summaries = [s for name, ds in exp.datasets.items() for s in run_dataset(exp, name, ds, cfg, out)]
     run_dirs = [s["out"] for s in summaries]
     text, tables = evaluate(run_dirs, str(out))
-    html = write_report(run_dirs, str(out / "report.html"), title=f"experiment {exp.name}")
+    baseline = exp.baseline or grid_runs(exp.methods[0], exp.grid)[0][0]
+    compared = comparisons(load_runs(run_dirs), baseline)
+    text += "\n" + markdown(compared)
+    tables += write_comparison(compared, str(out))
+    html = write_report(run_dirs, str(out / "report.html"), title=f"experiment {exp.name}", baseline=baseline)
     return {"out": str(out), "summaries": summaries, "table": text, "files": [*tables, html]}
