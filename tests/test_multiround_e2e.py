@@ -1,4 +1,4 @@
-"""End to end: IRCoT, Self-Ask, ITER-RETGEN and SuRe answer HotpotQA dev questions over their own paragraphs
+"""End to end: IRCoT, Self-Ask, ITER-RETGEN, SuRe, Search-R1 and Search-o1 answer HotpotQA dev questions over their own paragraphs
 (BM25) on the tiny random-weight model through one vLLM engine shared by the module; every row is checked
 against its own record of steps, calls, tokens and stage times."""
 
@@ -21,6 +21,8 @@ METHODS = {  # short outputs and few steps: the random model never writes an ans
     "self-ask": {"k": 2, "max_follow_ups": 1, "step_tokens": 8, "answer_tokens": 4},
     "iter-retgen": {"k": 2, "iterations": 2, "max_tokens": 8},
     "sure": {"k": 3, "summary_tokens": 8},
+    "search-r1": {"k": 2, "max_turns": 2, "turn_tokens": 8},
+    "search-o1": {"k": 2, "max_turns": 2, "turn_tokens": 8, "refine_tokens": 4},
 }
 
 
@@ -104,3 +106,15 @@ def test_sure_rows(answered):
         if len(cands) == 2:
             assert r["llm_calls"] == 1 + 2 + 2 + 2 and set(ex["validity"]) <= {0, 1}
             assert sum(ex["ranking"]) == 1.0 and r["prediction"] == cands[ex["best"]]
+
+
+@pytest.mark.parametrize("method", ["search-r1", "search-o1"])
+def test_search_agent_rows(answered, method):
+    summary, df = answered[method]
+    for r, ex in _common(summary, df, method):
+        assert 1 <= ex["turns"] <= 2 and r["retrieval_calls"] == ex["searches"] == len(ex["queries"])
+        refines = [g for g in r["generations"] if g["stage"] == "reason-in-documents"]
+        assert r["llm_calls"] == ex["turns"] + ex["answer_forced"] + len(refines)
+        assert len(refines) == (ex["searches"] if method == "search-o1" else 0)
+        assert ex["think_tokens"] + ex["answer_tokens"] + ex.get("refine_tokens", 0) == r["completion_tokens"]
+        assert ex["stopped"] in {"answer", "empty answer", "max_turns"}
