@@ -23,6 +23,7 @@ METHODS = {  # short outputs and few steps: the random model never writes an ans
     "sure": {"k": 3, "summary_tokens": 8},
     "search-r1": {"k": 2, "max_turns": 2, "turn_tokens": 8},
     "search-o1": {"k": 2, "max_turns": 2, "turn_tokens": 8, "refine_tokens": 4},
+    "adaptive-rag": {"k": 2, "max_steps": 2},  # and the classifier trained below
 }
 
 
@@ -32,11 +33,23 @@ def hotpot_index(data_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def answered(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path_factory):
+def complexity_clf(data_dir, tmp_path_factory) -> str:
+    from pipeline.classifier.complexity import train_complexity
+    from pipeline.config import DynragConfig
+
+    cfg, out = DynragConfig(), tmp_path_factory.mktemp("clf") / "complexity"
+    cfg.paths.data_dir = str(data_dir)
+    train_complexity(cfg, out, per_dataset=20)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def answered(data_dir, hotpot_index, tiny_cfg, tiny_vllm, complexity_clf, tmp_path_factory):
     """Every method's rows and summary, from the session's vLLM engine."""
     out = {}
     backends = Backends(tiny_cfg, str(hotpot_index), generator=tiny_vllm)
     for method, params in METHODS.items():
+        params = {**params, "classifier": complexity_clf} if method == "adaptive-rag" else params
         cfg = tiny_cfg.model_copy(deep=True)
         cfg.method.name, cfg.method.params = method, params
         folder = tmp_path_factory.mktemp(method)
@@ -118,3 +131,18 @@ def test_search_agent_rows(answered, method):
         assert len(refines) == (ex["searches"] if method == "search-o1" else 0)
         assert ex["think_tokens"] + ex["answer_tokens"] + ex.get("refine_tokens", 0) == r["completion_tokens"]
         assert ex["stopped"] in {"answer", "empty answer", "max_turns"}
+
+
+def test_adaptive_rag_rows(answered):
+    summary, df = answered["adaptive-rag"]
+    routes = []
+    for r, ex in _common(summary, df, "adaptive-rag"):
+        routes.append(ex["route"])
+        assert 0.33 < ex["route_probability"] <= 1
+        if ex["route"] == "B":
+            assert r["retrieval_calls"] == 1 and r["llm_calls"] == 1
+        elif ex["route"] == "C":  # IRCoT's own record follows the route
+            assert r["retrieval_calls"] == len(ex["queries"]) >= 1 and ex["steps"] <= 2
+        else:
+            assert r["retrieval_calls"] == 0
+    assert set(routes) <= {"A", "B", "C"} and "C" in routes  # HotpotQA questions: multi-hop

@@ -4,6 +4,8 @@ output (a tag split across tokens, a missing closing tag, an empty search, a mal
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fakes import MemoryRetriever
 
@@ -209,3 +211,48 @@ def test_final_information_reads_the_marker_or_the_whole_text():
 def test_bad_params_are_refused(method, params, match):
     with pytest.raises(MethodError, match=match):
         get_method(method).params(params)
+
+
+# -- the latency model's rollouts (`dynrag bench pipeline --simulate-gpu`) -------------------------------------
+
+
+@pytest.mark.parametrize("method", ["search-r1", "search-o1"])
+def test_the_simulated_generator_plans_uneven_rollouts(method):
+    from jobs.bench.simulated import PLANNED_SEARCHES, SimGenerator, SimRetriever
+
+    engine = Engine(Backends(DynragConfig(), generator=SimGenerator(), retriever=SimRetriever()))
+    spec = get_method(method)
+    qs = [Question(str(i), f"Who directed film {i}?") for i in range(60)]
+    outs = engine.run(qs, spec.program, spec.params({"turn_tokens": 64, "max_searches": 5}))
+    assert all(o.error is None and o.answer.prediction for o in outs)
+    searches = [o.answer.extra["searches"] for o in outs]
+    assert set(searches) == {min(n, 5) for n in PLANNED_SEARCHES}  # 6 planned: the budget stops it at 5
+    for o, n in zip(outs, searches):
+        x = o.answer.extra
+        assert not x["answer_forced"] and x["turns"] == n + 1 + (n == 5 and x["turns"] > 6)
+    think = [
+        o.answer.extra["think_tokens"] / max(o.answer.extra["turns"] - 1, 1) for o in outs if o.answer.extra["searches"]
+    ]
+    assert max(think) > 2 * min(think)  # uneven turns
+
+
+def test_bench_pipeline_runs_the_reasoning_methods_on_both_engines(capsys):
+    from jobs.cli import main
+
+    names = ["search-r1", "search-o1", "adaptive-rag"]
+    main(
+        [
+            "bench",
+            "pipeline",
+            "--simulate-gpu",
+            "--questions",
+            "8",
+            "--time-scale",
+            "0",
+            "--json",
+            *sum((["--method", m] for m in names), []),
+        ]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["method"], r["engine"]) for r in out] == [(m, e) for m in names for e in ("lockstep", "continuous")]
+    assert all(0 < r["generator_busy"] <= 1 and r["decode_steps"] >= 1 for r in out)
