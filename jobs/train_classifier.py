@@ -119,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
 def _run_complexity(args: argparse.Namespace, cfg) -> int:
     from pipeline.classifier.complexity import train_complexity
 
+    unused = [f for f, v in (("--model", args.model), ("--datasets", args.datasets), ("--epochs", args.epochs)) if v]
+    if unused or args.max_examples is not None:
+        raise ConfigError(f"{', '.join(unused) or '--max-examples'}: not used by --task complexity")
     if args.per_dataset < 1:
         raise ConfigError("--per-dataset: give at least 1")
     r = train_complexity(cfg, args.out, silver=args.silver, per_dataset=args.per_dataset, overwrite=args.overwrite)

@@ -115,3 +115,8 @@ def test_each_question_runs_its_route_in_one_batch(monkeypatch):
     assert outs[2].answer.extra["steps"] == 1 and outs[2].answer.prediction == "James Cameron"  # ircot's record
     assert [o.trace.llm_calls for o in outs] == [1, 1, 1] and gen.calls == [3]  # the routes share a batch
     assert all(o.answer.prediction == "James Cameron" for o in outs)
+
+
+def test_train_complexity_refuses_the_triple_classifier_options(tmp_path, capsys):
+    assert main(["train-classifier", "--task", "complexity", "--epochs", "2", "--out", str(tmp_path / "c")]) == 2
+    assert capsys.readouterr().err.strip() == "dynrag: error: --epochs: not used by --task complexity"

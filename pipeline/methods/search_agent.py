@@ -55,7 +55,8 @@ class SearchAgentParams(MethodParams):
     turn_tokens: int = Field(512, ge=4, le=8192, description="new tokens per turn")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
     template: PromptTemplate | None = Field(
-        None, description="instruction prompt; fields {question} {max_searches}; None: the paper's"
+        None,
+        description="instruction prompt; fields {question} {max_searches}; None: search-r1 the paper's Table 1, search-o1 ours after the paper",
     )
 
     @field_validator("template")
