@@ -1,4 +1,5 @@
-"""`dynrag train-classifier`: train the DR-RAG classifier C(q, d1, d2) and write a model folder.
+"""`dynrag train-classifier`: train the DR-RAG classifier C(q, d1, d2), or with `--task complexity` Adaptive-RAG's
+question-complexity classifier (pipeline/classifier/complexity.py), and write a model folder.
 
     dynrag train-classifier --out models/drrag-clf [--model features|cross-encoder] [--datasets hotpotqa,2wiki,musique]
                             [--max-examples N] [--epochs E] [--config FILE] [--set classifier.KEY=VALUE ...]
@@ -39,6 +40,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--max-examples", type=int, metavar="N", help="cap on examples (train + dev), whole questions")
     data.add_argument("--epochs", type=float, metavar="E", help="training epochs (fractions allowed)")
     data.add_argument("--data-dir", metavar="DIR", help="benchmark data kit (default: paths.data_dir)")
+    cx = p.add_argument_group("complexity (Adaptive-RAG's router, --task complexity)")
+    cx.add_argument(
+        "--task",
+        choices=["triple", "pair", "complexity"],
+        help="triple: DR-RAG's C(q, d1, d2); pair: a (q, d) reranker; complexity: Adaptive-RAG's A/B/C "
+        "question classifier for `--set method.params.classifier=DIR` (default: classifier.task)",
+    )
+    cx.add_argument(
+        "--silver",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="answer output folder of no-retrieval, sr-rag or ircot whose EM gives silver labels (repeatable); "
+        "questions without one take their dataset's label (single-hop B, multi-hop C)",
+    )
+    cx.add_argument("--per-dataset", type=int, default=300, metavar="N", help="questions per kit dataset (300)")
     add_config_args(p)
     p.set_defaults(func=run)
 
@@ -50,6 +67,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         if not names:
             raise ConfigError("--datasets: give at least one of hotpotqa, 2wiki, musique")
         extra.append(f"classifier.datasets=[{', '.join(json.dumps(n) for n in names)}]")
+    if args.task in ("triple", "pair"):
+        extra.append(f"classifier.task={args.task}")
     if args.model is not None:
         extra.append(f"classifier.model={args.model}")
     if args.max_examples is not None:
@@ -64,6 +83,9 @@ def _overrides(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     args.overrides = list(args.overrides) + _overrides(args)
     cfg = config_from_args(args)
+
+    if args.task == "complexity":
+        return _run_complexity(args, cfg)
 
     from pipeline.classifier.data import canonical_name
     from pipeline.classifier.train import train_classifier
@@ -91,4 +113,25 @@ def run(args: argparse.Namespace) -> int:
         f"({tr['examples_per_second']} examples/s); model folder: {args.out}"
     )
     print(f"total: {result['total_seconds'] / 60:.1f} min wall, {result['total_cpu_seconds']:.0f} s of CPU")
+    return 0
+
+
+def _run_complexity(args: argparse.Namespace, cfg) -> int:
+    from pipeline.classifier.complexity import train_complexity
+
+    unused = [f for f, v in (("--model", args.model), ("--datasets", args.datasets), ("--epochs", args.epochs)) if v]
+    if unused or args.max_examples is not None:
+        raise ConfigError(f"{', '.join(unused) or '--max-examples'}: not used by --task complexity")
+    if args.per_dataset < 1:
+        raise ConfigError("--per-dataset: give at least 1")
+    r = train_complexity(cfg, args.out, silver=args.silver, per_dataset=args.per_dataset, overwrite=args.overwrite)
+    dev = r["dev"]
+    print(
+        f"held-out ({dev['questions']} questions, labels {dev['labels']}): accuracy {dev['accuracy']:.4f}  "
+        f"(majority class {dev['majority_label']}: {dev['majority_baseline_accuracy']:.4f})"
+    )
+    print(
+        f"trained on {r['train']['questions']} questions (labels {r['train']['labels']}; "
+        f"{r['silver_labelled']} silver) in {r['seconds']} s; model folder: {args.out}"
+    )
     return 0

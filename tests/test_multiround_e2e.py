@@ -1,4 +1,4 @@
-"""End to end: IRCoT, Self-Ask, ITER-RETGEN and SuRe answer HotpotQA dev questions over their own paragraphs
+"""End to end: IRCoT, Self-Ask, ITER-RETGEN, SuRe, Search-R1 and Search-o1 answer HotpotQA dev questions over their own paragraphs
 (BM25) on the tiny random-weight model through one vLLM engine shared by the module; every row is checked
 against its own record of steps, calls, tokens and stage times."""
 
@@ -21,6 +21,9 @@ METHODS = {  # short outputs and few steps: the random model never writes an ans
     "self-ask": {"k": 2, "max_follow_ups": 1, "step_tokens": 8, "answer_tokens": 4},
     "iter-retgen": {"k": 2, "iterations": 2, "max_tokens": 8},
     "sure": {"k": 3, "summary_tokens": 8},
+    "search-r1": {"k": 2, "max_turns": 2, "turn_tokens": 8},
+    "search-o1": {"k": 2, "max_turns": 2, "turn_tokens": 8, "refine_tokens": 4},
+    "adaptive-rag": {"k": 2, "max_steps": 2},  # and the classifier trained below
 }
 
 
@@ -30,11 +33,23 @@ def hotpot_index(data_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def answered(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path_factory):
+def complexity_clf(data_dir, tmp_path_factory) -> str:
+    from pipeline.classifier.complexity import train_complexity
+    from pipeline.config import DynragConfig
+
+    cfg, out = DynragConfig(), tmp_path_factory.mktemp("clf") / "complexity"
+    cfg.paths.data_dir = str(data_dir)
+    train_complexity(cfg, out, per_dataset=20)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def answered(data_dir, hotpot_index, tiny_cfg, tiny_vllm, complexity_clf, tmp_path_factory):
     """Every method's rows and summary, from the session's vLLM engine."""
     out = {}
     backends = Backends(tiny_cfg, str(hotpot_index), generator=tiny_vllm)
     for method, params in METHODS.items():
+        params = {**params, "classifier": complexity_clf} if method == "adaptive-rag" else params
         cfg = tiny_cfg.model_copy(deep=True)
         cfg.method.name, cfg.method.params = method, params
         folder = tmp_path_factory.mktemp(method)
@@ -104,3 +119,30 @@ def test_sure_rows(answered):
         if len(cands) == 2:
             assert r["llm_calls"] == 1 + 2 + 2 + 2 and set(ex["validity"]) <= {0, 1}
             assert sum(ex["ranking"]) == 1.0 and r["prediction"] == cands[ex["best"]]
+
+
+@pytest.mark.parametrize("method", ["search-r1", "search-o1"])
+def test_search_agent_rows(answered, method):
+    summary, df = answered[method]
+    for r, ex in _common(summary, df, method):
+        assert 1 <= ex["turns"] <= 2 and r["retrieval_calls"] == ex["searches"] == len(ex["queries"])
+        refines = [g for g in r["generations"] if g["stage"] == "reason-in-documents"]
+        assert r["llm_calls"] == ex["turns"] + ex["answer_forced"] + len(refines)
+        assert len(refines) == (ex["searches"] if method == "search-o1" else 0)
+        assert ex["think_tokens"] + ex["answer_tokens"] + ex.get("refine_tokens", 0) == r["completion_tokens"]
+        assert ex["stopped"] in {"answer", "empty answer", "max_turns"}
+
+
+def test_adaptive_rag_rows(answered):
+    summary, df = answered["adaptive-rag"]
+    routes = []
+    for r, ex in _common(summary, df, "adaptive-rag"):
+        routes.append(ex["route"])
+        assert 0.33 < ex["route_probability"] <= 1
+        if ex["route"] == "B":
+            assert r["retrieval_calls"] == 1 and r["llm_calls"] == 1
+        elif ex["route"] == "C":  # IRCoT's own record follows the route
+            assert r["retrieval_calls"] == len(ex["queries"]) >= 1 and ex["steps"] <= 2
+        else:
+            assert r["retrieval_calls"] == 0
+    assert set(routes) <= {"A", "B", "C"} and "C" in routes  # HotpotQA questions: multi-hop

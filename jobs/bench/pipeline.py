@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+from pathlib import Path
 
 from jobs.bench import simulated
 
 METHODS = ("sr-rag", "cfs", "pairs", "dragin")
+# also benchmarked when named with --method: the reasoning search methods and Adaptive-RAG's router
+MORE_METHODS = ("search-r1", "search-o1", "adaptive-rag")
 # GPU-sized batches for both engines (lockstep: answer.batch_questions=256 per round); --set overrides them
 DEFAULTS = ["generation.batch_size=256", "answer.max_in_flight=512"]
 PARAMS = {"cfs": {"threshold": 0.5}}  # no trained classifier here: its decision threshold given
@@ -54,7 +58,9 @@ def register(bsub: argparse._SubParsersAction) -> None:
         required=True,
         help="use the latency-model backends (the only mode for now)",
     )
-    p.add_argument("--method", action="append", choices=METHODS, help=f"repeatable (default: {', '.join(METHODS)})")
+    p.add_argument(
+        "--method", action="append", choices=METHODS + MORE_METHODS, help=f"repeatable (default: {', '.join(METHODS)})"
+    )
     p.add_argument("--questions", type=int, default=2000, help="questions per method and engine (default 2000)")
     p.add_argument(
         "--time-scale",
@@ -97,10 +103,16 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
         retriever=simulated.SimRetriever(cost),
         scorer=scorer,
         embedder=scorer,
-        named={"attention": simulated.WordAttention(cost=cost)},
+        named={"attention": simulated.WordAttention(cost=cost), "complexity": simulated.SimRouter(cost)},
     )
     spec = get_method(method)
-    params = spec.params({**PARAMS.get(method, {}), **cfg.method.params}, cfg)
+    with tempfile.TemporaryDirectory() as clf:
+        if method == "adaptive-rag":  # a stand-in classifier folder: SimRouter routes by hash
+            from pipeline.classifier.complexity import META
+
+            Path(clf, META).write_text('{"kind": "simulated"}')
+            cfg.method.params = {"classifier": clf, **cfg.method.params}
+        params = spec.params({**PARAMS.get(method, {}), **cfg.method.params}, cfg)
     questions = [Question(str(i), q) for i, q in _questions(n)]
     eng = make_engine(cfg, backends)
     t0 = time.perf_counter()

@@ -9,6 +9,10 @@ C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale
   + the prefill of the prompts admitted in it (their tokens / 20,000). A sequence is delivered when it
   finishes (streaming `submit`); a batch `generate` waits for its longest output. A prompt is 1.3 tokens
   per word; each output is 25-100 % of its max_tokens (from its prompt's hash)
+- reasoning search rollouts (Search-R1, Search-o1; chat prompts): a turn stopped at a query's closing tag.
+  Each question plans 0, 1, 1, 2, 2, 3, 4 or 6 searches (from the hash of its messages before the rollout);
+  a turn writes 5-100 % of its max_tokens of thinking (from its prompt's hash, so turns are uneven), then the
+  next query (cut at the stop, as vLLM) while searches are left, else the answer in the method's answer tags
 - retrieve (BM25 on CPU): 2 ms + 1 ms per query; score (classifier on CPU): 1 ms + 0.5 ms per item;
   embed (CPU): 1 ms + 0.2 ms per text; DRAGIN's attention pass (on the GPU): like a prefill of prompt +
   generated tokens
@@ -28,11 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexing.hits import Hit
+from pipeline.backends.chat import cut_at_stop
 from pipeline.backends.streaming import InFlight, StreamingGenerator
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.methods.dragin_math import candidates_for
+from pipeline.methods.search_agent import Tags
+from pipeline.methods.search_o1 import TAGS as SEARCH_O1
+from pipeline.methods.search_r1 import TAGS as SEARCH_R1
 
 PIECE = re.compile(r"\s*\S+")  # a word-level "token": a word with the spaces before it
+SEARCH_TAGS = (SEARCH_R1, SEARCH_O1)
 WORDS = ["Paris", "Rome", "Spielberg", "Berlin", "Cincinnati", "film", "capital", "director", "born", "Zorblat"]
 
 
@@ -127,6 +136,9 @@ class SimGenerator(StreamingGenerator):
 
     @staticmethod
     def _one(prompt, sampling: SamplingSpec) -> Completion:
+        tags = next((t for t in SEARCH_TAGS if t.query[1] in sampling.stop), None)
+        if tags is not None:
+            return _search_turn(prompt, sampling, tags)
         h = stable_hash(prompt)
         n = max(1, (sampling.max_tokens or 32) * (25 + h % 76) // 100)
         words = [WORDS[(h >> (i % 24)) % len(WORDS)] for i in range(max(0, n - 1))]
@@ -140,6 +152,47 @@ class SimGenerator(StreamingGenerator):
             logprobs=lps,
             **tokenized(prompt, pieces, sampling.token_spans),
         )
+
+
+PLANNED_SEARCHES = (0, 1, 1, 2, 2, 3, 4, 6)
+
+
+def _search_turn(prompt, sampling: SamplingSpec, tags: Tags) -> Completion:
+    """One rollout turn of a reasoning search method (the model in the docstring)."""
+    text = str(prompt)
+    if isinstance(prompt, str):  # raw text: the question part is what precedes the rollout's first result
+        question, rollout = text, ""
+    else:  # chat: the rollout is the trailing assistant message
+        has = len(prompt) > 1 and prompt[-1]["role"] == "assistant"
+        question, rollout = str(prompt[:-1] if has else prompt), prompt[-1]["content"] if has else ""
+    h, planned = stable_hash(text), PLANNED_SEARCHES[stable_hash(question) % 8]
+    done = rollout.count(tags.result[0])
+    think = max(1, (sampling.max_tokens or 32) * (5 + h % 96) // 100)
+    words = " ".join(WORDS[(h >> (i % 24)) % len(WORDS)] for i in range(think))
+    if done < planned:
+        act = f" {tags.query[0]} {WORDS[h % 9]} {WORDS[(h >> 4) % 9]} {tags.query[1]}"
+    else:
+        act = f" {tags.answer[0]}{WORDS[h % 4]}{tags.answer[1]}"
+    pieces = PIECE.findall(cut_at_stop(words + act, sampling.stop)[0])
+    return Completion(
+        "".join(pieces),
+        prompt_tokens=tokens(prompt),
+        completion_tokens=len(pieces),
+        finish_reason="stop",
+        **tokenized(prompt, pieces, sampling.token_spans),
+    )
+
+
+class SimRouter:
+    """Adaptive-RAG's `complexity` backend: a route from the question's hash (A 1/4, B 1/4, C 1/2), probability
+    0.9, at the classifier's CPU cost."""
+
+    def __init__(self, cost: Cost = FREE):
+        self.cost = cost
+
+    def route(self, items):
+        self.cost.sleep(0.001 + 0.0005 * len(items))
+        return [("AABCCCBC"[stable_hash(it["question"]) % 8], 0.9) for it in items]
 
 
 class SimRetriever:
