@@ -94,7 +94,7 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
         found = re.search(r"^Doc 1 .*$", text, re.M)
         return "Answer: " + re.findall(r"\w+", found.group(0))[-1] if found else "I do not know"
 
-    def make_generator(cfg):
+    def make_generator(cfg, replica_group=None):
         made.append(cfg.generation.model)
         return RecordingGenerator(last_word_of_doc_1)
 
@@ -201,7 +201,9 @@ def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_noth
         os.write(2, b"written to fd 2 by the engine\n")
         return "Answer: Paris"
 
-    monkeypatch.setattr(backends_module, "make_generator", lambda cfg: RecordingGenerator(chatty_model))
+    monkeypatch.setattr(
+        backends_module, "make_generator", lambda cfg, replica_group=None: RecordingGenerator(chatty_model)
+    )
     data = tmp_path / "q.jsonl"
     data.write_text(
         "".join(json.dumps({"id": f"q{i}", "question": f"capital {i}?", "answer": ["Paris"]}) + "\n" for i in range(3))
