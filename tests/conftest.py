@@ -94,6 +94,12 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def whole_kit() -> bool:
+    """Whether data_dir is the whole benchmark kit (else the small fixture kit)."""
+    return resolve_data_dir()[1]
+
+
+@pytest.fixture(scope="session")
 def kit_records(data_dir) -> dict[str, int]:
     """How many records each file of data_dir holds (the kit's README, or the fixture kit's cut)."""
     return KIT_RECORDS if resolve_data_dir()[1] else FIXTURE_RECORDS
