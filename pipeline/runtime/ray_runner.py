@@ -161,8 +161,7 @@ class EngineActor:
                 with self.lock:
                     self.waiting.pop(id(outcome.question)).add(outcome)
         except BaseException as err:  # the engine cannot go on (say vLLM's engine core died)
-            if self._restart_for(err):
-                return
+            self._exit_for_restart(err)
             with self.lock:  # once too often: every waiting batch fails, and with it the job
                 self.ended = err
                 for got in set(self.waiting.values()):
@@ -212,7 +211,7 @@ class EngineActor:
             self.reported_drained = True
             self.control.drained.remote(self.actor_id)
 
-    def _restart_for(self, err: BaseException) -> bool:
+    def _exit_for_restart(self, err: BaseException) -> None:
         """After the engine failed: exit so that Ray starts this actor again and Ray Data sends its batches to
         the new one (the batches' questions run again; their parts are keyed by question), unless engines
         have failed ENGINE_RESTARTS times in this run (a fault that comes back: the job stops with it)."""
@@ -221,7 +220,7 @@ class EngineActor:
         failures = ray.get(self.control.engine_failed.remote()) if self.control is not None else ENGINE_RESTARTS + 1
         if failures > ENGINE_RESTARTS:
             log.error("engine actor %d: the engine failed (%d times in this run): %r", os.getpid(), failures, err)
-            return False
+            return
         log.error("engine actor %d: the engine failed, restarting the actor: %r", os.getpid(), err)
         self.close()
         os._exit(1)
