@@ -6,11 +6,8 @@ none, although it sees every GPU of its node; its own models then stay on the CP
 
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
 import pytest
+from ray_jobs import assert_each_question_once, fake_gpu_cluster, live_groups, run_job
 
 from indexing.device import owns_gpu
 from pipeline.config import load_config
@@ -54,20 +51,8 @@ def test_llm_kwargs_take_the_replicas_utilization_unless_configured():
 
 @pytest.fixture(scope="module")
 def gpu_cluster():
-    from ray.cluster_utils import Cluster
-
-    temp = tempfile.mkdtemp(prefix="dynrag-gpu-", dir="/tmp")  # short: Ray's socket paths live below it
-    Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray").mkdir(exist_ok=True)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "num_gpus": 0, "temp_dir": temp})
-    for _ in range(2):
-        c.add_node(num_cpus=2, num_gpus=4)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
-    try:
+    with fake_gpu_cluster(workers=2, num_cpus=2, num_gpus=4) as c:
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
 
 
 @ray.remote(num_cpus=0)
@@ -121,62 +106,6 @@ def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
 
 
 # -- whole answer jobs on the fake-GPU cluster (latency-model backends: the placement is what is tested) -----
-
-
-def run_job(cluster, tmp_path, n: int, overrides: list[str], on_report=None, scale: float = 0.02) -> list[dict]:
-    """`answer_with_ray` of n questions on `cluster`; each batch's report (also given to `on_report`)."""
-    import json
-
-    from jobs.bench.simulated import SimBackends
-    from pipeline.io.output_lock import output_lock
-    from pipeline.runtime.ray_runner import answer_with_ray
-
-    cfg = load_config(
-        overrides=[
-            "runtime.mode=ray",
-            f"runtime.ray_address={cluster.address}",
-            "method.name=sr-rag",
-            "dataset.format=generic",
-            "answer.batch_questions=10",
-            *overrides,
-        ]
-    )
-    dataset, out = tmp_path / "questions.jsonl", str(tmp_path / "out")
-    dataset.write_text(
-        "".join(json.dumps({"id": f"q{i}", "question": f"Who wrote book {i}?"}) + "\n" for i in range(n))
-    )
-    row_args = dict(run_id="t", method="sr-rag", params_json="{}", chash="t", model="simulated")
-    reports = []
-    with output_lock(out):
-        for report in answer_with_ray(
-            str(dataset),
-            out,
-            cfg,
-            "simulated",
-            row_args,
-            header=None,
-            done=set(),
-            limit=n,
-            make_backends=SimBackends(scale),
-        ):
-            reports.append(report)
-            if on_report is not None:
-                on_report(report)
-    return reports
-
-
-def live_groups() -> list[dict]:
-    from ray.util import placement_group_table
-
-    return [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
-
-
-def assert_each_question_once(out: Path, n: int) -> None:
-    import polars as pl
-
-    rows = pl.read_parquet(f"{out}/parts/*.parquet")
-    assert rows.height == n and rows["question_id"].n_unique() == n
-    assert rows["error"].null_count() == n, rows.filter(pl.col("error").is_not_null())["error"].to_list()[:3]
 
 
 def test_tensor_parallel_replicas_each_claim_one_group_made_once_and_removed_at_the_end(gpu_cluster, tmp_path):

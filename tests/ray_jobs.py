@@ -1,0 +1,89 @@
+"""Whole `answer_with_ray` jobs on a `ray.cluster_utils.Cluster` (latency-model backends, jobs/bench/simulated.py):
+what the Ray tests of cluster shapes and lost nodes share."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pipeline.config import load_config
+
+
+@contextmanager
+def fake_gpu_cluster(workers: int, **node) -> Iterator:
+    """A Ray cluster of a head with no CPUs or GPUs (as Ray advises for large clusters) and `workers` nodes of
+    `node` (add_node's num_cpus, num_gpus) each; this process is connected to it."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    temp = tempfile.mkdtemp(prefix="dynrag-gpu-", dir="/tmp")  # short: Ray's socket paths live below it
+    Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray").mkdir(exist_ok=True)
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "num_gpus": 0, "temp_dir": temp})
+    for _ in range(workers):
+        c.add_node(**node)
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def run_job(cluster, tmp_path, n: int, overrides: list[str], on_report=None, scale: float = 0.02) -> list[dict]:
+    """`answer_with_ray` of n questions on `cluster`; each batch's report (also given to `on_report`)."""
+    import json
+
+    from jobs.bench.simulated import SimBackends
+    from pipeline.io.output_lock import output_lock
+    from pipeline.runtime.ray_runner import answer_with_ray
+
+    cfg = load_config(
+        overrides=[
+            "runtime.mode=ray",
+            f"runtime.ray_address={cluster.address}",
+            "method.name=sr-rag",
+            "dataset.format=generic",
+            "answer.batch_questions=10",
+            *overrides,
+        ]
+    )
+    dataset, out = tmp_path / "questions.jsonl", str(tmp_path / "out")
+    dataset.write_text(
+        "".join(json.dumps({"id": f"q{i}", "question": f"Who wrote book {i}?"}) + "\n" for i in range(n))
+    )
+    row_args = dict(run_id="t", method="sr-rag", params_json="{}", chash="t", model="simulated")
+    reports = []
+    with output_lock(out):
+        for report in answer_with_ray(
+            str(dataset),
+            out,
+            cfg,
+            "simulated",
+            row_args,
+            header=None,
+            done=set(),
+            limit=n,
+            make_backends=SimBackends(scale),
+        ):
+            reports.append(report)
+            if on_report is not None:
+                on_report(report)
+    return reports
+
+
+def live_groups() -> list[dict]:
+    from ray.util import placement_group_table
+
+    return [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+
+
+def assert_each_question_once(out: Path, n: int) -> None:
+    import polars as pl
+
+    rows = pl.read_parquet(f"{out}/parts/*.parquet")
+    assert rows.height == n and rows["question_id"].n_unique() == n
+    assert rows["error"].null_count() == n, rows.filter(pl.col("error").is_not_null())["error"].to_list()[:3]
