@@ -17,3 +17,8 @@ class DynragError(Exception):
 
 class BackendError(DynragError, RuntimeError):
     """A backend cannot be built from the configuration (missing index, model, package) or used any more."""
+
+
+class EngineDead(BackendError):
+    """A backend that can serve nothing more (vLLM's engine core has died): the run's engine stops with it,
+    instead of failing every later question. Through Ray the engine actor exits and Ray restarts it."""

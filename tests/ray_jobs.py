@@ -33,8 +33,11 @@ def fake_gpu_cluster(workers: int, **node) -> Iterator:
         c.shutdown()
 
 
-def run_job(cluster, tmp_path, n: int, overrides: list[str], on_report=None, scale: float = 0.02) -> list[dict]:
-    """`answer_with_ray` of n questions on `cluster`; each batch's report (also given to `on_report`)."""
+def run_job(
+    cluster, tmp_path, n: int, overrides: list[str], on_report=None, scale: float = 0.02, make_backends=None
+) -> list[dict]:
+    """`answer_with_ray` of n questions on `cluster` (SimBackends(scale) unless `make_backends`); each batch's
+    report (also given to `on_report`)."""
     import json
 
     from jobs.bench.simulated import SimBackends
@@ -67,7 +70,7 @@ def run_job(cluster, tmp_path, n: int, overrides: list[str], on_report=None, sca
             header=None,
             done=set(),
             limit=n,
-            make_backends=SimBackends(scale),
+            make_backends=make_backends or SimBackends(scale),
         ):
             reports.append(report)
             if on_report is not None:
@@ -87,3 +90,35 @@ def assert_each_question_once(out: Path, n: int) -> None:
     rows = pl.read_parquet(f"{out}/parts/*.parquet")
     assert rows.height == n and rows["question_id"].n_unique() == n
     assert rows["error"].null_count() == n, rows.filter(pl.col("error").is_not_null())["error"].to_list()[:3]
+
+
+def dying_backends(scale: float, markers: Path, deaths: int):
+    """SimBackends whose generator's engine dies (EngineDead, as vLLM's dead engine core answers) at the 3rd
+    prompt of a process, `deaths` times across the job's processes (counted by marker files under `markers`).
+    Defined here, not at module level, so that Ray pickles it by value into its workers."""
+    from concurrent.futures import Future
+    from dataclasses import dataclass
+
+    from jobs.bench.simulated import SimBackends
+    from pipeline.errors import EngineDead
+
+    @dataclass(frozen=True)
+    class DyingBackends(SimBackends):
+        def __call__(self, cfg, index_dir=None, **kw):
+            backends = super().__call__(cfg, index_dir, **kw)
+            generator, submitted = backends._generator, []
+
+            def submit(prompt, sampling, chat) -> Future:
+                submitted.append(prompt)
+                if len(submitted) == 3 and len(list(markers.glob("death-*"))) < deaths:
+                    (markers / f"death-{os.getpid()}").write_text("")
+                    fut: Future = Future()
+                    fut.set_exception(EngineDead("the engine core died"))
+                    return fut
+                return type(generator).submit(generator, prompt, sampling, chat)
+
+            generator.submit = submit
+            return backends
+
+    markers.mkdir(parents=True, exist_ok=True)
+    return DyingBackends(scale)

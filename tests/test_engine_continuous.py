@@ -420,3 +420,56 @@ def test_a_cancelled_prompt_is_its_questions_error_and_the_run_goes_on(engine):
     assert [o.error is None for o in out] == [True, False, True]
     assert "CancelledError" in out[1].error and out[1].error_kind == "system"  # a rerun retries it
     assert all(o.answer.prediction for o in (out[0], out[2]))
+
+
+class DyingGenerator(SimGenerator):
+    """The simulated streaming generator whose engine dies at the prompt containing "die": that prompt and
+    every later one get EngineDead (as vLLM's dead engine core answers every request); batch calls too."""
+
+    def __init__(self):
+        super().__init__()
+        self.dead = False
+
+    def submit(self, prompt, sampling, chat) -> Future:
+        from pipeline.errors import EngineDead
+
+        self.dead = self.dead or "die" in str(prompt)
+        if not self.dead:
+            return super().submit(prompt, sampling, chat)
+        fut: Future = Future()
+        fut.set_exception(EngineDead("the engine core died"))
+        return fut
+
+    def generate(self, prompts, samplings, chats):
+        from pipeline.errors import EngineDead
+
+        self.dead = self.dead or any("die" in str(p) for p in prompts)
+        if self.dead:
+            raise EngineDead("the engine core died")
+        return super().generate(prompts, samplings, chats)
+
+
+@pytest.mark.parametrize("engine", ["continuous", "lockstep"])
+@pytest.mark.parametrize("streams", [True, False])
+def test_a_dead_engine_ends_the_run_instead_of_failing_every_later_question(engine, streams):
+    """EngineDead is not a question's error (a CancelledError or a too-long prompt is): the run stops with it,
+    so that an engine actor exits for Ray to restart it, and no question gets an error row for it."""
+    from pipeline.errors import EngineDead
+
+    def one_round(q: Question, params):
+        return Answer((yield Generate([q.question]))[0].text)
+
+    cfg = DynragConfig()
+    cfg.answer.engine = engine
+    dying = DyingGenerator()
+    batch_only = type("BatchOnly", (), {"generate": lambda self, *a: dying.generate(*a)})()
+    eng = make_engine(cfg, Backends(cfg, generator=dying if streams else batch_only))
+    qs = [Question(f"q{i}", "please die" if i == 3 else f"question {i}") for i in range(8)]
+    finished: list = []
+    try:
+        with pytest.raises(EngineDead, match="engine core died"):
+            for o in eng.stream(iter(qs), one_round, None):
+                finished.append(o)
+    finally:
+        eng.close()
+    assert all(o.error is None for o in finished)  # what finished before the death stands; nothing else

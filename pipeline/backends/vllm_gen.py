@@ -25,6 +25,7 @@ from pipeline.backends.chat import PromptTooLong, encode
 from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
+from pipeline.errors import EngineDead
 from pipeline.runtime.ray_control import placed_in
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,10 @@ class VllmGenerator:
         if live:
             reqs = [TokensPrompt(prompt_token_ids=encoded[i]) for i in live]
             params = [self.sampling_params(samplings[i], len(cast(list[int], encoded[i]))) for i in live]
-            outs = self.llm.generate(reqs, params, use_tqdm=False)
+            try:
+                outs = self.llm.generate(reqs, params, use_tqdm=False)
+            except Exception as err:
+                raise as_engine_dead(err) from err
             for i, ro in zip(live, outs):
                 results[i] = self._completion(ro, samplings[i].token_spans)
         return cast(list[Completion | Exception], results)  # every slot filled
@@ -195,3 +199,13 @@ class VllmGenerator:
 
     def _shutdown(self, llm) -> None:
         llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+
+
+def as_engine_dead(err: Exception) -> Exception:
+    """vLLM's EngineDeadError (its engine core died: "Unrecoverable") as dynrag's EngineDead; any other error
+    as it is (one prompt's or one call's)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    if isinstance(err, EngineDeadError):
+        return EngineDead(f"vLLM's engine core died ({err})")
+    return err

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from pipeline.backends.streaming import InFlight, StreamingGenerator, resolved
-from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator
+from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator, as_engine_dead
 from pipeline.engine.requests import Completion
 from pipeline.errors import BackendError
 
@@ -63,8 +63,8 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
             async for out in llm.generate(prompt, params, key):
                 final = out
             result = self._completion(final, spans)
-        except Exception as err:  # this prompt's error, its question's
-            result = err
+        except Exception as err:  # this prompt's error, its question's; a dead engine's, the run's
+            result = as_engine_dead(err)
         finally:  # also when cancelled: the sequence leaves the flight either way
             cost_s = self.flight.finish(key)
         return result, cost_s

@@ -36,7 +36,7 @@ from pipeline.engine.requests import (
     SamplingSpec,
     Score,
 )
-from pipeline.errors import QuestionError
+from pipeline.errors import EngineDead, QuestionError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -170,6 +170,8 @@ class BaseEngine:
         return Outcome(st.question, st.answer, st.trace, st.error, st.error_kind)
 
     def _advance(self, st: _State, value: Any, exc: BaseException | None = None) -> None:
+        if isinstance(exc, EngineDead):  # not this question's failure: nothing more can be answered
+            raise exc
         t0 = self.clock()
         if st.trace.started is None:
             st.trace.started = t0
@@ -364,9 +366,10 @@ class BaseEngine:
     def _per_question(
         self, states: list[_State], serve: Callable[[list[_State]], list[Delivery]], err: BaseException
     ) -> list[Delivery]:
-        """A batched call failed: alone, the error is this question's; else retry each question alone."""
-        if len(states) == 1:
-            return [(states[0], None, err)]
+        """A batched call failed: alone, the error is this question's; else retry each question alone (not
+        when the backend is dead: `_advance` ends the run with it)."""
+        if len(states) == 1 or isinstance(err, EngineDead):
+            return [(st, None, err) for st in states]
         log.warning(
             "a batched %s call over %d questions failed (%s); retrying per question",
             _kind(_pending(states[0])),

@@ -1,4 +1,4 @@
-"""Fault injection, Ray cluster: a worker node lost mid-job costs nothing but time.
+"""Fault injection, Ray cluster: a worker node lost mid-job, or an engine that dies, costs nothing but time.
 
 The cluster has a head with no CPUs and two worker nodes, each holding one engine replica (one fake GPU) and
 one retrieval pool actor. Mid-job one worker goes: removed at once (its raylet and workers killed, as when a
@@ -16,7 +16,7 @@ import time
 
 import psutil
 import pytest
-from ray_jobs import assert_each_question_once, fake_gpu_cluster, run_job
+from ray_jobs import assert_each_question_once, dying_backends, fake_gpu_cluster, run_job
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(600)]
 
@@ -81,3 +81,29 @@ def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
         after = [r["replica"]["node"] for r in reports[state["lost_after"] :]]
         assert state["replaced"] in after  # the lost replica, restarted on the new node, answered again
         assert_each_question_once(tmp_path / "out", N)
+
+
+def test_an_engine_actor_whose_engine_died_exits_and_its_restart_answers_its_questions(tmp_path):
+    """The engine dies (EngineDead) in the first replica process: the actor closes and exits, Ray starts it
+    again, Ray Data sends its batches to the new process, and every question has one row, none an error."""
+    markers = tmp_path / "markers"
+    with fake_gpu_cluster(workers=1, **NODE) as cluster:
+        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
+        reports = run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 1))
+    assert len(list(markers.glob("death-*"))) == 1
+    (died,) = [int(m.name.split("-")[1]) for m in markers.glob("death-*")]
+    assert died not in {r["replica"]["pid"] for r in reports}  # the dead process answered nothing
+    assert_each_question_once(tmp_path / "out", 60)
+
+
+def test_an_engine_that_dies_again_and_again_stops_the_job_with_its_error(tmp_path):
+    """After ENGINE_RESTARTS engine failures in one run the fault is taken to come back: the job fails with it
+    (not an endless loop of restarts), and what was written stays for a rerun."""
+    from pipeline.runtime.ray_runner import ENGINE_RESTARTS
+
+    markers = tmp_path / "markers"
+    with fake_gpu_cluster(workers=1, **NODE) as cluster:
+        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
+        with pytest.raises(Exception, match="engine core died"):
+            run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 99))
+    assert len(list(markers.glob("death-*"))) == ENGINE_RESTARTS + 1
