@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 class PoolActor:
     def __init__(self, cfg_json: dict, index_dir: str | None, make_backends: Callable[..., Any] | None = None):
         from pipeline.backends import Backends
+        from pipeline.runtime.ray_logs import own_worker_logging
 
+        own_worker_logging()
         self.backends = (make_backends or Backends)(DynragConfig.model_validate(cfg_json), index_dir)
         self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 

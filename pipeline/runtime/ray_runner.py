@@ -61,7 +61,9 @@ class EngineActor:
         from pipeline.methods.registry import get_method
         from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
+        from pipeline.runtime.ray_logs import own_worker_logging
 
+        own_worker_logging()
         check_shared(out)
         self.cfg = DynragConfig.model_validate(cfg_json)
         self.spec = get_method(self.cfg.method.name)
@@ -304,6 +306,7 @@ def init_ray(cfg: DynragConfig) -> bool:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     from indexing.java import jvm_signals_kept
+    from pipeline.runtime.ray_logs import route_ray_worker_output
 
     with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
         if cfg.runtime.ray_address:
@@ -311,6 +314,7 @@ def init_ray(cfg: DynragConfig) -> bool:
         else:
             ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)
     ray.data.DataContext.get_current().enable_progress_bars = False
+    route_ray_worker_output()  # workers' library output to the run's log file, their dynrag lines shown
     return True
 
 
