@@ -228,6 +228,19 @@ class _Builder:
         # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
         self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
 
+    def _unit_digest(self, bytes_digest: str) -> str:
+        """A unit's manifest digest (unit_reuse.py): its bytes' sha256 (readers.unit_digest) and what turns
+        them into shards besides them (the rules' version, format, fields, bad-line rule, sizes)."""
+        reading = [
+            RULES_VERSION,
+            self.fmt,
+            self.fields,
+            self.on_bad_line,
+            self.cfg.index.passage_words,
+            self.settings["shard_size"],
+        ]
+        return _hash([bytes_digest, reading])
+
     def _shard_key(self, content: str) -> str:
         """A shard's key: its passages, the settings, and the digest of the IVF template it is filled from."""
         return shard_key(content, self.settings_hash + (f":{self.template['sha256']}" if self.template else ""))
@@ -275,18 +288,9 @@ class _Builder:
             UnitLedger(prev, self._shard_key, self.shards_dir) if prev and not (self.given or ivf_untrained) else None
         )
         self.unit_entries = []
-        # what turns a unit's bytes into shards besides them: part of its digest
-        reading = [
-            RULES_VERSION,
-            self.fmt,
-            self.fields,
-            self.on_bad_line,
-            self.cfg.index.passage_words,
-            self.settings["shard_size"],
-        ]
         for position, unit in enumerate(units):
             t_digest = time.perf_counter()
-            digest = _hash([unit_digest(unit, self.fmt), reading])
+            digest = self._unit_digest(unit_digest(unit, self.fmt))
             self._tally({"unit_digest_s": time.perf_counter() - t_digest})
             taken = (
                 ledger.take(position, str(unit), digest, seen, self.read_stats, self.passage_stats) if ledger else None

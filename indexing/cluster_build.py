@@ -63,9 +63,10 @@ from indexing.embed import HASH_ENCODER, EncoderSpec, embed_input, get_encoder
 from indexing.errors import IndexingError
 from indexing.faults import fault_point
 from indexing.passages import Passage, PassageStats, id_hash
-from indexing.readers import ReadStats, Unit, plan_units
+from indexing.readers import ReadStats, Unit, plan_units, unit_digest
 from indexing.shards import content_hash, shard_key, shard_stream
 from indexing.store import read_table, save_array, write_store
+from indexing.unit_reuse import unit_entry_of
 
 if TYPE_CHECKING:
     from indexing.settings import IndexSettings
@@ -347,6 +348,9 @@ def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
     ps.conflicting_duplicates += out.pop("conflicting")
     out["read"] = dataclasses.asdict(rs)
     out["passage_stats"] = dataclasses.asdict(ps)
+    t_digest = time.perf_counter()
+    out["bytes_sha256"] = unit_digest(job.unit, job.fmt)  # for the manifest's units (unit_reuse.py)
+    out["timings"]["unit_digest_s"] = time.perf_counter() - t_digest
     out["timings"]["unit_task_s"] = time.perf_counter() - t0
     return out
 
@@ -563,8 +567,14 @@ class _ClusterBuilder(_Builder):
     def _collect(self, units: list[Unit], counts: list[dict], results: list[dict]) -> list[dict]:
         metas: list[dict] = []
         nodes: dict[str, int] = {}
-        for _unit, count, r in zip(units, counts, results):
+        self.unit_entries = []  # the manifest's units, as in-process: a later incremental build may take them
+        for unit, count, r in zip(units, counts, results):
             metas += r["shards"]
+            self.unit_entries.append(
+                unit_entry_of(
+                    str(unit), self._unit_digest(r["bytes_sha256"]), len(r["shards"]), r["read"], r["passage_stats"]
+                )
+            )
             self.embedded += r["embedded"]
             self.vectors_reused += r["vectors_reused"]
             self.reembedded_shards += r["reembedded"]

@@ -45,6 +45,18 @@ def unit_entry(name: str, digest: str, shards: int, before: dict[str, int], afte
     return {"unit": name, "sha256": digest, "shards": shards, **{k: after[k] - before[k] for k in before}}
 
 
+def unit_entry_of(name: str, digest: str, shards: int, read: dict, passages: dict) -> dict:
+    """The same record from a unit's own counts (a cluster build's unit task: ReadStats and PassageStats as
+    dicts)."""
+    return {
+        "unit": name,
+        "sha256": digest,
+        "shards": shards,
+        **{k: read[k] for k in READ_COUNTS},
+        **{k: passages[k] for k in PASSAGE_COUNTS},
+    }
+
+
 class UnitLedger:
     """The previous version's units, for `take`; `shard_key` gives a shard's key in this build from its
     content hash."""

@@ -180,6 +180,11 @@ def test_one_file_runs_as_several_unit_tasks(cluster, rows, tmp_path, request):
     assert passages(tmp_path / "ray", cfg, ["h5"])[0][2].startswith(rows[5]["text"][:40])  # the first kept
     for retriever in ("bm25", "dense"):
         assert hits(tmp_path / "ray", cfg, retriever) == hits(tmp_path / "local", cfg, retriever), retriever
+    # the units are recorded as in-process (name, digest, shards, counts): an in-process rebuild of the
+    # cluster's index takes every unit without reading it (this driver cannot read a corpus)
+    assert read_manifest(tmp_path / "ray")["units"] == read_manifest(tmp_path / "local")["units"]
+    again = build_index([str(path)], tmp_path / "ray", settings(**units))
+    assert again["units_reused"] == 5 and again["shards_built"] == 0
 
 
 def test_incremental_rebuild_touches_only_the_changed_shard(cluster, rows, tmp_path):
