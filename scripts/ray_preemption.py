@@ -2,13 +2,13 @@
 
 The cluster (ray.cluster_utils.Cluster, in this process): a head with no CPUs, two workers of 3 CPUs. The job:
 `ray.actors=2` engine actors of 2 CPUs, `ray.retrieval_actors=2` of 1 CPU, so each worker holds one engine
-and one retrieval actor. Run once undisturbed (the baseline), then again with one worker's processes sent
+and one retrieval actor; each engine actor holds 2 batches of 5 questions, so rows are written as the job goes. Run once undisturbed (the baseline), then again with one worker's processes sent
 SIGTERM (as a pre-empted machine's are) once the first rows are written, and a replacement node added
 `--replace-after` seconds later. Prints, per run: exit code, wall seconds, rows, distinct questions, error
 rows; then the seconds the lost node cost. Exit 1 if the disturbed run did not answer every question once
 without an error row.
 
-    .venv/bin/python scripts/ray_preemption.py --limit 40 [--backend vllm|none] [--work DIR]
+    .venv/bin/python scripts/ray_preemption.py --limit 100 [--backend vllm|none] [--work DIR]
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ def run(cluster, args, index: Path, out: Path, preempt: bool) -> dict:
                 "ray.retrieval_actors=2",
                 "ray.retrieval_actor_num_cpus=1",
                 "answer.batch_questions=5",
+                "ray.actor_batches=2",  # each actor holds 10 questions: rows are written as the run goes
                 f"generation.backend={args.backend}",
             ]
             for x in ("--set", kv)
@@ -133,7 +134,7 @@ def run(cluster, args, index: Path, out: Path, preempt: bool) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--limit", type=int, default=40, help="questions (default 40)")
+    p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("--backend", default="vllm", help="generation.backend (default vllm; none: no model)")
     p.add_argument("--replace-after", type=float, default=20.0, help="seconds from SIGTERM to the replacement")
     p.add_argument("--data", type=Path, default=ROOT.parent / "shared/data/hotpotqa/dev_400.jsonl")
