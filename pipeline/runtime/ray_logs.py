@@ -1,6 +1,7 @@
 """Workers' output in Ray mode, sorted as in-process: dynrag's own log records show on the driver's terminal;
 everything else a worker prints (vLLM, torch, Triton, Lucene, Ray's worker warnings) goes to the driver's
-`ray_workers` logger (not under "ray", whose records Ray keeps to itself), which the answer job diverts to OUT/dynrag.log (jobs/quiet.py).
+`ray_workers` logger (not under "ray", whose records Ray keeps to itself), which the answer job diverts to
+OUT/dynrag.log (jobs/quiet.py).
 
 Ray streams each worker's stdout and stderr to the driver (`log_to_driver`), whose handler prints the lines
 on the terminal. `own_worker_logging` (in each actor) marks dynrag's records; `route_worker_logs` replaces
