@@ -182,6 +182,7 @@ def test_strict_turns_continue_the_prompt_with_the_stripped_output_and_the_templ
     block = "\n\n<information>\n" + docs + "\n</information>\n\n"
     assert gen.log[1][0] == gen.log[0][0] + "<think> x </think> <search> Titanic director </search>" + block
     assert len(o.answer.used_docs) == 2
+    assert o.answer.raw_output.endswith("</information>\n\n<answer> James Cameron </answer>".strip())
 
 
 @pytest.mark.parametrize(

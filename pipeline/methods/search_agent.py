@@ -166,13 +166,13 @@ def plain_docs(r: Rollout, query: str, hits: list[Hit]) -> Generator[Request, An
 def _strict_turn(r: Rollout, out: str, tokens: int) -> tuple[str | None, str | None, str]:
     """One turn read `strict`ly: (query, answer, why the rollout stops: "" while it goes on)."""
     query, said = read_strict(out, r.stop_reason, r.tags)
+    r.text += (out + r.stop_reason).strip()  # FlashRAG's prompt + output.strip(), its stop string included
     if said is not None:
         r.answer_tokens += tokens
         return None, said, "answer"
     r.think_tokens += tokens
     if query is None:
         return None, out.strip(), "no action"
-    r.text += (out + r.stop_reason).strip()
     return query, None, ""
 
 
