@@ -116,6 +116,10 @@ def test_each_question_runs_its_route_in_one_batch(monkeypatch):
     assert outs[2].answer.extra["steps"] == 1 and outs[2].answer.prediction == "James Cameron"  # ircot's record
     assert [o.trace.llm_calls for o in outs] == [1, 1, 1] and gen.calls == [3]  # the routes share a batch
     assert all(o.answer.prediction == "James Cameron" for o in outs)
+    # the router is a classifier call of each question's row, as DR-RAG's and PAIRS' classifier scores are
+    assert [o.trace.classifier_calls for o in outs] == [1, 1, 1]
+    assert all(o.trace.backend_calls == {"complexity.route": 1} for o in outs)
+    assert all(o.trace.time["classification"] >= 0 for o in outs)
 
 
 def test_train_complexity_refuses_the_triple_classifier_options(tmp_path, capsys):

@@ -208,6 +208,41 @@ def test_a_bad_flashrag_source_is_a_one_line_cli_error(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def test_search_r1_without_a_flashrag_source_is_a_one_line_cli_error_naming_pypis_release():
+    r = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "bench", "flashrag", "--method", "search-r1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith("dynrag: error: --method search-r1 needs")
+    assert "--flashrag-source" in err[0] and "SearchR1Pipeline" in err[0] and "0.1.2 lacks it" in err[0]
+
+
+def test_bench_search_r1_runs_flashrags_reasoning_pipeline_with_its_template_and_strict_turns(
+    monkeypatch, capsys, tmp_path
+):
+    from test_bench_plumbing import reasoning_dump
+
+    from pipeline.methods.search_r1 import TAGS
+
+    *_, script = fake_sides(monkeypatch, tmp_path, dumped=reasoning_dump(TAGS, user="Q: {question}\n"))
+    args = build_parser().parse_args(
+        ["bench", "flashrag", "--method", "search-r1", "--flashrag-source", str(tmp_path), "--limit", "2"]
+        + ["--json", "--workdir", str(tmp_path), "--set", "generation.max_model_len=4096"]
+    )
+    assert args.func(args) == 0
+    figures = json.loads(capsys.readouterr().out)
+    driver = json.loads((tmp_path / "flashrag.json").read_text())
+    assert driver["pipeline"] == "SearchR1Pipeline" and driver["max_input_len"] == 4096 and not driver["dynrag_prompt"]
+    dyn = script.commands["dynrag"]
+    params = json.loads(open(dyn[dyn.index("--params") + 1]).read())
+    assert params["strict"] and params["max_turns"] == 4 and params["template"]["doc"] == "#{idx} {text}\n"
+    assert figures["flashrag_pipeline"] == "SearchR1Pipeline" and "strict=true" in figures["prompts_differ"]
+    assert figures["templates_from_flashrag"] == ["template"] and figures["repeats"][0]["agreement"]["compared"] == 2
+
+
 def test_flashrags_venv_gets_the_locked_vllm_without_cuda_builds(monkeypatch, tmp_path):
     import jobs.bench.flashrag_env as env
 

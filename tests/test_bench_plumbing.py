@@ -87,6 +87,10 @@ def test_read_result_and_agreement():
     assert agreement(a, b, normalized=True)["same_prediction"] == 1
     a["predictions"]["2"] = "no"
     assert agreement(a, b, normalized=True)["same_prediction"] == 2 and agreement(a, b)["same_prediction"] == 1
+    # a reasoning pipeline's placeholder where its budget ran out reads as dynrag's empty prediction
+    a["predictions"]["2"], b["predictions"]["2"] = "", "No answer here"
+    assert agreement(a, b, normalized=True)["same_prediction"] == 1
+    assert agreement(a, b, normalized=True, no_answer="No answer here")["same_prediction"] == 2
 
 
 CHILD = textwrap.dedent("""
@@ -272,6 +276,8 @@ FLASHRAG_CLASSES = {
     "self-ask": "SelfAskPipeline",
     "iter-retgen": "IterativePipeline",
     "sure": "SuRePipeline",
+    "search-r1": "SearchR1Pipeline",
+    "search-o1": "SimpleDeepSearcherPipeline",
 }
 
 
@@ -510,3 +516,106 @@ def test_flashrags_search_of_a_query_with_no_tokens_finds_nothing_instead_of_end
     assert shim("good", 3, True) == ([{"id": "1"}], [1.0]) and shim("good") == [{"id": "1"}]
     with pytest.raises(ValueError, match="something else"):
         shim("other")
+
+
+# -- reasoning pipelines (FlashRAG's GitHub main): search-r1 and search-o1 -----------------------------------------
+class _FakeReasoning:
+    """A ReasoningPipeline-shaped object (made-up text): its template, block of documents and stop strings."""
+
+    prompt_template = _FakeTemplate()
+    stop_tokens = ["</q>", " </q>", "</a>"]
+
+    def _retrieved_docs_to_string(self, docs):
+        return "\n\n<r>\n" + "".join(f"#{i + 1}[{d['title']}] {d['text']}\n" for i, d in enumerate(docs)) + "\n</r>\n\n"
+
+
+def test_probe_reads_a_reasoning_pipelines_block_of_documents():
+    from jobs.bench.flashrag_probe import reasoning_templates, result_block
+
+    block = result_block(_FakeReasoning()._retrieved_docs_to_string)
+    assert block == {"head": "\n\n<r>\n", "tail": "\n</r>\n\n", "doc": "#{idx}[{title}] {text}\n"}
+    t = reasoning_templates(_FakeReasoning())
+    assert t["prompt"]["doc"] == "#{idx}[{title}] {text}\n" and t["prompt"]["user"] == "Q: {question}"
+    assert t["result"] == {"head": "\n\n<r>\n", "tail": "\n</r>\n\n", "stop": ["</q>", " </q>", "</a>"]}
+    with pytest.raises(ValueError, match="head, one string per document, tail"):
+        result_block(lambda docs: f"{len(docs)} documents")
+
+
+def reasoning_dump(
+    tags, answer=True, budget=4, user="Search at most {MAX_SEARCH_LIMIT} times. Q: {question}\n"
+) -> dict:
+    fields = {
+        "system": "",
+        "user": user,
+        "doc": "#{idx} {text}\n",
+    }
+    return {
+        "defaults": {
+            "max_retrieval_num": budget,
+            "begin_of_query_token": tags.query[0],
+            "end_of_query_token": tags.query[1],
+            "begin_of_documents_token": tags.result[0],
+            "end_of_documents_token": tags.result[1],
+            **({"begin_of_answer_token": tags.answer[0], "end_of_answer_token": tags.answer[1]} if answer else {}),
+        },
+        "templates": {
+            "prompt": {**fields, "chat": True},
+            "result": {
+                "head": f"\n\n{tags.result[0]}\n",
+                "tail": f"\n{tags.result[1]}\n\n",
+                "stop": [tags.query[1], tags.answer[1], "<|endoftext|>"],
+            },
+        },
+    }
+
+
+def test_search_r1_and_o1_take_the_reasoning_pipelines_template_budget_and_strict_turns():
+    from jobs.bench.flashrag_methods import dynrag_params
+    from pipeline.methods import search_o1, search_r1
+    from pipeline.methods.registry import MethodError, get_method
+    from pipeline.methods.templates import PromptTemplate
+
+    d = reasoning_dump(search_r1.TAGS, user="Q: {question}\n")
+    p = get_method("search-r1").params(json.loads(json.dumps(dynrag_params("search-r1", d, k=3, max_new_tokens=24))))
+    assert p.strict and p.k == 3 and p.max_turns == p.max_searches == 4 and p.turn_tokens == 24
+    assert p.template == PromptTemplate(system="", user="Q: {question}\n", doc="#{idx} {text}\n", chat=True)
+    o1 = dynrag_params("search-o1", reasoning_dump(search_o1.TAGS, answer=False, budget=10), 3, 24)
+    p = get_method("search-o1").params(json.loads(json.dumps(o1)))
+    assert p.template.user == "Search at most {max_searches} times. Q: {question}\n"  # FlashRAG's MAX_SEARCH_LIMIT
+    assert p.max_turns == 10 and p.strict and p.refine_tokens == 24
+    bad = reasoning_dump(search_r1.TAGS)
+    bad["defaults"]["end_of_query_token"] = "</query>"
+    with pytest.raises(MethodError, match="query tags"):
+        dynrag_params("search-r1", bad, 3, 24)
+    bad = reasoning_dump(search_r1.TAGS)
+    bad["templates"]["result"]["tail"] = "</information>"
+    with pytest.raises(MethodError, match="block tags"):
+        dynrag_params("search-r1", bad, 3, 24)
+    bad = reasoning_dump(search_r1.TAGS)
+    bad["templates"]["result"]["stop"] = ["</search>"]
+    with pytest.raises(MethodError, match="stop strings"):
+        dynrag_params("search-r1", bad, 3, 24)
+
+
+def test_a_reasoning_pipelines_batch_search_refused_for_a_query_without_tokens_searches_one_by_one():
+    from jobs.bench.flashrag_driver import _retrieved, no_tokens_no_hits, one_by_one_on_no_tokens
+
+    def search(query, num=None, return_score=False):
+        if query == "and":
+            raise ValueError("The query_tokens must be a list of list of tokens")
+        return ([{"id": query}], [1.0]) if return_score else [{"id": query}]
+
+    def batch_search(queries, num=None, return_score=False):
+        if "and" in queries:
+            raise ValueError("The query_tokens must be a list of list of tokens")
+        raise AssertionError("not reached")
+
+    shim = one_by_one_on_no_tokens(batch_search, no_tokens_no_hits(search))
+    assert shim(["x", "and"]) == [[{"id": "x"}], []]
+    assert shim(["x", "and"], 3, True) == ([[{"id": "x"}], []], [[1.0], []])
+    from types import SimpleNamespace
+
+    item = SimpleNamespace(
+        retrieval_results={0: {"query": "a", "docs": [{"id": "1"}]}, 1: {"query": "b", "docs": [{"id": "2"}]}}
+    )
+    assert _retrieved(item) == [{"id": "2"}] and _retrieved(SimpleNamespace(retrieval_results={})) == []

@@ -91,6 +91,7 @@ def test_transformers_backend_ends_its_ids_with_the_token_that_completes_the_sto
     (cut,) = gen.generate([prompt], [spec], [False])
     first = free.text.index(stop)
     assert cut.text == free.text[:first] and cut.finish_reason == "stop"
+    assert cut.stop_reason == stop and free.stop_reason == ""  # the stop string that ended it, as vLLM's
     kept = next(j for j, (_, end) in enumerate(free.token_spans) if end >= first + len(stop)) + 1
     assert cut.token_ids == free.token_ids[:kept] and cut.completion_tokens == kept < 16
     assert cut.token_spans == clip(free.token_spans[:kept], len(cut.text))

@@ -171,6 +171,7 @@ def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
     stop = plain.text[2:4]
     (cut,) = tiny_vllm.generate([msgs], [SamplingSpec(max_tokens=6, stop=(stop,))], [True])
     assert cut.text == plain.text[: plain.text.index(stop)] and cut.finish_reason == "stop"
+    assert cut.stop_reason == stop and plain.stop_reason == ""  # vLLM's stop_reason: the stop string, else none
     # the transformers fallback decodes the same greedy tokens from the same template
     hf = HfGenerator(tiny_cfg)
     (same,) = hf.generate([msgs], [SamplingSpec(max_tokens=6)], [True])

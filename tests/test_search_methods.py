@@ -51,9 +51,13 @@ class Turns:
                 reply = self.turns[self.at] if self.at < len(self.turns) else ""
                 self.at += 1
             reply = "".join(reply) if isinstance(reply, list) else reply  # token pieces, joined as detokenized
-            if self.cut:
-                reply = cut_at_stop(reply, s.stop)[0]
-            out.append(Completion(reply, prompt_tokens=len(text.split()), completion_tokens=len(reply.split()) + 1))
+            stop_reason = ""
+            if self.cut:  # as vLLM: the stop string that ended the reply is its stop_reason
+                cut, stopped = cut_at_stop(reply, s.stop)
+                stop_reason = next(st for st in s.stop if reply.startswith(st, len(cut))) if stopped else ""
+                reply = cut
+            n = len(reply.split()) + 1
+            out.append(Completion(reply, prompt_tokens=len(text.split()), completion_tokens=n, stop_reason=stop_reason))
         return out
 
 
@@ -160,6 +164,64 @@ def test_questions_share_batched_calls_and_finish_at_their_own_turn():
     gen = Turns(["<search> a </search>", "<answer> b </answer>"] * 3)
     outs, ret = run("search-r1", {}, gen, n=3)
     assert len(outs) == 3 and sum(gen.calls) == 6 and max(gen.calls) > 1
+
+
+# -- strict: turns read as FlashRAG's ReasoningPipeline reads them (dynrag bench flashrag --method search-r1) -----
+
+STRICT_TEMPLATE = {"user": "Q: {question}\n", "doc": "D{idx}({title}) {text}\n", "chat": False}
+
+
+def test_strict_turns_continue_the_prompt_with_the_stripped_output_and_the_templates_documents():
+    turns = [" <think> x </think> <search> Titanic director </search> ignored", "<answer> James Cameron </answer>"]
+    gen = Turns(turns)
+    (o,), ret = run("search-r1", {"strict": True, "k": 2, "template": STRICT_TEMPLATE}, gen)
+    assert o.answer.prediction == "James Cameron" and o.answer.extra["stopped"] == "answer"
+    assert ret.calls == [1] and o.answer.extra["queries"] == ["Titanic director"] and len(gen.log) == 2
+    docs = "".join(f"D{i}({d.title}) {d.text}\n" for i, d in enumerate(o.answer.used_docs, 1))
+    # FlashRAG: prompt + output.strip() (its stop string included) + "\n\n<information>\n" + docs + "\n</information>\n\n"
+    block = "\n\n<information>\n" + docs + "\n</information>\n\n"
+    assert gen.log[1][0] == gen.log[0][0] + "<think> x </think> <search> Titanic director </search>" + block
+    assert len(o.answer.used_docs) == 2
+    assert o.answer.raw_output.endswith("</information>\n\n<answer> James Cameron </answer>".strip())
+
+
+@pytest.mark.parametrize(
+    "turns,pred,stopped,calls,searches",
+    [
+        (["just words."], "just words.", "no action", 1, []),  # no second try, no correction note
+        (
+            ["<think> a </think> <search> Titanic director"],
+            "<think> a </think> <search> Titanic director",
+            "no action",
+            1,
+            [],
+        ),
+        (["<search> a </search>"] * 3, "", "max_turns", 2, [1, 1]),  # the budget: no forced answer call
+        (["<answer> The answer is: Rome. </answer>"], "The answer is: Rome.", "answer", 1, []),  # as written
+        (["<answer></answer>"], "", "answer", 1, []),
+    ],
+)
+def test_strict_turns_end_where_flashrags_reasoning_pipeline_ends(turns, pred, stopped, calls, searches):
+    gen = Turns(turns)
+    (o,), ret = run("search-r1", {"strict": True, "max_turns": 2}, gen)
+    assert o.answer.prediction == pred and o.answer.extra["stopped"] == stopped
+    assert len(gen.log) == calls and ret.calls == searches and not o.answer.extra["answer_forced"]
+    assert all(R1.invalid not in text for text, _ in gen.log)
+
+
+def test_strict_empty_query_gets_an_empty_block_without_a_search():
+    gen = Turns(["<search> </search>", "<answer> x </answer>"])
+    (o,), ret = run("search-r1", {"strict": True}, gen)
+    assert ret.calls == [] and gen.log[1][0].endswith("<search> </search>\n\n<information>\n\n</information>\n\n")
+    assert o.answer.prediction == "x" and o.answer.extra["searches"] == 0
+
+
+def test_strict_search_o1_answers_in_any_turn_holding_the_box_and_still_reasons_in_documents():
+    turns = ["look <|begin_search_query|> Best Picture 1998 <|end_search_query|>", "so \\boxed{James Cameron} done"]
+    gen = Turns(turns, refine="Final Information: Titanic, by James Cameron.")
+    (o,), _ = run("search-o1", {"strict": True}, gen)
+    assert o.answer.prediction == "James Cameron" and len(gen.log) == 3
+    assert gen.log[2][0].endswith("<|begin_search_result|>\nTitanic, by James Cameron.\n<|end_search_result|>\n\n")
 
 
 # -- Search-o1 -------------------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """`dynrag bench flashrag [--method NAME]`: questions/s of a dynrag method / FlashRAG's own pipeline class for it
-(sr-rag / SequentialPipeline by default; flare, ircot, self-ask, iter-retgen, sure: jobs/bench/flashrag_methods.py).
+(sr-rag / SequentialPipeline by default; flare, ircot, self-ask, iter-retgen, sure: jobs/bench/flashrag_methods.py;
+search-r1 / SearchR1Pipeline and search-o1 / SimpleDeepSearcherPipeline, FlashRAG's closest to Search-o1 (it has
+no Search-o1 pipeline): both only in FlashRAG's GitHub main, so they need --flashrag-source).
 
 Same corpus (the 100-word passages of the dataset's context paragraphs), same questions, same model
 folder, dtype, k, max new tokens and greedy decoding on both sides. Prompts: for sr-rag FlashRAG asks
@@ -52,7 +54,9 @@ def register(bsub: argparse._SubParsersAction) -> None:
         choices=list(METHODS),
         help="dynrag method against FlashRAG's pipeline class for it: "
         + ", ".join(f"{m.name} ({m.pipeline})" for m in METHODS.values())
-        + " (default sr-rag)",
+        + " (default sr-rag); search-r1 and search-o1 need --flashrag-source (FlashRAG's GitHub main: PyPI's "
+        "0.1.2 lacks those classes; FlashRAG has no Search-o1 pipeline, SimpleDeepSearcherPipeline asks "
+        "Search-o1's instruction without its Reason-in-Documents step)",
     )
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
@@ -169,6 +173,7 @@ def driver_config(
         "work": str(work / "flashrag"),
         "k": k,
         "max_new_tokens": cfg.generation.max_new_tokens,
+        "max_input_len": cfg.generation.max_model_len,  # FlashRAG's generator_max_input_len (its vLLM max_model_len)
         "dtype": generation_dtype(cfg),  # never "auto": FlashRAG's side would keep the model's own dtype
         "batch_size": batch,
         "framework": framework,
@@ -183,13 +188,15 @@ def driver_config(
     }
 
 
-def agreement(a: dict, b: dict, normalized: bool = False) -> dict:
+def agreement(a: dict, b: dict, normalized: bool = False, no_answer: str | None = None) -> dict:
     """Same predictions (the stripped string; `normalized`: the SQuAD-normalised answer, for methods whose two
-    pipelines shape their final answers differently) and mean overlap |top-k ∩ top-k| / k of the two sides."""
+    pipelines shape their final answers differently; `no_answer`: a side's placeholder for no answer, read as
+    "") and mean overlap |top-k ∩ top-k| / k of the two sides."""
     from pipeline.evaluation.metrics import normalize_answer
 
     def said(side: dict, q: str) -> str:
         text = (side["predictions"][q] or "").strip()
+        text = "" if text == no_answer else text
         return normalize_answer(text) if normalized else text
 
     ids = [q for q in a["predictions"] if q in b["predictions"]]
@@ -207,6 +214,15 @@ def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
     from pipeline.runtime.answer import generation_dtype
 
+    spec = bench_method(args.method)
+    if spec.needs_source and not args.flashrag_source:
+        from pipeline.errors import DynragError
+
+        raise DynragError(
+            f"--method {args.method} needs --flashrag-source DIR|URL: FlashRAG's {spec.pipeline} is in its GitHub "
+            "main (0.3.0dev), PyPI's flashrag-dev 0.1.2 lacks it (e.g. --flashrag-source "
+            "https://github.com/RUC-NLPIR/FlashRAG)"
+        )
     cfg = config_from_args(args)
     cfg.retrieval.k = args.k
     cfg.generation.dtype = generation_dtype(cfg)  # both sides load the model in this dtype
@@ -228,6 +244,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     from pipeline.errors import DynragError
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so a killed bench stops its sides' sessions too
+    spec = bench_method(args.method)
     env = side_env(cfg, args.threads)
     try:
         py = ensure_flashrag(
@@ -280,9 +297,10 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        got["agreement"] = agreement(got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag")
+        got["agreement"] = agreement(
+            got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag", no_answer=spec.flashrag_no_answer
+        )
         reps.append(score_repeat(got, golds, model_path, peak, allow_errors=args.allow_errors))
-    spec = bench_method(args.method)
     figures = {
         "method": args.method,
         "flashrag_pipeline": spec.pipeline,

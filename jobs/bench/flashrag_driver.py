@@ -52,7 +52,7 @@ def flashrag_config(c: dict) -> dict:
         "generator_model": "smollm2",
         "generator_model_path": c["model_path"],
         "generator_lora_path": None,
-        "generator_max_input_len": 2048,
+        "generator_max_input_len": c.get("max_input_len", 2048),  # dynrag's generation.max_model_len
         "generator_batch_size": c["batch_size"],
         "use_fid": False,
         "generation_params": {"max_tokens": c["max_new_tokens"], "do_sample": False},
@@ -134,7 +134,10 @@ def dump_templates(c: dict, config, out: str) -> None:
     from flashrag.prompt import PromptTemplate
 
     probe = probe_module()
-    for module in (active, branching, basic):
+    modules = [active, branching, basic]
+    if importlib.util.find_spec("flashrag.pipeline.reasoning_pipeline"):  # GitHub main; 0.1.2 has none
+        modules.append(importlib.import_module("flashrag.pipeline.reasoning_pipeline"))
+    for module in modules:
         for factory in ("get_generator", "get_retriever"):
             if hasattr(module, factory):
                 setattr(module, factory, lambda *a, **k: probe._Stub())
@@ -225,6 +228,9 @@ def run_pipeline(c: dict, config) -> dict:
         kwargs["prompt_template"] = DocsAsDynrag(config, system_prompt=c["system_prompt"], user_prompt=c["user_prompt"])
     pipeline = getattr(fp, c["pipeline"])(config, **kwargs)
     pipeline.retriever.search = no_tokens_no_hits(pipeline.retriever.search)
+    pipeline.retriever.batch_search = one_by_one_on_no_tokens(
+        pipeline.retriever.batch_search, pipeline.retriever.search
+    )
     counts = probe_module().Counts(pipeline)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
     if c["framework"] == "hf" and dtype is not None:
@@ -278,13 +284,35 @@ def no_tokens_no_hits(search):
     return search_or_nothing
 
 
+def one_by_one_on_no_tokens(batch_search, search):
+    """FlashRAG's `retriever.batch_search` where bm25s refuses the batch because one query has no token left
+    (a reasoning pipeline's query such as "and"): the queries are searched one by one with `search` (the
+    shimmed one, which finds nothing for such a query)."""
+
+    def batch_or_each(queries, num=None, return_score=False):
+        try:
+            return batch_search(queries, num, return_score)
+        except ValueError as err:
+            if "query_tokens" not in str(err):
+                raise
+            each = [search(q, num, return_score) for q in queries]
+            return ([d for d, _ in each], [s for _, s in each]) if return_score else each
+
+    return batch_or_each
+
+
 def _retrieved(item) -> list:
-    """The passages an item's last retrieval found (none when the pipeline never retrieved for it)."""
-    try:
-        docs = item.retrieval_result  # a list, or an array where the pipeline set it for the whole dataset
-    except (AttributeError, KeyError):  # never set: 0.1.2's Item raises AttributeError, GitHub main's KeyError
-        return []
-    return [] if docs is None else list(docs)
+    """The passages an item's last retrieval found (none when the pipeline never retrieved for it); a reasoning
+    pipeline keeps each search's in `retrieval_results` ({turn: {query, docs}})."""
+    for name in ("retrieval_result", "retrieval_results"):
+        try:
+            docs = getattr(item, name)  # a list, or an array where the pipeline set it for the whole dataset
+        except (AttributeError, KeyError):  # never set: 0.1.2's Item raises AttributeError, GitHub main's KeyError
+            continue
+        if isinstance(docs, dict):
+            docs = docs[max(docs)]["docs"] if docs else None
+        return [] if docs is None else list(docs)
+    return []
 
 
 def _item(q: dict):

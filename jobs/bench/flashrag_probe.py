@@ -93,6 +93,34 @@ def self_ask_head(pipeline: Any) -> dict[str, Any]:
     }
 
 
+def result_block(render: Callable[[list[dict[str, str]]], str]) -> dict[str, str]:
+    """A reasoning pipeline's block of retrieved documents (`_retrieved_docs_to_string`) as what comes before
+    the documents (head), one document's format (doc, over {idx} {title} {text}) and what follows (tail):
+    rendered for one and for two marked documents, the second document is what the longer one adds."""
+    one, two = render(marked_docs(1)), render(marked_docs(2))
+    n = len(two) - len(one)
+    same = next((i for i, (a, b) in enumerate(zip(one, two)) if a != b), len(one))
+    head, first, tail = one[: same - n], one[same - n : same], one[same:]
+    if n <= 0 or same < n or two != head + first + two[same : same + n] + tail:
+        raise ValueError(f"FlashRAG's block of retrieved documents is not head, one string per document, tail: {one!r}")
+    inner = len(head), len(tail)
+    return {
+        "head": head,
+        "tail": tail,
+        "doc": doc_format(lambda docs: (lambda s: s[inner[0] : len(s) - inner[1]])(render(docs))),
+    }
+
+
+def reasoning_templates(pipeline: Any) -> dict[str, dict[str, Any]]:
+    """A ReasoningPipeline's (GitHub main: SearchR1Pipeline, SimpleDeepSearcherPipeline, ...) instruction
+    template, with its documents' format as `doc`, and its block of documents and stop strings (`result`)."""
+    block = result_block(pipeline._retrieved_docs_to_string)
+    return {
+        "prompt": template_fields(pipeline.prompt_template, block["doc"]),
+        "result": {"head": block["head"], "tail": block["tail"], "stop": list(pipeline.stop_tokens)},
+    }
+
+
 def templates(pipeline: Any, standard: Any) -> dict[str, dict[str, Any]]:
     """Every prompt template `pipeline` asks with (by dynrag's names), and FlashRAG's standard one."""
     out = {"standard": template_fields(standard)}
@@ -108,6 +136,8 @@ def templates(pipeline: Any, standard: Any) -> dict[str, dict[str, Any]]:
             out[step] = template_fields(getattr(pipeline, attr), doc)
     elif name == "SelfAskPipeline":
         out["head"] = self_ask_head(pipeline)
+    elif hasattr(pipeline, "_retrieved_docs_to_string") and hasattr(pipeline, "stop_tokens"):
+        out.update(reasoning_templates(pipeline))
     else:
         out["prompt"] = template_fields(pipeline.prompt_template)
     return out

@@ -110,8 +110,10 @@ class HfGenerator:
                 gen = gen[:-1]
             full, spans = detokenize(self.tokenizer, gen, ids)
             text, stopped = cut_at_stop(full, spec.stop)
+            stop_reason = ""
             if stopped:  # as vLLM: the ids end with the one that completes the stop string
-                stop_end = len(text) + next(len(s) for s in spec.stop if s and full.startswith(s, len(text)))
+                stop_reason = next(s for s in spec.stop if s and full.startswith(s, len(text)))
+                stop_end = len(text) + len(stop_reason)
                 gen = gen[: next((k + 1 for k, (_, e) in enumerate(spans) if e >= stop_end), len(gen))]
                 spans = clip(spans[: len(gen)], len(text))
             lps = None
@@ -137,6 +139,7 @@ class HfGenerator:
                     gen,
                     prompt_token_ids=list(ids),
                     token_spans=spans if spec.token_spans else None,
+                    stop_reason=stop_reason,
                 )
             )
         return completions

@@ -178,6 +178,7 @@ class VllmGenerator:
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(c.token_ids),
             finish_reason=str(c.finish_reason or ""),
+            stop_reason=c.stop_reason if isinstance(c.stop_reason, str) else "",  # an int: a stop token id
             logprobs=lps,
             token_ids=list(c.token_ids),
             prompt_token_ids=prompt_ids,

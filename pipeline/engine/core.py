@@ -353,6 +353,8 @@ class BaseEngine:
             name = f"{req.backend}.{req.op}"
             st.trace.backend_calls[name] = st.trace.backend_calls.get(name, 0) + n
             st.trace.time[req.stage] += secs
+            if req.stage == "classification":  # a classifier's call (Adaptive-RAG's router), counted as Score's
+                st.trace.classifier_calls += n
 
         return self._serve_grouped(
             states,

@@ -105,6 +105,7 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=list)
     token_spans: list[tuple[int, int]] | None = None
+    stop_reason: str = ""  # the stop string that ended the output ("" for an end token, the length, or unknown)
 
 
 @dataclass

@@ -18,6 +18,14 @@ closing tag here. Of an output, whichever tag opens last decides (generation sto
 
 Fallback (documented, `answer_forced` in the row): the answer tag is appended to the rollout and the model
 writes the answer (32 tokens, up to the closing tag or a newline); "" when it is empty too.
+
+`strict=true` reads each turn as FlashRAG's `ReasoningPipeline.run` does (its GitHub main,
+flashrag/pipeline/reasoning_pipeline.py), so `dynrag bench flashrag --method search-r1` runs the same protocol on
+both sides: an answer is an output that stopped at the answer's closing tag (search-r1; search-o1: any output
+holding the answer tag), the text after the first answer tag; a query is an output that stopped at the query's
+closing tag, the text after the first query tag (an empty one gets an empty result block); any other output ends the rollout
+with the output itself as the prediction (no correction note, no second try); the output is stripped and ends
+with its closing tag in the rollout; the turn budget ends the rollout with no answer (no forced answer call).
 """
 
 from __future__ import annotations
@@ -56,7 +64,13 @@ class SearchAgentParams(MethodParams):
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
     template: PromptTemplate | None = Field(
         None,
-        description="instruction prompt; fields {question} {max_searches}; None: search-r1 the paper's Table 1, search-o1 ours after the paper",
+        description="instruction prompt; fields {question} {max_searches}; its `doc` formats each passage of a "
+        "result block; None: search-r1 the paper's Table 1, search-o1 ours after the paper",
+    )
+    strict: bool = Field(
+        False,
+        description="read turns as FlashRAG's ReasoningPipeline does: only a closed query searches, any other "
+        "output is the prediction, no forced answer (pipeline/methods/search_agent.py)",
     )
 
     @field_validator("template")
@@ -81,6 +95,21 @@ def read_turn(text: str, tags: Tags) -> tuple[str, str | None, str | None]:
     return kept, None, kept[a_at + len(tags.answer[0]) :].strip()
 
 
+def read_strict(text: str, stop_reason: str, tags: Tags) -> tuple[str | None, str | None]:
+    """(query, answer) of one output read as FlashRAG's ReasoningPipeline reads it (`strict`): the answer where
+    the output stopped at the answer's closing tag (or, without that stop string, holds the answer tag), else
+    the query where it stopped at the query's closing tag; both None: the output is the prediction."""
+    opened = text.find(tags.answer[0])
+    if stop_reason == tags.answer[1] if tags.stop_at_answer else opened >= 0:
+        if opened < 0:
+            return None, ""
+        said = text[opened + len(tags.answer[0]) :]
+        return None, (said if tags.stop_at_answer else said.split(tags.answer[1])[0]).strip()
+    if stop_reason == tags.query[1] and tags.query[0] in text:
+        return text[text.find(tags.query[0]) + len(tags.query[0]) :].strip(), None
+    return None, None
+
+
 @dataclass
 class Rollout:
     """One question's reasoning so far, and what the row records about it."""
@@ -96,6 +125,7 @@ class Rollout:
     extra: dict = field(default_factory=dict)
     think_tokens: int = 0
     answer_tokens: int = 0
+    stop_reason: str = ""  # of the last output
 
     def prompt(self) -> Any:
         return self.template.render(continuation=self.text, question=self.q.question, max_searches=self.p.max_searches)
@@ -106,6 +136,7 @@ class Rollout:
 
     def call(self, prompt: Any, chat: bool, spec: SamplingSpec, stage: str) -> Generator[Request, Any, tuple[str, int]]:
         out = (yield Generate([prompt], sampling=spec, chat=chat, stage=stage))[0]
+        self.stop_reason = out.stop_reason
         return out.text, out.completion_tokens
 
     def search(self, query: str) -> Generator[Request, Any, list[Hit]]:
@@ -115,8 +146,10 @@ class Rollout:
         self.used.update((h.id, h) for h in hits if h.id not in self.used)
         return hits
 
-    def append_result(self, body: str) -> None:
-        self.text += f"\n\n{self.tags.result[0]}\n{body.strip()}\n{self.tags.result[1]}\n\n"
+    def append_result(self, body: str, verbatim: bool = False) -> None:
+        """The result block; `verbatim`: the body as formatted (passages in the template's `doc` format, whose
+        line ends it keeps), else stripped."""
+        self.text += f"\n\n{self.tags.result[0]}\n{body if verbatim else body.strip()}\n{self.tags.result[1]}\n\n"
 
 
 # Turns the query's passages into the result block's text (Search-o1: the Reason-in-Documents call).
@@ -124,9 +157,23 @@ Refine = Callable[[Rollout, str, list[Hit]], Generator[Request, Any, str]]
 
 
 def plain_docs(r: Rollout, query: str, hits: list[Hit]) -> Generator[Request, Any, str]:
-    """Search-R1: the passages themselves, as "Doc i (Title: t) text" lines."""
-    return format_docs(hits)
+    """Search-R1: the passages themselves, as "Doc i (Title: t) text" lines (a given template: in its `doc`
+    format, kept verbatim)."""
+    return r.template.reference(hits) if r.p.template is not None else format_docs(hits)
     yield  # a generator that asks for nothing
+
+
+def _strict_turn(r: Rollout, out: str, tokens: int) -> tuple[str | None, str | None, str]:
+    """One turn read `strict`ly: (query, answer, why the rollout stops: "" while it goes on)."""
+    query, said = read_strict(out, r.stop_reason, r.tags)
+    r.text += (out + r.stop_reason).strip()  # FlashRAG's prompt + output.strip(), its stop string included
+    if said is not None:
+        r.answer_tokens += tokens
+        return None, said, "answer"
+    r.think_tokens += tokens
+    if query is None:
+        return None, out.strip(), "no action"
+    return query, None, ""
 
 
 def rollout(
@@ -140,6 +187,20 @@ def rollout(
     while r.turns < p.max_turns:
         out, tokens = yield from r.generate(spec, "reason")
         r.turns += 1
+        if p.strict:
+            query, answer, why = _strict_turn(r, out, tokens)
+            if why:
+                stopped = why
+                break
+            assert query is not None
+            if not query:  # nothing to search: an empty block, as FlashRAG's search of no token finds nothing
+                r.append_result("")
+            elif len(r.queries) >= p.max_searches:
+                r.append_result(LIMIT)
+            else:
+                hits = yield from r.search(query)
+                r.append_result((yield from refine(r, query, hits)), verbatim=refine is plain_docs and bool(hits))
+            continue
         kept, query, said = read_turn(out, tags)
         r.text += kept
         if said is not None:
@@ -158,8 +219,8 @@ def rollout(
             r.append_result(LIMIT)
         else:
             hits = yield from r.search(query)
-            r.append_result((yield from refine(r, query, hits)))
-    forced = answer is None
+            r.append_result((yield from refine(r, query, hits)), verbatim=refine is plain_docs and bool(hits))
+    forced = answer is None and not p.strict
     if forced:  # the answer tag (already written where the answer was empty) and a short answer after it
         if stopped != "empty answer":
             r.text = r.text.rstrip() + f"\n{tags.answer[0]}"
