@@ -293,7 +293,7 @@ class VllmLike:
                 lps = [
                     {t: SimpleNamespace(logprob=np.log(x), decoded_token=self.tok.decode([t]))} for t, x in zip(ids, p)
                 ]
-            c = SimpleNamespace(text=text, token_ids=ids, logprobs=lps, finish_reason="stop")
+            c = SimpleNamespace(text=text, token_ids=ids, logprobs=lps, finish_reason="stop", stop_reason=None)
             ro = SimpleNamespace(prompt_token_ids=self.tok(prompt)["input_ids"], outputs=[c])
             outs.append(self.vllm._completion(ro, spec.token_spans))
         self.outs += outs

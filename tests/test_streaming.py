@@ -76,7 +76,7 @@ class FakeAsyncLLM:
             await asyncio.sleep(3600)
         if self.fail:
             raise RuntimeError("engine error for this prompt")
-        out = SimpleNamespace(text="ok", logprobs=None, token_ids=[5, 6], finish_reason="stop")
+        out = SimpleNamespace(text="ok", logprobs=None, token_ids=[5, 6], finish_reason="stop", stop_reason=None)
         yield SimpleNamespace(outputs=[out], prompt_token_ids=[1, 2, 3])
 
 
