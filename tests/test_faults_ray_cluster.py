@@ -10,13 +10,15 @@ Latency-model backends (jobs/bench/simulated.py): the faults are in the cluster,
 
 from __future__ import annotations
 
-import os
-import signal
+import sys
 import time
+from pathlib import Path
 
-import psutil
 import pytest
 from ray_jobs import assert_each_question_once, dying_backends, fake_gpu_cluster, run_job
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from ray_preemption import sigterm_node  # noqa: E402  (the 3-node script's: one way to pre-empt a node)
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(600)]
 
@@ -37,16 +39,6 @@ def worker_with_a_replica(cluster, reports: list[dict]):
     """The worker node whose engine replica has answered a batch (a node of the cluster, not the head)."""
     nodes = {r["replica"]["node"] for r in reports}
     return next(n for n in cluster.worker_nodes if n.node_id in nodes)
-
-
-def sigterm_node(node) -> None:
-    """What a pre-empted machine's processes get: SIGTERM to the raylet and every process below it."""
-    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-    for p in [*raylet.children(recursive=True), raylet]:
-        try:
-            os.kill(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
 
 
 def lose_a_node(cluster, reports: list[dict], how: str, after: int, replace_s: float):
