@@ -42,24 +42,45 @@ NOTHING_YET = Question("", "")  # what iterating a Feed gives when no question i
 
 
 class Feed:
-    """Questions that arrive while a continuous engine runs (a Ray engine actor's batches): `put` them,
-    `close` when no more will come. `engine.stream(feed, ...)` admits what is there, and `put` wakes it."""
+    """A replica's inbox (pipeline/runtime/replica.py): questions that arrive while a continuous engine runs,
+    and messages for its coordinator (a drain, a stop). Any thread, or a signal handler, may `put` or `send`;
+    only the coordinator consumes: `poll` hands it the messages (`on_message`, on its own thread) and
+    iterating gives it the questions. `close` when no more will come."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_message: Callable[[Any], None] | None = None) -> None:
         self._items: deque[Question] = deque()
+        self._messages: queue.SimpleQueue = queue.SimpleQueue()  # reentrant: safe from a signal handler
         self._closed = False
         self._lock = threading.Lock()
+        self._arrived = threading.Event()  # for `batches`, which waits instead of being woken
+        self.on_message = on_message or (lambda message: None)
         self.wake: Callable[[], None] = lambda: None  # set by the engine that reads the feed
 
     def put(self, questions: Iterable[Question]) -> None:
         with self._lock:
             self._items.extend(questions)
+        self._arrived.set()
+        self.wake()
+
+    def send(self, message: Any) -> None:
+        self._messages.put(message)
+        self._arrived.set()
         self.wake()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
+        self._arrived.set()
         self.wake()
+
+    def poll(self) -> None:
+        """Hand every waiting message to `on_message` (the coordinator's thread: the one consumer)."""
+        while True:
+            try:
+                message = self._messages.get_nowait()
+            except queue.Empty:
+                return
+            self.on_message(message)
 
     def __iter__(self) -> Iterator[Question]:
         """The questions as they come; NOTHING_YET whenever none is waiting; ends once closed and empty."""
@@ -73,6 +94,21 @@ class Feed:
                     item = NOTHING_YET
             yield item
 
+    def batches(self, size: int) -> Iterator[list[Question]]:
+        """The questions in groups of at most `size`, waiting for them (the lockstep engine's loop); ends once
+        closed and empty. Messages are polled between groups."""
+        while True:
+            self.poll()
+            with self._lock:
+                group = [self._items.popleft() for _ in range(min(size, len(self._items)))]
+                closed = self._closed
+            if group:
+                yield group
+            elif closed:
+                return
+            else:
+                self._arrived.wait(DRAIN_POLL_S)
+                self._arrived.clear()
 
 # close() waits this long in all for the lanes' batches in flight (a search, a model call) before it returns
 LANE_JOIN_TIMEOUT_S = 60.0
@@ -133,9 +169,12 @@ class ContinuousEngine(BaseEngine):
             else:
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
-        if isinstance(questions, Feed):  # questions arrive during the run: take what is there, woken by more
-            questions.wake = lambda: inbox.put(WAKE)
+        feed = questions if isinstance(questions, Feed) else None
+        if feed is not None:  # questions arrive during the run: take what is there, woken by more
+            feed.wake = lambda: inbox.put(WAKE)
         while True:
+            if feed is not None:
+                feed.poll()  # its messages (a drain, a stop) on this thread, before admitting
             while more and live < self.max_in_flight and not self.drain.requested:  # admit
                 nxt = next(todo, None)
                 if nxt is None:

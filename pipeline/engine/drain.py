@@ -17,9 +17,10 @@ class Drain:
         self._deadline = float("inf")
 
     def request(self, seconds: float | None = None) -> None:
-        if not self.event.is_set():
-            self._deadline = time.monotonic() + (self.seconds if seconds is None else seconds)
-            self.event.set()
+        """Ask for the drain; a later request may shorten its deadline, never extend it."""
+        deadline = time.monotonic() + (self.seconds if seconds is None else seconds)
+        self._deadline = min(self._deadline, deadline)
+        self.event.set()
 
     @property
     def requested(self) -> bool:

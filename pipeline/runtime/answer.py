@@ -32,7 +32,7 @@ from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
 from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
+from pipeline.io.output import PartWriter, answered_ids, batch_report, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
@@ -206,23 +206,6 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
     return backends
 
 
-def load_generator(backends) -> None:
-    """Load the generation model now: a model that cannot be loaded (missing weights, code it would have
-    to run without generation.trust_remote_code, an unsafe pickle) is one error for the job, not one per row."""
-    from pipeline.backends import BackendError
-
-    try:
-        _ = backends.generator  # a property: loads the model
-    except Exception as exc:
-        detail = first_line(exc)
-        if "custom code" in str(exc) or "trust_remote_code" in str(exc):
-            detail = (
-                f"{type(exc).__name__}: the model folder ships its own code, which runs only with "
-                "generation.trust_remote_code=true"
-            )
-        raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: {detail}") from exc
-
-
 def _run_answer(
     dataset,
     out,
@@ -344,22 +327,42 @@ def _run_answer(
 def _answer_local(
     todo, counts, writer, cfg, spec, params, row_args, backends, drain
 ) -> Generator[dict[str, Any], None, None]:
-    """Answer `todo` (pending_questions, counting into `counts`) in parts of `answer.batch_questions`, as
-    questions finish, each written by `writer`; yields a batch_report per part. `backends` stay open
-    (their owner closes them). The generation model is loaded first (a model that cannot load is one
-    error, not one per row)."""
-    from pipeline.engine.continuous import make_engine
+    """Answer `todo` (pending_questions, counting into `counts`) through one Replica (replica.py) in batches of
+    `answer.batch_questions`, holding as many at once as a Ray engine actor does (`batches_held`), each
+    written as one part by `writer`; yields each batch's report as it is written. `backends` stay open
+    (their owner closes them); the generation model is loaded first (one error, not one per row)."""
+    import concurrent.futures as cf
 
-    engine = make_engine(cfg, backends, drain)
+    from pipeline.runtime.replica import Replica, batches_held
+
+    size = cfg.answer.batch_questions
+    replica = Replica(cfg, spec, params, backends, writer, row_args, drain=drain).start()
+    held = batches_held(cfg, size)
+    pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
     reported = 0  # questions skipped as answered, reported so far
     try:
-        load_generator(backends)
-        for outcomes in engine.stream_batches(todo, spec.program, params, cfg.answer.batch_questions):
-            rows = [make_row(o, **row_args) for o in outcomes]
-            writer.write(rows)
-            yield batch_report(rows, counts["skipped"] - reported, engine.new_calls())
-            reported = counts["skipped"]
+        batches, pending = _batched(todo, size), set()
+        while True:
+            while len(pending) < held and not drain.requested:
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                pending.add(pool.submit(replica.answer, batch))
+            if not pending:
+                break
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            for future in done:
+                report = future.result()
+                report["skipped"], reported = counts["skipped"] - reported, counts["skipped"]
+                yield report
         if counts.get("skipped", 0) > reported:
             yield batch_report([], counts["skipped"] - reported, {})
     finally:
-        engine.close()
+        replica.close()  # on an interrupt, the batches in flight end with what finished
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _batched(items, n: int):
+    it = iter(items)
+    while batch := list(itertools.islice(it, n)):
+        yield batch

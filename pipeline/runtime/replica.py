@@ -1,0 +1,305 @@
+"""One engine replica and its lifecycle, the same in-process and in a Ray engine actor (no Ray here).
+
+A replica holds the backends, one engine and the writer of its parts. Its states:
+
+    STARTING -> SERVING -> DRAINING -> CLOSED        (or FAILED from STARTING or SERVING)
+
+It has one inbox (`Feed`: batches' questions, and the messages drain and stop) and one loop thread, the
+engine's coordinator, which is the inbox's only consumer. A drain (SIGTERM, the node's drain notice, the
+driver's request) is a message: no question is admitted after it, those in flight finish within its
+deadline. An engine that cannot go on (vLLM's engine core died: EngineDead) ends the loop: FAILED. The
+loop's one `finally` shuts the replica down: every waiting batch gets what finished of it, the engine's
+lanes are joined, the backends the replica built are closed.
+
+`answer(questions)` is the one path from a batch to its report, used by both runners: the questions go into
+the inbox, the call waits for their outcomes, makes the rows, writes them as one part and returns the
+batch's report. Calls run concurrently (several batches in the engine at once, so that a batch's slow
+questions never leave it idle); each call's part holds its own batch.
+
+    replica = Replica(cfg, spec, params, backends, writer, row_args).start()
+    report = replica.answer(questions)          # from any number of threads
+    replica.drain(30.0, "SIGTERM")              # from any thread, or a signal handler
+    replica.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pipeline.engine.continuous import ContinuousEngine, Feed, make_engine
+from pipeline.engine.drain import Drain
+from pipeline.engine.requests import Question
+from pipeline.io.output import batch_report, make_row
+
+log = logging.getLogger(__name__)
+
+CLOSE_JOIN_S = 30.0  # for the loop to end once its inbox is closed
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+ENDED = (State.CLOSED, State.FAILED)
+
+
+class Replica:
+    """See the module docstring. `backends`: a Backends, kept open (its owner closes it); else
+    `make_backends()` builds one at `start` and the replica closes it. `where`: what each report says of where it runs.
+    `on_ended(state)`: called once the replica has ended and no call is in flight (its parts are written)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        spec: Any,
+        params: Any,
+        backends: Any,
+        writer: Any,
+        row_args: dict,
+        *,
+        make_backends: Callable[[], Any] | None = None,
+        drain: Drain | None = None,
+        where: dict | None = None,
+        on_ended: Callable[[State], None] | None = None,
+    ):
+        self.cfg, self.spec, self.params = cfg, spec, params
+        self.backends, self._make_backends = backends, make_backends
+        self.writer, self.row_args = writer, row_args
+        self.drain_flag = drain or Drain(cfg.answer.drain_s)
+        self.where = dict(where or {})
+        self.on_ended = on_ended
+        self.state = State.STARTING
+        self.error: BaseException | None = None
+        self.inbox = Feed(self._on_message)
+        self.engine: Any = None
+        self._lock = threading.Lock()  # the state, the waiting batches, the calls
+        self._waiting: dict[int, _Batch] = {}  # id(question) -> its batch
+        self._calls = 0  # answer() calls between their start and their part written
+        self._ended_told = False
+        self._loop: threading.Thread | None = None
+        self._first_call: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> Replica:
+        """Build the backends (when given a builder) and the engine, load the generation model, start the
+        loop: SERVING. A failure here is FAILED and raised."""
+        try:
+            if self.backends is None:
+                self.backends = self._make_backends()  # type: ignore[misc]
+            self.engine = make_engine(self.cfg, self.backends, self.drain_flag)
+            load_generator(self.backends)
+        except BaseException as err:
+            self._end(State.FAILED, err)
+            self._shutdown()
+            raise
+        with self._lock:
+            if self.state is State.STARTING:  # a drain may have come while it started
+                self.state = State.SERVING
+        self._loop = threading.Thread(target=self._run, name="dynrag-replica", daemon=True)
+        self._loop.start()
+        return self
+
+    def drain(self, seconds: float, why: str) -> None:
+        """Admit no more questions; finish those in flight within `seconds`. Safe from a signal handler."""
+        self.inbox.send(("drain", seconds, why))
+
+    def stop(self) -> None:
+        """No more batches will come: the loop ends once those in flight are done."""
+        self.inbox.close()
+
+    def close(self, timeout: float = CLOSE_JOIN_S) -> None:
+        """End now and wait for the loop's shutdown: questions still in flight are left unanswered (the
+        batches waiting get what finished); a replica that never started closes its own parts."""
+        with self._lock:
+            busy = bool(self._waiting)
+        if busy:
+            self.drain(0.0, "closing")
+        self.stop()
+        if self._loop is not None and self._loop is not threading.current_thread():
+            self._loop.join(timeout)
+            if self._loop.is_alive():
+                log.warning("replica: the loop did not end within %.0f s", timeout)
+        elif self._loop is None:
+            self._shutdown()
+
+    @property
+    def calls(self) -> int:
+        return self._calls
+
+    # -- the one batch path ---------------------------------------------------------------------------
+    def answer(self, questions: list[Question], batch_ids: list[str] | None = None, skipped: int = 0) -> dict:
+        """Answer `questions`, write their rows as one part (keyed by `batch_ids`, else the rows' ids) and
+        return the batch's report (`batch_report`, plus "part", "complete", "replica", "generator").
+        "complete" is False when a drain left some of them unanswered (they are a rerun's); a FAILED
+        replica raises the error its engine failed with."""
+        with self._lock:
+            self._calls += 1
+            self._first_call = self._first_call or time.time()
+        try:
+            outcomes = self._outcomes(questions) if questions else []
+            rows = [make_row(o, **self.row_args) for o in outcomes]
+            part = self.writer.write(rows, batch_ids)
+            with self._lock:
+                report = batch_report(rows, skipped, self.engine.new_calls() if self.engine else {})
+            report.update(
+                part=part or "",
+                complete=len(outcomes) == len(questions),
+                replica=self.where,
+                generator=self._generator_busy(),
+            )
+            return report
+        finally:
+            with self._lock:
+                self._calls -= 1
+            self._tell_if_ended()
+
+    def _outcomes(self, questions: list[Question]) -> list:
+        got = _Batch(questions)
+        with self._lock:
+            if self.state is State.FAILED:
+                raise self.error  # type: ignore[misc]
+            if self.state is not State.SERVING:  # drained: these questions are a rerun's
+                return []
+            self._waiting.update((id(q), got) for q in questions)
+        self.inbox.put(questions)
+        return got.result()
+
+    # -- the loop (the inbox's one consumer) ------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            if isinstance(self.engine, ContinuousEngine):
+                for outcome in self.engine.stream(self.inbox, self.spec.program, self.params):
+                    self._deliver([outcome])
+            else:  # the lockstep engine: one batch at a time, in the order they came
+                for group in self.inbox.batches(self.cfg.answer.batch_questions):
+                    if self.drain_flag.requested:
+                        break
+                    self._deliver(self.engine.run(group, self.spec.program, self.params))
+        except BaseException as err:  # the engine cannot go on (say vLLM's engine core died)
+            log.error("replica %s: the engine failed: %r", self.where.get("pid", ""), err)
+            self._end(State.FAILED, err)
+        else:
+            self._end(State.CLOSED)
+        finally:
+            self._shutdown()
+            self._tell_if_ended()
+
+    def _on_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "drain":
+            _, seconds, why = message
+            with self._lock:
+                if self.state in (State.STARTING, State.SERVING):
+                    self.state = State.DRAINING
+            if not self.drain_flag.requested and seconds:
+                log.warning("replica %s: %s, draining (up to %.0f s)", self.where.get("pid", ""), why, seconds)
+            self.drain_flag.request(seconds)
+
+    def _deliver(self, outcomes: list) -> None:
+        with self._lock:
+            for o in outcomes:
+                self._waiting.pop(id(o.question)).add(o)
+
+    def _end(self, state: State, err: BaseException | None = None) -> None:
+        """The loop ended: every batch still waiting gets what finished of it (or the error)."""
+        with self._lock:
+            if self.state not in ENDED:
+                self.state, self.error = state, err
+            waiting, self._waiting = set(self._waiting.values()), {}
+        for got in waiting:
+            if err is not None:
+                got.fail(err)
+            else:
+                got.finish()
+
+    def _shutdown(self) -> None:
+        """Join the engine's lanes, then close what this replica built; failures logged, not raised."""
+        parts = [self.engine] + ([self.backends] if self._make_backends else [])
+        for part in parts:
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as err:
+                log.warning("replica: closing %s failed: %s", type(part).__name__, err)
+
+    def _tell_if_ended(self) -> None:
+        with self._lock:
+            if self.state not in ENDED or self._calls or self._ended_told:
+                return
+            self._ended_told = True
+        if self.on_ended is not None:
+            self.on_ended(self.state)
+
+    def _generator_busy(self) -> dict[str, float] | None:
+        """The generator's busy seconds (time with a sequence in flight) and the seconds since this replica's
+        first batch: their ratio is its generator busy fraction."""
+        flight = getattr(getattr(self.backends, "_generator", None), "flight", None)
+        if flight is None or self._first_call is None:
+            return None
+        return {"busy_s": flight.busy_s, "active_s": time.time() - self._first_call, "pid": self.where.get("pid")}
+
+
+def batches_held(cfg: Any, batch: int) -> int:
+    """Batches a replica holds at once: `ray.actor_batches`, else enough for twice `answer.max_in_flight`
+    questions (at least 2); 1 for the lockstep engine. Held beyond what is in flight, a batch's questions
+    are admitted as others finish; with only as many as can be in flight, a batch's questions start and
+    end together and the generator idles while the next batch retrieves (measured: cfs through Ray,
+    generator busy 0.80 with 2 x 256 questions held for 512 in flight, 0.97 with 8 x 128;
+    `dynrag bench pipeline --simulate-gpu --runtime ray`)."""
+    if cfg.answer.engine != "continuous":
+        return 1
+    return cfg.ray.actor_batches or max(2, -(-2 * cfg.answer.max_in_flight // batch))
+
+
+def load_generator(backends) -> None:
+    """Load the generation model now: a model that cannot be loaded (missing weights, code it would have
+    to run without generation.trust_remote_code, an unsafe pickle) is one error for the job, not one per row."""
+    from pipeline.backends import BackendError
+    from pipeline.errors import first_line
+
+    try:
+        _ = backends.generator  # a property: loads the model
+    except Exception as exc:
+        detail = first_line(exc)
+        if "custom code" in str(exc) or "trust_remote_code" in str(exc):
+            detail = (
+                f"{type(exc).__name__}: the model folder ships its own code, which runs only with "
+                "generation.trust_remote_code=true"
+            )
+        raise BackendError(f"cannot load the generation model {backends.cfg.generation.model}: {detail}") from exc
+
+
+class _Batch:
+    """One call's questions and their outcomes, collected from the loop thread."""
+
+    def __init__(self, questions: list[Question]):
+        self.order = {id(q): i for i, q in enumerate(questions)}
+        self.outcomes: list = []
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def add(self, outcome) -> None:
+        self.outcomes.append(outcome)
+        if len(self.outcomes) == len(self.order):
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.future.done():
+            self.future.set_result(sorted(self.outcomes, key=lambda o: self.order[id(o.question)]))
+
+    def fail(self, err: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(err)
+
+    def result(self) -> list:
+        return self.future.result()
