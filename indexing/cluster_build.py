@@ -497,9 +497,9 @@ class _ClusterBuilder(_Builder):
     def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
         import ray
 
-        from indexing.raytools import ensure_ray
+        from indexing.raytools import init_ray
 
-        ensure_ray(self.cfg)
+        init_ray(self.cfg.ray.address, self.cfg.ray.num_cpus)
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
         self.template = self._known_template(prev)

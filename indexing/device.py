@@ -32,9 +32,9 @@ def ray_assigned_gpus() -> list[str] | None:
 
     if not ray.is_initialized():
         return None
-    from ray._private.worker import WORKER_MODE, global_worker
+    from indexing.compat import in_ray_worker
 
-    if global_worker.mode != WORKER_MODE:
+    if not in_ray_worker():
         return None
     return [str(g) for g in ray.get_runtime_context().get_accelerator_ids().get("GPU", [])]
 

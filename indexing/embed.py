@@ -194,9 +194,9 @@ def _ray_batches(
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     import ray
 
-    from indexing.raytools import ensure_ray
+    from indexing.raytools import init_ray
 
-    ensure_ray(cfg)
+    init_ray(cfg.ray.address, cfg.ray.num_cpus)
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # shards finish in order, so each is saved as soon as done
     device = resolve_device(spec.device)

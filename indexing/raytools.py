@@ -1,8 +1,10 @@
-"""Ray for a build: starting (or joining) it once per process, and GPU requests that fit the cluster."""
+"""Ray for a job (an index build, an answer run): starting or joining it once per process, and GPU requests
+that fit the cluster."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -11,25 +13,36 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def ensure_ray(cfg: IndexSettings) -> None:
-    """Join `cfg.ray.address`, or start a local instance (never a `ray start` cluster found on the machine:
-    "local"); no-op when Ray is already up."""
+def ray_address(configured: str | None, env: Mapping[str, str]) -> str:
+    """Where a job's Ray is, as Ray programs find it: the configured address when set; else the cluster this
+    process runs in (a Ray job's entrypoint gets RAY_ADDRESS from Ray's job supervisor; `ray start` users set
+    it too); else "local", a private instance (never a `ray start` cluster found on the machine by chance)."""
+    return configured or env.get("RAY_ADDRESS") or "local"
+
+
+def init_ray(address: str | None, num_cpus: int | None = None, log_to_driver: bool = False) -> bool:
+    """Start or join Ray once per process (`ray_address`), for answer and build jobs alike; True if this call
+    connected (False: Ray was already up). `num_cpus` sizes a local instance only."""
+    import os
+
     import ray
 
     if ray.is_initialized():
-        return
-    log.info("starting Ray (%s)", cfg.ray.address or "local instance")
+        return False
+    where = ray_address(address, os.environ)
+    log.info("Ray: %s", "starting a local instance" if where == "local" else f"joining {where}")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
     from indexing.java import jvm_signals_kept
 
-    with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM relies on
+    with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
         ray.init(
-            address=cfg.ray.address or "local",
-            num_cpus=cfg.ray.num_cpus if cfg.ray.address is None else None,
+            address=where,
+            num_cpus=num_cpus if where == "local" else None,
             include_dashboard=False,
-            log_to_driver=False,
+            log_to_driver=log_to_driver,
             configure_logging=False,
-            ignore_reinit_error=True,
         )
+    return True
 
 
 def gpus_or_fallback(gpus: float, fallback: bool, what: str) -> float:

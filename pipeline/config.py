@@ -326,6 +326,24 @@ class RayConfig(Section):
         "questions are admitted while the previous one's last questions finish (None: enough for twice "
         "answer.max_in_flight questions, at least 2)",
     )
+    replica_failures: int = Field(
+        3,
+        ge=0,
+        description="failures one engine replica may have (its process died, its engine failed; a drained "
+        "node's restart is not one) before the job stops with one line",
+    )
+    batch_deaths: int = Field(
+        2,
+        ge=1,
+        description="times a batch's replica process may die while answering it before its questions become "
+        "error rows with the cause (error_kind system) instead of being retried again",
+    )
+    replica_wait_s: float = Field(
+        900.0,
+        gt=0,
+        description="seconds the job waits with no engine replica running (GPUs gone, a placement group "
+        "that cannot be placed) before it stops with one line naming what the replicas ask for",
+    )
     actor_resources: dict[str, float] = Field(
         default_factory=dict,
         description="custom Ray resources per engine actor, to place replicas on a node group "

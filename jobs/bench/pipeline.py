@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> None:
     )
     print(simulated.__doc__.split("\n\n", 1)[1].strip())
     if args.runtime == "ray":
-        from pipeline.runtime.ray_runner import actor_batches
+        from pipeline.runtime.replica import batches_held as actor_batches
 
         rc = cfg.ray
         batch = rc.batch_questions or a.batch_questions

@@ -52,12 +52,10 @@ class Backends:
         embedder: Any = None,
         named: dict[str, Any] | None = None,
         faiss_placement: Any = None,
-        replica_group: Any = None,
     ):
         self.cfg = cfg
         self.index_dir = index_dir
         self.faiss_placement = faiss_placement  # where the index goes (a replica's GPU plan); None: the CPU
-        self.replica_group = replica_group  # a tensor-parallel Ray replica's placement group (ray_control.py)
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
         # the continuous engine's lanes may build parts at the same time: one lock per part, so a part that
@@ -83,7 +81,7 @@ class Backends:
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        return self._built("_generator", lambda: make_generator(self.cfg, self.replica_group))
+        return self._built("_generator", lambda: make_generator(self.cfg))
 
     @property
     def retriever(self):
@@ -174,17 +172,17 @@ class NoGenerator:
         return [Completion("", finish_reason="none") for _ in prompts]
 
 
-def make_generator(cfg: DynragConfig, replica_group: Any = None):
+def make_generator(cfg: DynragConfig):
     if cfg.generation.backend == "none":
         return NoGenerator()
     if cfg.generation.backend == "vllm" and cfg.generation.streaming:
         from pipeline.backends.vllm_stream import VllmStreamingGenerator
 
-        return VllmStreamingGenerator(cfg, replica_group=replica_group)
+        return VllmStreamingGenerator(cfg)
     if cfg.generation.backend == "vllm":
         from pipeline.backends.vllm_gen import VllmGenerator
 
-        return VllmGenerator(cfg, replica_group=replica_group)
+        return VllmGenerator(cfg)
     from pipeline.backends.hf_gen import HfGenerator
 
     return HfGenerator(cfg)

@@ -26,7 +26,6 @@ from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.errors import EngineDead
-from pipeline.runtime.ray_control import placed_in
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +76,9 @@ def llm_kwargs(
 
 
 class VllmGenerator:
-    def __init__(self, cfg: DynragConfig, model_path: str | None = None, replica_group: Any = None):
-        """`replica_group`: a Ray engine actor's tensor-parallel placement group (ray_control.claim), whose GPUs
-        vLLM's Ray executor puts its workers on."""
+    def __init__(self, cfg: DynragConfig, model_path: str | None = None):
+        """In a tensor-parallel Ray replica the engine actor sits in its own placement group (ray_runner.py),
+        which vLLM's Ray executor finds (`ray.util.get_current_placement_group()`) and puts its workers on."""
         g = cfg.generation
         self.cfg = g
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)
@@ -93,8 +92,7 @@ class VllmGenerator:
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
             kwargs = llm_kwargs(g, str(path), gpu, cfg.runtime.mode == "ray", vllm_utilization(cfg))
-            with placed_in(replica_group):
-                self.llm = self._engine(kwargs)
+            self.llm = self._engine(kwargs)
         except BaseException:
             self._guard.close()
             raise
@@ -199,7 +197,9 @@ class VllmGenerator:
             self._guard.close()
 
     def _shutdown(self, llm) -> None:
-        llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
+        from indexing.compat import shutdown_vllm
+
+        shutdown_vllm(llm, SHUTDOWN_TIMEOUT_S)
 
 
 def as_engine_dead(err: Exception) -> Exception:

@@ -110,6 +110,7 @@ class Feed:
                 self._arrived.wait(DRAIN_POLL_S)
                 self._arrived.clear()
 
+
 # close() waits this long in all for the lanes' batches in flight (a search, a model call) before it returns
 LANE_JOIN_TIMEOUT_S = 60.0
 

@@ -341,7 +341,7 @@ def _answer_local(
     pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
     reported = 0  # questions skipped as answered, reported so far
     try:
-        batches, pending = _batched(todo, size), set()
+        batches, pending = _batched(todo, size), set[cf.Future]()
         while True:
             while len(pending) < held and not drain.requested:
                 batch = next(batches, None)

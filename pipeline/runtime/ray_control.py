@@ -1,131 +1,110 @@
 """The driver's side of a Ray answer job that its engine actors consult: one small actor (`RunControl`) on the
-driver's node (it goes only with the driver) holding
+driver's node (it goes with the driver). No Ray here: the actor is this class made remote, and the tests use
+it as it is.
 
-- the count of engines that failed (an engine actor restarts a few times, then the job stops);
-- the drain: raised by the driver on SIGTERM; each engine actor polls it and drains (`remaining`), and says
-  when it has drained (`drained`), so the driver stops feeding once every replica has;
-- the tensor-parallel replicas' placement groups: made once by the driver, one per replica
-  (`make_replica_groups`), each claimed by one engine actor at its start (`claim`): the group on the actor's
-  own node when there is one, else any unclaimed group, else one whose holder has died (a restarted actor
-  takes over its predecessor's). vLLM's Ray executor then starts one worker on each of the group's GPUs
-  (pipeline/backends/vllm_gen.py). The driver removes the groups at the end (`remove_replica_groups`).
+- replicas: each engine actor registers at its start (`register`); a restart of the same actor counts as a
+  failure of that replica unless its previous process had drained (a pre-empted node is not the replica's
+  fault). A replica whose failures (restarts and engine errors) pass `budget` makes the job fatal;
+- batches: each attempt of a batch starts with `begin` and ends with `end`; an attempt that never ended was
+  in a process that died. After `batch_deaths` such attempts the batch is poison: the next attempt writes
+  its rows as error rows with the cause instead of killing one more process;
+- the drain: the driver's own (SIGTERM to the job, `request`) or a node's (Ray's drain notice with its
+  deadline, `set_draining`, fed by the driver's supervisor); each actor polls `instructions`, which is also
+  its heartbeat, and says when it has drained (`drained`), counted by live replica;
+- `fatal`: the one line the job ends with (set by a replica over its budget, or by the supervisor).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
-from collections.abc import Iterator
-from typing import Any
 
-log = logging.getLogger(__name__)
+DRAIN_MARGIN_S = 5.0  # a node's replicas finish this long before its drain deadline, to write their parts
 
 
 class RunControl:
-    def __init__(self, groups: list | None = None) -> None:
-        self.deadline: float | None = None  # time.time() by which the engines stop
-        self.groups = list(groups or [])
-        self.holders: dict[int, str] = {}  # group index -> the engine actor's id (hex) holding it
-        self.drained_actors: set[str] = set()
-        self.engine_failures = 0
+    def __init__(self, budget: int = 3, batch_deaths: int = 2) -> None:
+        self.budget, self.batch_deaths = budget, batch_deaths
+        self.deadline: float | None = None  # time.time() by which every engine stops (the driver's drain)
+        self.draining_nodes: dict[str, float] = {}  # node id -> time.time() of its drain deadline
+        self.replicas: dict[str, dict] = {}  # actor id -> node, pid, starts, failures, drained, seen
+        self.attempts: dict[str, list[dict]] = {}  # batch key -> attempts that have not ended
+        self.fatal_line: str | None = None
 
-    # -- the drain --------------------------------------------------------------------------
+    # -- replicas ---------------------------------------------------------------------------------
+    def register(self, actor: str, node: str, pid: int) -> int:
+        """A replica's process starts; returns its failures so far (its restarts after a death count)."""
+        r = self.replicas.setdefault(actor, {"starts": 0, "failures": 0, "drained": False})
+        if r["starts"] and not r["drained"]:
+            r["failures"] += 1
+        r.update(starts=r["starts"] + 1, drained=False, node=node, pid=pid, seen=time.time())
+        if r["failures"] > self.budget:
+            self.fatal_line = (
+                f"engine replica {actor[:8]} failed {r['failures']} times (its process died or its engine "
+                f"failed; budget {self.budget}), last on node {node[:8]}: stopping the job"
+            )
+        return r["failures"]
+
+    def engine_failed(self, actor: str, why: str) -> bool:
+        """A replica's engine failed (an exception, its process still alive); True: restart it, False: over
+        its budget (the job is fatal). The restart itself is not counted again."""
+        r = self.replicas.setdefault(actor, {"starts": 1, "failures": 0, "drained": False})
+        r["failures"] += 1
+        r["drained"] = True  # the coming restart is this failure, counted here
+        if r["failures"] > self.budget:
+            self.fatal_line = f"engine replica {actor[:8]} failed {r['failures']} times (budget {self.budget}): {why}"
+            return False
+        return True
+
+    def drained(self, actor: str) -> None:
+        if actor in self.replicas:
+            self.replicas[actor]["drained"] = True
+
+    def drained_count(self) -> int:
+        """Replicas whose current process has drained (a restarted one counts again only once it drains)."""
+        return sum(r["drained"] for r in self.replicas.values())
+
+    def last_seen(self) -> float | None:
+        """time.time() of the latest heartbeat of any replica (None: none has started)."""
+        return max((r["seen"] for r in self.replicas.values() if "seen" in r), default=None)
+
+    # -- batches ----------------------------------------------------------------------------------------
+    def begin(self, key: str, actor: str, pid: int) -> list[dict]:
+        """An attempt of batch `key` starts; returns the earlier attempts that died (never ended)."""
+        dead = list(self.attempts.get(key, []))
+        self.attempts.setdefault(key, []).append({"actor": actor, "pid": pid, "node": self._node(actor)})
+        return dead
+
+    def end(self, key: str) -> None:
+        self.attempts.pop(key, None)
+
+    def _node(self, actor: str) -> str:
+        return self.replicas.get(actor, {}).get("node", "?")
+
+    # -- the drain ----------------------------------------------------------------------------------
     def request(self, seconds: float) -> None:
         if self.deadline is None:
             self.deadline = time.time() + seconds
 
-    def remaining(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+    def set_draining(self, nodes: dict[str, float]) -> None:
+        self.draining_nodes = dict(nodes)
 
-    def drained(self, actor: str) -> None:
-        self.drained_actors.add(actor)
+    def instructions(self, actor: str) -> tuple[float, str] | None:
+        """What the replica should do now: (seconds left, why) to drain, or None to go on. Its heartbeat."""
+        r = self.replicas.get(actor)
+        if r is not None:
+            r["seen"] = time.time()
+        now = time.time()
+        if self.deadline is not None:
+            return max(0.0, self.deadline - now), "the job is stopping"
+        node = r.get("node") if r else None
+        if node in self.draining_nodes:
+            left = self.draining_nodes[node] - now - DRAIN_MARGIN_S
+            return max(0.0, left), "its node is being drained"
+        return None
 
-    def drained_count(self) -> int:
-        return len(self.drained_actors)
+    # -- the end ----------------------------------------------------------------------------------------
+    def fail(self, line: str) -> None:
+        self.fatal_line = self.fatal_line or line
 
-    def engine_failed(self) -> int:
-        """Count an engine actor's failed engine; how many this run has had."""
-        self.engine_failures += 1
-        return self.engine_failures
-
-    # -- replica placement groups -------------------------------------------------------------
-    def claim(self, actor: str, node: str) -> Any:
-        """The placement group for the engine actor `actor` (hex id) on `node`; None when the run has none."""
-        if not self.groups:
-            return None
-        for i, holder in self.holders.items():  # an actor asking again (a retried constructor) keeps its own
-            if holder == actor:
-                return self.groups[i]
-        free = [i for i in range(len(self.groups)) if i not in self.holders]
-        if not free:
-            free = [i for i, holder in self.holders.items() if not actor_alive(holder)]
-        if not free:
-            raise RuntimeError(f"all {len(self.groups)} replica placement groups are held by live engine actors")
-        here = [i for i in free if node in group_nodes(self.groups[i])]
-        i = (here or free)[0]
-        self.holders[i] = actor
-        return self.groups[i]
-
-    def release(self, actor: str) -> None:
-        for i, holder in list(self.holders.items()):
-            if holder == actor:
-                del self.holders[i]
-
-    def held(self) -> dict[int, str]:
-        return dict(self.holders)
-
-
-def group_nodes(group) -> set[str]:
-    """The node ids a placement group's bundles are on (none while it is pending)."""
-    from ray.util import placement_group_table
-
-    return set(placement_group_table(group).get("bundles_to_node_id", {}).values())
-
-
-def actor_alive(actor_id: str) -> bool:
-    import ray._private.state
-
-    try:
-        state = ray._private.state.actors(actor_id=actor_id)
-    except Exception:  # the table cannot say: keep the claim (a live replica's GPUs are never given away)
-        return True
-    return bool(state) and state.get("State") != "DEAD"
-
-
-def make_replica_groups(bundles: list[dict[str, float]], replicas: int) -> list:
-    """One STRICT_PACK placement group of `bundles` per tensor-parallel replica (its workers exchange
-    activations every layer: one node). Not waited for: on an autoscaling cluster their nodes start on
-    demand, and each engine actor waits for its own group (vLLM does)."""
-    from ray.util import placement_group
-
-    return [placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{i}") for i in range(replicas)]
-
-
-def remove_replica_groups(groups: list) -> None:
-    from ray.util import remove_placement_group
-
-    for g in groups:
-        try:
-            remove_placement_group(g)
-        except Exception as err:  # the cluster is going away: nothing to keep
-            log.warning("removing placement group %s failed: %s", g.id.hex(), err)
-
-
-@contextlib.contextmanager
-def placed_in(group) -> Iterator[None]:
-    """While vLLM builds its engine: `group` is this process's placement group as vLLM looks it up
-    (`ray.util.get_current_placement_group()`, read by EngineArgs.create_engine_config and handed to the
-    engine core process), as if the engine actor had been scheduled in it. Ray Data starts every engine
-    actor with the same options, so no actor is; each claims its replica's group instead. No group: as is."""
-    if group is None:
-        yield
-        return
-    import ray.util
-
-    looked_up = ray.util.get_current_placement_group
-    ray.util.get_current_placement_group = lambda: group
-    try:
-        yield
-    finally:
-        ray.util.get_current_placement_group = looked_up
+    def fatal(self) -> str | None:
+        return self.fatal_line

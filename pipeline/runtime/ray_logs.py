@@ -61,9 +61,10 @@ def route_worker_logs(data: dict) -> None:
 def route_ray_worker_output() -> bool:
     """On the driver, after ray.init: send the workers' lines through `route_worker_logs` instead of Ray's
     printing. False (Ray's printing left as it is) where this Ray has no such hook."""
-    try:
-        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
-    except ImportError:
+    from indexing.compat import worker_output_dispatcher
+
+    dispatcher = worker_output_dispatcher()
+    if dispatcher is None:
         return False
     if not any(name == RAY_HANDLER for name, _ in dispatcher.handlers):
         return False
@@ -75,8 +76,6 @@ def route_ray_worker_output() -> bool:
 
 def _autoscaler_events(lines: list[str]) -> list[str]:
     """The events among the autoscaler's lines, as Ray's own printing picks them."""
-    try:
-        from ray._private.worker import filter_autoscaler_events
-    except ImportError:
-        return []
-    return list(filter_autoscaler_events(lines))
+    from indexing.compat import autoscaler_events
+
+    return autoscaler_events(lines)

@@ -106,17 +106,14 @@ def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
     autoscaler's node groups with their maximum counts where it publishes them (as Ray Train checks its
     worker group), else the nodes alive now."""
     import ray
-    import ray._private.state
+
+    from indexing.compat import autoscaler_node_groups
 
     now = float(ray.cluster_resources().get("GPU", 0))
-    try:  # a private API, the one Ray Data and Ray Train read the autoscaler's bounds from
-        config = ray._private.state.state.get_cluster_config()
-    except Exception:
-        config = None
     groups = [
-        (float(g.resources["GPU"]), math.inf if g.max_count == -1 else float(g.max_count))
-        for g in (config.node_group_configs if config else [])
-        if g.resources.get("GPU", 0) and g.max_count != 0
+        (float(res["GPU"]), math.inf if count == -1 else float(count))
+        for res, count in autoscaler_node_groups() or []
+        if res.get("GPU", 0) and count != 0
     ]
     if groups:
         return groups, now
@@ -124,20 +121,45 @@ def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
     return [(g, 1.0) for g in alive if g], now
 
 
-def replica_bundles(tp: int) -> list[dict[str, float]]:
+def replica_bundles(tp: int, cpus: float, resources: dict | None = None) -> list[dict[str, float]]:
     """The placement group of a tensor-parallel replica: one bundle per GPU, each taken by one of vLLM's
-    workers (no CPU: the engine actor's CPUs are its own request)."""
-    return [{"GPU": 1.0} for _ in range(tp)]
+    workers; the first also holds the engine actor's CPUs and custom resources (the actor sits in it)."""
+    return [{"CPU": cpus, "GPU": 1.0, **(resources or {})}] + [{"GPU": 1.0} for _ in range(tp - 1)]
 
 
-def engine_actor_options(cfg, gpus: float) -> dict:
+def replica_placement(bundles: list[dict[str, float]], groups: list) -> dict:
+    """The options of one tensor-parallel engine actor, called as Ray Data starts it: a fresh STRICT_PACK
+    placement group (tensor-parallel workers exchange activations every layer: one node), the actor in its
+    first bundle and its child tasks captured, so vLLM's Ray executor finds the group and puts its workers on
+    the group's GPUs. A restarted actor keeps its group. The group is added to `groups` (removed by the
+    driver at the end; Ray removes a job's groups when its driver dies)."""
+    from ray.util import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{len(groups)}")
+    groups.append(group)
+    strategy = PlacementGroupSchedulingStrategy(
+        group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+    )
+    return {"scheduling_strategy": strategy}
+
+
+def engine_actor_options(cfg, gpus: float, groups: list | None = None) -> dict:
     """Keyword arguments for `map_batches` of the engine actors whose replicas have `gpus` GPUs
-    (replica_gpus). A tensor-parallel replica's GPUs are its placement group's (`replica_bundles`), not the
-    actor's."""
+    (replica_gpus). A tensor-parallel replica's actor sits in a placement group of its own
+    (`replica_placement`, one made per actor into `groups`); its GPUs are the group's (vLLM's workers')."""
+    import functools
+
     r = cfg.ray
+    tp = tensor_parallel_size(cfg)
     opts: dict = {"num_cpus": r.actor_num_cpus}
-    if gpus and tensor_parallel_size(cfg) > 1:
+    if gpus and tp > 1:
+        from indexing.compat import per_actor_options
+
         opts["num_gpus"] = 0  # the group's GPUs belong to vLLM's workers
+        bundles = replica_bundles(tp, r.actor_num_cpus, dict(r.actor_resources or {}))
+        opts.update(per_actor_options(functools.partial(replica_placement, bundles, [] if groups is None else groups)))
+        return opts  # its custom resources are in its bundle
     elif gpus:
         opts["num_gpus"] = gpus
     if r.actor_resources:

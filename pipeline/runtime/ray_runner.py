@@ -12,12 +12,18 @@ the driver only a small report (`batch_report`: counts). So the output must be a
 node shares (`check_shared`). Actors are data-parallel replicas (`ray.actors`, one per GPU on a cluster:
 `ray.actor_num_gpus=1`, or one per `generation.engine_kwargs.tensor_parallel_size` GPUs of a node); their
 resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`; ray_resources.py).
+
+An engine actor is a thin adapter over a `Replica` (replica.py: the lifecycle, the batch path). A
+tensor-parallel replica's actor is scheduled inside a placement group of its own (made when Ray Data starts
+the actor, as Ray Data LLM does: its bundles on one node, child tasks captured), so vLLM's workers share the
+group; a restarted actor lands in its group again; the groups go with the job. The driver's one supervisor
+thread feeds `RunControl` (ray_control.py) the drain (its own SIGTERM, Ray's node drain notices) and ends
+the job with one line when a replica is over its failure budget or no replica has run for `ray.replica_wait_s`.
 """
 
 from __future__ import annotations
 
 import _thread
-import concurrent.futures
 import json
 import logging
 import os
@@ -28,19 +34,24 @@ from collections.abc import Callable, Generator
 from typing import Any, overload
 
 from pipeline.config import DynragConfig
-from pipeline.engine.continuous import DRAIN_POLL_S, Feed
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Question
+from pipeline.errors import DynragError
 
 log = logging.getLogger(__name__)
 
+WATCH_S = 1.0  # how often an engine actor asks the driver's RunControl what to do (its heartbeat)
+SUPERVISE_S = 1.0  # how often the driver's supervisor looks at the drain, the nodes and the replicas
+DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
+
 
 class EngineActor:
-    """A Ray Data actor: builds the backends and one engine once; answers each batch it is given and writes
-    its rows. With the continuous engine, batches run at once (`ray.actor_batches` calls in flight, each in
-    its own Ray thread): their questions go into one `Feed` that the engine's coordinator thread reads, so
-    the next batch's questions are admitted while the previous one's last questions finish (no drain of
-    the engine at each batch boundary); a call returns when its own questions are done."""
+    """A Ray Data actor: a thin adapter over one `Replica` (the backends, the engine, the part writer). It
+    registers with the driver's `RunControl`, answers each batch it is given through `Replica.answer`
+    (`ray.actor_batches` calls at once, each in its own Ray thread), turns its SIGTERM and the driver's
+    instructions (a drain) into the replica's drain message, and once the replica has ended and written
+    what it finished, exits for Ray to restart it (a pre-empted node, an engine that died) or stays (the
+    driver's own drain)."""
 
     def __init__(
         self,
@@ -54,268 +65,185 @@ class EngineActor:
         make_backends: Callable[..., Any] | None = None,
         params: dict | None = None,
     ):
+        import ray
+
         from pipeline.backends import Backends
-        from pipeline.engine.continuous import ContinuousEngine, make_engine
         from pipeline.io.output import PartWriter
         from pipeline.io.output_lock import check_same_host, check_shared
         from pipeline.methods.registry import get_method
         from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
         from pipeline.runtime.ray_logs import own_worker_logging
+        from pipeline.runtime.replica import Replica
 
         own_worker_logging()
         check_shared(out)
-        self.cfg = DynragConfig.model_validate(cfg_json)
-        self.spec = get_method(self.cfg.method.name)
+        cfg = DynragConfig.model_validate(cfg_json)
+        spec = get_method(cfg.method.name)
         # the driver's parameters bound to the run (for_output), else the configuration's
-        self.params = self.spec.params(self.cfg.method.params, self.cfg) if params is None else self.spec.params(params)
-        for path in self.params.state_files():  # held by the driver (state_lock): a local file, one host
+        bound = spec.params(cfg.method.params, cfg) if params is None else spec.params(params)
+        for path in bound.state_files():  # held by the driver (state_lock): a local file, one host
             check_same_host(path)
-        # a part served by a pool (pools.py) is not built here
-        remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}
+        ctx = ray.get_runtime_context()
+        self.actor_id, node = ctx.get_actor_id() or "", ctx.get_node_id()
+        self.control = control
+        if control is not None and ray.get(control.register.remote(self.actor_id, node, os.getpid())) > (
+            cfg.ray.replica_failures
+        ):
+            raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
+        check_placement(cfg, node)
+        remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}  # parts served by a pool
         scorer = remote.get("scorer")
-        plan = replica_gpu_plan(self.cfg, index_dir, frozenset(remote))  # None without CUDA; refuses a misfit
-        self.control = control  # the driver's RunControl (ray_control.py)
-        self.actor_id = _own_actor_id()
-        group = self._claim_group()
-        # where this replica runs (in each batch's report): its process, node and placement group
-        self.replica = {"pid": os.getpid(), "node": _own_node_id(), "group": group.id.hex() if group else None}
-        self.backends = (make_backends or Backends)(
-            self.cfg,
-            index_dir,
-            retriever=remote.get("retrieval"),
-            scorer=scorer,
-            embedder=scorer,
-            faiss_placement=plan.index if plan else None,
-            replica_group=group,
-        )
-        self.drain = Drain(self.cfg.answer.drain_s)
-        self.engine = make_engine(self.cfg, self.backends, self.drain)
-        self.feed = Feed() if isinstance(self.engine, ContinuousEngine) else None
-        self.row_args = row_args
-        self.writer = PartWriter(out, row_args["run_id"], header)
-        self.lock = threading.Lock()  # the calls' shared state: batches waiting, the coordinator, the reports
-        self.waiting: dict[int, _Batch] = {}  # id(question) -> its batch
-        self.coordinator: threading.Thread | None = None
-        self.ended: BaseException | str | None = None  # why the coordinator stopped: "drained" or its error
-        self.first_call: float | None = None  # time.time() of the first batch: the start of the busy ratio
-        self.reported_drained = False
-        if control is not None:
-            threading.Thread(target=self._watch, args=(control,), name="dynrag-drain", daemon=True).start()
-        # this actor's own SIGTERM (its node pre-empted): drain, write, then go as Ray would have it go
-        self.preempted = threading.Event()
-        self.calls = 0  # calls between their start and their part written
+        plan = replica_gpu_plan(cfg, index_dir, frozenset(remote))  # None without CUDA; refuses a misfit
+
+        def build():
+            return (make_backends or Backends)(
+                cfg,
+                index_dir,
+                retriever=remote.get("retrieval"),
+                scorer=scorer,
+                embedder=scorer,
+                faiss_placement=plan.index if plan else None,
+            )
+
+        self.why: str | None = None  # why the replica drains: set by SIGTERM or the driver
+        self.replica = Replica(
+            cfg,
+            spec,
+            bound,
+            None,
+            PartWriter(out, row_args["run_id"], header),
+            row_args,
+            make_backends=build,
+            where={"pid": os.getpid(), "node": node, "group": _own_group()},
+            on_ended=self._on_ended,
+        ).start()
         if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
             signal.signal(signal.SIGTERM, self._on_sigterm)
+        if control is not None:
+            threading.Thread(target=self._watch, name="dynrag-watch", daemon=True).start()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         from indexing.faults import fault_point
-        from pipeline.io.output import batch_report, make_row
 
-        fault_point("ray.engine_batch", until=self.preempted.is_set)
-        with self.lock:
-            self.first_call = self.first_call or time.time()
-            self.calls += 1
-        try:
-            questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
-            outcomes = self._answer(questions) if questions and not self.drain.requested else []
-            rows = [make_row(o, **self.row_args) for o in outcomes]
-            part = self.writer.write(rows, [q.id for q in questions])
-            if part:
-                fault_point("ray.part_written", until=self.preempted.is_set)
-        finally:
-            with self.lock:
-                self.calls -= 1
-            self._report_drained()
-        if self.preempted.is_set():
-            # the process goes once every call has written what it finished: Ray Data sends this batch to a
-            # new actor, whose part (keyed by the batch's questions) replaces this one
+        fault_point("ray.engine_batch", until=lambda: self.why is not None)
+        questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
+        ids = [q.id for q in questions]
+        skipped = int(sum(batch["skipped"]))
+        key = _batch_key(ids)
+        dead = self._begin(key)
+        if dead and len(dead) >= self.replica.cfg.ray.batch_deaths:
+            report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead))
+        else:
+            report = self.replica.answer(questions, ids, skipped)
+        if report["part"]:
+            fault_point("ray.part_written", until=lambda: self.why is not None)
+        if not report["complete"]:
+            # drained part way: no result for Ray Data, which sends this batch to the restarted actor once this
+            # process is gone (its part, keyed by the batch's questions, is then replaced)
             threading.Event().wait()
-        with self.lock:
-            report = batch_report(rows, int(sum(batch["skipped"])), self.engine.new_calls())
-            report["generator"] = self._generator_busy()
-            report["replica"] = self.replica
-        return {"part": [part or ""], "report": [json.dumps(report)]}
-
-    def _answer(self, questions: list[Question]) -> list:
-        """The outcomes of `questions`, in their order (those still in flight when a drain ran out: none)."""
-        if self.feed is None:  # the lockstep engine: one batch at a time (ray.actor_batches is 1)
-            return self.engine.run(questions, self.spec.program, self.params)
-        got = _Batch(questions)
-        with self.lock:
-            if isinstance(self.ended, BaseException):  # the engine failed in an earlier batch
-                raise self.ended
-            if self.ended:  # drained: these questions are the rerun's
-                return []
-            self.waiting.update((id(q), got) for q in questions)
-            if self.coordinator is None:
-                self.coordinator = threading.Thread(
-                    target=self._coordinate, args=(self.feed,), name="dynrag-engine", daemon=True
-                )
-                self.coordinator.start()
-        self.feed.put(questions)
-        return got.result()
-
-    def _coordinate(self, feed: Feed) -> None:
-        """Run the engine over the feed (until a drain ends it), handing each outcome to its batch."""
-        try:
-            for outcome in self.engine.stream(feed, self.spec.program, self.params):
-                with self.lock:
-                    self.waiting.pop(id(outcome.question)).add(outcome)
-        except BaseException as err:  # the engine cannot go on (say vLLM's engine core died)
-            self._exit_for_restart(err)
-            with self.lock:  # once too often: every waiting batch fails, and with it the job
-                self.ended = err
-                for got in set(self.waiting.values()):
-                    got.fail(err)
-            raise
-        finally:
-            with self.lock:  # drained: each batch still waiting gets what finished of it
-                self.ended = self.ended or "drained"
-                for got in set(self.waiting.values()):
-                    got.finish()
-                self.waiting.clear()
-
-    def close(self) -> None:
-        """Shut down what this actor holds: the engine (its coordinator ended, its lanes joined), then the
-        backends (vLLM's engine, the index, the models); failures are logged, not raised."""
-        if self.feed is not None:
-            self.feed.close()
-        if self.coordinator is not None and self.coordinator is not threading.current_thread():
-            self.coordinator.join(CLOSE_JOIN_S)
         if self.control is not None:
-            self.control.release.remote(self.actor_id)
-        for part in (self.engine, self.backends):
-            try:
-                part.close()
-            except Exception as err:
-                log.warning("engine actor %d: closing %s failed: %s", os.getpid(), type(part).__name__, err)
+            self.control.end.remote(key)
+        return {"part": [report["part"]], "report": [json.dumps(report)]}
 
-    def _claim_group(self) -> Any:
-        """This replica's placement group (tensor-parallel runs), claimed from the driver; waited for, since
-        an autoscaler may still be starting its node."""
+    def _begin(self, key: str) -> list[dict]:
+        import ray
+
         if self.control is None:
-            return None
-        import ray
-
-        group = ray.get(self.control.claim.remote(self.actor_id, ray.get_runtime_context().get_node_id()))
-        if group is not None:
-            ray.get(group.ready())
-        return group
-
-    def _report_drained(self) -> None:
-        """Tell the driver once this actor has drained: a drain asked for, its engine ended, nothing in flight."""
-        if self.control is None or not self.drain.requested or self.reported_drained:
-            return
-        with self.lock:
-            done = not self.calls and (self.feed is None or self.ended is not None)
-        if done:
-            self.reported_drained = True
-            self.control.drained.remote(self.actor_id)
-
-    def _exit_for_restart(self, err: BaseException) -> None:
-        """After the engine failed: exit so that Ray starts this actor again and Ray Data sends its batches to
-        the new one (the batches' questions run again; their parts are keyed by question), unless engines
-        have failed ENGINE_RESTARTS times in this run (a fault that comes back: the job stops with it)."""
-        import ray
-
-        failures = ray.get(self.control.engine_failed.remote()) if self.control is not None else ENGINE_RESTARTS + 1
-        if failures > ENGINE_RESTARTS:
-            log.error("engine actor %d: the engine failed (%d times in this run): %r", os.getpid(), failures, err)
-            return
-        log.error("engine actor %d: the engine failed, restarting the actor: %r", os.getpid(), err)
-        self.close()
-        os._exit(1)
+            return []
+        return ray.get(self.control.begin.remote(key, self.actor_id, os.getpid()))
 
     def _on_sigterm(self, signum, frame) -> None:
-        """SIGTERM to this actor's process (a pre-empted node's processes all get it): admit no more
-        questions, finish those in flight within answer.drain_s, write them, then exit as a failed worker
-        (Ray restarts the actor elsewhere and Ray Data re-runs the batches it held)."""
-        if self.preempted.is_set():
-            return
-        log.warning("engine actor %d: SIGTERM, draining (up to %.0f s)", os.getpid(), self.cfg.answer.drain_s)
-        self.preempted.set()
-        self.drain.request(self.cfg.answer.drain_s)
-        threading.Thread(target=self._exit_when_written, name="dynrag-preempted", daemon=True).start()
+        """SIGTERM to this process (a pre-empted node's processes all get it): drain, then exit (`_on_ended`)."""
+        self.why = self.why or "SIGTERM"
+        self.replica.drain(self.replica.cfg.answer.drain_s, "SIGTERM")
 
-    def _exit_when_written(self) -> None:
-        deadline = time.monotonic() + self.cfg.answer.drain_s + DRAIN_GRACE_S
-        while time.monotonic() < deadline:
-            with self.lock:
-                if not self.calls:
-                    break
-            time.sleep(DRAIN_POLL_S)
-        self.close()
-        # not Ray's own exit: it waits for the calls still running, and those hold batches only partly
-        # answered, which Ray Data sends to the restarted actor once this process is gone
-        log.warning("engine actor %d: drained and written; exiting", os.getpid())
-        os._exit(1)
-
-    def _watch(self, control: Any) -> None:
-        """Poll the driver's drain; when it is asked for, drain this actor's engine within its deadline."""
+    def _watch(self) -> None:
+        """Ask the driver what to do, every WATCH_S (also this replica's heartbeat): drain when it says so."""
         import ray
 
-        while not self.drain.requested:
-            left = ray.get(control.remaining.remote())
-            if left is not None:
-                self.drain.request(left)
+        while self.replica.state.value in ("starting", "serving"):
+            got = ray.get(self.control.instructions.remote(self.actor_id))
+            if got is not None:
+                seconds, why = got
+                self.why = self.why or why
+                self.replica.drain(seconds, why)
+            time.sleep(WATCH_S)
+
+    def _on_ended(self, state) -> None:
+        """The replica has ended and written what it finished. Drained for its node (SIGTERM, a node drain):
+        exit, Ray restarts the actor elsewhere and Ray Data re-runs the batches it held. Its engine failed:
+        exit likewise while the replica is within its failure budget, else stay failed (its batches fail, and
+        the driver ends the job with the budget's line). The driver's own drain: stay (the job is ending)."""
+        from pipeline.runtime.replica import State
+
+        if state is State.FAILED:
+            if self.control is None:
                 return
-            time.sleep(DRAIN_POLL_S)
+            import ray
 
-    def _generator_busy(self) -> dict[str, float] | None:
-        """The generator's busy seconds (time with a sequence in flight) since it started, and the seconds
-        since this actor's first batch: their ratio is the replica's generator busy fraction."""
-        flight = getattr(self.backends._generator, "flight", None)  # a streaming generator's, once built
-        if flight is None or self.first_call is None:
-            return None
-        return {"busy_s": flight.busy_s, "active_s": time.time() - self.first_call, "pid": os.getpid()}
-
-
-class _Batch:
-    """One call's questions and their outcomes, collected from the coordinator thread."""
-
-    def __init__(self, questions: list[Question]):
-        self.order = {id(q): i for i, q in enumerate(questions)}
-        self.outcomes: list = []
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def add(self, outcome) -> None:
-        self.outcomes.append(outcome)
-        if len(self.outcomes) == len(self.order):
-            self.finish()
-
-    def finish(self) -> None:
-        if not self.future.done():
-            self.future.set_result(sorted(self.outcomes, key=lambda o: self.order[id(o.question)]))
-
-    def fail(self, err: BaseException) -> None:
-        if not self.future.done():
-            self.future.set_exception(err)
-
-    def result(self) -> list:
-        return self.future.result()
-
-
-def init_ray(cfg: DynragConfig) -> bool:
-    """Connect to `runtime.ray_address` or start a local instance (address "local": a `ray start` cluster running
-    on the machine is joined only when named); True if this call started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
-    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
-    from indexing.java import jvm_signals_kept
-    from pipeline.runtime.ray_logs import route_ray_worker_output
-
-    with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
-        if cfg.runtime.ray_address:
-            ray.init(address=cfg.runtime.ray_address, **kwargs)
+            if not ray.get(self.control.engine_failed.remote(self.actor_id, repr(self.replica.error))):
+                return
+            log.error("engine actor %d: the engine failed, restarting the actor", os.getpid())
+        elif self.why in (None, "the job is stopping"):
+            if self.control is not None:
+                self.control.drained.remote(self.actor_id)
+            return
         else:
-            ray.init(address="local", num_cpus=cfg.ray.num_cpus, **kwargs)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    route_ray_worker_output()  # workers' library output to the run's log file, their dynrag lines shown
-    return True
+            if self.control is not None:
+                import ray
+
+                ray.get(self.control.drained.remote(self.actor_id))
+            log.warning("engine actor %d: drained (%s) and written; exiting", os.getpid(), self.why)
+        # not Ray's own exit: it waits for the calls still running, and those hold batches only partly
+        # answered, which Ray Data sends to the restarted actor once this process is gone
+        os._exit(1)
+
+
+def check_placement(cfg: DynragConfig, node: str) -> None:
+    """A tensor-parallel replica's actor must sit in its own placement group, on the group's node: refused
+    with one line otherwise (vLLM would build a CPU engine, or look for its GPUs on another node)."""
+    from pipeline.runtime.ray_resources import tensor_parallel_size
+
+    if tensor_parallel_size(cfg) <= 1:
+        return
+    from ray.util import get_current_placement_group, placement_group_table
+
+    group = get_current_placement_group()
+    nodes = set(placement_group_table(group).get("bundles_to_node_id", {}).values()) if group else set()
+    placement_error = misplaced(node, nodes, group is not None)
+    if placement_error:
+        raise DynragError(placement_error)
+
+
+def misplaced(node: str, group_nodes: set[str], in_group: bool) -> str | None:
+    """Why a tensor-parallel replica's actor on `node` is misplaced (None: it is not)."""
+    if not in_group:
+        return "this tensor-parallel engine actor is in no placement group: its vLLM workers would have no GPUs"
+    if node not in group_nodes:
+        return f"this tensor-parallel engine actor is on node {node[:8]}, not on its group's ({sorted(group_nodes)})"
+    return None
+
+
+def _own_group() -> str | None:
+    from ray.util import get_current_placement_group
+
+    group = get_current_placement_group()
+    return group.id.hex() if group is not None else None
+
+
+def _batch_key(ids: list[str]) -> str:
+    import hashlib
+
+    return hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:16]
+
+
+def _poison_cause(dead: list[dict]) -> str:
+    last = dead[-1]
+    return (
+        f"this batch's replica process died {len(dead)} times while answering it (last pid {last['pid']} on node "
+        f"{str(last['node'])[:8]}): not retried again"
+    )
 
 
 @overload
@@ -354,36 +282,34 @@ def answer_with_ray(
 ) -> Generator[dict[str, Any], None, None]:
     """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes.
 
-    `drain` (set by SIGTERM) is passed on to the engine actors (through the `RunControl` actor they poll): they
-    admit no more questions, finish those in flight within `answer.drain_s`, write them and say so; once every
-    replica has, the driver stops feeding. If the stream has not ended by then (and a grace period), the main
-    thread is interrupted.
-    `make_backends` replaces `Backends` in the engine and pool actors (the latency-model bench). `params`:
-    the method's parameters bound to the run (MethodParams.for_output), as JSON."""
+    `drain` (set by SIGTERM) is passed on to the engine actors (through `RunControl`): they admit no more
+    questions, finish those in flight within `answer.drain_s`, write them and say so; once every replica
+    has, the driver stops feeding. `make_backends` replaces `Backends` in the engine and pool actors (the
+    latency-model bench). `params`: the method's parameters bound to the run (MethodParams.for_output)."""
     import ray
 
+    from indexing.raytools import init_ray, ray_address
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
-    from pipeline.runtime.ray_control import RunControl, make_replica_groups, remove_replica_groups
+    from pipeline.runtime.ray_control import RunControl
+    from pipeline.runtime.ray_logs import route_ray_worker_output
     from pipeline.runtime.ray_questions import question_dataset
-    from pipeline.runtime.ray_resources import (
-        cluster_gpu_nodes,
-        engine_actor_options,
-        replica_bundles,
-        replica_gpus,
-        tensor_parallel_size,
-    )
+    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus
+    from pipeline.runtime.replica import batches_held
 
-    # a local Ray's processes (raylet, workers, agents) die with this job, even by SIGKILL
-    guard = None if ray.is_initialized() or cfg.runtime.ray_address else OrphanGuard()
-    started = init_ray(cfg)
+    local = not ray.is_initialized() and ray_address(cfg.runtime.ray_address, os.environ) == "local"
+    guard = OrphanGuard() if local else None  # a local Ray's processes die with this job, even by SIGKILL
+    started = init_ray(cfg.runtime.ray_address, cfg.ray.num_cpus, log_to_driver=True)
+    if started:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        route_ray_worker_output()  # workers' library output to the run's log file, their dynrag lines shown
     if drain is not None:
         from pipeline.runtime.signals import sigterm_drains
 
         sigterm_drains(drain)  # Ray's own SIGTERM handler exits at once
     pools: dict[str, list] = {}
-    control, finished = None, threading.Event()
-    groups: list = []  # one per tensor-parallel replica (ray_control.py)
+    groups: list = []  # the tensor-parallel replicas' placement groups, made as Ray Data starts each actor
+    control, supervisor = None, None
     try:
         gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
         if cfg.ray.retrieval_actors and index_dir:
@@ -392,25 +318,23 @@ def answer_with_ray(
             pools["scorer"] = start_pool(cfg, "scorer", None, make_backends)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        if gpus and tensor_parallel_size(cfg) > 1:
-            groups = make_replica_groups(replica_bundles(tensor_parallel_size(cfg)), cfg.ray.actors)
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        # lives (and goes) with the driver
-        control = ray.remote(RunControl).options(num_cpus=0, scheduling_strategy=here).remote(groups)
-        if drain is not None:
-            args = (drain, control, finished)
-            threading.Thread(target=_pass_drain, args=args, name="dynrag-drain", daemon=True).start()
+        control = (  # lives (and goes) with the driver
+            ray.remote(RunControl)
+            .options(num_cpus=0, scheduling_strategy=here)
+            .remote(cfg.ray.replica_failures, cfg.ray.batch_deaths)
+        )
+        supervisor = Supervisor(cfg, control, drain, groups)
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = question_dataset(_for_workers(dataset), cfg, done, limit, batch)
-        out = _for_workers(out)
-        calls = actor_batches(cfg, batch) if cfg.answer.engine == "continuous" else 1
+        calls = batches_held(cfg, batch)
         ds = ds.map_batches(
             EngineActor,
             fn_constructor_args=(
                 cfg.model_dump(mode="json"),
                 _for_workers(index_dir),
                 row_args,
-                out,
+                _for_workers(out),
                 header,
                 pools,
                 control,
@@ -425,10 +349,11 @@ def answer_with_ray(
                 enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
                 max_tasks_in_flight_per_actor=calls + 1,
             ),
-            **engine_actor_options(cfg, gpus),
+            **engine_actor_options(cfg, gpus, groups),
         )
         seen: set[str] = set()  # parts reported: a retried batch reports its part again
-        for got in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        stream = ds.iter_batches(batch_size=None, batch_format="numpy")
+        for got in supervisor.watching(stream):
             for part, report in zip(got["part"], got["report"]):
                 if part and part in seen:
                     continue
@@ -440,53 +365,100 @@ def answer_with_ray(
         for kind, actors in pools.items():  # the pools' share of the work, before they go
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
     finally:
-        finished.set()
+        if supervisor is not None:
+            supervisor.stop()
         for actor in [a for actors in pools.values() for a in actors] + ([control] if control is not None else []):
             ray.kill(actor)
-        remove_replica_groups(groups)
+        _remove_groups(groups)
         if started:
             ray.shutdown()
         if guard is not None:
             guard.close()
 
 
-def actor_batches(cfg: DynragConfig, batch: int) -> int:
-    """Batches an engine actor holds at once: `ray.actor_batches`, else enough for twice `answer.max_in_flight`
-    questions (at least 2). Held beyond what is in flight, a batch's questions are admitted as others finish;
-    with only as many as can be in flight, a batch's questions start and end together and the generator
-    idles while the next batch retrieves (measured: cfs through Ray, generator busy 0.80 with 2 x 256
-    questions held for 512 in flight, 0.97 with 8 x 128; `dynrag bench pipeline --simulate-gpu --runtime ray`)."""
-    return cfg.ray.actor_batches or max(2, -(-2 * cfg.answer.max_in_flight // batch))
+class Supervisor:
+    """The driver's one watcher thread, every SUPERVISE_S: passes the driver's drain (its SIGTERM) and the
+    nodes Ray is draining to `RunControl`, and ends the job with one line (`watching` raises it) when a
+    replica is over its failure budget, when no replica has run for `ray.replica_wait_s` (its GPUs never came
+    back, or its placement group cannot be placed: the line names what it asks for), or when the driver's
+    drain has not ended the stream by its deadline and a grace period."""
+
+    def __init__(self, cfg: DynragConfig, control: Any, drain: Drain | None, groups: list):
+        self.cfg, self.control, self.drain, self.groups = cfg, control, drain, groups
+        self.line: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dynrag-supervisor", daemon=True)
+        self._thread.start()
+
+    def watching(self, stream):
+        """`stream`, ended by the supervisor's line (a DynragError) when it has one."""
+        try:
+            for item in stream:
+                if self.line:
+                    break
+                yield item
+        except KeyboardInterrupt:
+            if not self.line:
+                raise
+        if self.line:
+            raise DynragError(self.line)
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        import ray
+
+        from indexing.compat import draining_nodes
+
+        t0, asked = time.time(), False
+        while not self._done.wait(SUPERVISE_S):
+            try:
+                if self.drain is not None and self.drain.requested and not asked:
+                    asked, drained_at = True, time.monotonic()
+                    self.control.request.remote(self.drain.seconds)
+                self.control.set_draining.remote(draining_nodes())
+                line = ray.get(self.control.fatal.remote()) or stalled(
+                    ray.get(self.control.last_seen.remote()), t0, time.time(), self.cfg.ray.replica_wait_s
+                )
+            except Exception as err:  # the cluster is going away: the stream's own error says why
+                log.debug("supervisor: %s", err)
+                continue
+            if line is None and asked and time.monotonic() - drained_at > self.drain.seconds + DRAIN_GRACE_S:  # type: ignore[union-attr]
+                line = f"drain: the engine actors did not finish within {self.drain.seconds + DRAIN_GRACE_S:.0f} s"  # type: ignore[union-attr]
+            if line:
+                if "no engine replica" in line:
+                    line += _asked_for(self.groups, self.cfg)
+                self.line = line
+                log.error("%s", line)
+                _thread.interrupt_main()  # the stream may be blocked waiting for a replica that never comes
+                return
 
 
-ENGINE_RESTARTS = 3  # engine failures in one run after which the job stops with the error
-CLOSE_JOIN_S = 30.0  # for an engine actor's coordinator to end once its feed is closed
-DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
-
-
-def _own_actor_id() -> str | None:
-    """This Ray actor's id (hex); None outside an actor (an engine built by a test)."""
-    import ray
-
-    if not ray.is_initialized():
+def stalled(last_seen: float | None, started: float, now: float, wait_s: float) -> str | None:
+    """The job's line when no engine replica has run (heartbeat) for `wait_s` seconds, else None."""
+    since = last_seen if last_seen is not None else started
+    if now - since <= wait_s:
         return None
-    actor = ray.get_runtime_context().get_actor_id()
-    return actor or None
+    what = "has started" if last_seen is None else "has been running"
+    return f"no engine replica {what} for {now - since:.0f} s (ray.replica_wait_s={wait_s:g}): stopping"
 
 
-def _own_node_id() -> str | None:
-    import ray
+def _asked_for(groups: list, cfg: DynragConfig) -> str:
+    """What the replicas ask of the cluster, for the stalled line."""
+    from pipeline.runtime.ray_resources import replica_bundles, tensor_parallel_size
 
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    tp = tensor_parallel_size(cfg)
+    if tp > 1:
+        return f"; each replica asks for a placement group of {replica_bundles(tp, cfg.ray.actor_num_cpus)} on one node"
+    return f"; each replica asks for {cfg.ray.actor_num_cpus:g} CPU and {cfg.ray.actor_num_gpus:g} GPU"
 
 
-def _pass_drain(drain: Drain, control: Any, finished: threading.Event) -> None:
-    """Driver side of a drain: ask the actors to drain when SIGTERM comes; if the job has not `finished` by
-    the deadline and a grace period, interrupt the main thread (the rows written so far stay)."""
-    while not drain.event.wait(DRAIN_POLL_S):
-        if finished.is_set():
-            return
-    control.request.remote(drain.seconds)
-    if not finished.wait(drain.seconds + DRAIN_GRACE_S):
-        log.warning("drain: the engine actors did not finish within %.0f s; stopping", drain.seconds + DRAIN_GRACE_S)
-        _thread.interrupt_main()
+def _remove_groups(groups: list) -> None:
+    from ray.util import remove_placement_group
+
+    for g in list(groups):
+        try:
+            remove_placement_group(g)
+        except Exception as err:  # the cluster is going away: nothing to keep
+            log.warning("removing placement group %s failed: %s", g.id.hex(), err)

