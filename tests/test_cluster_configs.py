@@ -220,22 +220,25 @@ def test_submit_job_spec_ships_the_resolved_config(tmp_path):
         job_spec(parser.parse_args(["submit", "--", "index", "info", "--index", "x", "--config", "a.yaml"]))
 
 
-def test_a_local_run_starts_its_own_ray_even_beside_a_ray_start_cluster(monkeypatch):
-    """Without a configured address, the answer job and the index build start a local Ray ("local"): a plain
-    ray.init() would join any `ray start` cluster of the machine, and refuse num_cpus there."""
+def test_a_job_joins_the_cluster_it_runs_in_else_starts_its_own_ray(monkeypatch):
+    """The address: runtime.ray_address (ray.address for builds) when set; else the cluster the process runs in
+    (a Ray job's entrypoint has RAY_ADDRESS from Ray's job supervisor); else a local instance ("local": a
+    plain ray.init() would join any `ray start` cluster of the machine, and refuse num_cpus there)."""
     import ray
 
-    from indexing.raytools import ensure_ray
-    from pipeline.runtime.ray_runner import init_ray
+    from indexing.raytools import init_ray, ray_address
 
+    assert ray_address("ray://head:10001", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "ray://head:10001"
+    assert ray_address(None, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"
+    assert ray_address(None, {}) == "local"
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
-    monkeypatch.setattr(ray.data.DataContext, "get_current", lambda: type("C", (), {})())
-    cfg = load_config(None, [])
-    init_ray(cfg)
-    ensure_ray(cfg.index_settings())
-    assert [c["address"] for c in calls] == ["local", "local"]
-    calls.clear()
-    init_ray(load_config(None, ["runtime.ray_address=ray://head:10001"]))
-    assert calls[0]["address"] == "ray://head:10001" and "num_cpus" not in calls[0]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    init_ray(None, 2)
+    assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == 2
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    init_ray(None, 2)  # as `dynrag answer` runs inside a Ray job: the job's cluster, not a private Ray
+    assert calls[-1]["address"] == "127.0.0.1:6379" and calls[-1]["num_cpus"] is None
+    init_ray("ray://head:10001", 2)
+    assert calls[-1]["address"] == "ray://head:10001" and calls[-1]["num_cpus"] is None

@@ -1,8 +1,8 @@
 """Draining (SIGTERM): the engines admit no more questions, finish those in flight within the deadline and
 drop the rest; a Feed's questions arrive while the continuous engine runs (a Ray engine actor's batches,
-taken while the previous batch's last questions finish); the actor's calls drain too. No Ray here: the
-engine actor is called from threads as Ray Data's concurrent calls would (tests/test_engine_ray.py runs
-it through Ray)."""
+taken while the previous batch's last questions finish); the replica's lifecycle (serving, a drain message,
+a failed engine, a poison batch). No Ray here: the replica is called from threads as Ray Data's concurrent
+calls to its engine actor are (tests/test_engine_ray.py runs it through Ray)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from pipeline.engine.continuous import ContinuousEngine, Feed
 from pipeline.engine.core import Engine
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Answer, Generate, Question, SamplingSpec
-from pipeline.io.output_lock import LOCK_NAME
 from pipeline.runtime.signals import Interrupted, stop_on_sigterm
 
 FAST = Cost(0.02)  # 0.3 ms per modelled 15 ms decode step
@@ -121,11 +120,25 @@ def test_the_first_sigterm_requests_the_drain_and_the_second_stops_at_once():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
 
 
-# ---- the Ray engine actor's calls, made from threads -------------------------------------------------------
+# ---- the replica (pipeline/runtime/replica.py): its calls made from threads, as Ray Data's are ----------------
 
 
-def _actor(tmp_path, cost: Cost, max_new_tokens: int = 16, **answer):
-    from pipeline.runtime.ray_runner import EngineActor
+class _Writer:
+    """A PartWriter's interface, keeping the parts in memory."""
+
+    def __init__(self):
+        self.parts: list[tuple[list[dict], list[str] | None]] = []
+
+    def write(self, rows, batch_ids=None):
+        if not rows:
+            return None
+        self.parts.append((rows, batch_ids))
+        return f"part-{len(self.parts)}"
+
+
+def _replica(cost: Cost, max_new_tokens: int = 16, on_ended=None, generator=None, **answer):
+    from pipeline.methods.registry import get_method
+    from pipeline.runtime.replica import Replica
 
     cfg = DynragConfig()
     cfg.method.name = "no-retrieval"
@@ -136,61 +149,114 @@ def _actor(tmp_path, cost: Cost, max_new_tokens: int = 16, **answer):
         def _one(self, prompt, sampling):
             return SimGenerator._one(prompt, dataclasses.replace(sampling, max_tokens=max_new_tokens))
 
-    def sim_backends(cfg, index_dir, **parts):
-        return Backends(cfg, index_dir, generator=Sim(cost), **parts)
-
-    (tmp_path / LOCK_NAME).touch()  # the job's lock, which the actor checks it can see
+    spec = get_method("no-retrieval")
     row_args = dict(run_id="r1", method="no-retrieval", params_json="{}", chash="h", model="m")
-    return EngineActor(cfg.model_dump(mode="json"), None, row_args, str(tmp_path), None, make_backends=sim_backends)
+    backends = Backends(cfg, None, generator=generator or Sim(cost))
+    replica = Replica(
+        cfg,
+        spec,
+        spec.params({}, cfg),
+        None,
+        _Writer(),
+        row_args,
+        on_ended=on_ended,
+        make_backends=lambda: backends,
+        where={"pid": os.getpid()},
+    )
+    return replica.start()
 
 
-def _batch(qs: list[Question]) -> dict:
-    import json
+def test_the_replicas_concurrent_calls_share_one_engine_and_each_writes_its_own_part():
+    from pipeline.runtime.replica import State
 
-    import numpy as np
-
-    return {"q": np.array([json.dumps(q.to_dict()) for q in qs]), "skipped": np.zeros(len(qs), dtype=int)}
-
-
-def test_the_engine_actors_concurrent_calls_share_one_engine_and_each_returns_its_own_rows(tmp_path):
-    import json
-
-    actor = _actor(tmp_path, FAST)
+    replica = _replica(FAST)
+    assert replica.state is State.SERVING
     results: dict[str, dict] = {}
-    calls = [threading.Thread(target=lambda n=n: results.__setitem__(n, actor(_batch(questions(6, n))))) for n in "ab"]
+    calls = [threading.Thread(target=lambda n=n: results.__setitem__(n, replica.answer(questions(6, n)))) for n in "ab"]
     for t in calls:
         t.start()
     for t in calls:
         t.join(60)
-    reports = {n: json.loads(r["report"][0]) for n, r in results.items()}
-    assert [reports[n]["rows"] for n in "ab"] == [6, 6]
-    assert all(r["part"][0] for r in results.values()) and results["a"]["part"] != results["b"]["part"]
-    assert [t.name for t in threading.enumerate()].count("dynrag-engine") == 1  # one coordinator for both
-    assert reports["b"]["generator"]["busy_s"] > 0
+    assert [results[n]["rows"] for n in "ab"] == [6, 6] and all(results[n]["complete"] for n in "ab")
+    assert results["a"]["part"] != results["b"]["part"]
+    assert [t.name for t in threading.enumerate()].count("dynrag-replica") == 1  # one loop for both
+    assert results["b"]["generator"]["busy_s"] > 0
+    assert sorted(r["question_id"] for r in replica.writer.parts[0][0]) in (
+        sorted(f"{n}{i}" for i in range(6)) for n in "ab"
+    )  # a part is its own batch
+    replica.close()
+    assert replica.state is State.CLOSED
 
 
-def test_a_drained_engine_actor_writes_what_finished_and_takes_no_more(tmp_path):
-    import json
+def test_a_drain_message_writes_what_finished_takes_no_more_and_ends_the_replica_once_written():
+    from pipeline.runtime.replica import State
 
-    actor = _actor(tmp_path, Cost(1.0), max_new_tokens=2000, drain_s=0.5)  # an answer takes >= 7 s
+    ended: list = []
+    replica = _replica(Cost(1.0), max_new_tokens=2000, on_ended=ended.append, drain_s=0.5)  # an answer >= 7 s
     result: dict = {}
-    call = threading.Thread(target=lambda: result.update(actor(_batch(questions(3)))))
+    call = threading.Thread(target=lambda: result.update(replica.answer(questions(3))))
     call.start()
     time.sleep(0.3)
     t0 = time.monotonic()
-    actor.drain.request()
+    replica.drain(0.5, "test")  # as SIGTERM's handler does: a message on the inbox
     call.join(30)
     assert not call.is_alive() and time.monotonic() - t0 < 3
-    assert json.loads(result["report"][0])["rows"] == 0  # in flight at the deadline: not written
-    later = actor(_batch(questions(3, "later")))
-    assert json.loads(later["report"][0])["rows"] == 0 and later["part"][0] == ""
+    assert result["rows"] == 0 and not result["complete"]  # in flight at the deadline: not written
+    assert replica.state is State.CLOSED and ended == [State.CLOSED]  # told once, after the call wrote
+    later = replica.answer(questions(3, "later"))
+    assert later["rows"] == 0 and later["part"] == "" and not later["complete"]
+    assert ended == [State.CLOSED]
 
 
-def test_an_engine_actor_holds_enough_batches_for_twice_the_questions_in_flight():
-    from pipeline.runtime.ray_runner import actor_batches
+def test_an_engine_that_cannot_go_on_fails_the_replica_and_every_batch_it_holds():
+    from concurrent.futures import Future
+
+    from pipeline.errors import EngineDead
+    from pipeline.runtime.replica import State
+
+    class Dying(SimGenerator):
+        def submit(self, prompt, sampling, chat):
+            fut: Future = Future()
+            fut.set_exception(EngineDead("the engine core died"))
+            return fut
+
+    ended: list = []
+    replica = _replica(FAST, on_ended=ended.append, generator=Dying(FAST))
+    with pytest.raises(EngineDead):
+        replica.answer(questions(4))
+    assert replica.state is State.FAILED and ended == [State.FAILED]
+    with pytest.raises(EngineDead):  # later batches fail at once, with the same cause
+        replica.answer(questions(2, "later"))
+
+
+def test_a_poison_batch_becomes_error_rows_with_its_cause():
+    replica = _replica(FAST)
+    report = replica.give_up(questions(3), ["q0", "q1", "q2"], 0, "this batch's replica process died 2 times")
+    rows, ids = replica.writer.parts[-1]
+    assert report["rows"] == 3 and report["errors"] == 3 and ids == ["q0", "q1", "q2"]
+    assert {r["error"] for r in rows} == {"this batch's replica process died 2 times"}
+    assert {r["error_kind"] for r in rows} == {"system"}  # a rerun tries them again
+    replica.close()
+
+
+def test_the_lockstep_engine_answers_the_batches_in_the_order_they_came():
+    replica = _replica(FAST, engine="lockstep", batch_questions=4)
+    first, second = replica.answer(questions(4, "a")), replica.answer(questions(4, "b"))
+    assert first["rows"] == second["rows"] == 4
+    assert [r["question_id"] for rows, _ in replica.writer.parts for r in rows] == [
+        *(f"a{i}" for i in range(4)),
+        *(f"b{i}" for i in range(4)),
+    ]
+    replica.close()
+
+
+def test_a_replica_holds_enough_batches_for_twice_the_questions_in_flight():
+    from pipeline.runtime.replica import batches_held
 
     cfg = DynragConfig()
     cfg.answer.max_in_flight = 512
-    assert actor_batches(cfg, 128) == 8 and actor_batches(cfg, 100) == 11 and actor_batches(cfg, 4096) == 2
+    assert batches_held(cfg, 128) == 8 and batches_held(cfg, 100) == 11 and batches_held(cfg, 4096) == 2
     cfg.ray.actor_batches = 3  # set: taken as given
-    assert actor_batches(cfg, 128) == 3
+    assert batches_held(cfg, 128) == 3
+    cfg.answer.engine = "lockstep"
+    assert batches_held(cfg, 128) == 1

@@ -16,11 +16,11 @@ ray = pytest.importorskip("ray")
 def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
     from jobs.bench.simulated import SimBackends
     from pipeline.runtime.pools import PoolClient, start_pool
-    from pipeline.runtime.ray_runner import init_ray
+    from indexing.raytools import init_ray
 
     cfg = DynragConfig()
     cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 2, 0.5
-    init_ray(cfg)
+    init_ray(None, cfg.ray.num_cpus)
     try:
         actors = start_pool(cfg, "retrieval", None, SimBackends())
         client = PoolClient(actors)

@@ -55,11 +55,11 @@ RAY_PROBE = textwrap.dedent("""
     import jnius
     jnius.autoclass("java.lang.String")
     jvm = handlers()
-    from indexing.raytools import ensure_ray
+    from indexing.raytools import init_ray
     from pipeline.config import DynragConfig
     cfg = DynragConfig()
     cfg.ray.num_cpus = 1
-    ensure_ray(cfg.index_settings())
+    init_ray(None, 1)
     kept = handlers() == jvm
     import ray
     ray.shutdown()

@@ -73,6 +73,7 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools():
     retrieval, scorer = [InlineActor(), InlineActor()], [InlineActor()]
     cfg = DynragConfig()
     cfg.method.name = "pairs"
+    cfg.generation.backend = "none"
     engine = EngineActor(
         cfg.model_dump(mode="json"),
         None,
@@ -81,7 +82,7 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools():
         None,
         {"retrieval": retrieval, "scorer": scorer},
     )
-    b = engine.backends  # no index (None) and no models: every part but the generator comes from a pool
+    b = engine.replica.backends  # no index (None) and no models: every part but the generator comes from a pool
     queries = [f"query {i}" for i in range(5)]
     assert b.search(queries, 3, "bm25") == SimRetriever().search(queries, 3)
     assert [a.calls for a in retrieval] == [[("search", 3)], [("search", 2)]]  # contiguous chunks, in order

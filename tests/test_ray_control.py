@@ -1,74 +1,96 @@
-"""The driver's RunControl as its engine actors use it, without Ray: which replica placement group an actor
-claims, a restarted actor taking over its dead predecessor's, the drain and its end, the engine failures
-counted; and the placement group vLLM looks up while it builds a replica's engine."""
+"""The driver's RunControl as its engine actors use it, without Ray (ray_control.py): failure budgets per
+replica that count restarts but not a drained node's, poison batches, drains (the driver's and a node's) and
+the drained replicas counted by live replica; and the pure decisions of the Ray runner (a misplaced
+tensor-parallel actor, a job with no replica running)."""
 
 from __future__ import annotations
 
-import pytest
+import math
+import time
 
-from pipeline.runtime import ray_control
-from pipeline.runtime.ray_control import RunControl, placed_in
-
-
-@pytest.fixture
-def cluster(monkeypatch):
-    """Groups g0 on node A, g1 on node B, g2 pending; the actors named in `dead` have died."""
-    nodes = {"g0": {"A"}, "g1": {"B"}, "g2": set()}
-    dead: set[str] = set()
-    monkeypatch.setattr(ray_control, "group_nodes", lambda g: nodes[g])
-    monkeypatch.setattr(ray_control, "actor_alive", lambda a: a not in dead)
-    return dead
+from pipeline.runtime.ray_control import DRAIN_MARGIN_S, RunControl
+from pipeline.runtime.ray_runner import misplaced, stalled
 
 
-def test_each_actor_claims_its_own_group_preferring_its_node(cluster):
-    control = RunControl(["g0", "g1", "g2"])
-    assert control.claim("a1", "B") == "g1"  # the group on its node
-    assert control.claim("a2", "B") == "g0"  # B's is taken: the first free one
-    assert control.claim("a1", "B") == "g1"  # asking again keeps its own
-    assert control.claim("a3", "A") == "g2"
-    assert control.held() == {1: "a1", 0: "a2", 2: "a3"}
-    with pytest.raises(RuntimeError, match="all 3 replica placement groups are held by live engine actors"):
-        control.claim("a4", "A")
+def test_a_replicas_restarts_count_against_its_budget_unless_it_drained_before():
+    control = RunControl(budget=2)
+    assert control.register("a1", "A", 10) == 0
+    assert control.register("a1", "B", 11) == 1  # its process died: a restart is a failure
+    control.drained("a1")
+    assert control.register("a1", "B", 12) == 1  # drained (its node was pre-empted): not its fault
+    assert control.register("a2", "A", 20) == 0  # another replica's budget is its own
+    assert control.fatal() is None
+    assert control.register("a1", "C", 13) == 2
+    assert control.register("a1", "C", 14) == 3 and "a1" in control.fatal() and "budget 2" in control.fatal()
 
 
-def test_a_restarted_actor_takes_over_its_dead_predecessors_group(cluster):
-    control = RunControl(["g0", "g1"])
-    control.claim("a1", "A"), control.claim("a2", "B")
-    cluster.add("a2")  # its node went
-    assert control.claim("a2-restarted", "A") == "g1"
-    control.release("a1")
-    assert control.claim("a5", "B") == "g0" and control.held() == {0: "a5", 1: "a2-restarted"}
+def test_an_engine_failure_counts_once_and_its_restart_is_not_counted_again():
+    control = RunControl(budget=1)
+    control.register("a1", "A", 10)
+    assert control.engine_failed("a1", "EngineDead('core died')") is True  # restart it
+    assert control.register("a1", "A", 11) == 1  # the same failure, not a second one
+    assert control.engine_failed("a1", "EngineDead('core died')") is False  # over budget: the job ends
+    assert "EngineDead" in control.fatal()
 
 
-def test_no_groups_without_tensor_parallel_replicas():
-    assert RunControl().claim("a1", "A") is None
-
-
-def test_drain_and_failures_are_counted():
+def test_a_batch_whose_attempts_died_is_known_to_the_next_attempt():
     control = RunControl()
-    assert control.remaining() is None
+    control.register("a1", "node-A", 10)
+    assert control.begin("k1", "a1", 10) == []
+    assert [d["pid"] for d in control.begin("k1", "a1", 11)] == [10]  # the first attempt never ended
+    dead = control.begin("k1", "a1", 12)
+    assert [d["pid"] for d in dead] == [10, 11] and dead[0]["node"] == "node-A"
+    control.end("k1")
+    assert control.begin("k1", "a1", 13) == []  # an ended batch starts afresh
+    control.begin("k2", "a1", 13)
+    control.end("k2")
+    assert control.begin("k2", "a1", 13) == []
+
+
+def test_the_drain_reaches_each_replica_from_the_driver_or_from_its_node():
+    control = RunControl()
+    control.register("a1", "A", 10), control.register("a2", "B", 20)
+    assert control.instructions("a1") is None
+    control.set_draining({"B": time.time() + 60})  # Ray's drain notice for node B, 60 s deadline
+    assert control.instructions("a1") is None
+    seconds, why = control.instructions("a2")
+    assert 60 - DRAIN_MARGIN_S - 1 < seconds <= 60 - DRAIN_MARGIN_S and "node" in why
+    control.set_draining({"B": math.inf})  # no deadline given: finish what is in flight
+    assert control.instructions("a2")[0] == math.inf
     control.request(30.0)
     control.request(1000.0)  # the first deadline holds
-    assert 29.0 < control.remaining() <= 30.0
-    control.drained("a1"), control.drained("a1"), control.drained("a2")
+    seconds, why = control.instructions("a1")
+    assert 29.0 < seconds <= 30.0 and why == "the job is stopping"
+
+
+def test_drained_replicas_are_counted_by_live_replica():
+    control = RunControl()
+    control.register("a1", "A", 10), control.register("a2", "B", 20)
+    control.drained("a1"), control.drained("a1")
+    assert control.drained_count() == 1
+    control.register("a1", "C", 11)  # restarted elsewhere after its node drained: serving again
+    control.drained("a2")
+    assert control.drained_count() == 1  # not 2: the driver must not stop while a1 still answers
+    control.drained("a1")
     assert control.drained_count() == 2
-    assert [control.engine_failed() for _ in range(3)] == [1, 2, 3]
 
 
-def test_vllm_looks_up_the_replicas_group_while_its_engine_is_built():
-    import inspect
+def test_heartbeats_and_a_job_whose_replicas_never_come_back():
+    control = RunControl()
+    assert control.last_seen() is None
+    control.register("a1", "A", 10)
+    before = control.last_seen()
+    time.sleep(0.01)
+    control.instructions("a1")
+    assert control.last_seen() > before
+    assert stalled(None, started=0.0, now=100.0, wait_s=300) is None
+    line = stalled(None, started=0.0, now=301.0, wait_s=300)
+    assert "no engine replica has started for 301 s" in line and "ray.replica_wait_s=300" in line
+    assert "has been running" in stalled(10.0, started=0.0, now=400.0, wait_s=300)
+    assert stalled(390.0, started=0.0, now=400.0, wait_s=300) is None
 
-    import ray.util
-    from vllm.engine import arg_utils
 
-    # what vLLM 0.32 reads (EngineArgs.create_engine_config), so the lookup below is the one that counts
-    assert "ray.util.get_current_placement_group()" in inspect.getsource(arg_utils.EngineArgs.create_engine_config)
-    before = ray.util.get_current_placement_group
-    with placed_in("group-1"):
-        assert ray.util.get_current_placement_group() == "group-1"
-    assert ray.util.get_current_placement_group is before
-    with placed_in(None):
-        assert ray.util.get_current_placement_group is before
-    with pytest.raises(KeyError), placed_in("group-2"):
-        raise KeyError
-    assert ray.util.get_current_placement_group is before
+def test_a_tensor_parallel_actor_must_sit_in_its_group_on_the_groups_node():
+    assert misplaced("n1", {"n1"}, in_group=True) is None
+    assert "in no placement group" in misplaced("n1", set(), in_group=False)
+    assert "not on its group's" in misplaced("n2", {"n1"}, in_group=True)

@@ -108,17 +108,28 @@ def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
 # -- whole answer jobs on the fake-GPU cluster (latency-model backends: the placement is what is tested) -----
 
 
-def test_tensor_parallel_replicas_each_claim_one_group_made_once_and_removed_at_the_end(gpu_cluster, tmp_path):
-    """Two TP-2 replicas: exactly two STRICT_PACK groups of two one-GPU bundles exist during the run (none
-    made again when Ray Data asks for actor options), each replica holds its own, on one node; none is left."""
+def test_tensor_parallel_replicas_each_sit_in_their_own_group_on_its_node_and_the_groups_go(gpu_cluster, tmp_path):
+    """Two TP-2 replicas: exactly two STRICT_PACK groups (the actor's CPU and one GPU, then one GPU) exist during
+    the run, none made again when Ray Data only reads the actors' options; each engine actor is scheduled
+    inside its own group, on the group's node (the actor checks it at its start: ray_runner.check_placement,
+    so a misplaced actor fails the job), with the group's first GPU as its bundle; none is left."""
+    from ray.util import placement_group_table
+
     seen_during: list[int] = []
+    nodes: dict[str, set] = {}
+
+    def on_report(r):
+        seen_during.append(len(live_groups()))
+        g = r["replica"]["group"]
+        nodes[g] = {b for b in placement_group_table().get(g, {}).get("bundles_to_node_id", {}).values()}
+
     tp = ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2", "ray.actors=2"]
-    reports = run_job(
-        gpu_cluster, tmp_path, 60, [*tp, "ray.actor_num_cpus=1"], lambda r: seen_during.append(len(live_groups()))
-    )
+    reports = run_job(gpu_cluster, tmp_path, 60, [*tp, "ray.actor_num_cpus=1"], on_report)
     assert set(seen_during) == {2}
     held = {r["replica"]["pid"]: r["replica"]["group"] for r in reports}  # the replicas that answered
     assert None not in held.values() and len(set(held.values())) == len(held)  # each its own group
+    for r in reports:  # on the one node of its own group
+        assert nodes[r["replica"]["group"]] == {r["replica"]["node"]}
     assert sum(r["rows"] for r in reports) == 60
     assert live_groups() == []
     assert_each_question_once(tmp_path / "out", 60)

@@ -59,9 +59,11 @@ class Chatty:
 def test_worker_output_through_a_real_ray_splits_between_terminal_and_log_file(tmp_path, capfd, caplog):
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    from pipeline.runtime.ray_runner import init_ray
+    from indexing.raytools import init_ray
+    from pipeline.runtime.ray_logs import route_ray_worker_output
 
-    started = init_ray(load_config(overrides=["runtime.mode=ray", "ray.num_cpus=1"]))
+    started = init_ray(None, 1, log_to_driver=True)
+    route_ray_worker_output()
     try:
         names = [name for name, _ in dispatcher.handlers]
         assert "ray_print_logs" not in names and names.count("dynrag_worker_logs") == 1

@@ -85,11 +85,9 @@ def ray_cluster(tmp_path_factory):
     """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running)."""
     import ray
 
-    from pipeline.runtime.ray_runner import init_ray
+    from indexing.raytools import init_ray
 
-    cfg = DynragConfig()
-    cfg.ray.num_cpus = 4
-    init_ray(cfg)
+    init_ray(None, 4)
     yield
     ray.shutdown()
 

@@ -127,29 +127,37 @@ def replica_bundles(tp: int, cpus: float, resources: dict | None = None) -> list
     return [{"CPU": cpus, "GPU": 1.0, **(resources or {})}] + [{"GPU": 1.0} for _ in range(tp - 1)]
 
 
-def replica_placement(bundles: list[dict[str, float]], groups: list) -> dict:
-    """The options of one tensor-parallel engine actor, called as Ray Data starts it: a fresh STRICT_PACK
-    placement group (tensor-parallel workers exchange activations every layer: one node), the actor in its
-    first bundle and its child tasks captured, so vLLM's Ray executor finds the group and puts its workers on
-    the group's GPUs. A restarted actor keeps its group. The group is added to `groups` (removed by the
-    driver at the end; Ray removes a job's groups when its driver dies)."""
-    from ray.util import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+class ReplicaPlacement:
+    """The options of each tensor-parallel engine actor, called as Ray Data starts it: the actor sits in the
+    first bundle of a STRICT_PACK placement group (tensor-parallel workers exchange activations every layer:
+    one node) with its child tasks captured, so vLLM's Ray executor finds the group and puts its workers on
+    the group's GPUs. One group per replica, made once (`groups`: removed by the driver at the end, and by
+    Ray when the driver dies); each call hands out the next (Ray Data also calls it to read an actor's
+    options without starting one, so a call is not an actor). A restarted actor keeps its group."""
 
-    group = placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{len(groups)}")
-    groups.append(group)
-    strategy = PlacementGroupSchedulingStrategy(
-        group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
-    )
-    return {"scheduling_strategy": strategy}
+    def __init__(self, bundles: list[dict[str, float]], replicas: int, groups: list):
+        from ray.util import placement_group
+
+        groups.extend(
+            placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{i}") for i in range(replicas)
+        )
+        self.groups, self.calls = groups, 0
+
+    def __call__(self) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = self.groups[self.calls % len(self.groups)]
+        self.calls += 1
+        strategy = PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+        )
+        return {"scheduling_strategy": strategy}
 
 
 def engine_actor_options(cfg, gpus: float, groups: list | None = None) -> dict:
     """Keyword arguments for `map_batches` of the engine actors whose replicas have `gpus` GPUs
     (replica_gpus). A tensor-parallel replica's actor sits in a placement group of its own
-    (`replica_placement`, one made per actor into `groups`); its GPUs are the group's (vLLM's workers')."""
-    import functools
-
+    (`ReplicaPlacement`, the groups made into `groups`); its GPUs are the group's (vLLM's workers')."""
     r = cfg.ray
     tp = tensor_parallel_size(cfg)
     opts: dict = {"num_cpus": r.actor_num_cpus}
@@ -158,7 +166,7 @@ def engine_actor_options(cfg, gpus: float, groups: list | None = None) -> dict:
 
         opts["num_gpus"] = 0  # the group's GPUs belong to vLLM's workers
         bundles = replica_bundles(tp, r.actor_num_cpus, dict(r.actor_resources or {}))
-        opts.update(per_actor_options(functools.partial(replica_placement, bundles, [] if groups is None else groups)))
+        opts.update(per_actor_options(ReplicaPlacement(bundles, r.actors, [] if groups is None else groups)))
         return opts  # its custom resources are in its bundle
     elif gpus:
         opts["num_gpus"] = gpus

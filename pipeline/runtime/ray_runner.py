@@ -84,8 +84,8 @@ class EngineActor:
         bound = spec.params(cfg.method.params, cfg) if params is None else spec.params(params)
         for path in bound.state_files():  # held by the driver (state_lock): a local file, one host
             check_same_host(path)
-        ctx = ray.get_runtime_context()
-        self.actor_id, node = ctx.get_actor_id() or "", ctx.get_node_id()
+        ctx = ray.get_runtime_context() if ray.is_initialized() else None  # None: built by a test, no Ray
+        self.actor_id, node = (ctx.get_actor_id() or "", ctx.get_node_id()) if ctx else ("", "")
         self.control = control
         if control is not None and ray.get(control.register.remote(self.actor_id, node, os.getpid())) > (
             cfg.ray.replica_failures
@@ -115,7 +115,7 @@ class EngineActor:
             PartWriter(out, row_args["run_id"], header),
             row_args,
             make_backends=build,
-            where={"pid": os.getpid(), "node": node, "group": _own_group()},
+            where={"pid": os.getpid(), "node": node, "group": _own_group() if ctx else None},
             on_ended=self._on_ended,
         ).start()
         if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
