@@ -14,9 +14,9 @@ ray = pytest.importorskip("ray")
 
 
 def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
+    from indexing.raytools import init_ray
     from jobs.bench.simulated import SimBackends
     from pipeline.runtime.pools import PoolClient, start_pool
-    from indexing.raytools import init_ray
 
     cfg = DynragConfig()
     cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 2, 0.5

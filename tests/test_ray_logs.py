@@ -11,7 +11,6 @@ import time
 import pytest
 
 from jobs.quiet import divert_logs
-from pipeline.config import load_config
 from pipeline.runtime.ray_logs import MARK, route_worker_logs
 
 pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)

@@ -85,7 +85,8 @@ class EngineActor:
         for path in bound.state_files():  # held by the driver (state_lock): a local file, one host
             check_same_host(path)
         ctx = ray.get_runtime_context() if ray.is_initialized() else None  # None: built by a test, no Ray
-        self.actor_id, node = (ctx.get_actor_id() or "", ctx.get_node_id()) if ctx else ("", "")
+        self.actor_id: str = (ctx.get_actor_id() or "") if ctx else ""
+        node: str = ctx.get_node_id() if ctx else ""
         self.control = control
         if control is not None and ray.get(control.register.remote(self.actor_id, node, os.getpid())) > (
             cfg.ray.replica_failures
