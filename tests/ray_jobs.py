@@ -34,10 +34,17 @@ def fake_gpu_cluster(workers: int, **node) -> Iterator:
 
 
 def run_job(
-    cluster, tmp_path, n: int, overrides: list[str], on_report=None, scale: float = 0.02, make_backends=None
+    cluster,
+    tmp_path,
+    n: int,
+    overrides: list[str],
+    on_report=None,
+    scale: float = 0.02,
+    make_backends=None,
+    dataset: Path | None = None,
 ) -> list[dict]:
-    """`answer_with_ray` of n questions on `cluster` (SimBackends(scale) unless `make_backends`); each batch's
-    report (also given to `on_report`)."""
+    """`answer_with_ray` of n questions on `cluster` (SimBackends(scale) unless `make_backends`; the questions
+    of `dataset`, else n generated ones); each batch's report (also given to `on_report`)."""
     import json
 
     from jobs.bench.simulated import SimBackends
@@ -54,10 +61,12 @@ def run_job(
             *overrides,
         ]
     )
-    dataset, out = tmp_path / "questions.jsonl", str(tmp_path / "out")
-    dataset.write_text(
-        "".join(json.dumps({"id": f"q{i}", "question": f"Who wrote book {i}?"}) + "\n" for i in range(n))
-    )
+    out = str(tmp_path / "out")
+    if dataset is None:
+        dataset = tmp_path / "questions.jsonl"
+        dataset.write_text(
+            "".join(json.dumps({"id": f"q{i}", "question": f"Who wrote book {i}?"}) + "\n" for i in range(n))
+        )
     row_args = dict(run_id="t", method="sr-rag", params_json="{}", chash="t", model="simulated")
     reports = []
     with output_lock(out):

@@ -32,3 +32,67 @@ def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
             assert got == want
     finally:
         ray.shutdown()
+
+
+def _slow_or_crashing_backends():
+    """SimBackends whose search sleeps 3 s for a query starting "slow" and kills its process for "crash".
+    Defined in a function so that Ray pickles it by value into the pool actors."""
+    import os
+    import time
+    from dataclasses import dataclass
+
+    from jobs.bench.simulated import SimBackends
+
+    @dataclass(frozen=True)
+    class Backends(SimBackends):
+        def __call__(self, cfg, index_dir=None, **kw):
+            backends = super().__call__(cfg, index_dir, **kw)
+            search = backends.search
+
+            def searched(queries, k, retriever):
+                if "crash" in queries:
+                    os._exit(1)
+                if any(q.startswith("slow") for q in queries):
+                    time.sleep(3.0)
+                return search(queries, k, retriever)
+
+            backends.search = searched
+            return backends
+
+    return Backends()
+
+
+def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills_every_time_fails():
+    """The actor dies while serving the call (not between calls): Ray restarts it and sends the call again,
+    whose result is what it would have been. A call that kills its actor every time is sent again only
+    POOL_CALL_RETRIES times, then fails (its questions become error rows) instead of looping for ever."""
+    import threading
+    import time
+
+    from indexing.raytools import init_ray
+    from pipeline.runtime.pools import PoolClient, start_pool
+    from pipeline.runtime.ray_resources import POOL_CALL_RETRIES
+
+    cfg = DynragConfig()
+    cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 1, 0.5
+    init_ray(None, cfg.ray.num_cpus)
+    try:
+        (actor,) = start_pool(cfg, "retrieval", None, _slow_or_crashing_backends())
+        client = PoolClient([actor])
+        queries = ["slow question 1", "question 2"]
+        pid_before = ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()))
+        got: dict = {}
+        call = threading.Thread(target=lambda: got.update(hits=client.search(queries, 3, "bm25")))
+        call.start()
+        time.sleep(1.0)  # the search is sleeping inside the actor
+        ray.kill(actor, no_restart=False)
+        call.join(120)
+        assert not call.is_alive() and len(got["hits"]) == 2 and all(len(h) == 3 for h in got["hits"])
+        assert ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid())) != pid_before
+        t0 = time.monotonic()
+        with pytest.raises(ray.exceptions.RayActorError):
+            client.search(["crash"], 3, "bm25")
+        assert time.monotonic() - t0 < 120  # bounded: 1 + POOL_CALL_RETRIES deaths, not a loop
+        assert POOL_CALL_RETRIES == 3
+    finally:
+        ray.shutdown()

@@ -2,23 +2,21 @@
 
 The cluster has a head with no CPUs and two worker nodes, each holding one engine replica (one fake GPU) and
 one retrieval pool actor. Mid-job one worker goes: removed at once (its raylet and workers killed, as when a
-machine dies) or pre-empted (SIGTERM to the node's processes, then removed); a replacement node joins at the
-next report. Ray restarts the lost actors (on it, or beside the survivor) (Ray Data's engine actors; the pool's through its
+machine dies) or pre-empted (Ray's drain notice with a deadline; removed once its replica has gone, or at the
+deadline); a replacement node joins then. Ray restarts the lost actors (on it, or beside the survivor) (Ray Data's engine actors; the pool's through its
 max_restarts), Ray Data re-runs the batches the lost replica held, the surviving replica's searches that were
 with the lost pool actor are sent again, and every question ends with exactly one row and no error.
 Latency-model backends (jobs/bench/simulated.py): the faults are in the cluster, not the model."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from ray_jobs import assert_each_question_once, dying_backends, fake_gpu_cluster, run_job
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from ray_preemption import sigterm_node  # noqa: E402  (the 3-node script's: one way to pre-empt a node)
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(600)]
 
@@ -41,38 +39,80 @@ def worker_with_a_replica(cluster, reports: list[dict]):
     return next(n for n in cluster.worker_nodes if n.node_id in nodes)
 
 
-def lose_a_node(cluster, reports: list[dict], how: str, after: int, replace_s: float):
-    """An `on_report` that, once `after` batches are in, takes a replica's worker node away (`how`: "remove"
-    or "sigterm") and, at the first report `replace_s` later, adds a replacement. On the driver's thread, as
-    Ray's Cluster wants it (add_node sets a signal handler); the other replica's reports keep coming."""
+def lose_a_node(cluster, reports: list[dict], how: str, after: int, deadline_s: float = 60.0):
+    """An `on_report` that, once `after` batches are in, takes a replica's worker node away and adds a
+    replacement. `how`: "remove" (at once, as when a machine dies) or "drain" (Ray's pre-emption notice,
+    `ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds`, as autoscaler v2
+    gives a spot node; the node is removed once the replica processes on it have gone, or at the deadline).
+    On the driver's thread, as Ray's Cluster wants it; the other replica's reports keep coming."""
+    import psutil
+
     state: dict = {}
+
+    def replace(node) -> None:
+        cluster.remove_node(node, allow_graceful=False)
+        state["removed_s"] = time.monotonic() - state["at"]
+        state["replaced"] = cluster.add_node(**NODE).node_id
 
     def on_report(report: dict) -> None:
         reports.append(report)
         if len(reports) == after:
             node = worker_with_a_replica(cluster, reports)
-            state["node"], state["workers"] = node.node_id, {n.node_id for n in cluster.worker_nodes}
-            if how == "sigterm":
-                sigterm_node(node)
-                time.sleep(1.0)
-            cluster.remove_node(node, allow_graceful=False)
-            state["lost_at"], state["lost_after"] = time.monotonic(), len(reports)
-        elif "lost_at" in state and "replaced" not in state and time.monotonic() - state["lost_at"] > replace_s:
-            state["replaced"] = cluster.add_node(**NODE).node_id
+            state.update(node=node, at=time.monotonic(), lost_after=len(reports))
+            state["pids"] = {r["replica"]["pid"] for r in reports if r["replica"]["node"] == node.node_id}
+            if how == "remove":
+                replace(node)
+            else:
+                drain_node(cluster.address, node.node_id, int(deadline_s))
+        elif "at" in state and "replaced" not in state:
+            if not any(psutil.pid_exists(p) for p in state["pids"]):
+                state.setdefault("exited_s", time.monotonic() - state["at"])
+                replace(state["node"])
+            elif time.monotonic() - state["at"] > deadline_s:
+                replace(state["node"])
 
     return on_report, state
 
 
-@pytest.mark.parametrize("how", ["remove", "sigterm"])
+def drain_node(address: str, node_id: str, deadline_s: int) -> None:
+    """`ray drain-node`, the command (Ray's pre-emption notice with its deadline)."""
+    import subprocess
+
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    subprocess.run(
+        [
+            ray_cli,
+            "drain-node",
+            "--address",
+            address,
+            "--node-id",
+            node_id,
+            "--reason",
+            "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message",
+            "spot pre-emption (test)",
+            "--deadline-remaining-seconds",
+            str(deadline_s),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("how", ["remove", "drain"])
 def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
+    """Either way every question ends with one row and no error. Drained, the node's replica finishes what it
+    holds, writes it and exits on its own well before the deadline (without the drain it would run on until
+    the node is removed at the deadline, and this test fails)."""
     with fake_gpu_cluster(workers=2, **NODE) as cluster:
         reports: list[dict] = []
-        # the replacement joins at the next report: the surviving replica may finish the job before a restarted
-        # one answers (it did under load), so what is asserted is the job's outcome, not who answered
-        on_report, state = lose_a_node(cluster, reports, how, after=4, replace_s=0.0)
+        on_report, state = lose_a_node(cluster, reports, how, after=4)
         run_job(cluster, tmp_path, N, JOB, on_report=on_report, scale=0.05)
-        assert state.get("replaced"), "the job ended before the replacement node joined"
+        assert state.get("replaced"), "the job ended before the node was replaced"
         assert len(reports) > state["lost_after"]  # the job went on after the loss
+        if how == "drain":
+            assert state.get("exited_s") is not None and state["exited_s"] < 50, state
         assert_each_question_once(tmp_path / "out", N)
 
 
@@ -90,13 +130,82 @@ def test_an_engine_actor_whose_engine_died_exits_and_its_restart_answers_its_que
 
 
 def test_an_engine_that_dies_again_and_again_stops_the_job_with_its_error(tmp_path):
-    """After ENGINE_RESTARTS engine failures in one run the fault is taken to come back: the job fails with it
-    (not an endless loop of restarts), and what was written stays for a rerun."""
-    from pipeline.runtime.ray_runner import ENGINE_RESTARTS
-
+    """After ray.replica_failures failures of one replica the fault is taken to come back: the job fails with
+    it (not an endless loop of restarts), and what was written stays for a rerun."""
     markers = tmp_path / "markers"
     with fake_gpu_cluster(workers=1, **NODE) as cluster:
-        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
+        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1", "ray.replica_failures=2"]
         with pytest.raises(Exception, match="engine core died"):
             run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 99))
-    assert len(list(markers.glob("death-*"))) == ENGINE_RESTARTS + 1
+    assert len(list(markers.glob("death-*"))) == 2 + 1
+
+
+def poison_backends(scale: float, markers: Path):
+    """SimBackends whose generator kills its process (os._exit, as a host OOM or a native crash would) on any
+    prompt that holds "poison"; each death leaves a marker file. Defined here so Ray pickles it by value."""
+    from dataclasses import dataclass
+
+    from jobs.bench.simulated import SimBackends
+
+    @dataclass(frozen=True)
+    class PoisonBackends(SimBackends):
+        def __call__(self, cfg, index_dir=None, **kw):
+            backends = super().__call__(cfg, index_dir, **kw)
+            generator = backends._generator
+
+            def submit(prompt, sampling, chat):
+                if "poison" in str(prompt):
+                    (markers / f"death-{os.getpid()}").write_text("")
+                    os._exit(1)
+                return type(generator).submit(generator, prompt, sampling, chat)
+
+            generator.submit = submit
+            return backends
+
+    markers.mkdir(parents=True, exist_ok=True)
+    return PoisonBackends(scale)
+
+
+def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_deaths(tmp_path):
+    """One question kills its replica's process whenever it is answered. Ray restarts the actor and Ray Data
+    sends the batch again; after ray.batch_deaths (2) deaths the next attempt writes the batch's questions as
+    error rows with the cause instead of dying once more, and every other question is answered."""
+    import json
+
+    import polars as pl
+
+    markers = tmp_path / "markers"
+    n = 30
+    questions = [{"id": f"q{i}", "question": f"Who wrote book {i}?"} for i in range(n)]
+    questions[7]["question"] = "Who wrote the poison book?"
+    with fake_gpu_cluster(workers=1, **NODE) as cluster:
+        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1", "ray.actor_batches=1"]
+        dataset = tmp_path / "questions.jsonl"
+        dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
+        run_job(cluster, tmp_path, n, job, scale=0.02, make_backends=poison_backends(0.02, markers), dataset=dataset)
+    assert len(list(markers.glob("death-*"))) == 2  # then given up, not a third death
+    rows = pl.read_parquet(f"{tmp_path}/out/parts/*.parquet")
+    assert rows.height == n and rows["question_id"].n_unique() == n
+    failed = rows.filter(pl.col("error").is_not_null())
+    assert "q7" in failed["question_id"].to_list() and failed.height == 10  # its batch (answer.batch_questions)
+    assert set(failed["error_kind"]) == {"system"}
+    assert "died 2 times while answering it" in failed["error"][0]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_job_whose_replicas_can_never_start_ends_with_one_line(tmp_path, tp):
+    """The engine actors ask for a resource no node has (as when a GPU group never comes back; with tensor
+    parallelism, a placement group that cannot be placed): after ray.replica_wait_s the job ends with one
+    line saying so and what each replica asks for, instead of waiting for ever."""
+    from pipeline.errors import DynragError
+
+    job = ["ray.actors=1", "ray.actor_num_cpus=1", "ray.actor_resources={tpu_slice: 1}", "ray.replica_wait_s=8"]
+    asks = r"asks for 1 CPU"
+    if tp == 2:
+        job += ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2"]
+        asks = r"asks for a placement group of \[\{'CPU': 1.0, 'GPU': 1.0, 'tpu_slice': 1.0\}, \{'GPU': 1.0\}\]"
+    with fake_gpu_cluster(workers=1, num_cpus=3, num_gpus=2) as cluster:
+        t0 = time.monotonic()
+        with pytest.raises(DynragError, match=rf"no engine replica has started for \d+ s .*{asks}"):
+            run_job(cluster, tmp_path, 20, job, scale=0.02)
+        assert time.monotonic() - t0 < 60

@@ -31,7 +31,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Generator
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 from pipeline.config import DynragConfig
 from pipeline.engine.drain import Drain
@@ -108,6 +108,7 @@ class EngineActor:
             )
 
         self.why: str | None = None  # why the replica drains: set by SIGTERM or the driver
+        self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
         self.replica = Replica(
             cfg,
             spec,
@@ -133,25 +134,37 @@ class EngineActor:
         skipped = int(sum(batch["skipped"]))
         key = _batch_key(ids)
         dead = self._begin(key)
-        if dead and len(dead) >= self.replica.cfg.ray.batch_deaths:
-            report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead))
-        else:
-            report = self.replica.answer(questions, ids, skipped)
+        try:
+            if dead and len(dead) >= self.replica.cfg.ray.batch_deaths:
+                report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead))
+            else:
+                report = self.replica.answer(questions, ids, skipped)
+        except Exception:
+            if self.control is None:
+                raise
+            self._park()  # the engine failed: this process exits for a restart, or the driver ends the job
         if report["part"]:
             fault_point("ray.part_written", until=lambda: self.why is not None)
         if not report["complete"]:
-            # drained part way: no result for Ray Data, which sends this batch to the restarted actor once this
-            # process is gone (its part, keyed by the batch's questions, is then replaced)
-            threading.Event().wait()
+            self._park()  # drained part way
         if self.control is not None:
             self.control.end.remote(key)
+            self.begun.discard(key)
         return {"part": [report["part"]], "report": [json.dumps(report)]}
+
+    @staticmethod
+    def _park() -> NoReturn:
+        """No result for Ray Data: once this process is gone (`_on_ended`), Ray Data sends the batch to the
+        restarted actor (its part, keyed by the batch's questions, then replaced)."""
+        threading.Event().wait()
+        raise AssertionError("unreachable")
 
     def _begin(self, key: str) -> list[dict]:
         import ray
 
         if self.control is None:
             return []
+        self.begun.add(key)
         return ray.get(self.control.begin.remote(key, self.actor_id, os.getpid()))
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -194,6 +207,8 @@ class EngineActor:
             if self.control is not None:
                 import ray
 
+                # the batches it leaves were drained, not killed: their next attempt counts no death
+                ray.get([self.control.end.remote(key) for key in list(self.begun)])
                 ray.get(self.control.drained.remote(self.actor_id))
             log.warning("engine actor %d: drained (%s) and written; exiting", os.getpid(), self.why)
         # not Ray's own exit: it waits for the calls still running, and those hold batches only partly
@@ -451,8 +466,10 @@ def _asked_for(groups: list, cfg: DynragConfig) -> str:
 
     tp = tensor_parallel_size(cfg)
     if tp > 1:
-        return f"; each replica asks for a placement group of {replica_bundles(tp, cfg.ray.actor_num_cpus)} on one node"
-    return f"; each replica asks for {cfg.ray.actor_num_cpus:g} CPU and {cfg.ray.actor_num_gpus:g} GPU"
+        bundles = replica_bundles(tp, cfg.ray.actor_num_cpus, dict(cfg.ray.actor_resources))
+        return f"; each replica asks for a placement group of {bundles} on one node"
+    extra = "".join(f", {v:g} {k}" for k, v in cfg.ray.actor_resources.items())
+    return f"; each replica asks for {cfg.ray.actor_num_cpus:g} CPU, {cfg.ray.actor_num_gpus:g} GPU{extra}"
 
 
 def _remove_groups(groups: list) -> None:

@@ -1,0 +1,45 @@
+"""The shipped RayJob as Ray runs it: `cluster/kuberay/rayjob-answer.yaml`'s entrypoint and runtime env,
+submitted through Ray's Jobs API to a local cluster (a head with 0 CPUs and a dashboard, two 3-CPU workers),
+its dataset, index and output on a real S3 API served locally (moto's server), and a worker holding an engine
+replica pre-empted with Ray's drain notice (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION`), removed
+once its replica has gone (or at the deadline) and replaced. scripts/rayjob_local.py does the work (the same
+run with vLLM gives docs/benchmarks.md's figures); here without a model (generation.backend=none)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+
+def test_the_shipped_rayjob_on_s3_joins_the_cluster_and_survives_a_drained_worker(s3, data_dir, tmp_path):
+    import rayjob_local
+
+    _, bucket = s3
+    args = Namespace(
+        limit=30,
+        deadline=40,
+        data=data_dir / "hotpotqa" / "dev_400.jsonl",
+        work=tmp_path,
+        skip_baseline=True,
+        store=f"s3://{bucket}/job",
+        backend="none",
+        resume_after=10,
+    )
+    rc = rayjob_local.run_all(args)
+    result = json.loads((tmp_path / "result.json").read_text())["preempted"]
+    assert rc == 0, result
+    assert "SUCCEEDED" in result["status"]
+    assert result["questions"] == 30 and result["error_rows"] == 0  # in the bucket, each question once
+    assert not result["private_ray_started"]  # the entrypoint joined the job's cluster (RAY_ADDRESS)
+    assert len(set(result["replicas"].values())) == 2  # replicas on both workers (the head has no CPU)
+    assert result["notice_s"] and result["replica_exited_s"] < result["notice_s"] + 40  # drained, went itself
+    assert result["summary_rows"] == 30  # the resumed run's summary counts every row (the driver's ledger)
