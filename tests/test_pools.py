@@ -56,15 +56,15 @@ class InlineActor:
 
     def __init__(self, delay=lambda items: 0.0):
         self.actor, self.calls, self.delay = PoolActor.__new__(PoolActor), [], delay
-        self.actor.served = {}
+        self.actor.served, self.actor.control = {}, None
         self.actor.backends = Backends(
             DynragConfig(), retriever=SimRetriever(), scorer=SimScorer(), embedder=SimScorer()
         )
         self.run = SimpleNamespace(remote=self._remote)
 
-    def _remote(self, op, items, *args):
+    def _remote(self, call, op, items, *args):
         self.calls.append((op, len(items)))
-        return Ref(self.actor.run(op, items, *args), self.delay(items))
+        return Ref(self.actor.run(call, op, items, *args), self.delay(items))
 
 
 def test_engine_actor_sends_retrieval_and_scoring_to_its_pools():

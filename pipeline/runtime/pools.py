@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +27,25 @@ log = logging.getLogger(__name__)
 
 
 class PoolActor:
-    def __init__(self, cfg_json: dict, index_dir: str | None, make_backends: Callable[..., Any] | None = None):
+    """A pool's actor. A call lost with its actor's process is sent again by Ray (`max_task_retries`, for a
+    node that goes away); one whose process died `ray.batch_deaths` times while serving it (a JVM or FAISS
+    crash, host OOM: it would kill every restart) fails instead, and with it its questions, with the cause.
+    Each call's attempts are counted by the driver's RunControl (`control`), keyed by the call's id."""
+
+    def __init__(
+        self,
+        cfg_json: dict,
+        index_dir: str | None,
+        make_backends: Callable[..., Any] | None = None,
+        control: Any = None,
+    ):
         from pipeline.backends import Backends
         from pipeline.runtime.ray_logs import own_worker_logging
 
         own_worker_logging()
-        self.backends = (make_backends or Backends)(DynragConfig.model_validate(cfg_json), index_dir)
+        cfg = DynragConfig.model_validate(cfg_json)
+        self.backends = (make_backends or Backends)(cfg, index_dir)
+        self.control, self.deaths = control, cfg.ray.batch_deaths
         self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 
     def ready(self, part: str | None) -> bool:
@@ -39,15 +53,35 @@ class PoolActor:
             getattr(self.backends, part)  # build it now, so that errors surface at start
         return True
 
-    def run(self, op: str, items: list, *args):
+    def run(self, call: str, op: str, items: list, *args):
+        """`op` over `items` (Backends' method); `call`: the call's id, the same in every attempt of it."""
         counts = self.served.setdefault(op, [0, 0])
         counts[0] += 1
         counts[1] += len(items)
-        return getattr(self.backends, op)(items, *args)
+        if self.control is None:
+            return getattr(self.backends, op)(items, *args)
+        import os
+
+        import ray
+
+        dead = ray.get(self.control.begin.remote(call, "pool", os.getpid()))
+        if len(dead) >= self.deaths:
+            self.control.end.remote(call)
+            raise PoolCallFailed(
+                f"this {op} call of {len(items)} items killed its pool actor's process {len(dead)} times "
+                f"(last pid {dead[-1]['pid']}): not sent again"
+            )
+        result = getattr(self.backends, op)(items, *args)
+        self.control.end.remote(call)
+        return result
 
     def stats(self) -> dict[str, list[int]]:
         """What this actor has served: op -> [calls, items]."""
         return self.served
+
+
+class PoolCallFailed(RuntimeError):
+    """A pool call given up after it killed its actor's process `ray.batch_deaths` times."""
 
 
 def pool_stats(actors: list) -> dict[str, list[int]]:
@@ -64,17 +98,24 @@ def pool_stats(actors: list) -> dict[str, list[int]]:
 
 
 def start_pool(
-    cfg: DynragConfig, kind: str, index_dir: str | None = None, make_backends: Callable[..., Any] | None = None
+    cfg: DynragConfig,
+    kind: str,
+    index_dir: str | None = None,
+    make_backends: Callable[..., Any] | None = None,
+    control: Any = None,
 ) -> list:
     """Start the `kind` pool ("retrieval" or "scorer") as configured; wait until each actor is ready.
-    `make_backends` replaces `Backends` in its actors (the latency-model bench)."""
+    `make_backends` replaces `Backends` in its actors (the latency-model bench); `control`: the run's
+    RunControl, which counts each call's attempts."""
     import ray
 
     from pipeline.runtime.ray_resources import pool_actor_options
 
     n, opts = pool_actor_options(cfg, kind)
     cls = ray.remote(PoolActor)
-    actors = [cls.options(**opts).remote(cfg.model_dump(mode="json"), index_dir, make_backends) for _ in range(n)]
+    actors = [
+        cls.options(**opts).remote(cfg.model_dump(mode="json"), index_dir, make_backends, control) for _ in range(n)
+    ]
     ray.get([a.ready.remote("retriever" if kind == "retrieval" else None) for a in actors])
     log.info("%d %s actors ready (%s)", n, kind, opts)
     return actors
@@ -110,7 +151,8 @@ class PoolClient:
             start, self._next = self._next, (self._next + len(chunks)) % len(self.actors)
         used = [self.actors[(start + j) % len(self.actors)] for j in range(len(chunks))]
         pool = ActorPool(used[::-1])
-        return list(pool.map(lambda actor, chunk: actor.run.remote(op, chunk, *args), chunks))
+        call = uuid.uuid4().hex  # each chunk's call id: the same in Ray's retries of it
+        return list(pool.map(lambda a, jc: a.run.remote(f"{call}-{jc[0]}", op, jc[1], *args), list(enumerate(chunks))))
 
     def search(self, queries: list[str], k: int, retriever: str):
         return [hits for part in self._map("search", queries, k, retriever) for hits in part]

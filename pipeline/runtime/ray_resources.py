@@ -27,7 +27,6 @@ from pipeline.errors import DynragError
 log = logging.getLogger(__name__)
 
 TP_KEY = "generation.engine_kwargs.tensor_parallel_size"
-POOL_CALL_RETRIES = 3  # times a pool call (a search, a score) is sent again after its actor died during it
 
 
 def tensor_parallel_size(cfg) -> int:
@@ -184,14 +183,14 @@ def pool_actor_options(cfg, kind: str) -> tuple[int, dict]:
         "scorer": (r.scorer_actors, r.scorer_actor_num_cpus, r.scorer_actor_num_gpus, r.scorer_actor_resources),
     }[kind]
     # a pool actor lost with its node is started again elsewhere and the calls it held are sent again (its
-    # calls are searches and scores: any retry returns what the first would have), a bounded number of times:
-    # a call that kills its process each time (a JVM or FAISS crash, host OOM) fails its questions instead
+    # calls are searches and scores: any retry returns what the first would have); a call that kills its
+    # process each time (a JVM or FAISS crash, host OOM) is given up by the actor itself (PoolActor.run)
     # spread over the nodes: a lost node takes one pool actor with it, and a node's CPUs are not all taken by
     # the pool before the engine replicas are placed (Ray's default packs them)
     opts: dict = {
         "num_cpus": cpus,
         "max_restarts": -1,
-        "max_task_retries": POOL_CALL_RETRIES,
+        "max_task_retries": -1,
         "scheduling_strategy": "SPREAD",
     }
     gpus = gpus_or_fallback(gpus, r.gpu_fallback, f"each {kind} actor")

@@ -328,10 +328,6 @@ def answer_with_ray(
     control, supervisor = None, None
     try:
         gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
-        if cfg.ray.retrieval_actors and index_dir:
-            pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir), make_backends)
-        if cfg.ray.scorer_actors:
-            pools["scorer"] = start_pool(cfg, "scorer", None, make_backends)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -340,6 +336,10 @@ def answer_with_ray(
             .options(num_cpus=0, scheduling_strategy=here)
             .remote(cfg.ray.replica_failures, cfg.ray.batch_deaths)
         )
+        if cfg.ray.retrieval_actors and index_dir:
+            pools["retrieval"] = start_pool(cfg, "retrieval", _for_workers(index_dir), make_backends, control)
+        if cfg.ray.scorer_actors:
+            pools["scorer"] = start_pool(cfg, "scorer", None, make_backends, control)
         supervisor = Supervisor(cfg, control, drain, groups)
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = question_dataset(_for_workers(dataset), cfg, done, limit, batch)
