@@ -23,7 +23,6 @@ the job with one line when a replica is over its failure budget or no replica ha
 
 from __future__ import annotations
 
-import _thread
 import json
 import logging
 import os
@@ -447,7 +446,9 @@ class Supervisor:
                     line += _asked_for(self.groups, self.cfg)
                 self.line = line
                 log.error("%s", line)
-                _thread.interrupt_main()  # the stream may be blocked waiting for a replica that never comes
+                # the stream may be blocked waiting for a replica that never comes: a real SIGINT to the main
+                # thread wakes a blocked wait (interrupt_main alone only runs the handler at the next bytecode)
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
                 return
 
 
