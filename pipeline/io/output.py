@@ -2,9 +2,10 @@
 
 Rows live in `<out>/parts/part-*.parquet`, each file written whole and then renamed into place, so a
 killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
-the ids already written and a resumed run answers only the others; a part is named by its run and its
-question ids (`PartWriter`), so a batch written twice (a retried Ray task) replaces its own part.
-`summarize(out)` reads all parts. Local paths and fsspec URIs (s3://, gs://) both work.
+the ids already written and a resumed run answers only the others; a part is named by its run, its
+question ids and its attempt (`PartWriter`), and a batch written twice (a retried Ray task) reads once.
+A part is never replaced: each write is a new object (`PartWriter`); readers keep one row per id.
+`summarize(out, parts=...)` reads the parts a run's driver knows of (`PartLedger`), or all parts. Local paths and fsspec URIs (s3://, gs://) both work.
 
 Time columns: `time_<stage>_s` is the question's share of the batched calls it took part in (its cost;
 `time_total_s` their sum), while `latency_s` is its own wall time from its first request to its answer,
@@ -13,13 +14,16 @@ queueing behind other questions included (parts written before it existed read i
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import random
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -161,30 +165,69 @@ def _is_local(fs) -> bool:
     return "file" in proto or "local" in proto
 
 
+PART_WRITE_ATTEMPTS = 5  # one upload and up to 4 retries
+PART_WRITE_BACKOFF_S = 0.5  # before the 2nd attempt; doubled each time (with jitter), at most 8 s
+_PERMANENT = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
+T = TypeVar("T")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a storage error may pass if tried again (a dropped connection, a throttled or failed request),
+    as opposed to one that will not (no permission, a full or read-only disk, a missing bucket)."""
+    if isinstance(exc, (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, OSError) and exc.errno not in _PERMANENT
+
+
+def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) -> T:
+    """`fn()`, tried again after a transient storage error (`transient`) with exponential backoff, at most
+    `attempts` times in all (default PART_WRITE_ATTEMPTS); the last error is raised."""
+    attempts = attempts or PART_WRITE_ATTEMPTS
+    for i in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if i == attempts or not transient(exc):
+                raise
+            wait = min(8.0, PART_WRITE_BACKOFF_S * 2 ** (i - 1)) * random.uniform(0.5, 1.0)
+            log.warning(
+                "%s failed (%s: %s), attempt %d of %d; again in %.1fs", what, type(exc).__name__, exc, i, attempts, wait
+            )
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
+
 def write_part(out: str, rows: list[dict[str, Any]], key: str | None = None) -> str | None:
     """Write rows as one part file `part-<key>.parquet` (a fresh key when None), atomically; returns its path.
-    A part of the same key is replaced."""
+    A part of the same key is replaced. A transient storage error is retried (`with_retries`); each try
+    writes the whole file again (local: a fresh temporary file renamed into place; object stores: one
+    PUT of the whole file)."""
     if not rows:
         return None
     fs, base = _fs(out)
     parts = f"{base}/parts"
-    fs.makedirs(parts, exist_ok=True)
     name = f"part-{key or time.strftime('%Y%m%d-%H%M%S') + '-' + uuid.uuid4().hex[:8]}.parquet"
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    if _is_local(fs):
-        tmp = f"{parts}/.{name}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: two may write the same key
-        try:
-            pq.write_table(table, tmp)
-            with open(tmp, "rb+") as fh:  # durable before it becomes visible
-                os.fsync(fh.fileno())
-            os.replace(tmp, f"{parts}/{name}")
-        except OSError:  # e.g. a full disk: no partial part left behind
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    else:  # object stores: an object appears only when its upload completes
-        with fs.open(f"{parts}/{name}", "wb") as fh:
-            pq.write_table(table, fh)
+
+    def attempt() -> None:
+        fs.makedirs(parts, exist_ok=True)
+        if _is_local(fs):
+            tmp = f"{parts}/.{name}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: two may write the same key
+            try:
+                pq.write_table(table, tmp)
+                with open(tmp, "rb+") as fh:  # durable before it becomes visible
+                    os.fsync(fh.fileno())
+                os.replace(tmp, f"{parts}/{name}")
+            except OSError:  # e.g. a full disk: no partial part left behind
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        else:  # object stores: one PUT of the whole file (a failed streamed upload could leave part of it)
+            buf = pa.BufferOutputStream()
+            pq.write_table(table, buf)
+            fs.pipe_file(f"{parts}/{name}", buf.getvalue().to_pybytes())
+
+    with_retries(f"writing part {parts}/{name}", attempt)
     return f"{parts}/{name}"
 
 
@@ -192,30 +235,82 @@ class PartWriter:
     """Writes one run's parts under `out`, from the driver (in-process) or from each Ray engine actor.
 
     Before its first part it writes `header` (file name -> text: the settings of a new output folder), so
-    a folder holding rows always says which configuration wrote them. Each part is keyed by the run id
-    and a digest of its question ids: a batch written again, as by a Ray task retried after its actor
-    died, replaces its part rather than adding a second copy of its rows."""
+    a folder holding rows always says which configuration wrote them.
+
+    Each write is a new object, `part-<run id>-<digest of the batch's question ids>-<attempt>.parquet`, the
+    attempt a random token of this call: a part, once written, is never replaced. So a zombie writer (an
+    actor thought dead, whose batch was given to another, that finishes late with part of the batch or
+    with error rows) adds a part beside the complete one instead of overwriting it. Readers stay correct:
+    `read_rows` keeps one row per question id (an answer over an error row, then the last finished), so a
+    batch written twice (a retried Ray task, a batch drained part way and run again whole) reads as
+    once. Replacing by key instead would need a conditional write that every store honours (S3's
+    If-None-Match is recent; a local rename has none), and the last writer of a key would still win.
+    `part_key` gives a part's key without its attempt."""
 
     def __init__(self, out: str, run_id: str, header: dict[str, str] | None = None):
         self.out, self.run_id, self.header = out, run_id, dict(header or {})
 
     def write(self, rows: list[dict[str, Any]], batch_ids: list[str] | None = None) -> str | None:
-        """Writes `rows` as one part keyed by `batch_ids` (the batch's question ids: a batch drained part way
-        and then run again whole replaces its part), else by the rows' own ids."""
+        """Writes `rows` as one new part keyed by `batch_ids` (the batch's question ids), else by the rows'
+        own ids, and this attempt; returns its path (None for no rows)."""
         if not rows:
             return None
         for name, text in self.header.items():
-            write_text(self.out, name, text)
+            with_retries(f"writing {name}", lambda name=name, text=text: write_text(self.out, name, text))
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
         digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
-        return write_part(self.out, rows, f"{self.run_id}-{digest}")
+        return write_part(self.out, rows, f"{self.run_id}-{digest}-{uuid.uuid4().hex[:8]}")
 
 
-def batch_report(rows: list[dict[str, Any]], skipped: int, calls: dict[str, int]) -> dict[str, Any]:
+def part_key(path: str) -> str:
+    """A PartWriter part's key without its attempt (`<run id>-<digest>`): the same for every attempt at one
+    batch, so a driver can count a batch once whichever attempts report it."""
+    name = path.rsplit("/", 1)[-1].removeprefix("part-").removesuffix(".parquet")
+    return name.rsplit("-", 1)[0]
+
+
+def batch_report(
+    rows: list[dict[str, Any]], skipped: int, calls: dict[str, int], part: str | None = None
+) -> dict[str, Any]:
     """What an answer job's driver learns of one written batch: its rows and error rows, the questions
-    skipped as already answered since the previous report, and the backend calls made (by kind)."""
-    return {"rows": len(rows), "errors": sum(r["error"] is not None for r in rows), "skipped": skipped, "calls": calls}
+    skipped as already answered since the previous report, the backend calls made (by kind) and, when
+    rows were written, `part`: the path of their part (the driver's ledger, `PartLedger`)."""
+    report = {
+        "rows": len(rows),
+        "errors": sum(r["error"] is not None for r in rows),
+        "skipped": skipped,
+        "calls": calls,
+    }
+    if part:
+        report["part"] = part
+    return report
+
+
+class PartLedger:
+    """The driver's account of the parts its summary reads: those listed when the run started (what
+    `answered_ids` read) and those the run's reports name. Never a listing at the end: an object store's
+    listing (s3fs caches them) may not yet show the run's own parts, and another job's parts are not
+    this run's to count.
+
+    `parts` is None when a report of rows named no part (a runner that does not report them): the caller
+    then falls back to a listing."""
+
+    def __init__(self, start: Iterable[str]):
+        self._parts = list(dict.fromkeys(start))
+        self.complete = True
+
+    def add(self, report: dict[str, Any]) -> None:
+        part = report.get("part")
+        if part:
+            if part not in self._parts:
+                self._parts.append(part)
+        elif report.get("rows"):
+            self.complete = False
+
+    @property
+    def parts(self) -> list[str] | None:
+        return list(self._parts) if self.complete else None
 
 
 def part_files(out: str) -> list[str]:
@@ -229,44 +324,61 @@ def part_files(out: str) -> list[str]:
     )
 
 
-def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
-    """The rows under `out` (all part files) as one Arrow table, one per question id: where a question
-    has several (a retried error row, two jobs that answered it at once), the last finished."""
+def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | None = None) -> pa.Table:
+    """The rows under `out` (the part files `parts`, else all listed now) as one Arrow table, one per
+    question id: where a question has several (a retried error row, two jobs that answered it at once, a
+    zombie writer's late part), an answer before an error row, then the last finished."""
     import polars as pl
 
     fs, _ = _fs(out)
-    files = part_files(out)
+    files = part_files(out) if parts is None else list(parts)
     if not files:
         return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
-    key = ["question_id", "finished_at"]
+    key = ["question_id", "finished_at", "error"]
     read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
     tables = []
     for f in files:
-        with fs.open(f, "rb") as fh:
-            tables.append(pq.read_table(fh, columns=read))
+        tables.append(with_retries(f"reading {f}", lambda f=f: _read_part(fs, f, read, listed=parts is None)))
     table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
     keep = (
         pl.from_arrow(table.select(key))
         .with_row_index()
-        .sort("finished_at", maintain_order=True)
+        .with_columns(ok=pl.col("error").is_null())
+        .sort(["ok", "finished_at"], maintain_order=True)
         .unique("question_id", keep="last")["index"]
         .sort()
     )
     return table.take(keep.to_arrow()).select(columns or table.column_names)
 
 
-def answered_ids(out: str) -> set[str]:
+def _read_part(fs: Any, path: str, columns: list[str] | None, listed: bool) -> pa.Table:
+    try:
+        with fs.open(path, "rb") as fh:
+            return pq.read_table(fh, columns=columns)
+    except FileNotFoundError:
+        if listed or _is_local(fs):
+            raise
+    # a part the run reported, hidden by a listing of parts/ cached before it was written (s3fs): look again
+    fs.invalidate_cache(path.rsplit("/", 1)[0])
+    with fs.open(path, "rb") as fh:
+        return pq.read_table(fh, columns=columns)
+
+
+def answered_ids(out: str, parts: list[str] | None = None) -> set[str]:
     """Ids that a rerun skips: every row but an error row that is not the question's own (error_kind "system",
-    or an error in a part older than error_kind)."""
-    rows = read_rows(out, ["question_id", "error", "error_kind"]).to_pydict()
+    or an error in a part older than error_kind). `parts`: the part files to read (default: a listing now)."""
+    rows = read_rows(out, ["question_id", "error", "error_kind"], parts).to_pydict()
     return {q for q, err, kind in zip(*rows.values()) if err is None or kind == "input"}
 
 
-def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | None = None) -> dict[str, Any]:
-    """Means of the metrics, calls, tokens and per-stage times over every row under `out`."""
+def summarize(
+    out: str, *, parts: list[str] | None = None, wall_time_s: float | None = None, new_rows: int | None = None
+) -> dict[str, Any]:
+    """Means of the metrics, calls, tokens and per-stage times over the rows of `parts` (a run's ledger,
+    `PartLedger`), else of every part listed under `out` now."""
     import polars as pl
 
-    df = pl.from_arrow(read_rows(out))
+    df = pl.from_arrow(read_rows(out, parts=parts))
     ok = df.filter(pl.col("error").is_null())
 
     def mean(col: str, frame=ok):

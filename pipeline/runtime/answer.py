@@ -32,7 +32,17 @@ from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
 from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.io.output import PartWriter, answered_ids, batch_report, make_row, read_json, summarize, write_json
+from pipeline.io.output import (
+    PartLedger,
+    PartWriter,
+    answered_ids,
+    batch_report,
+    make_row,
+    part_files,
+    read_json,
+    summarize,
+    write_json,
+)
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
@@ -245,7 +255,8 @@ def _run_answer(
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
-    done = answered_ids(out)
+    ledger = PartLedger(part_files(out))  # the summary counts these and the parts the run reports, no listing
+    done = answered_ids(out, ledger.parts)
     row_args = dict(
         run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash, model=cfg.generation.model
     )
@@ -300,6 +311,7 @@ def _run_answer(
                 reports = (r for r in [batch_report([], counts["skipped"], {})])
         with contextlib.closing(reports):
             for report in reports:
+                ledger.add(report)
                 written += report["rows"]
                 skipped += report["skipped"]
                 for kind, n in report["calls"].items():
@@ -335,10 +347,16 @@ def _run_answer(
         "runtime": cfg.runtime.mode,
         "skipped_already_answered": skipped,
         "backend_batch_calls": batch_calls,
-        **summarize(out, wall_time_s=wall, new_rows=written),
+        **summarize(out, parts=_ledger_parts(ledger), wall_time_s=wall, new_rows=written),
     }
     write_json(out, "summary.json", summary)
     return summary
+
+
+def _ledger_parts(ledger: PartLedger) -> list[str] | None:
+    if ledger.parts is None:  # a runner whose reports name no part: the summary reads a listing
+        log.warning("the runner reported rows without their part: the summary reads a listing of the output")
+    return ledger.parts
 
 
 def _answer_local(
@@ -356,8 +374,8 @@ def _answer_local(
         load_generator(backends)
         for outcomes in engine.stream_batches(todo, spec.program, params, cfg.answer.batch_questions):
             rows = [make_row(o, **row_args) for o in outcomes]
-            writer.write(rows)
-            yield batch_report(rows, counts["skipped"] - reported, engine.new_calls())
+            part = writer.write(rows)
+            yield batch_report(rows, counts["skipped"] - reported, engine.new_calls(), part)
             reported = counts["skipped"]
         if counts.get("skipped", 0) > reported:
             yield batch_report([], counts["skipped"] - reported, {})
