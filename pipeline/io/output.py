@@ -15,6 +15,7 @@ queueing behind other questions included (parts written before it existed read i
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -256,7 +257,7 @@ class PartWriter:
         if not rows:
             return None
         for name, text in self.header.items():
-            with_retries(f"writing {name}", lambda name=name, text=text: write_text(self.out, name, text))
+            with_retries(f"writing {name}", functools.partial(write_text, self.out, name, text))
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
         digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
@@ -338,7 +339,7 @@ def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | Non
     read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
     tables = []
     for f in files:
-        tables.append(with_retries(f"reading {f}", lambda f=f: _read_part(fs, f, read, listed=parts is None)))
+        tables.append(with_retries(f"reading {f}", functools.partial(_read_part, fs, f, read, parts is None)))
     table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
     keep = (
         pl.from_arrow(table.select(key))
