@@ -179,18 +179,26 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
     build their own).
 
     In-process, the check is made on the run's own backends: their retriever is built now and searched
-    once, and the run goes on with it (the index is opened once). With Ray, the driver only opens the
-    index (its manifest, and each file's size under index.verify=size) and closes it; loading and
-    searching it is left to the actors (or the retrieval pool), which would otherwise load it twice. The
+    once, and the run goes on with it (the index is opened once). With Ray, the driver (often a head node
+    with no GPU nor disk to spare) reads the index's manifest only (and, for a local folder, each file's
+    size under index.verify=size): nothing of the index nor of the model is downloaded onto it; pulling,
+    loading and searching the index, and resolving the model, are left to the actors (or the retrieval
+    pool), on their own nodes. The
     index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used."""
     backends = None
     try:
         if cfg.runtime.mode == "ray":
             if index:
-                from indexing import open_index
+                from indexing.remote import index_manifest, is_remote
 
-                with open_index(index, cfg.index_settings()) as opened:
-                    manifest = opened.manifest
+                manifest = index_manifest(index)  # nothing pulled onto the head
+                if not is_remote(index) and cfg.index.verify == "size":  # a shared folder: sizes, no reads
+                    from pathlib import Path
+
+                    from indexing.manifest import verify_version
+                    from indexing.pinning import split_pin
+
+                    verify_version(Path(split_pin(index)[0]), manifest, full=False, search_only=True)
         else:
             from pipeline.backends import Backends
 
@@ -210,9 +218,14 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
         analyzer = index_analyzer(manifest["settings"])  # what BM25 searches with: the run's config records it
         cfg.index.bm25_stemmer, cfg.index.bm25_stopwords = analyzer["stemmer"], analyzer["stopwords"]
     if cfg.generation.backend != "none":
-        from pipeline.assets.models import resolve_model
+        from pipeline.assets.models import KNOWN_MODELS, ModelNotFound, resolve_model
 
-        resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+        name = cfg.generation.model
+        if cfg.runtime.mode != "ray":
+            resolve_model(name, cfg.paths.cache_dir)
+        elif name not in KNOWN_MODELS and not name.startswith((".", "/", "~")) and name.count("/") != 1:
+            # Ray: the name's form only; the replicas resolve (download) it on their own nodes
+            raise ModelNotFound(f"model {name!r} is not a known model, a folder, nor a hub name of the form org/name")
     return backends
 
 
