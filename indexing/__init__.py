@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
 from indexing.hits import Hit
-from indexing.pinning import pin_index
 from indexing.settings import IndexSettings
 
 if TYPE_CHECKING:
@@ -71,6 +70,14 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
     from indexing.index import open_local_index
 
     return open_local_index(index_dir, cfg, version)
+
+
+def pin_index(index_dir: str | os.PathLike) -> str:
+    """`index_dir` pinned to the version its CURRENT names now, e.g. "s3://b/idx@v000003" (remote.pin_index):
+    hand it to every replica, and each opens that version whatever is published meanwhile."""
+    from indexing.remote import pin_index as pin
+
+    return pin(index_dir)
 
 
 __all__ = ["Hit", "IndexSettings", "IndexingError", "build_index", "open_index", "pin_index"]

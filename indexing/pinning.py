@@ -1,6 +1,6 @@
 """An index version pinned by name: `<index>@v000003` (local folder or URI), accepted wherever an index path is.
 
-A run's driver calls `pin_index` once at start and hands the pinned spec to every replica, so all of them
+A run's driver calls `pin_index` (remote.py) once at start and hands the pinned spec to every replica, so all of them
 search the same version even when a build publishes a newer one meanwhile (each would otherwise read
 `CURRENT` when it opens). A pinned version stays readable: old versions are kept for a day after they are
 superseded (manifest.RETIRED_GRACE_S).
@@ -32,20 +32,3 @@ def resolve_version(spec: str | os.PathLike, version: str | None) -> tuple[str, 
     if pinned and version and version != pinned:
         raise IndexingError(f"index {spec} is pinned to {pinned}, but version {version} was asked for")
     return base, pinned or version
-
-
-def pin_index(spec: str | os.PathLike) -> str:
-    """`spec` with the version its CURRENT names now (one read of CURRENT), e.g. "s3://b/idx@v000003"; a
-    pinned spec is returned as it is."""
-    base, pinned = split_pin(spec)
-    if pinned:
-        return str(spec)
-    from indexing.remote import current_name
-
-    name = current_name(base)
-    if not name:
-        raise IndexingError(f"no published index at {base} (no CURRENT); build one with `dynrag index build`")
-    m = re.fullmatch(r"v(\d+)", name)
-    if m is None:
-        raise IndexingError(f"index {base}: CURRENT names {name!r}, which is not a version")
-    return f"{base}@v{int(m[1]):06d}"

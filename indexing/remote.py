@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -86,6 +87,21 @@ def current_name(spec: str) -> str | None:
         return fs.cat_file(f"{root}/CURRENT").decode().strip() or None
     except FileNotFoundError:
         return None
+
+
+def pin_index(spec: str | os.PathLike) -> str:
+    """`spec` with the version its CURRENT names now (one read of CURRENT), e.g. "s3://b/idx@v000003"; a
+    pinned spec is returned as it is."""
+    base, pinned = split_pin(spec)
+    if pinned:
+        return str(spec)
+    name = current_name(base)
+    if not name:
+        raise IndexingError(f"no published index at {base} (no CURRENT); build one with `dynrag index build`")
+    m = re.fullmatch(r"v(\d+)", name)
+    if m is None:
+        raise IndexingError(f"index {base}: CURRENT names {name!r}, which is not a version")
+    return f"{base}@v{int(m[1]):06d}"
 
 
 def remote_manifest(uri: str, version: str | None = None) -> dict:
