@@ -7,12 +7,13 @@ from __future__ import annotations
 import errno
 
 import fsspec
+import pyarrow.parquet as pq
 import pytest
 from engine_fixtures import HOTPOT
 from fsspec.implementations.memory import MemoryFileSystem
 
 from pipeline.config import DynragConfig
-from pipeline.io import output
+from pipeline.io import output, part_store
 from pipeline.io.output import PartLedger, PartWriter, answered_ids, batch_report, read_rows
 from pipeline.runtime.answer import run_answer
 
@@ -82,15 +83,15 @@ class FlakyFS(MemoryFileSystem):
 @pytest.fixture
 def flaky(monkeypatch):
     fsspec.register_implementation("flaky", FlakyFS, clobber=True)
-    monkeypatch.setattr(output, "PART_WRITE_BACKOFF_S", 0.001)
+    monkeypatch.setattr(part_store, "PART_WRITE_BACKOFF_S", 0.001)
     FlakyFS.tries, FlakyFS.store = 0, {}  # MemoryFileSystem's store is class-wide
     return FlakyFS
 
 
 def test_part_write_retried_on_transient_errors(flaky):
-    flaky.failures = output.PART_WRITE_ATTEMPTS - 1
+    flaky.failures = part_store.PART_WRITE_ATTEMPTS - 1
     part = PartWriter("flaky://run", "r1").write([_row("q1", 1.0)])
-    assert flaky.tries == output.PART_WRITE_ATTEMPTS
+    assert flaky.tries == part_store.PART_WRITE_ATTEMPTS
     assert read_rows("flaky://run", ["question_id"], parts=[part]).to_pylist() == [{"question_id": "q1"}]
 
 
@@ -98,7 +99,7 @@ def test_part_write_gives_up_after_bounded_attempts(flaky):
     flaky.failures = 100
     with pytest.raises(ConnectionResetError):
         PartWriter("flaky://run", "r1").write([_row("q1", 1.0)])
-    assert flaky.tries == output.PART_WRITE_ATTEMPTS
+    assert flaky.tries == part_store.PART_WRITE_ATTEMPTS
 
 
 def test_permanent_errors_are_not_retried():
@@ -109,10 +110,23 @@ def test_permanent_errors_are_not_retried():
     assert output.transient(OSError(errno.EIO, "slow down"))
 
 
+def _on_store(fs, out: str) -> list[dict]:
+    """Every row in the folder's part files, as stored (no dedup)."""
+    bucket_path = out.split("://", 1)[1]
+    return sorted(
+        (
+            r
+            for p in fs.find(f"{bucket_path}/parts")
+            for r in pq.read_table(fs.open(p, "rb"), columns=["question_id"]).to_pylist()
+        ),
+        key=lambda r: r["question_id"],
+    )
+
+
 def test_zombie_writer_cannot_overwrite_a_complete_part(s3):
     """A batch given to a new actor after its first was thought dead: the new actor writes the whole batch, then
-    the zombie finishes late with part of the batch as error rows. The complete part stays and every question
-    reads with its answer."""
+    the zombie finishes late with part of the batch as error rows. The complete part stays, every question reads
+    with its answer, and the zombie's part, which adds nothing, is gone."""
     fs, bucket = s3
     out = f"s3://{bucket}/run"
     batch = ["q1", "q2", "q3"]
@@ -123,4 +137,27 @@ def test_zombie_writer_cannot_overwrite_a_complete_part(s3):
     rows = read_rows(out, ["question_id", "prediction", "error"]).sort_by("question_id").to_pylist()
     assert rows == [{"question_id": q, "prediction": f"p-{q}-10.0", "error": None} for q in batch]
     assert answered_ids(out) == set(batch)
-    assert read_rows(out, ["question_id"], parts=[complete, zombie]).num_rows == 3
+    assert read_rows(out, ["question_id"], parts=[complete, zombie]).num_rows == 3  # a ledger naming both
+    assert _on_store(fs, out) == [{"question_id": q} for q in batch]
+
+
+def test_a_drained_attempt_goes_once_its_batch_is_written_whole(s3):
+    """An actor drained part way writes the questions it finished; the batch, run again whole elsewhere, writes
+    all of them: the folder then holds each row once, and another batch's part is untouched."""
+    fs, bucket = s3
+    out = f"s3://{bucket}/run"
+    batch = ["q1", "q2", "q3"]
+    drained = PartWriter(out, "r1").write([_row("q1", 5.0)], batch)
+    other = PartWriter(out, "r1").write([_row("q9", 5.0)], ["q9"])
+    whole = PartWriter(out, "r1").write([_row(q, 10.0) for q in batch], batch)
+    assert not fs.exists(drained.split("://", 1)[-1]) and fs.exists(other.split("://", 1)[-1])
+    assert _on_store(fs, out) == [{"question_id": q} for q in [*batch, "q9"]]
+    assert read_rows(out, ["question_id"], parts=[drained, other, whole]).num_rows == 4  # the ledger's gone part
+
+
+def test_two_complete_attempts_leave_one(tmp_path):
+    out = str(tmp_path / "run")
+    batch = ["q1", "q2"]
+    for _ in range(3):
+        PartWriter(out, "r1").write([_row(q, 10.0) for q in batch], batch)
+    assert len(output.part_files(out)) == 1 and read_rows(out, ["question_id"]).num_rows == 2

@@ -4,7 +4,8 @@ Rows live in `<out>/parts/part-*.parquet`, each file written whole and then rena
 killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
 the ids already written and a resumed run answers only the others; a part is named by its run, its
 question ids and its attempt (`PartWriter`), and a batch written twice (a retried Ray task) reads once.
-A part is never replaced: each write is a new object (`PartWriter`); readers keep one row per id.
+A part is never replaced: each write is a new object (`PartWriter`, part_store.py); readers keep one
+row per question id.
 `summarize(out, parts=...)` reads the parts a run's driver knows of (`PartLedger`), or all parts. Local paths and fsspec URIs (s3://, gs://) both work.
 
 Time columns: `time_<stage>_s` is the question's share of the batched calls it took part in (its cost;
@@ -14,17 +15,14 @@ queueing behind other questions included (parts written before it existed read i
 
 from __future__ import annotations
 
-import errno
 import functools
 import hashlib
 import json
 import logging
 import os
-import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,6 +30,13 @@ import pyarrow.parquet as pq
 from indexing.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome
 from pipeline.evaluation.metrics import answer_metrics, support_recall
+from pipeline.io.part_store import (  # noqa: F401  (PartLedger, part_key, transient: part of this module's API)
+    PartLedger,
+    drop_covered_attempts,
+    part_key,
+    transient,
+    with_retries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,41 +171,9 @@ def _is_local(fs) -> bool:
     return "file" in proto or "local" in proto
 
 
-PART_WRITE_ATTEMPTS = 5  # one upload and up to 4 retries
-PART_WRITE_BACKOFF_S = 0.5  # before the 2nd attempt; doubled each time (with jitter), at most 8 s
-_PERMANENT = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
-T = TypeVar("T")
-
-
-def transient(exc: BaseException) -> bool:
-    """Whether a storage error may pass if tried again (a dropped connection, a throttled or failed request),
-    as opposed to one that will not (no permission, a full or read-only disk, a missing bucket)."""
-    if isinstance(exc, (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):
-        return False
-    return isinstance(exc, OSError) and exc.errno not in _PERMANENT
-
-
-def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) -> T:
-    """`fn()`, tried again after a transient storage error (`transient`) with exponential backoff, at most
-    `attempts` times in all (default PART_WRITE_ATTEMPTS); the last error is raised."""
-    attempts = attempts or PART_WRITE_ATTEMPTS
-    for i in range(1, attempts + 1):
-        try:
-            return fn()
-        except Exception as exc:
-            if i == attempts or not transient(exc):
-                raise
-            wait = min(8.0, PART_WRITE_BACKOFF_S * 2 ** (i - 1)) * random.uniform(0.5, 1.0)
-            log.warning(
-                "%s failed (%s: %s), attempt %d of %d; again in %.1fs", what, type(exc).__name__, exc, i, attempts, wait
-            )
-            time.sleep(wait)
-    raise AssertionError("unreachable")
-
-
 def write_part(out: str, rows: list[dict[str, Any]], key: str | None = None) -> str | None:
     """Write rows as one part file `part-<key>.parquet` (a fresh key when None), atomically; returns its path.
-    A part of the same key is replaced. A transient storage error is retried (`with_retries`); each try
+    A part of the same key is replaced (PartWriter's keys are never reused). A transient storage error is retried (`with_retries`); each try
     writes the whole file again (local: a fresh temporary file renamed into place; object stores: one
     PUT of the whole file)."""
     if not rows:
@@ -238,15 +211,11 @@ class PartWriter:
     Before its first part it writes `header` (file name -> text: the settings of a new output folder), so
     a folder holding rows always says which configuration wrote them.
 
-    Each write is a new object, `part-<run id>-<digest of the batch's question ids>-<attempt>.parquet`, the
-    attempt a random token of this call: a part, once written, is never replaced. So a zombie writer (an
-    actor thought dead, whose batch was given to another, that finishes late with part of the batch or
-    with error rows) adds a part beside the complete one instead of overwriting it. Readers stay correct:
-    `read_rows` keeps one row per question id (an answer over an error row, then the last finished), so a
-    batch written twice (a retried Ray task, a batch drained part way and run again whole) reads as
-    once. Replacing by key instead would need a conditional write that every store honours (S3's
-    If-None-Match is recent; a local rename has none), and the last writer of a key would still win.
-    `part_key` gives a part's key without its attempt."""
+    Each write is a new object, `part-<run id>-<digest of the batch's question ids>-<attempt>.parquet` (the
+    attempt a random token of this call), never one that replaces another: a zombie writer cannot
+    overwrite a complete part. The earlier attempts of the batch that this one covers are then removed
+    (a batch drained part way and run again whole, a retried Ray task). Why, and how readers stay correct:
+    part_store.py. `part_key` gives a part's key without its attempt."""
 
     def __init__(self, out: str, run_id: str, header: dict[str, str] | None = None):
         self.out, self.run_id, self.header = out, run_id, dict(header or {})
@@ -261,14 +230,12 @@ class PartWriter:
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
         digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
-        return write_part(self.out, rows, f"{self.run_id}-{digest}-{uuid.uuid4().hex[:8]}")
-
-
-def part_key(path: str) -> str:
-    """A PartWriter part's key without its attempt (`<run id>-<digest>`): the same for every attempt at one
-    batch, so a driver can count a batch once whichever attempts report it."""
-    name = path.rsplit("/", 1)[-1].removeprefix("part-").removesuffix(".parquet")
-    return name.rsplit("-", 1)[0]
+        path = write_part(self.out, rows, f"{self.run_id}-{digest}-{uuid.uuid4().hex[:8]}")
+        if path is not None:
+            fs, _ = _fs(self.out)
+            mine = {r["question_id"]: r["error"] is None for r in rows}
+            drop_covered_attempts(fs, path, mine, functools.partial(_answered_in, fs))
+        return path
 
 
 def batch_report(
@@ -286,32 +253,6 @@ def batch_report(
     if part:
         report["part"] = part
     return report
-
-
-class PartLedger:
-    """The driver's account of the parts its summary reads: those listed when the run started (what
-    `answered_ids` read) and those the run's reports name. Never a listing at the end: an object store's
-    listing (s3fs caches them) may not yet show the run's own parts, and another job's parts are not
-    this run's to count.
-
-    `parts` is None when a report of rows named no part (a runner that does not report them): the caller
-    then falls back to a listing."""
-
-    def __init__(self, start: Iterable[str]):
-        self._parts = list(dict.fromkeys(start))
-        self.complete = True
-
-    def add(self, report: dict[str, Any]) -> None:
-        part = report.get("part")
-        if part:
-            if part not in self._parts:
-                self._parts.append(part)
-        elif report.get("rows"):
-            self.complete = False
-
-    @property
-    def parts(self) -> list[str] | None:
-        return list(self._parts) if self.complete else None
 
 
 def part_files(out: str) -> list[str]:
@@ -333,13 +274,15 @@ def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | Non
 
     fs, _ = _fs(out)
     files = part_files(out) if parts is None else list(parts)
-    if not files:
-        return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
     key = ["question_id", "finished_at", "error"]
     read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
-    tables = []
-    for f in files:
-        tables.append(with_retries(f"reading {f}", functools.partial(_read_part, fs, f, read, parts is None)))
+    tables = [
+        t
+        for t in (with_retries(f"reading {f}", functools.partial(_read_part, fs, f, read)) for f in files)
+        if t is not None
+    ]
+    if not tables:
+        return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
     table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
     keep = (
         pl.from_arrow(table.select(key))
@@ -352,17 +295,27 @@ def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | Non
     return table.take(keep.to_arrow()).select(columns or table.column_names)
 
 
-def _read_part(fs: Any, path: str, columns: list[str] | None, listed: bool) -> pa.Table:
-    try:
-        with fs.open(path, "rb") as fh:
-            return pq.read_table(fh, columns=columns)
-    except FileNotFoundError:
-        if listed or _is_local(fs):
-            raise
-    # a part the run reported, hidden by a listing of parts/ cached before it was written (s3fs): look again
-    fs.invalidate_cache(path.rsplit("/", 1)[0])
+def _read_part(fs: Any, path: str, columns: list[str] | None) -> pa.Table | None:
+    """A part's rows; None for a part that is gone: removed by a later attempt of its batch that holds its
+    rows (part_store.drop_covered_attempts) since it was listed or reported."""
+    for again in (False, True):
+        try:
+            with fs.open(path, "rb") as fh:
+                return pq.read_table(fh, columns=columns)
+        except FileNotFoundError:
+            if again or _is_local(fs):
+                break
+            # a listing of parts/ cached before this part was written hides it (s3fs): look again
+            fs.invalidate_cache(path.rsplit("/", 1)[0])
+    log.debug("part %s is gone (superseded by a later attempt of its batch)", path)
+    return None
+
+
+def _answered_in(fs: Any, path: str) -> dict[str, bool]:
+    """{question id: answered (no error)} of the part at `path`."""
     with fs.open(path, "rb") as fh:
-        return pq.read_table(fh, columns=columns)
+        t = pq.read_table(fh, columns=["question_id", "error"]).to_pydict()
+    return {q: e is None for q, e in zip(t["question_id"], t["error"])}
 
 
 def answered_ids(out: str, parts: list[str] | None = None) -> set[str]:
