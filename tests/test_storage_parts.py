@@ -71,9 +71,10 @@ class FlakyFS(MemoryFileSystem):
     protocol = "flaky"
     failures = 0
     tries = 0
+    match = "/parts/"
 
     def pipe_file(self, path, value, *args, **kwargs):
-        if "/parts/" in path:
+        if self.match in path:
             type(self).tries += 1
             if type(self).tries <= type(self).failures:
                 raise ConnectionResetError(errno.ECONNRESET, "connection reset by peer")
@@ -84,7 +85,7 @@ class FlakyFS(MemoryFileSystem):
 def flaky(monkeypatch):
     fsspec.register_implementation("flaky", FlakyFS, clobber=True)
     monkeypatch.setattr(part_store, "PART_WRITE_BACKOFF_S", 0.001)
-    FlakyFS.tries, FlakyFS.store = 0, {}  # MemoryFileSystem's store is class-wide
+    FlakyFS.tries, FlakyFS.store, FlakyFS.match = 0, {}, "/parts/"  # MemoryFileSystem's store is class-wide
     return FlakyFS
 
 
@@ -102,12 +103,20 @@ def test_part_write_gives_up_after_bounded_attempts(flaky):
     assert flaky.tries == part_store.PART_WRITE_ATTEMPTS
 
 
+def test_small_files_are_retried_too(flaky):
+    flaky.failures, flaky.match = 2, "summary.json"
+    output.write_json("flaky://run", "summary.json", {"rows": 1})
+    assert flaky.tries == 3 and output.read_json("flaky://run", "summary.json") == {"rows": 1}
+
+
 def test_permanent_errors_are_not_retried():
     assert not output.transient(PermissionError(errno.EACCES, "denied"))
     assert not output.transient(OSError(errno.ENOSPC, "disk full"))
     assert not output.transient(FileNotFoundError("no bucket"))
     assert output.transient(ConnectionResetError(errno.ECONNRESET, "reset"))
     assert output.transient(OSError(errno.EIO, "slow down"))
+    assert output.transient(type("EndpointConnectionError", (Exception,), {})())  # botocore's, not an OSError
+    assert not output.transient(ValueError("a bug"))
 
 
 def _on_store(fs, out: str) -> list[dict]:

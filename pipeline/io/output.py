@@ -226,7 +226,7 @@ class PartWriter:
         if not rows:
             return None
         for name, text in self.header.items():
-            with_retries(f"writing {name}", functools.partial(write_text, self.out, name, text))
+            write_text(self.out, name, text)
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
         digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
@@ -404,16 +404,20 @@ def read_json(out: str, name: str) -> Any:
 
 
 def write_text(out: str, name: str, text: str) -> str:
-    """Write one small file under `out` (a local folder or an fsspec URI); atomic where local."""
+    """Write one small file under `out` (a local folder or an fsspec URI); atomic where local, one PUT on
+    an object store; retried on a transient storage error (`with_retries`)."""
     fs, base = _fs(out)
-    fs.makedirs(base, exist_ok=True)
     target = f"{base}/{name}"
-    if _is_local(fs):
-        tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: Ray actors write the same header
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    else:
-        with fs.open(target, "w") as fh:
-            fh.write(text)
+
+    def attempt() -> None:
+        fs.makedirs(base, exist_ok=True)
+        if _is_local(fs):
+            tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: Ray actors write the same header
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, target)
+        else:
+            fs.pipe_file(target, text.encode("utf-8"))
+
+    with_retries(f"writing {target}", attempt)
     return target

@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 
 PART_WRITE_ATTEMPTS = 5  # one upload and up to 4 retries
 PART_WRITE_BACKOFF_S = 0.5  # before the 2nd attempt; doubled each time (with jitter), at most 8 s
+_NETWORK = {
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ServerDisconnectedError",
+    "ClientPayloadError",
+}
 _PERMANENT = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES, errno.EPERM}
 T = TypeVar("T")
 
@@ -37,6 +45,8 @@ def transient(exc: BaseException) -> bool:
     as opposed to one that will not (no permission, a full or read-only disk, a missing bucket)."""
     if isinstance(exc, (PermissionError, FileNotFoundError, IsADirectoryError, NotADirectoryError)):
         return False
+    if type(exc).__name__ in _NETWORK:  # botocore's and aiohttp's, which s3fs lets through after its own retries
+        return True
     return isinstance(exc, OSError) and exc.errno not in _PERMANENT
 
 
