@@ -70,7 +70,7 @@ def test_pinned_version_survives_a_republish(remote_index, tmp_path):
         assert idx.version == 2
 
 
-def test_pinned_local_index(remote_index, tmp_path):
+def test_pinned_local_index(remote_index, tmp_path, capsys):
     """The same spec for a local folder: `idx@v000001` opens v1 after v2 is published."""
     _, bucket, settings, lines = remote_index
     local = tmp_path / "local-idx"
@@ -84,6 +84,11 @@ def test_pinned_local_index(remote_index, tmp_path):
         assert idx.version == 1 and pinned == f"{local}@v000001"
     with pytest.raises(Exception, match="pinned to v000001, but version v000002"):
         open_index(pinned, settings, "v000002")
+    from jobs.cli import main as dynrag
+
+    capsys.readouterr()
+    assert dynrag(["index", "verify", "--index", pinned]) == 0
+    assert "version 1:" in capsys.readouterr().out
 
 
 def test_ray_preflight_reads_manifests_only(remote_index, s3_server, tmp_path):

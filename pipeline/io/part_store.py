@@ -8,8 +8,8 @@ not overwrite a complete part with part of the batch or with error rows, and a b
 and then run again whole must end with its whole rows. With one object per attempt nothing is ever
 overwritten; `read_rows` keeps one row per question id (an answer over an error row, then the last
 finished), so readers see each question once whatever attempts exist; and after its write, an attempt
-removes the earlier attempts of its batch that it covers (`drop_covered_attempts`), so the folder holds
-each row once in the usual case (a retried batch). Replacing by key would let the last writer win (the
+removes the attempts of its batch (itself included) that another one covers (`drop_covered_attempts`),
+so the folder holds each row once in the usual cases (a retried batch, a drained one, a late zombie). Replacing by key would let the last writer win (the
 zombie); refusing to replace would keep a drained batch's partial part and lose the rest of the batch;
 both would need a conditional write that every store honours (S3's If-None-Match is recent, a local
 rename has none).
@@ -69,8 +69,8 @@ def with_retries(what: str, fn: Callable[[], T], attempts: int | None = None) ->
 
 
 def part_key(path: str) -> str:
-    """A PartWriter part's key without its attempt (`<run id>-<digest>`): the same for every attempt at one
-    batch, so a driver can count a batch once whichever attempts report it."""
+    """A PartWriter part's key without its attempt (`<run id>-<digest of the batch's ids>`), shared by every
+    attempt at one batch (a drained attempt's part of the batch included)."""
     name = path.rsplit("/", 1)[-1].removeprefix("part-").removesuffix(".parquet")
     return name.rsplit("-", 1)[0]
 
