@@ -368,7 +368,7 @@ def _run_answer(
 
 def _ledger_parts(ledger: PartLedger) -> list[str] | None:
     if ledger.parts is None:  # a runner whose reports name no part: the summary reads a listing
-        log.warning("the runner reported rows without their part: the summary reads a listing of the output")
+        log.info("the runner reported rows without their part: the summary reads a listing of the output")
     return ledger.parts
 
 
