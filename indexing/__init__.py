@@ -4,6 +4,7 @@
     cfg = IndexSettings(embedding={"model": "/models/all-MiniLM-L6-v2"})  # or DynragConfig.index_settings()
     report = build_index(["psgs_w100.tsv"], "idx", cfg)          # incremental when idx holds an index
     index = open_index("idx", cfg)                               # a consistent view of the published version
+    open_index(pin_index("s3://b/idx"), cfg)                     # "s3://b/idx@v000003": that version, always
     index.search(["who wrote Hamlet?"], k=10, retriever="bm25")  # -> list[list[Hit]]; or retriever="dense"
     index.passages(["123"]); index.info()
 
@@ -57,10 +58,13 @@ def build_index(
 
 
 def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | None = None) -> Index:
-    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002'). A
-    remote `index_dir` is pulled into a local cache first (remote.py)."""
+    """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002', also
+    given as `index_dir@v000002`: `pin_index`). A remote `index_dir` is pulled into a local cache first
+    (remote.py)."""
+    from indexing.pinning import resolve_version
     from indexing.remote import is_remote, open_remote_index
 
+    index_dir, version = resolve_version(index_dir, version)
     if is_remote(index_dir):
         return open_remote_index(str(index_dir), cfg, version)
     from indexing.index import open_local_index
@@ -68,4 +72,12 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
     return open_local_index(index_dir, cfg, version)
 
 
-__all__ = ["Hit", "IndexSettings", "IndexingError", "build_index", "open_index"]
+def pin_index(index_dir: str | os.PathLike) -> str:
+    """`index_dir` pinned to the version its CURRENT names now, e.g. "s3://b/idx@v000003" (remote.pin_index):
+    hand it to every replica, and each opens that version whatever is published meanwhile."""
+    from indexing.remote import pin_index as pin
+
+    return pin(index_dir)
+
+
+__all__ = ["Hit", "IndexSettings", "IndexingError", "build_index", "open_index", "pin_index"]

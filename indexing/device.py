@@ -6,11 +6,15 @@
   its own): since Ray 2.60 an actor that asked for none still sees all of its node's GPUs, and a
   tensor-parallel replica's engine actor asks for none (its GPUs are its vLLM workers'), so its query
   encoder, classifiers, DRAGIN's attention model and FAISS would land on another process's GPU 0.
+- `own_device`: a device setting resolved; an explicit `cuda` where this process owns no GPU is refused.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+
+from indexing.errors import IndexingError
 
 
 def cuda_available() -> bool:
@@ -48,8 +52,34 @@ def own_cuda() -> bool:
     return owns_gpu(cuda_available(), ray_assigned_gpus())
 
 
-def own_device(device: str = "auto") -> str:
-    """A model's device setting resolved: "auto" is "cuda" where this process owns a GPU, else "cpu"."""
-    if device != "auto":
+def check_explicit_device(device: str, assigned: list[str] | None, visible: str | None) -> str:
+    """An explicit `cuda` / `cuda:N` device, refused (IndexingError, one line) where this process owns no GPU:
+    a Ray worker that Ray assigned no GPU (`assigned` == []; it still sees the node's GPUs, so `cuda` would be
+    another process's GPU 0), or CUDA_VISIBLE_DEVICES set empty (`visible` == ""); or N past the GPUs Ray
+    assigned it. Any other device is returned as it is."""
+    if not device.startswith("cuda"):
         return device
+    where = (
+        "this Ray worker was assigned no GPU by Ray"
+        if assigned is not None and not assigned
+        else "CUDA_VISIBLE_DEVICES is empty in this process"
+        if visible is not None and not visible.strip()
+        else None
+    )
+    n = device.partition(":")[2]
+    if where is None and assigned and n.isdigit() and int(n) >= len(assigned):
+        where = f"this Ray worker was assigned {len(assigned)} GPU(s) by Ray"
+    if where:
+        raise IndexingError(
+            f"device {device!r} is set explicitly, but {where}: it would run on a GPU another process owns; "
+            "use device 'auto' (or 'cpu'), or give the actor its GPUs (num_gpus)"
+        )
+    return device
+
+
+def own_device(device: str = "auto") -> str:
+    """A model's device setting resolved: "auto" is "cuda" where this process owns a GPU, else "cpu"; an explicit
+    CUDA device where this process owns none is refused (`check_explicit_device`)."""
+    if device != "auto":
+        return check_explicit_device(device, ray_assigned_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     return "cuda" if own_cuda() else "cpu"

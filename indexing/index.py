@@ -220,7 +220,10 @@ class Index:
 
 def open_local_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | None = None) -> Index:
     """Open the published version of the local index at `index_dir` (or a named older version, e.g. 'v000002')."""
-    root = Path(index_dir)
+    from indexing.pinning import resolve_version
+
+    base, version = resolve_version(index_dir, version)
+    root = Path(base)
     manifest = read_manifest(root, version)
     log.info(
         "opened %s version %s: %d passages in %d shards",

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from indexing.errors import CorruptIndexError, IndexingError
 from indexing.faults import fault_point
+from indexing.manifest_paths import check_manifest_paths, safe_relative
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +156,24 @@ def current_version(root: Path) -> str | None:
 
 
 def read_manifest(root: Path, version: str | None = None) -> dict:
-    root = Path(root)
+    """The manifest of the published version of the local index `root` (or of `version`, or of the version
+    `root` is pinned to: `idx@v000003`, pinning.py)."""
+    from indexing.pinning import resolve_version
+
+    base, version = resolve_version(root, version)
+    root = Path(base)
     if version is None:
         if not root.is_dir():
             raise IndexingError(f"no index at {root}: the directory does not exist")
         version = current_version(root)
         if version is None:
             raise IndexingError(f"no published index at {root} (no CURRENT file); build one with `dynrag index build`")
-    path = root / "versions" / version / "manifest.json"
+    path = (
+        root
+        / "versions"
+        / safe_relative(version, "the version name in CURRENT", str(root), single=True)
+        / "manifest.json"
+    )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -174,12 +185,14 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
 
 
 def check_format(manifest: dict, where: str) -> None:
+    """Refuse a manifest of another format, or one naming a path outside the index root (manifest_paths.py)."""
     found = manifest.get("format")
     if found != FORMAT_VERSION:
         raise IndexingError(
             f"index {where} has format {found!r}, this dynrag reads format {FORMAT_VERSION}: rebuild it "
             "into a new directory (`dynrag index build SOURCES --index NEW_DIR`)"
         )
+    check_manifest_paths(manifest, where)
 
 
 def version_files(manifest: dict, search_only: bool = False) -> list[tuple[str, dict[str, dict]]]:

@@ -14,28 +14,34 @@ Object stores have no lock: run one builder per remote index at a time.
 Open (`open_remote_index`): `CURRENT` and the manifest are read from the store; the files search
 reads (each shard's `SEARCH_FILES` and the version's BM25 index; not `vectors.npy` nor the shards'
 own Lucene indexes) are pulled once into `<index.remote_cache_dir>/<hash of the URI>/` (same layout)
-in one batched `get`, each checked against the manifest's sha256 and then renamed into place (so
-concurrent workers on one node share one copy, and a cached file is a verified one), and reused by
-every later open of that version on this machine. Shards are content-addressed, so a new version
+in one batched `get`, each checked against the manifest's sha256 and then renamed into place (a cached
+file is a verified one), under a file lock of the cache (`node_lock`: the processes of one node that
+open the index at once download each file once), and reused by every later open of that version on
+this machine. `uri@v000003` (pinning.py) opens that version, whatever CURRENT names. Shards are content-addressed, so a new version
 downloads only its new shards. A build pulls every file of the published version (each shard's
 `checksums.json`, the marker of a complete shard, is written from the manifest, which lists the same).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
+from indexing.manifest_paths import check_manifest_paths, safe_relative
+from indexing.pinning import resolve_version, split_pin
 
 if TYPE_CHECKING:
     from indexing.index import Index
@@ -70,8 +76,38 @@ def _store(uri: str) -> tuple[Any, str]:
     return fs, root.rstrip("/")
 
 
+def current_name(spec: str) -> str | None:
+    """What CURRENT of the index `spec` (a local folder or a URI) names now, None where there is none."""
+    if not is_remote(spec):
+        from indexing.manifest import current_version
+
+        return current_version(Path(spec))
+    fs, root = _store(spec)
+    try:
+        return fs.cat_file(f"{root}/CURRENT").decode().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def pin_index(spec: str | os.PathLike) -> str:
+    """`spec` with the version its CURRENT names now (one read of CURRENT), e.g. "s3://b/idx@v000003"; a
+    pinned spec is returned as it is."""
+    base, pinned = split_pin(spec)
+    if pinned:
+        return str(spec)
+    name = current_name(base)
+    if not name:
+        raise IndexingError(f"no published index at {base} (no CURRENT); build one with `dynrag index build`")
+    m = re.fullmatch(r"v(\d+)", name)
+    if m is None:
+        raise IndexingError(f"index {base}: CURRENT names {name!r}, which is not a version")
+    return f"{base}@v{int(m[1]):06d}"
+
+
 def remote_manifest(uri: str, version: str | None = None) -> dict:
-    """The manifest of the published version of the remote index at `uri` (or of a named version)."""
+    """The manifest of the published version of the remote index at `uri` (or of a named version, or of the
+    version `uri` is pinned to: `uri@v000003`)."""
+    uri, version = resolve_version(uri, version)
     fs, root = _store(uri)
     if version is None:
         try:
@@ -80,13 +116,18 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
             raise IndexingError(
                 f"no published index at {uri} (no CURRENT object); build one with `dynrag index build`"
             ) from None
+    safe_relative(version, "the version name in CURRENT", uri, single=True)
     try:
-        return json.loads(fs.cat_file(f"{root}/versions/{version}/manifest.json"))
+        manifest = json.loads(fs.cat_file(f"{root}/versions/{version}/manifest.json"))
     except FileNotFoundError:
         raise IndexingError(f"{uri}: version {version} has no manifest.json") from None
+    check_manifest_paths(manifest, uri)  # also for a manifest of another format (garbage collection reads those)
+    return manifest
 
 
 def cache_root(uri: str, cfg: IndexSettings) -> Path:
+    """The local cache of the remote index `uri` (one for all its versions, pinned or not)."""
+    uri = split_pin(uri)[0]
     key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
     base = cfg.index.remote_cache_dir or Path(cfg.cache_dir) / "index-cache"
     return Path(base).expanduser() / key
@@ -117,49 +158,69 @@ def _pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int
     return len(todo)
 
 
+@contextlib.contextmanager
+def node_lock(local: Path) -> Iterator[None]:
+    """Hold the pull lock of one index's local cache (flock on `<cache>/.pull.lock`): processes on one node
+    that open the same index pull its files one after another, so each file is downloaded once and the
+    later ones find it cached. Released when the holder ends, also when it is killed."""
+    local.mkdir(parents=True, exist_ok=True)
+    with open(local / ".pull.lock", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process on this node to finish pulling into %s", local)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def pull_version(
     uri: str, cfg: IndexSettings, version: str | None = None, *, search_only: bool = False
 ) -> tuple[Path, dict]:
     """Make the version's files (with `search_only`, those search reads) present in the local cache;
     returns (cache root, manifest)."""
+    uri, version = resolve_version(uri, version)
     fs, root = _store(uri)
     manifest = remote_manifest(uri, version)
     check_format(manifest, uri)
     name = version_name(manifest["version"])
     local = cache_root(uri, cfg)
     vdir = local / "versions" / name
-    if (vdir / "manifest.json").is_file() and json.loads(
-        (vdir / "manifest.json").read_text(encoding="utf-8")
-    ) != manifest:
-        # the store was rebuilt from scratch since: same version number, other content
-        stale = vdir.with_name(f".{name}.{uuid.uuid4().hex[:6]}.stale")
-        os.rename(vdir, stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    t = time.perf_counter()
-    wanted = [
-        (f"{root}/{rel}/{f}", local / rel / f, want)
-        for rel, files in version_files(manifest, search_only)
-        for f, want in files.items()
-    ]
-    pulled = _pull_files(fs, wanted)
-    if not search_only:  # a build's seed: the marker of a complete shard, whose content is the manifest's list
-        for s in manifest["shards"]:
-            marker = local / "shards" / s["key"] / "checksums.json"
-            if not marker.is_file():
-                atomic_write(marker, checksums_text(s["files"]))
-    _pull_files(
-        fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
-    )  # last: marks the version
-    (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
-    log.info(
-        "index %s %s: %d of %d files pulled into %s (%.1fs); the rest were cached",
-        uri,
-        name,
-        pulled,
-        len(wanted),
-        local,
-        time.perf_counter() - t,
-    )
+    with node_lock(local):  # one download per node: the others wait, then find the files cached
+        if (vdir / "manifest.json").is_file() and json.loads(
+            (vdir / "manifest.json").read_text(encoding="utf-8")
+        ) != manifest:
+            # the store was rebuilt from scratch since: same version number, other content
+            stale = vdir.with_name(f".{name}.{uuid.uuid4().hex[:6]}.stale")
+            os.rename(vdir, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        t = time.perf_counter()
+        wanted = [
+            (f"{root}/{rel}/{f}", local / rel / f, want)
+            for rel, files in version_files(manifest, search_only)
+            for f, want in files.items()
+        ]
+        pulled = _pull_files(fs, wanted)
+        if not search_only:  # a build's seed: the marker of a complete shard, whose content is the manifest's list
+            for s in manifest["shards"]:
+                marker = local / "shards" / s["key"] / "checksums.json"
+                if not marker.is_file():
+                    atomic_write(marker, checksums_text(s["files"]))
+        _pull_files(
+            fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
+        )  # last: marks the version
+        (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
+        log.info(
+            "index %s %s: %d of %d files pulled into %s (%.1fs); the rest were cached",
+            uri,
+            name,
+            pulled,
+            len(wanted),
+            local,
+            time.perf_counter() - t,
+        )
     return local, manifest
 
 
@@ -169,6 +230,19 @@ def open_remote_index(uri: str, cfg: IndexSettings, version: str | None = None) 
 
     local, manifest = pull_version(uri, cfg, version, search_only=True)
     return open_local_index(local, cfg, version=version_name(manifest["version"]))
+
+
+def index_manifest(spec: str | os.PathLike, version: str | None = None) -> dict:
+    """The manifest `open_index(spec)` would open (a local folder or a URI, pinned or not), read from the
+    index's storage alone: nothing is pulled."""
+    from indexing.manifest import read_manifest
+
+    base, version = resolve_version(spec, version)
+    if is_remote(base):
+        manifest = remote_manifest(base, version)
+        check_format(manifest, base)
+        return manifest
+    return read_manifest(Path(base), version)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

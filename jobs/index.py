@@ -200,7 +200,7 @@ def _info(args: argparse.Namespace) -> int:
     from indexing.remote import is_remote, remote_manifest
     from jobs.cli import config_from_args
 
-    m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))
+    m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))  # pinned too
     bm25 = bm25_settings(config_from_args(args), m)
     if args.json:
         print(json.dumps({**m, "bm25_search": bm25}, indent=1))  # the manifest's own "bm25" is its BM25 index
@@ -238,9 +238,11 @@ def _verify(args: argparse.Namespace) -> int:
 
     if is_remote(args.index):
         root, manifest = pull_version(args.index, config_from_args(args).index_settings())
-    else:
-        root = Path(args.index)
-        manifest = read_manifest(root)
+    else:  # a folder, or a version of it (`DIR@v000003`)
+        from indexing.pinning import split_pin
+
+        root = Path(split_pin(args.index)[0])
+        manifest = read_manifest(Path(args.index))
     files, size = verify_version(root, manifest, full=True)
     print(f"{args.index}: version {manifest['version']}: {files} files ({size / 2**20:.1f} MiB) match their sha256")
     return 0

@@ -149,26 +149,30 @@ def tiny_vllm(tiny_cfg):
     gen.close()
 
 
-@pytest.fixture
-def s3(monkeypatch):
-    """S3 on loopback (moto's server): an s3fs filesystem and a fresh bucket; AWS_* point every client at it."""
-    import uuid
+@pytest.fixture(scope="session")
+def s3_server():
+    """One real S3 API on loopback for the session (tests/s3_server.py: moto's server, every request recorded):
+    `.env` (AWS_ENDPOINT_URL and credentials) for clients, subprocesses and Ray workers, `.new_bucket()`,
+    `.filesystem()`, `.count("GET", "/bucket/prefix")`."""
+    pytest.importorskip("moto.server", reason="moto[server] is a test dependency (pyproject `test` extra)")
+    pytest.importorskip("s3fs", reason="s3fs is a test dependency (pyproject `test` extra)")
+    from s3_server import S3Server
 
-    server_mod = pytest.importorskip("moto.server", reason="moto[server] is a test dependency (pyproject `test` extra)")
-    s3fs = pytest.importorskip("s3fs", reason="s3fs is a test dependency (pyproject `test` extra)")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    for k, v in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
-    }.items():
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """S3 on loopback (the session's `s3_server`): an s3fs filesystem and a fresh bucket; AWS_* point every
+    client of this process (and the processes it starts) at it."""
+    import s3fs
+
+    for k, v in s3_server.env.items():
         monkeypatch.setenv(k, v)
     s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem()
-    bucket = f"dynrag-{uuid.uuid4().hex[:12]}"  # moto keeps its state per process: a fresh bucket per test
-    fs.mkdir(bucket)
+    bucket = s3_server.new_bucket()  # moto keeps its state per process: a fresh bucket per test
     yield fs, bucket
     s3fs.S3FileSystem.clear_instance_cache()
-    server.stop()

@@ -242,3 +242,58 @@ def test_a_job_joins_the_cluster_it_runs_in_else_starts_its_own_ray(monkeypatch)
     assert calls[-1]["address"] == "127.0.0.1:6379" and calls[-1]["num_cpus"] is None
     init_ray("ray://head:10001", 2)
     assert calls[-1]["address"] == "ray://head:10001" and calls[-1]["num_cpus"] is None
+
+
+def _pods(rc: dict) -> dict[str, dict]:
+    spec = rc["spec"]
+    return {"head": spec["headGroupSpec"]["template"]["spec"]} | {
+        g["groupName"]: g["template"]["spec"] for g in spec["workerGroupSpecs"]
+    }
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_kuberay_token_auth_on_every_container():
+    """Ray's token authentication (RAY_AUTH_MODE=token, the token from a Kubernetes secret, never a literal) on
+    the head, every worker and each RayJob's submitter: the dashboard and the Jobs API, which listen on 0.0.0.0
+    in the pod network, answer no request without the token."""
+    rc = _yaml("kuberay/raycluster.yaml")
+    containers = [c for pod in _pods(rc).values() for c in pod["containers"]]
+    for job in ("rayjob-index.yaml", "rayjob-answer.yaml"):
+        containers += _yaml(f"kuberay/{job}")["spec"]["submitterPodTemplate"]["spec"]["containers"]
+    secrets = set()
+    for c in containers:
+        env = _env(c)
+        assert env["RAY_AUTH_MODE"]["value"] == "token", c["name"]
+        ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert "value" not in env["RAY_AUTH_TOKEN"] and ref.get("optional") is not True
+        secrets.add((ref["name"], ref["key"]))
+    assert len(secrets) == 1  # one token for the cluster and its submitters
+    name, key = secrets.pop()
+    assert f"kubectl create secret generic {name} --from-literal={key}=" in (CLUSTER / "README.md").read_text()
+    assert rc["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"  # hence the token
+
+
+def test_kuberay_grace_covers_the_drain_window():
+    """Pre-emption on Kubernetes: each pod's terminationGracePeriodSeconds is above dynrag's drain window
+    (answer.drain_s of the cluster config + the runner's grace for the last parts); a worker's preStop drains
+    its Ray node with that window as deadline and waits no longer; `ray job stop` (RAY_JOB_STOP_WAIT_TIME_S on
+    the head, where the job supervisors run) waits at least the window and less than the head's grace."""
+    from pipeline.runtime.ray_runner import DRAIN_GRACE_S
+
+    window = load_config(str(CLUSTER / "dynrag.yaml")).answer.drain_s + DRAIN_GRACE_S
+    pods = _pods(_yaml("kuberay/raycluster.yaml"))
+    for name, pod in pods.items():
+        assert pod["terminationGracePeriodSeconds"] > window, name
+    for name, pod in pods.items():
+        if name == "head":
+            continue
+        hook = " ".join(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"])
+        assert "ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION" in hook, name
+        deadline = int(re.search(r"--deadline-remaining-seconds (\d+)", hook).group(1))
+        waits = int(re.search(r"\$i -lt (\d+)", hook).group(1))
+        assert window <= deadline < pod["terminationGracePeriodSeconds"] and waits <= deadline, name
+    stop_wait = int(_env(pods["head"]["containers"][0])["RAY_JOB_STOP_WAIT_TIME_S"]["value"])
+    assert window <= stop_wait < pods["head"]["terminationGracePeriodSeconds"]

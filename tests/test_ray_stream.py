@@ -54,7 +54,7 @@ def test_question_source_reads_like_in_process(data_dir, tmp_path):
     assert read(1, 2) == ([], 1)  # only a skip: a row with no question carries it
 
 
-def test_part_writer_is_idempotent_and_writes_the_header_first(tmp_path):
+def test_part_writer_writes_once_per_attempt_and_the_header_first(tmp_path):
     from eval_fixtures import fake_row
 
     out = str(tmp_path / "run")
@@ -64,8 +64,10 @@ def test_part_writer_is_idempotent_and_writes_the_header_first(tmp_path):
     first = writer.write(rows)
     assert (tmp_path / "run" / "run.json").read_text() == "{}"
     again = PartWriter(out, "run1").write(list(reversed(rows)))  # the same batch, written again (a retry)
-    assert again == first and part_files(out) == [first]
-    assert PartWriter(out, "run2").write(rows) != first  # another run's part of the same ids: its own file
+    assert again != first and output.part_key(again) == output.part_key(first)  # a new object, the batch's key
+    assert len(part_files(out)) == 1 and output.read_rows(out).num_rows == 3  # one of the two went: rows once
+    other = PartWriter(out, "run2").write(rows)  # another run's part of the same ids: its own key
+    assert output.part_key(other) != output.part_key(first)
     assert batch_report(rows, 2, {"generate": 1}) == {"rows": 3, "errors": 0, "skipped": 2, "calls": {"generate": 1}}
 
 

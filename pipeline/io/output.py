@@ -2,9 +2,11 @@
 
 Rows live in `<out>/parts/part-*.parquet`, each file written whole and then renamed into place, so a
 killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
-the ids already written and a resumed run answers only the others; a part is named by its run and its
-question ids (`PartWriter`), so a batch written twice (a retried Ray task) replaces its own part.
-`summarize(out)` reads all parts. Local paths and fsspec URIs (s3://, gs://) both work.
+the ids already written and a resumed run answers only the others; a part is named by its run, its
+question ids and its attempt (`PartWriter`), and a batch written twice (a retried Ray task) reads once.
+A part is never replaced: each write is a new object (`PartWriter`, part_store.py); readers keep one
+row per question id.
+`summarize(out, parts=...)` reads the parts a run's driver knows of (`PartLedger`), or all parts. Local paths and fsspec URIs (s3://, gs://) both work.
 
 Time columns: `time_<stage>_s` is the question's share of the batched calls it took part in (its cost;
 `time_total_s` their sum), while `latency_s` is its own wall time from its first request to its answer,
@@ -13,6 +15,7 @@ queueing behind other questions included (parts written before it existed read i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -27,6 +30,13 @@ import pyarrow.parquet as pq
 from indexing.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome
 from pipeline.evaluation.metrics import answer_metrics, support_recall
+from pipeline.io.part_store import (  # noqa: F401  (PartLedger, part_key, transient: part of this module's API)
+    PartLedger,
+    drop_covered_attempts,
+    part_key,
+    transient,
+    with_retries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -163,28 +173,35 @@ def _is_local(fs) -> bool:
 
 def write_part(out: str, rows: list[dict[str, Any]], key: str | None = None) -> str | None:
     """Write rows as one part file `part-<key>.parquet` (a fresh key when None), atomically; returns its path.
-    A part of the same key is replaced."""
+    A part of the same key is replaced (PartWriter's keys are never reused). A transient storage error is retried (`with_retries`); each try
+    writes the whole file again (local: a fresh temporary file renamed into place; object stores: one
+    PUT of the whole file)."""
     if not rows:
         return None
     fs, base = _fs(out)
     parts = f"{base}/parts"
-    fs.makedirs(parts, exist_ok=True)
     name = f"part-{key or time.strftime('%Y%m%d-%H%M%S') + '-' + uuid.uuid4().hex[:8]}.parquet"
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    if _is_local(fs):
-        tmp = f"{parts}/.{name}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: two may write the same key
-        try:
-            pq.write_table(table, tmp)
-            with open(tmp, "rb+") as fh:  # durable before it becomes visible
-                os.fsync(fh.fileno())
-            os.replace(tmp, f"{parts}/{name}")
-        except OSError:  # e.g. a full disk: no partial part left behind
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-    else:  # object stores: an object appears only when its upload completes
-        with fs.open(f"{parts}/{name}", "wb") as fh:
-            pq.write_table(table, fh)
+
+    def attempt() -> None:
+        fs.makedirs(parts, exist_ok=True)
+        if _is_local(fs):
+            tmp = f"{parts}/.{name}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: two may write the same key
+            try:
+                pq.write_table(table, tmp)
+                with open(tmp, "rb+") as fh:  # durable before it becomes visible
+                    os.fsync(fh.fileno())
+                os.replace(tmp, f"{parts}/{name}")
+            except OSError:  # e.g. a full disk: no partial part left behind
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        else:  # object stores: one PUT of the whole file (a failed streamed upload could leave part of it)
+            buf = pa.BufferOutputStream()
+            pq.write_table(table, buf)
+            fs.pipe_file(f"{parts}/{name}", buf.getvalue().to_pybytes())
+
+    with_retries(f"writing part {parts}/{name}", attempt)
     return f"{parts}/{name}"
 
 
@@ -192,16 +209,20 @@ class PartWriter:
     """Writes one run's parts under `out`, from the driver (in-process) or from each Ray engine actor.
 
     Before its first part it writes `header` (file name -> text: the settings of a new output folder), so
-    a folder holding rows always says which configuration wrote them. Each part is keyed by the run id
-    and a digest of its question ids: a batch written again, as by a Ray task retried after its actor
-    died, replaces its part rather than adding a second copy of its rows."""
+    a folder holding rows always says which configuration wrote them.
+
+    Each write is a new object, `part-<run id>-<digest of the batch's question ids>-<attempt>.parquet` (the
+    attempt a random token of this call), never one that replaces another: a zombie writer cannot
+    overwrite a complete part. The earlier attempts of the batch that this one covers are then removed
+    (a batch drained part way and run again whole, a retried Ray task). Why, and how readers stay correct:
+    part_store.py. `part_key` gives a part's key without its attempt."""
 
     def __init__(self, out: str, run_id: str, header: dict[str, str] | None = None):
         self.out, self.run_id, self.header = out, run_id, dict(header or {})
 
     def write(self, rows: list[dict[str, Any]], batch_ids: list[str] | None = None) -> str | None:
-        """Writes `rows` as one part keyed by `batch_ids` (the batch's question ids: a batch drained part way
-        and then run again whole replaces its part), else by the rows' own ids."""
+        """Writes `rows` as one new part keyed by `batch_ids` (the batch's question ids), else by the rows'
+        own ids, and this attempt; returns its path (None for no rows)."""
         if not rows:
             return None
         for name, text in self.header.items():
@@ -209,13 +230,29 @@ class PartWriter:
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
         digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
-        return write_part(self.out, rows, f"{self.run_id}-{digest}")
+        path = write_part(self.out, rows, f"{self.run_id}-{digest}-{uuid.uuid4().hex[:8]}")
+        if path is not None:
+            fs, _ = _fs(self.out)
+            mine = {r["question_id"]: r["error"] is None for r in rows}
+            drop_covered_attempts(fs, path, mine, functools.partial(_answered_in, fs))
+        return path
 
 
-def batch_report(rows: list[dict[str, Any]], skipped: int, calls: dict[str, int]) -> dict[str, Any]:
+def batch_report(
+    rows: list[dict[str, Any]], skipped: int, calls: dict[str, int], part: str | None = None
+) -> dict[str, Any]:
     """What an answer job's driver learns of one written batch: its rows and error rows, the questions
-    skipped as already answered since the previous report, and the backend calls made (by kind)."""
-    return {"rows": len(rows), "errors": sum(r["error"] is not None for r in rows), "skipped": skipped, "calls": calls}
+    skipped as already answered since the previous report, the backend calls made (by kind) and, when
+    rows were written, `part`: the path of their part (the driver's ledger, `PartLedger`)."""
+    report = {
+        "rows": len(rows),
+        "errors": sum(r["error"] is not None for r in rows),
+        "skipped": skipped,
+        "calls": calls,
+    }
+    if part:
+        report["part"] = part
+    return report
 
 
 def part_files(out: str) -> list[str]:
@@ -229,44 +266,73 @@ def part_files(out: str) -> list[str]:
     )
 
 
-def read_rows(out: str, columns: list[str] | None = None) -> pa.Table:
-    """The rows under `out` (all part files) as one Arrow table, one per question id: where a question
-    has several (a retried error row, two jobs that answered it at once), the last finished."""
+def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | None = None) -> pa.Table:
+    """The rows under `out` (the part files `parts`, else all listed now) as one Arrow table, one per
+    question id: where a question has several (a retried error row, two jobs that answered it at once, a
+    zombie writer's late part), an answer before an error row, then the last finished."""
     import polars as pl
 
     fs, _ = _fs(out)
-    files = part_files(out)
-    if not files:
-        return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
-    key = ["question_id", "finished_at"]
+    files = part_files(out) if parts is None else list(parts)
+    key = ["question_id", "finished_at", "error"]
     read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
-    tables = []
-    for f in files:
-        with fs.open(f, "rb") as fh:
-            tables.append(pq.read_table(fh, columns=read))
+    tables = [
+        t
+        for t in (with_retries(f"reading {f}", functools.partial(_read_part, fs, f, read)) for f in files)
+        if t is not None
+    ]
+    if not tables:
+        return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
     table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
     keep = (
         pl.from_arrow(table.select(key))
         .with_row_index()
-        .sort("finished_at", maintain_order=True)
+        .with_columns(ok=pl.col("error").is_null())
+        .sort(["ok", "finished_at"], maintain_order=True)
         .unique("question_id", keep="last")["index"]
         .sort()
     )
     return table.take(keep.to_arrow()).select(columns or table.column_names)
 
 
-def answered_ids(out: str) -> set[str]:
+def _read_part(fs: Any, path: str, columns: list[str] | None) -> pa.Table | None:
+    """A part's rows; None for a part that is gone: removed by a later attempt of its batch that holds its
+    rows (part_store.drop_covered_attempts) since it was listed or reported."""
+    for again in (False, True):
+        try:
+            with fs.open(path, "rb") as fh:
+                return pq.read_table(fh, columns=columns)
+        except FileNotFoundError:
+            if again or _is_local(fs):
+                break
+            # a listing of parts/ cached before this part was written hides it (s3fs): look again
+            fs.invalidate_cache(path.rsplit("/", 1)[0])
+    log.debug("part %s is gone (superseded by a later attempt of its batch)", path)
+    return None
+
+
+def _answered_in(fs: Any, path: str) -> dict[str, bool]:
+    """{question id: answered (no error)} of the part at `path`."""
+    with fs.open(path, "rb") as fh:
+        t = pq.read_table(fh, columns=["question_id", "error"]).to_pydict()
+    return {q: e is None for q, e in zip(t["question_id"], t["error"])}
+
+
+def answered_ids(out: str, parts: list[str] | None = None) -> set[str]:
     """Ids that a rerun skips: every row but an error row that is not the question's own (error_kind "system",
-    or an error in a part older than error_kind)."""
-    rows = read_rows(out, ["question_id", "error", "error_kind"]).to_pydict()
+    or an error in a part older than error_kind). `parts`: the part files to read (default: a listing now)."""
+    rows = read_rows(out, ["question_id", "error", "error_kind"], parts).to_pydict()
     return {q for q, err, kind in zip(*rows.values()) if err is None or kind == "input"}
 
 
-def summarize(out: str, *, wall_time_s: float | None = None, new_rows: int | None = None) -> dict[str, Any]:
-    """Means of the metrics, calls, tokens and per-stage times over every row under `out`."""
+def summarize(
+    out: str, *, parts: list[str] | None = None, wall_time_s: float | None = None, new_rows: int | None = None
+) -> dict[str, Any]:
+    """Means of the metrics, calls, tokens and per-stage times over the rows of `parts` (a run's ledger,
+    `PartLedger`), else of every part listed under `out` now."""
     import polars as pl
 
-    df = pl.from_arrow(read_rows(out))
+    df = pl.from_arrow(read_rows(out, parts=parts))
     ok = df.filter(pl.col("error").is_null())
 
     def mean(col: str, frame=ok):
@@ -338,16 +404,20 @@ def read_json(out: str, name: str) -> Any:
 
 
 def write_text(out: str, name: str, text: str) -> str:
-    """Write one small file under `out` (a local folder or an fsspec URI); atomic where local."""
+    """Write one small file under `out` (a local folder or an fsspec URI); atomic where local, one PUT on
+    an object store; retried on a transient storage error (`with_retries`)."""
     fs, base = _fs(out)
-    fs.makedirs(base, exist_ok=True)
     target = f"{base}/{name}"
-    if _is_local(fs):
-        tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: Ray actors write the same header
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    else:
-        with fs.open(target, "w") as fh:
-            fh.write(text)
+
+    def attempt() -> None:
+        fs.makedirs(base, exist_ok=True)
+        if _is_local(fs):
+            tmp = f"{target}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: Ray actors write the same header
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, target)
+        else:
+            fs.pipe_file(target, text.encode("utf-8"))
+
+    with_retries(f"writing {target}", attempt)
     return target

@@ -32,7 +32,16 @@ from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
 from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.io.output import PartWriter, answered_ids, batch_report, read_json, summarize, write_json
+from pipeline.io.output import (
+    PartLedger,
+    PartWriter,
+    answered_ids,
+    batch_report,
+    part_files,
+    read_json,
+    summarize,
+    write_json,
+)
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
@@ -169,18 +178,26 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
     build their own).
 
     In-process, the check is made on the run's own backends: their retriever is built now and searched
-    once, and the run goes on with it (the index is opened once). With Ray, the driver only opens the
-    index (its manifest, and each file's size under index.verify=size) and closes it; loading and
-    searching it is left to the actors (or the retrieval pool), which would otherwise load it twice. The
+    once, and the run goes on with it (the index is opened once). With Ray, the driver (often a head node
+    with no GPU nor disk to spare) reads the index's manifest only (and, for a local folder, each file's
+    size under index.verify=size): nothing of the index nor of the model is downloaded onto it; pulling,
+    loading and searching the index, and resolving the model, are left to the actors (or the retrieval
+    pool), on their own nodes. The
     index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used."""
     backends = None
     try:
         if cfg.runtime.mode == "ray":
             if index:
-                from indexing import open_index
+                from indexing.remote import index_manifest, is_remote
 
-                with open_index(index, cfg.index_settings()) as opened:
-                    manifest = opened.manifest
+                manifest = index_manifest(index)  # nothing pulled onto the head
+                if not is_remote(index) and cfg.index.verify == "size":  # a shared folder: sizes, no reads
+                    from pathlib import Path
+
+                    from indexing.manifest import verify_version
+                    from indexing.pinning import split_pin
+
+                    verify_version(Path(split_pin(index)[0]), manifest, full=False, search_only=True)
         else:
             from pipeline.backends import Backends
 
@@ -200,9 +217,14 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
         analyzer = index_analyzer(manifest["settings"])  # what BM25 searches with: the run's config records it
         cfg.index.bm25_stemmer, cfg.index.bm25_stopwords = analyzer["stemmer"], analyzer["stopwords"]
     if cfg.generation.backend != "none":
-        from pipeline.assets.models import resolve_model
+        from pipeline.assets.models import KNOWN_MODELS, ModelNotFound, resolve_model
 
-        resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+        name = cfg.generation.model
+        if cfg.runtime.mode != "ray":
+            resolve_model(name, cfg.paths.cache_dir)
+        elif name not in KNOWN_MODELS and not name.startswith((".", "/", "~")) and name.count("/") != 1:
+            # Ray: the name's form only; the replicas resolve (download) it on their own nodes
+            raise ModelNotFound(f"model {name!r} is not a known model, a folder, nor a hub name of the form org/name")
     return backends
 
 
@@ -228,7 +250,8 @@ def _run_answer(
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
-    done = answered_ids(out)
+    ledger = PartLedger(part_files(out))  # the summary counts these and the parts the run reports, no listing
+    done = answered_ids(out, ledger.parts)
     row_args = dict(
         run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash, model=cfg.generation.model
     )
@@ -249,13 +272,14 @@ def _run_answer(
     batch_calls: dict[str, int] = {}
     try:
         if cfg.runtime.mode == "ray":
+            from indexing import pin_index
             from pipeline.runtime.ray_runner import answer_with_ray
 
             reports = answer_with_ray(
                 dataset,
                 out,
                 cfg,
-                index,
+                pin_index(index) if index else None,  # one version for every replica, whatever is published
                 row_args,
                 header=header,
                 done=done,
@@ -283,6 +307,7 @@ def _run_answer(
                 reports = (r for r in [batch_report([], counts["skipped"], {})])
         with contextlib.closing(reports):
             for report in reports:
+                ledger.add(report)
                 written += report["rows"]
                 skipped += report["skipped"]
                 for kind, n in report["calls"].items():
@@ -318,10 +343,16 @@ def _run_answer(
         "runtime": cfg.runtime.mode,
         "skipped_already_answered": skipped,
         "backend_batch_calls": batch_calls,
-        **summarize(out, wall_time_s=wall, new_rows=written),
+        **summarize(out, parts=_ledger_parts(ledger), wall_time_s=wall, new_rows=written),
     }
     write_json(out, "summary.json", summary)
     return summary
+
+
+def _ledger_parts(ledger: PartLedger) -> list[str] | None:
+    if ledger.parts is None:  # a runner whose reports name no part: the summary reads a listing
+        log.info("the runner reported rows without their part: the summary reads a listing of the output")
+    return ledger.parts
 
 
 def _answer_local(
