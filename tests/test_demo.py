@@ -162,7 +162,11 @@ def test_the_engine_starts_while_the_index_builds_and_the_stage_times_are_printe
     stages = re.fullmatch(r"stage times \(s\): (.*); total (\d+)", last)
     assert stages, last
     names = [re.sub(r" \d+( \(.*\))?$", "", part) for part in stages.group(1).split(", ")]
-    assert names == ["setup", "data", "index", "engine wait", "engine start", "index open", "no-retrieval", "sr-rag"]
+    assert names[0] == "setup" and names[-2:] == ["no-retrieval", "sr-rag"]  # the model's stage ends on the thread
+    assert set(names) == {"setup", "model", "data", "index", "engine wait", "engine start", "index open"} | {
+        "no-retrieval",
+        "sr-rag",
+    }
     assert stages.group(1).startswith("setup 95, ") and int(stages.group(2)) >= 95
 
 
