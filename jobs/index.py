@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 log = logging.getLogger(__name__)
@@ -84,7 +83,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false)",
     )
     s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
-    s.add_argument("--json", action="store_true", help="print JSON lines instead of text")
+    s.add_argument(
+        "--json", action="store_true", help="print one JSON list of {query, retriever, hits} instead of text"
+    )
     add_config_args(s)
     s.set_defaults(func=_search)
 
@@ -161,6 +162,7 @@ def _search(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     _quiet()
+    found: list[dict] = []  # with --json: one list of {query, retriever, hits}
     with open_index(args.index, cfg.index_settings()) as index:
         dense = index.manifest["settings"].get("dense", True)
         retrievers = ["bm25", "dense"][: 1 + dense] if args.retriever == "both" else [args.retriever]
@@ -171,17 +173,16 @@ def _search(args: argparse.Namespace) -> int:
                 raise DynragError(f"cannot search {args.index} ({retriever}): {first_line(exc)}") from exc
             for query, hits in zip(args.queries, results):
                 if args.json:
-                    print(
-                        json.dumps(
-                            {"query": query, "retriever": retriever, "hits": [h.__dict__ for h in hits]},
-                            ensure_ascii=False,
-                        )
-                    )
+                    found.append({"query": query, "retriever": retriever, "hits": [h.__dict__ for h in hits]})
                     continue
                 print(f"[{retriever}] {query}")
                 for rank, h in enumerate(hits, 1):
                     text = h.text if len(h.text) <= 160 else h.text[:157] + "..."
                     print(f"  {rank:2d}. {h.score:8.4f}  {h.id}  {h.title}: {text}")
+    if args.json:
+        from jobs.jsonout import emit
+
+        emit(found, ensure_ascii=False)
     return 0
 
 
@@ -203,7 +204,9 @@ def _info(args: argparse.Namespace) -> int:
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))  # pinned too
     bm25 = bm25_settings(config_from_args(args), m)
     if args.json:
-        print(json.dumps({**m, "bm25_search": bm25}, indent=1))  # the manifest's own "bm25" is its BM25 index
+        from jobs.jsonout import emit
+
+        emit({**m, "bm25_search": bm25}, indent=1)  # the manifest's own "bm25" is its BM25 index
         return 0
     sizes = [s["passages"] for s in m["shards"]]
     st, b = m["settings"], m["build"]

@@ -102,7 +102,7 @@ def test_bench_scale_dpr_synthetic(tmp_path):
         "index.shard_size=500",
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout)
     assert out["passages"] == 2000 and out["encoder"] == "hash" and out["shards"] >= 2
     assert out["faiss_factory"] == "IVF128,PQ64np" and out["keep_vectors"] is False and out["corpus_written"]
     assert not list((tmp_path / "index").rglob("vectors.npy"))
@@ -128,7 +128,7 @@ def test_bench_scale_dpr_synthetic(tmp_path):
         "bench", "scale", "--search-only", "--corpus-dir", str(tmp_path), "--queries", "200", "--json", *cap_args
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    again = json.loads(r.stdout.strip().splitlines()[-1])
+    again = json.loads(r.stdout)
     assert again["passages"] == 2020 and again["queries"] == 200 and "build_s" not in again
     assert again["encoder"] == "hash" and again["faiss_factory"] == "IVF128,PQ64np"  # the index's, not the config's
     assert again["resident_goal_bytes"] == 256 * 2**20 + 16 * 2020

@@ -130,6 +130,46 @@ def test_demo_answers_both_methods_on_one_generator_and_prints_both(packaged, mo
     assert "sr-rag" in capfd.readouterr().out
 
 
+def test_the_engine_starts_while_the_index_builds_and_the_stage_times_are_printed(
+    packaged, monkeypatch, tmp_path, capfd
+):
+    """The index build waits for the engine to have begun starting, and the engine's start for the build to have
+    begun: run one after the other, either would time out. The last line names each stage, setup's from make."""
+    import threading
+
+    import indexing
+
+    engine_started, building = threading.Event(), threading.Event()
+    real_build = indexing.build_index
+
+    def build(*args, **kwargs):
+        building.set()
+        assert engine_started.wait(30), "the engine was not starting while the index was built"
+        return real_build(*args, **kwargs)
+
+    def make_generator(cfg, replica_group=None):
+        engine_started.set()
+        assert building.wait(30), "the index was not built while the engine started"
+        return RecordingGenerator(lambda prompt: "Answer: x")
+
+    monkeypatch.setattr(indexing, "build_index", build)
+    monkeypatch.setattr(backends_module, "make_generator", make_generator)
+    monkeypatch.setenv("DYNRAG_SETUP_S", "95")
+    model = tmp_path / "model"
+    model.mkdir()
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--limit", "2", "--set", f"generation.model={model}"]) == 0
+    last = capfd.readouterr().out.strip().splitlines()[-1]
+    stages = re.fullmatch(r"stage times \(s\): (.*); total (\d+)", last)
+    assert stages, last
+    names = [re.sub(r" \d+( \(.*\))?$", "", part) for part in stages.group(1).split(", ")]
+    assert names[0] == "setup" and names[-2:] == ["no-retrieval", "sr-rag"]  # the model's stage ends on the thread
+    assert set(names) == {"setup", "model", "data", "index", "engine wait", "engine start", "index open"} | {
+        "no-retrieval",
+        "sr-rag",
+    }
+    assert stages.group(1).startswith("setup 95, ") and int(stages.group(2)) >= 95
+
+
 def test_third_party_output_goes_to_the_log_file(tmp_path, capfd):
     setup_logging("INFO")  # as the CLI does: records on the (captured) stderr
     path = tmp_path / "out" / "dynrag.log"
@@ -186,6 +226,7 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
         False,
         3,
     )
+    assert plain.generation.dtype in ("bfloat16", "auto")  # generation_dtype of this CPU's flags
     mine = cfg("generation.model=smollm2-135m-instruct", "embedding.dtype=float32", "index.dense=true", "retrieval.k=5")
     assert (mine.generation.model, mine.embedding.dtype, mine.index.dense, mine.retrieval.k) == (
         "smollm2-135m-instruct",
@@ -193,6 +234,15 @@ def test_demo_defaults_apply_only_where_the_configuration_sets_nothing():
         True,
         5,
     )
+
+
+def test_the_demo_generates_in_bf16_only_where_the_cpu_computes_it_natively():
+    from jobs.demo import generation_dtype
+
+    assert generation_dtype({"avx2", "avx512f", "amx_bf16", "amx_tile"}) == "bfloat16"
+    assert generation_dtype({"avx2", "avx512f", "avx512_bf16"}) == "bfloat16"
+    assert generation_dtype({"avx2", "avx512f"}) == "auto"  # float32 on such a CPU: bf16 is emulated there
+    assert generation_dtype(set()) == "auto"
 
 
 def test_answer_sends_library_output_to_its_folder_and_a_refused_run_leaves_nothing(monkeypatch, tmp_path, capfd):

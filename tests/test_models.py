@@ -187,3 +187,22 @@ def test_generation_model_answers_a_question(cache_dir, name):
     out = model.generate(**inputs, max_new_tokens=16, do_sample=False)
     answer = tok.decode(out[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "paris" in answer.lower(), answer
+
+
+def test_a_gguf_is_parsed_once_while_it_is_converted(monkeypatch, tmp_path):
+    """transformers asks for a GGUFReader three times a conversion (tokenizer, config, weights): one a path."""
+    import gguf
+
+    made = []
+
+    class Reader:
+        def __init__(self, path, mode="r"):
+            made.append(str(path))
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    with models._one_gguf_parse():
+        from gguf import GGUFReader  # as transformers imports it, at load time
+
+        a, b, c = GGUFReader(tmp_path / "q.gguf"), GGUFReader(tmp_path / "q.gguf"), GGUFReader(tmp_path / "r.gguf")
+    assert a is b and a is not c and made == [str(tmp_path / "q.gguf"), str(tmp_path / "r.gguf")]
+    assert gguf.GGUFReader is Reader  # restored

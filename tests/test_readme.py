@@ -80,3 +80,21 @@ def test_flags_are_spelled_alike_in_every_command():
                 )
                 checked += 1
     assert checked > 30  # the walk reached the subcommands
+
+
+def test_the_first_screen_holds_the_two_commands_the_demo_output_and_using_it():
+    first = "\n".join(README.read_text(encoding="utf-8").splitlines()[:60])
+    for must in ("make demo", "make test", "**What the demo prints.**", "## Using it", "stage times (s): setup"):
+        assert must in first, must
+    demo = re.search(r"```text\n(.*?)```", first, re.S)
+    assert demo and re.search(r"^no-retrieval +\d\.\d{3}", demo.group(1), re.M) and "sr-rag" in demo.group(1)
+    assert "dynrag index build" in first and "dynrag answer" in first  # the way to one's own data
+
+
+def test_the_methods_table_has_one_row_a_method():
+    from pipeline.methods.registry import all_methods
+
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("| method | family | paper | what it does |") :].split("\n\n")[0]
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \|", table, re.M)
+    assert sorted(rows) == sorted(all_methods())  # each once

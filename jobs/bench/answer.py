@@ -174,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
         "ratio_median": round(statistics.median(r["ratio"] for r in results), 3),
     }
     if args.json:
-        print(json.dumps(figures, indent=2))
+        from jobs.jsonout import emit
+
+        emit(figures, indent=2)
     else:
         print(
             f"{args.method} over {args.limit} questions, {cfg.generation.model} ({cfg.generation.dtype}), "

@@ -12,7 +12,6 @@ the RIND bound skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -153,7 +152,9 @@ def run(args: argparse.Namespace) -> None:
     index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))
     r = bench(cfg, dataset, index, args.method, args.limit, args.reference)
     if args.json:
-        print(json.dumps(r, indent=1))
+        from jobs.jsonout import emit
+
+        emit(r, indent=1)
         return
     print(f"{r['method']} on {r['questions']} questions, model {r['model']} ({r['generation_backend']})")
     rows = [("batched", r["batched"]), ("one at a time", r["one_at_a_time"])]

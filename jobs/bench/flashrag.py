@@ -323,7 +323,9 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
         "ratio_median": ratio_median(reps),
     }
     if args.json:
-        print(json.dumps(figures, indent=1))
+        from jobs.jsonout import emit
+
+        emit(figures, indent=1)
     else:
         print_figures(figures, args.repeats)
     return 0

@@ -196,7 +196,9 @@ def run(args: argparse.Namespace) -> None:
         for e in engines
     ]
     if args.json:
-        print(json.dumps(results, indent=1))
+        from jobs.jsonout import emit
+
+        emit(results, indent=1)
         return
     a = cfg.answer
     print(

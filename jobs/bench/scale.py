@@ -187,7 +187,12 @@ def run(args: argparse.Namespace) -> int:
                 _remove(path)
     if args.keep:
         print(f"kept in {work}", file=sys.stderr)
-    print(json.dumps(result) if args.json else _text(result))
+    if args.json:
+        from jobs.jsonout import emit
+
+        emit(result)
+    else:
+        print(_text(result))
     return 0
 
 

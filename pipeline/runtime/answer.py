@@ -171,7 +171,7 @@ def run_answer(
         )
 
 
-def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack) -> Any:
+def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack, generator: Any = None) -> Any:
     """Fail at once, before any row is written, on what would otherwise turn every row into an error
     row: an index that cannot be opened and searched (a missing or corrupt file, no published version),
     a missing model. Returns the run's backends (closed by `stack`; None in Ray mode, where the actors
@@ -183,7 +183,8 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
     size under index.verify=size): nothing of the index nor of the model is downloaded onto it; pulling,
     loading and searching the index, and resolving the model, are left to the actors (or the retrieval
     pool), on their own nodes. The
-    index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used."""
+    index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used.
+    `generator`: one already started (the demo starts it while the index builds), closed with the backends."""
     backends = None
     try:
         if cfg.runtime.mode == "ray":
@@ -202,7 +203,7 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack)
             from pipeline.backends import Backends
 
             plan = replica_gpu_plan(cfg, index)  # None without CUDA; refuses a plan that does not fit
-            backends = Backends(cfg, index, faiss_placement=plan.index if plan else None)
+            backends = Backends(cfg, index, faiss_placement=plan.index if plan else None, generator=generator)
             stack.callback(backends.close)
             if index:
                 backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
