@@ -48,3 +48,25 @@ def test_own_device_applies_the_check(monkeypatch):
         device.own_device("cuda")
     monkeypatch.setattr(device, "cuda_available", lambda: True)
     assert device.own_device("auto") == "cpu" and device.own_device("cpu") == "cpu"
+
+
+def test_the_sentence_embedder_takes_its_device_from_own_device(monkeypatch):
+    """PAIRS' and ERM4's embedder asks own_device, so an explicit cuda where this process owns no GPU is refused
+    and "auto" never lands on another process's GPU."""
+    from pipeline.backends import embedding
+    from pipeline.config import DynragConfig
+
+    asked: list = []
+    monkeypatch.setattr("indexing.device.own_device", lambda device: asked.append(device) or "cpu")
+    monkeypatch.setattr(embedding, "resolve_model", lambda name, cache: name)
+
+    class Model:
+        def __init__(self, path, device):
+            self.device = device
+
+    import sentence_transformers
+
+    monkeypatch.setattr(sentence_transformers, "SentenceTransformer", Model)
+    cfg = DynragConfig()
+    cfg.embedding.device = "cuda:1"
+    assert embedding.SentenceEmbedder(cfg)._model(None).device == "cpu" and asked == ["cuda:1"]

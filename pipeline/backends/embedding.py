@@ -18,9 +18,12 @@ class SentenceEmbedder:
         if name not in self._models:
             from sentence_transformers import SentenceTransformer
 
+            from indexing.device import own_device
+
             e = self.cfg.embedding
-            device = None if e.device == "auto" else e.device
-            m = SentenceTransformer(resolve_model(name, self.cfg.paths.cache_dir), device=device)
+            # this process's own device: "auto" is its own GPU, never another replica's GPU 0; an explicit CUDA
+            # device where it owns none is refused with one line
+            m = SentenceTransformer(resolve_model(name, self.cfg.paths.cache_dir), device=own_device(e.device))
             m.max_seq_length = e.max_seq_length
             self._models[name] = m
         return self._models[name]
