@@ -406,17 +406,35 @@ class Supervisor:
         self._thread.start()
 
     def watching(self, stream):
-        """`stream`, ended by the supervisor's line (a DynragError) when it has one."""
-        try:
-            for item in stream:
-                if self.line:
-                    break
+        """`stream`'s items, ended by the supervisor's line (a DynragError) when it has one. The stream is read
+        on a thread of its own: it blocks while no replica runs, and the line must end the job even then."""
+        import queue
+
+        items: queue.Queue = queue.Queue(maxsize=1)
+        end = object()
+
+        def read() -> None:
+            try:
+                for item in stream:
+                    items.put((item, None))
+                items.put((end, None))
+            except BaseException as err:  # the stream's own error, raised on the driver's thread
+                items.put((end, err))
+
+        threading.Thread(target=read, name="dynrag-stream", daemon=True).start()
+        while True:
+            try:
+                item, err = items.get(timeout=SUPERVISE_S)
+            except queue.Empty:
+                item, err = None, None
+            if self.line:
+                raise DynragError(self.line)
+            if err is not None:
+                raise err
+            if item is end:
+                return
+            if item is not None:
                 yield item
-        except KeyboardInterrupt:
-            if not self.line:
-                raise
-        if self.line:
-            raise DynragError(self.line)
 
     def stop(self) -> None:
         self._done.set()
@@ -446,9 +464,6 @@ class Supervisor:
                     line += _asked_for(self.groups, self.cfg)
                 self.line = line
                 log.error("%s", line)
-                # the stream may be blocked waiting for a replica that never comes: a real SIGINT to the main
-                # thread wakes a blocked wait (interrupt_main alone only runs the handler at the next bytecode)
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
                 return
 
 
