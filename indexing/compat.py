@@ -110,3 +110,15 @@ def shutdown_vllm(llm: Any, timeout: float) -> None:
     shutdown = getattr(getattr(llm, "llm_engine", None), "shutdown", None)
     if shutdown is not None:
         shutdown()
+
+
+def no_implicit_ray_init() -> None:
+    """Stop Ray from starting itself implicitly in this process (a thread left reading an abandoned Ray Data
+    stream would otherwise start a fresh local Ray after the job's own has shut down). dynrag always starts
+    Ray explicitly (`init_ray`). Fallback: nothing (the thread then fails or starts Ray as Ray decides)."""
+    try:
+        import ray._private.auto_init_hook as hook
+
+        hook.enable_auto_connect = False
+    except (ImportError, AttributeError) as err:
+        log.debug("cannot turn off Ray's implicit init: %s", err)

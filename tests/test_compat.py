@@ -38,6 +38,9 @@ def test_the_private_paths_exist_in_the_locked_versions():
     from vllm.v1.engine.core_client import EngineCoreClient
 
     assert hasattr(EngineCoreClient, "shutdown")
+    import ray._private.auto_init_hook as hook
+
+    assert isinstance(hook.enable_auto_connect, bool)
 
 
 def test_the_drain_table_and_the_worker_check_through_a_real_ray():

@@ -17,6 +17,7 @@ it as it is.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 DRAIN_MARGIN_S = 5.0  # a node's replicas finish this long before its drain deadline, to write their parts
 
@@ -29,11 +30,15 @@ class RunControl:
         self.replicas: dict[str, dict] = {}  # actor id -> node, pid, starts, failures, drained, seen
         self.attempts: dict[str, list[dict]] = {}  # batch key -> attempts that have not ended
         self.fatal_line: str | None = None
+        self.actor_handles: dict[str, Any] = {}  # actor id -> handle, of every replica that registered
 
     # -- replicas ---------------------------------------------------------------------------------
-    def register(self, actor: str, node: str, pid: int) -> int:
-        """A replica's process starts; returns its failures so far (its restarts after a death count)."""
+    def register(self, actor: str, node: str, pid: int, handle: Any = None) -> int:
+        """A replica's process starts; returns its failures so far (its restarts after a death count).
+        `handle`: its actor handle, for the driver to end it with the job (`handles`)."""
         r = self.replicas.setdefault(actor, {"starts": 0, "failures": 0, "drained": False})
+        if handle is not None:
+            self.actor_handles[actor] = handle
         if r["starts"] and not r["drained"]:
             r["failures"] += 1
         r.update(starts=r["starts"] + 1, drained=False, node=node, pid=pid, seen=time.time())
@@ -62,6 +67,9 @@ class RunControl:
     def drained_count(self) -> int:
         """Replicas whose current process has drained (a restarted one counts again only once it drains)."""
         return sum(r["drained"] for r in self.replicas.values())
+
+    def handles(self) -> list:
+        return list(self.actor_handles.values())
 
     def last_seen(self) -> float | None:
         """time.time() of the latest heartbeat of any replica (None: none has started)."""

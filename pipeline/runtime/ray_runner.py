@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # how often an engine actor asks the driver's RunControl what to do (its heartbeat)
 SUPERVISE_S = 1.0  # how often the driver's supervisor looks at the drain, the nodes and the replicas
+READER_JOIN_S = 30.0  # for the stream's reader thread to end once the job's actors are gone
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
 
@@ -87,7 +88,8 @@ class EngineActor:
         self.actor_id: str = (ctx.get_actor_id() or "") if ctx else ""
         node: str = ctx.get_node_id() if ctx else ""
         self.control = control
-        if control is not None and ray.get(control.register.remote(self.actor_id, node, os.getpid())) > (
+        me = ctx.current_actor if ctx and self.actor_id else None  # so that the driver can end it
+        if control is not None and ray.get(control.register.remote(self.actor_id, node, os.getpid(), me)) > (
             cfg.ray.replica_failures
         ):
             raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
@@ -380,15 +382,32 @@ def answer_with_ray(
         for kind, actors in pools.items():  # the pools' share of the work, before they go
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
     finally:
+        # every actor the job made goes with it (on an error too: the engine actors Ray Data would leave
+        # waiting, and with them the stream the supervisor's reader thread is blocked on)
+        for actor in [a for actors in pools.values() for a in actors] + _replica_handles(control):
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception as err:  # gone already
+                log.debug("kill: %s", err)
         if supervisor is not None:
             supervisor.stop()
-        for actor in [a for actors in pools.values() for a in actors] + ([control] if control is not None else []):
-            ray.kill(actor)
+        if control is not None:
+            ray.kill(control)
         _remove_groups(groups)
         if started:
             ray.shutdown()
         if guard is not None:
             guard.close()
+
+
+def _replica_handles(control: Any) -> list:
+    import ray
+
+    try:
+        return ray.get(control.handles.remote(), timeout=30) if control is not None else []
+    except Exception as err:  # the control actor is gone: Ray ends the job's actors with the driver
+        log.debug("replica handles: %s", err)
+        return []
 
 
 class Supervisor:
@@ -401,6 +420,7 @@ class Supervisor:
     def __init__(self, cfg: DynragConfig, control: Any, drain: Drain | None, groups: list):
         self.cfg, self.control, self.drain, self.groups = cfg, control, drain, groups
         self.line: str | None = None
+        self.reader: threading.Thread | None = None  # reads the stream (`watching`)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dynrag-supervisor", daemon=True)
         self._thread.start()
@@ -421,7 +441,8 @@ class Supervisor:
             except BaseException as err:  # the stream's own error, raised on the driver's thread
                 items.put((end, err))
 
-        threading.Thread(target=read, name="dynrag-stream", daemon=True).start()
+        self.reader = threading.Thread(target=read, name="dynrag-stream", daemon=True)
+        self.reader.start()
         while True:
             try:
                 item, err = items.get(timeout=SUPERVISE_S)
@@ -437,7 +458,14 @@ class Supervisor:
                 yield item
 
     def stop(self) -> None:
+        """Stop watching; wait for the stream's reader to end (its actors are gone by now)."""
         self._done.set()
+        if self.reader is not None:
+            self.reader.join(READER_JOIN_S if self.line is None else 5.0)
+            if self.reader.is_alive():  # blocked on actors that never started (the job's line said so)
+                from indexing.compat import no_implicit_ray_init
+
+                no_implicit_ray_init()  # its next call into Ray fails instead of starting a Ray of its own
 
     def _run(self) -> None:
         import ray
