@@ -92,8 +92,11 @@ def free_port() -> int:
 
 def stored_rows(out: str) -> tuple[int, int, int]:
     """(rows, distinct questions, error rows) under `out` (a folder or a URI), each question's last row."""
+    import fsspec
+
     from pipeline.io.output import part_files, read_rows
 
+    fsspec.core.url_to_fs(out)[0].invalidate_cache()  # s3fs caches listings: the job's actors wrote these
     if not part_files(out):
         return 0, 0, 0
     table = read_rows(out, ["question_id", "error"]).to_pydict()

@@ -8,8 +8,8 @@ not overwrite a complete part with part of the batch or with error rows, and a b
 and then run again whole must end with its whole rows. With one object per attempt nothing is ever
 overwritten; `read_rows` keeps one row per question id (an answer over an error row, then the last
 finished), so readers see each question once whatever attempts exist; and after its write, an attempt
-removes the attempts of its batch (itself included) that another one covers (`drop_covered_attempts`),
-so the folder holds each row once in the usual cases (a retried batch, a drained one, a late zombie). Replacing by key would let the last writer win (the
+removes the other attempts of its batch that it strictly covers (`drop_covered_attempts`), so a drained
+attempt goes once its batch is written whole (never the attempt a writer reports: the ledger reads it). Replacing by key would let the last writer win (the
 zombie); refusing to replace would keep a drained batch's partial part and lose the rest of the batch;
 both would need a conditional write that every store honours (S3's If-None-Match is recent, a local
 rename has none).
@@ -102,13 +102,14 @@ class PartLedger:
 
 
 def drop_covered_attempts(fs: Any, path: str, mine: dict[str, bool], read: Callable[[str], dict[str, bool]]) -> int:
-    """After the part at `path` (rows {question id: answered}) is written, remove the attempts of its batch
-    (same `part_key`, this one included) that another attempt covers: each of their questions has a row
-    there, an answer wherever they had one. Of two attempts that cover each other, only the one whose name
-    sorts first goes, so writers cleaning up at once never remove both: a part goes only for one that stays
-    or holds its rows. So a drained attempt goes once its batch is written whole, and a zombie's late part
-    (error rows, part of the batch) removes itself beside the complete one. `read(path)` gives a part's rows
-    as {question id: answered}. Best effort: a failure is logged, never raised. Returns how many went."""
+    """After the part at `path` (rows {question id: answered}) is written, remove the other attempts of its
+    batch (same `part_key`) that it strictly covers: each of their questions has a row here, an answer
+    wherever they had one, and this one has more. Never itself, nor an attempt that covers it: the part a
+    writer reports is in the driver's ledger (the run's summary reads it), so it stays; two complete
+    attempts (a batch answered again after its actor exited before returning) both stay, and readers take
+    each question once. So a drained attempt goes once its batch is written whole; a zombie's late partial
+    part stays beside the complete one, read once. `read(path)` gives a part's rows as {question id:
+    answered}. Best effort: a failure is logged, never raised. Returns how many went."""
     folder, name = path.rsplit("/", 1)
     prefix = f"part-{part_key(path)}-"
 
@@ -124,13 +125,9 @@ def drop_covered_attempts(fs: Any, path: str, mine: dict[str, bool], read: Calla
                 theirs = read(other)
             except FileNotFoundError:
                 continue  # removed meanwhile by another attempt
-            mutual = covers(mine, theirs) and covers(theirs, mine)
-            if covers(mine, theirs) and (not mutual or other.rsplit("/", 1)[-1] < name):
+            if covers(mine, theirs) and not covers(theirs, mine):
                 fs.rm(other)
                 removed += 1
-            elif covers(theirs, mine) and (not mutual or name < other.rsplit("/", 1)[-1]):
-                fs.rm(path)  # this attempt adds nothing to one that stays
-                return removed + 1
     except Exception as exc:  # never fails the write: readers are correct with every attempt present
         log.warning("could not remove the covered attempts of %s (%s: %s)", path, type(exc).__name__, exc)
     return removed

@@ -37,7 +37,9 @@ def question_dataset(source: str, cfg: DynragConfig, done: set[str], limit: int 
     import ray
 
     src = QuestionSource(source, cfg, done, limit, block_rows)
-    return ray.data.read_datasource(src, num_cpus=None if src.supports_distributed_reads else 0)
+    # no CPU asked: one light read that must never wait for CPUs the engine and pool actors hold (a job sized
+    # to its cluster, the replicas and pools taking every CPU, deadlocked reading its questions from s3://)
+    return ray.data.read_datasource(src, num_cpus=0)
 
 
 class QuestionSource(Datasource):
