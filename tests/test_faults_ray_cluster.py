@@ -112,13 +112,7 @@ def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
         assert len(reports) > state["lost_after"]  # the job went on after the loss
         if how == "remove":
             assert state.get("replaced"), "the job ended before the node was replaced"
-        else:  # the survivor may finish the job first: the drained replica's exit is awaited here then
-            import psutil
-
-            while "exited_s" not in state and time.monotonic() - state["at"] < 50:
-                if not any(psutil.pid_exists(p) for p in state["pids"]):
-                    state["exited_s"] = time.monotonic() - state["at"]
-                time.sleep(0.5)
+        else:  # exited on its own while the job went on (at the job's end the driver removes every replica)
             assert state.get("exited_s") is not None and state["exited_s"] < 50, state
         assert_each_question_once(tmp_path / "out", N)
 
