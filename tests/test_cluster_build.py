@@ -341,6 +341,7 @@ def test_s3_index_built_by_workers_and_a_node_pulls_only_what_it_serves(cluster,
     assert {f.split("/", 1)[1] for f in files} == served | lucene | id_map | {
         "versions/v000001/manifest.json",
         "SOURCE",
+        ".pull.lock",  # the node's one-download lock (remote.node_lock)
     }
     assert local["passages"] == report["passages"]
     for kind in ("bm25", "dense"):
