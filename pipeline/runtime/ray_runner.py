@@ -2,21 +2,23 @@
 and the actors write the rows.
 
 The dataset is read on a worker (ray_questions.py: dynrag's own loader, the first `limit` questions less
-those already answered; a local file is read on the driver's node, by a task that needs no CPU there),
-never held by the driver. Each engine actor holds the backends (a vLLM or transformers generator, the index, scorer,
+those already answered; a local file on the driver's node; the read task asks no CPU), never held by the
+driver. Each engine actor holds the backends (a vLLM or transformers generator, the index, scorer,
 embedder; the index, or the scorer and embedder, served instead by the retrieval and scorer pools when
 configured, pools.py) and runs the same engine (`answer.engine`) over each batch it receives, so
 predictions equal the in-process run. It writes each batch's rows as one Parquet part under the output
-(`PartWriter`: keyed by question id as in-process, and a retried batch replaces its own part) and sends
-the driver only a small report (`batch_report`: counts). So the output must be a URI or a folder every
+(`PartWriter`: one object per write attempt, keyed by the batch's question ids; readers take each question
+once) and sends the driver only a small report (`batch_report`: counts and the part, for the driver's
+ledger). So the output must be a URI or a folder every
 node shares (`check_shared`). Actors are data-parallel replicas (`ray.actors`, one per GPU on a cluster:
 `ray.actor_num_gpus=1`, or one per `generation.engine_kwargs.tensor_parallel_size` GPUs of a node); their
 resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`; ray_resources.py).
 
 An engine actor is a thin adapter over a `Replica` (replica.py: the lifecycle, the batch path). A
-tensor-parallel replica's actor is scheduled inside a placement group of its own (made when Ray Data starts
-the actor, as Ray Data LLM does: its bundles on one node, child tasks captured), so vLLM's workers share the
-group; a restarted actor lands in its group again; the groups go with the job. The driver's one supervisor
+tensor-parallel replica's actor is scheduled inside a placement group of its own (one per replica, handed
+out as Ray Data starts each actor, as Ray Data LLM places its engines: its bundles on one node, child tasks
+captured), so vLLM's workers share the group; a restarted actor lands in its group again; the groups, and
+every actor, go with the job. The driver's one supervisor
 thread feeds `RunControl` (ray_control.py) the drain (its own SIGTERM, Ray's node drain notices) and ends
 the job with one line when a replica is over its failure budget or no replica has run for `ray.replica_wait_s`.
 """
