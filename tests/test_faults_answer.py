@@ -91,9 +91,14 @@ def assert_stopped_cleanly(stopped, out):
     assert not (out / ".dynrag.lock").exists()  # released and removed on the way out
 
 
+# one batch held at a time: the next is submitted only once the driver has taken the previous one's report, so
+# a driver paused at its first report holds the run there (with more held, they go on answering meanwhile)
+ONE_BATCH = ["--set", "ray.actor_batches=1"]
+
+
 def test_ctrl_c_stops_at_once_after_the_finished_rows(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    stopped = kill_at(answer_cmd(nq_dev, out, n), "answer.part_written", pauses, signal.SIGINT)
+    stopped = kill_at(answer_cmd(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses, signal.SIGINT)
     assert_stopped_cleanly(stopped, out)
     assert rows_of(out).height == 25  # the finished batch was flushed, nothing more
     done = run(answer_cmd(nq_dev, out, n))
@@ -118,7 +123,7 @@ def test_sigterm_drains_writes_every_finished_answer_and_the_rerun_answers_the_r
 
 def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    first = run_until_paused(answer_cmd(nq_dev, out, n), "answer.part_written", pauses)
+    first = run_until_paused(answer_cmd(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses)
     try:
         second = run(answer_cmd(nq_dev, out, n))
         assert second.returncode == 2

@@ -36,6 +36,8 @@ def test_two_jobs_on_one_s3_output_yield_each_question_once(s3, nq_dev, tmp_path
         "generation.backend=none",
         "--set",
         "answer.batch_questions=5",
+        "--set",
+        "ray.actor_batches=1",  # one batch at a time: the paused driver holds its job while the second runs
     )
     # the first job waits 45 s after its first part, so the second one runs meanwhile
     first = start(cmd, {**env_for("answer.part_written", tmp_path / "pauses"), "DYNRAG_PAUSE_SECONDS": "45"})

@@ -194,8 +194,9 @@ class ContinuousEngine(BaseEngine):
             done.clear()
             if not live and (not more or self.drain.requested):
                 return
-            if self.drain.expired():
-                log.warning("drain: %d questions still in flight after %.0f s, not answered", live, self.drain.seconds)
+            if self.drain.expired():  # a drain of 0 s is the run ending on an error: quiet
+                say = log.warning if self.drain.seconds else log.debug
+                say("drain: %d questions still in flight after %.0f s, not answered", live, self.drain.seconds)
                 return
             try:  # a drain comes from a signal handler or another thread: look at it every DRAIN_POLL_S
                 events = [inbox.get(timeout=min(wait or DRAIN_POLL_S, DRAIN_POLL_S))]

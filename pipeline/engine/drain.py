@@ -19,7 +19,9 @@ class Drain:
     def request(self, seconds: float | None = None) -> None:
         """Ask for the drain; a later request may shorten its deadline, never extend it."""
         deadline = time.monotonic() + (self.seconds if seconds is None else seconds)
-        self._deadline = min(self._deadline, deadline)
+        if deadline < self._deadline:
+            self._deadline = deadline
+            self.seconds = self.seconds if seconds is None else seconds
         self.event.set()
 
     @property

@@ -110,7 +110,10 @@ class Replica:
         return self
 
     def drain(self, seconds: float, why: str) -> None:
-        """Admit no more questions; finish those in flight within `seconds`. Safe from a signal handler."""
+        """Admit no more questions; finish those in flight within `seconds`. Safe from a signal handler. The
+        engine's Drain flag (an Event) is set at once, so a coordinator busy in a long step stops admitting
+        as soon as it looks; the message brings the state to DRAINING on the loop's thread."""
+        self.drain_flag.request(seconds)
         self.inbox.send(("drain", seconds, why))
 
     def stop(self) -> None:
@@ -212,9 +215,8 @@ class Replica:
             with self._lock:
                 if self.state in (State.STARTING, State.SERVING):
                     self.state = State.DRAINING
-            if not self.drain_flag.requested and seconds:
+            if seconds:
                 log.warning("replica %s: %s, draining (up to %.0f s)", self.where.get("pid", ""), why, seconds)
-            self.drain_flag.request(seconds)
 
     def _deliver(self, outcomes: list) -> None:
         with self._lock:
