@@ -152,7 +152,14 @@ def run(cluster, client, args, index, out: str, preempt: bool, limit: int | None
     extra = [f"generation.backend={args.backend}"] if args.backend else []
     entrypoint, runtime_env = shipped_job(str(args.data), str(index), str(out), limit or args.limit, extra)
     t0 = time.monotonic()
-    job = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+    for attempt in range(30):  # the head's job agent may not be up yet ("No available agent to submit job")
+        try:
+            job = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+            break
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or attempt == 29:
+                raise
+            time.sleep(2.0)
     event: dict = {}
     replicas: dict[int, str] = {}
     while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):

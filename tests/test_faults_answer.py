@@ -58,16 +58,22 @@ def assert_exactly_once(out, n):
     assert not list((out / "parts").glob(".*.tmp")), "a partial part file was left behind"
 
 
+# one batch held at a time: the next is submitted only once the driver has taken the previous one's report, so
+# a driver paused at its first report holds the run there, and parts land one by one (with more held, the
+# batches go on answering meanwhile and land together)
+ONE_BATCH = ["--set", "ray.actor_batches=1"]
+
+
 def test_sigkill_at_several_points_under_load_then_resume(nq_dev, tmp_path):
     n, out, pauses = 600, tmp_path / "run", tmp_path / "pauses"
     load = [start(answer_cmd(nq_dev, tmp_path / f"load{i}", 3610), env_for()) for i in range(2)]
     try:
-        killed = kill_at(answer_cmd(nq_dev, out, n), "answer.part_written", pauses)  # right after a part
+        killed = kill_at(answer_cmd(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses)  # after a part
         assert killed.returncode == -signal.SIGKILL
         after_first = rows_of(out).height
         assert 0 < after_first < n
         for _ in range(2):  # by timing: as soon as one more part lands, mid-way through the next batch
-            proc = start(answer_cmd(nq_dev, out, n), env_for())
+            proc = start(answer_cmd(nq_dev, out, n, *ONE_BATCH), env_for())
             before = len(part_files(str(out)))
             while len(part_files(str(out))) == before and proc.poll() is None:
                 time.sleep(0.005)
@@ -89,11 +95,6 @@ def assert_stopped_cleanly(stopped, out):
     assert "interrupted" in stopped.stderr and "rerun the same command" in stopped.stderr
     assert "Traceback" not in stopped.stderr
     assert not (out / ".dynrag.lock").exists()  # released and removed on the way out
-
-
-# one batch held at a time: the next is submitted only once the driver has taken the previous one's report, so
-# a driver paused at its first report holds the run there (with more held, they go on answering meanwhile)
-ONE_BATCH = ["--set", "ray.actor_batches=1"]
 
 
 def test_ctrl_c_stops_at_once_after_the_finished_rows(nq_dev, tmp_path):

@@ -146,10 +146,8 @@ class EngineActor:
             if self.control is None:
                 raise
             self._park()  # the engine failed: this process exits for a restart, or the driver ends the job
-        if report["part"]:
-            fault_point("ray.part_written", until=lambda: self.why is not None)
-        if not report["complete"]:
-            self._park()  # drained part way
+        if not report["complete"] and self.why not in (None, "the job is stopping"):
+            self._park()  # drained part way for its node: the batch goes to the restarted actor
         if self.control is not None:
             self.control.end.remote(key)
             self.begun.discard(key)

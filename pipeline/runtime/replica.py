@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from indexing.faults import fault_point
 from pipeline.engine.continuous import ContinuousEngine, Feed, make_engine
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Question
@@ -152,6 +153,8 @@ class Replica:
             outcomes = self._outcomes(questions) if questions else []
             rows = [make_row(o, **self.row_args) for o in outcomes]
             part = self.writer.write(rows, batch_ids)
+            if part:
+                fault_point("ray.part_written", until=lambda: self.drain_flag.requested)
             with self._lock:
                 report = batch_report(rows, skipped, self.engine.new_calls() if self.engine else {})
             report.update(
