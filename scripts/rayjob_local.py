@@ -233,7 +233,15 @@ def run_all(args) -> int:
 
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     port = free_port()
-    head = {"num_cpus": 0, "temp_dir": temp, "include_dashboard": True, "dashboard_port": port}
+    # the head's dashboard agent (which the Jobs API submits through) on a free port too: a leftover agent of an
+    # earlier local cluster on Ray's default port leaves the job API with "No available agent"
+    head = {
+        "num_cpus": 0,
+        "temp_dir": temp,
+        "include_dashboard": True,
+        "dashboard_port": port,
+        "dashboard_agent_listen_port": free_port(),
+    }
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         for _ in range(2):
