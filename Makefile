@@ -30,4 +30,4 @@ test-slow: setup
 	bash scripts/run_tests.sh -m slow
 
 test-faults: setup
-	TESTS="tests/test_faults_*.py" bash scripts/run_tests.sh -m faults
+	TESTS="tests/test_faults_*.py" bash scripts/run_tests.sh -m "faults and not slow"
