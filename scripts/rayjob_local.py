@@ -112,6 +112,7 @@ def replica_actors(dashboard: str) -> list[dict]:
 
 
 def drain_node(address: str, node_id: str, deadline_s: int) -> None:
+    """`ray drain-node`, the command: Ray's pre-emption notice for `node_id` with its deadline."""
     subprocess.run(
         [
             str(Path(sys.executable).parent / "ray"),
@@ -123,11 +124,12 @@ def drain_node(address: str, node_id: str, deadline_s: int) -> None:
             "--reason",
             "DRAIN_NODE_REASON_PREEMPTION",
             "--reason-message",
-            "spot instance pre-empted (rayjob_local.py)",
+            "spot instance pre-empted",
             "--deadline-remaining-seconds",
             str(deadline_s),
         ],
         check=True,
+        timeout=60,
     )
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from ray_jobs import assert_each_question_once, dying_backends, fake_gpu_cluster, run_job
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from rayjob_local import drain_node  # noqa: E402  (the RayJob script's: `ray drain-node`, the command)
+
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(600)]
 
 ray = pytest.importorskip("ray")
@@ -72,32 +75,6 @@ def lose_a_node(cluster, reports: list[dict], how: str, after: int, deadline_s: 
                 replace(state["node"])
 
     return on_report, state
-
-
-def drain_node(address: str, node_id: str, deadline_s: int) -> None:
-    """`ray drain-node`, the command (Ray's pre-emption notice with its deadline)."""
-    import subprocess
-
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    subprocess.run(
-        [
-            ray_cli,
-            "drain-node",
-            "--address",
-            address,
-            "--node-id",
-            node_id,
-            "--reason",
-            "DRAIN_NODE_REASON_PREEMPTION",
-            "--reason-message",
-            "spot pre-emption (test)",
-            "--deadline-remaining-seconds",
-            str(deadline_s),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
 
 
 @pytest.mark.parametrize("how", ["remove", "drain"])

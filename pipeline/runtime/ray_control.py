@@ -111,8 +111,5 @@ class RunControl:
         return None
 
     # -- the end ----------------------------------------------------------------------------------------
-    def fail(self, line: str) -> None:
-        self.fatal_line = self.fatal_line or line
-
     def fatal(self) -> str | None:
         return self.fatal_line

@@ -136,10 +136,6 @@ class Replica:
         elif self._loop is None:
             self._shutdown()
 
-    @property
-    def calls(self) -> int:
-        return self._calls
-
     # -- the one batch path ---------------------------------------------------------------------------
     def answer(self, questions: list[Question], batch_ids: list[str] | None = None, skipped: int = 0) -> dict:
         """Answer `questions`, write their rows as one part (keyed by `batch_ids`, else the rows' ids) and
