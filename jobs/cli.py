@@ -32,6 +32,7 @@ JOB_MODULES = [
     "jobs.eval.erm4",
     "jobs.evaluate",
     "jobs.experiment",
+    "jobs.conform.run",
 ]
 
 

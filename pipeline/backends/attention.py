@@ -114,6 +114,10 @@ class AttentionPass:
         """Positions run through the model so far (shared prefixes once), for benchmarks."""
         return self.passes.tokens_computed
 
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Each text's length in the model's tokens, encoded as a prompt is (DRAGIN's code stops at a length)."""
+        return [len(self.tokenizer.encode(t)) for t in texts]
+
     # -- the operation -------------------------------------------------------------------------
     def stats(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         enc = [self._encode(it) for it in items]

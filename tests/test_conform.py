@@ -1,0 +1,234 @@
+"""`dynrag conform` on scripted sides: trace comparison and first divergence, a reference that fails, the
+reference's cache; and the authors' setting of DRAGIN's Table 1 methods (pipeline/methods/dragin_authors.py)
+against what DRAGIN's code does, on a scripted generator: its prompt layout, its stopping, its answer reading."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from fakes import MemoryRetriever
+
+from jobs.conform import run as conform_run
+from jobs.conform import traces
+from pipeline.backends import Backends
+from pipeline.config import DynragConfig
+from pipeline.engine.core import Engine
+from pipeline.engine.requests import Completion, Question, TokenLogprob
+from pipeline.methods import dragin_authors as authors
+from pipeline.methods.registry import get_method
+
+FEWSHOT = "Question: Where is Rome?\nAnswer: Rome is in Italy. So the answer is Italy.\n"
+CASE = "Answer the question step by step.\nQuestion: {question}\nAnswer:"
+PASSAGES = [
+    ("p1", "Titanic", "Titanic won Best Picture at the 1998 Academy Awards."),
+    ("p2", "James Cameron", "James Cameron directed Titanic."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+]
+
+
+def gen(prompt: str, text: str) -> dict:
+    return {"kind": "generate", "prompt_sha": traces.prompt_sha(prompt), "prompt": prompt, "text": text}
+
+
+def ret(query: str, ids: list[str]) -> dict:
+    return {"kind": "retrieve", "query": query, "ids": ids}
+
+
+# -- traces ------------------------------------------------------------------------------------------------
+def test_same_traces_are_the_same_decisions_and_predictions():
+    events = [gen("Q\nAnswer:", "A is B."), ret("A is B", ["p1", "p2"]), gen("ctx Q\nAnswer: A is B.", "x")]
+    r = traces.compare(
+        {"id": "q1", "events": events, "prediction": "The Paris."},
+        {"id": "q1", "events": events, "prediction": "paris"},
+    )
+    assert r["same_decisions"] and r["same_prediction"] and "first_divergence" not in r
+    assert traces.decisions(events) == [{"after": "A is B.", "query": "A is B", "ids": ["p1", "p2"]}]
+
+
+def test_first_divergence_names_the_event_and_both_sides():
+    ref = [gen("Q\nAnswer:", "A is B."), ret("A is B", ["p1"]), gen("ctx Q\nAnswer: A is B.", "So the answer is x.")]
+    ours = [gen("Q\nAnswer:", "A is B."), ret("A B", ["p3"]), gen("ctx Q\nAnswer: A is B.", "So the answer is y.")]
+    r = traces.compare({"id": "q", "events": ref, "prediction": "x"}, {"id": "q", "events": ours, "prediction": "y"})
+    assert not r["same_decisions"] and not r["same_prediction"]
+    d = r["first_divergence"]
+    assert d["event"] == 1
+    assert d["reference"] == {"kind": "retrieve", "query": "A is B", "ids": ["p1"]}
+    assert d["dynrag"] == {"kind": "retrieve", "query": "A B", "ids": ["p3"]}
+
+
+def test_a_side_that_stops_early_diverges_where_it_stopped():
+    ref = [gen("P\nAnswer:", "a"), gen("P\nAnswer: a", "b")]
+    d = traces.first_divergence(ref, ref[:1])
+    assert d["event"] == 1 and d["dynrag"] is None and d["reference"]["prompt_tail"].endswith("Answer: a")
+
+
+def test_a_retrieval_at_another_point_is_another_decision():
+    first = [ret("q", ["p1"]), gen("Q\nAnswer: one.", "two")]
+    later = [ret("q", ["p1"]), gen("Q\nAnswer: one. two.", "three")]
+    assert traces.decisions(first) != traces.decisions(later)
+
+
+def test_reference_errors_are_counted_not_compared():
+    rows = [
+        traces.compare(
+            {"id": "a", "error": "KeyError: 'x'", "events": []}, {"id": "a", "events": [], "prediction": ""}
+        ),
+        traces.compare({"id": "b", "events": [], "prediction": "x"}, {"id": "b", "events": [], "prediction": "x"}),
+    ]
+    s = traces.summary(rows)
+    assert (s["questions"], s["reference_errors"], s["same_decisions"], s["same_predictions"]) == (2, 1, 1, 1)
+    assert [d["id"] for d in s["differing"]] == ["a"]
+
+
+# -- the harness's reference process ----------------------------------------------------------------------
+def scripted_driver(tmp_path: Path, body: str) -> Path:
+    """A python that runs `body` instead of the driver (argv[1]: -P, argv[2]: the driver, argv[3]: the job)."""
+    script = tmp_path / "side.py"
+    script.write_text("import json, sys\njob = json.load(open(sys.argv[3]))\n" + body)
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    py.chmod(0o755)
+    return py
+
+
+def job(tmp_path: Path, commit: str = "abc") -> dict:
+    return {
+        "questions": [{"id": "q1", "question": "Q?"}],
+        "out": str(tmp_path / "out.jsonl"),
+        "commit": commit,
+        "cache": str(tmp_path / "cache"),
+        "retrieval_url": "http://x/",
+    }
+
+
+def test_a_failing_reference_stops_with_its_own_error(tmp_path):
+    py = scripted_driver(tmp_path, "raise SystemExit('elasticsearch is not running')\n")
+    with pytest.raises(SystemExit, match="elasticsearch is not running"):
+        conform_run.run_reference(py, job(tmp_path), tmp_path, log=lambda m: None)
+
+
+def test_the_reference_run_is_cached_by_its_inputs(tmp_path):
+    body = (
+        "out = open(job['out'], 'w')\n"
+        "out.write(json.dumps({'setup': True, 'fewshot': 'F'}) + '\\n')\n"
+        "out.write(json.dumps({'id': 'q1', 'events': [], 'prediction': 'x'}) + '\\n')\n"
+    )
+    py = scripted_driver(tmp_path, body)
+    setup, rows, _ = conform_run.run_reference(py, job(tmp_path), tmp_path, log=lambda m: None)
+    assert setup["fewshot"] == "F" and rows[0]["prediction"] == "x"
+    (tmp_path / "out.jsonl").unlink()
+    broken = scripted_driver(tmp_path, "raise SystemExit('ran again')\n")
+    again = conform_run.run_reference(broken, job(tmp_path), tmp_path, log=lambda m: None)
+    assert again[1] == rows  # read back, not run
+    with pytest.raises(SystemExit, match="ran again"):  # other questions: run
+        conform_run.run_reference(broken, {**job(tmp_path), "questions": []}, tmp_path, log=lambda m: None)
+
+
+def test_reference_strings_read_a_class_of_the_checkout(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "generate.py").write_text(
+        "class A:\n    def f(self):\n        return 'Answer in t he same format.\\n'\n"
+        "class B:\n    def f(self):\n        return 'Answer in the same format.\\n'\n"
+    )
+    assert "Answer in t he same format.\n" in conform_run.reference_strings(tmp_path, "A")
+    assert "Answer in t he same format.\n" not in conform_run.reference_strings(tmp_path, "B")
+
+
+# -- the authors' setting ------------------------------------------------------------------------------------
+def test_prediction_reads_as_their_data_and_eval_do():
+    text = "Cameron directed it. So the answer is James Cameron.\n\nQuestion: Who else?"
+    assert authors.prediction(authors.cut(text, at_start_too=False)) == "James Cameron.\n\n"  # as data.py reads it
+    assert authors.prediction("So the answer is James Cameron.") == "James Cameron"
+    assert authors.prediction("no marker here") == ""
+    assert authors.cut("Question: x", at_start_too=False) == "Question: x"  # eval.py keeps a cut at 0 the first time
+    assert authors.cut("a Note: b", at_start_too=False) == "a "
+
+
+def logprobs(tokens: list[tuple[str, float]]) -> list[TokenLogprob]:
+    return [TokenLogprob(t, math.log(p)) for t, p in tokens]
+
+
+def test_flare_modifier_drops_the_first_unsure_sentence_and_its_unsure_tokens():
+    text = "Rome is in Italy. Titanic was directed by Spielberg."
+    toks = [("Rome", 0.99), (" is", 0.99), (" in", 0.99), (" Italy", 0.99), (".", 0.99)]
+    toks += [(" Titanic", 0.95), (" was", 0.99), (" directed", 0.95), (" by", 0.99), (" Spielberg", 0.2), (".", 0.9)]
+    out = Completion(text, 10, len(toks), "length", logprobs(toks))
+    prev, query = authors.flare_modifier(text, out, threshold=0.08)
+    assert prev == "Rome is in Italy."
+    # worked by hand through TokenRAG.modifier: sentence 1 takes tokens 0-5 (its five and " Titanic", the
+    # one after), mean 1 - p = 0.017; sentence 2 starts at token 6 (" Titanic" is skipped, as the code
+    # skips it) and takes " was" .. ".", mean 1 - p = 0.194 > 0.08; token by token " Spielberg" (0.8) and
+    # "." (0.1) pass 0.08 and leave the query
+    assert query == "Titanic was directed by"
+    sure = Completion(text, 10, len(toks), "length", logprobs([(t, 0.999) for t, _ in toks]))
+    assert authors.flare_modifier(text, sure, threshold=0.08) is None
+
+
+class Script:
+    """Replies in order; records each prompt."""
+
+    def __init__(self, replies: list[str]):
+        self.replies, self.prompts = list(replies), []
+
+    def generate(self, prompts, samplings, chats):
+        self.prompts += prompts
+        return [Completion(self.replies.pop(0), 1, 5, "length", None, [1] * 5) for _ in prompts]
+
+
+class Counter:
+    def count_tokens(self, texts):
+        return [len(t.split()) for t in texts]
+
+
+def run_authors(method: str, replies: list[str], **params):
+    script = Script(replies)
+    backends = Backends(
+        DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES), named={"attention": Counter()}
+    )
+    spec = get_method(method)
+    p = spec.params({"setting": "authors", "fewshot": FEWSHOT, "case_template": CASE, **params})
+    out = Engine(backends).run([Question("q1", "Who directed Titanic?", dataset="hotpotqa")], spec.program, p)[0]
+    assert out.error is None, out.error
+    return out.answer, script.prompts
+
+
+def test_fs_rag_in_the_authors_setting_lays_out_prompts_as_their_code():
+    ans, prompts = run_authors(
+        "fs-rag",
+        ["Titanic was directed by James Cameron. Then more.", "So the answer is James Cameron. Question: x"],
+        k=2,
+    )
+    case = CASE.format(question="Who directed Titanic?")
+    ctx = "Context:\n[1] James Cameron directed Titanic.\n[2] Titanic won Best Picture at the 1998 Academy Awards.\n"
+    assert prompts[0] == FEWSHOT + ctx + "Answer in the same format as before.\n" + case + " "
+    # the first sentence is kept and is the next query; the answer so far follows a blank, as FixLengthRAG joins
+    assert prompts[1].endswith(case + "  Titanic was directed by James Cameron.")
+    assert ans.prediction == "James Cameron" and len(prompts) == 2 and ans.extra["retrievals"] == 2
+
+
+def test_no_retrieval_in_the_authors_setting_forces_an_answer_as_their_eval():
+    ans, prompts = run_authors("no-retrieval", ["Titanic was directed by James Cameron.", "James Cameron."])
+    case = CASE.format(question="Who directed Titanic?")
+    assert prompts[0] == FEWSHOT + case
+    assert prompts[1] == FEWSHOT + case + " Titanic was directed by James Cameron. So the answer is "
+    assert ans.prediction == "James Cameron" and ans.extra["answer_forced"]
+
+
+def test_the_length_limit_ends_a_question_in_the_authors_setting():
+    long = " ".join(["word"] * 60) + "."
+    _, prompts = run_authors("fl-rag", [long, long, long], window=60, max_tokens=100)
+    assert len(prompts) == 3  # two rounds pass 100 words, then the forced answer
+
+
+def test_params_for_reads_the_reference_config():
+    setup = {"fewshot": "F", "case_template": "C {question}"}
+    args = {"generate_max_length": 100, "retrieve_topk": 3, "hallucination_threshold": 0.8, "retrieve_keep_top_k": 35}
+    p = conform_run.params_for("dragin", args, setup, "Answer in t he same format as before.\n")
+    assert (p["theta"], p["top_n"], p["k"], p["max_tokens"], p["setting"]) == (0.8, 35, 3, 100, "authors")
+    get_method("dragin").params(p)  # valid parameters
+    assert json.dumps(conform_run.params_for("flare", {**args, "hallucination_threshold": 0.08}, setup, "x"))
