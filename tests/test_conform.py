@@ -111,21 +111,27 @@ def test_a_failing_reference_stops_with_its_own_error(tmp_path):
         conform_run.run_reference(py, job(tmp_path), tmp_path, log=lambda m: None)
 
 
-def test_the_reference_run_is_cached_by_its_inputs(tmp_path):
-    body = (
-        "out = open(job['out'], 'w')\n"
-        "out.write(json.dumps({'setup': True, 'fewshot': 'F'}) + '\\n')\n"
-        "out.write(json.dumps({'id': 'q1', 'events': [], 'prediction': 'x'}) + '\\n')\n"
-    )
-    py = scripted_driver(tmp_path, body)
-    setup, rows, _ = conform_run.run_reference(py, job(tmp_path), tmp_path, log=lambda m: None)
-    assert setup["fewshot"] == "F" and rows[0]["prediction"] == "x"
-    (tmp_path / "out.jsonl").unlink()
-    broken = scripted_driver(tmp_path, "raise SystemExit('ran again')\n")
-    again = conform_run.run_reference(broken, job(tmp_path), tmp_path, log=lambda m: None)
-    assert again[1] == rows  # read back, not run
-    with pytest.raises(SystemExit, match="ran again"):  # other questions: run
-        conform_run.run_reference(broken, {**job(tmp_path), "questions": []}, tmp_path, log=lambda m: None)
+ANSWERING = (  # a reference that answers every question it is given with its id, and logs which it got
+    "open(job['out'] + '.asked', 'a').write(' '.join(q['id'] for q in job['questions']) + '\\n')\n"
+    "out = open(job['out'], 'w')\n"
+    "out.write(json.dumps({'setup': True, 'fewshot': 'F'}) + '\\n')\n"
+    "for q in job['questions']:\n"
+    "    out.write(json.dumps({'id': q['id'], 'events': [], 'prediction': q['id'], 'seconds': 1.0}) + '\\n')\n"
+)
+
+
+def test_reference_rows_are_cached_per_question(tmp_path):
+    py = scripted_driver(tmp_path, ANSWERING)
+    one = job(tmp_path)
+    setup, rows = conform_run.run_reference(py, one, tmp_path, log=lambda m: None)
+    assert setup["fewshot"] == "F" and [r["prediction"] for r in rows] == ["q1"]
+    two = {**one, "questions": [{"id": "q0", "question": "Q0?"}, *one["questions"]]}
+    _, rows = conform_run.run_reference(py, two, tmp_path, log=lambda m: None)
+    assert [r["prediction"] for r in rows] == ["q0", "q1"]  # in the order asked
+    asked = (tmp_path / "out.jsonl.asked").read_text().split("\n")
+    assert asked[:2] == ["q1", "q0"]  # the second run asked the reference for the new question only
+    conform_run.run_reference(py, {**two, "commit": "def"}, tmp_path, log=lambda m: None)  # other code: again
+    assert (tmp_path / "out.jsonl.asked").read_text().split("\n")[2] == "q0 q1"
 
 
 def test_reference_strings_read_a_class_of_the_checkout(tmp_path):

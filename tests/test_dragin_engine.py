@@ -295,7 +295,7 @@ class VllmLike:
                 ]
             c = SimpleNamespace(text=text, token_ids=ids, logprobs=lps, finish_reason="stop", stop_reason=None)
             ro = SimpleNamespace(prompt_token_ids=self.tok(prompt)["input_ids"], outputs=[c])
-            outs.append(self.vllm._completion(ro, spec.token_spans))
+            outs.append(self.vllm._completion(ro, spec))
         self.outs += outs
         return outs
 

@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 import traceback
 import types
 import urllib.request
@@ -96,6 +97,27 @@ def spacy_pipeline_by_its_name() -> None:
     spacy.load = lambda name, *a, **k: pkg.load(*a, **k) if name == "en_core_web_sm" else load(name, *a, **k)
 
 
+def traced_model_generate(gen):
+    """eval.py's regenerate_answer calls the model's own generate: its prompt and output into TRACE too (the
+    prompt decoded from its ids, which gives back the text for this tokenizer's byte-level BPE)."""
+    inner, tok = gen.model.generate, gen.tokenizer
+
+    def call(input_ids=None, **k):
+        out = inner(input_ids=input_ids, **k)
+        prompt = tok.decode(input_ids[0])
+        TRACE.append(
+            {
+                "kind": "generate",
+                "prompt_sha": sha(prompt),
+                "prompt": prompt,
+                "text": tok.decode(out[0][input_ids.shape[1] :]),
+            }
+        )
+        return out
+
+    gen.model.generate = call
+
+
 def main(config_path: str) -> None:
     c = json.loads(Path(config_path).read_text())
     src = Path(c["source"]) / "src"
@@ -134,14 +156,20 @@ def main(config_path: str) -> None:
         for item in ds.dataset:
             TRACE.clear()
             row: dict = {"id": item["qid"], "question": item["question"]}
+            t0 = time.perf_counter()
             try:
                 text = model.inference(item["question"], item["demo"], item["case"]).strip()
                 g = model.generator
-                final = regenerate_answer(text, g.tokenizer, g.model, item["case"], item["demo"])
+                traced_model_generate(g)
+                try:
+                    final = regenerate_answer(text, g.tokenizer, g.model, item["case"], item["demo"])
+                finally:
+                    del g.model.generate  # the instance attribute; the class's method again
                 row.update(text=text, final=final, prediction=ds.get_real_prediction(final))
             except Exception as err:  # one question's failure is a reference error, never the run's end
                 row["error"] = f"{type(err).__name__}: {err}"
                 row["traceback"] = traceback.format_exc()[-2000:]
+            row["seconds"] = time.perf_counter() - t0
             row["events"] = list(TRACE)
             out.write(json.dumps(row) + "\n")
             out.flush()

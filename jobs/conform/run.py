@@ -152,19 +152,39 @@ def serve_retrieval(backends) -> ThreadingHTTPServer:
     return server
 
 
-def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[dict], float]:
-    """The driver over the questions: (its setup line, one row per question, seconds). A run with the same
-    inputs (checkout commit, config, model, questions) is read back from the cache instead."""
-    key = {k: v for k, v in job.items() if k not in ("retrieval_url", "out", "cache")}
-    cached = Path(job["cache"]) / (traces.prompt_sha(json.dumps(key, sort_keys=True)) + ".json")
-    if cached.is_file():
-        log(f"reference: read from {cached}")
-        kept = json.loads(cached.read_text())
-        return kept["setup"], kept["rows"], kept["seconds"]
+def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[dict]]:
+    """The driver over the questions: (its setup line, one row per question, each with its seconds). Rows of
+    the same inputs (checkout commit, config, settings, model, driver, question) are read back from the cache;
+    the driver runs the others only."""
+    base = {k: v for k, v in job.items() if k not in ("retrieval_url", "out", "cache", "questions")}
+    base["driver"] = traces.prompt_sha(DRIVER.read_text())
+    folder = Path(job["cache"]) / traces.prompt_sha(json.dumps(base, sort_keys=True))
+    keep = job["commit"] != "unknown"
+
+    def kept(q: dict) -> Path:
+        return folder / (traces.prompt_sha(q["id"] + "\n" + q["question"]) + ".json")
+
+    todo = [q for q in job["questions"] if not (keep and kept(q).is_file())]
+    if len(todo) < len(job["questions"]):
+        log(f"reference: {len(job['questions']) - len(todo)} questions read from {folder}")
+    if todo or not (folder / "setup.json").is_file():
+        setup, rows = _drive(py, {**job, "questions": todo}, workdir, log)
+        if keep:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "setup.json").write_text(json.dumps(setup))
+            for q, row in zip(todo, rows):
+                kept(q).write_text(json.dumps(row))
+        fresh = {r["id"]: r for r in rows}
+    else:
+        fresh = {}
+    setup = json.loads((folder / "setup.json").read_text()) if keep else setup
+    return setup, [fresh.get(q["id"]) or json.loads(kept(q).read_text()) for q in job["questions"]]
+
+
+def _drive(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[dict]]:
     cfg_path, out = workdir / "reference.json", Path(job["out"])
     cfg_path.write_text(json.dumps(job))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    t0 = time.perf_counter()
     with open(workdir / "reference.log", "w") as err:
         proc = subprocess.Popen([str(py), "-P", str(DRIVER), str(cfg_path)], stdout=err, stderr=err, env=env)
         total = len(job["questions"])
@@ -172,18 +192,14 @@ def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[d
             time.sleep(5)
             done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
             log(f"reference: {done}/{total} questions")
-    secs = time.perf_counter() - t0
     lines = [json.loads(x) for x in out.read_text().splitlines()] if out.is_file() else []
     if proc.returncode != 0 or not lines:
         tail = (workdir / "reference.log").read_text()[-3000:]
         raise SystemExit(f"the reference's driver failed (exit {proc.returncode}):\n{tail}")
-    if job["commit"] != "unknown":
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text(json.dumps({"setup": lines[0], "rows": lines[1:], "seconds": secs}))
-    return lines[0], lines[1:], secs
+    return lines[0], lines[1:]
 
 
-def run_dynrag(backends, questions, method: str, params: dict) -> tuple[list[dict], float]:
+def run_dynrag(backends, questions, method: str, params: dict) -> list[dict]:
     from pipeline.engine.core import Engine
     from pipeline.methods.registry import get_method
 
@@ -191,17 +207,25 @@ def run_dynrag(backends, questions, method: str, params: dict) -> tuple[list[dic
     p = spec.params(params)
     traced = TracedBackends(backends)
     engine = Engine(traced)
-    rows, t0 = [], time.perf_counter()
+    _ = backends.generator  # loaded before the clock starts, as the reference's model is
+    rows = []
     for q in questions:
         traced.events = []
+        t0 = time.perf_counter()
         o = engine.run([q], spec.program, p)[0]
         row: dict[str, Any] = {"id": q.id, "question": q.question, "events": traced.events}
+        row["seconds"] = time.perf_counter() - t0
         if o.error is not None or o.answer is None:
             row["error"] = str(o.error)
         else:
             row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
         rows.append(row)
-    return rows, time.perf_counter() - t0
+    return rows
+
+
+def mean_seconds(rows: list[dict]) -> float | None:
+    secs = [r["seconds"] for r in rows if "seconds" in r]
+    return sum(secs) / len(secs) if secs else None
 
 
 def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index: str, limit: int, log=print) -> dict:
@@ -234,10 +258,10 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
                 "retrieval_url": f"http://127.0.0.1:{server.server_address[1]}/",
                 "out": str(Path(tmp) / "reference.jsonl"),
             }
-            setup, ref_rows, ref_secs = run_reference(py, job, Path(tmp), log)
+            setup, ref_rows = run_reference(py, job, Path(tmp), log)
         params = params_for(method, ref_args, setup, outro or "Answer in the same format as before.\n")
         log(f"dynrag: {len(questions)} questions, {method} in the authors' setting")
-        ours, our_secs = run_dynrag(backends, questions, method, params)
+        ours = run_dynrag(backends, questions, method, params)
     finally:
         server.shutdown()
         backends.close()
@@ -247,10 +271,7 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
         "model": cfg.generation.model,
         "reference": {**ref, "config": str(Path(config_dir) / conf_file), "settings_added": added},
         **traces.summary(per_q),
-        "seconds_per_question": {
-            "reference": ref_secs / max(1, len(questions)),
-            "dynrag": our_secs / max(1, len(questions)),
-        },
+        "seconds_per_question": {"reference": mean_seconds(ref_rows), "dynrag": mean_seconds(ours)},
         "dynrag_params": {k: v for k, v in params.items() if k != "fewshot"},
         "load_average": os.getloadavg()[0],
     }

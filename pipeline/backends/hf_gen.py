@@ -129,6 +129,8 @@ class HfGenerator:
                             {self.tokenizer.decode([int(t)]): float(v) for v, t in zip(top.values, top.indices)},
                         )
                     )
+            if spec.eos_text and finish == "stop" and not stopped:
+                text += self.tokenizer.decode([eos])
             completions.append(
                 Completion(
                     text,

@@ -152,11 +152,14 @@ class VllmGenerator:
             except Exception as err:
                 raise as_engine_dead(err) from err
             for i, ro in zip(live, outs):
-                results[i] = self._completion(ro, samplings[i].token_spans)
+                results[i] = self._completion(ro, samplings[i])
         return cast(list[Completion | Exception], results)  # every slot filled
 
-    def _completion(self, ro, spans: bool = False) -> Completion:
+    def _completion(self, ro, spec: SamplingSpec) -> Completion:
         c = ro.outputs[0]
+        text = c.text
+        if spec.eos_text and c.finish_reason == "stop" and c.stop_reason is None:  # ended by the EOS token
+            text += self.tokenizer.eos_token or ""
         prompt_ids = list(ro.prompt_token_ids or [])
         lps = None
         if c.logprobs is not None:
@@ -172,7 +175,7 @@ class VllmGenerator:
                     )
                 )
         return Completion(
-            text=c.text,
+            text=text,
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(c.token_ids),
             finish_reason=str(c.finish_reason or ""),
@@ -181,7 +184,9 @@ class VllmGenerator:
             token_ids=list(c.token_ids),
             prompt_token_ids=prompt_ids,
             # vLLM's text is its detokenizer's, cut before a stop string (which the last id may hold)
-            token_spans=clip(detokenize(self.tokenizer, c.token_ids, prompt_ids)[1], len(c.text)) if spans else None,
+            token_spans=clip(detokenize(self.tokenizer, c.token_ids, prompt_ids)[1], len(c.text))
+            if spec.token_spans
+            else None,
         )
 
     def close(self) -> None:

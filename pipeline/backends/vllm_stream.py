@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.backends.streaming import InFlight, StreamingGenerator, resolved
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator, as_engine_dead
-from pipeline.engine.requests import Completion
+from pipeline.engine.requests import Completion, SamplingSpec
 from pipeline.errors import BackendError
 
 
@@ -51,18 +51,16 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
                 fut.set_exception(BackendError("the vLLM engine is closed: no more prompts can be submitted"))
                 return fut
             # the future is the task's: cancelled with it (at shutdown), and cancelling it cancels the task
-            run = self._run(
-                self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params, sampling.token_spans
-            )
+            run = self._run(self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params, sampling)
             return asyncio.run_coroutine_threadsafe(run, self._loop)
 
-    async def _run(self, llm, key: str, prompt, params, spans: bool = False) -> tuple[Completion | Exception, float]:
+    async def _run(self, llm, key: str, prompt, params, spec: SamplingSpec) -> tuple[Completion | Exception, float]:
         self.flight.start(key)
         result: Completion | Exception
         try:
             async for out in llm.generate(prompt, params, key):
                 final = out
-            result = self._completion(final, spans)
+            result = self._completion(final, spec)
         except Exception as err:  # this prompt's error, its question's; a dead engine's, the run's
             result = as_engine_dead(err)
         finally:  # also when cancelled: the sequence leaves the flight either way

@@ -36,6 +36,8 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # top-k logprobs per generated token
     token_spans: bool = False  # also each generated token's character span in the text (Completion.token_spans)
+    eos_text: bool = False  # an output ended by the end-of-sequence token ends with that token's text (as decoding
+    # the generated ids with their special tokens gives it: DRAGIN's code reads its outputs so)
     prompt_logprobs: int | None = None
     # constrained decoding (vLLM's structured outputs; the transformers backend ignores it and methods parse
     # what comes): the output is one of `choice`, or matches `regex`

@@ -7,7 +7,8 @@ What this setting does as the authors' code does:
 - The prompt is raw text: the exemplars (`fewshot`, the reference's own, handed in by the harness), then,
   in the round right after a retrieval only, "Context:\\n" with "[i] <passage text>" lines and `context_outro`,
   then the question in `case_template` and the answer so far (joined as each class of the code joins it).
-- Each round generates `max_tokens` greedy tokens with no stop string; the answer grows by whole rounds.
+- Each round generates `max_tokens` greedy tokens with no stop string; the answer grows by whole rounds; an
+  output the model ended holds the end-of-sequence token's text (the code decodes its ids with special tokens).
 - A question ends when its answer holds "the answer is", stops growing, or passes `max_tokens` tokens.
 - The answer is cut at "Question:" or "Note:"; without "the answer is", " So the answer is " is appended and 20
   tokens generated (their eval.py); the prediction is what follows "the answer is" (their data.py).
@@ -62,7 +63,7 @@ def joined(*parts: str) -> str:
 
 
 def generate(prompt: str, max_tokens: int, logprobs: int | None = None) -> Generator[Request, Any, Completion]:
-    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs)
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, eos_text=True)
     return (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
 
 
