@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import MemoryRetriever
+from fakes import PIECE, FakeAttention, MemoryRetriever
 
+from jobs.bench.simulated import tokenized
 from jobs.conform import run as conform_run
 from jobs.conform import traces
 from pipeline.backends import Backends
@@ -238,3 +239,47 @@ def test_params_for_reads_the_reference_config():
     assert (p["theta"], p["top_n"], p["k"], p["max_tokens"], p["setting"]) == (0.8, 35, 3, 100, "authors")
     get_method("dragin").params(p)  # valid parameters
     assert json.dumps(conform_run.params_for("flare", {**args, "hallucination_threshold": 0.08}, setup, "x"))
+
+
+class WordAttentionCounting(FakeAttention):
+    def count_tokens(self, texts):
+        return [len(t.split()) for t in texts]
+
+
+class PieceScript(Script):
+    """Replies in order, with word-level token ids the fake attention pass accepts."""
+
+    def generate(self, prompts, samplings, chats):
+        self.prompts += prompts
+        outs = []
+        for prompt in prompts:
+            text = self.replies.pop(0)
+            pieces = PIECE.findall(text)
+            outs.append(Completion(text, 1, len(pieces), "length", None, **tokenized(prompt, pieces, False)))
+        return outs
+
+
+def test_dragin_in_the_authors_setting_drops_the_triggering_sentence_and_keeps_one_new_one():
+    replies = [
+        "Titanic was made in 1997. Zorblat directed it. So the answer is Zorblat.",
+        "James Cameron directed it. Titanic won awards.",
+        "So the answer is James Cameron.",
+    ]
+    script = PieceScript(replies)
+    att = WordAttentionCounting()
+    backends = Backends(DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES), named={"attention": att})
+    spec = get_method("dragin")
+    p = spec.params({"setting": "authors", "fewshot": FEWSHOT, "case_template": CASE, "theta": 0.8, "k": 1})
+    out = Engine(backends).run([Question("q1", "Who directed Titanic?", dataset="hotpotqa")], spec.program, p)[0]
+    assert out.error is None, out.error
+    case = CASE.format(question="Who directed Titanic?")
+    prompts = script.prompts
+    assert prompts[0] == FEWSHOT + case  # AttnWeightRAG joins no blank to an empty answer
+    # "Zorblat" (entropy 3, a_max at its sentence's mean) passes theta: its whole sentence goes, the sentence
+    # before it stays, and the continuation is asked with the passage in the prompt
+    assert prompts[1].startswith(FEWSHOT + "Context:\n[1] ") and prompts[1].endswith(
+        case + " Titanic was made in 1997."
+    )
+    # only the first new sentence is kept, and the next round's prompt has no passages
+    assert prompts[2] == FEWSHOT + case + " Titanic was made in 1997. James Cameron directed it."
+    assert out.answer.prediction == "James Cameron" and out.answer.extra["retrievals"] == 1
