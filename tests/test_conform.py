@@ -61,6 +61,13 @@ def test_first_divergence_names_the_event_and_both_sides():
     assert d["dynrag"] == {"kind": "retrieve", "query": "A B", "ids": ["p3"]}
 
 
+def test_the_same_prompt_answered_otherwise_is_a_divergence():
+    ref = [gen("P\nAnswer:", "So the answer is 1980.")]
+    ours = [gen("P\nAnswer:", "So the answer is 1984.")]
+    d = traces.first_divergence(ref, ours)
+    assert d["event"] == 0 and (d["reference"]["output"], d["dynrag"]["output"]) == (ref[0]["text"], ours[0]["text"])
+
+
 def test_a_side_that_stops_early_diverges_where_it_stopped():
     ref = [gen("P\nAnswer:", "a"), gen("P\nAnswer: a", "b")]
     d = traces.first_divergence(ref, ref[:1])

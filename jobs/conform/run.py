@@ -223,6 +223,20 @@ def run_dynrag(backends, questions, method: str, params: dict) -> list[dict]:
     return rows
 
 
+def reference_dtype(py: Path, model: str) -> str:
+    """The dtype the reference's generator loads the model in (`from_pretrained` without a dtype, as its
+    BasicGenerator calls it: the checkpoint's own in transformers 5), so that dynrag's side computes alike."""
+    code = (
+        "import sys; from transformers import AutoModelForCausalLM as M; "
+        "print(str(M.from_pretrained(sys.argv[1], device_map='auto').dtype).removeprefix('torch.'))"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = subprocess.run([str(py), "-c", code, model], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"the reference's environment cannot load {model}:\n{out.stderr[-2000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
 def mean_seconds(rows: list[dict]) -> float | None:
     secs = [r["seconds"] for r in rows if "seconds" in r]
     return sum(secs) / len(secs) if secs else None
@@ -260,8 +274,11 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
             }
             setup, ref_rows = run_reference(py, job, Path(tmp), log)
         params = params_for(method, ref_args, setup, outro or "Answer in the same format as before.\n")
-        log(f"dynrag: {len(questions)} questions, {method} in the authors' setting")
-        ours = run_dynrag(backends, questions, method, params)
+        dtype = reference_dtype(py, str(job["model"]))
+        log(f"dynrag: {len(questions)} questions, {method} in the authors' setting, {dtype} as the reference")
+        same = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"dtype": dtype})})
+        # the retriever is the one the reference was served by (closed once, with `backends`)
+        ours = run_dynrag(Backends(same, index, retriever=backends.retriever), questions, method, params)
     finally:
         server.shutdown()
         backends.close()
@@ -273,6 +290,7 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
         **traces.summary(per_q),
         "seconds_per_question": {"reference": mean_seconds(ref_rows), "dynrag": mean_seconds(ours)},
         "dynrag_params": {k: v for k, v in params.items() if k != "fewshot"},
+        "dtype": dtype,
         "load_average": os.getloadavg()[0],
     }
 

@@ -4,7 +4,8 @@ A trace is the question's events in order: `generate` (the prompt's hash and tex
 (the query, the passage ids). A side's *decisions* are its retrievals: where each happened (the answer the method
 had accepted by then, read from the next prompt as the text after its last "Answer:"), the query and the ids.
 Two sides make the same decisions when those lists are equal; the same prediction when the answers are equal
-after SQuAD normalisation. The first divergence is the first event that differs in kind, prompt or retrieval.
+after SQuAD normalisation. The first divergence is the first event that differs: its kind, a call's prompt or
+output, a retrieval's query or passages.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def decisions(events: list[dict]) -> list[dict]:
 
 def _key(ev: dict) -> tuple:
     if ev["kind"] == "generate":
-        return ("generate", ev["prompt_sha"])
+        return ("generate", ev["prompt_sha"], ev["text"])
     return ("retrieve", _squash(ev["query"]), tuple(ev["ids"]))
 
 
