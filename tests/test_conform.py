@@ -290,3 +290,14 @@ def test_dragin_in_the_authors_setting_drops_the_triggering_sentence_and_keeps_o
     # only the first new sentence is kept, and the next round's prompt has no passages
     assert prompts[2] == FEWSHOT + case + " Titanic was made in 1997. James Cameron directed it."
     assert out.answer.prediction == "James Cameron" and out.answer.extra["retrievals"] == 1
+
+
+def test_sentences_from_a_spacy_pipeline_folder(tmp_path):
+    import spacy
+
+    nlp = spacy.blank("en")
+    nlp.add_pipe("sentencizer", config={"punct_chars": [";"]})  # a pipeline that splits where dynrag's does not
+    nlp.to_disk(tmp_path / "pipe")
+    text = "One; two. Three"
+    assert authors.sentences(text, str(tmp_path / "pipe")) == ["One;", "two. Three"]
+    assert authors.sentences(text) == ["One; two.", "Three"]

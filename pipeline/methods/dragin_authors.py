@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import Field
@@ -46,6 +47,11 @@ class AuthorsSetting(MethodParams):
     )
     context_outro: str = Field(
         "Answer in the same format as before.\n", description="authors setting: the line after the passages"
+    )
+    sentence_model: str | None = Field(
+        None,
+        description="authors setting: a spaCy pipeline (name or folder) whose parser splits sentences, as the "
+        "code's en_core_web_sm does; None: dynrag's rule-based sentencizer",
     )
 
 
@@ -79,8 +85,22 @@ def done(text: str, old_len: int, length: int) -> Generator[Request, Any, bool]:
     return (yield Call("attention", "count_tokens", [text], stage="attention"))[0] > length
 
 
-def sentences(text: str) -> list[str]:
-    return [s for s in (text[a:b].strip() for a, b in sentence_spans(text)) if s]
+@lru_cache(maxsize=2)
+def _pipeline(model: str):
+    import spacy
+
+    return spacy.load(model)
+
+
+def spans(text: str, model: str | None) -> list[tuple[int, int]]:
+    """(start, end) of each sentence: the given spaCy pipeline's, or dynrag's sentencizer's."""
+    if model is None:
+        return sentence_spans(text)
+    return [(s.start_char, s.end_char) for s in _pipeline(model)(text).sents if s.text.strip()]
+
+
+def sentences(text: str, model: str | None = None) -> list[str]:
+    return [s for s in (text[a:b].strip() for a, b in spans(text, model)) if s]
 
 
 def cut(text: str, at_start_too: bool) -> str:
@@ -127,12 +147,12 @@ def token_run_probs(sent: str, tokens: list[str], logprobs: list[float], tid: in
     return tr + 1, [1 - math.exp(v) for v in logprobs[tid : tr + 1]]
 
 
-def flare_modifier(text: str, out: Completion, threshold: float) -> tuple[str, str] | None:
+def flare_modifier(text: str, out: Completion, threshold: float, model: str | None = None) -> tuple[str, str] | None:
     """TokenRAG.modifier (sentence_solver avg): the first sentence whose tokens' mean 1 - p exceeds the
     threshold -> (the sentences before it, it with each such token's first occurrence removed); None: none."""
     lps = out.logprobs or []
     tokens, values = [t.token for t in lps], [t.logprob for t in lps]
-    sents = sentences(text)
+    sents = sentences(text, model)
     tid = 0
     for sid, sent in enumerate(sents):
         nxt, probs = token_run_probs(sent, tokens, values, tid)
@@ -180,7 +200,7 @@ def fixed(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | 
         if window:
             text, query = text.strip() + " " + out.text.strip(), out.text.strip()
         else:
-            first = sentences(out.text.strip())
+            first = sentences(out.text.strip(), p.sentence_model)
             if not first:
                 break
             text, query = text.strip() + " " + first[0], first[0]
@@ -198,7 +218,7 @@ def token(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | 
     while True:
         old_len = len(text)
         out = yield from generate(layout(p, q, (), " " + text), length, logprobs=1)
-        hit = flare_modifier(out.text, out, threshold)
+        hit = flare_modifier(out.text, out, threshold, p.sentence_model)
         if hit is None:
             text = text.strip() + " " + out.text.strip()
         else:
