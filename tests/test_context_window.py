@@ -6,6 +6,8 @@ measure its prompts, then sets the window between two of them."""
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from fakes import FakeAttention, MemoryRetriever, RecordingGenerator, Windowed
 from test_dragin_engine import ScriptedGenerator
@@ -20,7 +22,7 @@ from pipeline.config import DynragConfig, GenerationConfig
 from pipeline.engine.continuous import ContinuousEngine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import WINDOW, Completion, Question, SamplingSpec
-from pipeline.io.output import make_row, summarize, write_part
+from pipeline.io.output import SCHEMA, make_row, summarize, write_part
 from pipeline.methods.ircot import SHOTS
 from pipeline.methods.registry import get_method
 
@@ -273,5 +275,10 @@ def test_the_row_says_the_window_was_full_and_the_summary_counts_it(tmp_path):
         rows.append(make_row(o, run_id="r", method="search-r1", params_json="{}", chash="h", model="m"))
     assert [r["window_full"] for r in rows] == [False, True]
     rows[1]["question_id"] = "2"
-    write_part(str(tmp_path), rows)
-    assert summarize(str(tmp_path))["window_full"] == 1
+    write_part(str(tmp_path / "new"), rows)
+    assert summarize(str(tmp_path / "new"))["window_full"] == 1
+    # a part written before the column reads as none
+    old = pa.Table.from_pylist(rows, schema=SCHEMA).drop_columns(["window_full"])
+    (tmp_path / "old" / "parts").mkdir(parents=True)
+    pq.write_table(old, tmp_path / "old" / "parts" / "part-old.parquet")
+    assert summarize(str(tmp_path / "old"))["window_full"] == 0

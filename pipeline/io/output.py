@@ -376,7 +376,10 @@ def summarize(
         "completion_tokens_per_question": mean("completion_tokens"),
         "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
         "latency_s": {"mean": mean("latency_s"), **{f"p{q}": quantile("latency_s", q / 100) for q in (50, 95)}},
-        "window_full": int(ok.select(pl.col("window_full").fill_null(False).sum()).item()) if ok.height else 0,
+        # answered rows that a full context window shortened or ended (parts older than the column: none)
+        "window_full": int(ok.select(pl.col("window_full").fill_null(False).sum()).item())
+        if ok.height and "window_full" in ok.columns
+        else 0,
         "tokens_per_question": mean(
             "tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))
         ),
