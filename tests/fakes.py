@@ -80,3 +80,42 @@ class MemoryRetriever:
             scores.sort(key=lambda t: (-t[0], t[1]))
             out.append([Hit(*self.passages[i], score=s) for s, i in scores[:k]])
         return out
+
+
+def prompt_text(prompt) -> str:
+    return prompt if isinstance(prompt, str) else "\n\n".join(m["content"] for m in prompt)
+
+
+class Windowed:
+    """A context window of `max_model_len` tokens in front of `inner` (a generator), a prompt's tokens being the
+    words of its text: each prompt is checked as the real generators check it (`chat.window_check`); those that
+    run go to `inner`. `log`: (tokens, sampling, ran) of every prompt."""
+
+    def __init__(self, inner, max_model_len: int = 10**6, max_new_tokens: int = 32):
+        from pipeline.backends.chat import window_check
+
+        self.inner, self.max_model_len, self.max_new_tokens = inner, max_model_len, max_new_tokens
+        self.check = window_check
+        self.log: list[tuple[int, object, bool]] = []
+
+    def generate(self, prompts, samplings, chats):
+        out: list = [None] * len(prompts)
+        run = []
+        for i, (p, s) in enumerate(zip(prompts, samplings)):
+            n = len(prompt_text(p).split())
+            try:
+                out[i] = self.check(n, s, self.max_model_len, self.max_new_tokens)
+            except Exception as err:  # PromptTooLong: the question's error
+                out[i] = err
+            self.log.append((n, s, out[i] is None))
+            if out[i] is None:
+                run.append(i)
+        if run:
+            done = self.inner.generate([prompts[i] for i in run], [samplings[i] for i in run], [chats[i] for i in run])
+            for i, c in zip(run, done):
+                out[i] = c
+        return out
+
+    def ran(self) -> list[tuple[int, object]]:
+        """(tokens, sampling) of the prompts that ran."""
+        return [(n, s) for n, s, ok in self.log if ok]

@@ -64,7 +64,9 @@ def bare_generate(gen, calls) -> tuple[int, float]:
 
     prompts, params = [], []
     for ps, ss, cs in calls:
-        for ids, spec in zip(gen.encode_all(ps, cs), ss):
+        for ids, spec in zip(gen.encode_all(ps, cs, ss), ss):
+            if not isinstance(ids, list):  # not run in the recorded run either (an error, or a full window)
+                continue
             prompts.append(TokensPrompt(prompt_token_ids=ids))
             params.append(gen.sampling_params(spec, len(ids)))
     t0 = time.perf_counter()

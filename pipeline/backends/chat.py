@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.engine.requests import Prompt
+from pipeline.engine.requests import WINDOW, Completion, Prompt, SamplingSpec
 from pipeline.errors import QuestionError
 
 
@@ -45,6 +45,20 @@ def encode(tokenizer: Any, prompt: Prompt, chat: bool = True) -> list[int]:
 
 class PromptTooLong(QuestionError, ValueError):
     pass
+
+
+def window_check(prompt_tokens: int, spec: SamplingSpec, max_model_len: int, max_new_tokens: int) -> Completion | None:
+    """None where a prompt of `prompt_tokens` runs. With `spec.fit`, a prompt that leaves less room than its
+    max_tokens (`max_new_tokens` when None) is not run: its empty Completion (finish_reason WINDOW, `over`: the
+    tokens missing) goes back to the program. Without, a prompt that fills the window is its question's error
+    (the backend cuts max_tokens to the room left). Every generator checks here (vllm_gen, vllm_stream, hf_gen)."""
+    room = max_model_len - prompt_tokens
+    want = spec.max_tokens or max_new_tokens
+    if spec.fit and room < want:
+        return Completion("", prompt_tokens=prompt_tokens, finish_reason=WINDOW, over=want - room)
+    if room <= 0:
+        raise PromptTooLong(f"prompt of {prompt_tokens} tokens does not fit generation.max_model_len={max_model_len}")
+    return None
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:

@@ -16,7 +16,7 @@ import time
 from typing import cast
 
 from pipeline.assets.models import resolve_model
-from pipeline.backends.chat import PromptTooLong, cut_at_stop, encode
+from pipeline.backends.chat import cut_at_stop, encode, window_check
 from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
@@ -58,10 +58,10 @@ class HfGenerator:
         for i, (p, chat) in enumerate(zip(prompts, chats)):
             try:
                 ids = encode(self.tokenizer, p, chat)
-                if len(ids) >= self.cfg.max_model_len:
-                    raise PromptTooLong(
-                        f"prompt of {len(ids)} tokens does not fit generation.max_model_len={self.cfg.max_model_len}"
-                    )
+                full = window_check(len(ids), samplings[i], self.cfg.max_model_len, self.cfg.max_new_tokens)
+                if full is not None:
+                    results[i] = full
+                    continue
                 encoded.append((i, ids))
             except Exception as err:
                 results[i] = err

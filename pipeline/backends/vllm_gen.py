@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from indexing.device import cuda_available
 from pipeline.assets.models import resolve_model
-from pipeline.backends.chat import PromptTooLong, encode
+from pipeline.backends.chat import encode, window_check
 from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
@@ -124,16 +124,16 @@ class VllmGenerator:
             else None,
         )
 
-    def encode_all(self, prompts, chats) -> list[list[int] | Exception]:
-        out: list[list[int] | Exception] = []
-        for p, chat in zip(prompts, chats):
+    def encode_all(self, prompts, chats, samplings=None) -> list[list[int] | Exception | Completion]:
+        """Each prompt's ids; its error (PromptTooLong); or, where its sampling asks to fit the window and it
+        does not, the Completion that goes back instead (chat.window_check)."""
+        out: list[list[int] | Exception | Completion] = []
+        for i, (p, chat) in enumerate(zip(prompts, chats)):
             try:
                 ids = encode(self.tokenizer, p, chat)
-                if len(ids) >= self.cfg.max_model_len:
-                    raise PromptTooLong(
-                        f"prompt of {len(ids)} tokens does not fit generation.max_model_len={self.cfg.max_model_len}"
-                    )
-                out.append(ids)
+                spec = samplings[i] if samplings is not None else SamplingSpec()
+                full = window_check(len(ids), spec, self.cfg.max_model_len, self.cfg.max_new_tokens)
+                out.append(ids if full is None else full)
             except Exception as err:
                 out.append(err)
         return out
@@ -141,9 +141,9 @@ class VllmGenerator:
     def generate(self, prompts, samplings, chats) -> list[Completion | Exception]:
         from vllm.inputs import TokensPrompt
 
-        encoded = self.encode_all(prompts, chats)
-        live = [i for i, e in enumerate(encoded) if not isinstance(e, Exception)]
-        results: list[Completion | Exception | None] = [e if isinstance(e, Exception) else None for e in encoded]
+        encoded = self.encode_all(prompts, chats, samplings)
+        live = [i for i, e in enumerate(encoded) if isinstance(e, list)]
+        results: list[Completion | Exception | None] = [None if isinstance(e, list) else e for e in encoded]
         if live:
             reqs = [TokensPrompt(prompt_token_ids=encoded[i]) for i in live]
             params = [self.sampling_params(samplings[i], len(cast(list[int], encoded[i]))) for i in live]

@@ -40,8 +40,8 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        (ids,) = self.encode_all([prompt], [chat])
-        if isinstance(ids, Exception):
+        (ids,) = self.encode_all([prompt], [chat], [sampling])
+        if not isinstance(ids, list):  # its error, or the window's empty completion
             return resolved(ids)
         params = self.sampling_params(sampling, len(ids))
         params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per sequence, when it finishes

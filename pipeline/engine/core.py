@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 from indexing.faults import fault_point
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import (
+    WINDOW,
     Answer,
     Call,
     Completion,
@@ -59,6 +60,7 @@ class Trace:
     retrieved: list[dict[str, Any]] = field(default_factory=list)  # id, title, score, rank, step, path, round
     generations: list[dict[str, Any]] = field(default_factory=list)  # stage, text
     backend_calls: dict[str, int] = field(default_factory=dict)  # Call items by "backend.op"
+    window_full: int = 0  # prompts not run because they and their max_tokens did not fit the window (WINDOW)
     started: float | None = None  # perf_counter when the program was started (just before its first request)
     finished: float | None = None  # perf_counter when it returned its answer or failed
 
@@ -231,6 +233,10 @@ class BaseEngine:
         results: dict[int, list[Any]] = defaultdict(list)
         for st, out, cost in zip(owner, outs, costs):
             st.trace.time["generation"] += cost
+            if isinstance(out, Completion) and out.finish_reason == WINDOW:  # not run: the program decides what next
+                st.trace.window_full += 1
+                results[id(st)].append(out)
+                continue
             st.trace.llm_calls += not (isinstance(out, Completion) and out.finish_reason == "none")  # no model ran
             if not isinstance(out, BaseException):
                 st.trace.prompt_tokens += out.prompt_tokens

@@ -43,6 +43,11 @@ class SamplingSpec:
     # what comes): the output is one of `choice`, or matches `regex`
     choice: tuple[str, ...] = ()
     regex: str | None = None
+    # the context window (generation.max_model_len). False: max_tokens is cut to the room the prompt leaves, and a
+    # prompt that fills the window is its question's error (PromptTooLong). True: a prompt that does not leave
+    # room for max_tokens is not run; it comes back as an empty Completion with finish_reason WINDOW, and the
+    # program ends its question with what it has (pipeline/methods/window.py)
+    fit: bool = False
 
 
 @dataclass
@@ -84,6 +89,9 @@ class Call:
 
 Request = Generate | Retrieve | Score | Embed | Call
 
+# Completion.finish_reason of a prompt that was not run: with its max_tokens it does not fit the context window
+WINDOW = "window"
+
 
 @dataclass
 class TokenLogprob:
@@ -108,6 +116,7 @@ class Completion:
     prompt_token_ids: list[int] = field(default_factory=list)
     token_spans: list[tuple[int, int]] | None = None
     stop_reason: str = ""  # the stop string that ended the output ("" for an end token, the length, or unknown)
+    over: int = 0  # finish_reason WINDOW: by how many tokens the prompt and its max_tokens exceed the window
 
 
 @dataclass

@@ -31,6 +31,7 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "latency_p95": ("latency p95 s", ".3f"),
     "tokens_per_q": ("tokens/q", ".0f"),
     "errors": ("errors", "d"),
+    "window_full": ("window full", "d"),  # answered rows a full context window shortened or ended
 }
 
 
@@ -57,6 +58,7 @@ def record(run: Run) -> dict[str, Any]:
         "latency_p95": s["latency_s"]["p95"],
         "tokens_per_q": s["tokens_per_question"],
         "errors": s["errors"],
+        "window_full": s.get("window_full"),  # None for summaries written before it
         **{f"s_{stage}": v for stage, v in s["time_per_question_s"].items() if stage != "total"},
         "params": run.params,
         "path": run.path,

@@ -94,6 +94,9 @@ SCHEMA = pa.schema(
         ("extra", pa.string()),
         ("finished_at", pa.float64()),
         ("error_kind", pa.string()),  # "input": the question's own fault, final; "system": a rerun retries the question
+        # a prompt did not fit generation.max_model_len and the method went on without it (it answered with what it
+        # had, or dropped what its reference drops: the row's extra says which); older parts read it as null
+        ("window_full", pa.bool_()),
     ]
 )
 
@@ -148,6 +151,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "extra": _extra(a, t),
         "finished_at": time.time(),
         "error_kind": o.error_kind,
+        "window_full": t.window_full > 0,
     }
     return row
 
@@ -372,6 +376,10 @@ def summarize(
         "completion_tokens_per_question": mean("completion_tokens"),
         "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
         "latency_s": {"mean": mean("latency_s"), **{f"p{q}": quantile("latency_s", q / 100) for q in (50, 95)}},
+        # answered rows that a full context window shortened or ended (parts older than the column: none)
+        "window_full": int(ok.select(pl.col("window_full").fill_null(False).sum()).item())
+        if ok.height and "window_full" in ok.columns
+        else 0,
         "tokens_per_question": mean(
             "tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))
         ),

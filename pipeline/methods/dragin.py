@@ -20,6 +20,13 @@ The final answer follows Appendix B: the words after "So the answer is"; if the 
 rows record `entropy: "exact"`); generation is the run's generation backend (vLLM by default).
 Rows' `extra` hold retrievals, generated tokens, hallucination points (triggers), queries.
 
+A full context window (`generation.max_model_len`, pipeline/methods/window.py): every round after the first runs
+only where its prompt leaves room for its max_tokens. Where it does not, the rounds end as at the generate
+length, and the answer follows Appendix B as always (the forced " So the answer is" continuation, from the
+reasoning alone where the documents leave it no room); the row's `stopped` is "window". DRAGIN's code
+(oneal2000/DRAGIN src/generate.py) has no window check: its loops end at `generate_max_length` tokens, the
+answer sentence, or no progress. A first prompt that does not fit is the question's error.
+
 Tokens are the generator's own: DRAGIN's attention pass scores the prompt ids and output ids the
 generator ran (`Completion.prompt_token_ids`, `token_ids`), never a re-encoding of the texts. FLARE and
 FS-RAG place tokens in the output by `Completion.token_spans`, which the generator reads from its ids
@@ -69,6 +76,7 @@ from pipeline.methods.dragin_math import (
 from pipeline.methods.prompts import SO_THE_ANSWER_IS, extract_answer, marked_answer
 from pipeline.methods.registry import register_method
 from pipeline.methods.templates import PromptTemplate, check_template
+from pipeline.methods.window import STOPPED, full
 
 PAPER = "DRAGIN (Su et al., ACL 2024), Sec. 3-4.3, Table 1, App. B-C"
 
@@ -208,6 +216,8 @@ class Run:
     queries: list[str] = field(default_factory=list)
     at_tokens: list[int] = field(default_factory=list)  # answer tokens accepted when each retrieval ran (the trigger)
     seen_docs: dict[str, Hit] = field(default_factory=dict)
+    ran: bool = False  # a prompt has run (every later one must fit the window with its max_tokens)
+    window: bool = False  # the last prompt did not fit the window (not run): the loop ends, the answer follows
 
     @property
     def template(self) -> PromptTemplate | None:
@@ -223,10 +233,17 @@ class Run:
     def generate(self, max_tokens: int, logprobs: int | None = None, token_spans: bool = False):
         prompt, spans = self.prompt()
         spec = SamplingSpec(
-            max_tokens=max(1, max_tokens), temperature=0.0, stop=("\n",), logprobs=logprobs, token_spans=token_spans
+            max_tokens=max(1, max_tokens),
+            temperature=0.0,
+            stop=("\n",),
+            logprobs=logprobs,
+            token_spans=token_spans,
+            fit=self.ran,
         )
         chat = self.template.chat if self.template else False
         out = (yield Generate([prompt], sampling=spec, chat=chat, stage="answer"))[0]
+        self.window = full(out)
+        self.ran = self.ran or not self.window
         self.generated += out.completion_tokens
         return prompt, spans, out
 
@@ -259,11 +276,18 @@ class Run:
         raw = self.text
         ans = extract_answer(raw) if self.template else marked_answer(raw, marker=SO_THE_ANSWER_IS)
         forced = not ans and not self.template
+        stopped = self.window
         if forced:
             self.text = raw.rstrip() + " So the answer is"
             _, _, out = yield from self.generate(24)
+            if self.window and self.show_docs and self.docs:  # a full window: the answer from the reasoning alone
+                self.show_docs = False
+                _, _, out = yield from self.generate(24)
+            stopped = stopped or self.window
             raw = self.text + out.text
             ans = marked_answer(raw, marker=SO_THE_ANSWER_IS) or ""
+        if stopped:
+            extra = {"stopped": STOPPED, **extra}
         extra = {
             "retrievals": self.retrievals,
             "generated_tokens": self.generated,
@@ -274,7 +298,11 @@ class Run:
             **extra,
         }
         return Answer(
-            cast(str, ans), raw.strip(), used_docs=list(self.docs), retrieval_triggered=self.retrievals > 0, extra=extra
+            cast(str, ans),
+            raw.strip(),
+            used_docs=list(self.docs) if self.show_docs else [],
+            retrieval_triggered=self.retrievals > 0,
+            extra=extra,
         )  # ans: the marked answer, or the forced one ("" at worst)
 
 
@@ -323,6 +351,8 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     while run.left() > 0:
         bound = p.skip_bound and run.can_retrieve()
         prompt, spans, out = yield from run.generate(run.budget, logprobs=p.bound_logprobs if bound else None)
+        if run.window:
+            break
         new = out.text
         if not new.strip():
             break
@@ -421,6 +451,8 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     run = Run(q, p, p.max_tokens or length)
     while run.left() > 0:
         _, _, out = yield from run.generate(run.budget, logprobs=1, token_spans=True)
+        if run.window:
+            break
         new = out.text
         if not new.strip():
             break
@@ -481,7 +513,7 @@ def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
         if run.can_retrieve():
             yield from run.retrieve(query)
         _, _, out = yield from run.generate(p.window)
-        if not out.text.strip():
+        if run.window or not out.text.strip():
             break
         run.accept(out.text, out.completion_tokens)
         query = out.text.strip()
@@ -506,7 +538,7 @@ def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
             yield from run.retrieve(query)
         _, _, out = yield from run.generate(run.budget, token_spans=True)
         new = out.text
-        if not new.strip():
+        if run.window or not new.strip():
             break
         spans = sentence_spans(new)
         end = spans[0][1] if spans else len(new)

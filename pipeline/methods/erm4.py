@@ -37,6 +37,12 @@ The memory path follows the authors' code (github.com/Ancientshi/ERM4, Component
 Titles key the pairs (Sec. 3.3), and Wikipedia passages share their article's title: the reservoir keeps
 one passage per article, the last one cached.
 
+A full context window (`generation.max_model_len`, pipeline/methods/window.py): the reader's prompt holds up to
+`max_knowledge` instances (30, Sec. 4.1), more than a short window holds. The reader reads those that fit with
+its max_tokens, the lowest ranked (last in mixed order) dropped first, and the row counts them
+(`dropped_knowledge`); the authors' reader (Components.py `Reader.read`, over an API model with a long window)
+has no window check. Only a reader whose question alone does not fit is the question's error.
+
 A reservoir belongs to a run: by default `<out>/erm4-reservoir.sqlite` (`Erm4Params.for_output`), empty at
 the run's first batch and kept across a resume of the same output; its pairs come from this run only (on a
 resume, also from the questions whose rows the killed job had not yet written). `reservoir_path` shares one
@@ -77,6 +83,7 @@ from pipeline.engine.requests import (
 from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
 from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodError, MethodParams, register_method
+from pipeline.methods.window import fit_generate, full, too_long
 
 PAPER = "ERM4 (Shi et al.)"
 
@@ -375,8 +382,18 @@ class Erm4Params(RewriterPlusParams):
 
 
 def _read(question: str, knowledge: list[Hit], extra: dict, triggered: bool) -> Generator[Request, Any, Answer]:
-    out = (yield Generate([reader_prompt(question, knowledge)], stage="answer"))[0]
-    return Answer(extract_answer(out.text), out.text, used_docs=knowledge, retrieval_triggered=triggered, extra=extra)
+    """The reader over the knowledge that fits the window, the lowest ranked (the last in mixed order) dropped
+    first (`dropped_knowledge` in the row); the question alone not fitting is the question's error."""
+    sizes = [len(format_document(h.title, h.text)) + 6 for h in reversed(knowledge)]
+    out, dropped = yield from fit_generate(
+        lambda d: reader_prompt(question, knowledge[: len(knowledge) - d]), sizes, SamplingSpec(), True, "answer"
+    )
+    if full(out):
+        raise too_long(out)
+    kept = knowledge[: len(knowledge) - dropped]
+    if dropped:
+        extra = {**extra, "dropped_knowledge": dropped}
+    return Answer(extract_answer(out.text), out.text, used_docs=kept, retrieval_triggered=triggered, extra=extra)
 
 
 def _rewrite_plus(q: Question, p: RewriterPlusParams) -> Generator[Request, Any, tuple[str, list[str], bool]]:

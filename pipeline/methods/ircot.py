@@ -13,6 +13,16 @@ order; here they stay in the order found (deterministic).
 The prediction is the text after the marker. Fallback (documented, `answer_forced` in the row): when the
 steps run out, the model writes nothing, or the marker has nothing after it, the CoT is continued once from
 "So the answer is:" and the first line of that continuation is the prediction ("" when it is empty too).
+
+A full context window (`generation.max_model_len`, pipeline/methods/window.py) is handled as IRCoT's code
+handles it: before every call, `fit_prompt_into_given_limit` (StonyBrookNLP/ircot, commaqa/inference/
+prompt_reader.py; called by commaqa/models/llm_client_generator.py with the generation length reserved) drops
+the few-shot demonstrations, the first first, and where the test example alone is still too long, the prompt's
+first lines, which are its oldest paragraphs; the reasoning goes on. Here a prompt that does not leave room
+for `sentence_tokens` drops our exemplars, the first first (a given template's are not separable: none), then
+the oldest paragraphs, whole; the row counts them (`dropped_exemplars`, `dropped_paragraphs`) and `used_docs`
+are the paragraphs the last prompt held. Where the question and the CoT alone do not fit, the first step is
+the question's error and a later one stops (`stopped: window`) with the forced answer ("" if that does not fit).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from pydantic import Field, field_validator
 from indexing.hits import Hit
 from pipeline.engine.requests import (
     Answer,
-    Generate,
+    Completion,
     Question,
     Request,
     Retrieve,
@@ -38,6 +48,7 @@ from pipeline.methods.dragin_math import sentence_spans
 from pipeline.methods.prompts import extract_answer, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.templates import PromptTemplate, check_template
+from pipeline.methods.window import STOPPED, fit_generate, full, too_long
 
 PAPER = "IRCoT (Trivedi et al., ACL 2023), Sec. 3.1"
 
@@ -46,12 +57,10 @@ FORCE = "So the answer is:"
 FIELDS = {"reference", "question", "cot"}
 
 # Our own few-shot exemplars (shared with DRAGIN) in IRCoT's shape: paragraphs, question, CoT ending in the answer.
-_SHOTS = "".join(f"Question: {q}\nAnswer: {a.replace('So the answer is', FORCE)}\n\n" for q, a in EXEMPLARS)
+SHOTS = [f"Question: {q}\nAnswer: {a.replace('So the answer is', FORCE)}\n\n" for q, a in EXEMPLARS]
+_TEST = "{reference}Question: {question}\nAnswer: {cot}"
 DEFAULT_TEMPLATE = PromptTemplate(
-    system="",
-    chat=False,
-    doc="Wikipedia Title: {title}\n{text}\n\n",
-    user=_SHOTS + "{reference}Question: {question}\nAnswer: {cot}",
+    system="", chat=False, doc="Wikipedia Title: {title}\n{text}\n\n", user="".join(SHOTS) + _TEST
 )
 
 
@@ -106,20 +115,40 @@ def add_paragraphs(have: list[Hit], new: list[Hit], cap: int) -> list[Hit]:
 
 @dataclass
 class Chain:
-    """One question's reasoning state."""
+    """One question's reasoning state. `dropped`: the parts the prompt leaves out to fit the window, as IRCoT's
+    code drops them (module docstring): the exemplars first (our own template only), then the oldest paragraphs."""
 
     q: Question
     p: IrcotParams
     paragraphs: list[Hit] = field(default_factory=list)
     cot: list[str] = field(default_factory=list)
     queries: list[str] = field(default_factory=list)
+    dropped: int = 0
 
-    def prompt(self, suffix: str = "") -> Any:
-        tpl = self.p.template or DEFAULT_TEMPLATE
+    @property
+    def shots(self) -> list[str]:
+        """The exemplars the prompt can drop (those of our own template)."""
+        return SHOTS if self.p.template is None else []
+
+    def split(self, dropped: int) -> tuple[int, int]:
+        """(exemplars, paragraphs) left out when `dropped` parts are."""
+        return min(dropped, len(self.shots)), max(0, dropped - len(self.shots))
+
+    def shown(self) -> list[Hit]:
+        """The paragraphs the prompt holds."""
+        return self.paragraphs[self.split(self.dropped)[1] :]
+
+    def sizes(self) -> list[int]:
+        """Characters of each part the prompt can drop, in the order they go."""
+        return [len(x) for x in self.shots] + [len(h.title) + len(h.text) + 20 for h in self.paragraphs]
+
+    def prompt(self, suffix: str = "", dropped: int = 0) -> Any:
+        shots, paras = self.split(dropped)
+        tpl = self.p.template or DEFAULT_TEMPLATE.model_copy(update={"user": "".join(SHOTS[shots:]) + _TEST})
         cot = " ".join(self.cot + ([suffix] if suffix else []))
         if "{cot}" in tpl.user:
-            return tpl.render(self.paragraphs, question=self.q.question, cot=cot)
-        return tpl.render(self.paragraphs, continuation=cot, question=self.q.question)
+            return tpl.render(self.paragraphs[paras:], question=self.q.question, cot=cot)
+        return tpl.render(self.paragraphs[paras:], continuation=cot, question=self.q.question)
 
     def retrieve(self, query: str) -> Generator[Request, Any, None]:
         step = f"step-{len(self.queries)}"
@@ -135,11 +164,14 @@ class Chain:
         self.queries.append(query)
         self.paragraphs = add_paragraphs(self.paragraphs, list(hits), self.p.max_paragraphs)
 
-    def reason(self, max_tokens: int, suffix: str = "") -> Generator[Request, Any, str]:
+    def reason(self, max_tokens: int, suffix: str = "") -> Generator[Request, Any, Completion]:
+        """The next output; `full` where the prompt does not fit even with every droppable part dropped."""
         spec = SamplingSpec(max_tokens=max_tokens, stop=("\n",))
         tpl = self.p.template or DEFAULT_TEMPLATE
-        out = (yield Generate([self.prompt(suffix)], sampling=spec, chat=tpl.chat, stage="reason"))[0]
-        return out.text
+        out, self.dropped = yield from fit_generate(
+            lambda d: self.prompt(suffix, d), self.sizes(), spec, tpl.chat, "reason", self.dropped
+        )
+        return out
 
 
 @register_method(
@@ -153,7 +185,13 @@ def ircot(q: Question, p: IrcotParams) -> Generator[Request, Any, Answer]:
     yield from chain.retrieve(q.question)
     answer, stopped = None, "max_steps"
     for step in range(p.max_steps):
-        sentence = next_sentence((yield from chain.reason(p.sentence_tokens)))
+        out = yield from chain.reason(p.sentence_tokens)
+        if full(out):  # not even the question and the CoT so far fit
+            if not chain.cot:
+                raise too_long(out)
+            stopped = STOPPED
+            break
+        sentence = next_sentence(out.text)
         if not sentence:
             stopped = "empty"
             break
@@ -167,7 +205,9 @@ def ircot(q: Question, p: IrcotParams) -> Generator[Request, Any, Answer]:
     forced = answer is None
     if forced:  # continue the CoT from the marker (already written when it had nothing after it)
         suffix = "" if stopped == "empty answer" else FORCE
-        answer = extract_answer((yield from chain.reason(32, suffix=suffix)).split("\n", 1)[0])
+        out = yield from chain.reason(32, suffix=suffix)
+        answer = "" if full(out) else extract_answer(out.text.split("\n", 1)[0])
+    shots, paras = chain.split(chain.dropped)
     extra = {
         "cot": chain.cot,
         "steps": len(chain.cot),
@@ -175,5 +215,7 @@ def ircot(q: Question, p: IrcotParams) -> Generator[Request, Any, Answer]:
         "paragraphs": len(chain.paragraphs),
         "stopped": stopped,
         "answer_forced": forced,
+        "dropped_exemplars": shots,
+        "dropped_paragraphs": paras,
     }
-    return Answer(answer or "", " ".join(chain.cot), used_docs=list(chain.paragraphs), extra=extra)
+    return Answer(answer or "", " ".join(chain.cot), used_docs=chain.shown(), extra=extra)

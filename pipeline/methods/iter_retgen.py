@@ -9,6 +9,12 @@ The paper's optional generation-augmented retriever adaptation (distillation) is
 
 Fallbacks (documented): an empty y_{t-1} leaves the question alone as the next query; the prediction follows
 the project's one extraction rule (after an answer marker, else the first line; "" for an empty y_T).
+
+A full context window (`generation.max_model_len`, pipeline/methods/window.py): the prompt does not grow with t
+(the question and one retrieval's paragraphs), but another retrieval's paragraphs may be longer. Where
+iteration t > 1's prompt does not leave room for its max_tokens, y_{t-1} is the output (`stopped: window`,
+`iterations`: those done); a first prompt that does not fit is the question's error. No code of the authors is
+known to dynrag.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from pipeline.engine.requests import (
 from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.templates import PromptTemplate, check_template
+from pipeline.methods.window import STOPPED, full
 
 PAPER = "ITER-RETGEN (Shao et al., 2023), Sec. 3"
 
@@ -73,6 +80,8 @@ def next_query(question: str, generation: str) -> str:
 def iter_retgen(q: Question, p: IterRetGenParams) -> Generator[Request, Any, Answer]:
     tpl = p.template or DEFAULT_TEMPLATE
     generation, hits, queries = "", [], []
+    used: list = []  # the paragraphs of the generation that stands
+    done, stopped = 0, "iterations"
     for t in range(1, p.iterations + 1):
         queries.append(next_query(q.question, generation))
         hits = (
@@ -84,9 +93,13 @@ def iter_retgen(q: Question, p: IterRetGenParams) -> Generator[Request, Any, Ans
                 path="question" if t == 1 else "question+generation",
             )
         )[0]
-        spec = SamplingSpec(max_tokens=p.max_tokens)
-        generation = (
+        spec = SamplingSpec(max_tokens=p.max_tokens, fit=t > 1)  # the first prompt that does not fit: an error
+        out = (
             yield Generate([tpl.render(hits, question=q.question)], sampling=spec, chat=tpl.chat, stage=f"iter-{t}")
-        )[0].text
-    extra = {"iterations": p.iterations, "queries": queries}
-    return Answer(extract_answer(generation), generation, used_docs=list(hits), extra=extra)
+        )[0]
+        if full(out):  # y_t does not fit the window: y_{t-1} is the output
+            stopped = STOPPED
+            break
+        generation, used, done = out.text, list(hits), t
+    extra = {"iterations": done, "queries": queries, "stopped": stopped}
+    return Answer(extract_answer(generation), generation, used_docs=used, extra=extra)

@@ -19,6 +19,17 @@ closing tag here. Of an output, whichever tag opens last decides (generation sto
 Fallback (documented, `answer_forced` in the row): the answer tag is appended to the rollout and the model
 writes the answer (32 tokens, up to the closing tag or a newline); "" when it is empty too.
 
+A full context window (`generation.max_model_len`; pipeline/methods/window.py): every turn after the first, and
+every Reason-in-Documents call, runs only where its prompt leaves room for its max_tokens (`turn_tokens`,
+`refine_tokens`). Where it does not, the rollout ends as at its turn budget (`stopped: window`): the forced
+answer, from the rollout as it is, or where that does not fit either, from the rollout the last prompt that ran
+held (that prompt left a turn's room; "" if even that does not fit). A Reason-in-Documents call that does not
+fit ends the rollout before its result block. Neither authors' code checks the window: Search-R1's keeps the
+last `max_prompt_length` tokens of the rollout (search_r1/llm_agent/generation.py `_update_rolling_state`), so
+the instruction and the question go first, which dynrag does not copy; Search-o1's (scripts/run_search_o1.py)
+runs to its turn limit (MAX_TURN), the model's window being far longer than its rollouts. A first turn that does
+not fit is the question's error (PromptTooLong).
+
 `strict=true` reads each turn as FlashRAG's `ReasoningPipeline.run` does (its GitHub main,
 flashrag/pipeline/reasoning_pipeline.py), so `dynrag bench flashrag --method search-r1` runs the same protocol on
 both sides: an answer is an output that stopped at the answer's closing tag (search-r1; search-o1: any output
@@ -41,6 +52,7 @@ from pipeline.engine.requests import Answer, Generate, Question, Request, Retrie
 from pipeline.methods.prompts import extract_answer, format_docs
 from pipeline.methods.registry import MethodParams
 from pipeline.methods.templates import PromptTemplate, check_template
+from pipeline.methods.window import STOPPED, fitting, full
 
 NO_QUERY = "No search query was given."
 LIMIT = "The maximum search limit is exceeded. You are not allowed to search."
@@ -126,17 +138,27 @@ class Rollout:
     think_tokens: int = 0
     answer_tokens: int = 0
     stop_reason: str = ""  # of the last output
+    full: bool = False  # the last prompt did not fit the window (not run)
+    last_fit: str = ""  # the rollout as the last turn that ran saw it
 
     def prompt(self) -> Any:
         return self.template.render(continuation=self.text, question=self.q.question, max_searches=self.p.max_searches)
 
     def generate(self, spec: SamplingSpec, stage: str) -> Generator[Request, Any, tuple[str, int]]:
-        """The model continues the rollout: (text, completion tokens)."""
-        return (yield from self.call(self.prompt(), self.template.chat, spec, stage))
+        """The model continues the rollout: (text, completion tokens). Every turn after the first must fit the
+        window with its max_tokens (pipeline/methods/window.py): `self.full` is set where it does not."""
+        if self.turns:
+            spec = fitting(spec)
+        text = self.text
+        said = yield from self.call(self.prompt(), self.template.chat, spec, stage)
+        if not self.full:
+            self.last_fit = text
+        return said
 
     def call(self, prompt: Any, chat: bool, spec: SamplingSpec, stage: str) -> Generator[Request, Any, tuple[str, int]]:
         out = (yield Generate([prompt], sampling=spec, chat=chat, stage=stage))[0]
         self.stop_reason = out.stop_reason
+        self.full = full(out)
         return out.text, out.completion_tokens
 
     def search(self, query: str) -> Generator[Request, Any, list[Hit]]:
@@ -152,7 +174,8 @@ class Rollout:
         self.text += f"\n\n{self.tags.result[0]}\n{body if verbatim else body.strip()}\n{self.tags.result[1]}\n\n"
 
 
-# Turns the query's passages into the result block's text (Search-o1: the Reason-in-Documents call).
+# Turns the query's passages into the result block's text (Search-o1: the Reason-in-Documents call); sets the
+# rollout's `full` where its own call did not fit the window.
 Refine = Callable[[Rollout, str, list[Hit]], Generator[Request, Any, str]]
 
 
@@ -186,6 +209,9 @@ def rollout(
     answer, stopped = None, "max_turns"
     while r.turns < p.max_turns:
         out, tokens = yield from r.generate(spec, "reason")
+        if r.full:  # the next turn does not fit the window: the rollout ends as at its turn budget
+            stopped = STOPPED
+            break
         r.turns += 1
         if p.strict:
             query, answer, why = _strict_turn(r, out, tokens)
@@ -199,7 +225,11 @@ def rollout(
                 r.append_result(LIMIT)
             else:
                 hits = yield from r.search(query)
-                r.append_result((yield from refine(r, query, hits)), verbatim=refine is plain_docs and bool(hits))
+                body = yield from refine(r, query, hits)
+                if r.full:
+                    stopped = STOPPED
+                    break
+                r.append_result(body, verbatim=refine is plain_docs and bool(hits))
             continue
         kept, query, said = read_turn(out, tags)
         r.text += kept
@@ -219,13 +249,21 @@ def rollout(
             r.append_result(LIMIT)
         else:
             hits = yield from r.search(query)
-            r.append_result((yield from refine(r, query, hits)), verbatim=refine is plain_docs and bool(hits))
+            body = yield from refine(r, query, hits)
+            if r.full:  # Search-o1's Reason-in-Documents call does not fit: the rollout ends without this result
+                stopped = STOPPED
+                break
+            r.append_result(body, verbatim=refine is plain_docs and bool(hits))
     forced = answer is None and not p.strict
     if forced:  # the answer tag (already written where the answer was empty) and a short answer after it
         if stopped != "empty answer":
             r.text = r.text.rstrip() + f"\n{tags.answer[0]}"
         forced_spec = SamplingSpec(max_tokens=FORCED_TOKENS, stop=(tags.answer[1], "\n"))
         said, tokens = yield from r.generate(forced_spec, "answer")
+        if r.full:  # from the rollout as the last prompt that ran saw it (that prompt left a turn's room)
+            r.text = r.last_fit.rstrip() + f"\n{tags.answer[0]}"
+            said, tokens = yield from r.generate(forced_spec, "answer")
+            said = "" if r.full else said
         r.answer_tokens += tokens
         answer = extract_answer(said)
     r.extra.update(

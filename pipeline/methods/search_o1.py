@@ -83,7 +83,8 @@ def reason_in_documents(r: Rollout, query: str, hits: list[Hit]) -> Generator[Re
         return NOTHING
     tpl = p.refine_template or DEFAULT_REFINE_TEMPLATE
     prompt = tpl.render(hits, reasoning=r.text.strip() or "(none)", query=query)
-    out, tokens = yield from r.call(prompt, tpl.chat, SamplingSpec(max_tokens=p.refine_tokens), "reason-in-documents")
+    spec = SamplingSpec(max_tokens=p.refine_tokens, fit=True)  # the rollout ends where it does not fit (search_agent)
+    out, tokens = yield from r.call(prompt, tpl.chat, spec, "reason-in-documents")
     r.extra["refine_tokens"] = r.extra.get("refine_tokens", 0) + tokens
     return final_information(out)
 

@@ -13,6 +13,12 @@ Fallback (documented, `answer_forced` in the row): after `max_follow_ups` follow
 neither a follow-up nor a final answer (or the final answer is empty), "So the final answer is:" is appended
 and the model's next line is the prediction ("" when it is empty too). An empty intermediate answer is
 inserted as "unknown".
+
+A full context window (`generation.max_model_len`, pipeline/methods/window.py): every prompt after the first
+step's runs only where it leaves room for its max_tokens. A step or a follow-up's answering prompt that does not
+fit stops the chain there (`stopped: window`) with the forced answer; where that does not fit either, the
+prediction is the last intermediate answer ("" without one, or for "unknown"). The paper's code (ofirpress/self-ask, its notebook
+over the OpenAI API) has no window check: its chains end at the final answer.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pipeline.engine.requests import (
 from pipeline.methods.prompts import RAG_SYSTEM, extract_answer, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.templates import PromptTemplate, check_template
+from pipeline.methods.window import STOPPED, fitting, full
 
 PAPER = "Self-Ask (Press et al., 2023), Sec. 3, 3.2"
 
@@ -124,14 +131,17 @@ def read_step(text: str) -> tuple[str, str | None, str | None]:
     return text, None, None
 
 
-def _generate(prompt: Any, chat: bool, spec: SamplingSpec, stage: str) -> Generator[Request, Any, str]:
-    return (yield Generate([prompt], sampling=spec, chat=chat, stage=stage))[0].text
+def _generate(prompt: Any, chat: bool, spec: SamplingSpec, stage: str) -> Generator[Request, Any, str | None]:
+    """The output's text; None where `spec` asks to fit the window and the prompt does not (window.py)."""
+    out = (yield Generate([prompt], sampling=spec, chat=chat, stage=stage))[0]
+    return None if full(out) else out.text
 
 
 def answer_follow_up(
     follow: str, p: SelfAskParams, reader: PromptTemplate, follow_ups: list[dict[str, str]], used: dict[str, Hit]
-) -> Generator[Request, Any, list[Hit]]:
-    """Retrieve for the follow-up, answer it from its passages; recorded in `follow_ups` and `used`."""
+) -> Generator[Request, Any, list[Hit] | None]:
+    """Retrieve for the follow-up, answer it from its passages; recorded in `follow_ups` and `used`. None where
+    the answering prompt does not fit the window."""
     hits = (
         yield Retrieve(
             [follow], k=p.k, retriever=p.retriever, step=f"follow-up-{len(follow_ups) + 1}", path="follow-up"
@@ -141,9 +151,11 @@ def answer_follow_up(
     said = yield from _generate(
         reader.render(hits, question=follow),
         reader.chat,
-        SamplingSpec(max_tokens=p.answer_tokens),
+        SamplingSpec(max_tokens=p.answer_tokens, fit=True),
         "intermediate-answer",
     )
+    if said is None:
+        return None
     follow_ups.append({"question": follow, "answer": extract_answer(said) or "unknown"})
     return list(hits)
 
@@ -165,24 +177,39 @@ def self_ask(q: Question, p: SelfAskParams) -> Generator[Request, Any, Answer]:
     if p.retrieve_question:
         hits = list((yield Retrieve([q.question], k=p.k, retriever=p.retriever, step="question", path="question"))[0])
         used.update((h.id, h) for h in hits)
+    first = True
     while not stopped:
         prompt = tpl.render(hits, suffix=transcript, question=q.question)
-        kept, follow, final = read_step((yield from _generate(prompt, tpl.chat, step_spec, "self-ask")))
+        text = yield from _generate(prompt, tpl.chat, step_spec if first else fitting(step_spec), "self-ask")
+        first = False
+        if text is None:  # the next step does not fit the window: stop as after the last follow-up
+            stopped = STOPPED
+            break
+        kept, follow, final = read_step(text)
         if final is not None or follow is None:  # the answer, an empty one, or neither: the model's text stays
             transcript += kept
             answer, stopped = final or None, "answer" if final else "empty answer" if final == "" else "unparsed"
         elif len(follow_ups) >= p.max_follow_ups:
             stopped = "max_follow_ups"
         else:
-            hits = yield from answer_follow_up(follow, p, reader, follow_ups, used)
+            found = yield from answer_follow_up(follow, p, reader, follow_ups, used)
+            if found is None:  # its answering prompt does not fit: stop before this follow-up
+                stopped = STOPPED
+                break
+            hits = found
             transcript += f"{kept}Intermediate answer: {follow_ups[-1]['answer']}\n"
     forced = answer is None
     if forced:  # continue from the marker (already written when the model left it empty)
         if stopped != "empty answer":
             transcript = transcript.rstrip() + "\n" + FORCE
         prompt = tpl.render(hits, suffix=transcript, question=q.question)
-        said = yield from _generate(prompt, tpl.chat, SamplingSpec(max_tokens=32, stop=("\n",)), "self-ask")
-        answer = extract_answer(said)
+        spec = SamplingSpec(max_tokens=32, stop=("\n",), fit=True)
+        said = yield from _generate(prompt, tpl.chat, spec, "self-ask")
+        # a full window: what the chain has, its last intermediate answer ("" without one)
+        last = follow_ups[-1]["answer"] if follow_ups else ""
+        answer = extract_answer(said) if said is not None else "" if last == "unknown" else last
+        if said is None:
+            stopped = STOPPED
     extra = {"follow_ups": follow_ups, "stopped": stopped, "answer_forced": forced}
     return Answer(
         answer or "",
