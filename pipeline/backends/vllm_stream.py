@@ -54,13 +54,15 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
             run = self._run(self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params, sampling)
             return asyncio.run_coroutine_threadsafe(run, self._loop)
 
-    async def _run(self, llm, key: str, prompt, params, spec: SamplingSpec) -> tuple[Completion | Exception, float]:
+    async def _run(
+        self, llm, key: str, prompt, params, spec: SamplingSpec | None = None
+    ) -> tuple[Completion | Exception, float]:
         self.flight.start(key)
         result: Completion | Exception
         try:
             async for out in llm.generate(prompt, params, key):
                 final = out
-            result = self._completion(final, spec)
+            result = self._completion(final, spec or SamplingSpec())
         except Exception as err:  # this prompt's error, its question's; a dead engine's, the run's
             result = as_engine_dead(err)
         finally:  # also when cancelled: the sequence leaves the flight either way
