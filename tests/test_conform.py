@@ -205,7 +205,7 @@ def run_authors(method: str, replies: list[str], **params):
         DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES), named={"attention": Counter()}
     )
     spec = get_method(method)
-    p = spec.params({"setting": "authors", "fewshot": FEWSHOT, "case_template": CASE, **params})
+    p = spec.params({"authors": {"fewshot": FEWSHOT, "case_template": CASE}, **params})
     out = Engine(backends).run([Question("q1", "Who directed Titanic?", dataset="hotpotqa")], spec.program, p)[0]
     assert out.error is None, out.error
     return out.answer, script.prompts
@@ -243,7 +243,7 @@ def test_params_for_reads_the_reference_config():
     setup = {"fewshot": "F", "case_template": "C {question}"}
     args = {"generate_max_length": 100, "retrieve_topk": 3, "hallucination_threshold": 0.8, "retrieve_keep_top_k": 35}
     p = conform_run.params_for("dragin", args, setup, "Answer in t he same format as before.\n")
-    assert (p["theta"], p["top_n"], p["k"], p["max_tokens"], p["setting"]) == (0.8, 35, 3, 100, "authors")
+    assert (p["theta"], p["top_n"], p["k"], p["max_tokens"], p["authors"]["fewshot"]) == (0.8, 35, 3, 100, "F")
     get_method("dragin").params(p)  # valid parameters
     assert json.dumps(conform_run.params_for("flare", {**args, "hallucination_threshold": 0.08}, setup, "x"))
 
@@ -276,7 +276,7 @@ def test_dragin_in_the_authors_setting_drops_the_triggering_sentence_and_keeps_o
     att = WordAttentionCounting()
     backends = Backends(DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES), named={"attention": att})
     spec = get_method("dragin")
-    p = spec.params({"setting": "authors", "fewshot": FEWSHOT, "case_template": CASE, "theta": 0.8, "k": 1})
+    p = spec.params({"authors": {"fewshot": FEWSHOT, "case_template": CASE}, "theta": 0.8, "k": 1})
     out = Engine(backends).run([Question("q1", "Who directed Titanic?", dataset="hotpotqa")], spec.program, p)[0]
     assert out.error is None, out.error
     case = CASE.format(question="Who directed Titanic?")

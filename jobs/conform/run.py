@@ -3,7 +3,7 @@
 The authors' code runs from a checkout in a venv of its own (jobs/conform/env.py) with the same model, the
 reference's own exemplars and config (config/<model>/HotpotQA/<METHOD>.json), and the passages dynrag's
 retriever returns for each query it asks (a local HTTP endpoint in this process). dynrag runs the same
-questions one at a time in the authors' setting (`setting=authors`: pipeline/methods/dragin_authors.py) on
+questions one at a time in the authors' setting (`authors`: pipeline/methods/dragin_authors.py) on
 transformers (`generation.backend=transformers`, float32, as the authors load the model), so numerics do not decide.
 Both sides' traces are compared (jobs/conform/traces.py).
 """
@@ -86,10 +86,7 @@ def checkout_of(source: str) -> dict[str, str]:
 def params_for(method: str, ref_args: dict, setup: dict, outro: str) -> dict[str, Any]:
     """dynrag's parameters in the authors' setting, from the reference's config and exemplars."""
     p: dict[str, Any] = {
-        "setting": "authors",
-        "fewshot": setup["fewshot"],
-        "case_template": setup["case_template"],
-        "context_outro": outro,
+        "authors": {"fewshot": setup["fewshot"], "case_template": setup["case_template"], "context_outro": outro}
     }
     if method != "no-retrieval":
         p["k"] = ref_args.get("retrieve_topk", 3)
@@ -285,7 +282,7 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
             setup, ref_rows = run_reference(py, job, Path(tmp), log)
         params = params_for(method, ref_args, setup, outro or "Answer in the same format as before.\n")
         dtype = reference_dtype(py, str(job["model"]))
-        params["sentence_model"] = reference_sentence_model(py)
+        params["authors"]["sentence_model"] = reference_sentence_model(py)
         log(f"dynrag: {len(questions)} questions, {method} in the authors' setting, {dtype} as the reference")
         same = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"dtype": dtype})})
         # the retriever is the one the reference was served by (closed once, with `backends`)
@@ -300,7 +297,7 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
         "reference": {**ref, "config": str(Path(config_dir) / conf_file), "settings_added": added},
         **traces.summary(per_q),
         "seconds_per_question": {"reference": mean_seconds(ref_rows), "dynrag": mean_seconds(ours)},
-        "dynrag_params": {k: v for k, v in params.items() if k != "fewshot"},
+        "dynrag_params": {**params, "authors": {k: v for k, v in params["authors"].items() if k != "fewshot"}},
         "dtype": dtype,
         "load_average": os.getloadavg()[0],
     }

@@ -61,6 +61,8 @@ from pipeline.engine.requests import (
 )
 from pipeline.errors import DynragError
 from pipeline.methods import dragin_authors as authors
+from pipeline.methods.dragin_authors import SWITCH as AUTHORS_SWITCH
+from pipeline.methods.dragin_authors import AuthorsPrompt
 from pipeline.methods.dragin_math import (
     Candidate,
     ends_sentence,
@@ -74,7 +76,7 @@ from pipeline.methods.dragin_math import (
     word_spans,
 )
 from pipeline.methods.prompts import SO_THE_ANSWER_IS, extract_answer, marked_answer
-from pipeline.methods.registry import register_method
+from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.templates import PromptTemplate, check_template
 from pipeline.methods.window import STOPPED, full
 
@@ -113,7 +115,7 @@ def table9(dataset: str) -> tuple[int, float, int]:
     return next((v for k, v in TABLE9.items() if k in key), TABLE9_OTHER)
 
 
-class MultiRoundParams(authors.AuthorsSetting):
+class MultiRoundParams(MethodParams):
     k: int = Field(3, ge=1, le=20, description="documents per retrieval (Table 8: 3)")
     max_tokens: int | None = Field(
         None, ge=8, le=1024, description="generate length (None: Table 9 for the question's dataset)"
@@ -121,6 +123,7 @@ class MultiRoundParams(authors.AuthorsSetting):
     max_retrievals: int = Field(8, ge=0, le=50, description="retrievals per question at most")
     doc_words: int = Field(120, ge=10, description="each document is cut to this many words in the prompt")
     retriever: str | None = Field(None, description="bm25 | dense (None: retrieval.retriever)")
+    authors: AuthorsPrompt | None = Field(None, description=AUTHORS_SWITCH)
 
 
 class DraginParams(MultiRoundParams):
@@ -344,8 +347,8 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     length, theta, top_n = table9(q.dataset)
     theta = p.theta or theta
     top_n = p.top_n or top_n
-    if p.setting == "authors":
-        return (yield from dragin_as_authors(q, p, p.max_tokens or length, theta, top_n))
+    if p.authors is not None:
+        return (yield from dragin_as_authors(q, p, p.authors, p.max_tokens or length, theta, top_n))
     run = Run(q, p, p.max_tokens or length)
     skipped = 0
     while run.left() > 0:
@@ -396,24 +399,27 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     )
 
 
-def dragin_as_authors(q: Question, p: DraginParams, length: int, theta: float, top_n: int):
+def dragin_as_authors(q: Question, p: DraginParams, a: authors.AuthorsPrompt, length: int, theta: float, top_n: int):
     """AttnWeightRAG's loop (authors.py) with dynrag's RIND and QFS: a triggered sentence is dropped whole, the
     round after a retrieval keeps its first sentence only, and the next round's prompt holds no passages."""
     text, n, docs = "", 0, []
     while True:
         old_len = len(text)
-        prompt = authors.layout(p, q, (), " " + text if text else "")
+        prompt = authors.layout(a, q, (), " " + text if text else "")
         out = yield from authors.generate(prompt, length)
         new = out.text
         i = None
         if new.strip():
-            a = prompt.rfind("Answer:") + len("Answer:")
+            after = prompt.rfind("Answer:") + len("Answer:")
             item = {
                 "prompt": prompt,
                 "prompt_ids": out.prompt_token_ids,
                 "generated": new,
                 "generated_ids": out.token_ids,
-                "context": [(prompt.rfind(q.question), prompt.rfind(q.question) + len(q.question)), (a, len(prompt))],
+                "context": [
+                    (prompt.rfind(q.question), prompt.rfind(q.question) + len(q.question)),
+                    (after, len(prompt)),
+                ],
             }
             st = (yield Call("attention", "stats", [item], stage="attention"))[0]
             i = rind_trigger(st, new, theta, p.attention_norm)
@@ -421,18 +427,18 @@ def dragin_as_authors(q: Question, p: DraginParams, length: int, theta: float, t
             text = text.strip() + " " + new.strip()
         else:
             at = st["offsets"][i][0]
-            cuts = authors.spans(new, p.sentence_model)
+            cuts = authors.spans(new, a.sentence_model)
             start = next((a for a, b in cuts if at < b), cuts[-1][0] if cuts else 0)
-            ptext = " ".join(authors.sentences(new[:start], p.sentence_model))
+            ptext = " ".join(authors.sentences(new[:start], a.sentence_model))
             n += 1
             docs = yield from authors.retrieve(qfs(st, i, top_n, p.qfs_skip_stop_words), p.k, p.retriever, n)
             tail = "".join(" " + s for s in (text, ptext.strip()) if s)
-            again = yield from authors.generate(authors.layout(p, q, docs, tail), length)
-            first = authors.sentences(again.text, p.sentence_model)
+            again = yield from authors.generate(authors.layout(a, q, docs, tail), length)
+            first = authors.sentences(again.text, a.sentence_model)
             text = authors.joined(text.strip(), ptext.strip(), first[0] if first else "")
         if (yield from authors.done(text, old_len, length)):
             break
-    ans = yield from authors.finish(p, q, text, {"retrievals": n, "theta": theta, "top_n": top_n})
+    ans = yield from authors.finish(a, q, text, {"retrievals": n, "theta": theta, "top_n": top_n})
     ans.used_docs = docs
     return ans
 
@@ -446,8 +452,8 @@ def dragin_as_authors(q: Question, p: DraginParams, length: int, theta: float, t
 )
 def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     length = table9(q.dataset)[0]
-    if p.setting == "authors":
-        return (yield from authors.token(q, p, p.max_tokens or length, p.k, p.retriever, p.mean_threshold))
+    if p.authors is not None:
+        return (yield from authors.token(q, p.authors, p.max_tokens or length, p.k, p.retriever, p.mean_threshold))
     run = Run(q, p, p.max_tokens or length)
     while run.left() > 0:
         _, _, out = yield from run.generate(run.budget, logprobs=1, token_spans=True)
@@ -505,8 +511,10 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     paper=f"FL-RAG (Khandelwal et al., 2019; Ram et al., 2023) as set in {PAPER}",
 )
 def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
-    if p.setting == "authors":
-        return (yield from authors.fixed(q, p, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, p.window))
+    if p.authors is not None:
+        return (
+            yield from authors.fixed(q, p.authors, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, p.window)
+        )
     run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
     query = q.question
     while run.left() > 0:
@@ -529,8 +537,8 @@ def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
     paper=f"FS-RAG (Trivedi et al., 2022) as set in {PAPER}",
 )
 def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
-    if p.setting == "authors":
-        return (yield from authors.fixed(q, p, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, None))
+    if p.authors is not None:
+        return (yield from authors.fixed(q, p.authors, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, None))
     run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
     query = q.question
     while run.left() > 0:

@@ -1,4 +1,4 @@
-"""The authors' setting of DRAGIN's Table 1 methods (`setting: authors`): the loop, prompt layout and stopping
+"""The authors' setting of DRAGIN's Table 1 methods (`authors: {...}` in a method's parameters): the loop, prompt layout and stopping
 of DRAGIN's published code (oneal2000/DRAGIN, `src/generate.py`, `src/eval.py`), which dynrag's own setting
 changes for batching and for the paper's text (pipeline/methods/dragin.py). `dynrag conform` runs both against
 the authors' code; docs/conformance.md lists every difference and why dynrag's setting has it.
@@ -19,28 +19,31 @@ from __future__ import annotations
 import math
 from collections.abc import Generator, Sequence
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from indexing.hits import Hit
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec
 from pipeline.methods.dragin_math import sentence_spans
-from pipeline.methods.registry import MethodParams
 
 SPLIT_WORDS = ("Question:", "#10000000", "Note:")  # where their eval.py cuts an answer
 MARK = "the answer is"
 FORCED_TOKENS = 20
 
 
-class AuthorsSetting(MethodParams):
-    """Switches shared by the methods DRAGIN's code implements."""
+SWITCH = (
+    "the authors' setting: DRAGIN's published loop, prompts and stopping with these pieces of their code "
+    "(docs/conformance.md); None: dynrag's batched reading of the paper"
+)
 
-    setting: Literal["dynrag", "authors"] = Field(
-        "dynrag",
-        description="authors: DRAGIN's published loop, prompts and stopping (docs/conformance.md); dynrag: "
-        "dynrag's batched reading of the paper",
-    )
+
+class AuthorsPrompt(BaseModel):
+    """The authors' setting of a DRAGIN Table 1 method (`authors: {...}` in its parameters): their loop, with these
+    prompt pieces from their code (`dynrag conform` hands them over from the checkout)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     fewshot: str = Field("", description="authors setting: the exemplars placed first in every prompt")
     case_template: str = Field(
         "Question: {question}\nAnswer:", description="authors setting: the question's part of the prompt"
@@ -55,7 +58,7 @@ class AuthorsSetting(MethodParams):
     )
 
 
-def layout(p: AuthorsSetting, q: Question, docs: Sequence[Hit], tail: str) -> str:
+def layout(p: AuthorsPrompt, q: Question, docs: Sequence[Hit], tail: str) -> str:
     """exemplars, the passages (when given), the question, then `tail` (the caller joins it as the code does)."""
     head = p.fewshot
     if docs:
@@ -122,7 +125,7 @@ def prediction(text: str) -> str:
     return pred.removesuffix(".")
 
 
-def finish(p: AuthorsSetting, q: Question, text: str, extra: dict[str, Any]) -> Generator[Request, Any, Answer]:
+def finish(p: AuthorsPrompt, q: Question, text: str, extra: dict[str, Any]) -> Generator[Request, Any, Answer]:
     """The authors' final answer (eval.py's regenerate, data.py's reading)."""
     cot = cut(text.strip(), at_start_too=False)
     forced = MARK not in cot
@@ -171,14 +174,14 @@ def flare_modifier(text: str, out: Completion, threshold: float, model: str | No
 
 
 # -- the loops, one per class of the authors' code ------------------------------------------------------------
-def no_retrieval(q: Question, p: AuthorsSetting, length: int) -> Generator[Request, Any, Answer]:
+def no_retrieval(q: Question, p: AuthorsPrompt, length: int) -> Generator[Request, Any, Answer]:
     """BasicRAG: one generation from the exemplars and the question."""
     out = yield from generate(layout(p, q, (), ""), length)
     return (yield from finish(p, q, out.text.strip(), {"retrievals": 0}))
 
 
 def single(
-    q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | None
+    q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | None
 ) -> Generator[Request, Any, Answer]:
     """SingleRAG: the question's top k in the prompt, one generation."""
     docs = yield from retrieve(q.question, k, retriever, 1)
@@ -188,7 +191,7 @@ def single(
     return ans
 
 
-def fixed(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | None, window: int | None):
+def fixed(q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | None, window: int | None):
     """FixLengthRAG: retrieve, generate `window` tokens (fix-length) or keep the first sentence of a round
     (fix-sentence, window None); the new text is the next query (the question first)."""
     text, query, n, docs = "", q.question, 0, []
@@ -211,7 +214,7 @@ def fixed(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | 
     return ans
 
 
-def token(q: Question, p: AuthorsSetting, length: int, k: int, retriever: str | None, threshold: float):
+def token(q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | None, threshold: float):
     """TokenRAG (FLARE in DRAGIN's code): a sentence whose tokens' mean 1 - p passes the threshold is dropped
     and asked again with its confident words as the query and the passages in the prompt."""
     text, n, docs = "", 0, []
