@@ -4,7 +4,6 @@ against what DRAGIN's code does, on a scripted generator: its prompt layout, its
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -245,7 +244,16 @@ def test_params_for_reads_the_reference_config():
     p = conform_run.params_for("dragin", args, setup, "Answer in t he same format as before.\n")
     assert (p["theta"], p["top_n"], p["k"], p["max_tokens"], p["authors"]["fewshot"]) == (0.8, 35, 3, 100, "F")
     get_method("dragin").params(p)  # valid parameters
-    assert json.dumps(conform_run.params_for("flare", {**args, "hallucination_threshold": 0.08}, setup, "x"))
+    flare = conform_run.params_for("flare", {**args, "hallucination_threshold": 0.08}, setup, "x")
+    assert flare["mean_threshold"] == 0.08 and flare["authors"]["context_outro"] == "x"
+    assert get_method("flare").params(flare).authors.case_template == "C {question}"
+
+
+def test_the_driver_hashes_prompts_as_the_comparison_does():
+    """The driver runs in the reference's venv without dynrag, so it has its own hash: the two must agree."""
+    from jobs.conform import dragin_driver
+
+    assert dragin_driver.sha("Question: x\nAnswer:") == traces.prompt_sha("Question: x\nAnswer:")
 
 
 class WordAttentionCounting(FakeAttention):
