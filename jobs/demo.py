@@ -241,8 +241,9 @@ def comparison(summaries: list[dict], cfg) -> str:
         ),
     ]
     for s in summaries:  # resolved: a k or retriever the method leaves to the retrieval section is shown as used
-        if s["method_params"]:
-            lines.append(f"{s['method']} parameters: " + ", ".join(f"{k}={v}" for k, v in s["method_params"].items()))
+        shown = {k: v for k, v in s["method_params"].items() if v is not None}  # unset switches say nothing
+        if shown:
+            lines.append(f"{s['method']} parameters: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     g = cfg.generation
     lines.append(
         f"model {g.model} ({g.backend}, max_new_tokens {g.max_new_tokens}); {summaries[0]['rows']} "
