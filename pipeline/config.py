@@ -307,6 +307,18 @@ class AnswerConfig(Section):
         description="on SIGTERM: admit no more questions, finish those in flight for at most this long, write "
         "every finished answer, exit 130 (a second SIGTERM or Ctrl-C stops at once)",
     )
+    runs: Literal["concurrent", "sequential"] = Field(
+        "concurrent",
+        description="an experiment's (or eval job's) runs of one dataset: concurrent, answered together through "
+        "one engine (one admission queue; in-process only, runtime.mode=ray runs them in turn); sequential: one "
+        "run after another",
+    )
+    retrieval_cache: int = Field(
+        100_000,
+        ge=0,
+        description="queries whose hits the process keeps (shared by every run and round on the same "
+        "backends; keyed by index version, retriever, query and the search settings; 0: no cache)",
+    )
 
 
 class RayConfig(Section):

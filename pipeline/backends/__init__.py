@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Completion, Retrieve
+from pipeline.engine.search_cache import SearchCache
 from pipeline.errors import BackendError as BackendError  # re-exported: raised by the backends
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ class Backends:
         # loads slowly holds up only its own users; a built part is read without any lock
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # hits of queries searched already, for every run and round on these backends (engine/search_cache.py)
+        size = cfg.answer.retrieval_cache
+        self.search_cache = SearchCache(size) if size else None
+        self._scope: tuple | None = None
 
     def _built(self, attr: str, build: Callable[[], Any]) -> Any:
         """`getattr(self, attr)`, built once by `build()` (double-checked under the part's own lock)."""
@@ -115,6 +120,21 @@ class Backends:
     # -- the calls the engine makes ----------------------------------------------------------
     def defaults(self, req: Retrieve) -> tuple[int, str]:
         return (req.k or self.cfg.retrieval.k, req.retriever or self.cfg.retrieval.retriever)
+
+    def search_scope(self) -> tuple:
+        """What decides a query's hits besides the query, the retriever and k: the index (folder and the version
+        opened) and the index, embedding and retrieval settings (a retriever given ready-made: that object)."""
+        if self._scope is None:
+            import json
+
+            retriever = self.retriever
+            index = getattr(retriever, "index", None)
+            where = (
+                (self.index_dir, getattr(index, "version", None)) if index is not None else ("object", id(retriever))
+            )
+            settings = [self.cfg.index, self.cfg.embedding, self.cfg.retrieval]
+            self._scope = (*where, json.dumps([s.model_dump(mode="json") for s in settings], sort_keys=True))
+        return self._scope
 
     def generate(self, prompts, samplings, chats):
         return self.generator.generate(prompts, samplings, chats)

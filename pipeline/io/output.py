@@ -94,6 +94,7 @@ SCHEMA = pa.schema(
         ("extra", pa.string()),
         ("finished_at", pa.float64()),
         ("error_kind", pa.string()),  # "input": the question's own fault, final; "system": a rerun retries the question
+        ("retrieval_cache_hits", pa.int32()),  # of retrieval_calls, those served by the retrieval cache
     ]
 )
 
@@ -148,6 +149,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "extra": _extra(a, t),
         "finished_at": time.time(),
         "error_kind": o.error_kind,
+        "retrieval_cache_hits": t.retrieval_cache_hits,
     }
     return row
 
@@ -366,6 +368,7 @@ def summarize(
         "passages_in_prompt_per_question": mean("passages_in_prompt"),
         "llm_calls_per_question": mean("llm_calls"),
         "retrieval_calls_per_question": mean("retrieval_calls"),
+        "retrieval_cache_hit_rate": _ratio(ok, "retrieval_cache_hits", "retrieval_calls"),
         "classifier_calls_per_question": mean("classifier_calls"),
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"),
@@ -387,6 +390,14 @@ def summarize(
             summary["questions_per_s"] = round(new_rows / wall_time_s, 3)
             summary["wall_s_per_question"] = round(wall_time_s / new_rows, 4)
     return summary
+
+
+def _ratio(df, part: str, whole: str) -> float | None:
+    """sum(part) / sum(whole) over `df`'s rows (None without the column, e.g. rows written before it, or a 0 whole)."""
+    if part not in df.columns or not df.height:
+        return None
+    total = df[whole].fill_null(0).sum()
+    return round(float(df[part].fill_null(0).sum()) / total, 4) if total else None
 
 
 def write_json(out: str, name: str, data: dict) -> str:
