@@ -100,11 +100,12 @@ class GenerationConfig(Section):
         "runs at most engine_kwargs.max_num_seqs at once",
     )
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
-    streaming: bool = Field(
-        True,
+    streaming: bool | Literal["auto"] = Field(
+        "auto",
         description="vllm: drive vLLM's async engine, each prompt submitted as it "
         "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
-        "batched LLM.generate calls",
+        "batched LLM.generate calls; auto: batched where every method the process runs makes one LLM call a "
+        "question (sr-rag, no-retrieval, DR-RAG's: nothing comes back after it), else streaming",
     )
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
     attention_pass: Literal["incremental", "full"] = Field(

@@ -149,3 +149,30 @@ def test_search_cache_keys_and_prefixes():
     cache.put(("idx", 1, "s"), "bm25", "q2", 1, ["x"])
     cache.put(("idx", 1, "s"), "bm25", "q3", 1, ["y"])  # beyond 2 entries: the least recently used goes
     assert cache.get(("idx", 1, "s"), "bm25", "q", 1) is None and len(cache) == 2
+
+
+def test_generation_streaming_auto_batches_only_where_every_method_makes_one_call(monkeypatch):
+    import pipeline.backends.vllm_gen as vllm_gen
+    import pipeline.backends.vllm_stream as vllm_stream
+    from pipeline.backends import make_generator, streams
+    from pipeline.methods.registry import all_methods
+
+    one_call = {name for name, spec in all_methods().items() if spec.one_call}
+    assert one_call == {"no-retrieval", "sr-rag", "bm25", "sm", "qdc", "cis", "cfs"}
+    cfg = DynragConfig()
+    assert cfg.generation.streaming == "auto"
+    assert not streams(cfg, ["sr-rag"]) and not streams(cfg, ["sr-rag", "cfs"])
+    assert streams(cfg, ["sr-rag", "flare"]) and streams(cfg, ["iter-retgen"])
+    assert streams(cfg, [])  # methods not known: streaming, as before
+    cfg.generation.streaming = True
+    assert streams(cfg, ["sr-rag"])
+    cfg.generation.streaming = False
+    assert not streams(cfg, ["flare"])
+
+    monkeypatch.setattr(vllm_gen, "VllmGenerator", lambda cfg: "batched")
+    monkeypatch.setattr(vllm_stream, "VllmStreamingGenerator", lambda cfg: "streaming")
+    cfg = DynragConfig()
+    cfg.generation.backend = "vllm"
+    assert make_generator(cfg, ["sr-rag"]) == "batched"
+    assert make_generator(cfg, ["sr-rag", "ircot"]) == "streaming"
+    assert Backends(cfg, methods=["sr-rag", "bm25"]).generator == "batched"

@@ -53,8 +53,10 @@ class Backends:
         embedder: Any = None,
         named: dict[str, Any] | None = None,
         faiss_placement: Any = None,
+        methods: list[str] | None = None,
     ):
         self.cfg = cfg
+        self.methods = list(methods or [])  # every method these backends serve, where known (generation.streaming=auto)
         self.index_dir = index_dir
         self.faiss_placement = faiss_placement  # where the index goes (a replica's GPU plan); None: the CPU
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
@@ -86,7 +88,7 @@ class Backends:
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        return self._built("_generator", lambda: make_generator(self.cfg))
+        return self._built("_generator", lambda: make_generator(self.cfg, self.methods))
 
     @property
     def retriever(self):
@@ -192,10 +194,21 @@ class NoGenerator:
         return [Completion("", finish_reason="none") for _ in prompts]
 
 
-def make_generator(cfg: DynragConfig):
+def streams(cfg: DynragConfig, methods: list[str]) -> bool:
+    """generation.streaming resolved: `auto` streams unless `methods` (all the backends serve, where known) each
+    make one LLM call a question, as their last request: batched calls then cost less (no async engine loop
+    beside vLLM's threads, no request handed over one at a time) and streaming would buy them nothing."""
+    if cfg.generation.streaming != "auto":
+        return bool(cfg.generation.streaming)
+    from pipeline.methods.registry import get_method
+
+    return not methods or not all(get_method(m).one_call for m in methods)
+
+
+def make_generator(cfg: DynragConfig, methods: list[str] | None = None):
     if cfg.generation.backend == "none":
         return NoGenerator()
-    if cfg.generation.backend == "vllm" and cfg.generation.streaming:
+    if cfg.generation.backend == "vllm" and streams(cfg, methods or []):
         from pipeline.backends.vllm_stream import VllmStreamingGenerator
 
         return VllmStreamingGenerator(cfg)

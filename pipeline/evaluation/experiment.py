@@ -157,7 +157,7 @@ def run_methods(
     from pipeline.backends import Backends
 
     own = backends is None
-    backends = Backends(cfg, index) if own else backends
+    backends = Backends(cfg, index, methods=[r.method for r in runs]) if own else backends
     together = (
         len(runs) > 1
         and cfg.answer.runs == "concurrent"

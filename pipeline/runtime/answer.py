@@ -207,7 +207,9 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
             from pipeline.backends import Backends
 
             plan = replica_gpu_plan(cfg, index)  # None without CUDA; refuses a plan that does not fit
-            backends = Backends(cfg, index, faiss_placement=plan.index if plan else None, generator=generator)
+            backends = Backends(
+                cfg, index, faiss_placement=plan.index if plan else None, generator=generator, methods=[cfg.method.name]
+            )
             stack.callback(backends.close)
             if index:
                 backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
