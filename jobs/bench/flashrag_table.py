@@ -9,7 +9,7 @@ timed from its command to its last answered row:
 - dynrag_sequential: the same with `--sequential` (one run after another, the old order).
 
 Same corpus, questions, model, k, templates and vLLM settings as `--method` (jobs/bench/flashrag.py); no warm-up
-(startup is part of a table's cost). Per way: seconds to the last row, the process's wall time, LLM calls,
+(startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per way: seconds to the last row, the process's wall time, LLM calls,
 tokens, error rows, load average before and after. Ratios are dynrag_concurrent's speed over each other way's
 (their seconds over its seconds). `same_as_alone`: each method's predictions, per way, against the same framework
 running that method alone (dynrag: concurrent against sequential, where each run has the engine to itself;
@@ -194,7 +194,10 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
     }
     for way, seq in (("dynrag_concurrent", False), ("dynrag_sequential", True)):
         commands[way] = dynrag_command(args, experiment_file(work, methods, params, work / way), seq)
-    ways = {way: run_way(way, commands, env, work, methods) for way in WAYS}
+    ways = {}
+    for way in WAYS:  # each way's figures (predictions included) saved as it ends: a cut-short table keeps them
+        ways[way] = run_way(way, commands, env, work, methods)
+        (work / f"{way}.json").write_text(json.dumps(ways[way], indent=1))
     conc = ways["dynrag_concurrent"]["seconds"]
 
     def ratio(way: str) -> float | None:
