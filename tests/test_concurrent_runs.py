@@ -176,3 +176,32 @@ def test_generation_streaming_auto_batches_only_where_every_method_makes_one_cal
     assert make_generator(cfg, ["sr-rag"]) == "batched"
     assert make_generator(cfg, ["sr-rag", "ircot"]) == "streaming"
     assert Backends(cfg, methods=["sr-rag", "bm25"]).generator == "batched"
+
+
+def test_a_drained_concurrent_experiment_resumes_each_run_where_it_stopped(tmp_path, monkeypatch):
+    import pipeline.engine.drain as drain_module
+    from pipeline.runtime.signals import Interrupted
+
+    drains: list = []
+
+    class Kept(drain_module.Drain):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            drains.append(self)
+
+    class DrainsMidway(CountingBatches):
+        def generate(self, prompts, samplings, chats):
+            if sum(self.calls) >= 12 and drains:  # a SIGTERM once some prompts are done: drain now
+                drains[-1].request(0.0)
+            return super().generate(prompts, samplings, chats)
+
+    monkeypatch.setattr(drain_module, "Drain", Kept)
+    out, runs = tmp_path / "exp", RUNS[:3]
+    with pytest.raises(Interrupted):
+        answer(tmp_path, out, runs=runs, generator=DrainsMidway)
+    before = {r.label: len(rows(out, r.label)) if (out / r.label / "parts").is_dir() else 0 for r in runs}
+    assert sum(before.values()) < 18  # stopped before every question had its row
+    again = answer(tmp_path, out, runs=runs)[0]
+    assert [s["new_rows"] + s["skipped_already_answered"] for s in again] == [6, 6, 6]
+    assert [s["skipped_already_answered"] for s in again] == [before[r.label] for r in runs]
+    assert all(s["duplicate_ids"] == 0 and s["rows"] == 6 for s in again)
