@@ -335,3 +335,16 @@ def test_the_float32_copy_holds_the_same_weights_and_says_float32(tmp_path, tmp_
     assert {f.name for f in copy.iterdir()} == {f.name for f in bf16.iterdir()}  # tokenizer and the rest beside
     assert conform_run.float32_copy(str(bf16), str(tmp_path / "cache")) == str(copy)  # made once
     assert conform_run.float32_copy(str(copy), str(tmp_path / "cache")) == str(copy)  # float32 already
+
+
+def test_every_search_of_dynrags_side_is_traced_though_the_backends_cache_queries():
+    """The reference searches each time; dynrag's side must too, or a query an earlier question (or the
+    reference, through the same backends) asked is served from the retrieval cache and missing from the trace."""
+    backends = Backends(DynragConfig(), generator=Script(["x"] * 4), retriever=MemoryRetriever(PASSAGES))
+    assert backends.search_cache is not None  # the default: a cache
+    qs = [Question(f"q{i}", "Who directed Titanic?", dataset="hotpotqa") for i in range(2)]
+    rows = conform_run.run_dynrag(backends, qs, "sr-rag", {"k": 1})
+    assert [[e["query"] for e in r["events"] if e["kind"] == "retrieve"] for r in rows] == [
+        ["Who directed Titanic?"],
+        ["Who directed Titanic?"],
+    ]

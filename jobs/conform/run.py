@@ -122,6 +122,9 @@ class TracedBackends:
 
     def __init__(self, inner):
         self.inner, self.events = inner, []
+        # no retrieval cache: each of the method's searches reaches `search` and is recorded, as the reference
+        # searches each time (a query the reference or an earlier question asked would be served unseen)
+        self.search_cache = None
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
