@@ -348,3 +348,13 @@ def test_every_search_of_dynrags_side_is_traced_though_the_backends_cache_querie
         ["Who directed Titanic?"],
         ["Who directed Titanic?"],
     ]
+
+
+def test_a_search_that_finds_fewer_than_k_lists_k_passages_some_blank_as_their_retriever():
+    """retriever.py pads with dummy docs: after a search that found nothing the prompt still lists k blank
+    passages and the context line; the answer's used passages are only those found."""
+    ans, prompts = run_authors("sr-rag", ["So the answer is no."], k=5)  # 3 passages in all
+    listed = prompts[0].split("Context:\n")[1].split("Answer in the same format as before.\n")[0].splitlines()
+    assert [line.split("]")[0] for line in listed] == ["[1", "[2", "[3", "[4", "[5"]
+    assert listed[3:] == ["[4] ", "[5] "] and all(len(line) > 4 for line in listed[:3])
+    assert len(ans.used_docs) == 3 and all(d.id for d in ans.used_docs)

@@ -89,9 +89,17 @@ QUERY_TOKENS = 64  # the code's BasicRAG.retrieve(max_query_length=64): BM25 sea
 
 
 def retrieve(query: str, k: int, retriever: str | None, n: int) -> Generator[Request, Any, list[Hit]]:
-    """The code's retrieve: the query cut on the left to its last QUERY_TOKENS tokens, then the top k."""
+    """The code's retrieve: the query cut on the left to its last QUERY_TOKENS tokens, then the top k, made
+    up to k with empty passages where the search found fewer (its retriever.py's dummy docs: the prompt
+    then lists k passages, some blank)."""
     (sent,) = yield Call("attention", "last_tokens", [(query, QUERY_TOKENS)])
-    return list((yield Retrieve([sent], k=k, retriever=retriever, step=f"round-{n}", path="query"))[0])
+    hits = list((yield Retrieve([sent], k=k, retriever=retriever, step=f"round-{n}", path="query"))[0])
+    return hits + [Hit(id="", title="", text="", score=0.0)] * (k - len(hits))
+
+
+def found(docs: Sequence[Hit]) -> list[Hit]:
+    """The passages a search found (not the dummy ones)."""
+    return [d for d in docs if d.id]
 
 
 def done(text: str, old_len: int, length: int) -> Generator[Request, Any, bool]:
@@ -247,7 +255,7 @@ def single(
     docs = yield from retrieve(q.question, k, retriever, 1)
     out = yield from generate(layout(p, q, docs, ""), length)
     ans = yield from finish(p, q, out.text.strip(), {"retrievals": 1})
-    ans.used_docs = docs
+    ans.used_docs = found(docs)
     return ans
 
 
@@ -270,7 +278,7 @@ def fixed(q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | N
         if (yield from done(text, old_len, length)):
             break
     ans = yield from finish(p, q, text, {"retrievals": n})
-    ans.used_docs = docs
+    ans.used_docs = found(docs)
     return ans
 
 
@@ -293,7 +301,7 @@ def token(q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | N
         if (yield from done(text, old_len, length)):
             break
     ans = yield from finish(p, q, text, {"retrievals": n})
-    ans.used_docs = docs
+    ans.used_docs = found(docs)
     return ans
 
 
@@ -338,5 +346,5 @@ def attn_weight(
             break
     extra = {"retrievals": n, "queries": queries, "theta": threshold, "top_n": top_k}
     ans = yield from finish(p, q, text, extra)
-    ans.used_docs = docs
+    ans.used_docs = found(docs)
     return ans
