@@ -95,6 +95,22 @@ def test_a_leading_end_token_divides_the_attention_by_the_rest():
     assert aa.word_ranges(["x", "</s>", "y", "z"], [1, 2, 3, 4], "▁", after_eos=True) == [(0, 1), (2, 3)]
 
 
+def test_special_text_is_the_decode_of_the_generated_ids_special_tokens_kept(tiny):
+    """DRAGIN's code reads `tokenizer.decode(generated)`: special tokens in the middle (a chat model's
+    <|im_start|>) and the end token kept; without special_text they are left out, as dynrag reads outputs."""
+    hf, _ = tiny
+    tok = hf.tokenizer
+    prompt = "Question: who wrote the novel?\nAnswer:"
+    kept, plain = (
+        hf.generate([prompt], [SamplingSpec(max_tokens=12, temperature=0.0, special_text=s)], [False])[0]
+        for s in (True, False)
+    )
+    ended = [tok.eos_token_id] if kept.finish_reason == "stop" else []
+    assert kept.token_ids == plain.token_ids
+    assert kept.text == tok.decode(kept.token_ids + ended)  # byte for byte, a partial character's "\ufffd" too
+    assert kept.text != plain.text
+
+
 def test_entropy_per_step_is_the_codes_over_the_scores_the_generator_chose_from(tiny):
     from scipy.special import softmax
 

@@ -133,8 +133,8 @@ class HfGenerator:
             if spec.entropy:  # the end-of-sequence token's step too, where the model ended
                 steps = len(gen) + (finish == "stop" and not stopped)
                 entropies = [step_entropy(out.scores[step][row]) for step in range(steps)]
-            if spec.eos_text and finish == "stop" and not stopped:
-                text += self.tokenizer.decode([eos])
+            if spec.special_text and not stopped:
+                text = self.tokenizer.decode(gen + ([eos] if finish == "stop" else []))
             completions.append(
                 Completion(
                     text,

@@ -118,6 +118,7 @@ class VllmGenerator:
             stop=list(spec.stop) or None,
             logprobs=spec.logprobs,
             prompt_logprobs=spec.prompt_logprobs,
+            skip_special_tokens=not spec.special_text,
             seed=g.seed if (spec.temperature or g.temperature) > 0 else None,
             structured_outputs=StructuredOutputsParams(choice=list(spec.choice) or None, regex=spec.regex)
             if spec.choice or spec.regex
@@ -158,7 +159,7 @@ class VllmGenerator:
     def _completion(self, ro, spec: SamplingSpec) -> Completion:
         c = ro.outputs[0]
         text = c.text
-        if spec.eos_text and c.finish_reason == "stop" and c.stop_reason is None:  # ended by the EOS token
+        if spec.special_text and c.finish_reason == "stop" and c.stop_reason is None:  # ended by the EOS token
             text += self.tokenizer.eos_token or ""
         prompt_ids = list(ro.prompt_token_ids or [])
         lps = None

@@ -36,8 +36,8 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # top-k logprobs per generated token
     token_spans: bool = False  # also each generated token's character span in the text (Completion.token_spans)
-    eos_text: bool = False  # an output ended by the end-of-sequence token ends with that token's text (as decoding
-    # the generated ids with their special tokens gives it: DRAGIN's code reads its outputs so)
+    special_text: bool = False  # the text as `tokenizer.decode` of the generated ids gives it, special tokens kept
+    # (the end-of-sequence token's too, where the model ended): DRAGIN's code reads its outputs so
     prompt_logprobs: int | None = None
     entropy: bool = False  # also each step's entropy over the whole vocabulary (Completion.entropies; the
     # transformers backend only)

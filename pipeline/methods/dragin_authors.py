@@ -81,7 +81,7 @@ def joined(*parts: str) -> str:
 def generate(
     prompt: str, max_tokens: int, logprobs: int | None = None, entropy: bool = False
 ) -> Generator[Request, Any, Completion]:
-    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, eos_text=True, entropy=entropy)
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, special_text=True, entropy=entropy)
     return (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
 
 
