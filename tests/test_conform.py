@@ -182,6 +182,16 @@ def test_flare_modifier_drops_the_first_unsure_sentence_and_its_unsure_tokens():
     assert authors.flare_modifier(text, sure, threshold=0.08) is None
 
 
+def test_flare_query_keeps_what_a_missed_token_leaves_of_an_earlier_mark():
+    """TokenRAG marks unsure tokens "[xxx]" and removes the marks; a token its search cannot find lands one
+    character before the search's start, inside the previous mark, and "[xxx" stays in the query (worked by
+    hand through the code: "abc" -> "[xxx]bc" -> "[xxx" + "[xxx]" + "bc" -> "[xxxbc")."""
+    text = "abc"
+    out = Completion(text, 3, 3, "length", logprobs([("a", 0.1), ("x", 0.1), ("c", 0.1)]))
+    prev, query = authors.flare_modifier(text, out, threshold=0.08)
+    assert (prev, query) == ("", "[xxxbc")
+
+
 class Script:
     """Replies in order; records each prompt."""
 

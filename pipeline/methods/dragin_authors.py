@@ -185,9 +185,15 @@ def token_run_probs(sent: str, tokens: list[str], logprobs: list[float], tid: in
     return tr + 1, [1 - math.exp(v) for v in logprobs[tid : tr + 1]]
 
 
+MASK = "[xxx]"  # TokenRAG's mark of an unsure token in its sentence
+
+
 def flare_modifier(text: str, out: Completion, threshold: float, model: str | None = None) -> tuple[str, str] | None:
-    """TokenRAG.modifier (sentence_solver avg): the first sentence whose tokens' mean 1 - p exceeds the
-    threshold -> (the sentences before it, it with each such token's first occurrence removed); None: none."""
+    """TokenRAG.modifier (sentence_solver avg) and its "direct" query: the first sentence whose tokens' mean
+    1 - p exceeds the threshold -> (the sentences before it, the sentence with each such token marked "[xxx]"
+    where the code's search puts it, then the marks removed); None: none. Marked, not cut: where a token is
+    not found the code's search lands one character before `pos`, inside an earlier mark, and what that
+    leaves of the mark is part of the query."""
     lps = out.logprobs or []
     tokens, values = [t.token for t in lps], [t.logprob for t in lps]
     sents = sentences(text, model)
@@ -199,11 +205,11 @@ def flare_modifier(text: str, out: Completion, threshold: float, model: str | No
             for prob, tok in zip(probs, tokens[tid:nxt]):
                 at = curr[pos:].find(tok) + pos
                 if prob > threshold:
-                    curr = curr[:at] + curr[at + len(tok) :]
-                    pos = at
+                    curr = curr[:at] + MASK + curr[at + len(tok) :]
+                    pos = at + len(MASK)
                 else:
                     pos = at + len(tok)
-            return " ".join(sents[:sid]), curr
+            return " ".join(sents[:sid]), curr.replace(MASK, "")
         tid = nxt
     return None
 
