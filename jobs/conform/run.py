@@ -264,8 +264,9 @@ def reference_dtype(py: Path, model: str) -> str:
 
 
 def float32_copy(model: str, cache_dir: str) -> str:
-    """A folder beside the cache holding `model` with its floating weights cast to float32 and its config saying
-    so (the reference loads a checkpoint in its own dtype), made once; `model` itself where it is float32."""
+    """A folder under `<cache_dir>/conform/models/` holding `model` with its floating weights cast to float32 and
+    its config saying so (the reference loads a checkpoint in its own dtype), made once; `model` itself where it
+    is float32."""
     from safetensors.torch import load_file, save_file
 
     src = Path(model)

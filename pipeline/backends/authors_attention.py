@@ -63,14 +63,13 @@ def forward_attention(mean: Any, ranges: Sequence[tuple[int, int]], n_curr: int,
     import torch
 
     length = mean.shape[0]
-    words = range(len(ranges))
     curr_st = len(ranges) - n_curr
     total = torch.zeros(len(ranges))
     count = 0
     for i, hit in enumerate(hits):
         if hit != 1:
             continue
-        r0, r1 = ranges[words[curr_st + i]]  # list indexing as the code's attns[curr_st + i]
+        r0, r1 = ranges[curr_st + i]  # list indexing (a negative index too) as the code's attns[curr_st + i]
         att = torch.zeros(length)
         for t in range(r0, r1 + 1):
             if t == 0:

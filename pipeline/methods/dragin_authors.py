@@ -8,7 +8,8 @@ What this setting does as the authors' code does:
   in the round right after a retrieval only, "Context:\\n" with "[i] <passage text>" lines and `context_outro`,
   then the question in `case_template` and the answer so far (joined as each class of the code joins it).
 - Each round generates `max_tokens` greedy tokens with no stop string; the answer grows by whole rounds; an
-  output the model ended holds the end-of-sequence token's text (the code decodes its ids with special tokens).
+  output is its ids decoded with their special tokens (`SamplingSpec.special_text`), the end token's too, as the
+  code decodes them.
 - A question ends when its answer holds "the answer is", stops growing, or passes `max_tokens` tokens.
 - DRAGIN (AttnWeightRAG) weighs each word of a round by the code's attention and entropy and asks its
   real-words query (`attn_modifier`, pipeline/backends/authors_attention.py), not dynrag's RIND and QFS.
