@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,8 +30,20 @@ def fake_gpu_cluster(workers: int, **node) -> Iterator:
     try:
         yield c
     finally:
+        _let_streams_end(30.0)
         ray.shutdown()
         c.shutdown()
+
+
+def _let_streams_end(timeout_s: float) -> None:
+    """Wait for a job's stream threads (the supervisor's reader, Ray Data's executor) to end before Ray shuts
+    down under them: a job that failed may leave them ending for a few seconds."""
+    import threading
+
+    deadline = time.monotonic() + timeout_s
+    for t in threading.enumerate():
+        if t.name == "dynrag-stream" or t.name.startswith("StreamingExecutor"):
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 def run_job(
