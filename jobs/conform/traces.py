@@ -2,7 +2,8 @@
 
 A trace is the question's events in order: `generate` (the prompt's hash and text, the output) and `retrieve`
 (the query, the passage ids). A side's *decisions* are its retrievals: where each happened (the answer the method
-had accepted by then, read from the next prompt as the text after its last "Answer:"), the query and the ids.
+had accepted by then, read from the next prompt as the text after its last "Answer:"), the query and the ids;
+and, where a row has `kept` (ERM4's Knowledge Filter), the titles the filter kept.
 Two sides make the same decisions when those lists are equal; the same prediction when the answers are equal
 after SQuAD normalisation. The first divergence is the first event that differs: its kind, a call's prompt or
 output, a retrieval's query or passages.
@@ -87,6 +88,8 @@ def compare(ref: dict, ours: dict) -> dict[str, Any]:
         out["reference_error"], out["dynrag_error"] = ref.get("error"), ours.get("error")
         return out
     rd, od = decisions(ref["events"]), decisions(ours["events"])
+    if "kept" in ref or "kept" in ours:  # what a knowledge filter kept is a decision too (ERM4)
+        rd, od = rd + [{"kept": ref.get("kept")}], od + [{"kept": ours.get("kept")}]
     out["same_decisions"] = rd == od
     out["same_prediction"] = normalize_answer(ref["prediction"]) == normalize_answer(ours["prediction"])
     out["retrievals"] = {"reference": len(rd), "dynrag": len(od)}

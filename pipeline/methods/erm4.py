@@ -80,7 +80,10 @@ from pipeline.engine.requests import (
     SamplingSpec,
     Score,
 )
+from pipeline.methods import erm4_authors
 from pipeline.methods import reservoir as _reservoir  # noqa: F401  (registers the "reservoir" backend)
+from pipeline.methods.erm4_authors import SWITCH as AUTHORS_SWITCH
+from pipeline.methods.erm4_authors import AuthorsErm4
 from pipeline.methods.prompts import extract_answer
 from pipeline.methods.registry import MethodError, MethodParams, register_method
 from pipeline.methods.window import fit_generate, full, too_long
@@ -314,6 +317,7 @@ class RewriteReadParams(MethodParams):
 
 class RewriterPlusParams(RewriteReadParams):
     max_queries: int = Field(5, ge=1, le=20, description="queries of Q kept (the paper's examples use 3)")
+    authors: AuthorsErm4 | None = Field(None, description=AUTHORS_SWITCH)
 
 
 class Erm4Params(RewriterPlusParams):
@@ -431,6 +435,8 @@ def rewrite_retrieve_read(q: Question, p: RewriteReadParams):
     description="ERM4 config (iii): Query Rewriter+ (s and queries Q), retrieve per query, read s",
 )
 def erm4_rewriter(q: Question, p: RewriterPlusParams):
+    if p.authors is not None:
+        return (yield from erm4_authors.program(q, p.authors.model_copy(update={"filter_prompt": None}), p.retriever))
     s, queries, parsed = yield from _rewrite_plus(q, p)
     lists = yield Retrieve(queries, k=p.k, retriever=p.retriever, step="external")
     knowledge = mixed_order(lists, p.max_knowledge)
@@ -470,6 +476,8 @@ def knowledge_filter(s: str, knowledge: list[Hit], p: Erm4Params) -> Generator[R
     description="ERM4: Rewriter+, trigger over the memory reservoir, retrieve, NLI filter, read s",
 )
 def erm4(q: Question, p: Erm4Params):
+    if p.authors is not None:  # their main.py: no reservoir, the filter always on
+        return (yield from erm4_authors.program(q, p.authors, p.retriever))
     s, queries, parsed = yield from _rewrite_plus(q, p)
     memory: dict[int, list[Hit]] = {}
     pops: list[int] = []

@@ -1,0 +1,138 @@
+"""ERM4 in the authors' setting (`authors: {...}` in erm4's or erm4-rewriter's parameters): the flow of their
+code (github.com/Ancientshi/ERM4 at a732ed7: main.py's loop over Components.py's QuestionRewriter,
+KnowledgeRetriever, KnowledgeFilter and Reader) with the prompt files of their `Prompt/` folder, which
+`dynrag conform` hands over from the checkout (they are CC BY-NC-SA: read at run time, never copied here).
+
+Where it differs from dynrag's ERM4 (pipeline/methods/erm4.py, a reading of the paper):
+- the rewriter answers in JSON ({"Rewritten Question": [...], "Query": [...]}); the rewritten question read is
+  its items joined by spaces (a string's characters, where the model gives one string);
+- knowledge is a dict keyed by title, in the order the queries' results come (not mixed order, no cap): a
+  later passage of the same title replaces the text of an earlier one and keeps its place;
+- the filter judges each instance against the *original* question (main.py passes it), one JSON answer each,
+  and keeps those whose "NLI result" is exactly "entailment" (no back-off: nothing kept reads no knowledge);
+- the reader gets the rewritten question and the kept knowledge as "[Source i]" blocks; its answer is the JSON
+  it returns (a list of answers, joined) or, where that does not parse, its text;
+- no memory reservoir or trigger: main.py never calls the trigger (shell/ERM4.sh: trigger=none), and its
+  embedder (`sentence2embedding`) is commented out in utils.py.
+An output the code's `json.loads` cannot read ends the question with the error the code raises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.engine.requests import Answer, Generate, Prompt, Question, Request, Retrieve, SamplingSpec
+from pipeline.methods.registry import MethodError
+
+SWITCH = (
+    "the authors' setting: their code's flow with these prompt texts (their Prompt/ files; `dynrag conform` "
+    "reads them from a checkout); None: dynrag's reading of the paper"
+)
+
+
+class AuthorsErm4(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rewriter_prompt: str = Field(description="the rewriter's prompt, with {Original_Question}")
+    filter_prompt: str | None = Field(
+        None, description="the Knowledge Filter's prompt, with {Question} and {External_Knowledge}; None: no filter"
+    )
+    reader_prompt: str = Field(description="the reader's prompt, with {Question} and {External_Knowledge}")
+    page_num: int = Field(5, ge=1, description="results per query (their config.py --page_num)")
+    max_tokens: int = Field(
+        256, ge=1, description="new tokens per call (their API calls set none; the serving side caps them)"
+    )
+
+
+def _ask(prompts: list[Prompt], a: AuthorsErm4, stage: str) -> Generator[Request, Any, list[str]]:
+    """Each prompt as the one user message of a chat, greedy (their t=0.0)."""
+    outs = yield Generate(prompts, sampling=SamplingSpec(max_tokens=a.max_tokens), stage=stage)
+    return [o.text for o in outs]
+
+
+def rewritten_and_queries(text: str) -> tuple[str, Any]:
+    """QuestionRewriter.rewrite's reading of its output, and main.py's join of the rewritten questions."""
+    d = json.loads(text)
+    try:
+        rewritten = d["Rewritten Input"]
+    except Exception:
+        rewritten = d["Rewritten Question"]
+    return " ".join(rewritten), d["Query"]
+
+
+def knowledge_by_title(hit_lists: list) -> dict[str, str]:
+    """KnowledgeRetriever.retrieve with summary=True: title -> snippet, the queries' results in order."""
+    out: dict[str, str] = {}
+    for hits in hit_lists:
+        for h in hits:
+            out[h.title] = h.text
+    return out
+
+
+def filled(prompt: str, **slots: str) -> str:
+    """str.replace of each {slot} in the order given, as their code formats its prompts."""
+    for k, v in slots.items():
+        prompt = prompt.replace("{" + k + "}", v)
+    return prompt
+
+
+def knowledge_block(knowledge: dict[str, str]) -> str:
+    """Reader.read's rendering of the external knowledge."""
+    return "".join(
+        f"\t[Source {i}]\n\t\tTitle: {title}\n\t\tContent: {content}\n\n"
+        for i, (title, content) in enumerate(knowledge.items())
+    )
+
+
+def reader_result(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except Exception:
+        return text
+
+
+def prediction_of(result: Any) -> str:
+    """The parsed answer list's items joined (their evaluation reads each item), else the text."""
+    if isinstance(result, list):
+        return " ".join(str(x) for x in result)
+    return result if isinstance(result, str) else json.dumps(result)
+
+
+def program(q: Question, a: AuthorsErm4, retriever: str | None) -> Generator[Request, Any, Answer]:
+    prompt = filled(a.rewriter_prompt, Original_Question=q.question)
+    text = (yield from _ask([prompt], a, "rewrite"))[0]
+    try:
+        rewritten, queries = rewritten_and_queries(text)
+        queries = list(queries)  # their loop iterates it: a string's characters, a dict's keys
+    except Exception as err:  # the code raises here too: the question ends
+        raise MethodError(f"erm4 (authors' setting): the rewriter's output is not their JSON: {err!r}") from err
+    lists = (yield Retrieve(queries, k=a.page_num, retriever=retriever, step="external")) if queries else []
+    knowledge = knowledge_by_title(lists)
+    titles = list(knowledge)
+    if a.filter_prompt is not None and knowledge:
+        prompts: list[Prompt] = [
+            filled(a.filter_prompt, Question=q.question, External_Knowledge=c) for c in knowledge.values()
+        ]
+        judged = yield from _ask(prompts, a, "filter")
+        try:
+            labels = [json.loads(t)["NLI result"] for t in judged]
+        except Exception as err:
+            raise MethodError(f"erm4 (authors' setting): a filter output is not their JSON: {err!r}") from err
+        knowledge = {t: c for (t, c), lab in zip(knowledge.items(), labels) if lab == "entailment"}
+    block = knowledge_block(knowledge)
+    reader = filled(a.reader_prompt, Question=rewritten, External_Knowledge=block)
+    out = (yield from _ask([reader], a, "answer"))[0]
+    result = reader_result(out)
+    by_title = {h.title: h for hits in lists for h in hits}
+    extra = {"rewritten": rewritten, "queries": queries, "retrieved_titles": titles, "kept": list(knowledge)}
+    return Answer(
+        prediction_of(result),
+        json.dumps(result),
+        used_docs=[by_title[t] for t in knowledge],
+        retrieval_triggered=bool(queries),
+        extra=extra,
+    )

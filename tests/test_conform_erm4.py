@@ -1,0 +1,147 @@
+"""ERM4 in the authors' setting (pipeline/methods/erm4_authors.py) and its `dynrag conform` harness
+(jobs/conform/erm4.py, erm4_driver.py): their code's flow on worked examples, the OpenAI-shaped endpoint the
+reference's LLM calls reach, and the driver's Bing stand-in. The prompts here are made up: theirs are read from a
+checkout at run time (CC BY-NC-SA)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from fakes import MemoryRetriever
+
+from jobs.conform import erm4_driver, traces
+from jobs.conform.erm4 import serve_llm
+from jobs.conform.run import serve_retrieval
+from pipeline.backends import Backends
+from pipeline.config import DynragConfig
+from pipeline.engine.core import Engine
+from pipeline.engine.requests import Completion, Question
+from pipeline.methods.registry import get_method
+
+PASSAGES = [
+    ("p1", "Titanic", "Titanic won Best Picture at the 1998 Academy Awards."),
+    ("p2", "James Cameron", "James Cameron directed Titanic."),
+    ("p3", "Titanic", "Titanic is a 1997 film directed by James Cameron."),
+    ("p4", "Rome", "Rome is the capital of Italy."),
+]
+AUTHORS = {
+    "rewriter_prompt": "Rewrite: {Original_Question} as JSON",
+    "filter_prompt": "Knowledge: {External_Knowledge}\nQ: {Question}\nNLI as JSON",
+    "reader_prompt": "Q: {Question}\nK:\n{External_Knowledge}Answer as a JSON list",
+    "page_num": 2,
+}
+REWRITE = json.dumps({"Rewritten Question": ["Who directed Titanic?", "Which film?"], "Query": ["Titanic", "Cameron"]})
+
+
+class Script:
+    """Replies in order; records each prompt."""
+
+    def __init__(self, replies: list[str]):
+        self.replies, self.prompts = list(replies), []
+
+    def generate(self, prompts, samplings, chats):
+        self.prompts += prompts
+        return [Completion(self.replies.pop(0), 1, 5, "stop", None, [1] * 5) for _ in prompts]
+
+
+def run(method: str, replies: list[str], question: str = "who made titanic"):
+    script = Script(replies)
+    backends = Backends(DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES))
+    spec = get_method(method)
+    out = Engine(backends).run([Question("q1", question)], spec.program, spec.params({"authors": AUTHORS}))[0]
+    return out, script.prompts
+
+
+def test_erm4_in_the_authors_setting_follows_their_code_step_by_step():
+    nli = [json.dumps({"NLI result": r}) for r in ("entailment", "neutral")]
+    out, prompts = run("erm4", [REWRITE, *nli, '["James Cameron"]'])
+    assert out.error is None, out.error
+    assert prompts[0] == "Rewrite: who made titanic as JSON"
+    # knowledge is title -> text in the order the queries' results come: query "Titanic" finds p1 then p3 (same
+    # title: p3's text replaces p1's and keeps its place), "Cameron" finds p2 then p3 (Titanic again)
+    titanic = "Titanic is a 1997 film directed by James Cameron."
+    assert out.answer.extra["retrieved_titles"] == ["Titanic", "James Cameron"]
+    # one filter prompt per title, each with the *original* question (main.py passes it)
+    assert prompts[1] == f"Knowledge: {titanic}\nQ: who made titanic\nNLI as JSON"
+    assert prompts[2] == "Knowledge: James Cameron directed Titanic.\nQ: who made titanic\nNLI as JSON"
+    # only "entailment" is kept; the reader reads the rewritten questions joined by a space
+    reader = prompts[-1]
+    assert reader == (
+        "Q: Who directed Titanic? Which film?\nK:\n"
+        f"\t[Source 0]\n\t\tTitle: Titanic\n\t\tContent: {titanic}\n\nAnswer as a JSON list"
+    )
+    assert out.answer.extra["kept"] == ["Titanic"] and [h.id for h in out.answer.used_docs] == ["p3"]
+    assert out.answer.prediction == "James Cameron" and out.answer.raw_output == '["James Cameron"]'
+
+
+def test_erm4_rewriter_in_the_authors_setting_reads_everything_retrieved():
+    out, prompts = run("erm4-rewriter", [REWRITE, "James Cameron, surely"])
+    assert out.error is None, out.error
+    assert len(prompts) == 2 and "[Source 1]" in prompts[1] and "Title: James Cameron" in prompts[1]
+    # an answer that is not JSON is kept as its text (Reader.read's fallback)
+    assert out.answer.prediction == "James Cameron, surely" and out.answer.extra["kept"] == ["Titanic", "James Cameron"]
+
+
+def test_a_rewritten_question_given_as_one_string_is_joined_by_characters_as_their_code_does():
+    rewrite = json.dumps({"Rewritten Input": "Who?", "Query": []})
+    out, prompts = run("erm4", [rewrite, '["x"]'])
+    assert out.error is None, out.error
+    assert prompts[-1].startswith("Q: W h o ?\nK:\nAnswer") and out.answer.extra["kept"] == []
+
+
+def test_output_their_json_reading_refuses_ends_the_question_with_an_error_row():
+    out, _ = run("erm4", ["Rewritten: who made it; queries: titanic"])
+    assert out.answer is None and "not their JSON" in str(out.error)
+    out, _ = run("erm4", [REWRITE, "entailment", "x"])
+    assert out.answer is None and "filter output" in str(out.error)
+
+
+def test_the_filter_s_kept_titles_are_decisions():
+    ref = {"id": "q", "events": [], "prediction": "x", "kept": ["A", "B"]}
+    same = traces.compare(ref, {**ref})
+    other = traces.compare(ref, {**ref, "kept": ["A"]})
+    assert same["same_decisions"] and not other["same_decisions"] and other["same_prediction"]
+
+
+def test_the_reference_s_llm_calls_and_searches_reach_dynrag_s_backends():
+    """The endpoint answers OpenAI's chat shape from the generator (one user message: the prompt as dynrag
+    asks it); the driver's searchbing returns the retriever's passages in Bing's shape and traces them."""
+    script = Script(['{"NLI result":"entailment"}'])
+    backends = Backends(DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES))
+    llm, retrieval = serve_llm(backends, 16), serve_retrieval(backends)
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "judge"}], "temperature": 0.0, "n": 1}
+        url = f"http://127.0.0.1:{llm.server_address[1]}/v1/chat/completions"
+        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req) as r:
+            answer = json.loads(r.read())["choices"][0]["message"]["content"]
+        assert answer == '{"NLI result":"entailment"}' and script.prompts == ["judge"]
+        erm4_driver.TRACE.clear()
+        found = erm4_driver.search_with(f"http://127.0.0.1:{retrieval.server_address[1]}/")("Rome capital", 1)
+        assert found == {"webPages": {"value": [{"name": "Rome", "url": "p4", "snippet": PASSAGES[3][2]}]}}
+        assert erm4_driver.TRACE == [{"kind": "retrieve", "query": "Rome capital", "ids": ["p4"]}]
+    finally:
+        llm.shutdown()
+        retrieval.shutdown()
+
+
+def test_the_driver_redirects_only_openai_s_url():
+    import types
+
+    utils = types.SimpleNamespace()
+    erm4_driver.redirect_transport(utils, "http://127.0.0.1:9/v1")
+    sent = []
+    real = erm4_driver.__dict__.get("requests")
+    assert real is None  # the driver imports requests inside, for the reference's venv
+    import requests
+
+    orig = requests.post
+    requests.post = lambda url, *a, **k: sent.append(url)
+    try:
+        utils.requests.post("https://api.openai.com/v1/chat/completions", json={})
+        utils.requests.post("https://example.org/x", json={})
+    finally:
+        requests.post = orig
+    assert sent == ["http://127.0.0.1:9/v1/chat/completions", "https://example.org/x"]
+    assert utils.ClientSession.__mro__[1].__name__ == "ClientSession"
