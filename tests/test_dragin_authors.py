@@ -111,6 +111,27 @@ def test_special_text_is_the_decode_of_the_generated_ids_special_tokens_kept(tin
     assert kept.text != plain.text
 
 
+def test_with_special_text_an_ended_output_s_logprobs_hold_the_end_token_as_its_text_does(tiny):
+    """DRAGIN's TokenRAG walks `tokenizer.decode(t)` of every generated id, the end token's too, with its logprob
+    (FLARE's sentence mean includes it). The tiny model's first greedy token stands in for its end token."""
+    hf, _ = tiny
+    prompt = "Question: who wrote the novel?\nAnswer:"
+    spec = SamplingSpec(max_tokens=4, temperature=0.0, logprobs=1)
+    first = hf.generate([prompt], [spec], [False])[0]
+    eos = hf.tokenizer.eos_token_id
+    hf.tokenizer.eos_token_id = first.token_ids[0]
+    try:
+        kept, plain = (
+            hf.generate([prompt], [SamplingSpec(max_tokens=4, temperature=0.0, logprobs=1, special_text=s)], [False])[0]
+            for s in (True, False)
+        )
+    finally:
+        hf.tokenizer.eos_token_id = eos
+    assert kept.finish_reason == "stop" and kept.token_ids == plain.token_ids == []
+    assert plain.logprobs == [] and len(kept.logprobs) == 1
+    assert kept.logprobs[0].token == kept.text and kept.logprobs[0].logprob == pytest.approx(first.logprobs[0].logprob)
+
+
 def test_entropy_per_step_is_the_codes_over_the_scores_the_generator_chose_from(tiny):
     from scipy.special import softmax
 

@@ -53,9 +53,14 @@ def redirect_transport(utils, llm_url: str) -> None:
     shim.post = lambda url, *a, **k: requests.post(to_harness(url), *a, **k)
     utils.requests = shim
 
-    class ClientSession(aiohttp.ClientSession):
-        def post(self, url, *a, **k):
-            return super().post(to_harness(url), *a, **k)
+    import warnings
+
+    with warnings.catch_warnings():  # aiohttp discourages subclassing; this one changes the URL only
+        warnings.simplefilter("ignore", DeprecationWarning)
+
+        class ClientSession(aiohttp.ClientSession):
+            def post(self, url, *a, **k):
+                return super().post(to_harness(url), *a, **k)
 
     utils.ClientSession = ClientSession  # the import utils.py has commented out
 

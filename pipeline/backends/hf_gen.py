@@ -117,9 +117,11 @@ class HfGenerator:
                 gen = gen[: next((k + 1 for k, (_, e) in enumerate(spans) if e >= stop_end), len(gen))]
                 spans = clip(spans[: len(gen)], len(text))
             lps = None
-            if spec.logprobs:
+            if spec.logprobs:  # with special_text, the end token's step too, as the text then holds it
                 lps = []
-                for step, tid in enumerate(gen):
+                for step, tid in enumerate(
+                    gen + ([eos] if spec.special_text and finish == "stop" and not stopped else [])
+                ):
                     logp = torch.log_softmax(out.scores[step][row].float(), -1)
                     top = torch.topk(logp, spec.logprobs)
                     lps.append(

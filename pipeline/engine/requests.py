@@ -36,7 +36,7 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None  # top-k logprobs per generated token
     token_spans: bool = False  # also each generated token's character span in the text (Completion.token_spans)
-    special_text: bool = False  # the text as `tokenizer.decode` of the generated ids gives it, special tokens kept
+    special_text: bool = False  # the text as `tokenizer.decode` of the generated ids gives it, special tokens kept (and, on transformers, the end token's logprob after the others)
     # (the end-of-sequence token's too, where the model ended): DRAGIN's code reads its outputs so
     prompt_logprobs: int | None = None
     entropy: bool = False  # also each step's entropy over the whole vocabulary (Completion.entropies; the
