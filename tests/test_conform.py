@@ -91,6 +91,18 @@ def test_reference_errors_are_counted_not_compared():
     assert [d["id"] for d in s["differing"]] == ["a"]
 
 
+def test_both_sides_failing_after_the_same_events_is_counted():
+    before = [gen("Rewrite Q", "not json")]
+    rows = [
+        traces.compare({"id": "a", "error": "E", "events": before}, {"id": "a", "error": "E'", "events": before}),
+        traces.compare(
+            {"id": "b", "error": "E", "events": before}, {"id": "b", "error": "E", "events": [gen("Rewrite Q", "x")]}
+        ),
+    ]
+    s = traces.summary(rows)
+    assert (s["reference_errors"], s["dynrag_errors"], s["both_errors_after_the_same_events"]) == (2, 2, 1)
+
+
 # -- the harness's reference process ----------------------------------------------------------------------
 def scripted_driver(tmp_path: Path, body: str) -> Path:
     """A python that runs `body` instead of the driver (argv[1]: -P, argv[2]: the driver, argv[3]: the job)."""

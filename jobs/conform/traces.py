@@ -86,6 +86,8 @@ def compare(ref: dict, ours: dict) -> dict[str, Any]:
     if ref.get("error") or ours.get("error"):
         out.update(same_decisions=False, same_prediction=False)
         out["reference_error"], out["dynrag_error"] = ref.get("error"), ours.get("error")
+        if ref.get("error") and ours.get("error"):  # both ended: after the same events?
+            out["same_events_before_errors"] = first_divergence(ref["events"], ours["events"]) is None
         return out
     rd, od = decisions(ref["events"]), decisions(ours["events"])
     if "kept" in ref or "kept" in ours:  # what a knowledge filter kept is a decision too (ERM4)
@@ -107,5 +109,6 @@ def summary(per_question: list[dict]) -> dict[str, Any]:
         "same_predictions": sum(bool(q["same_prediction"]) for q in per_question),
         "reference_errors": sum(bool(q.get("reference_error")) for q in per_question),
         "dynrag_errors": sum(bool(q.get("dynrag_error")) for q in per_question),
+        "both_errors_after_the_same_events": sum(bool(q.get("same_events_before_errors")) for q in per_question),
         "differing": [q for q in per_question if not (q["same_decisions"] and q["same_prediction"])],
     }
