@@ -145,3 +145,13 @@ def test_the_driver_redirects_only_openai_s_url():
         requests.post = orig
     assert sent == ["http://127.0.0.1:9/v1/chat/completions", "https://example.org/x"]
     assert utils.ClientSession.__mro__[1].__name__ == "ClientSession"
+
+
+def test_unfence_reads_one_markdown_code_block_as_its_content():
+    from pipeline.methods.erm4_authors import unfenced
+
+    assert unfenced('```json\n{"Query": ["a"]}\n```') == '{"Query": ["a"]}'
+    assert unfenced('```\n["x"]\n```\n') == '["x"]'
+    assert unfenced('["x"]') == '["x"]'
+    two = "```json\n{}\n```\ntext\n```\n[]\n```"
+    assert unfenced(two) == two  # more than one block: as it is

@@ -7,6 +7,9 @@ dynrag's side runs erm4 in the authors' setting (pipeline/methods/erm4_authors.p
 same generator, one prompt at a time (`generation.batch_size=1`), so each of its calls computes exactly as the
 served one. The reference's prompt files and options are those of their HotpotQA run: `Prompt/*hotpot*` and
 config.py's defaults (page_num 5); their API calls set no token limit, so both sides stop at `MAX_TOKENS`.
+`--unfence`: their code reads each answer with `json.loads`, as the API model of their time gave it; a small
+instruct model wraps it in a markdown code block (Qwen2.5-0.5B) and every question would end at the rewriter. With
+it, an answer that is one code block counts as its content, on both sides alike.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ MAX_TOKENS = 256
 DRIVER = Path(__file__).with_name("erm4_driver.py")
 
 
-def serve_llm(backends, max_tokens: int) -> ThreadingHTTPServer:
+def serve_llm(backends, max_tokens: int, unfence: bool = False) -> ThreadingHTTPServer:
     """POST /v1/chat/completions {messages, temperature} -> {choices: [{message: {content}}]}, greedy, from
-    `backends`' generator, one request at a time; a single user message is the prompt as dynrag asks it."""
+    `backends`' generator, one request at a time; a single user message is the prompt as dynrag asks it.
+    `unfence`: an answer that is one markdown code block is sent as its content."""
     from pipeline.engine.requests import SamplingSpec
+    from pipeline.methods.erm4_authors import unfenced
 
     lock = threading.Lock()
 
@@ -46,7 +51,8 @@ def serve_llm(backends, max_tokens: int) -> ThreadingHTTPServer:
             if isinstance(out, BaseException):
                 self.send_error(500, repr(out))
                 return
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": out.text}}]}).encode()
+            text = unfenced(out.text) if unfence else out.text
+            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -70,7 +76,9 @@ def checkout_of(source: str) -> dict[str, str]:
     return git_info(path)
 
 
-def conform_erm4(cfg, method: str, source: str, dataset: str, index: str, limit: int, log, model_dtype: str) -> dict:
+def conform_erm4(
+    cfg, method: str, source: str, dataset: str, index: str, limit: int, log, model_dtype: str, unfence: bool = False
+) -> dict:
     import tempfile
 
     from jobs.conform import traces
@@ -91,7 +99,7 @@ def conform_erm4(cfg, method: str, source: str, dataset: str, index: str, limit:
     gen = cfg.generation.model_copy(update={"model": model, "batch_size": 1})
     same = cfg.model_copy(update={"generation": gen})
     backends = Backends(same, index)
-    retrieval, llm = serve_retrieval(backends), serve_llm(backends, MAX_TOKENS)
+    retrieval, llm = serve_retrieval(backends), serve_llm(backends, MAX_TOKENS, unfence)
     argv = ["--question_rewritter_prompt", str(Path(ref["path"]) / PROMPTS["rewriter"])]
     argv += ["--knowledge_filter_prompt", str(Path(ref["path"]) / PROMPTS["filter"])]
     argv += ["--reader_prompt", str(Path(ref["path"]) / PROMPTS["reader"]), "--dataset", "hotpot"]
@@ -105,6 +113,7 @@ def conform_erm4(cfg, method: str, source: str, dataset: str, index: str, limit:
                 "argv": argv,
                 "filter": use_filter,
                 "max_tokens": MAX_TOKENS,
+                "unfence": unfence,
                 "model": model,
                 "questions": [{"id": q.id, "question": q.question} for q in questions],
                 "retrieval_url": f"http://127.0.0.1:{retrieval.server_address[1]}/",
@@ -120,6 +129,7 @@ def conform_erm4(cfg, method: str, source: str, dataset: str, index: str, limit:
             "reader_prompt": texts["reader"],
             "page_num": PAGE_NUM,
             "max_tokens": MAX_TOKENS,
+            "unfence": unfence,
         }
         log(f"dynrag: {len(questions)} questions, {method} in the authors' setting")
         ours = run_dynrag(backends, questions, method, {"authors": authors, "retriever": "bm25"})
@@ -135,5 +145,6 @@ def conform_erm4(cfg, method: str, source: str, dataset: str, index: str, limit:
         **traces.summary(per_q),
         "seconds_per_question": {"reference": mean_seconds(ref_rows), "dynrag": mean_seconds(ours)},
         "max_tokens": MAX_TOKENS,
+        "unfence": unfence,
         "load_average": os.getloadavg()[0],
     }

@@ -72,6 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="float32 (default): both sides load a float32 copy of the model's weights, made once in the cache "
         "(bfloat16 casts exactly), which a CPU runs faster; checkpoint: the dtype the checkpoint stores",
     )
+    p.add_argument(
+        "--unfence",
+        action="store_true",
+        help="erm4: an LLM answer that is one markdown code block counts as its content, on both sides (their "
+        "code json.loads each answer; small instruct models fence their JSON)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_config_args(p)
     p.set_defaults(func=run)
@@ -391,7 +397,9 @@ def run(args: argparse.Namespace) -> None:
     if args.method in ("erm4", "erm4-rewriter"):
         from jobs.conform.erm4 import conform_erm4
 
-        r = conform_erm4(cfg, args.method, args.reference_source, dataset, index, args.limit, log, args.model_dtype)
+        r = conform_erm4(
+            cfg, args.method, args.reference_source, dataset, index, args.limit, log, args.model_dtype, args.unfence
+        )
     else:
         r = conform(
             cfg,

@@ -46,12 +46,25 @@ class AuthorsErm4(BaseModel):
     max_tokens: int = Field(
         256, ge=1, description="new tokens per call (their API calls set none; the serving side caps them)"
     )
+    unfence: bool = Field(
+        False,
+        description="an output that is one markdown code block counts as its content (`dynrag conform "
+        "--unfence`: the served model answers raw JSON, as their prompts ask and their API model did)",
+    )
 
 
 def _ask(prompts: list[Prompt], a: AuthorsErm4, stage: str) -> Generator[Request, Any, list[str]]:
     """Each prompt as the one user message of a chat, greedy (their t=0.0)."""
     outs = yield Generate(prompts, sampling=SamplingSpec(max_tokens=a.max_tokens), stage=stage)
-    return [o.text for o in outs]
+    return [unfenced(o.text) if a.unfence else o.text for o in outs]
+
+
+def unfenced(text: str) -> str:
+    """The content of an output that is one markdown code block ("```json\n{...}\n```"), else the output."""
+    t = text.strip()
+    if t.startswith("```") and t.endswith("```") and t.count("```") == 2 and "\n" in t:
+        return t[3:-3].split("\n", 1)[1].strip()
+    return text
 
 
 def rewritten_and_queries(text: str) -> tuple[str, Any]:
