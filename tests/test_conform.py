@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fakes import MemoryRetriever
 
+from jobs.conform import harness, traces
 from jobs.conform import run as conform_run
-from jobs.conform import traces
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
@@ -127,7 +127,7 @@ def job(tmp_path: Path, commit: str = "abc") -> dict:
 def test_a_failing_reference_stops_with_its_own_error(tmp_path):
     py = scripted_driver(tmp_path, "raise SystemExit('elasticsearch is not running')\n")
     with pytest.raises(SystemExit, match="elasticsearch is not running"):
-        conform_run.run_reference(py, job(tmp_path), tmp_path, log=lambda m: None)
+        harness.run_reference(py, job(tmp_path), tmp_path, lambda m: None, conform_run.DRIVER)
 
 
 ANSWERING = (  # a reference that answers every question it is given with its id, and logs which it got
@@ -142,14 +142,16 @@ ANSWERING = (  # a reference that answers every question it is given with its id
 def test_reference_rows_are_cached_per_question(tmp_path):
     py = scripted_driver(tmp_path, ANSWERING)
     one = job(tmp_path)
-    setup, rows = conform_run.run_reference(py, one, tmp_path, log=lambda m: None)
+    setup, rows = harness.run_reference(py, one, tmp_path, lambda m: None, conform_run.DRIVER)
     assert setup["fewshot"] == "F" and [r["prediction"] for r in rows] == ["q1"]
     two = {**one, "questions": [{"id": "q0", "question": "Q0?"}, *one["questions"]]}
-    _, rows = conform_run.run_reference(py, two, tmp_path, log=lambda m: None)
+    _, rows = harness.run_reference(py, two, tmp_path, lambda m: None, conform_run.DRIVER)
     assert [r["prediction"] for r in rows] == ["q0", "q1"]  # in the order asked
     asked = (tmp_path / "out.jsonl.asked").read_text().split("\n")
     assert asked[:2] == ["q1", "q0"]  # the second run asked the reference for the new question only
-    conform_run.run_reference(py, {**two, "commit": "def"}, tmp_path, log=lambda m: None)  # other code: again
+    harness.run_reference(
+        py, {**two, "commit": "def"}, tmp_path, lambda m: None, conform_run.DRIVER
+    )  # other code: again
     assert (tmp_path / "out.jsonl.asked").read_text().split("\n")[2] == "q0 q1"
 
 
@@ -350,13 +352,13 @@ def test_the_float32_copy_holds_the_same_weights_and_says_float32(tmp_path, tmp_
     config = json.loads((bf16 / "config.json").read_text())
     (bf16 / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
 
-    copy = Path(conform_run.float32_copy(str(bf16), str(tmp_path / "cache")))
+    copy = Path(harness.float32_copy(str(bf16), str(tmp_path / "cache")))
     assert copy != bf16 and json.loads((copy / "config.json").read_text())["dtype"] == "float32"
     cast = load_file(copy / "model.safetensors")
     assert all(cast[k].dtype == torch.float32 and torch.equal(cast[k], v.float()) for k, v in weights.items())
     assert {f.name for f in copy.iterdir()} == {f.name for f in bf16.iterdir()}  # tokenizer and the rest beside
-    assert conform_run.float32_copy(str(bf16), str(tmp_path / "cache")) == str(copy)  # made once
-    assert conform_run.float32_copy(str(copy), str(tmp_path / "cache")) == str(copy)  # float32 already
+    assert harness.float32_copy(str(bf16), str(tmp_path / "cache")) == str(copy)  # made once
+    assert harness.float32_copy(str(copy), str(tmp_path / "cache")) == str(copy)  # float32 already
 
 
 def test_every_search_of_dynrags_side_is_traced_though_the_backends_cache_queries():
@@ -365,7 +367,7 @@ def test_every_search_of_dynrags_side_is_traced_though_the_backends_cache_querie
     backends = Backends(DynragConfig(), generator=Script(["x"] * 4), retriever=MemoryRetriever(PASSAGES))
     assert backends.search_cache is not None  # the default: a cache
     qs = [Question(f"q{i}", "Who directed Titanic?", dataset="hotpotqa") for i in range(2)]
-    rows = conform_run.run_dynrag(backends, qs, "sr-rag", {"k": 1})
+    rows = harness.run_dynrag(backends, qs, "sr-rag", {"k": 1})
     assert [[e["query"] for e in r["events"] if e["kind"] == "retrieve"] for r in rows] == [
         ["Who directed Titanic?"],
         ["Who directed Titanic?"],

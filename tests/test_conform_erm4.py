@@ -12,7 +12,7 @@ from fakes import MemoryRetriever
 
 from jobs.conform import erm4_driver, traces
 from jobs.conform.erm4 import serve_llm
-from jobs.conform.run import serve_retrieval
+from jobs.conform.harness import serve_retrieval
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine

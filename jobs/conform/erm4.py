@@ -68,7 +68,7 @@ def serve_llm(backends, max_tokens: int, unfence: bool = False) -> ThreadingHTTP
 
 
 def checkout_of(source: str) -> dict[str, str]:
-    from jobs.conform.run import git_info
+    from jobs.conform.harness import git_info
 
     path = Path(source).expanduser().resolve()
     if not (path / "Components.py").is_file():
@@ -83,7 +83,7 @@ def conform_erm4(
 
     from jobs.conform import traces
     from jobs.conform.env import ensure_reference_env
-    from jobs.conform.run import float32_copy, mean_seconds, run_dynrag, run_reference, serve_retrieval
+    from jobs.conform.harness import float32_copy, mean_seconds, run_dynrag, run_reference, serve_retrieval
     from pipeline.assets.models import resolve_model
     from pipeline.backends import Backends
     from pipeline.io.datasets import load_questions
