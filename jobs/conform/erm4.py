@@ -14,11 +14,10 @@ it, an answer that is one code block counts as its content, on both sides alike.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 ERM4_METHODS = {"erm4": True, "erm4-rewriter": False}  # dynrag's method -> the Knowledge Filter on
@@ -36,35 +35,23 @@ def serve_llm(backends, max_tokens: int, unfence: bool = False) -> ThreadingHTTP
     """POST /v1/chat/completions {messages, temperature} -> {choices: [{message: {content}}]}, greedy, from
     `backends`' generator, one request at a time; a single user message is the prompt as dynrag asks it.
     `unfence`: an answer that is one markdown code block is sent as its content."""
+    from jobs.conform.harness import serve_json
     from pipeline.engine.requests import SamplingSpec
     from pipeline.methods.erm4_authors import unfenced
 
     lock = threading.Lock()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            msgs = body["messages"]
-            prompt = msgs[0]["content"] if len(msgs) == 1 and msgs[0]["role"] == "user" else msgs
-            with lock:
-                out = backends.generate([prompt], [SamplingSpec(max_tokens=max_tokens)], [True])[0]
-            if isinstance(out, BaseException):
-                self.send_error(500, repr(out))
-                return
-            text = unfenced(out.text) if unfence else out.text
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def answer(body: dict) -> dict:
+        msgs = body["messages"]
+        prompt = msgs[0]["content"] if len(msgs) == 1 and msgs[0]["role"] == "user" else msgs
+        with lock:
+            out = backends.generate([prompt], [SamplingSpec(max_tokens=max_tokens)], [True])[0]
+        if isinstance(out, BaseException):
+            raise out
+        text = unfenced(out.text) if unfence else out.text
+        return {"choices": [{"message": {"role": "assistant", "content": text}}]}
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+    return serve_json(answer)
 
 
 def checkout_of(source: str) -> dict[str, str]:

@@ -55,15 +55,12 @@ class TracedBackends:
         return hits
 
 
-def serve_retrieval(backends) -> ThreadingHTTPServer:
-    """POST {queries, k} -> {hits: [[{id, title, text}]]} from dynrag's BM25, on a free local port."""
+def serve_json(answer) -> ThreadingHTTPServer:
+    """A local HTTP endpoint on a free port: each POST's JSON body -> `answer(body)`, sent back as JSON."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            hits = backends.search(body["queries"], int(body["k"]), "bm25")
-            out = {"hits": [[{"id": h.id, "title": h.title, "text": h.text} for h in hs] for hs in hits]}
-            data = json.dumps(out).encode()
+            data = json.dumps(answer(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -76,6 +73,16 @@ def serve_retrieval(backends) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def serve_retrieval(backends) -> ThreadingHTTPServer:
+    """POST {queries, k} -> {hits: [[{id, title, text}]]} from dynrag's BM25, on a free local port."""
+
+    def answer(body: dict) -> dict:
+        hits = backends.search(body["queries"], int(body["k"]), "bm25")
+        return {"hits": [[{"id": h.id, "title": h.title, "text": h.text} for h in hs] for hs in hits]}
+
+    return serve_json(answer)
 
 
 def run_reference(py: Path, job: dict, workdir: Path, log, driver: Path) -> tuple[dict, list[dict]]:
