@@ -161,7 +161,11 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
     from indexing.pinning import resolve_version
 
     base, version = resolve_version(root, version)
-    root = Path(base)
+    return read_version_manifest(Path(base), version)
+
+
+def read_version_manifest(root: Path, version: str | None) -> dict:
+    """`read_manifest` of an unpinned `root`."""
     if version is None:
         if not root.is_dir():
             raise IndexingError(f"no index at {root}: the directory does not exist")

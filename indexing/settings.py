@@ -93,6 +93,10 @@ class IndexConfig(Section):
         "to start unless it fits. HNSW and other factories without a GPU index stay on the CPU",
     )
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
+    rrf_k: int = Field(60, ge=1, description="retriever rrf: the constant k of reciprocal rank fusion, 1 / (k + rank)")
+    fusion_depth: int = Field(
+        50, ge=1, description="retriever rrf: hits taken from BM25 and from dense per query before fusing (at least k)"
+    )
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
     keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
     bm25_segments: int = Field(
