@@ -58,6 +58,12 @@ class IndexConfig(Section):
         "of about this many bytes, cut between lines (indexing/readers.py): shards restart at each unit, and a "
         "cluster build runs one task per unit. 0: one unit per file (e.g. a TSV whose quoted fields span lines)",
     )
+    build_workers: int = Field(
+        0,
+        ge=0,
+        description="runtime.mode=local: processes that build work units side by side (one unit's reading beside "
+        "another's embedding and indexing); 0: one a CPU; never more than the units; 1: in the building process",
+    )
     keep_vectors: bool = Field(
         True,
         description="keep each shard's vectors.npy (4 x dim bytes a passage) beside its FAISS index, so that an "
