@@ -316,7 +316,6 @@ class _Builder:
         self.timings["build_units_s"] = time.perf_counter() - t
         metas = self._collect(units, jobs, summaries, results)
         self.extra.update({"tasks_by_node": self.nodes} if ex.records_nodes else {})
-        fault_point("build.passages_staged")
         return metas, sum(r["built"] for r in results.values())
 
     def _scan(

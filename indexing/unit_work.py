@@ -340,6 +340,7 @@ def _build_shard(
         given.save(group, raw, stage)
         out["vectors_taken"] += len(group)
     _tally(out["timings"], {"passages_s": time.perf_counter() - t})
+    fault_point("build.passages_staged")
     if job.dense and not (stage / "vectors.npy").is_file():
         t = time.perf_counter()
         embedded, reused = _stage_vectors(job, stage, meta["key"], {p.id for p in group})
