@@ -226,11 +226,12 @@ class _Builder:
             )
 
     def _executor(self, units: int) -> Executor:
-        """Who runs the unit tasks: a pool of `index.build_workers` processes (0: one a CPU), never more than
-        the units; one worker runs them in this process (cluster_build.py: Ray)."""
+        """Who runs the unit tasks: a pool of `index.build_workers` processes (0: one per `index.threads` CPUs,
+        the threads each unit's Lucene and FAISS work already uses), never more than the units; one worker
+        runs them in this process (cluster_build.py: Ray)."""
         from indexing.executors import LocalExecutor
 
-        workers = self.cfg.index.build_workers or os.cpu_count() or 1
+        workers = self.cfg.index.build_workers or max(1, (os.cpu_count() or 1) // self.cfg.index.threads)
         return LocalExecutor(min(workers, units))
 
     def _job(self, unit: Unit, previous: PreviousUnit | None) -> UnitJob:

@@ -62,7 +62,9 @@ class IndexConfig(Section):
         0,
         ge=0,
         description="runtime.mode=local: processes that build work units side by side (one unit's reading beside "
-        "another's embedding and indexing); 0: one a CPU; never more than the units; 1: in the building process",
+        "another's embedding and indexing); 0: one per index.threads CPUs (one on 2 cores: a unit's Lucene and FAISS "
+        "work already uses both, and two workers measured slower there); never more than the units; 1: in the "
+        "building process",
     )
     keep_vectors: bool = Field(
         True,
