@@ -51,11 +51,9 @@ class Backends:
         scorer: Any = None,
         embedder: Any = None,
         named: dict[str, Any] | None = None,
-        faiss_placement: Any = None,
     ):
         self.cfg = cfg
         self.index_dir = index_dir
-        self.faiss_placement = faiss_placement  # where the index goes (a replica's GPU plan); None: the CPU
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
         # the continuous engine's lanes may build parts at the same time: one lock per part, so a part that
@@ -90,7 +88,7 @@ class Backends:
 
             if not self.index_dir:
                 raise BackendError("this method retrieves: pass --index DIR")
-            return IndexRetriever(self.index_dir, self.cfg, self.faiss_placement)
+            return IndexRetriever(self.index_dir, self.cfg)  # FAISS on the CPU: a GPU plan opens it first
 
         return self._built("_retriever", build)
 
