@@ -100,11 +100,12 @@ class GenerationConfig(Section):
         "runs at most engine_kwargs.max_num_seqs at once",
     )
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
-    streaming: bool = Field(
-        True,
+    streaming: bool | Literal["auto"] = Field(
+        "auto",
         description="vllm: drive vLLM's async engine, each prompt submitted as it "
         "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
-        "batched LLM.generate calls",
+        "batched LLM.generate calls; auto: batched where every method the process runs makes one LLM call a "
+        "question (sr-rag, no-retrieval, DR-RAG's: nothing comes back after it), else streaming",
     )
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
     attention_pass: Literal["incremental", "full"] = Field(
@@ -315,6 +316,18 @@ class AnswerConfig(Section):
         ge=0,
         description="on SIGTERM: admit no more questions, finish those in flight for at most this long, write "
         "every finished answer, exit 130 (a second SIGTERM or Ctrl-C stops at once)",
+    )
+    runs: Literal["concurrent", "sequential"] = Field(
+        "concurrent",
+        description="an experiment's (or eval job's) runs of one dataset: concurrent, answered together through "
+        "one engine (one admission queue; in-process only, runtime.mode=ray runs them in turn); sequential: one "
+        "run after another",
+    )
+    retrieval_cache: int = Field(
+        100_000,
+        ge=0,
+        description="queries whose hits the process keeps (shared by every run and round on the same "
+        "backends; keyed by index version, retriever, query and the search settings; 0: no cache)",
     )
 
 
