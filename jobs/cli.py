@@ -50,8 +50,18 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_sequential_arg(parser: argparse.ArgumentParser) -> None:
+    """`--sequential` of the jobs that answer several runs (answer.runs=sequential)."""
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="answer the runs one after another (default: together, through one engine: answer.runs=concurrent)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> DynragConfig:
-    return load_config(getattr(args, "config", None), getattr(args, "overrides", []))
+    sequential = ["answer.runs=sequential"] if getattr(args, "sequential", False) else []
+    return load_config(getattr(args, "config", None), [*getattr(args, "overrides", []), *sequential])
 
 
 def build_parser() -> argparse.ArgumentParser:

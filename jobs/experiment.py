@@ -3,6 +3,9 @@ indexes built once and cached), then write the evaluation table and the HTML rep
 
     dynrag experiment experiments/drrag_table5.yaml [--set paths.data_dir=...] [--set generation.backend=none]
 
+A dataset's runs are answered together through one engine (answer.runs=concurrent); `--sequential` runs them one
+after another, as before.
+
 The file format is described in pipeline/evaluation/experiment.py and the examples under experiments/.
 """
 
@@ -12,7 +15,7 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_sequential_arg
 
     p = sub.add_parser(
         "experiment",
@@ -20,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     p.add_argument("experiment", metavar="CONFIG.yaml", help="the experiment file (see experiments/)")
+    add_sequential_arg(p)
     add_config_args(p)
     p.set_defaults(func=run)
 
@@ -30,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.config:
         raise DynragError("dynrag experiment: put the configuration in the experiment file's `config:` section")
-    result = run_experiment(args.experiment, args.overrides)
+    overrides = [*args.overrides, *(["answer.runs=sequential"] if args.sequential else [])]
+    result = run_experiment(args.experiment, overrides)
     print(result["table"])
     print("written: " + ", ".join(result["files"]))
     return 0

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from indexing.settings import EmbeddingConfig, IndexConfig, IndexSettings, RaySettings, Section, default_cache_dir
 from pipeline.errors import DynragError
@@ -100,11 +100,12 @@ class GenerationConfig(Section):
         "runs at most engine_kwargs.max_num_seqs at once",
     )
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
-    streaming: bool = Field(
-        True,
+    streaming: bool | Literal["auto"] = Field(
+        "auto",
         description="vllm: drive vLLM's async engine, each prompt submitted as it "
         "comes and delivered when its sequence finishes (no generate-call boundaries); false: "
-        "batched LLM.generate calls",
+        "batched LLM.generate calls; auto: batched where every method the process runs makes one LLM call a "
+        "question (sr-rag, no-retrieval, DR-RAG's: nothing comes back after it), else streaming",
     )
     kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
     attention_pass: Literal["incremental", "full"] = Field(
@@ -142,8 +143,17 @@ class GenerationConfig(Section):
 
 
 class RetrievalConfig(Section):
-    retriever: Literal["bm25", "dense"] = "bm25"
+    retriever: str = Field("bm25", description="a registered retriever (indexing/retrievers.py): bm25, dense, rrf")
     k: int = Field(5, ge=1, le=1000)
+
+    @field_validator("retriever")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from indexing.retrievers import retriever_names
+
+        if name not in retriever_names():
+            raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(retriever_names())}")
+        return name
 
 
 class ClassifierConfig(Section):
@@ -306,6 +316,18 @@ class AnswerConfig(Section):
         ge=0,
         description="on SIGTERM: admit no more questions, finish those in flight for at most this long, write "
         "every finished answer, exit 130 (a second SIGTERM or Ctrl-C stops at once)",
+    )
+    runs: Literal["concurrent", "sequential"] = Field(
+        "concurrent",
+        description="an experiment's (or eval job's) runs of one dataset: concurrent, answered together through "
+        "one engine (one admission queue; in-process only, runtime.mode=ray runs them in turn); sequential: one "
+        "run after another",
+    )
+    retrieval_cache: int = Field(
+        100_000,
+        ge=0,
+        description="queries whose hits the process keeps (shared by every run and round on the same "
+        "backends; keyed by index version, retriever, query and the search settings; 0: no cache)",
     )
 
 

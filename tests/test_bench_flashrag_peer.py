@@ -322,3 +322,56 @@ def test_a_ratio_above_the_arithmetic_bound_is_put_down_to_the_prefix_cache(monk
         assert args.func(args) == 0
         out = capsys.readouterr().out
         assert ("prefix cache served part of dynrag's prompts" in out) is above, out
+
+
+# -- --table: a paper's table four ways ---------------------------------------------------------------------------
+
+
+def test_flashrag_in_one_process_hands_every_pipeline_the_first_generator_and_retriever(monkeypatch):
+    from jobs.bench.flashrag_driver import share_components
+
+    names = ["flashrag.pipeline.pipeline", "flashrag.pipeline.active_pipeline", "flashrag.pipeline.branching_pipeline"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, SimpleNamespace(get_generator=None, get_retriever=None))
+    shared = {"generator": "the generator", "retriever": "the retriever"}
+    share_components(shared)
+    for name in names:
+        assert sys.modules[name].get_generator("config", model="m") == "the generator"
+        assert sys.modules[name].get_retriever("config") == "the retriever"
+
+
+def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alone_compares_predictions(
+    monkeypatch, capsys, tmp_path
+):
+    import jobs.bench.flashrag_methods as methods
+    import jobs.bench.flashrag_table as table
+
+    fake_sides(monkeypatch, tmp_path)
+    monkeypatch.setattr(methods, "dynrag_params", lambda name, dumped, k, max_new: {"k": k})
+    seconds = {"dynrag_concurrent": 10.0, "dynrag_sequential": 13.0, "flashrag_one_process": 25.0}
+    seconds["flashrag_per_method"] = 40.0
+
+    def way(name, commands, env, work, meths):
+        said = {"a": "x", "b": "y" if name != "dynrag_sequential" else "other"}
+        per = {m: {"rows": 2, "errors": 0, "predictions": dict(said), "retrieval_cache_hit_rate": 0.5} for m in meths}
+        return {"seconds": seconds[name], "per_method": per, "process_wall_s": seconds[name] + 1, "llm_calls": 4}
+
+    monkeypatch.setattr(table, "run_way", way)
+    argv = ["bench", "flashrag", "--table", "--methods", "sr-rag,iter-retgen", "--limit", "2", "--json"]
+    args = build_parser().parse_args([*argv, "--workdir", str(tmp_path)])
+    assert args.func(args) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert (f["ratio_vs_flashrag_per_method"], f["ratio_vs_flashrag_one_process"], f["ratio_vs_sequential"]) == (
+        4.0,
+        2.5,
+        1.3,
+    )
+    assert f["questions"] == 4 and f["methods"] == ["sr-rag", "iter-retgen"]
+    assert f["same_as_alone"] is False
+    assert f["same_as_alone_per_method"]["dynrag_concurrent_vs_sequential"] == {"sr-rag": "1/2", "iter-retgen": "1/2"}
+    assert f["same_as_alone_per_method"]["flashrag_one_process_vs_per_method"]["sr-rag"] == "2/2"
+    assert f["retrieval_cache_hit_rate"] == {"sr-rag": 0.5, "iter-retgen": 0.5}
+    exp = (tmp_path / "experiment-dynrag_sequential.yaml").read_text()
+    assert "label: iter-retgen" in exp and "index: " in exp
+    cmd = table.dynrag_command(SimpleNamespace(overrides=[], k=3, threads=2), tmp_path / "e.yaml", True)
+    assert cmd[3:6] == ["experiment", str(tmp_path / "e.yaml"), "--sequential"]

@@ -66,6 +66,10 @@ class ScriptedGenerator:
         return out
 
 
+# the batching counted here is the methods': the retrieval cache would fold repeated queries
+NO_CACHE = DynragConfig.model_validate({"answer": {"retrieval_cache": 0}})
+
+
 def attention_item(tok, prompt: str, generated: str, context, generated_ids=None) -> dict:
     """An `attention.stats` item; the generated ids are the text's own encoding unless given."""
     ids = tok(generated, add_special_tokens=False)["input_ids"] if generated_ids is None else generated_ids
@@ -84,7 +88,7 @@ def run(method: str, n: int = 12, params=None):
         for i in range(n)
     ]
     gen, ret, att = ScriptedGenerator(), MemoryRetriever(PASSAGES), FakeAttention()
-    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret, named={"attention": att}))
+    engine = Engine(Backends(NO_CACHE, generator=gen, retriever=ret, named={"attention": att}))
     spec = get_method(method)
     return engine.run(qs, spec.program, spec.params(params or {})), gen, ret, att, engine
 

@@ -39,7 +39,9 @@ def test_two_round_method_makes_one_call_per_round():
     out = engine.run(qs, two_round, None)
     # round 1: 9 prompts in one call; round 2: 2 prompts x 9 questions in one call
     assert gen.calls == [9, 18]
-    assert ret.calls == [18]  # one search over every waiting query (2 per question)
+    # one search over every distinct waiting query (2 per question: 3 questions and one draft text, each once)
+    assert ret.calls == [4]
+    assert sum(o.trace.retrieval_cache_hits for o in out) == 18 - 4
     assert all(o.error is None for o in out)
     t = out[0].trace
     assert (t.llm_calls, t.retrieval_calls, t.retrieve_rounds) == (3, 2, 1)

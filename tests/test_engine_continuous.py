@@ -72,8 +72,8 @@ def _backends(generator=None):
 
 def _rows(outcomes) -> list[dict]:
     rows = [make_row(o, run_id="r", method="mixed", params_json="{}", chash="h", model="m") for o in outcomes]
-    for r in rows:  # what differs between engines by design: timing
-        for key in [k for k in r if k.startswith("time_")] + ["latency_s", "finished_at"]:
+    for r in rows:  # what differs between engines by design: timing, and which queries the cache already held
+        for key in [k for k in r if k.startswith("time_")] + ["latency_s", "finished_at", "retrieval_cache_hits"]:
             r.pop(key)
         for d in r["retrieved"]:
             d.pop("at_s")

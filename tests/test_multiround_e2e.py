@@ -75,7 +75,7 @@ def _common(summary, df, method):
         assert len(r["generations"]) == r["llm_calls"]
         rounds = sorted({d["round"] for d in r["retrieved"]})
         assert rounds == list(range(1, len(rounds) + 1)) and len(rounds) <= r["retrieval_calls"]
-        if r["retrieval_calls"]:
+        if r["retrieval_calls"] > r["retrieval_cache_hits"]:  # a query the retrieval cache held costs no search
             assert r["time_retrieval_s"] > 0
         yield r, json.loads(r["extra"])
 

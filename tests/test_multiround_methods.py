@@ -55,9 +55,13 @@ class Script:
         return out
 
 
+# the batching counted here is the methods': the retrieval cache would fold repeated queries
+NO_CACHE = DynragConfig.model_validate({"answer": {"retrieval_cache": 0}})
+
+
 def run(method: str, params: dict, replies: list[tuple[str, str]], default: str = "", questions=None):
     gen, ret = Script(replies, default), MemoryRetriever(PASSAGES)
-    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret))
+    engine = Engine(Backends(NO_CACHE, generator=gen, retriever=ret))
     spec = get_method(method)
     outs = engine.run(questions or [Question("1", Q, answers=["James Cameron"])], spec.program, spec.params(params))
     assert all(o.error is None for o in outs), [o.error for o in outs]

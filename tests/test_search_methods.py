@@ -61,9 +61,13 @@ class Turns:
         return out
 
 
+# the searches counted here are the methods': the retrieval cache would serve a repeated query
+NO_CACHE = DynragConfig.model_validate({"answer": {"retrieval_cache": 0}})
+
+
 def run(method: str, params: dict, gen: Turns, n: int = 1):
     ret = MemoryRetriever(PASSAGES)
-    engine = Engine(Backends(DynragConfig(), generator=gen, retriever=ret))
+    engine = Engine(Backends(NO_CACHE, generator=gen, retriever=ret))
     spec = get_method(method)
     qs = [Question(str(i), Q, answers=["James Cameron"]) for i in range(n)]
     outs = engine.run(qs, spec.program, spec.params(params))

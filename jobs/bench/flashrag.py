@@ -58,6 +58,13 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "0.1.2 lacks those classes; FlashRAG has no Search-o1 pipeline, SimpleDeepSearcherPipeline asks "
         "Search-o1's instruction without its Reason-in-Documents step)",
     )
+    p.add_argument(
+        "--table",
+        action="store_true",
+        help="a table of --methods four ways, each timed whole: FlashRAG one process per method, FlashRAG in one "
+        "process, dynrag experiment concurrent and --sequential (jobs/bench/flashrag_table.py)",
+    )
+    p.add_argument("--methods", metavar="M1,M2,...", help="--table: the methods (default sr-rag,iter-retgen)")
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
@@ -223,15 +230,26 @@ def run(args: argparse.Namespace) -> int:
             "main (0.3.0dev), PyPI's flashrag-dev 0.1.2 lacks it (e.g. --flashrag-source "
             "https://github.com/RUC-NLPIR/FlashRAG)"
         )
+    if args.table:
+        args.methods = args.methods or "sr-rag,iter-retgen"
+        if unknown := [m for m in args.methods.split(",") if m not in METHODS or bench_method(m).needs_source]:
+            from pipeline.errors import DynragError
+
+            raise DynragError(
+                f"--methods: {unknown} not among the PyPI FlashRAG's: {', '.join(m for m in METHODS if not bench_method(m).needs_source)}"
+            )
     cfg = config_from_args(args)
     cfg.retrieval.k = args.k
     cfg.generation.dtype = generation_dtype(cfg)  # both sides load the model in this dtype
     dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")
+    go = _run
+    if args.table:
+        from jobs.bench.flashrag_table import run_table as go
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
-        return _run(args, cfg, dataset, Path(args.workdir))
+        return go(args, cfg, dataset, Path(args.workdir))
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-flashrag-") as tmp:
-        return _run(args, cfg, dataset, Path(tmp))
+        return go(args, cfg, dataset, Path(tmp))
 
 
 def _run(args, cfg, dataset: str, work: Path) -> int:

@@ -28,6 +28,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 T_START = time.perf_counter()
 VLLM_FAILED = 3  # exit status: FlashRAG's vLLM generator could not serve the method
@@ -178,10 +179,8 @@ def failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}{where}"
 
 
-def main(config_path: str, templates_out: str | None = None, bm25_only: bool = False) -> None:
-    c = json.loads(Path(config_path).read_text(encoding="utf-8"))
-    if bm25_only:  # before any timed run: FlashRAG's index, as dynrag's, is built outside the sides' processes
-        return build_bm25(c, Path(flashrag_config(c)["index_path"]))
+def load_config(c: dict):
+    """FlashRAG's Config for the driver config `c` (torch's threads set first)."""
     import torch
 
     torch.set_num_threads(c["threads"])
@@ -189,7 +188,14 @@ def main(config_path: str, templates_out: str | None = None, bm25_only: bool = F
 
     if not Path(inspect.getfile(Config)).with_name("basic_config.yaml").is_file():  # PyPI's 0.1.2 wheel lacks it
         Config._get_internal_config = lambda self: {}
-    config = Config(config_dict=flashrag_config(c))
+    return Config(config_dict=flashrag_config(c))
+
+
+def main(config_path: str, templates_out: str | None = None, bm25_only: bool = False) -> None:
+    c = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    if bm25_only:  # before any timed run: FlashRAG's index, as dynrag's, is built outside the sides' processes
+        return build_bm25(c, Path(flashrag_config(c)["index_path"]))
+    config = load_config(c)
     if templates_out:
         return dump_templates(c, config, templates_out)
     added: dict = {}
@@ -205,8 +211,35 @@ def main(config_path: str, templates_out: str | None = None, bm25_only: bool = F
     print(json.dumps({**result, "engine_kwargs_added": added}), flush=True)
 
 
-def run_pipeline(c: dict, config) -> dict:
-    """Builds the pipeline, warms it up, times it over the questions: the side's result."""
+def run_table(paths: list[str]) -> None:
+    """A paper's table in one FlashRAG process: each driver config's pipeline in turn, every one handed the first
+    one's generator and retriever (the pipeline modules' `get_generator` and `get_retriever` answer with them);
+    prints each pipeline's result as one JSON line (no warm-up: the process is timed whole)."""
+    shared: dict = {}
+    for path in paths:
+        c = json.loads(Path(path).read_text(encoding="utf-8"))
+        config = load_config(c)
+        if c["framework"] == "vllm" and not shared:
+            engine_defaults(c["engine_kwargs"], {})
+        print(json.dumps(run_pipeline({**c, "warmup_questions": None}, config, shared)), flush=True)
+
+
+def share_components(shared: dict) -> None:
+    """FlashRAG's pipeline modules made to hand every pipeline the generator and retriever in `shared`."""
+    modules = [
+        "flashrag.pipeline.pipeline",
+        "flashrag.pipeline.active_pipeline",
+        "flashrag.pipeline.branching_pipeline",
+    ]
+    for name in modules:
+        module: Any = importlib.import_module(name)
+        module.get_generator = lambda *a, **k: shared["generator"]
+        module.get_retriever = lambda *a, **k: shared["retriever"]
+
+
+def run_pipeline(c: dict, config, shared: dict | None = None) -> dict:
+    """Builds the pipeline, warms it up, times it over the questions: the side's result. `shared`: one process's
+    generator, retriever and counters, made by its first pipeline and handed to the later ones."""
     import torch
     from flashrag.dataset import Dataset
     from flashrag.prompt import PromptTemplate
@@ -226,12 +259,19 @@ def run_pipeline(c: dict, config) -> dict:
     kwargs = dict(c["pipeline_kwargs"])
     if c["dynrag_prompt"]:  # sr-rag: FlashRAG asks dynrag's prompt
         kwargs["prompt_template"] = DocsAsDynrag(config, system_prompt=c["system_prompt"], user_prompt=c["user_prompt"])
+    if shared:
+        share_components(shared)
     pipeline = getattr(fp, c["pipeline"])(config, **kwargs)
-    pipeline.retriever.search = no_tokens_no_hits(pipeline.retriever.search)
-    pipeline.retriever.batch_search = one_by_one_on_no_tokens(
-        pipeline.retriever.batch_search, pipeline.retriever.search
-    )
-    counts = probe_module().Counts(pipeline)
+    if shared:
+        counts = shared["counts"]
+    else:
+        pipeline.retriever.search = no_tokens_no_hits(pipeline.retriever.search)
+        pipeline.retriever.batch_search = one_by_one_on_no_tokens(
+            pipeline.retriever.batch_search, pipeline.retriever.search
+        )
+        counts = probe_module().Counts(pipeline)
+        if shared is not None:
+            shared.update(generator=pipeline.generator, retriever=pipeline.retriever, counts=counts)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(c["dtype"])
     if c["framework"] == "hf" and dtype is not None:
         pipeline.generator.model.to(dtype)
@@ -247,7 +287,7 @@ def run_pipeline(c: dict, config) -> dict:
     dataset = Dataset(config, data=[_item(q) for q in questions])
     t0 = time.perf_counter()
     out = pipeline.run(dataset, do_eval=False)
-    secs = time.perf_counter() - t0
+    secs, finished_at = time.perf_counter() - t0, time.time()
     answered = sum(isinstance(it.pred, str) for it in out)
     return {
         "side": "flashrag",
@@ -257,6 +297,7 @@ def run_pipeline(c: dict, config) -> dict:
         "answered": answered,
         "errors": len(questions) - answered,
         "seconds": round(secs, 3),
+        "finished_at": finished_at,
         "questions_per_s": answered / secs,
         "startup_s": round(startup, 2),
         "generator_dtype": c["dtype"] if c["framework"] == "vllm" else str(pipeline.generator.model.dtype),
@@ -322,4 +363,7 @@ def _item(q: dict):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--templates"] else None, sys.argv[2:3] == ["--bm25"])
+    if sys.argv[1] == "--table":
+        run_table(sys.argv[2:])
+    else:
+        main(sys.argv[1], sys.argv[3] if sys.argv[2:3] == ["--templates"] else None, sys.argv[2:3] == ["--bm25"])

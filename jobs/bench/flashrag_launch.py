@@ -25,13 +25,18 @@ def parse_result(m) -> dict:
     from jobs.bench.flashrag_driver import read_result
 
     if m.returncode != 0 or '"questions_per_s"' not in m.stdout:
-        tail = "\n".join(m.stderr.strip().splitlines()[-15:])
-        from pipeline.errors import DynragError
-
-        raise DynragError(f"benchmark side failed (exit {m.returncode}):\n{tail}")
+        raise parse_failure(m)
     r = read_result(m.stdout)
     r.update(process_wall_s=round(m.wall_s, 1), peak_rss_gib=round(m.peak_rss / GIB, 2))
     return r
+
+
+def parse_failure(m) -> Exception:
+    """The error of a benchmark process that failed, with its stderr's last lines."""
+    from pipeline.errors import DynragError
+
+    tail = "\n".join(m.stderr.strip().splitlines()[-15:])
+    return DynragError(f"benchmark side failed (exit {m.returncode}):\n{tail}")
 
 
 def run_driver(python, config: Path, *mode: str) -> None:

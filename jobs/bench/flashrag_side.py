@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg.generation.dtype = generation_dtype(cfg)
     if args.params:
         cfg.method.params = json.loads(Path(args.params).read_text(encoding="utf-8"))
-    backends = Backends(cfg, args.index)
+    backends = Backends(cfg, args.index, methods=[args.method])
     try:
         # loaded before the clock, as FlashRAG's pipeline loads its models
         with clock("generator"):

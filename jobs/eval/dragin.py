@@ -125,7 +125,7 @@ def intervals(rows: list[dict]) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_sequential_arg
 
     p = sub.add_parser(
         "eval-dragin",
@@ -141,6 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="folder of per-dataset BM25 indexes <DIR>/<dataset> (built there if absent; default OUT/indexes)",
     )
+    add_sequential_arg(p)
     add_config_args(p)
     p.set_defaults(func=run)
 

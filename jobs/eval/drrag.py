@@ -16,7 +16,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from jobs.cli import add_config_args, config_from_args, csv_choice
+from jobs.cli import add_config_args, add_sequential_arg, config_from_args, csv_choice
 from pipeline.errors import DynragError
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 
@@ -64,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "from the dev set's paragraphs if absent; default OUT/indexes)",
     )
     p.add_argument("--generate", action="store_true", help="also generate answers (EM/F1/Acc)")
+    add_sequential_arg(p)
     add_config_args(p)
     p.set_defaults(func=run)
 

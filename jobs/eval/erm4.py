@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_sequential_arg
 
     p.add_argument(
         "--dataset", default=None, metavar="FILE", help="questions (default: paths.data_dir/hotpotqa/dev_400.jsonl)"
@@ -84,6 +84,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
         help="Table 2: passes over the taus after a discarded warm-up "
         "run, every other one in reverse order; the saving is printed with its spread (default 2)",
     )
+    add_sequential_arg(p)
     add_config_args(p)
 
 

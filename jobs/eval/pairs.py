@@ -65,7 +65,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_sequential_arg
 
     p = sub.add_parser(
         "eval-pairs",
@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.split("\n\n")[0],
     )
     add_args(p)
+    add_sequential_arg(p)
     add_config_args(p)
     p.set_defaults(func=run)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Completion, Retrieve
+from pipeline.engine.search_cache import SearchCache
 from pipeline.errors import BackendError as BackendError  # re-exported: raised by the backends
 
 log = logging.getLogger(__name__)
@@ -51,17 +52,21 @@ class Backends:
         scorer: Any = None,
         embedder: Any = None,
         named: dict[str, Any] | None = None,
-        faiss_placement: Any = None,
+        methods: list[str] | None = None,
     ):
         self.cfg = cfg
+        self.methods = list(methods or [])  # every method these backends serve, where known (generation.streaming=auto)
         self.index_dir = index_dir
-        self.faiss_placement = faiss_placement  # where the index goes (a replica's GPU plan); None: the CPU
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
         # the continuous engine's lanes may build parts at the same time: one lock per part, so a part that
         # loads slowly holds up only its own users; a built part is read without any lock
         self._locks: dict[str, threading.Lock] = {}
         self._locks_lock = threading.Lock()
+        # hits of queries searched already, for every run and round on these backends (engine/search_cache.py)
+        size = cfg.answer.retrieval_cache
+        self.search_cache = SearchCache(size) if size else None
+        self._scope: tuple | None = None
 
     def _built(self, attr: str, build: Callable[[], Any]) -> Any:
         """`getattr(self, attr)`, built once by `build()` (double-checked under the part's own lock)."""
@@ -81,7 +86,7 @@ class Backends:
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        return self._built("_generator", lambda: make_generator(self.cfg))
+        return self._built("_generator", lambda: make_generator(self.cfg, self.methods))
 
     @property
     def retriever(self):
@@ -90,7 +95,7 @@ class Backends:
 
             if not self.index_dir:
                 raise BackendError("this method retrieves: pass --index DIR")
-            return IndexRetriever(self.index_dir, self.cfg, self.faiss_placement)
+            return IndexRetriever(self.index_dir, self.cfg)  # FAISS on the CPU: a GPU plan opens it first
 
         return self._built("_retriever", build)
 
@@ -115,6 +120,23 @@ class Backends:
     # -- the calls the engine makes ----------------------------------------------------------
     def defaults(self, req: Retrieve) -> tuple[int, str]:
         return (req.k or self.cfg.retrieval.k, req.retriever or self.cfg.retrieval.retriever)
+
+    def search_scope(self) -> tuple:
+        """What decides a query's hits besides the query, the retriever and k: the index (folder and the version
+        opened) and the index, embedding and retrieval settings (a retriever given ready-made: that object)."""
+        if self._scope is None:
+            import json
+
+            retriever = self.retriever
+            index = getattr(retriever, "index", None)
+            where = (
+                (str(getattr(index, "root", self.index_dir)), getattr(index, "version", None))
+                if index is not None
+                else ("object", id(retriever))
+            )
+            settings = [self.cfg.index, self.cfg.embedding, self.cfg.retrieval]
+            self._scope = (*where, json.dumps([s.model_dump(mode="json") for s in settings], sort_keys=True))
+        return self._scope
 
     def generate(self, prompts, samplings, chats):
         return self.generator.generate(prompts, samplings, chats)
@@ -172,10 +194,21 @@ class NoGenerator:
         return [Completion("", finish_reason="none") for _ in prompts]
 
 
-def make_generator(cfg: DynragConfig):
+def streams(cfg: DynragConfig, methods: list[str]) -> bool:
+    """generation.streaming resolved: `auto` streams unless `methods` (all the backends serve, where known) each
+    make one LLM call a question, as their last request: batched calls then cost less (no async engine loop
+    beside vLLM's threads, no request handed over one at a time) and streaming would buy them nothing."""
+    if cfg.generation.streaming != "auto":
+        return bool(cfg.generation.streaming)
+    from pipeline.methods.registry import get_method
+
+    return not methods or not all(get_method(m).one_call for m in methods)
+
+
+def make_generator(cfg: DynragConfig, methods: list[str] | None = None):
     if cfg.generation.backend == "none":
         return NoGenerator()
-    if cfg.generation.backend == "vllm" and cfg.generation.streaming:
+    if cfg.generation.backend == "vllm" and streams(cfg, methods or []):
         from pipeline.backends.vllm_stream import VllmStreamingGenerator
 
         return VllmStreamingGenerator(cfg)

@@ -56,6 +56,7 @@ class Trace:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retrieve_rounds: int = 0
+    retrieval_cache_hits: int = 0  # queries answered without a search of their own (the retrieval cache)
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     retrieved: list[dict[str, Any]] = field(default_factory=list)  # id, title, score, rank, step, path, round
     generations: list[dict[str, Any]] = field(default_factory=list)  # stage, text
@@ -262,20 +263,24 @@ class BaseEngine:
             queries = [q for st in group for q in cast(Retrieve, st.pending).queries]
             kmax = max(resolved[id(st)][0] for st in group)
             try:
-                hits, dt = self._call("retrieve", partial(self.backends.search, queries, kmax, retriever), len(queries))
+                hits, cached, dt = self._search(queries, kmax, retriever)
             except Exception as err:
                 deliveries += self._per_question(group, self._serve_retrieve, err)
                 continue
+            searched = max(len(cached) - sum(cached), 1)
             pos = 0
             for st in group:
                 req = cast(Retrieve, st.pending)
                 k = resolved[id(st)][0]
-                mine = [list(h[:k]) for h in hits[pos : pos + len(req.queries)]]
-                pos += len(req.queries)
+                n = len(req.queries)
+                mine = [list(h[:k]) for h in hits[pos : pos + n]]
+                hits_cached = sum(cached[pos : pos + n])
+                pos += n
                 tr = st.trace
                 tr.retrieve_rounds += 1
-                tr.retrieval_calls += len(req.queries)
-                tr.time["retrieval"] += dt * len(req.queries) / max(len(queries), 1)
+                tr.retrieval_calls += n
+                tr.retrieval_cache_hits += hits_cached
+                tr.time["retrieval"] += dt * (n - hits_cached) / searched
                 step = req.step or f"retrieve-{tr.retrieve_rounds}"
                 at = self.clock() - cast(float, tr.started)  # when, in the question (started: at its first request)
                 for qi, ranked in enumerate(mine):
@@ -294,6 +299,30 @@ class BaseEngine:
                         )
                 deliveries.append((st, mine, None))
         return deliveries
+
+    def _search(self, queries: list[str], k: int, retriever: str) -> tuple[list, list[bool], float]:
+        """Each query's hits (at least `k` where the index holds them), whether each came without a search of its
+        own (from the backends' `search_cache`, or a repeat of a query earlier in this batch), and the seconds
+        searching: one batched search over the queries the cache does not hold, each once."""
+        cache = getattr(self.backends, "search_cache", None)
+        if cache is None:
+            hits, dt = self._call("retrieve", partial(self.backends.search, queries, k, retriever), len(queries))
+            return hits, [False] * len(queries), dt
+        scope = self.backends.search_scope()
+        got = [cache.get(scope, retriever, q, k) for q in queries]
+        todo = list(dict.fromkeys(q for q, h in zip(queries, got) if h is None))
+        fresh, dt = {}, 0.0
+        if todo:
+            found, dt = self._call("retrieve", partial(self.backends.search, todo, k, retriever), len(todo))
+            fresh = dict(zip(todo, found))
+            for q, h in fresh.items():
+                cache.put(scope, retriever, q, k, h)
+        first = set(todo)  # a repeated query is searched for its first occurrence only
+        cached = []
+        for q, h in zip(queries, got):
+            cached.append(h is not None or q not in first)
+            first.discard(q)
+        return [h if h is not None else fresh[q] for q, h in zip(queries, got)], cached, dt
 
     def _serve_grouped(
         self,

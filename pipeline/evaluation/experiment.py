@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,37 +151,52 @@ def run_methods(
     """The one runner of the experiment grid and the papers' eval jobs: every run answers `questions`
     through the answer job (resumable rows under `<out>/<label>`), all sharing one set of backends (one
     engine, index, classifier: `backends`, or a set made here and closed at the end); returns each run's
-    summary with its `label`. `each(run, summary)` is called after every run (e.g. to print a table line)."""
+    summary with its `label`, in the order of `runs`. With answer.runs=concurrent (the default, in-process)
+    the runs are answered together through one engine (`concurrent_runs`); else one after another.
+    `each(run, summary)` is called after every run, in order (e.g. to print a table line)."""
     from pipeline.backends import Backends
-    from pipeline.runtime.answer import run_answer
 
     own = backends is None
-    backends = Backends(cfg, index) if own else backends
+    backends = Backends(cfg, index, methods=[r.method for r in runs]) if own else backends
+    together = (
+        len(runs) > 1
+        and cfg.answer.runs == "concurrent"
+        and cfg.runtime.mode != "ray"
+        and not _share_state(runs, cfg, out)
+    )
+
+    def one(r: MethodRun, replica=None) -> dict:
+        from pipeline.runtime.answer import run_answer
+
+        run_cfg = cfg.model_copy(deep=True)
+        run_cfg.method.params = dict(r.params)
+        s = run_answer(
+            str(questions),
+            str(out / r.label),
+            index=index,
+            method=r.method,
+            limit=limit,
+            cfg=run_cfg,
+            dataset_format=dataset_format,
+            backends=backends,
+            progress=False,
+            replica=replica,
+        )
+        s["label"] = r.label
+        log.info(
+            "%s: %d new rows (%d already there), F1 %s, gold-doc recall %s",
+            out / r.label,
+            s.get("new_rows") or 0,
+            s["skipped_already_answered"],
+            s["f1"],
+            s["support_recall"],
+        )
+        return s
+
     summaries = []
     try:
-        for r in runs:
-            run_cfg = cfg.model_copy(deep=True)
-            run_cfg.method.params = dict(r.params)
-            s = run_answer(
-                str(questions),
-                str(out / r.label),
-                index=index,
-                method=r.method,
-                limit=limit,
-                cfg=run_cfg,
-                dataset_format=dataset_format,
-                backends=backends,
-                progress=False,
-            )
-            s["label"] = r.label
-            log.info(
-                "%s: %d new rows (%d already there), F1 %s, gold-doc recall %s",
-                out / r.label,
-                s.get("new_rows") or 0,
-                s["skipped_already_answered"],
-                s["f1"],
-                s["support_recall"],
-            )
+        results = concurrent_runs(runs, one, cfg, backends) if together else (one(r) for r in runs)
+        for r, s in zip(runs, results):
             summaries.append(s)
             if each is not None:
                 each(r, s)
@@ -188,6 +204,43 @@ def run_methods(
         if own:
             backends.close()
     return summaries
+
+
+def _share_state(runs: list[MethodRun], cfg: DynragConfig, out: Path) -> bool:
+    """Whether two runs name one state file (ERM4's reservoir): one job at a time holds it, so they run in turn."""
+    from pipeline.methods.registry import get_method
+
+    files = [
+        f for r in runs for f in get_method(r.method).params(r.params, cfg).for_output(str(out / r.label)).state_files()
+    ]
+    if len(files) != len(set(files)):
+        log.info("runs share a state file (%s): answered one after another", ", ".join(sorted(set(files))))
+        return True
+    return False
+
+
+def concurrent_runs(runs: list[MethodRun], one, cfg: DynragConfig, backends) -> Iterator[dict]:
+    """`one(run, replica)` for every run at once, each in its own thread, all answered by one shared Replica
+    (one engine and admission queue over `backends`: every run's questions in one stream, batched together);
+    yields the summaries in the order of `runs`. SIGTERM drains them all (each run raises Interrupted after
+    writing what finished, as alone); a failed run's error is raised once the runs before it are yielded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.engine.drain import Drain
+    from pipeline.runtime.replica import Replica
+    from pipeline.runtime.signals import stop_on_sigterm
+
+    drain = Drain(cfg.answer.drain_s)
+    shared = Replica(cfg, None, None, backends, None, {}, drain=drain).start()
+    pool = ThreadPoolExecutor(len(runs), thread_name_prefix="dynrag-run")
+    try:
+        with stop_on_sigterm(drain):
+            futures = [pool.submit(one, r, shared) for r in runs]
+            for f in futures:
+                yield f.result()
+    finally:
+        shared.close()  # runs still in flight (an error, an interrupt) end with what finished, written
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig, out: Path) -> list[dict]:

@@ -97,6 +97,7 @@ SCHEMA = pa.schema(
         # a prompt did not fit generation.max_model_len and the method went on without it (it answered with what it
         # had, or dropped what its reference drops: the row's extra says which); older parts read it as null
         ("window_full", pa.bool_()),
+        ("retrieval_cache_hits", pa.int32()),  # of retrieval_calls, those served by the retrieval cache
     ]
 )
 
@@ -152,6 +153,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "finished_at": time.time(),
         "error_kind": o.error_kind,
         "window_full": t.window_full > 0,
+        "retrieval_cache_hits": t.retrieval_cache_hits,
     }
     return row
 
@@ -370,6 +372,7 @@ def summarize(
         "passages_in_prompt_per_question": mean("passages_in_prompt"),
         "llm_calls_per_question": mean("llm_calls"),
         "retrieval_calls_per_question": mean("retrieval_calls"),
+        "retrieval_cache_hit_rate": _ratio(ok, "retrieval_cache_hits", "retrieval_calls"),
         "classifier_calls_per_question": mean("classifier_calls"),
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"),
@@ -395,6 +398,14 @@ def summarize(
             summary["questions_per_s"] = round(new_rows / wall_time_s, 3)
             summary["wall_s_per_question"] = round(wall_time_s / new_rows, 4)
     return summary
+
+
+def _ratio(df, part: str, whole: str) -> float | None:
+    """sum(part) / sum(whole) over `df`'s rows (None without the column, e.g. rows written before it, or a 0 whole)."""
+    if part not in df.columns or not df.height:
+        return None
+    total = df[whole].fill_null(0).sum()
+    return round(float(df[part].fill_null(0).sum()) / total, 4) if total else None
 
 
 def write_json(out: str, name: str, data: dict) -> str:

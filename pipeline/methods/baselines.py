@@ -23,6 +23,7 @@ class NoRetrievalParams(MethodParams):
 @register_method(
     "no-retrieval",
     params=NoRetrievalParams,
+    one_call=True,
     description="answer from the model's parameters only (wo-RAG / Direct)",
     paper="baseline in DR-RAG (Hui et al., 2024), PAIRS, DRAGIN (Su et al., 2024)",
 )
@@ -42,6 +43,7 @@ class SrRagParams(MethodParams):
 @register_method(
     "sr-rag",
     params=SrRagParams,
+    one_call=True,
     description="single-round RAG: retrieve top-k for the question, answer from them (Standard RAG)",
     paper="Lewis et al., 2020; 'SR-RAG' in DR-RAG (Hui et al., 2024)",
 )

@@ -186,7 +186,11 @@ def _top_k(q: Question, p: TopKParams, retriever: str) -> Generator[Request, Any
 
 
 @register_method(
-    "bm25", params=TopKParams, paper=PAPER + ", App. A.2", description="DR-RAG baseline: top-k by BM25, one LLM call"
+    "bm25",
+    params=TopKParams,
+    one_call=True,
+    paper=PAPER + ", App. A.2",
+    description="DR-RAG baseline: top-k by BM25, one LLM call",
 )
 def bm25(q: Question, p: TopKParams):
     return (yield from _top_k(q, p, "bm25"))
@@ -195,6 +199,7 @@ def bm25(q: Question, p: TopKParams):
 @register_method(
     "sm",
     params=TopKParams,
+    one_call=True,
     paper=PAPER + ", App. A.2",
     description="DR-RAG baseline: top-k by dense similarity matching, one LLM call",
 )
@@ -228,6 +233,7 @@ def _ids(hits: Sequence[Hit]) -> list[str]:
 @register_method(
     "qdc",
     params=TwoStageParams,
+    one_call=True,
     paper=PAPER + ", Eq. 1",
     description="DR-RAG query-document concatenation: k1 by q, then one new doc per Concat(q, d_i)",
 )
@@ -241,6 +247,7 @@ def qdc(q: Question, p: TwoStageParams):
 @register_method(
     "cis",
     params=ClassifierParams,
+    one_call=True,
     paper=PAPER + ", Eq. 3",
     description="DR-RAG classifier inverse selection: QDC, then drop second-stage docs C rejects",
 )
@@ -271,6 +278,7 @@ def cis(q: Question, p: ClassifierParams):
 @register_method(
     "cfs",
     params=ClassifierParams,
+    one_call=True,
     paper=PAPER + ", Eq. 4, Algorithm 1",
     description="DR-RAG classifier forward selection: per d_i, the first new doc C accepts",
 )

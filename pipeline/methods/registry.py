@@ -60,6 +60,7 @@ class MethodSpec:
     params_model: type[MethodParams]
     description: str
     paper: str
+    one_call: bool = False  # one LLM call per question, its last request: a streaming generator buys it nothing
 
     def params(self, values: dict | None = None, cfg=None) -> MethodParams:
         """Validated parameters; with `cfg`, configuration-dependent defaults resolved (`with_config`)."""
@@ -83,11 +84,22 @@ class MethodSpec:
 _REGISTRY: dict[str, MethodSpec] = {}
 
 
-def register_method(name: str, *, params: type[MethodParams] = MethodParams, description: str = "", paper: str = ""):
+def register_method(
+    name: str,
+    *,
+    params: type[MethodParams] = MethodParams,
+    description: str = "",
+    paper: str = "",
+    one_call: bool = False,
+):
+    """`one_call`: the program makes one LLM call per question and it is its last request (generation.streaming=auto
+    then drives vLLM with batched calls where every method of the process is such)."""
+
     def deco(fn: Program) -> Program:
         if name in _REGISTRY and _REGISTRY[name].program is not fn:
             raise ValueError(f"method {name!r} registered twice")
-        _REGISTRY[name] = MethodSpec(name, fn, params, description or (fn.__doc__ or "").strip().split("\n")[0], paper)
+        doc = description or (fn.__doc__ or "").strip().split("\n")[0]
+        _REGISTRY[name] = MethodSpec(name, fn, params, doc, paper, one_call)
         return fn
 
     return deco

@@ -116,6 +116,7 @@ def run_answer(
     dataset_format: str | None = None,
     backends: Any = None,
     progress: bool | None = None,
+    replica: Any = None,
 ) -> dict[str, Any]:
     """Answer `dataset` into Parquet rows under `out`; returns the run summary (also in out/summary.json).
 
@@ -125,6 +126,8 @@ def run_answer(
     raised before anything is written. One job at a time per `out` (output_lock.py); SIGTERM
     drains (signals.py: no new question, those in flight finished for up to answer.drain_s and written,
     then Interrupted); a second SIGTERM or Ctrl-C stops after the rows written so far; a rerun answers the rest.
+    `replica`: a started shared Replica (replica.py) whose engine answers this run's questions beside other runs'
+    (in-process only; `backends` must be its backends); its drain is this run's.
     """
     cfg = (cfg or DynragConfig()).model_copy(deep=True)
     cfg.generation.dtype = generation_dtype(cfg)  # the rows, their config hash and the actors see one dtype
@@ -147,7 +150,7 @@ def run_answer(
         chash = config_hash(*settings.values())
         saved = check_same_run(out, settings, chash)
         stack.enter_context(output_lock(out))
-        drain = Drain(cfg.answer.drain_s)
+        drain = replica.drain_flag if replica is not None else Drain(cfg.answer.drain_s)
         for path in bound.state_files():
             stack.enter_context(state_lock(path))
         stack.enter_context(stop_on_sigterm(drain))
@@ -168,6 +171,7 @@ def run_answer(
             backends=backends,
             progress=progress,
             drain=drain,
+            replica=replica,
         )
 
 
@@ -187,27 +191,16 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
     `generator`: one already started (the demo starts it while the index builds), closed with the backends."""
     backends = None
     try:
-        if cfg.runtime.mode == "ray":
-            if index:
-                from indexing.remote import index_manifest, is_remote
-
-                manifest = index_manifest(index)  # nothing pulled onto the head
-                if not is_remote(index) and cfg.index.verify == "size":  # a shared folder: sizes, no reads
-                    from pathlib import Path
-
-                    from indexing.manifest import verify_version
-                    from indexing.pinning import split_pin
-
-                    verify_version(Path(split_pin(index)[0]), manifest, full=False, search_only=True)
-        else:
+        manifest, retriever = open_run_index(index, cfg, stack) if index else ({}, None)
+        if cfg.runtime.mode != "ray":
             from pipeline.backends import Backends
 
-            plan = replica_gpu_plan(cfg, index)  # None without CUDA; refuses a plan that does not fit
-            backends = Backends(cfg, index, faiss_placement=plan.index if plan else None, generator=generator)
+            backends = Backends(cfg, retriever=retriever, generator=generator, methods=[cfg.method.name])
             stack.callback(backends.close)
-            if index:
-                backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
-                manifest = backends.retriever.index.manifest
+            plan = replica_gpu_plan(cfg, retriever)  # None without CUDA; refuses a plan that does not fit
+            if retriever is not None:
+                retriever.place(plan.index if plan else None)
+                retriever.search(["preflight"], 1, cfg.retrieval.retriever)
     except GpuPlanError:
         raise  # its own message: the GPU's parts in GiB
     except Exception as exc:
@@ -229,6 +222,16 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
     return backends
 
 
+def open_run_index(index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]:
+    """backends.retrieval.open_run_index, its retriever (if any) closed by `stack`."""
+    from pipeline.backends.retrieval import open_run_index as open_index
+
+    manifest, retriever = open_index(index, cfg)
+    if retriever is not None:
+        stack.callback(retriever.close)
+    return manifest, retriever
+
+
 def _run_answer(
     dataset,
     out,
@@ -246,6 +249,7 @@ def _run_answer(
     backends,
     progress,
     drain,
+    replica=None,
 ) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     show = cfg.answer.progress if progress is None else progress
@@ -303,6 +307,7 @@ def _run_answer(
                     row_args,
                     backends,
                     drain,
+                    replica,
                 )
             else:
                 reports = (r for r in [batch_report([], counts["skipped"], {})])
@@ -357,18 +362,21 @@ def _ledger_parts(ledger: PartLedger) -> list[str] | None:
 
 
 def _answer_local(
-    todo, counts, writer, cfg, spec, params, row_args, backends, drain
+    todo, counts, writer, cfg, spec, params, row_args, backends, drain, shared=None
 ) -> Generator[dict[str, Any], None, None]:
     """Answer `todo` (pending_questions, counting into `counts`) through one Replica (replica.py) in batches of
     `answer.batch_questions`, holding as many at once as a Ray engine actor does (`batches_held`), each
     written as one part by `writer`; yields each batch's report as it is written. `backends` stay open
-    (their owner closes them); the generation model is loaded first (one error, not one per row)."""
+    (their owner closes them); the generation model is loaded first (one error, not one per row).
+    `shared`: a started Replica serving other runs too, which answers this run's batches and stays open."""
     import concurrent.futures as cf
+    import functools
 
-    from pipeline.runtime.replica import Replica, batches_held
+    from pipeline.runtime.replica import Replica, Run, batches_held
 
     size = cfg.answer.batch_questions
-    replica = Replica(cfg, spec, params, backends, writer, row_args, drain=drain).start()
+    replica = shared or Replica(cfg, spec, params, backends, writer, row_args, drain=drain).start()
+    answer = functools.partial(replica.answer, run=Run(spec.program, params, writer, row_args))
     held = batches_held(cfg, size)
     pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
     reported = 0  # questions skipped as answered, reported so far
@@ -379,7 +387,7 @@ def _answer_local(
                 batch = next(batches, None)
                 if batch is None:
                     break
-                pending.add(pool.submit(replica.answer, batch))
+                pending.add(pool.submit(answer, batch))
             if not pending:
                 break
             done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
@@ -390,7 +398,8 @@ def _answer_local(
         if counts.get("skipped", 0) > reported:
             yield batch_report([], counts["skipped"] - reported, {})
     finally:
-        replica.close()  # on an interrupt, the batches in flight end with what finished
+        if shared is None:  # (a shared replica's batches in flight finish and are written; its owner closes it)
+            replica.close()  # on an interrupt, the batches in flight end with what finished
         pool.shutdown(wait=True, cancel_futures=True)
 
 

@@ -20,6 +20,10 @@ questions never leave it idle); each call's part holds its own batch.
     report = replica.answer(questions)          # from any number of threads
     replica.drain(30.0, "SIGTERM")              # from any thread, or a signal handler
     replica.close()
+
+One replica may serve several runs at once (an experiment's runs, `run_methods`): each `answer` call names its
+`Run` (program, parameters, writer, row fields), its questions enter the one inbox tagged with it, and the engine
+starts each question's program from its run, so one admission queue and one engine serve every run.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from indexing.faults import fault_point
@@ -54,6 +59,17 @@ class State(enum.Enum):
 ENDED = (State.CLOSED, State.FAILED)
 
 
+@dataclass(frozen=True)
+class Run:
+    """What one run's questions are answered with and written by: its method program and parameters, the
+    writer of its parts and the fields of its rows (make_row's keyword arguments)."""
+
+    program: Callable[..., Any]
+    params: Any
+    writer: Any
+    row_args: dict
+
+
 class Replica:
     """See the module docstring. `backends`: a Backends, kept open (its owner closes it); else
     `make_backends()` builds one at `start` and the replica closes it. `where`: what each report says of where it runs.
@@ -76,6 +92,8 @@ class Replica:
         self.cfg, self.spec, self.params = cfg, spec, params
         self.backends, self._make_backends = backends, make_backends
         self.writer, self.row_args = writer, row_args
+        # the run of `answer` calls that name none (None: a shared replica, whose every call names its run)
+        self.run = Run(spec.program, params, writer, row_args) if spec is not None else None
         self.drain_flag = drain or Drain(cfg.answer.drain_s)
         self.where = dict(where or {})
         self.on_ended = on_ended
@@ -137,18 +155,23 @@ class Replica:
             self._shutdown()
 
     # -- the one batch path ---------------------------------------------------------------------------
-    def answer(self, questions: list[Question], batch_ids: list[str] | None = None, skipped: int = 0) -> dict:
-        """Answer `questions`, write their rows as one part (keyed by `batch_ids`, else the rows' ids) and
-        return the batch's report (`batch_report`, plus "part", "complete", "replica", "generator").
-        "complete" is False when a drain left some of them unanswered (they are a rerun's); a FAILED
-        replica raises the error its engine failed with."""
+    def answer(
+        self, questions: list[Question], batch_ids: list[str] | None = None, skipped: int = 0, run: Run | None = None
+    ) -> dict:
+        """Answer `questions` with `run` (default: the replica's own), write their rows as one part (keyed by
+        `batch_ids`, else the rows' ids) and return the batch's report (`batch_report`, plus "part",
+        "complete", "replica", "generator"). "complete" is False when a drain left some of them unanswered
+        (they are a rerun's); a FAILED replica raises the error its engine failed with."""
+        run = run or self.run
+        if run is None:
+            raise ValueError("a shared replica's answer() names its run")
         with self._lock:
             self._calls += 1
             self._first_call = self._first_call or time.time()
         try:
-            outcomes = self._outcomes(questions) if questions else []
-            rows = [make_row(o, **self.row_args) for o in outcomes]
-            part = self.writer.write(rows, batch_ids)
+            outcomes = self._outcomes(questions, run) if questions else []
+            rows = [make_row(o, **run.row_args) for o in outcomes]
+            part = run.writer.write(rows, batch_ids)
             if part:
                 fault_point("ray.part_written", until=lambda: self.drain_flag.requested)
             with self._lock:
@@ -176,8 +199,8 @@ class Replica:
         report.update(part=self.writer.write(rows, batch_ids) or "", complete=True, replica=self.where, generator=None)
         return report
 
-    def _outcomes(self, questions: list[Question]) -> list:
-        got = _Batch(questions)
+    def _outcomes(self, questions: list[Question], run: Run) -> list:
+        got = _Batch(questions, run)
         with self._lock:
             if self.state is State.FAILED:
                 raise self.error  # type: ignore[misc]
@@ -191,13 +214,13 @@ class Replica:
     def _run(self) -> None:
         try:
             if isinstance(self.engine, ContinuousEngine):
-                for outcome in self.engine.stream(self.inbox, self.spec.program, self.params):
+                for outcome in self.engine.stream(self.inbox, self._program, None):
                     self._deliver([outcome])
             else:  # the lockstep engine: one batch at a time, in the order they came
                 for group in self.inbox.batches(self.cfg.answer.batch_questions):
                     if self.drain_flag.requested:
                         break
-                    self._deliver(self.engine.run(group, self.spec.program, self.params))
+                    self._deliver(self.engine.run(group, self._program, None))
         except BaseException as err:  # the engine cannot go on (say vLLM's engine core died)
             log.error("replica %s: the engine failed: %r", self.where.get("pid", ""), err)
             self._end(State.FAILED, err)
@@ -206,6 +229,12 @@ class Replica:
         finally:
             self._shutdown()
             self._tell_if_ended()
+
+    def _program(self, question: Question, _: Any):
+        """The question's program, started from the run its batch was given with (the loop's thread)."""
+        with self._lock:
+            run = self._waiting[id(question)].run
+        return run.program(question, run.params)
 
     def _on_message(self, message: tuple) -> None:
         kind = message[0]
@@ -295,7 +324,8 @@ def load_generator(backends) -> None:
 class _Batch:
     """One call's questions and their outcomes, collected from the loop thread."""
 
-    def __init__(self, questions: list[Question]):
+    def __init__(self, questions: list[Question], run: Run):
+        self.run = run
         self.order = {id(q): i for i, q in enumerate(questions)}
         self.outcomes: list = []
         self.future: concurrent.futures.Future = concurrent.futures.Future()

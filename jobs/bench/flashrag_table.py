@@ -1,0 +1,260 @@
+"""`dynrag bench flashrag --table --methods M1,M2,... --limit N [--json]`: a paper's table (several methods over the
+same questions) four ways, each a whole process (or, for FlashRAG as its examples run, one process per method)
+timed from its command to its last answered row:
+
+- flashrag_per_method: FlashRAG as its examples run a table, one driver process per method (each starts its
+  generator and loads its index);
+- flashrag_one_process: FlashRAG in one process, one generator and retriever handed to every pipeline in turn;
+- dynrag_concurrent: `dynrag experiment` over the methods, the runs answered together through one engine;
+- dynrag_sequential: the same with `--sequential` (one run after another, the old order).
+
+Same corpus, questions, model, k, templates and vLLM settings as `--method` (jobs/bench/flashrag.py); no warm-up
+(startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per way: seconds to the last row, the process's wall time, LLM calls,
+tokens, error rows, load average before and after. Ratios are dynrag_concurrent's speed over each other way's
+(their seconds over its seconds). `same_as_alone`: each method's predictions, per way, against the same framework
+running that method alone (dynrag: concurrent against sequential, where each run has the engine to itself;
+FlashRAG: one process against per method). `questions`: every run's questions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+WAYS = ("dynrag_concurrent", "flashrag_one_process", "dynrag_sequential", "flashrag_per_method")
+
+
+def experiment_file(work: Path, methods: list[str], params: dict[str, dict], out: Path) -> Path:
+    path = work / f"experiment-{out.name}.yaml"
+    exp = {
+        "name": "bench-table",
+        "out": str(out),
+        "datasets": {
+            "bench": {"file": str(work / "questions.jsonl"), "format": "generic", "index": str(work / "index")}
+        },
+        "methods": [{"method": m, "label": m, "params": params[m]} for m in methods],
+    }
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    return path
+
+
+def dynrag_command(args, path: Path, sequential: bool) -> list[str]:
+    sets = [*args.overrides, f"retrieval.k={args.k}", f"index.threads={args.threads}"]
+    return [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "experiment",
+        str(path),
+        *(["--sequential"] if sequential else []),
+        *[a for s in sets for a in ("--set", s)],
+    ]
+
+
+def dynrag_way(out: Path, methods: list[str], t_cmd: float, m) -> dict[str, Any]:
+    """A dynrag way's figures from its rows (sr-rag's prediction is its raw output, as FlashRAG's is)."""
+    import polars as pl
+
+    from jobs.bench.flashrag_launch import parse_failure
+    from pipeline.io.output import read_rows
+
+    if m.returncode != 0:
+        raise parse_failure(m)
+    per: dict[str, Any] = {}
+    for meth in methods:
+        df = pl.from_arrow(read_rows(str(out / "bench" / meth)))
+        said = df["raw_output"] if meth == "sr-rag" else df["prediction"]
+        calls = int(df["retrieval_calls"].sum())
+        per[meth] = {
+            "rows": df.height,
+            "errors": int(df["error"].is_not_null().sum()),
+            "last_row_s": round(float(df["finished_at"].max()) - t_cmd, 2),
+            "llm_calls": int(df["llm_calls"].sum()),
+            "prompt_tokens": int(df["prompt_tokens"].sum()),
+            "completion_tokens": int(df["completion_tokens"].sum()),
+            "retrievals": calls,
+            "retrieval_cache_hit_rate": round(int(df["retrieval_cache_hits"].sum()) / calls, 3) if calls else None,
+            "generation_s": round(float(df["time_generation_s"].sum()), 2),
+            "retrieval_s": round(float(df["time_retrieval_s"].sum()), 2),
+            "predictions": dict(zip(df["question_id"], said)),
+        }
+    # when the first question's first request went out (its row's time less its latency, an upper bound): startup
+    first = min(
+        float(df.select((pl.col("finished_at") - pl.col("latency_s")).min()).item()) - t_cmd
+        for df in (pl.from_arrow(read_rows(str(out / "bench" / meth))) for meth in methods)
+    )
+    return {"seconds": max(p["last_row_s"] for p in per.values()), "startup_s": round(first, 2), "per_method": per}
+
+
+def flashrag_result(r: dict, t_cmd: float) -> dict[str, Any]:
+    return {
+        "rows": r["questions"],
+        "errors": r["errors"],
+        "last_row_s": round(r["finished_at"] - t_cmd, 2),
+        "startup_s": r["startup_s"],
+        "pipeline_s": r["seconds"],
+        "llm_calls": r["llm_calls"],
+        "prompt_tokens": r["prompt_tokens"],
+        "completion_tokens": r["completion_tokens"],
+        "retrievals": r["retrievals"],
+        "predictions": r["predictions"],
+    }
+
+
+def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str]) -> dict[str, Any]:
+    from jobs.bench.flashrag_launch import parse_failure
+    from jobs.bench.rss import GIB, run_measured
+
+    load_before = round(os.getloadavg()[0], 1)
+    print(f"table: running {way} ...", file=sys.stderr, flush=True)
+    walls, peak = [], 0
+    if way == "flashrag_per_method":
+        per, spent = {}, 0.0
+        for meth, cmd in zip(methods, commands[way]):
+            t_cmd = time.time()
+            m = run_measured(cmd, env=env)
+            if m.returncode != 0 or '"finished_at"' not in m.stdout:
+                raise parse_failure(m)
+            per[meth] = flashrag_result(_json_lines(m.stdout)[-1], t_cmd)
+            spent += per[meth]["last_row_s"]
+            walls.append(m.wall_s)
+            peak = max(peak, m.peak_rss)
+        got: dict[str, Any] = {"seconds": round(spent, 2), "per_method": per}
+    else:
+        t_cmd = time.time()
+        m = run_measured(commands[way], env=env)
+        walls, peak = [m.wall_s], m.peak_rss
+        if way == "flashrag_one_process":
+            if m.returncode != 0:
+                raise parse_failure(m)
+            per = {meth: flashrag_result(r, t_cmd) for meth, r in zip(methods, _json_lines(m.stdout))}
+            got = {"seconds": max(p["last_row_s"] for p in per.values()), "per_method": per}
+        else:
+            got = dynrag_way(work / way, methods, t_cmd, m)
+    per = got["per_method"]
+    got.update(
+        process_wall_s=round(sum(walls), 2),
+        peak_rss_gib=round(peak / GIB, 2),
+        questions=sum(p["rows"] for p in per.values()),
+        errors=sum(p["errors"] for p in per.values()),
+        **{key: sum(p[key] for p in per.values()) for key in ("llm_calls", "prompt_tokens", "completion_tokens")},
+        load_average_1min_before=load_before,
+        load_average_1min_after=round(os.getloadavg()[0], 1),
+    )
+    print(f"table: {way} {got['seconds']} s to its last row (load {load_before})", file=sys.stderr, flush=True)
+    return got
+
+
+def _json_lines(stdout: str) -> list[dict]:
+    return [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
+
+
+def same(a: dict, b: dict) -> dict[str, str]:
+    """Per method: how many questions have the same (stripped) prediction in way `a` as in way `b`."""
+    out = {}
+    for meth, pa in a["per_method"].items():
+        pb = b["per_method"][meth]["predictions"]
+        ids = [q for q in pa["predictions"] if q in pb]
+        out[meth] = f"{sum((pa['predictions'][q] or '').strip() == (pb[q] or '').strip() for q in ids)}/{len(ids)}"
+    return out
+
+
+def run_table(args, cfg, dataset: str, work: Path) -> int:
+    from jobs.bench.flashrag import driver_config, prepare
+    from jobs.bench.flashrag_env import ensure_flashrag
+    from jobs.bench.flashrag_launch import dump_templates, flashrag_command, run_driver, side_env
+    from jobs.bench.flashrag_methods import dynrag_params
+    from pipeline.assets.models import resolve_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    env = side_env(cfg, args.threads)
+    py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    sizes = prepare(cfg, dataset, args.limit, 0, work)
+    model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+    configs, params = [], {}
+    for meth in methods:
+        dcfg = driver_config(
+            cfg, model_path, work, args.k, False, args.flashrag_batch, meth, args.flashrag_framework, args.threads
+        )
+        path = work / f"flashrag-{meth}.json"
+        path.write_text(json.dumps(dcfg, indent=1))
+        configs.append(path)
+        if meth == methods[0]:
+            run_driver(py, path, "--bm25")
+        dumped = None if meth == "sr-rag" else dump_templates(py, path, work / f"templates-{meth}.json")
+        params[meth] = dynrag_params(meth, dumped, args.k, cfg.generation.max_new_tokens)
+    commands: dict[str, Any] = {
+        "flashrag_per_method": [flashrag_command(py, c) for c in configs],
+        "flashrag_one_process": [str(py), "-P", str(Path(__file__).with_name("flashrag_driver.py")), "--table"]
+        + [str(c) for c in configs],
+    }
+    for way, seq in (("dynrag_concurrent", False), ("dynrag_sequential", True)):
+        commands[way] = dynrag_command(args, experiment_file(work, methods, params, work / way), seq)
+    ways = {}
+    for way in WAYS:  # each way's figures (predictions included) saved as it ends: a cut-short table keeps them
+        ways[way] = run_way(way, commands, env, work, methods)
+        (work / f"{way}.json").write_text(json.dumps(ways[way], indent=1))
+    conc = ways["dynrag_concurrent"]["seconds"]
+
+    def ratio(way: str) -> float | None:
+        return round(ways[way]["seconds"] / conc, 2) if conc else None
+
+    alone = {
+        "dynrag_concurrent_vs_sequential": same(ways["dynrag_concurrent"], ways["dynrag_sequential"]),
+        "flashrag_one_process_vs_per_method": same(ways["flashrag_one_process"], ways["flashrag_per_method"]),
+    }
+    alone_all = all(v.split("/")[0] == v.split("/")[1] for d in alone.values() for v in d.values())
+    for got in ways.values():
+        for p in got["per_method"].values():
+            p.pop("predictions")
+    figures = {
+        "methods": methods,
+        "limit": args.limit,
+        "questions": sum(ways["dynrag_concurrent"]["per_method"][m]["rows"] for m in methods),
+        "ratio_vs_flashrag_per_method": ratio("flashrag_per_method"),
+        "ratio_vs_flashrag_one_process": ratio("flashrag_one_process"),
+        "ratio_vs_sequential": ratio("dynrag_sequential"),
+        "same_as_alone": alone_all,
+        "same_as_alone_per_method": alone,
+        "retrieval_cache_hit_rate": {
+            m: ways["dynrag_concurrent"]["per_method"][m]["retrieval_cache_hit_rate"] for m in methods
+        },
+        "threads": args.threads,
+        "k": args.k,
+        "model": str(model_path),
+        "dtype": cfg.generation.dtype,
+        "flashrag_framework": args.flashrag_framework,
+        "flashrag_batch": args.flashrag_batch,
+        "passages": sizes["passages"],
+        "ways": ways,
+    }
+    if args.json:
+        from jobs.jsonout import emit
+
+        emit(figures, indent=1)
+    else:
+        print_table(figures)
+    return 0
+
+
+def print_table(f: dict) -> None:
+    print(f"table of {', '.join(f['methods'])}: {f['questions']} questions in all, {f['threads']} threads")
+    print("| way | s to last row | process s | LLM calls | prompt tok | generated tok | errors | load before |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, w in f["ways"].items():
+        print(
+            f"| {name} | {w['seconds']} | {w['process_wall_s']} | {w['llm_calls']} | {w['prompt_tokens']} | "
+            f"{w['completion_tokens']} | {w['errors']} | {w['load_average_1min_before']} |"
+        )
+    print(
+        f"dynrag concurrent: {f['ratio_vs_flashrag_per_method']}x FlashRAG per method, "
+        f"{f['ratio_vs_flashrag_one_process']}x FlashRAG one process, {f['ratio_vs_sequential']}x sequential; "
+        f"same as alone: {f['same_as_alone']} {f['same_as_alone_per_method']}"
+    )
+    print(f"retrieval cache hit rate: {f['retrieval_cache_hit_rate']}")
