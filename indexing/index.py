@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from indexing.fusion import ReciprocalRankFusion  # noqa: F401  (registers rrf beside bm25 and dense)
 from indexing.hits import Hit
 from indexing.java import cap_jvm_heap
 from indexing.manifest import read_version_manifest, verify_version
-from indexing.retrievers import Resources, Retriever, SearchError, make_retriever
+from indexing.retrievers import RETRIEVERS, Resources, Retriever, SearchError
 
 if TYPE_CHECKING:
     from indexing.embed import Encoder, HashEncoder
@@ -40,6 +41,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["Index", "SearchError", "open_local_index"]
+
+
+def retriever_names() -> tuple[str, ...]:
+    """The registered retrievers: retrievers.py's bm25 and dense, and those of the modules imported above."""
+    return tuple(RETRIEVERS)
+
+
+def make_retriever(name: str, index: Index) -> Retriever:
+    """The registered retriever `name` over the open `index`."""
+    if name not in retriever_names():
+        raise SearchError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
+    return RETRIEVERS[name](index)
 
 
 class Index:

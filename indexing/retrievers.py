@@ -8,7 +8,7 @@
 A retriever is made from an open `Index` (index.py), which holds what every retriever shares: the manifest,
 the passages' stores and the id map (a hit's text is read for hits only). `Index.retriever(name)` makes each
 one once, on first use, and closes it with the index. Adding a retriever is one module with one class and
-one `@register("name")` (fusion.py is one); `retrieval.retriever` and a method's `retriever` parameter then
+one `@register("name")` (fusion.py is one; index.py imports each such module, so that it registers); `retrieval.retriever` and a method's `retriever` parameter then
 accept its name, and the GPU plan reads its `resources()` (pipeline/runtime/gpu_plan.py).
 """
 
@@ -63,19 +63,6 @@ def register(name: str) -> Callable[[Callable[[Index], Retriever]], Callable[[In
         return make
 
     return add
-
-
-def retriever_names() -> tuple[str, ...]:
-    import indexing.fusion  # noqa: F401  (registers its retrievers)
-
-    return tuple(RETRIEVERS)
-
-
-def make_retriever(name: str, index: Index) -> Retriever:
-    """The registered retriever `name` over the open `index`."""
-    if name not in retriever_names():
-        raise SearchError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
-    return RETRIEVERS[name](index)
 
 
 @register("bm25")

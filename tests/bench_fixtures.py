@@ -60,7 +60,7 @@ def side_result(side: str, script: Script, framework: str, threads: int) -> dict
 
 def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script | None = None):
     """Returns (order, commands, model folder, script)."""
-    import jobs.bench.flashrag as bench
+    import jobs.bench.flashrag_setup as setup
     import jobs.bench.flashrag_env
     import jobs.bench.flashrag_launch as launch
     import jobs.bench.roofline
@@ -97,7 +97,7 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script
         )
         return {"questions": limit, "warmup_questions": min(warmup, 3), "passages": 5}
 
-    monkeypatch.setattr(bench, "prepare", prepare)
+    monkeypatch.setattr(setup, "prepare", prepare)
     monkeypatch.setattr(launch, "dump_templates", lambda *a: dumped)
     monkeypatch.setattr(launch, "run_driver", lambda python, config, *mode: script.driver_modes.append(mode))
     monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)

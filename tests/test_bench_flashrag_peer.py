@@ -161,8 +161,8 @@ FAKE_FLASHRAG = {
 
 
 def test_the_driver_reports_what_failed_in_flashrags_vllm_generator_and_exits_for_the_fallback(tmp_path):
-    from jobs.bench.flashrag import driver_config
     from jobs.bench.flashrag_driver import VLLM_FAILED, read_result
+    from jobs.bench.flashrag_setup import driver_config
     from pipeline.config import load_config
 
     for name, text in FAKE_FLASHRAG.items():

@@ -14,8 +14,9 @@ import pytest
 from bench_fixtures import fake_sides, run_driver_with, save_weights
 
 from indexing.hits import Hit
-from jobs.bench.flashrag import agreement, driver_config, flashrag_prompt
+from jobs.bench.flashrag import agreement
 from jobs.bench.flashrag_driver import flashrag_config, read_result
+from jobs.bench.flashrag_setup import driver_config, flashrag_prompt
 from jobs.bench.rss import TreeRss, run_measured
 from pipeline.config import load_config
 from pipeline.methods.prompts import rag_prompt

@@ -11,7 +11,8 @@ import pytest
 from indexing import IndexSettings, build_index, open_index
 from indexing.fusion import fuse
 from indexing.hits import Hit
-from indexing.retrievers import RETRIEVERS, Resources, SearchError, register, retriever_names
+from indexing.index import retriever_names
+from indexing.retrievers import RETRIEVERS, Resources, SearchError, register
 
 
 def rows(n: int, seed: int = 5) -> list[dict]:
@@ -78,7 +79,9 @@ def test_a_retriever_is_one_class_and_one_registration(index_dir, monkeypatch):
     """A registered retriever is searched by name through the index, and the run's configuration accepts it."""
     from pipeline.config import DynragConfig
 
-    monkeypatch.setattr("indexing.retrievers.RETRIEVERS", dict(RETRIEVERS))
+    registry = dict(RETRIEVERS)  # the registry, and the index's name for it, as it was after the test
+    monkeypatch.setattr("indexing.retrievers.RETRIEVERS", registry)
+    monkeypatch.setattr("indexing.index.RETRIEVERS", registry)
 
     @register("reversed-bm25")
     class Reversed:

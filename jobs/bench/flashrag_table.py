@@ -166,10 +166,10 @@ def same(a: dict, b: dict) -> dict[str, str]:
 
 
 def run_table(args, cfg, dataset: str, work: Path) -> int:
-    from jobs.bench.flashrag import driver_config, prepare
     from jobs.bench.flashrag_env import ensure_flashrag
     from jobs.bench.flashrag_launch import dump_templates, flashrag_command, run_driver, side_env
     from jobs.bench.flashrag_methods import dynrag_params
+    from jobs.bench.flashrag_setup import driver_config, prepare
     from pipeline.assets.models import resolve_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
