@@ -176,6 +176,11 @@ def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) 
             for f, want in files.items()
         ]
         pulled = pull_files(fs, wanted)
+        if not search_only:  # a full copy (a build's seed, verify): each shard's marker, the manifest's list
+            for s in manifest["shards"]:
+                marker = local / "shards" / s["key"] / "checksums.json"
+                if not marker.is_file():
+                    atomic_write(marker, checksums_text(s["files"]))
         pull_files(
             fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
         )  # last: marks the version
@@ -232,10 +237,6 @@ def _seed(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
         return None
     local, manifest = pull_version(uri, cfg)
     name = version_name(manifest["version"])
-    for s in manifest["shards"]:  # the marker of a complete shard, whose content is the manifest's list
-        marker = local / "shards" / s["key"] / "checksums.json"
-        if not marker.is_file():
-            atomic_write(marker, checksums_text(s["files"]))
     for s in manifest["shards"]:
         if not (work / "shards" / s["key"]).exists():
             shutil.copytree(local / "shards" / s["key"], work / "shards" / s["key"], copy_function=_link_or_copy)
