@@ -36,8 +36,7 @@ def build_index(
     (remote.py); with `cfg.ray.enabled`, Ray workers build and write the shards (cluster_build.py). `options`:
     fmt, fields, on_bad_line, vectors, normalize_vectors (see indexing.build.build_local_index; on a cluster
     the vectors file is read by the workers, at the same path on every node)."""
-    from indexing.object_store import is_remote
-    from indexing.remote import build_remote_index
+    from indexing.remote import is_remote
 
     names = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers (cluster_build.py)
@@ -46,9 +45,10 @@ def build_index(
         if is_remote(index_dir):
             return build_remote_cluster_index(names, str(index_dir), cfg, **options)
         return build_cluster_index(names, index_dir, cfg, **options)
+    from indexing.build import build_local_index, build_remote_index
+
     if is_remote(index_dir):
         return build_remote_index(names, str(index_dir), cfg, **options)
-    from indexing.build import build_local_index
 
     return build_local_index(names, index_dir, cfg, **options)
 
@@ -57,9 +57,8 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
     """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002', also
     given as `index_dir@v000002`: `pin_index`). A remote `index_dir` is pulled into a local cache first
     (remote.py)."""
-    from indexing.object_store import is_remote
     from indexing.pinning import resolve_version
-    from indexing.remote import open_remote_index
+    from indexing.remote import is_remote, open_remote_index
 
     index_dir, version = resolve_version(index_dir, version)
     if is_remote(index_dir):

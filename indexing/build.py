@@ -38,9 +38,10 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -653,4 +654,25 @@ def _place(jobs: list[UnitJob], summaries: list[dict]) -> list[int]:
     return redo
 
 
-__all__ = ["build_local_index", "BuildError", "CorpusError"]
+def build_remote_index(sources: list[str], uri: str, cfg: IndexSettings, **kwargs: Any) -> dict:
+    """`build_index` for a remote index directory: build locally, then upload (remote.py's module doc)."""
+    from indexing.manifest import read_manifest
+    from indexing.remote import cache_root, collect_remote_garbage, seed_build, upload_version
+
+    scratch = cache_root(uri, cfg).with_name("builds")
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    try:
+        seed_build(uri, cfg, work)
+        report = build_local_index(sources, work, cfg, **kwargs)
+        report["shards_uploaded"] = 0
+        if report["published"]:
+            report["shards_uploaded"] = upload_version(work, uri, read_manifest(work))
+            collect_remote_garbage(uri, cfg.index.keep_versions)
+        report["index_dir"] = uri
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["build_local_index", "build_remote_index", "BuildError", "CorpusError"]

@@ -146,10 +146,9 @@ class _RemoteClusterBuilder(_ClusterBuilder):
     uri: str
 
     def _previous(self) -> dict | None:
-        from indexing.object_store import store
-        from indexing.remote import remote_manifest
+        from indexing.remote import _store, remote_manifest
 
-        fs, base = store(self.uri)
+        fs, base = _store(self.uri)
         return remote_manifest(self.uri) if fs.exists(f"{base}/CURRENT") else None
 
     def _known_template(self, prev: dict | None) -> dict | None:
@@ -157,12 +156,11 @@ class _RemoteClusterBuilder(_ClusterBuilder):
         return t if t and t.get("settings_hash") == self.settings_hash else None  # tasks check it when they pull it
 
     def _publish(self, manifest: dict, metas: list[dict]) -> None:
-        from indexing.object_store import pull_files, store
-        from indexing.remote import collect_remote_garbage, upload_version
+        from indexing.remote import _pull_files, _store, collect_remote_garbage, upload_version
 
-        fs, base = store(self.uri)
+        fs, base = _store(self.uri)
         t = time.perf_counter()
-        pull_files(
+        _pull_files(
             fs,
             [
                 (f"{base}/shards/{m['key']}/{rel}", self.shards_dir / m["key"] / rel, want)

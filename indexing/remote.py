@@ -2,7 +2,7 @@
 
 The remote layout is the local one (manifest.py): `CURRENT`, `versions/vN/`, `shards/<key>/`.
 
-Build (`build_remote_index`): the published version is pulled into the local cache (below), a local
+Build (build.py's `build_remote_index`): the published version is pulled into the local cache (below), a local
 working directory is seeded from it (hard links), so the build stays incremental, and `build_index`
 runs there. A newly published version is then uploaded in an order that keeps readers consistent:
 each new shard (content-addressed; shards already on the store are skipped) with its `checksums.json`
@@ -32,16 +32,14 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
 from indexing.manifest_paths import check_manifest_paths, safe_relative
-from indexing.object_store import is_remote, pull_files, store, upload_dir
 from indexing.pinning import resolve_version, split_pin
 
 if TYPE_CHECKING:
@@ -50,6 +48,7 @@ if TYPE_CHECKING:
 from indexing.manifest import (
     SHARED_FOLDERS,
     atomic_write,
+    check_file,
     check_format,
     checksums_text,
     used_by,
@@ -61,13 +60,28 @@ from indexing.manifest import (
 log = logging.getLogger(__name__)
 
 
+def is_remote(path: str | os.PathLike) -> bool:
+    """True for an fsspec URI whose scheme is not the local file system (s3://, gs://, az://, memory://)."""
+    text = str(path)
+    if "://" not in text:
+        return False
+    return text.split("://", 1)[0].lower() not in ("file", "local")
+
+
+def _store(uri: str) -> tuple[Any, str]:
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    return fs, root.rstrip("/")
+
+
 def current_name(spec: str) -> str | None:
     """What CURRENT of the index `spec` (a local folder or a URI) names now, None where there is none."""
     if not is_remote(spec):
         from indexing.manifest import current_version
 
         return current_version(Path(spec))
-    fs, root = store(spec)
+    fs, root = _store(spec)
     try:
         return fs.cat_file(f"{root}/CURRENT").decode().strip() or None
     except FileNotFoundError:
@@ -97,7 +111,7 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
 
 def _read_manifest(uri: str, version: str | None) -> dict:
     """`remote_manifest` of an unpinned `uri`."""
-    fs, root = store(uri)
+    fs, root = _store(uri)
     if version is None:
         try:
             version = fs.cat_file(f"{root}/CURRENT").decode().strip()
@@ -126,6 +140,31 @@ def _cache_dir(uri: str, cfg: IndexSettings) -> Path:
     return Path(base).expanduser() / key
 
 
+def _pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int:
+    """Download the files `(remote path, local path, {sha256, bytes} or None)` not yet cached, in one
+    batched `fs.get` (concurrent on object stores), each under a temporary name, checked, then renamed
+    into place. Returns how many were pulled."""
+    todo = [
+        (r, loc, want, loc.with_name(f".{loc.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp"))
+        for r, loc, want in wanted
+        if not loc.is_file()
+    ]
+    try:
+        for _, loc, _, _ in todo:
+            loc.parent.mkdir(parents=True, exist_ok=True)
+        if todo:
+            fs.get([r for r, *_ in todo], [str(tmp) for *_, tmp in todo])
+        for r, _loc, want, tmp in todo:
+            if want is not None:
+                check_file(tmp, want, name=r)
+        for _, loc, _, tmp in todo:
+            os.replace(tmp, loc)  # a concurrent worker's identical copy may land first: same bytes
+    finally:
+        for *_, tmp in todo:
+            tmp.unlink(missing_ok=True)
+    return len(todo)
+
+
 @contextlib.contextmanager
 def node_lock(local: Path) -> Iterator[None]:
     """Hold the pull lock of one index's local cache (flock on `<cache>/.pull.lock`): processes on one node
@@ -150,12 +189,18 @@ def pull_version(
     """Make the version's files (with `search_only`, those search reads) present in the local cache;
     returns (cache root, manifest)."""
     uri, version = resolve_version(uri, version)
-    return _pull(uri, cfg, version, search_only)
+    local, manifest = _pull(uri, cfg, version, search_only)
+    if not search_only:  # a full copy (a build's seed, verify): each shard's marker of a complete shard
+        for shard in manifest["shards"]:
+            marker = local / "shards" / shard["key"] / "checksums.json"
+            if not marker.is_file():
+                atomic_write(marker, checksums_text(shard["files"]))
+    return local, manifest
 
 
 def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) -> tuple[Path, dict]:
     """`pull_version` of an unpinned `uri`."""
-    fs, root = store(uri)
+    fs, root = _store(uri)
     manifest = _read_manifest(uri, version)
     check_format(manifest, uri)
     name = version_name(manifest["version"])
@@ -175,13 +220,8 @@ def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) 
             for rel, files in version_files(manifest, search_only)
             for f, want in files.items()
         ]
-        pulled = pull_files(fs, wanted)
-        if not search_only:  # a full copy (a build's seed, verify): each shard's marker, the manifest's list
-            for s in manifest["shards"]:
-                marker = local / "shards" / s["key"] / "checksums.json"
-                if not marker.is_file():
-                    atomic_write(marker, checksums_text(s["files"]))
-        pull_files(
+        pulled = _pull_files(fs, wanted)
+        _pull_files(
             fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
         )  # last: marks the version
         (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
@@ -230,9 +270,9 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _seed(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
+def seed_build(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
     """Copy the remote's published version into `work` (from the cache) so the build is incremental."""
-    fs, root = store(uri)
+    fs, root = _store(uri)
     if not fs.exists(f"{root}/CURRENT"):
         return None
     local, manifest = pull_version(uri, cfg)
@@ -248,22 +288,29 @@ def _seed(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
     return manifest
 
 
+def _upload_dir(fs: Any, local_dir: Path, remote_dir: str, last: str) -> None:
+    """Upload every file under `local_dir`, the file named `last` after all others."""
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+    for p in sorted(files, key=lambda p: p.name == last):
+        fs.put_file(str(p), f"{remote_dir}/{p.relative_to(local_dir).as_posix()}")
+
+
 def upload_version(work: Path, uri: str, manifest: dict) -> int:
     """Upload a version published in `work`: new shards, then the version, then CURRENT. Returns the
     number of shards uploaded."""
-    fs, root = store(uri)
+    fs, root = _store(uri)
     uploaded = 0
     for s in manifest["shards"]:
         remote = f"{root}/shards/{s['key']}"
         if fs.exists(f"{remote}/checksums.json"):
             continue  # content-addressed: an identical shard is already there
-        upload_dir(fs, work / "shards" / s["key"], remote, "checksums.json")
+        _upload_dir(fs, work / "shards" / s["key"], remote, "checksums.json")
         uploaded += 1
     template = (manifest.get("faiss_template") or {}).get("path")
     if template and not fs.exists(f"{root}/{template}"):
         fs.put_file(str(work / template), f"{root}/{template}")
     name = version_name(manifest["version"])
-    upload_dir(fs, work / "versions" / name, f"{root}/versions/{name}", "manifest.json")
+    _upload_dir(fs, work / "versions" / name, f"{root}/versions/{name}", "manifest.json")
     fs.pipe_file(f"{root}/CURRENT", (name + "\n").encode())
     log.info("uploaded %s to %s (%d new shards of %d)", name, uri, uploaded, len(manifest["shards"]))
     return uploaded
@@ -272,7 +319,7 @@ def upload_version(work: Path, uri: str, manifest: dict) -> int:
 def collect_remote_garbage(uri: str, keep_versions: int) -> None:
     """Drop the remote versions `versions_to_keep` does not keep, and shards and templates no kept
     version uses (manifest.used_by, as `collect_garbage` does locally)."""
-    fs, root = store(uri)
+    fs, root = _store(uri)
     current = fs.cat_file(f"{root}/CURRENT").decode().strip()
     versions = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{root}/versions", detail=False))
     versions = [v for v in versions if v.startswith("v")]
@@ -288,24 +335,3 @@ def collect_remote_garbage(uri: str, keep_versions: int) -> None:
         for entry in fs.ls(f"{root}/{folder}", detail=False) if fs.exists(f"{root}/{folder}") else ():
             if entry.rstrip("/").rsplit("/", 1)[-1] not in used[folder]:
                 fs.rm(entry, recursive=True)
-
-
-def build_remote_index(sources: list[str], uri: str, cfg: IndexSettings, **kwargs: Any) -> dict:
-    """`build_index` for a remote index directory: build locally, then upload (see the module doc)."""
-    from indexing.build import build_local_index
-    from indexing.manifest import read_manifest
-
-    scratch = cache_root(uri, cfg).with_name("builds")
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
-    try:
-        _seed(uri, cfg, work)
-        report = build_local_index(sources, work, cfg, **kwargs)
-        report["shards_uploaded"] = 0
-        if report["published"]:
-            report["shards_uploaded"] = upload_version(work, uri, read_manifest(work))
-            collect_remote_garbage(uri, cfg.index.keep_versions)
-        report["index_dir"] = uri
-        return report
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

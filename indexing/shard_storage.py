@@ -16,7 +16,6 @@ import numpy as np
 from indexing.embed import embed_input
 from indexing.faults import fault_point
 from indexing.manifest import write_checksums
-from indexing.object_store import is_remote, pull_files, store, upload_dir
 from indexing.store import read_table
 
 log = logging.getLogger(__name__)
@@ -29,11 +28,15 @@ class ShardStorage:
     `shards/<key>/` with its `checksums.json` last (the marker of a complete shard, as remote.py uploads)."""
 
     def __init__(self, root: str, scratch: str | None = None):
+        from indexing.remote import is_remote
+
         self.root, self.remote = root, is_remote(root)
         self.local = Path(cast(str, scratch) if self.remote else root)  # a remote root always comes with a scratch
 
     def _fs(self) -> tuple[Any, str]:
-        return store(self.root)
+        from indexing.remote import _store
+
+        return _store(self.root)
 
     def has(self, key: str) -> bool:
         if not self.remote:
@@ -69,9 +72,11 @@ class ShardStorage:
         """A local copy of the index file `rel` (a remote one pulled once into the scratch, checked)."""
         if not self.remote:
             return self.local / rel
+        from indexing.remote import _pull_files
+
         fs, base = self._fs()
         local = self.local / "pulled" / rel
-        pull_files(fs, [(f"{base}/{rel}", local, want)])
+        _pull_files(fs, [(f"{base}/{rel}", local, want)])
         return local
 
     def put(self, path: Path, rel: str) -> None:
@@ -93,11 +98,13 @@ class ShardStorage:
 
     def upload_finished(self, key: str) -> bool:
         """Remote: upload a shard finished in the scratch (checksums.json last) and drop it; False if none."""
+        from indexing.remote import _upload_dir
+
         done = self.local / "uploading" / key
         if not self.remote or not (done / "checksums.json").is_file():
             return False
         fs, base = self._fs()
-        upload_dir(fs, done, f"{base}/shards/{key}", "checksums.json")
+        _upload_dir(fs, done, f"{base}/shards/{key}", "checksums.json")
         shutil.rmtree(done, ignore_errors=True)
         return True
 

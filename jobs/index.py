@@ -200,8 +200,7 @@ def _info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from indexing.manifest import read_manifest
-    from indexing.object_store import is_remote
-    from indexing.remote import remote_manifest
+    from indexing.remote import is_remote, remote_manifest
     from jobs.cli import config_from_args
 
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))  # pinned too
@@ -239,8 +238,7 @@ def _verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from indexing.manifest import read_manifest, verify_version
-    from indexing.object_store import is_remote
-    from indexing.remote import pull_version
+    from indexing.remote import is_remote, pull_version
     from jobs.cli import config_from_args
 
     if is_remote(args.index):

@@ -60,9 +60,9 @@ def side_result(side: str, script: Script, framework: str, threads: int) -> dict
 
 def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script | None = None):
     """Returns (order, commands, model folder, script)."""
-    import jobs.bench.flashrag_setup as setup
     import jobs.bench.flashrag_env
     import jobs.bench.flashrag_launch as launch
+    import jobs.bench.flashrag_setup as setup
     import jobs.bench.roofline
     import pipeline.assets.models
     import pipeline.backends.embedding
