@@ -3,7 +3,7 @@ weights (DRAGIN's RIND/QFS need them; vLLM never returns them). Batched with lef
 
 The text is read from the ids as vLLM's detokenizer reads them (pipeline/backends/detok.py); stop strings
 cut it, and the ids end, as vLLM's do, with the one that completes the stop string. Per-token logprobs
-come from the generation scores.
+come from the generation scores, and so do per-step entropies (SamplingSpec.entropy, DRAGIN's code's).
 `self.model` / `self.tokenizer` are public so that DRAGIN's attention pass reuses them: the model runs
 SDPA attention through the pass's registered implementation (pipeline/backends/rind_pass.py), eager
 where a pass asks for weights.
@@ -90,7 +90,7 @@ class HfGenerator:
             max_new_tokens=max(1, max_new),
             pad_token_id=self.pad_id,
             return_dict_in_generate=True,
-            output_scores=bool(spec.logprobs),
+            output_scores=bool(spec.logprobs) or spec.entropy,
         )
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=g.top_p if spec.top_p is None else spec.top_p)
@@ -129,6 +129,10 @@ class HfGenerator:
                             {self.tokenizer.decode([int(t)]): float(v) for v, t in zip(top.values, top.indices)},
                         )
                     )
+            entropies = None
+            if spec.entropy:  # the end-of-sequence token's step too, where the model ended
+                steps = len(gen) + (finish == "stop" and not stopped)
+                entropies = [step_entropy(out.scores[step][row]) for step in range(steps)]
             if spec.eos_text and finish == "stop" and not stopped:
                 text += self.tokenizer.decode([eos])
             completions.append(
@@ -142,6 +146,15 @@ class HfGenerator:
                     prompt_token_ids=list(ids),
                     token_spans=spans if spec.token_spans else None,
                     stop_reason=stop_reason,
+                    entropies=entropies,
                 )
             )
         return completions
+
+
+def step_entropy(scores) -> float:
+    """-sum p log(p + 1e-10) of softmax(scores) in float32, as DRAGIN's generate_attn computes it."""
+    import torch
+
+    p = torch.softmax(scores.float(), dim=-1)
+    return float(-(p * torch.log(p + 1e-10)).sum())

@@ -39,6 +39,8 @@ class SamplingSpec:
     eos_text: bool = False  # an output ended by the end-of-sequence token ends with that token's text (as decoding
     # the generated ids with their special tokens gives it: DRAGIN's code reads its outputs so)
     prompt_logprobs: int | None = None
+    entropy: bool = False  # also each step's entropy over the whole vocabulary (Completion.entropies; the
+    # transformers backend only)
     # constrained decoding (vLLM's structured outputs; the transformers backend ignores it and methods parse
     # what comes): the output is one of `choice`, or matches `regex`
     choice: tuple[str, ...] = ()
@@ -116,6 +118,10 @@ class Completion:
     prompt_token_ids: list[int] = field(default_factory=list)
     token_spans: list[tuple[int, int]] | None = None
     stop_reason: str = ""  # the stop string that ended the output ("" for an end token, the length, or unknown)
+    # SamplingSpec.entropy: per generation step, the entropy (nats) of the softmax of the scores the generator
+    # chose from (its processed logits), over the whole vocabulary, -sum p log(p + 1e-10) as DRAGIN's code
+    # computes it; the step that produced an end-of-sequence token is included (one more than token_ids then)
+    entropies: list[float] | None = None
     over: int = 0  # finish_reason WINDOW: by how many tokens the prompt and its max_tokens exceed the window
 
 
