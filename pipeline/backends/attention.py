@@ -32,6 +32,19 @@ item's suffix. `generation.attention_pass=full` runs every layer eager over the 
 official implementation's pass; `dynrag bench dragin --reference`). Items are sorted by length and cut
 into forward batches whose last-layer weights fit `generation.attention_batch_mib` and whose padding
 stays within a quarter of its real positions.
+DRAGIN's code computes RIND's attention and its real-words query otherwise; the authors' setting asks for
+theirs (pipeline/backends/authors_attention.py), each a forward over exactly the tokens the code feeds,
+every layer eager, no prefix reuse:
+
+    Call("attention", "authors_rind", [{"ids": [int], "ended": bool}, ...])
+        -> {"words": [str], "ranges": [(first, last)], "attns": [float]} per item: generate_attn's words of
+        the generated ids (with the end-of-sequence id after them where `ended`, as the code's generate keeps
+        it) and each word's attention from a forward over those ids alone
+    Call("attention", "authors_qfs", [{"text": str, "n_curr": int, "hits": [0|1], "real_words": [str],
+                                       "top_k": int}, ...])
+        -> the query per item: keep_real_words over `text` (the question, the answer so far, the kept
+        sentences and the current sentence's words) encoded as the tokenizer encodes it
+
 With generation.backend=transformers the generator's model is reused, otherwise it is loaded here, where
 `placement` says: on a GPU, the generator's device in half precision (bf16 unless the generator runs
 fp16), in the same process as the generator (the Ray engine actor beside vLLM: one copy per GPU, so leave
@@ -47,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.backends import authors_attention as authors
 from pipeline.backends import register_backend
 from pipeline.backends.detok import clip, detokenize
 from pipeline.errors import DynragError
@@ -117,6 +131,41 @@ class AttentionPass:
     def count_tokens(self, texts: list[str]) -> list[int]:
         """Each text's length in the model's tokens, encoded as a prompt is (DRAGIN's code stops at a length)."""
         return [len(self.tokenizer.encode(t)) for t in texts]
+
+    # -- DRAGIN's code's RIND attention and query (the authors' setting) -------------------------
+    @property
+    def space_token(self) -> str:
+        """BasicGenerator's space token: "▁" for a model of type llama, else the tokenizer's token for " "."""
+        return "▁" if self.model.config.model_type == "llama" else self.tokenizer.tokenize(" ")[0]
+
+    def _words(self, ids: list[int], after_eos: bool) -> tuple[list[str], list[tuple[int, int]], list[str]]:
+        tokens = self.tokenizer.convert_ids_to_tokens(ids)
+        ranges = authors.word_ranges(tokens, ids, self.space_token, after_eos)
+        return tokens, ranges, authors.word_texts(tokens, ranges, self.space_token)
+
+    def authors_rind(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for it in items:
+            ids = [int(t) for t in it["ids"]]
+            if it.get("ended") and self.tokenizer.eos_token_id is not None:
+                ids.append(self.tokenizer.eos_token_id)
+            if not ids:
+                out.append({"words": [], "ranges": [], "attns": []})
+                continue
+            tokens, ranges, words = self._words(ids, after_eos=True)
+            heads = self.passes.last_layer_heads(ids)
+            out.append({"words": words, "ranges": ranges, "attns": authors.word_attention(heads, tokens, ranges)})
+        return out
+
+    def authors_qfs(self, items: list[dict[str, Any]]) -> list[str]:
+        out = []
+        for it in items:
+            ids = list(self.tokenizer.encode(it["text"]))
+            _, ranges, words = self._words(ids, after_eos=False)
+            mean = self.passes.last_layer_heads(ids).mean(dim=0)
+            fwd = authors.forward_attention(mean, ranges, it["n_curr"], it["hits"])
+            out.append(authors.real_words_query(words, fwd, it["n_curr"], it["hits"], it["real_words"], it["top_k"]))
+        return out
 
     # -- the operation -------------------------------------------------------------------------
     def stats(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -48,9 +48,14 @@ def _additive(mask: torch.Tensor | None, q_len: int, kv_len: int, dtype, device)
     return torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+class HeadWeights(list):
+    """`module._dynrag_eager` asking for the weights of every head, in the model's dtype ([batch, heads, q, k])."""
+
+
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """SDPA, except where a pass asked for weights (`module._dynrag_eager`: a list to append the mean
-    over heads to, or True for eager without keeping them): there the model's own eager attention."""
+    over heads to, a HeadWeights for every head's, or True for eager without keeping them): there the
+    model's own eager attention."""
     want = getattr(module, "_dynrag_eager", None)
     if want is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -62,7 +67,9 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if attention_mask is None or attention_mask.dtype == torch.bool:
         attention_mask = _additive(attention_mask, query.shape[2], key.shape[2], query.dtype, query.device)
     out, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=0.0, **kwargs)
-    if isinstance(want, list):
+    if isinstance(want, HeadWeights):
+        want.append(weights)
+    elif isinstance(want, list):
         want.append(weights.float().mean(dim=1))
     return out, None
 
@@ -200,3 +207,20 @@ class RindPass:
         for r, (s, start) in enumerate(zip(seqs, starts)):
             out.append((hidden[r, start - 1 - m : len(s) - 1 - m], weights[0][r, start - m : len(s) - m, : len(s)]))
         return out
+
+    def last_layer_heads(self, ids: list[int]) -> torch.Tensor:
+        """A forward as `model(ids, output_attentions=True)` runs it in eager attention (DRAGIN's code): `ids`
+        alone, one sequence, no cache, every layer eager; the last layer's weights [heads, len, len] in the
+        model's dtype."""
+        weights = HeadWeights()
+        for layer in self.layers:
+            layer.self_attn._dynrag_eager = True
+        self.layers[-1].self_attn._dynrag_eager = weights
+        try:
+            with torch.no_grad():
+                self.decoder(input_ids=torch.tensor([ids], device=self.device), use_cache=False)
+        finally:
+            for layer in self.layers:
+                layer.self_attn._dynrag_eager = None
+        self.tokens_computed += len(ids)
+        return weights[0][0]
