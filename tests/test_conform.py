@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import PIECE, FakeAttention, MemoryRetriever
+from fakes import MemoryRetriever
 
-from jobs.bench.simulated import tokenized
 from jobs.conform import run as conform_run
 from jobs.conform import traces
 from pipeline.backends import Backends
@@ -241,9 +240,12 @@ def test_the_length_limit_ends_a_question_in_the_authors_setting():
 def test_params_for_reads_the_reference_config():
     setup = {"fewshot": "F", "case_template": "C {question}"}
     args = {"generate_max_length": 100, "retrieve_topk": 3, "hallucination_threshold": 0.8, "retrieve_keep_top_k": 35}
+    args.update(conform_run.ATTN_WEIGHT_RAG)
     p = conform_run.params_for("dragin", args, setup, "Answer in t he same format as before.\n")
     assert (p["theta"], p["top_n"], p["k"], p["max_tokens"], p["authors"]["fewshot"]) == (0.8, 35, 3, 100, "F")
     get_method("dragin").params(p)  # valid parameters
+    with pytest.raises(SystemExit, match="last_sentence"):  # another query of their code is not computed
+        conform_run.params_for("dragin", {**args, "query_formulation": "last_sentence"}, setup, "x")
     flare = conform_run.params_for("flare", {**args, "hallucination_threshold": 0.08}, setup, "x")
     assert flare["mean_threshold"] == 0.08 and flare["authors"]["context_outro"] == "x"
     assert get_method("flare").params(flare).authors.case_template == "C {question}"
@@ -254,50 +256,6 @@ def test_the_driver_hashes_prompts_as_the_comparison_does():
     from jobs.conform import dragin_driver
 
     assert dragin_driver.sha("Question: x\nAnswer:") == traces.prompt_sha("Question: x\nAnswer:")
-
-
-class WordAttentionCounting(FakeAttention):
-    def count_tokens(self, texts):
-        return [len(t.split()) for t in texts]
-
-
-class PieceScript(Script):
-    """Replies in order, with word-level token ids the fake attention pass accepts."""
-
-    def generate(self, prompts, samplings, chats):
-        self.prompts += prompts
-        outs = []
-        for prompt in prompts:
-            text = self.replies.pop(0)
-            pieces = PIECE.findall(text)
-            outs.append(Completion(text, 1, len(pieces), "length", None, **tokenized(prompt, pieces, False)))
-        return outs
-
-
-def test_dragin_in_the_authors_setting_drops_the_triggering_sentence_and_keeps_one_new_one():
-    replies = [
-        "Titanic was made in 1997. Zorblat directed it. So the answer is Zorblat.",
-        "James Cameron directed it. Titanic won awards.",
-        "So the answer is James Cameron.",
-    ]
-    script = PieceScript(replies)
-    att = WordAttentionCounting()
-    backends = Backends(DynragConfig(), generator=script, retriever=MemoryRetriever(PASSAGES), named={"attention": att})
-    spec = get_method("dragin")
-    p = spec.params({"authors": {"fewshot": FEWSHOT, "case_template": CASE}, "theta": 0.8, "k": 1})
-    out = Engine(backends).run([Question("q1", "Who directed Titanic?", dataset="hotpotqa")], spec.program, p)[0]
-    assert out.error is None, out.error
-    case = CASE.format(question="Who directed Titanic?")
-    prompts = script.prompts
-    assert prompts[0] == FEWSHOT + case  # AttnWeightRAG joins no blank to an empty answer
-    # "Zorblat" (entropy 3, a_max at its sentence's mean) passes theta: its whole sentence goes, the sentence
-    # before it stays, and the continuation is asked with the passage in the prompt
-    assert prompts[1].startswith(FEWSHOT + "Context:\n[1] ") and prompts[1].endswith(
-        case + " Titanic was made in 1997."
-    )
-    # only the first new sentence is kept, and the next round's prompt has no passages
-    assert prompts[2] == FEWSHOT + case + " Titanic was made in 1997. James Cameron directed it."
-    assert out.answer.prediction == "James Cameron" and out.answer.extra["retrievals"] == 1
 
 
 def test_sentences_from_a_spacy_pipeline_folder(tmp_path):

@@ -83,6 +83,11 @@ def checkout_of(source: str) -> dict[str, str]:
     return {"path": str(path), "repository": git("remote", "get-url", "origin"), "commit": git("rev-parse", "HEAD")}
 
 
+# what dynrag's authors' setting of DRAGIN computes (pipeline/methods/dragin_authors.py, attn_weight): entropy as
+# the weight, the real-words query, the real-word check on hit words (every config of the reference's)
+ATTN_WEIGHT_RAG = {"method": "dragin", "query_formulation": "real_words", "check_real_words": True}
+
+
 def params_for(method: str, ref_args: dict, setup: dict, outro: str) -> dict[str, Any]:
     """dynrag's parameters in the authors' setting, from the reference's config and exemplars."""
     p: dict[str, Any] = {
@@ -97,6 +102,9 @@ def params_for(method: str, ref_args: dict, setup: dict, outro: str) -> dict[str
     if method == "flare":
         p["mean_threshold"] = ref_args["hallucination_threshold"]
     if method == "dragin":
+        other = {k: ref_args.get(k) for k, v in ATTN_WEIGHT_RAG.items() if ref_args.get(k) != v}
+        if other:
+            raise SystemExit(f"dynrag's authors' setting of DRAGIN is AttnWeightRAG with {ATTN_WEIGHT_RAG}: {other}")
         p.update(theta=ref_args["hallucination_threshold"], top_n=ref_args["retrieve_keep_top_k"])
     return p
 

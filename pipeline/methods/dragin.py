@@ -400,47 +400,9 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
 
 
 def dragin_as_authors(q: Question, p: DraginParams, a: authors.AuthorsPrompt, length: int, theta: float, top_n: int):
-    """AttnWeightRAG's loop (authors.py) with dynrag's RIND and QFS: a triggered sentence is dropped whole, the
-    round after a retrieval keeps its first sentence only, and the next round's prompt holds no passages."""
-    text, n, docs = "", 0, []
-    while True:
-        old_len = len(text)
-        prompt = authors.layout(a, q, (), " " + text if text else "")
-        out = yield from authors.generate(prompt, length)
-        new = out.text
-        i = None
-        if new.strip():
-            after = prompt.rfind("Answer:") + len("Answer:")
-            item = {
-                "prompt": prompt,
-                "prompt_ids": out.prompt_token_ids,
-                "generated": new,
-                "generated_ids": out.token_ids,
-                "context": [
-                    (prompt.rfind(q.question), prompt.rfind(q.question) + len(q.question)),
-                    (after, len(prompt)),
-                ],
-            }
-            st = (yield Call("attention", "stats", [item], stage="attention"))[0]
-            i = rind_trigger(st, new, theta, p.attention_norm)
-        if i is None:
-            text = text.strip() + " " + new.strip()
-        else:
-            at = st["offsets"][i][0]
-            cuts = authors.spans(new, a.sentence_model)
-            start = next((a for a, b in cuts if at < b), cuts[-1][0] if cuts else 0)
-            ptext = " ".join(authors.sentences(new[:start], a.sentence_model))
-            n += 1
-            docs = yield from authors.retrieve(qfs(st, i, top_n, p.qfs_skip_stop_words), p.k, p.retriever, n)
-            tail = "".join(" " + s for s in (text, ptext.strip()) if s)
-            again = yield from authors.generate(authors.layout(a, q, docs, tail), length)
-            first = authors.sentences(again.text, a.sentence_model)
-            text = authors.joined(text.strip(), ptext.strip(), first[0] if first else "")
-        if (yield from authors.done(text, old_len, length)):
-            break
-    ans = yield from authors.finish(a, q, text, {"retrievals": n, "theta": theta, "top_n": top_n})
-    ans.used_docs = docs
-    return ans
+    """AttnWeightRAG's loop with its own RIND and query (authors.attn_weight): theta is the code's
+    hallucination_threshold, top_n its retrieve_keep_top_k."""
+    return (yield from authors.attn_weight(q, a, length, p.k, p.retriever, theta, top_n))
 
 
 # -- flare ----------------------------------------------------------------------------------------------

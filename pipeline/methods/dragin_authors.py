@@ -10,6 +10,8 @@ What this setting does as the authors' code does:
 - Each round generates `max_tokens` greedy tokens with no stop string; the answer grows by whole rounds; an
   output the model ended holds the end-of-sequence token's text (the code decodes its ids with special tokens).
 - A question ends when its answer holds "the answer is", stops growing, or passes `max_tokens` tokens.
+- DRAGIN (AttnWeightRAG) weighs each word of a round by the code's attention and entropy and asks its
+  real-words query (`attn_modifier`, pipeline/backends/authors_attention.py), not dynrag's RIND and QFS.
 - The answer is cut at "Question:" or "Note:"; without "the answer is", " So the answer is " is appended and 20
   tokens generated (their eval.py); the prediction is what follows "the answer is" (their data.py).
 """
@@ -17,14 +19,18 @@ What this setting does as the authors' code does:
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+import re
+from collections.abc import Callable, Generator, Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from indexing.hits import Hit
+from pipeline.backends.authors_attention import word_means
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec
+from pipeline.errors import DynragError
 from pipeline.methods.dragin_math import sentence_spans
 
 SPLIT_WORDS = ("Question:", "#10000000", "Note:")  # where their eval.py cuts an answer
@@ -53,8 +59,9 @@ class AuthorsPrompt(BaseModel):
     )
     sentence_model: str | None = Field(
         None,
-        description="authors setting: a spaCy pipeline (name or folder) whose parser splits sentences, as the "
-        "code's en_core_web_sm does; None: dynrag's rule-based sentencizer",
+        description="authors setting: a spaCy pipeline (name or folder) whose parser splits sentences and whose "
+        "tagger finds DRAGIN's real words, as the code's en_core_web_sm does; None: dynrag's rule-based "
+        "sentencizer, and every word but a stop word is a real word",
     )
 
 
@@ -71,8 +78,10 @@ def joined(*parts: str) -> str:
     return " ".join(s for s in parts if s)
 
 
-def generate(prompt: str, max_tokens: int, logprobs: int | None = None) -> Generator[Request, Any, Completion]:
-    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, eos_text=True)
+def generate(
+    prompt: str, max_tokens: int, logprobs: int | None = None, entropy: bool = False
+) -> Generator[Request, Any, Completion]:
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, eos_text=True, entropy=entropy)
     return (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
 
 
@@ -104,6 +113,19 @@ def spans(text: str, model: str | None) -> list[tuple[int, int]]:
 
 def sentences(text: str, model: str | None = None) -> list[str]:
     return [s for s in (text[a:b].strip() for a, b in spans(text, model)) if s]
+
+
+REAL_POS = ("NOUN", "ADJ", "VERB", "PROPN", "NUM")  # AttnWeightRAG's real words
+
+
+def real_words(text: str, model: str | None) -> set[str]:
+    """The words of `text` the spaCy pipeline tags NOUN, ADJ, VERB, PROPN or NUM (AttnWeightRAG's real words);
+    without a pipeline, every word that is not a stop word (dynrag's stand-in: no tagger)."""
+    if model is None:
+        from spacy.lang.en.stop_words import STOP_WORDS
+
+        return {w for w in re.findall(r"\w+", text) if w.lower() not in STOP_WORDS}
+    return {t.text for t in _pipeline(model)(text) if t.pos_ in REAL_POS}
 
 
 def cut(text: str, at_start_too: bool) -> str:
@@ -173,6 +195,39 @@ def flare_modifier(text: str, out: Completion, threshold: float, model: str | No
     return None
 
 
+def attn_modifier(
+    words: Sequence[str],
+    attns: Sequence[float],
+    weights: Sequence[float],
+    threshold: float,
+    sents: Sequence[str],
+    real: Callable[[str], set[str]] | None,
+) -> tuple[str, list[str], list[int]] | None:
+    """AttnWeightRAG.modifier: each sentence's words (the words from where the last sentence's ended until
+    their join holds the sentence; the last sentence takes the rest), each word's attention relative to
+    the sentence's sum, times its weight (entropy) and the sentence's length in words; the first sentence
+    with a value above the threshold -> (the sentences before it, its words, a 0/1 hit per word, a word
+    kept only where it holds one of the sentence's real words when `real` is given); None: no sentence."""
+    tid = 0
+    for sid, sent in enumerate(sents):
+        tl = tr = tid
+        if sid == len(sents) - 1:
+            tr = len(words)
+        else:
+            tr = next((i for i in range(tid + 1, len(words)) if sent in " ".join(words[tl:i])), tid)
+            tid = tr
+        with np.errstate(all="ignore"):  # the code's empty or zero sums give NaN values, never a hit
+            rel = np.array(attns[tl:tr]) / sum(attns[tl:tr])
+            values = [rel[i - tl] * weights[i] * (tr - tl) for i in range(tl, tr)]
+        hits = [1 if v > threshold else 0 for v in values]
+        if 1 in hits:
+            if real is not None:
+                kept = real(sent)
+                hits = [h if any(w in words[tl + i] for w in kept) else 0 for i, h in enumerate(hits)]
+            return " ".join(sents[:sid]), list(words[tl:tr]), hits
+    return None
+
+
 # -- the loops, one per class of the authors' code ------------------------------------------------------------
 def no_retrieval(q: Question, p: AuthorsPrompt, length: int) -> Generator[Request, Any, Answer]:
     """BasicRAG: one generation from the exemplars and the question."""
@@ -233,5 +288,50 @@ def token(q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | N
         if (yield from done(text, old_len, length)):
             break
     ans = yield from finish(p, q, text, {"retrievals": n})
+    ans.used_docs = docs
+    return ans
+
+
+def attn_weight(
+    q: Question, p: AuthorsPrompt, length: int, k: int, retriever: str | None, threshold: float, top_k: int
+) -> Generator[Request, Any, Answer]:
+    """AttnWeightRAG (DRAGIN in its code: method "dragin", query_formulation "real_words",
+    check_real_words): each round's words weighted by their attention over the round's own tokens and their
+    entropy; a sentence with a word above the threshold is dropped, the words before it attended by its hit
+    words form the query (keep_real_words, the top_k), and the continuation after the retrieval keeps its
+    first sentence. Needs the per-step entropies of the transformers generator (SamplingSpec.entropy)."""
+    text, n, docs, queries = "", 0, [], []
+
+    def real(s: str) -> set[str]:
+        return real_words(s, p.sentence_model)
+
+    while True:
+        old_len = len(text)
+        out = yield from generate(layout(p, q, (), " " + text if text else ""), length, entropy=True)
+        ended = out.finish_reason == "stop" and not out.stop_reason  # the end-of-sequence id, dropped from ids
+        if out.entropies is None or len(out.entropies) != len(out.token_ids) + ended:
+            raise DynragError("the authors' DRAGIN needs per-step entropies: generation.backend=transformers")
+        item = {"ids": out.token_ids, "ended": ended}
+        st = (yield Call("attention", "authors_rind", [item], stage="attention"))[0]
+        weights = word_means(out.entropies, st["ranges"])
+        hit = attn_modifier(st["words"], st["attns"], weights, threshold, sentences(out.text, p.sentence_model), real)
+        if hit is None:
+            text = text.strip() + " " + out.text.strip()
+        else:
+            ptext, curr, hits = hit
+            all_text = q.question + " " + text + " " + ptext + " " + " ".join(curr)
+            ask = {"text": all_text, "n_curr": len(curr), "hits": hits, "real_words": sorted(real(all_text))}
+            query = (yield Call("attention", "authors_qfs", [{**ask, "top_k": top_k}], stage="attention"))[0]
+            n += 1
+            queries.append(query)
+            docs = yield from retrieve(query, k, retriever, n)
+            tail = "".join(" " + s for s in (text, ptext.strip()) if s)
+            again = yield from generate(layout(p, q, docs, tail), length)
+            first = sentences(again.text, p.sentence_model)
+            text = joined(text.strip(), ptext.strip(), first[0] if first else "")
+        if (yield from done(text, old_len, length)):
+            break
+    extra = {"retrievals": n, "queries": queries, "theta": threshold, "top_n": top_k}
+    ans = yield from finish(p, q, text, extra)
     ans.used_docs = docs
     return ans
