@@ -193,8 +193,17 @@ class Script:
 
 
 class Counter:
+    """The attention backend's text operations, a word a token."""
+
+    def __init__(self):
+        self.cut: list[tuple[str, int]] = []
+
     def count_tokens(self, texts):
         return [len(t.split()) for t in texts]
+
+    def last_tokens(self, items):
+        self.cut += items
+        return [" ".join(t.split()[-n:]) for t, n in items]
 
 
 def run_authors(method: str, replies: list[str], **params):
@@ -229,6 +238,21 @@ def test_no_retrieval_in_the_authors_setting_forces_an_answer_as_their_eval():
     assert prompts[0] == FEWSHOT + case
     assert prompts[1] == FEWSHOT + case + " Titanic was directed by James Cameron. So the answer is "
     assert ans.prediction == "James Cameron" and ans.extra["answer_forced"]
+
+
+def test_a_query_is_cut_to_its_last_64_tokens_as_their_bm25_cuts_it():
+    """The code's retrieve(max_query_length=64): FixLengthRAG's query (the text so far) searched by its tail."""
+    script, counter, memory = Script(["w " * 70 + "James Cameron.", "So the answer is James Cameron."]), Counter(), []
+    retriever = MemoryRetriever(PASSAGES)
+    search = retriever.search
+    retriever.search = lambda queries, k, retriever="bm25": memory.extend(queries) or search(queries, k, retriever)
+    backends = Backends(DynragConfig(), generator=script, retriever=retriever, named={"attention": counter})
+    spec = get_method("fs-rag")
+    p = spec.params({"authors": {"fewshot": FEWSHOT, "case_template": CASE}, "k": 1})
+    Engine(backends).run([Question("q1", "Who directed Titanic?", dataset="hotpotqa")], spec.program, p)
+    assert memory[0] == "Who directed Titanic?"  # short: searched whole
+    assert len(memory[1].split()) == 64 and memory[1].endswith("James Cameron.")  # the first 8 words cut
+    assert [n for _, n in counter.cut] == [64, 64]
 
 
 def test_the_length_limit_ends_a_question_in_the_authors_setting():

@@ -73,6 +73,18 @@ def test_word_attention_is_the_max_over_later_rows_averaged_over_heads_summed_pe
     assert len(words) == (2 if space == "llama" else 9)  # llama: "▁" starts no byte-level token; id 13 does
 
 
+def test_a_query_is_cut_to_its_last_tokens_on_the_left_as_their_bm25(tiny):
+    """retriever.BM25.retrieve's truncation: the last n tokens, no special tokens, decoded."""
+    _, attention = tiny
+    tok = attention.tokenizer
+    text = "Titanic was directed by James Cameron in 1997"
+    ids = tok.encode(text, add_special_tokens=False)
+    (whole, tail) = attention.last_tokens([(text, len(ids) + 5), (text, 3)])
+    assert whole == tok.decode(ids, skip_special_tokens=True)
+    assert tail == tok.decode(ids[-3:], skip_special_tokens=True) and text.endswith(tail.strip())
+    assert tail != whole
+
+
 def test_a_leading_end_token_divides_the_attention_by_the_rest():
     heads = torch.tensor([[[0.5, 0.2, 0.1], [0.1, 0.6, 0.3], [0.0, 0.0, 0.2]]])  # one head: max per column
     tokens = ["</s>", "▁a", "b"]
@@ -256,6 +268,9 @@ class WordAttention:
 
     def count_tokens(self, texts):
         return [len(t.split()) for t in texts]
+
+    def last_tokens(self, items):
+        return [" ".join(t.split()[-n:]) for t, n in items]
 
 
 def test_the_loop_retrieves_at_the_unsure_sentence_with_the_real_words_query():

@@ -61,7 +61,7 @@ def retriever_module(url: str) -> types.ModuleType:
             with urllib.request.urlopen(req, timeout=600) as r:
                 hits = json.loads(r.read())["hits"]
             for q, s, h in zip(queries, sent, hits):
-                TRACE.append({"kind": "retrieve", "query": q, "sent": s, "ids": [x["id"] for x in h]})
+                TRACE.append({"kind": "retrieve", "query": s, "asked": q, "ids": [x["id"] for x in h]})
             ids = [[x["id"] for x in h] + [""] * (topk - len(h)) for h in hits]
             docs = [[x["text"] for x in h] + [""] * (topk - len(h)) for h in hits]
             return ids, docs

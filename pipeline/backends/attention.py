@@ -167,6 +167,14 @@ class AttentionPass:
             out.append(authors.real_words_query(words, fwd, it["n_curr"], it["hits"], it["real_words"], it["top_k"]))
         return out
 
+    def last_tokens(self, items: list[tuple[str, int]]) -> list[str]:
+        """Each (text, n): the text cut to its last n tokens and decoded, special tokens left out (DRAGIN's
+        BM25 truncates a query so, on the left, before it searches)."""
+        return [
+            self.tokenizer.decode(self.tokenizer.encode(t, add_special_tokens=False)[-n:], skip_special_tokens=True)
+            for t, n in items
+        ]
+
     # -- the operation -------------------------------------------------------------------------
     def stats(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         enc = [self._encode(it) for it in items]

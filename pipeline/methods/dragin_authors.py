@@ -85,8 +85,13 @@ def generate(
     return (yield Generate([prompt], sampling=spec, chat=False, stage="answer"))[0]
 
 
+QUERY_TOKENS = 64  # the code's BasicRAG.retrieve(max_query_length=64): BM25 searches the query's last 64 tokens
+
+
 def retrieve(query: str, k: int, retriever: str | None, n: int) -> Generator[Request, Any, list[Hit]]:
-    return list((yield Retrieve([query], k=k, retriever=retriever, step=f"round-{n}", path="query"))[0])
+    """The code's retrieve: the query cut on the left to its last QUERY_TOKENS tokens, then the top k."""
+    (sent,) = yield Call("attention", "last_tokens", [(query, QUERY_TOKENS)])
+    return list((yield Retrieve([sent], k=k, retriever=retriever, step=f"round-{n}", path="query"))[0])
 
 
 def done(text: str, old_len: int, length: int) -> Generator[Request, Any, bool]:
