@@ -4,6 +4,7 @@ against what DRAGIN's code does, on a scripted generator: its prompt layout, its
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -309,3 +310,28 @@ def test_the_driver_runs_a_forward_asked_for_attentions_in_eager_attention(tmp_p
     assert model.config._attn_implementation == "sdpa"  # generation runs as loaded
     eager = AutoModelForCausalLM.from_pretrained(str(tiny_model_path(tmp_path_factory)), attn_implementation="eager")
     assert torch.allclose(att[-1], eager(ids, output_attentions=True).attentions[-1])
+
+
+def test_the_float32_copy_holds_the_same_weights_and_says_float32(tmp_path, tmp_path_factory):
+    """--model-dtype float32: a bfloat16 checkpoint copied once with its weights cast (exactly) to float32; the
+    reference's loader then keeps float32, and a float32 checkpoint is used as it is."""
+    import shutil
+
+    import torch
+    from engine_fixtures import tiny_model_path
+    from safetensors.torch import load_file, save_file
+
+    bf16 = tmp_path / "bf16-model"
+    shutil.copytree(tiny_model_path(tmp_path_factory), bf16)
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(bf16 / "model.safetensors").items()}
+    save_file(weights, bf16 / "model.safetensors")
+    config = json.loads((bf16 / "config.json").read_text())
+    (bf16 / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+
+    copy = Path(conform_run.float32_copy(str(bf16), str(tmp_path / "cache")))
+    assert copy != bf16 and json.loads((copy / "config.json").read_text())["dtype"] == "float32"
+    cast = load_file(copy / "model.safetensors")
+    assert all(cast[k].dtype == torch.float32 and torch.equal(cast[k], v.float()) for k, v in weights.items())
+    assert {f.name for f in copy.iterdir()} == {f.name for f in bf16.iterdir()}  # tokenizer and the rest beside
+    assert conform_run.float32_copy(str(bf16), str(tmp_path / "cache")) == str(copy)  # made once
+    assert conform_run.float32_copy(str(copy), str(tmp_path / "cache")) == str(copy)  # float32 already

@@ -14,6 +14,7 @@ import argparse
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", metavar="DIR", help="default: the HotpotQA dev set's (built on first use)")
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=20, help="questions (default 20)")
+    p.add_argument(
+        "--model-dtype",
+        choices=("float32", "checkpoint"),
+        default="float32",
+        help="float32 (default): both sides load a float32 copy of the model's weights, made once in the cache "
+        "(bfloat16 casts exactly), which a CPU runs faster; checkpoint: the dtype the checkpoint stores",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_config_args(p)
     p.set_defaults(func=run)
@@ -252,12 +260,49 @@ def reference_dtype(py: Path, model: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
+def float32_copy(model: str, cache_dir: str) -> str:
+    """A folder beside the cache holding `model` with its floating weights cast to float32 and its config saying
+    so (the reference loads a checkpoint in its own dtype), made once; `model` itself where it is float32."""
+    from safetensors.torch import load_file, save_file
+
+    src = Path(model)
+    config = json.loads((src / "config.json").read_text())
+    if (config.get("dtype") or config.get("torch_dtype") or "float32") == "float32":
+        return model
+    out = Path(cache_dir) / "conform" / "models" / f"{src.name}-float32"
+    if (out / "config.json").is_file():
+        return str(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.suffix == ".safetensors":
+            weights = load_file(f)
+            save_file({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, tmp / f.name)
+        elif f.is_file() and f.name != "config.json":
+            shutil.copy2(f, tmp / f.name)
+    config.update(dtype="float32", torch_dtype="float32")
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    os.replace(tmp, out)
+    return str(out)
+
+
 def mean_seconds(rows: list[dict]) -> float | None:
     secs = [r["seconds"] for r in rows if "seconds" in r]
     return sum(secs) / len(secs) if secs else None
 
 
-def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index: str, limit: int, log=print) -> dict:
+def conform(
+    cfg,
+    method: str,
+    source: str,
+    config_dir: str,
+    dataset: str,
+    index: str,
+    limit: int,
+    log=print,
+    model_dtype: str = "float32",
+) -> dict:
     from jobs.conform.env import ensure_reference_env
     from pipeline.assets.models import resolve_model
     from pipeline.backends import Backends
@@ -272,6 +317,9 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
     outro = next((s for s in reference_strings(Path(ref["path"]), cls) if s.startswith("Answer in")), None)
     questions = [q for q in load_questions(dataset, cfg) if not q.error][:limit]
     py = ensure_reference_env(cfg.paths.cache_dir, "dragin", log=log)
+    model = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+    if model_dtype == "float32":  # dynrag's side loads the checkpoint in float32: the same weights
+        model = float32_copy(model, cfg.paths.cache_dir)
     backends = Backends(cfg, index)
     server = serve_retrieval(backends)
     try:
@@ -282,7 +330,7 @@ def conform(cfg, method: str, source: str, config_dir: str, dataset: str, index:
                 "cache": str(Path(cfg.paths.cache_dir) / "conform" / "runs"),
                 "config": str(ref_config),
                 "set": added,
-                "model": resolve_model(cfg.generation.model, cfg.paths.cache_dir),
+                "model": model,
                 "questions": [{"id": q.id, "question": q.question} for q in questions],
                 "retrieval_url": f"http://127.0.0.1:{server.server_address[1]}/",
                 "out": str(Path(tmp) / "reference.jsonl"),
@@ -320,7 +368,17 @@ def run(args: argparse.Namespace) -> None:
     dataset = args.dataset or str(dev_file(cfg, "hotpotqa"))
     index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
-    r = conform(cfg, args.method, args.reference_source, args.reference_config, dataset, index, args.limit, log)
+    r = conform(
+        cfg,
+        args.method,
+        args.reference_source,
+        args.reference_config,
+        dataset,
+        index,
+        args.limit,
+        log,
+        args.model_dtype,
+    )
     if args.json:
         from jobs.jsonout import emit
 
