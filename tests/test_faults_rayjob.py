@@ -24,22 +24,23 @@ def test_the_shipped_rayjob_on_s3_joins_the_cluster_and_survives_a_drained_worke
     import rayjob_local
 
     _, bucket = s3
+    n = min(30, sum(1 for line in (data_dir / "hotpotqa" / "dev_400.jsonl").open() if line.strip()))  # the kit: 15
     args = Namespace(
-        limit=30,
+        limit=n,
         deadline=40,
         data=data_dir / "hotpotqa" / "dev_400.jsonl",
         work=tmp_path,
         skip_baseline=True,
         store=f"s3://{bucket}/job",
         backend="none",
-        resume_after=10,
+        resume_after=n // 3,
     )
     rc = rayjob_local.run_all(args)
     result = json.loads((tmp_path / "result.json").read_text())["preempted"]
     assert rc == 0, result
     assert "SUCCEEDED" in result["status"]
-    assert result["questions"] == 30 and result["error_rows"] == 0  # in the bucket, each question once
+    assert result["questions"] == n and result["error_rows"] == 0  # in the bucket, each question once
     assert not result["private_ray_started"]  # the entrypoint joined the job's cluster (RAY_ADDRESS)
     assert len(set(result["replicas"].values())) == 2  # replicas on both workers (the head has no CPU)
     assert result["notice_s"] and result["replica_exited_s"] < result["notice_s"] + 40  # drained, went itself
-    assert result["summary_rows"] == 30  # the resumed run's summary counts every row (the driver's ledger)
+    assert result["summary_rows"] == n  # the resumed run's summary counts every row (the driver's ledger)
