@@ -34,25 +34,21 @@ def build_index(
     """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI) from
     `sources` (files, URIs or globs); return a report. In-process, a remote index is built locally and uploaded
     (remote.py); with `cfg.ray.enabled`, Ray workers build and write the shards (cluster_build.py). `options`:
-    fmt, fields, on_bad_line, vectors, normalize_vectors (see indexing.build.build_local_index; vectors are
-    taken in-process only)."""
-    from indexing.remote import build_remote_index, is_remote
+    fmt, fields, on_bad_line, vectors, normalize_vectors (see indexing.build.build_local_index; on a cluster
+    the vectors file is read by the workers, at the same path on every node)."""
+    from indexing.remote import is_remote
 
     names = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
-    if cfg.ray.enabled and options.get("vectors") is not None:
-        raise IndexingError(
-            "--vectors is not supported with runtime.mode=ray: with the vectors given nothing is embedded, "
-            "so build in-process (--set runtime.mode=local)"
-        )
     if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers (cluster_build.py)
         from indexing.cluster_build import build_cluster_index, build_remote_cluster_index
 
         if is_remote(index_dir):
             return build_remote_cluster_index(names, str(index_dir), cfg, **options)
         return build_cluster_index(names, index_dir, cfg, **options)
+    from indexing.build import build_local_index, build_remote_index
+
     if is_remote(index_dir):
         return build_remote_index(names, str(index_dir), cfg, **options)
-    from indexing.build import build_local_index
 
     return build_local_index(names, index_dir, cfg, **options)
 
@@ -67,9 +63,11 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
     index_dir, version = resolve_version(index_dir, version)
     if is_remote(index_dir):
         return open_remote_index(str(index_dir), cfg, version)
+    from pathlib import Path
+
     from indexing.index import open_local_index
 
-    return open_local_index(index_dir, cfg, version)
+    return open_local_index(Path(index_dir), cfg, version)
 
 
 def pin_index(index_dir: str | os.PathLike) -> str:

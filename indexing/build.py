@@ -1,60 +1,54 @@
 """`build_index`: corpus files in, a published index version out; incremental and resumable.
 
-Stages, each visible in the log (and as progress bars on a terminal):
+The driver plans the corpus's work units (readers.plan_units: a file, or a byte range of one larger than
+`index.unit_bytes`), hands each unit's work to an executor in rounds, and publishes; it never reads the
+corpus. The work of a unit is written once (unit_work.py) and runs the same on every executor
+(executors.py): in this process, in a pool of processes (`index.build_workers`), or as Ray tasks spread over
+a cluster (`runtime.mode=ray`, cluster_build.py). Rounds, each with its progress and its seconds:
 
-1. read + split + shard: stream the sources' work units (readers.plan_units: a file, or a byte range of
-   one larger than `index.unit_bytes`) in order into passages (passages.py; an id an earlier unit holds
-   is dropped), cut each unit's passages into content-defined shards (shards.py; boundaries restart at
-   each unit, as in a cluster build, so both cut the same shards) and write every shard that does not
-   exist yet to `staging/<staging key>/` (store.py; the key without the IVF template). Shards whose key
-   exists under `shards/` are reused untouched, and a unit whose bytes are those of a unit of the previous
-   version is not read at all: its shards are taken as they were (unit_reuse.py). With vectors given
-   (`--vectors FILE`, given_vectors.py), each shard's rows of the file are read here: their digest is part
-   of its key, and a staged shard gets its `vectors.npy` from them.
-2. embed: for each new shard, vectors of passages whose embedding input was already embedded by the
-   previous version (same model settings) are copied from it; only the rest go through the
-   embedding stage (embed.py). A shard's `vectors.npy` is saved as soon as its last batch arrives.
-   With vectors given, nothing is embedded (the query model encodes one text, for its dimension).
-3. shard indexes: FAISS (dense.py) and Lucene (sparse.py) per new shard, then checksums, then the
-   staging directory is renamed into `shards/`. With `index.keep_vectors=false` a shard's `vectors.npy`
-   is deleted once its FAISS index is written (before its checksums): a later build re-embeds the
-   passages of the shards it changes instead of copying their vectors.
-4. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
-   `index.bm25_segments`, or the previous version's updated: `_bm25_update`) and id map (id hash -> shard, merged from the shards' sorted ids; store.py),
-   a new manifest version, then `CURRENT` (manifest.py); old versions are pruned.
+1. scan (with more than one unit, an IVF template to train, or a previous version): each unit's digest and
+   its passages' id hashes; a unit whose bytes and shards are unchanged is taken unread (unit_reuse.py).
+2. dedup: the ids an earlier unit holds, per unit (the first occurrence in corpus order wins).
+3. train (an IVF factory without a template yet): the shared template, on a sample taken over the corpus.
+4. build: each unit read, split and cut into content-defined shards (they restart at each unit); a shard
+   whose key is not under `shards/` yet is staged, given its vectors (given with `--vectors FILE`:
+   given_vectors.py; copied from the previous version's shards it came from; embedded), then FAISS, Lucene,
+   checksums and the rename into `shards/` (shard_storage.py).
+5. publish: the version's BM25 index (the union of its shards' Lucene segments, merged down to
+   `index.bm25_segments`, or the previous version's updated: `_bm25_update`) and id map (id hash -> shard,
+   merged from the shards' sorted ids; store.py), a new manifest version, then `CURRENT` (manifest.py); old
+   versions are pruned.
 
 A shard's key is a hash of its passages, the settings it is built with and, for an IVF factory, the
-digest of the template its FAISS index is filled from (`_Builder._shard_key`): a shard is reused only
-with the very template it was filled from.
-
-This is the in-process build. With `runtime.mode=ray`, stages 1-3 run as Ray tasks on the workers, one
-per work unit, each writing its shards straight to the index's storage; stage 4 stays here
-(cluster_build.py, a subclass of `_Builder`). Given vectors are taken by the in-process build only.
+digest of the template its FAISS index is filled from: a shard is reused only with the very template it
+was filled from. With `index.keep_vectors=false` a shard's `vectors.npy` is deleted once its FAISS index
+is written: a later build re-embeds the passages of the shards it changes instead of copying their vectors.
 
 A build killed anywhere resumes on rerun: finished shards are found by key under `shards/`, staged
 passages and vectors are reused from `staging/`, an IVF template trained for this build is reused from
-`staging/.template.json` (so are the shards filled from it), and nothing is published before stage 4.
+`staging/.template.json` (so are the shards filled from it), and nothing is published before stage 5.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
 from indexing.dense import is_ivf
-from indexing.digests import DigestSet
-from indexing.embed import EncoderSpec, embed_batches, embed_input
+from indexing.embed import EncoderSpec
 from indexing.errors import IndexingError
+from indexing.executors import Executor
 from indexing.faults import fault_point
 from indexing.given_vectors import GivenVectors, VectorFile
 from indexing.manifest import (
@@ -68,13 +62,22 @@ from indexing.manifest import (
     version_name,
     write_checksums,
 )
-from indexing.native_memory import release_free_memory
-from indexing.passages import RULES_VERSION, Passage, PassageStats, passages_of
-from indexing.readers import CorpusError, ReadStats, Record, plan_units, read_corpus, unit_digest
+from indexing.passages import RULES_VERSION, PassageStats
+from indexing.readers import CorpusError, ReadStats, Unit, plan_units
 from indexing.settings import IndexSettings
-from indexing.shards import content_hash, effective_shard_size, shard_key, shard_stream
-from indexing.store import read_table, save_array, write_id_shards, write_store
-from indexing.unit_reuse import UnitLedger, counts, unit_entry
+from indexing.shard_storage import ShardStorage
+from indexing.shards import effective_shard_size, shard_key
+from indexing.store import read_table, write_id_shards
+from indexing.unit_reuse import add_counts, previous_units, unit_entry_of
+from indexing.unit_work import (
+    PreviousUnit,
+    UnitJob,
+    build_unit,
+    dedup_task,
+    scan_unit,
+    short_hash,
+    train_unit_template,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,7 @@ log = logging.getLogger(__name__)
 # holds at most this share of deleted documents and this many segments beyond index.bm25_segments
 BM25_MAX_DELETED = 0.05
 BM25_EXTRA_SEGMENTS = 16
+DEDUP_RANGES = 16  # at most this many dedup tasks, each over one range of the id hash of every unit
 
 # with index.memory_budget_mb set, Lucene's JVM gets a fixed heap of at least this size (java.py)
 JVM_HEAP_MB = 512
@@ -92,12 +96,7 @@ class BuildError(IndexingError):
     """The build cannot proceed (no sources, an empty corpus, ...)."""
 
 
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _ehash(title: str, text: str) -> bytes:
-    return hashlib.blake2b(embed_input(title, text).encode("utf-8"), digest_size=12).digest()
+_hash = short_hash
 
 
 def _settings(cfg: IndexSettings, given: dict | None = None) -> dict:
@@ -120,33 +119,6 @@ def _settings(cfg: IndexSettings, given: dict | None = None) -> dict:
     }
 
 
-def _progress(iterable: Iterable[Any] | None, desc: str, unit: str, total: int | None = None) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(iterable, desc=desc, unit=unit, total=total, disable=None, mininterval=1.0, leave=False)
-
-
-class UnitProgress:
-    """Work units finished in a stage: a progress bar on a terminal, a log line at most every 15 s."""
-
-    def __init__(self, stage: str, total: int):
-        self.stage, self.total, self.count = stage, total, 0
-        self.bar = _progress(None, stage, "unit", total=total)
-        self.last_log = time.perf_counter()
-
-    def done(self, status: str = "") -> None:
-        self.count += 1
-        self.bar.update(1)
-        if status:
-            self.bar.set_postfix_str(status, refresh=False)
-        if time.perf_counter() - self.last_log > 15 and self.count < self.total:
-            self.last_log = time.perf_counter()
-            log.info("%s: %d/%d units done%s", self.stage, self.count, self.total, f" ({status})" if status else "")
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 def build_local_index(
     sources: list[str],
     index_dir: str | os.PathLike,
@@ -160,7 +132,7 @@ def build_local_index(
     normalize_vectors: bool = False,
 ) -> dict:
     """Build or incrementally refresh the local index at `index_dir` from `sources`; return a report.
-    `builder`: the class that runs it (cluster_build.py passes its Ray one; default in-process).
+    `builder`: the class that runs it (cluster_build.py passes its Ray one; default: a local executor).
     `vectors`: a file of the records' vectors, taken instead of embedding (given_vectors.py), L2-normalised
     with `normalize_vectors`."""
     if not sources:
@@ -225,30 +197,13 @@ class _Builder:
         self._bm25_linked: dict[str, dict] = {}  # checksums of the BM25 files linked from the previous version
         self.unit_entries: list[dict] | None = None  # the manifest's `units` (unit_reuse.py); None: not recorded
         self.extra: dict = {}  # further entries of the manifest's `build` record and of the report (cluster_build.py)
-        # with a memory budget, the free pages a shard leaves go back to the system after it (native_memory.py)
-        self._release = release_free_memory if cfg.index.memory_budget_mb else (lambda: None)
-
-    def _unit_digest(self, bytes_digest: str) -> str:
-        """A unit's manifest digest (unit_reuse.py): its bytes' sha256 (readers.unit_digest) and what turns
-        them into shards besides them (the rules' version, format, fields, bad-line rule, sizes)."""
-        reading = [
-            RULES_VERSION,
-            self.fmt,
-            self.fields,
-            self.on_bad_line,
-            self.cfg.index.passage_words,
-            self.settings["shard_size"],
-        ]
-        return _hash([bytes_digest, reading])
+        self.store = ShardStorage(str(root))  # where the unit tasks build shards (cluster_build.py: also remote)
+        self.dim: int | None = None  # the vectors' dimension, as the unit tasks found it
+        self.nodes: dict[str, int] = {}  # tasks by node (a Ray build)
 
     def _shard_key(self, content: str) -> str:
         """A shard's key: its passages, the settings, and the digest of the IVF template it is filled from."""
         return shard_key(content, self.settings_hash + (f":{self.template['sha256']}" if self.template else ""))
-
-    def _stage_dir(self, meta: dict) -> Path:
-        """Where a shard is built: named by its passages and settings alone (what is staged there, passages
-        and vectors, does not depend on the template), so a rerun finds it before knowing the template."""
-        return self.staging / shard_key(meta["content_hash"], self.settings_hash)
 
     def _check_vectors_source(self, prev: dict | None) -> None:
         """Before any work: given vectors fit the query model, and given and embedded vectors never mix."""
@@ -271,166 +226,201 @@ class _Builder:
                 f"{model} gives {dim}: name the model that made them (--vectors-model)"
             )
 
-    # ---- stage 1 ----
-    def _stage_passages(self, prev: dict | None) -> list[dict]:
-        t = time.perf_counter()
+    def _executor(self, units: int) -> Executor:
+        """Who runs the unit tasks: a pool of `index.build_workers` processes (0: one per `index.threads` CPUs,
+        the threads each unit's Lucene and FAISS work already uses), never more than the units; one worker
+        runs them in this process (cluster_build.py: Ray)."""
+        from indexing.executors import LocalExecutor
+
+        workers = self.cfg.index.build_workers or max(1, (os.cpu_count() or 1) // self.cfg.index.threads)
+        return LocalExecutor(min(workers, units))
+
+    def _job(self, unit: Unit, previous: PreviousUnit | None) -> UnitJob:
+        cfg, prev = self.cfg, self.previous
+        same_model = (
+            self.dense
+            and not self.given
+            and prev is not None
+            and prev["settings"].get("dense", True)
+            and prev["settings"]["embedding_hash"] == self.settings["embedding_hash"]
+        )
+        reading = (RULES_VERSION, self.fmt, self.fields, self.on_bad_line, cfg.index.passage_words)
+        return UnitJob(
+            unit=unit,
+            store=self.store,
+            fmt=self.fmt,
+            fields=self.fields,
+            on_bad_line=self.on_bad_line,
+            reading=(*reading, self.settings["shard_size"]),
+            passage_words=cfg.index.passage_words,
+            shard_size=self.settings["shard_size"],
+            settings_hash=self.settings_hash,
+            factory=cfg.index.faiss_factory,
+            threads=cfg.index.threads,
+            analyzer=self.settings["lucene"]["analyzer"],
+            spec=EncoderSpec.from_config(cfg, build=True),
+            reuse_from=tuple(
+                (s["key"], s["first_id"], s["last_id"], {f: s["files"][f] for f in ("passages.arrow", "vectors.npy")})
+                for s in prev["shards"]
+                if "vectors.npy" in s["files"]  # not with index.keep_vectors=false
+            )
+            if same_model and prev is not None
+            else (),
+            release=bool(cfg.index.memory_budget_mb),
+            dense=self.dense,
+            template=self.template,
+            keep_vectors=cfg.index.keep_vectors,
+            given=(self.given.file, self.given.normalize) if self.given else None,
+            previous=previous,
+        )
+
+    def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
+        """Stages 1-3: every shard of the corpus complete under `shards/`, built by unit tasks (unit_work.py)
+        on this build's executor; returns their metas (in corpus order) and how many this build made."""
+        self.template = self._known_template(prev)
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.staging.mkdir(parents=True, exist_ok=True)
         units = plan_units(self.sources, self.fmt, self.cfg.index.unit_bytes)
         self.extra["units"] = len(units)
-        seen = DigestSet()  # ids over all units: the first occurrence in source order wins
-        progress = UnitProgress("read + shard", len(units))
-        metas: list[dict] = []
-        ivf_untrained = self.ivf and self.template is None
-        # units of the previous version taken unread (unit_reuse.py): not with given vectors (their rows
-        # count every record) nor before a template is trained (no shard keys yet)
-        ledger = (
-            UnitLedger(prev, self._shard_key, self.shards_dir) if prev and not (self.given or ivf_untrained) else None
+        executor = self._executor(len(units))
+        try:
+            return self._run_units(executor, units, prev)
+        finally:
+            executor.close()
+
+    def _run_units(self, ex: Executor, units: list[Unit], prev: dict | None) -> tuple[list[dict], int]:
+        untrained = self.ivf and self.template is None
+        # units that may be taken unread: not with given vectors (their rows count every record), nor before a
+        # template is trained (no shard keys yet), nor from a remote store (its shards are not on this disk)
+        takeable = (
+            {} if not prev or self.given or untrained or self.store.remote else previous_units(prev, self._shard_key)
         )
-        self.unit_entries = []
-        for position, unit in enumerate(units):
-            t_digest = time.perf_counter()
-            digest = self._unit_digest(unit_digest(unit, self.fmt))
-            self._tally({"unit_digest_s": time.perf_counter() - t_digest})
-            taken = (
-                ledger.take(position, str(unit), digest, seen, self.read_stats, self.passage_stats) if ledger else None
-            )
-            if taken:
-                self.unit_entries.append(taken[0])
-                metas += taken[1]
+        jobs = [self._job(u, takeable.get(str(u))) for u in units]
+        ranges = min(len(jobs), DEDUP_RANGES) if len(jobs) > 1 else 0  # one unit: no earlier unit's ids
+        scans: list[list] = [[] for _ in jobs]
+        summaries: list[dict] = [{} for _ in jobs]
+        if ranges or untrained or takeable:
+            samples = _sample_sizes(units, self.cfg.index.faiss_train_size) if untrained else [0] * len(units)
+            scans, summaries, jobs = self._scan(ex, jobs, ranges, samples)
+        drops, dropping = self._dedup(ex, scans, ranges, len(jobs))
+        taken = [bool(s.get("taken")) and (s["in_place"] or not dropping[i]) for i, s in enumerate(summaries)]
+        if self.given and ranges:  # a unit's rows follow every record of the units before it
+            bases = np.cumsum([0] + [s["records"] + s["bad_lines"] for s in summaries[:-1]])
+            jobs = [dataclasses.replace(j, row_base=int(b)) for j, b in zip(jobs, bases)]
+        if untrained:
+            self.template = self._train(ex, jobs, [s[1] for s in scans])
+            jobs = [dataclasses.replace(j, template=self.template) for j in jobs]
+        del scans  # the id hashes and samples go
+        t = time.perf_counter()
+        todo = [i for i in range(len(jobs)) if not taken[i]]
+        handles = [ex.submit(build_unit, jobs[i], *drops[i], embeds=True)[0] for i in todo]
+        results = dict(zip(todo, ex.gather(handles, "build")))
+        self.timings["build_units_s"] = time.perf_counter() - t
+        metas = self._collect(units, jobs, summaries, results)
+        self.extra.update({"tasks_by_node": self.nodes} if ex.records_nodes else {})
+        return metas, sum(r["built"] for r in results.values())
+
+    def _scan(
+        self, ex: Executor, jobs: list[UnitJob], ranges: int, samples: list[int]
+    ) -> tuple[list[list], list[dict], list[UnitJob]]:
+        """Round 1 (unit_work.scan_unit); a unit that dropped duplicates before is taken unread only in place
+        (it and every unit before it taken, each at its old position: unit_reuse.py), else it is scanned again
+        from the corpus."""
+        t = time.perf_counter()
+        returns = 2 + max(ranges, 1)
+        scans = [ex.submit(scan_unit, j, ranges, n, returns=returns) for j, n in zip(jobs, samples)]
+        summaries = ex.gather([s[0] for s in scans], "scan")
+        redo = _place(jobs, summaries)
+        if redo:
+            for i in redo:
+                jobs[i] = dataclasses.replace(jobs[i], previous=None)
+                scans[i] = ex.submit(scan_unit, jobs[i], ranges, samples[i], returns=returns)
+            for i, summary in zip(redo, ex.gather([scans[i][0] for i in redo], "scan again")):
+                summaries[i] = summary
+            _place(jobs, summaries)
+        self.timings["scan_s"] = time.perf_counter() - t
+        self._tally({"scan_task_s": sum(s["seconds"] for s in summaries)})
+        return scans, summaries, [dataclasses.replace(j, digest=s["digest"]) for j, s in zip(jobs, summaries)]
+
+    def _dedup(self, ex: Executor, scans: list[list], ranges: int, n: int) -> tuple[list[list], np.ndarray]:
+        """Round 2: per unit, its drop lists (handles, one per hash range) and how many ids it drops."""
+        drops: list[list] = [[] for _ in range(n)]
+        if not ranges:
+            return drops, np.zeros(n, np.int64)
+        t = time.perf_counter()
+        counts = []
+        for r in range(ranges):
+            out = ex.submit(dedup_task, *[s[2 + r] for s in scans], returns=n + 1)
+            counts.append(out[0])
+            for unit_drops, handle in zip(drops, out[1:]):
+                unit_drops.append(handle)
+        dropping = np.sum(ex.gather(counts, "dedup"), axis=0)
+        self.timings["dedup_s"] = time.perf_counter() - t
+        return drops, dropping
+
+    def _train(self, ex: Executor, jobs: list[UnitJob], samples: list) -> dict:
+        """Round 3: an IVF factory's template, trained on the corpus's `index.faiss_train_size` passages of
+        smallest id hash (the scans kept each unit's candidates); recorded in staging/.template.json, so a
+        rerun reuses it (and the shards filled from it)."""
+        from indexing.manifest import atomic_write
+
+        t = time.perf_counter()
+        bases = [j.row_base for j in jobs]
+        args = (jobs[0], self.cfg.index.faiss_factory, self.cfg.index.faiss_train_size, bases, *samples)
+        template = ex.gather(ex.submit(train_unit_template, *args, embeds=True))[0]
+        self.timings["faiss_train_task_s"] = template.pop("seconds")
+        self.timings["faiss_train_s"] = time.perf_counter() - t
+        log.info("trained %s on %d passages", self.cfg.index.faiss_factory, template.pop("passages"))
+        atomic_write(self.staging / ".template.json", json.dumps(template))
+        return template
+
+    def _collect(self, units: list[Unit], jobs: list[UnitJob], summaries: list[dict], results: dict) -> list[dict]:
+        """The shards' metas in corpus order, the manifest's units, and the counts of every unit."""
+        metas: list[dict] = []
+        self.unit_entries = []  # the manifest's units: a later incremental build may take them
+        for i, (unit, job) in enumerate(zip(units, jobs)):
+            r = results.get(i)
+            if r is None:  # taken unread
+                prev = cast(PreviousUnit, job.previous)
+                metas += [dict(m) for m in prev.metas]
+                self.unit_entries.append(prev.entry)
+                add_counts(self.read_stats, self.passage_stats, prev.entry)
                 self.extra["units_reused"] = self.extra.get("units_reused", 0) + 1
-                progress.done(f"{self.passage_stats.passages} passages, {len(metas)} shards")
                 continue
-            before, first_shard = counts(self.read_stats, self.passage_stats), len(metas)
-            records: Iterable[Record] = read_corpus(
-                unit, self.fmt, dict(self.fields or {}), self.on_bad_line, self.read_stats
+            metas += r["shards"]
+            self.unit_entries.append(
+                unit_entry_of(str(unit), r["digest"], len(r["shards"]), r["read"], r["passage_stats"])
             )
-            if self.given:  # rows count records over all units, in order
-                records = self.given.number(records)
-            passages: Iterable[Passage] = passages_of(records, self.cfg.index.passage_words, self.passage_stats, seen)
-            if self.given:
-                passages = self.given.attach(passages)
-            for group in shard_stream(passages, self.settings["shard_size"]):  # shards restart at each unit
-                metas.append(self._stage_group(group, ivf_untrained))
-            after = counts(self.read_stats, self.passage_stats)
-            self.unit_entries.append(unit_entry(str(unit), digest, len(metas) - first_shard, before, after))
-            progress.done(f"{self.passage_stats.passages} passages, {len(metas)} shards")
-        progress.close()
+            self.embedded += r["embedded"]
+            self.vectors_reused += r["vectors_reused"]
+            self.reembedded_shards += r["reembedded"]
+            add_counts(self.read_stats, self.passage_stats, {**r["read"], **r["passage_stats"]})
+            self.read_stats.skipped += r["read"]["skipped"][: 20 - len(self.read_stats.skipped)]
+            self._tally(r["timings"])
+            self.dim = self.dim or r.get("dim")
+            for where in (summaries[i].get("node"), r["node"]):
+                if where:
+                    self.nodes[where] = self.nodes.get(where, 0) + 1
         if self.read_stats.records == 0 or not metas:
             raise BuildError(
                 f"no passages in {', '.join(self.sources)}"
                 + (f" ({self.read_stats.bad_lines} bad lines skipped)" if self.read_stats.bad_lines else "")
             )
         if self.given:
+            self.given.records = self.read_stats.records
+            self.given.taken = sum(r["vectors_taken"] for r in results.values())
             self.given.check_count()
             self.extra["vectors"] = self.given.describe()
-        self.timings["passages_s"] = time.perf_counter() - t
         log.info(
-            "stage passages: %d records -> %d passages (%d duplicates merged) in %d shards from %d units, %.1fs",
+            "units: %d records -> %d passages (%d duplicates merged) in %d shards from %d units",
             self.read_stats.records,
             self.passage_stats.passages,
             self.passage_stats.duplicates,
             len(metas),
             len(units),
-            self.timings["passages_s"],
         )
         return metas
 
-    def _stage_group(self, group: list, ivf_untrained: bool) -> dict:
-        """A shard's meta; its passages (and given vectors) are staged unless the shard exists under `shards/`."""
-        ch, given_vectors = content_hash(group), None
-        if self.given:  # the shard's vectors are part of its content
-            ch, given_vectors = self.given.shard(ch, group)
-        # with a template still to train, keys are set after training (`_stage_template`); no shard
-        # under shards/ can have it yet, so every shard is staged
-        key = None if ivf_untrained else self._shard_key(ch)
-        meta = {
-            "key": key,
-            "passages": len(group),
-            "content_hash": ch,
-            "first_id": group[0].id,
-            "last_id": group[-1].id,
-        }
-        if key is None or not (self.shards_dir / key / "checksums.json").is_file():
-            target = self._stage_dir(meta)
-            if not (target / "passages.arrow").is_file():
-                target.mkdir(parents=True, exist_ok=True)
-                write_store(group, target)
-            if given_vectors is not None and not (target / "vectors.npy").is_file():
-                cast(GivenVectors, self.given).save(group, given_vectors, target)
-        return meta
-
-    # ---- stage 2 helpers ----
-    def _vector_cache(self, prev: dict | None, keep: set[str]) -> tuple[dict[bytes, tuple[str, int]], int | None]:
-        """Embedding-input hash -> (old shard, row), over the previous version's shards that this
-        build does not reuse (the passages of changed shards come from them). None with given vectors
-        (every staged shard has its vectors from stage 1)."""
-        if self.given or prev is None or prev["settings"]["embedding_hash"] != self.settings["embedding_hash"]:
-            return {}, None
-        cache: dict[bytes, tuple[str, int]] = {}
-        for s in prev["shards"]:
-            d = self.shards_dir / s["key"]
-            if s["key"] in keep or not (d / "vectors.npy").is_file():
-                continue
-            t = read_table(d)
-            for row, (title, text) in enumerate(zip(t.column("title").to_pylist(), t.column("text").to_pylist())):
-                cache.setdefault(_ehash(title, text), (s["key"], row))
-        return cache, prev.get("dim")
-
-    def _plan_embedding(self, todo: list[dict], cache: dict) -> tuple[list[str], dict[int, tuple[int, list]]]:
-        """Per new shard: rows to embed (written to staging/<key>/to_embed.parquet; their count is kept) and cached rows."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        files, plans = [], {}
-        for i, meta in enumerate(todo):
-            d = self._stage_dir(meta)
-            if (d / "vectors.npy").is_file():
-                continue  # finished before an interruption
-            t = read_table(d)
-            titles, texts = t.column("title").to_pylist(), t.column("text").to_pylist()
-            new_rows, cached = [], []
-            for row, (title, text) in enumerate(zip(titles, texts)):
-                hit = cache.get(_ehash(title, text)) if cache else None
-                if hit is None:
-                    new_rows.append(row)
-                else:
-                    cached.append((row, hit[0], hit[1]))
-            plans[i] = (len(new_rows), cached)  # a count: the rows themselves go to disk, not memory
-            if new_rows:
-                f = d / "to_embed.parquet"
-                pq.write_table(
-                    pa.table(
-                        {
-                            "shard": np.full(len(new_rows), i, dtype=np.int64),
-                            "row": np.asarray(new_rows, dtype=np.int64),
-                            "text": [embed_input(titles[r], texts[r]) for r in new_rows],
-                        }
-                    ),
-                    f,
-                )
-                files.append(str(f))
-            del t, titles, texts
-            self._release()
-        return files, plans
-
-    def _assemble(self, meta: dict, cached: list, new_rows: np.ndarray, new_vecs: np.ndarray | None, dim: int) -> None:
-        vecs = np.zeros((meta["passages"], dim), dtype=np.float32)
-        if new_vecs is not None and len(new_rows):
-            vecs[new_rows] = new_vecs
-        by_shard: dict[str, list[tuple[int, int]]] = {}
-        for row, old_key, old_row in cached:
-            by_shard.setdefault(old_key, []).append((row, old_row))
-        for old_key, pairs in by_shard.items():
-            old = np.load(self.shards_dir / old_key / "vectors.npy", mmap_mode="r")
-            rows, old_rows = zip(*pairs)
-            vecs[list(rows)] = old[list(old_rows)]
-        self.vectors_reused += len(cached)
-        d = self._stage_dir(meta)
-        save_array(d / "vectors.npy", vecs)
-        (d / "to_embed.parquet").unlink(missing_ok=True)
-
-    # ---- stage 2b: an IVF factory's shared template ----
     def _known_template(self, prev: dict | None) -> dict | None:
         """Before stage 1: the template this build's shards are filled from if it exists already: the
         previous version's when trained with this build's settings (its `settings_hash`), else the one an
@@ -454,181 +444,9 @@ class _Builder:
                 return t
         return None
 
-    def _stage_template(self, metas: list[dict]) -> None:
-        """After stage 1, for an IVF factory without a known template: train one, then key the shards by it."""
-        if self.template is not None or not self.ivf:
-            return
-        from indexing.manifest import atomic_write
-
-        self.template = self._train_template(metas)
-        atomic_write(self.staging / ".template.json", json.dumps(self.template))  # a rerun reuses it
-        for m in metas:
-            m["key"] = self._shard_key(m["content_hash"])
-
-    def _train_template(self, metas: list[dict]) -> dict:
-        """A template trained on `index.faiss_train_size` passages taken evenly over the whole corpus."""
-        from indexing.dense import train_template
-        from indexing.manifest import sha256_file
-
-        t = time.perf_counter()
-        vecs = self._training_vectors(metas)
-        out = self.root / "trained" / ".template.tmp"
-        out.parent.mkdir(exist_ok=True)
-        train_template(vecs, self.cfg.index.faiss_factory, out)
-        digest = sha256_file(out)
-        final = out.with_name(f"{digest[:16]}.index")
-        os.replace(out, final)
-        self.timings["faiss_train_s"] = time.perf_counter() - t
-        log.info(
-            "trained %s on %d passages in %.1fs",
-            self.cfg.index.faiss_factory,
-            len(vecs),
-            self.timings["faiss_train_s"],
-        )
-        return {
-            "path": f"trained/{final.name}",
-            "sha256": digest,
-            "bytes": final.stat().st_size,
-            "settings_hash": self.settings_hash,
-        }
-
-    def _training_vectors(self, metas: list[dict]) -> np.ndarray:
-        """The vectors of `index.faiss_train_size` passages taken evenly over the whole corpus: embedded, or
-        the staged ones when the vectors were given."""
-        total = sum(m["passages"] for m in metas)
-        picks = np.unique(np.linspace(0, total - 1, min(total, self.cfg.index.faiss_train_size)).astype(np.int64))
-        texts, given, start = [], [], 0
-        for m in metas:
-            rows = picks[(picks >= start) & (picks < start + m["passages"])] - start
-            if len(rows) and self.given:  # every shard is staged when a template is trained (stage 1)
-                given.append(np.load(self._stage_dir(m) / "vectors.npy", mmap_mode="r")[rows])
-            elif len(rows):
-                tab = read_table(self._stage_dir(m)).take(rows)
-                texts += [
-                    embed_input(a, b) for a, b in zip(tab.column("title").to_pylist(), tab.column("text").to_pylist())
-                ]
-            start += m["passages"]
-        if self.given:
-            return np.concatenate(given)
-        sample = self.staging / ".train.parquet"
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(
-            pa.table({"shard": np.zeros(len(texts), np.int64), "row": np.arange(len(texts)), "text": texts}), sample
-        )
-        spec = EncoderSpec.from_config(self.cfg, build=True)
-        vecs = np.concatenate([v for _, _, v in embed_batches([str(sample)], spec, self.cfg)])
-        sample.unlink()
-        return vecs
-
-    # ---- stage 3 ----
-    def _finalize(self, metas: list[dict]) -> None:
-        """Build the shards' FAISS + Lucene indexes in this process (a cluster build does it on the workers)."""
-        cfg = self.cfg
-        for m in metas:
-            self._tally(
-                finalize_shard(
-                    str(self._stage_dir(m)),
-                    str(self.shards_dir / m["key"]),
-                    cfg.index.faiss_factory if self.dense else None,
-                    cfg.index.threads,
-                    str(self.root / self.template["path"]) if self.template else None,
-                    self.settings["lucene"]["analyzer"],
-                    cfg.index.keep_vectors,
-                )
-            )
-            self._release()
-
     def _tally(self, seconds: dict[str, float]) -> None:
         for k, v in seconds.items():
             self.timings[k] = self.timings.get(k, 0.0) + v
-
-    def _stage_embed_and_index(self, metas: list[dict], prev: dict | None) -> None:
-        keep = {m["key"] for m in metas}
-        todo = [m for m in metas if not (self.shards_dir / m["key"] / "checksums.json").is_file()]
-        if not todo:
-            return
-        t = time.perf_counter()
-        if not self.dense:  # BM25 only: no vectors to embed, no FAISS
-            self._finalize(todo)
-            self.timings["embed_and_index_s"] = time.perf_counter() - t
-            return
-        cache, dim = self._vector_cache(prev, keep)
-        files, plans = self._plan_embedding(todo, cache)
-        ready = [todo[i] for i in range(len(todo)) if i not in plans]  # vectors staged by an earlier attempt
-        for i, (n_new, cached) in plans.items():
-            if not n_new:  # every vector comes from the previous version
-                # every vector cached: the previous version had vectors, so a dim
-                self._assemble(todo[i], cached, np.zeros(0, int), None, cast(int, dim))
-                ready.append(todo[i])
-        self._finalize(ready)
-        n_embed = sum(p[0] for p in plans.values())
-        spec = EncoderSpec.from_config(self.cfg, build=True)
-        log.info(
-            "stage embed: %d passages to embed in %d shards (%d vectors reused)",
-            n_embed,
-            len(files),
-            sum(len(p[1]) for p in plans.values()),
-        )
-        t_embed = time.perf_counter()
-        bar = _progress(None, "embedding", "psg", total=n_embed)
-        current: int | None = None
-        rows: list[np.ndarray] = []
-        vecs: list[np.ndarray] = []
-        last_log = t_embed
-        flushing = [0.0]  # seconds spent outside the encoder: assembling vectors, shard indexes
-
-        def flush(i: int) -> None:
-            t_flush = time.perf_counter()
-            new_rows = np.concatenate(rows)
-            new_vecs = np.concatenate(vecs)
-            order = np.argsort(new_rows, kind="stable")
-            self._assemble(todo[i], plans[i][1], new_rows[order], new_vecs[order], new_vecs.shape[1])
-            self.reembedded_shards.append(todo[i]["key"])
-            fault_point("build.shard_embedded")
-            self._finalize([todo[i]])
-            flushing[0] += time.perf_counter() - t_flush
-
-        for shard, row, vec in embed_batches(files, spec, self.cfg):
-            for i in np.unique(shard):  # batches are ordered; a batch may straddle two shards
-                m = shard == i
-                if current is not None and i != current:
-                    flush(current)
-                    rows, vecs = [], []
-                current = int(i)
-                rows.append(row[m])
-                vecs.append(vec[m])
-            self.embedded += len(row)
-            bar.update(len(row))
-            if time.perf_counter() - last_log > 15:
-                last_log = time.perf_counter()
-                rate = self.embedded / (last_log - t_embed)
-                log.info(
-                    "embedded %d/%d passages (%.1f/s), %d shards done",
-                    self.embedded,
-                    n_embed,
-                    rate,
-                    len(self.reembedded_shards),
-                )
-        if current is not None:
-            flush(current)
-        bar.close()
-        self.timings["embed_s"] = time.perf_counter() - t_embed - flushing[0]
-        self.timings["embed_and_index_s"] = time.perf_counter() - t
-        if self.embedded != n_embed:
-            raise BuildError(f"embedding stage returned {self.embedded} vectors for {n_embed} passages")
-
-    def _build_shards(self, prev: dict | None) -> tuple[list[dict], int]:
-        """Stages 1-3: every shard of the corpus complete under `shards/`; returns their metas (in corpus
-        order) and how many of them this build made (cluster_build.py does the same on Ray workers)."""
-        self.template = self._known_template(prev)
-        metas = self._stage_passages(prev)
-        fault_point("build.passages_staged")
-        self._stage_template(metas)
-        n_new = sum(not (self.shards_dir / m["key"] / "checksums.json").is_file() for m in metas)
-        self._stage_embed_and_index(metas, prev)
-        return metas, n_new
 
     # ---- stage 4 ----
     def _merge_bm25(self, metas: list[dict]) -> tuple[Path, dict]:
@@ -684,12 +502,12 @@ class _Builder:
         return read_manifest(self.root) if current_version(self.root) else None
 
     def _describe_shards(self, metas: list[dict]) -> int | None:
-        """Set each shard's `files` (its checksums, read from disk when used); return the vectors' dimension
-        (None: BM25 only)."""
+        """Set each shard's `files` where its task did not (checksums read from disk when used); return the
+        vectors' dimension (None: BM25 only)."""
         for m in metas:
-            m["files"] = ShardFiles(self.shards_dir / m["key"])
-        if not self.dense:
-            return None
+            m.setdefault("files", ShardFiles(self.shards_dir / m["key"]))
+        if not self.dense or self.dim is not None:
+            return self.dim
         from indexing.dense import faiss_dim
 
         with open(self.shards_dir / metas[0]["key"] / "faiss.index", "rb") as f:
@@ -810,49 +628,51 @@ def _same_file(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and os.path.samefile(a, b)
 
 
-def finalize_shard(
-    staging_dir: str,
-    final_dir: str,
-    factory: str | None,
-    threads: int,
-    template: str | None,
-    analyzer: dict,
-    keep_vectors: bool = True,
-) -> dict[str, float]:
-    """Build one shard's FAISS (unless `factory` is None: a BM25-only index) and Lucene indexes in staging,
-    checksum, and move it into place; returns the seconds of each step. Without `keep_vectors` the staged
-    `vectors.npy` is deleted once FAISS has them (a crash after that re-embeds the shard on rerun)."""
-    from indexing.dense import build_faiss
-    from indexing.sparse import build_lucene
+def _sample_sizes(units: list[Unit], size: int) -> list[int]:
+    """Per unit, how many passages of smallest id hash its scan keeps for the IVF template's training sample:
+    twice its share of `size` by bytes, and at least 64 (so the corpus's `size` smallest are among them, but
+    for a unit far denser in passages than its bytes say). Only file sizes are looked up."""
+    import fsspec
 
-    src, dst = Path(staging_dir), Path(final_dir)
-    if (dst / "checksums.json").is_file():
-        shutil.rmtree(src, ignore_errors=True)
-        return {}
-    t0 = time.perf_counter()
-    if factory:
-        build_faiss(np.load(src / "vectors.npy"), factory, src / "faiss.index", Path(template) if template else None)
-        if not keep_vectors:
-            (src / "vectors.npy").unlink()
-    fault_point("shard.faiss_written")
-    t1 = time.perf_counter()
-    t = read_table(src)
-    docs = (
-        (i, embed_input(ti, tx))
-        for i, ti, tx in zip(t.column("id").to_pylist(), t.column("title").to_pylist(), t.column("text").to_pylist())
-    )
-    build_lucene(docs, src / "lucene", threads, analyzer)
-    fault_point("shard.lucene_written")
-    t2 = time.perf_counter()
-    for leftover in src.glob("*.tmp"):
-        leftover.unlink()
-    write_checksums(src)
-    fault_point("shard.before_rename")
-    if dst.exists():  # a half-moved directory cannot exist (rename is atomic); an incomplete one is stale
-        shutil.rmtree(dst)
-    os.rename(src, dst)
-    log.debug("shard %s ready", dst.name)
-    return {"faiss_s": t1 - t0, "lucene_s": t2 - t1, "checksum_s": time.perf_counter() - t2}
+    spans = []
+    for u in units:
+        end = u.end if u.end is not None else fsspec.core.url_to_fs(u.path)[0].size(u.path)
+        spans.append(max(1, end - u.start))
+    return [min(size, max(64, math.ceil(2 * size * n / sum(spans)))) for n in spans]
 
 
-__all__ = ["build_local_index", "BuildError", "CorpusError"]
+def _place(jobs: list[UnitJob], summaries: list[dict]) -> list[int]:
+    """Mark each scanned unit `in_place` when it and every unit before it were taken unread, each at its
+    previous position; return the units taken that dropped duplicates before but are not in place."""
+    in_place, redo = True, []
+    for i, (job, s) in enumerate(zip(jobs, summaries)):
+        prev = job.previous
+        in_place = in_place and s["taken"] and prev is not None and prev.position == i
+        s["in_place"] = in_place
+        if s["taken"] and not in_place and prev is not None and prev.entry["duplicates"]:
+            redo.append(i)
+    return redo
+
+
+def build_remote_index(sources: list[str], uri: str, cfg: IndexSettings, **kwargs: Any) -> dict:
+    """`build_index` for a remote index directory: build locally, then upload (remote.py's module doc)."""
+    from indexing.manifest import read_manifest
+    from indexing.remote import cache_root, collect_remote_garbage, seed_build, upload_version
+
+    scratch = cache_root(uri, cfg).with_name("builds")
+    scratch.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    try:
+        seed_build(uri, cfg, work)
+        report = build_local_index(sources, work, cfg, **kwargs)
+        report["shards_uploaded"] = 0
+        if report["published"]:
+            report["shards_uploaded"] = upload_version(work, uri, read_manifest(work))
+            collect_remote_garbage(uri, cfg.index.keep_versions)
+        report["index_dir"] = uri
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+__all__ = ["build_local_index", "build_remote_index", "BuildError", "CorpusError"]

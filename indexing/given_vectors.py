@@ -152,9 +152,10 @@ class GivenVectors:
     """One build's vectors file: numbers the corpus's records, attaches rows to passages, and gives each
     shard its key part and its vectors (see the module doc)."""
 
-    def __init__(self, file: VectorFile, normalize: bool, read_stats: ReadStats, passage_words: int):
+    def __init__(self, file: VectorFile, normalize: bool, read_stats: ReadStats, passage_words: int, base: int = 0):
         self.file, self.normalize = file, normalize
         self.read_stats, self.passage_words = read_stats, passage_words
+        self.base = base  # the row of the first record numbered here (a work unit's: records and bad lines before it)
         self.records = 0  # yielded so far
         self.row = -1  # the row of the record passages are being cut from
         self.taken = 0  # vectors written for shards this build makes
@@ -178,11 +179,11 @@ class GivenVectors:
         """`records`, noting each one's row; past the file's last row, count the rest and refuse."""
         it = iter(records)
         for rec in it:
-            self.row = self.records + self.read_stats.bad_lines
+            self.row = self.base + self.records + self.read_stats.bad_lines
             self.records += 1
             if self.row >= self.file.rows:
                 rest = sum(1 for _ in it)
-                raise self._count_error(self.records + rest + self.read_stats.bad_lines)
+                raise self._count_error(self.base + self.records + rest + self.read_stats.bad_lines)
             yield rec
 
     def attach(self, passages: Iterable[Passage]) -> Iterator[RowPassage]:
@@ -209,13 +210,23 @@ class GivenVectors:
         digest = hashlib.sha1(raw.data, usedforsecurity=False).hexdigest()  # SHA-NI: ~2x blake2b's speed
         return hashlib.sha256(f"{content}:vectors:{digest}".encode()).hexdigest(), raw
 
-    def save(self, group: list[RowPassage], raw: np.ndarray, stage: Path) -> None:
-        """Write a staged shard's `vectors.npy`: float32, in its store's row order (id-hash order, store.py)."""
-        from indexing.store import id_hashes, save_array
-
-        vecs = raw[np.argsort(id_hashes([p.id for p in group]), kind="stable")].astype(np.float32)
+    def as_stored(self, raw: np.ndarray) -> np.ndarray:
+        """Vectors as a shard stores them: float32, L2-normalised with `normalize`."""
+        vecs: np.ndarray = raw.astype(np.float32)
         if self.normalize:
             norms = np.linalg.norm(vecs, axis=1, keepdims=True)
             vecs /= np.where(norms > 0, norms, 1)
-        save_array(stage / "vectors.npy", vecs)
+        return vecs
+
+    def stored(self, rows: list[int]) -> np.ndarray:
+        """The vectors of `rows` as a shard stores them (an IVF template's training sample)."""
+        return self.as_stored(self.file.read(np.asarray(rows, dtype=np.int64)))
+
+    def save(self, group: list[RowPassage], raw: np.ndarray, stage: Path) -> None:
+        """Write a staged shard's `vectors.npy`: in its store's row order (id-hash order, store.py)."""
+        from indexing.store import id_hashes, save_array
+
+        save_array(
+            stage / "vectors.npy", self.as_stored(raw[np.argsort(id_hashes([p.id for p in group]), kind="stable")])
+        )
         self.taken += len(group)

@@ -11,65 +11,74 @@ passage is (shard, row) arithmetic (dense.ShardSet); a Lucene hit or a looked-up
 hash: the version's memory-mapped id map names its shard, whose sorted `ids.npy` gives the row, so a
 lookup touches one shard whatever their number. A version published before id maps existed has none:
 every shard is then searched in turn, as before (a rebuild publishes a version with one).
+
+Search goes through retrievers (retrievers.py: BM25, dense, and any other registered, e.g. fusion.py's
+`rrf`), each made once from this index on first use; `resources()` states what they hold (the GPU plan
+reads it), and `place_faiss` tells the dense retriever where to load FAISS before it does.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from indexing.errors import IndexingError
+from indexing.fusion import ReciprocalRankFusion  # noqa: F401  (registers rrf beside bm25 and dense)
 from indexing.hits import Hit
 from indexing.java import cap_jvm_heap
-from indexing.manifest import read_manifest, verify_version
+from indexing.manifest import read_version_manifest, verify_version
+from indexing.retrievers import RETRIEVERS, Resources, Retriever, SearchError
 
 if TYPE_CHECKING:
-    from indexing.dense import ShardSet
     from indexing.embed import Encoder, HashEncoder
+    from indexing.faiss_gpu import IndexPlacement
     from indexing.settings import IndexSettings
     from indexing.store import EveryShard, IdShards
 
 log = logging.getLogger(__name__)
 
-RETRIEVERS = ("bm25", "dense")
+__all__ = ["Index", "SearchError", "open_local_index"]
 
 
-class SearchError(IndexingError, ValueError):
-    """A bad search request (unknown retriever, k < 1)."""
+def retriever_names() -> tuple[str, ...]:
+    """The registered retrievers: retrievers.py's bm25 and dense, and those of the modules imported above."""
+    return tuple(RETRIEVERS)
+
+
+def make_retriever(name: str, index: Index) -> Retriever:
+    """The registered retriever `name` over the open `index`."""
+    if name not in retriever_names():
+        raise SearchError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
+    return RETRIEVERS[name](index)
 
 
 class Index:
     def __init__(self, root: Path, cfg: IndexSettings, manifest: dict):
-        from indexing.sparse import LuceneShard, configured_analyzer, index_analyzer
+        from indexing.sparse import configured_analyzer, index_analyzer
         from indexing.store import EveryShard, IdShards, PassageStore
 
         self.root, self.cfg, self.manifest = root, cfg, manifest
         self.version = manifest["version"]
+        self.version_dir = root / "versions" / f"v{self.version:06d}"
         if cfg.index.verify == "size":
             verify_version(root, manifest, full=False, search_only=True)
-        self._dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
-        self._stores = [PassageStore(d) for d in self._dirs]
+        self.shard_dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
+        self._stores = [PassageStore(d) for d in self.shard_dirs]
         id_map = manifest.get("id_shards")
         self._id_shards: IdShards | EveryShard = (
-            IdShards(root / "versions" / f"v{self.version:06d}" / id_map["path"])
-            if id_map
-            else EveryShard(len(self._dirs))
+            IdShards(self.version_dir / id_map["path"]) if id_map else EveryShard(len(self.shard_dirs))
         )
-        if not id_map and len(self._dirs) > 1:
+        if not id_map and len(self.shard_dirs) > 1:
             log.warning(
                 "%s version %d has no id map (built by an older dynrag): each id lookup searches all %d shards; "
                 "rerun `dynrag index build` to publish a version with one",
                 root,
                 self.version,
-                len(self._dirs),
+                len(self.shard_dirs),
             )
-        self._faiss: ShardSet | None = None
-        bm25 = root / "versions" / f"v{self.version:06d}" / manifest["bm25"]["path"]
         self.analyzer = index_analyzer(manifest["settings"])
         wanted = configured_analyzer(cfg.index)
         if wanted != self.analyzer:
@@ -80,16 +89,37 @@ class Index:
                 wanted,
             )
         cap_jvm_heap(cfg.index.jvm_heap_mb)  # before this process's JVM starts (the searcher starts it)
-        self._lucene = LuceneShard(bm25, cfg.index.bm25_k1, cfg.index.bm25_b, self.analyzer)
+        self._retrievers: dict[str, Retriever] = {}
         self._encoder: Encoder | HashEncoder | None = None
         self._lock = threading.Lock()
+        self._retrievers_lock = threading.RLock()  # fusion makes its parts while making itself
+
+    # ---- retrievers ----
+    @property
+    def dense(self) -> bool:
+        return self.manifest["settings"].get("dense") is not False
+
+    def retriever(self, name: str) -> Retriever:
+        """The retriever `name` over this version, made on first use (retrievers.py)."""
+        with self._retrievers_lock:
+            if name not in self._retrievers:
+                self._retrievers[name] = make_retriever(name, self)
+            return self._retrievers[name]
+
+    def resources(self) -> Resources:
+        """What searching this version may hold: BM25's, and dense's where the index has vectors."""
+        return sum((self.retriever(n).resources() for n in ("bm25", "dense")[: 1 + self.dense]), Resources())
+
+    def place_faiss(self, placement: IndexPlacement | None) -> None:
+        """Where dense search loads FAISS (a replica's GPU plan); before its first search only."""
+        self.cfg.faiss_placement = placement
 
     # ---- lookups ----
-    def _hit(self, shard: int, row: int, score: float) -> Hit:
+    def hit(self, shard: int, row: int, score: float) -> Hit:
         pid, title, text = self._stores[shard].get(row)
         return Hit(id=pid, title=title, text=text, score=float(score))
 
-    def _lookup(self, ids: list[str], score: list[float] | None = None) -> list[Hit | None]:
+    def lookup(self, ids: list[str], score: list[float] | None = None) -> list[Hit | None]:
         """Hits for passage ids (None where this version has none): the id map names each id hash's shard
         (its candidates, in shard order, when ids share a hash), whose store is asked for the row, one call
         per shard for the batch; a candidate row counts once its stored id matches."""
@@ -105,7 +135,7 @@ class Index:
                 group = todo[shards == si]
                 rows = self._stores[si].find(hashes[group])
                 for i, row in zip(group[rows >= 0], rows[rows >= 0]):
-                    hit = self._hit(int(si), int(row), score[i] if score else 0.0)
+                    hit = self.hit(int(si), int(row), score[i] if score else 0.0)
                     if hit.id == ids[i]:
                         out[i] = hit
             pos[todo] += 1  # the next candidate, for an id not found at this one
@@ -114,7 +144,7 @@ class Index:
 
     def passages(self, ids: list[str]) -> list[Hit | None]:
         """Look passages up by id (score 0); None for an id this version does not hold."""
-        return self._lookup([str(i) for i in ids])
+        return self.lookup([str(i) for i in ids])
 
     # ---- search ----
     def encode_queries(self, queries: list[str]) -> np.ndarray:
@@ -143,55 +173,12 @@ class Index:
         return self._encoder.encode(queries)
 
     def search(self, queries: list[str], k: int, retriever: str = "bm25") -> list[list[Hit]]:
-        """Top-k hits per query: one FAISS search over all shards (dense), or one pyserini batch_search
-        over the version's Lucene index (bm25)."""
-        if retriever not in RETRIEVERS:
-            raise SearchError(f"unknown retriever {retriever!r}; choose from {', '.join(RETRIEVERS)}")
+        """Top-k hits per query, one batch, by the retriever `retriever` (retrievers.py)."""
         if k < 1:
             raise SearchError(f"k must be at least 1, got {k}")
+        searcher = self.retriever(retriever)
         queries = [str(q) for q in queries]
-        if not queries:
-            return []
-        if retriever == "dense":
-            if self.manifest["settings"].get("dense") is False:
-                raise SearchError(
-                    f"{self.root} is a BM25-only index (built with index.dense=false): search it with "
-                    "bm25, or rebuild it with --set index.dense=true"
-                )
-            S, SH, R = self._shards().search(self.encode_queries(queries), k)
-            return [
-                [self._hit(int(sh), int(r), s) for s, sh, r in zip(S[i], SH[i], R[i]) if sh >= 0]
-                for i in range(len(queries))
-            ]
-        from indexing.sparse import batch_search
-
-        results = batch_search(self._lucene, queries, k, self.cfg.index.threads)
-        flat = [h for hits in results for h in hits]
-        found = self._lookup([d for d, _ in flat], [s for _, s in flat])  # one call per shard hit
-        if None in found:
-            missing = flat[found.index(None)][0]
-            raise IndexingError(f"Lucene index {self._lucene.path} returned id {missing!r} missing from the passages")
-        ends = np.cumsum([len(hits) for hits in results])
-        hits_found = cast("list[Hit]", found)  # no None left: checked above
-        return [hits_found[end - len(hits) : end] for hits, end in zip(results, ends)]
-
-    def _shards(self) -> ShardSet:
-        """All shards' FAISS indexes (dense.ShardSet), read on first use."""
-        with self._lock:
-            if self._faiss is None:
-                from indexing.dense import load_shards, load_template_quantizer
-
-                i = self.cfg.index
-                template = self.manifest.get("faiss_template")
-                quantizer = load_template_quantizer(self.root / template["path"]) if template else None
-                self._faiss = load_shards(
-                    [d / "faiss.index" for d in self._dirs],
-                    i.faiss_nprobe,
-                    i.faiss_ef_search,
-                    quantizer,
-                    gpu=self.cfg.faiss_placement,
-                )
-        return self._faiss
+        return searcher.search(queries, k) if queries else []
 
     def info(self) -> dict:
         m = self.manifest
@@ -209,7 +196,10 @@ class Index:
         }
 
     def close(self) -> None:
-        self._lucene.close()
+        with self._retrievers_lock:
+            for searcher in self._retrievers.values():
+                searcher.close()
+            self._retrievers.clear()
 
     def __enter__(self) -> Index:
         return self
@@ -218,13 +208,9 @@ class Index:
         self.close()
 
 
-def open_local_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | None = None) -> Index:
-    """Open the published version of the local index at `index_dir` (or a named older version, e.g. 'v000002')."""
-    from indexing.pinning import resolve_version
-
-    base, version = resolve_version(index_dir, version)
-    root = Path(base)
-    manifest = read_manifest(root, version)
+def open_local_index(root: Path, cfg: IndexSettings, version: str | None = None) -> Index:
+    """Open the published version of the local index at `root` (or a named older version, e.g. 'v000002')."""
+    manifest = read_version_manifest(root, version)
     log.info(
         "opened %s version %s: %d passages in %d shards",
         root,

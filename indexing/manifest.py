@@ -44,11 +44,11 @@ from pathlib import Path
 
 from indexing.errors import CorruptIndexError, IndexingError
 from indexing.faults import fault_point
-from indexing.manifest_paths import check_manifest_paths, safe_relative
+from indexing.manifest_paths import FORMAT_VERSION, check_format, check_manifest_paths, safe_relative
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: passages.arrow + ids.npy (was passages.parquet)
+__all__ = ["FORMAT_VERSION", "check_format", "check_manifest_paths"]  # with the names defined here
 SEARCH_FILES = ("passages.arrow", "ids.npy", "faiss.index")
 
 
@@ -161,7 +161,11 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
     from indexing.pinning import resolve_version
 
     base, version = resolve_version(root, version)
-    root = Path(base)
+    return read_version_manifest(Path(base), version)
+
+
+def read_version_manifest(root: Path, version: str | None) -> dict:
+    """`read_manifest` of an unpinned `root`."""
     if version is None:
         if not root.is_dir():
             raise IndexingError(f"no index at {root}: the directory does not exist")
@@ -182,17 +186,6 @@ def read_manifest(root: Path, version: str | None = None) -> dict:
         raise CorruptIndexError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     check_format(manifest, str(root))
     return manifest
-
-
-def check_format(manifest: dict, where: str) -> None:
-    """Refuse a manifest of another format, or one naming a path outside the index root (manifest_paths.py)."""
-    found = manifest.get("format")
-    if found != FORMAT_VERSION:
-        raise IndexingError(
-            f"index {where} has format {found!r}, this dynrag reads format {FORMAT_VERSION}: rebuild it "
-            "into a new directory (`dynrag index build SOURCES --index NEW_DIR`)"
-        )
-    check_manifest_paths(manifest, where)
 
 
 def version_files(manifest: dict, search_only: bool = False) -> list[tuple[str, dict[str, dict]]]:

@@ -1,4 +1,5 @@
-"""Every path a manifest names stays inside its index root (issue 47, item 7).
+"""A manifest read from storage is one this dynrag reads (`check_format`), and every path it names stays
+inside its index root (issue 47, item 7).
 
 A manifest is data from the index's storage: whoever can write the bucket writes it. Readers join its
 shard keys, file names, `bm25.path`, `id_shards.path` and `faiss_template.path` onto the index root and
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from indexing.errors import IndexingError
+
+FORMAT_VERSION = 2  # 2: passages.arrow + ids.npy (was passages.parquet)
 
 
 def safe_relative(value: Any, what: str, where: str, *, single: bool = False) -> str:
@@ -46,3 +49,14 @@ def check_manifest_paths(manifest: dict, where: str) -> None:
             raise IndexingError(
                 f"index {where}: its manifest's faiss_template.path {path!r} is not a file under trained/"
             )
+
+
+def check_format(manifest: dict, where: str) -> None:
+    """Refuse a manifest of another format, or one naming a path outside the index root."""
+    found = manifest.get("format")
+    if found != FORMAT_VERSION:
+        raise IndexingError(
+            f"index {where} has format {found!r}, this dynrag reads format {FORMAT_VERSION}: rebuild it "
+            "into a new directory (`dynrag index build SOURCES --index NEW_DIR`)"
+        )
+    check_manifest_paths(manifest, where)

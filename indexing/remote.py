@@ -2,7 +2,7 @@
 
 The remote layout is the local one (manifest.py): `CURRENT`, `versions/vN/`, `shards/<key>/`.
 
-Build (`build_remote_index`): the published version is pulled into the local cache (below), a local
+Build (build.py's `build_remote_index`): the published version is pulled into the local cache (below), a local
 working directory is seeded from it (hard links), so the build stays incremental, and `build_index`
 runs there. A newly published version is then uploaded in an order that keeps readers consistent:
 each new shard (content-addressed; shards already on the store are skipped) with its `checksums.json`
@@ -32,7 +32,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -107,7 +106,11 @@ def pin_index(spec: str | os.PathLike) -> str:
 def remote_manifest(uri: str, version: str | None = None) -> dict:
     """The manifest of the published version of the remote index at `uri` (or of a named version, or of the
     version `uri` is pinned to: `uri@v000003`)."""
-    uri, version = resolve_version(uri, version)
+    return _read_manifest(*resolve_version(uri, version))
+
+
+def _read_manifest(uri: str, version: str | None) -> dict:
+    """`remote_manifest` of an unpinned `uri`."""
     fs, root = _store(uri)
     if version is None:
         try:
@@ -127,7 +130,11 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
 
 def cache_root(uri: str, cfg: IndexSettings) -> Path:
     """The local cache of the remote index `uri` (one for all its versions, pinned or not)."""
-    uri = split_pin(uri)[0]
+    return _cache_dir(split_pin(uri)[0], cfg)
+
+
+def _cache_dir(uri: str, cfg: IndexSettings) -> Path:
+    """`cache_root` of an unpinned `uri`."""
     key = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:16]
     base = cfg.index.remote_cache_dir or Path(cfg.cache_dir) / "index-cache"
     return Path(base).expanduser() / key
@@ -182,11 +189,22 @@ def pull_version(
     """Make the version's files (with `search_only`, those search reads) present in the local cache;
     returns (cache root, manifest)."""
     uri, version = resolve_version(uri, version)
+    local, manifest = _pull(uri, cfg, version, search_only)
+    if not search_only:  # a full copy (a build's seed, verify): each shard's marker of a complete shard
+        for shard in manifest["shards"]:
+            marker = local / "shards" / shard["key"] / "checksums.json"
+            if not marker.is_file():
+                atomic_write(marker, checksums_text(shard["files"]))
+    return local, manifest
+
+
+def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) -> tuple[Path, dict]:
+    """`pull_version` of an unpinned `uri`."""
     fs, root = _store(uri)
-    manifest = remote_manifest(uri, version)
+    manifest = _read_manifest(uri, version)
     check_format(manifest, uri)
     name = version_name(manifest["version"])
-    local = cache_root(uri, cfg)
+    local = _cache_dir(uri, cfg)
     vdir = local / "versions" / name
     with node_lock(local):  # one download per node: the others wait, then find the files cached
         if (vdir / "manifest.json").is_file() and json.loads(
@@ -203,11 +221,6 @@ def pull_version(
             for f, want in files.items()
         ]
         pulled = _pull_files(fs, wanted)
-        if not search_only:  # a build's seed: the marker of a complete shard, whose content is the manifest's list
-            for s in manifest["shards"]:
-                marker = local / "shards" / s["key"] / "checksums.json"
-                if not marker.is_file():
-                    atomic_write(marker, checksums_text(s["files"]))
         _pull_files(
             fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
         )  # last: marks the version
@@ -225,24 +238,29 @@ def pull_version(
 
 
 def open_remote_index(uri: str, cfg: IndexSettings, version: str | None = None) -> Index:
-    """`open_index` for a remote index: pull the version into the local cache once, open it there."""
+    """`open_index` for a remote index (`uri` unpinned: its version given apart): pull the version into the
+    local cache once, open it there."""
     from indexing.index import open_local_index
 
-    local, manifest = pull_version(uri, cfg, version, search_only=True)
+    local, manifest = _pull(uri, cfg, version, search_only=True)
     return open_local_index(local, cfg, version=version_name(manifest["version"]))
 
 
-def index_manifest(spec: str | os.PathLike, version: str | None = None) -> dict:
+def index_manifest(spec: str | os.PathLike, version: str | None = None, check_sizes: bool = False) -> dict:
     """The manifest `open_index(spec)` would open (a local folder or a URI, pinned or not), read from the
-    index's storage alone: nothing is pulled."""
-    from indexing.manifest import read_manifest
+    index's storage alone: nothing is pulled. `check_sizes`: a local folder's files that search reads are
+    checked at their recorded sizes (no byte read), as opening it checks them."""
+    from indexing.manifest import read_manifest, verify_version
 
     base, version = resolve_version(spec, version)
     if is_remote(base):
         manifest = remote_manifest(base, version)
         check_format(manifest, base)
         return manifest
-    return read_manifest(Path(base), version)
+    manifest = read_manifest(Path(base), version)
+    if check_sizes:
+        verify_version(Path(base), manifest, full=False, search_only=True)
+    return manifest
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -252,7 +270,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def _seed(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
+def seed_build(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
     """Copy the remote's published version into `work` (from the cache) so the build is incremental."""
     fs, root = _store(uri)
     if not fs.exists(f"{root}/CURRENT"):
@@ -317,24 +335,3 @@ def collect_remote_garbage(uri: str, keep_versions: int) -> None:
         for entry in fs.ls(f"{root}/{folder}", detail=False) if fs.exists(f"{root}/{folder}") else ():
             if entry.rstrip("/").rsplit("/", 1)[-1] not in used[folder]:
                 fs.rm(entry, recursive=True)
-
-
-def build_remote_index(sources: list[str], uri: str, cfg: IndexSettings, **kwargs: Any) -> dict:
-    """`build_index` for a remote index directory: build locally, then upload (see the module doc)."""
-    from indexing.build import build_local_index
-    from indexing.manifest import read_manifest
-
-    scratch = cache_root(uri, cfg).with_name("builds")
-    scratch.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
-    try:
-        _seed(uri, cfg, work)
-        report = build_local_index(sources, work, cfg, **kwargs)
-        report["shards_uploaded"] = 0
-        if report["published"]:
-            report["shards_uploaded"] = upload_version(work, uri, read_manifest(work))
-            collect_remote_garbage(uri, cfg.index.keep_versions)
-        report["index_dir"] = uri
-        return report
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

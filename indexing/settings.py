@@ -58,6 +58,14 @@ class IndexConfig(Section):
         "of about this many bytes, cut between lines (indexing/readers.py): shards restart at each unit, and a "
         "cluster build runs one task per unit. 0: one unit per file (e.g. a TSV whose quoted fields span lines)",
     )
+    build_workers: int = Field(
+        0,
+        ge=0,
+        description="runtime.mode=local: processes that build work units side by side (one unit's reading beside "
+        "another's embedding and indexing); 0: one per index.threads CPUs (one on 2 cores: a unit's Lucene and FAISS "
+        "work already uses both, and two workers measured slower there); never more than the units; 1: in the "
+        "building process",
+    )
     keep_vectors: bool = Field(
         True,
         description="keep each shard's vectors.npy (4 x dim bytes a passage) beside its FAISS index, so that an "
@@ -93,6 +101,10 @@ class IndexConfig(Section):
         "to start unless it fits. HNSW and other factories without a GPU index stay on the CPU",
     )
     faiss_nprobe: int = Field(16, ge=1, description="IVF indexes: lists probed per search")
+    rrf_k: int = Field(60, ge=1, description="retriever rrf: the constant k of reciprocal rank fusion, 1 / (k + rank)")
+    fusion_depth: int = Field(
+        50, ge=1, description="retriever rrf: hits taken from BM25 and from dense per query before fusing (at least k)"
+    )
     faiss_ef_search: int = Field(64, ge=1, description="HNSW indexes: efSearch")
     keep_versions: int = Field(2, ge=1, description="published versions kept; older ones and their shards are removed")
     bm25_segments: int = Field(

@@ -21,6 +21,7 @@ FORMATS = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from indexing.index import retriever_names
     from jobs.cli import add_config_args
 
     p = sub.add_parser(
@@ -79,8 +80,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--retriever",
         default="both",
-        choices=["bm25", "dense", "both"],
-        help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false)",
+        choices=["both", *retriever_names()],
+        help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false); "
+        "or one registered retriever (indexing/retrievers.py), e.g. rrf: BM25 and dense fused by reciprocal rank",
     )
     s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
     s.add_argument(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from indexing.settings import EmbeddingConfig, IndexConfig, IndexSettings, RaySettings, Section, default_cache_dir
 from pipeline.errors import DynragError
@@ -143,8 +143,17 @@ class GenerationConfig(Section):
 
 
 class RetrievalConfig(Section):
-    retriever: Literal["bm25", "dense"] = "bm25"
+    retriever: str = Field("bm25", description="a registered retriever (indexing/retrievers.py): bm25, dense, rrf")
     k: int = Field(5, ge=1, le=1000)
+
+    @field_validator("retriever")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from indexing.index import retriever_names
+
+        if name not in retriever_names():
+            raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(retriever_names())}")
+        return name
 
 
 class ClassifierConfig(Section):

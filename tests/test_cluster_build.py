@@ -210,6 +210,46 @@ def test_incremental_rebuild_touches_only_the_changed_shard(cluster, rows, tmp_p
     assert full["passages_embedded"] == full["passages"]
 
 
+def comparable(root: Path) -> dict:
+    """A manifest without what differs between any two builds, even of one path: when it was built, its build
+    record (timings, nodes), and Lucene's files (each segment holds a random id, and the documents indexed by
+    `index.threads` threads land in segments in the order the threads take them; the hits are compared)."""
+    m = read_manifest(root)
+    for s in m["shards"]:
+        s["files"] = {name: f for name, f in s["files"].items() if not name.startswith("lucene/")}
+    m["bm25"].pop("files")
+    return {k: v for k, v in m.items() if k not in ("created", "build")}
+
+
+def test_cluster_and_in_process_builds_publish_the_same_manifest(cluster, rows, tmp_path):
+    """One build path: the units' work as Ray tasks, in a pool of two processes and in this process publishes
+    the same manifest (shards, keys, files, units, counts), with the passages embedded and with vectors given
+    in a file (`--vectors`, read by the workers on the cluster); ids repeated across units are dropped alike."""
+    import numpy as np
+
+    path = tmp_path / "one.jsonl"
+    repeated = [*rows[:3], {**rows[5], "text": "the same id with another text"}]
+    records = rows + repeated
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    np.save(tmp_path / "v.npy", np.random.default_rng(0).standard_normal((len(records), 384)).astype(np.float32))
+    units = {"index.unit_bytes": path.stat().st_size // 3 + 1, "index.passage_words": 10_000}  # one passage a record
+    for name, options in (("embedded", {}), ("given", {"vectors": str(tmp_path / "v.npy")})):
+        on_ray = build_index([str(path)], tmp_path / f"ray-{name}", settings(cluster, **units), **options)
+        assert on_ray["units"] == 3 and on_ray["duplicates_merged"] == 4 and on_ray["published"]
+        for workers in (1, 2):
+            local = tmp_path / f"local-{name}-{workers}"
+            build_index([str(path)], local, settings(**units, **{"index.build_workers": workers}), **options)
+            assert comparable(local) == comparable(tmp_path / f"ray-{name}"), (name, workers)
+            for retriever in ("bm25", "dense"):
+                assert hits(local, settings(), retriever) == hits(tmp_path / f"ray-{name}", settings(), retriever)
+    given = read_manifest(tmp_path / "ray-given")
+    assert given["settings"]["embedding"]["given"] and given["build"]["vectors"]["taken"] == given["passages"]
+    with open_index(tmp_path / "ray-given", settings()) as idx:
+        vec = np.load(tmp_path / "v.npy")[7]
+        top = idx.retriever("dense")._shards().search(vec[None, :] / np.linalg.norm(vec), 1)
+        assert idx.hit(int(top[1][0][0]), int(top[2][0][0]), 0.0).id == "h7"
+
+
 def test_bad_corpus_line_fails_on_the_worker_with_one_line(cluster, rows, tmp_path, request):
     sources = write_corpus(tmp_path / "corpus", rows)
     with open(sources[2], "a", encoding="utf-8") as f:

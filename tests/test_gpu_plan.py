@@ -124,16 +124,50 @@ def test_no_plan_without_cuda():
     import torch
 
     assert not torch.cuda.is_available()
-    assert replica_gpu_plan(DynragConfig(), "/nonexistent-index") is None
+    assert replica_gpu_plan(DynragConfig(), None) is None
 
 
-def test_the_retriever_opens_the_index_with_the_plans_placement(monkeypatch):
+def test_the_index_is_opened_once_and_gets_the_plans_placement_before_its_first_search(monkeypatch):
+    """preflight opens the run's index once, plans from its stated resources (no second manifest read), hands
+    the plan's FAISS placement to it before it searches, and the backends search that very index."""
+    import contextlib
+
     import indexing
-    from pipeline.backends import Backends
+    import pipeline.runtime.answer as answer
+    from indexing.retrievers import Resources
 
-    seen = []
-    monkeypatch.setattr(indexing, "open_index", lambda d, settings: seen.append(settings.faiss_placement))
+    shape = IndexShape.from_factory("IVF4096,PQ64", 768, DPR)
+    events = []
+
+    class FakeIndex:
+        manifest = {"settings": {"lucene": {"analyzer": {"stemmer": "porter", "stopwords": True}}}}
+
+        def resources(self):
+            return Resources(1, shape)
+
+        def place_faiss(self, placement):
+            events.append(("place", placement))
+
+        def search(self, queries, k, retriever):
+            events.append(("search", retriever))
+            return [[] for _ in queries]
+
+        def close(self):
+            events.append(("close", None))
+
+    opened = []
+    monkeypatch.setattr(indexing, "open_index", lambda d, settings: opened.append(d) or FakeIndex())
     placement = IndexPlacement(True, "test")
-    _ = Backends(DynragConfig(), "idx", faiss_placement=placement).retriever
-    _ = Backends(DynragConfig(), "idx").retriever
-    assert seen == [placement, None]
+
+    def plan(cfg, retriever, pooled=frozenset()):
+        assert retriever.resources().faiss == shape
+        return plan_gpu(H100, 0.5, (), shape).__class__(H100, 0.5, (), placement, shape)
+
+    monkeypatch.setattr(answer, "replica_gpu_plan", plan)
+    cfg = DynragConfig()
+    cfg.generation.backend = "none"
+    with contextlib.ExitStack() as stack:
+        backends = answer.preflight(cfg, "idx", stack)
+        assert backends.search(["q"], 1, "bm25") == [[]]
+    assert opened == ["idx"]
+    assert events[:2] == [("place", placement), ("search", "bm25")] and ("close", None) in events

@@ -136,7 +136,6 @@ def test_mismatches_are_one_error_line(corpus, tmp_path, capsys, encoded):
         (probes(40), [], f"has 40 rows, the corpus has {LINES} records"),
         (probes(LINES)[:, :16], [], "has dimension 16, but the query model hash gives 384"),
         (probes(LINES), ["--set", "index.passage_words=10"], "corpus record 0 (id 'r0') has more than"),
-        (probes(LINES), ["--set", "runtime.mode=ray"], "not supported with runtime.mode=ray"),
     ]
     for vecs, extra, message in cases:
         path = write_vectors(tmp_path / "v.npy", vecs, "npy32")

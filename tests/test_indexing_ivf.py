@@ -10,7 +10,7 @@ import faiss
 import numpy as np
 import pytest
 
-import indexing.build
+import indexing.unit_work
 from indexing import IndexSettings, build_index, open_index
 from indexing.manifest import read_manifest, verify_version
 from indexing.store import read_table
@@ -109,7 +109,7 @@ def interrupt_after_shards(monkeypatch, n):
             if len(calls) > n:
                 raise Interrupted(name)
 
-    monkeypatch.setattr(indexing.build, "fault_point", point)
+    monkeypatch.setattr(indexing.unit_work, "fault_point", point)
 
 
 @pytest.mark.parametrize("marker_lost", [False, True])

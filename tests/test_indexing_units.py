@@ -194,7 +194,7 @@ def test_cluster_dedup_drops_ids_an_earlier_unit_holds():
     when their text digest differs from the first occurrence's), whatever the order units arrive in."""
     import numpy as np
 
-    from indexing.cluster_build import dedup_range
+    from indexing.unit_work import dedup_range
 
     def pairs(*rows):
         return np.array(rows, dtype=np.uint64).reshape(-1, 2)

@@ -436,11 +436,14 @@ class Bench:
 
 
 def _by_stage(report: dict) -> dict[str, float]:
-    """A build's wall time by stage (its report's timings); `passages` without the units' digests."""
-    stages = ("unit_digest", "passages", "faiss_train", "embed", "faiss", "lucene", "checksum", "bm25_merge", "id_map")
-    out = {k: round(report.get(f"{k}_s", 0.0), 2) for k in stages}
-    out["passages"] = round(out["passages"] - out["unit_digest"], 2)
+    """A build's wall time by round (scan, dedup, faiss_train, build_units: the unit tasks' round, bm25_merge,
+    id_map, other), then the unit tasks' own seconds by step (task_*: summed over the tasks, which a pool or
+    a cluster runs side by side, so they may add up to more than the round's wall time)."""
+    rounds = ("scan", "dedup", "faiss_train", "build_units", "bm25_merge", "id_map")
+    out = {k: round(report.get(f"{k}_s", 0.0), 2) for k in rounds}
     out["other"] = round(report["seconds"] - sum(out.values()), 2)
+    for k in ("read", "passages", "embed", "faiss", "lucene", "checksum", "unit_digest"):
+        out[f"task_{k}"] = round(report.get(f"{k}_s", 0.0), 2)
     return out
 
 

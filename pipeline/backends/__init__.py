@@ -52,13 +52,11 @@ class Backends:
         scorer: Any = None,
         embedder: Any = None,
         named: dict[str, Any] | None = None,
-        faiss_placement: Any = None,
         methods: list[str] | None = None,
     ):
         self.cfg = cfg
         self.methods = list(methods or [])  # every method these backends serve, where known (generation.streaming=auto)
         self.index_dir = index_dir
-        self.faiss_placement = faiss_placement  # where the index goes (a replica's GPU plan); None: the CPU
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
         # the continuous engine's lanes may build parts at the same time: one lock per part, so a part that
@@ -97,7 +95,7 @@ class Backends:
 
             if not self.index_dir:
                 raise BackendError("this method retrieves: pass --index DIR")
-            return IndexRetriever(self.index_dir, self.cfg, self.faiss_placement)
+            return IndexRetriever(self.index_dir, self.cfg)  # FAISS on the CPU: a GPU plan opens it first
 
         return self._built("_retriever", build)
 
@@ -132,7 +130,9 @@ class Backends:
             retriever = self.retriever
             index = getattr(retriever, "index", None)
             where = (
-                (self.index_dir, getattr(index, "version", None)) if index is not None else ("object", id(retriever))
+                (str(getattr(index, "root", self.index_dir)), getattr(index, "version", None))
+                if index is not None
+                else ("object", id(retriever))
             )
             settings = [self.cfg.index, self.cfg.embedding, self.cfg.retrieval]
             self._scope = (*where, json.dumps([s.model_dump(mode="json") for s in settings], sort_keys=True))

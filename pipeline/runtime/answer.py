@@ -191,29 +191,16 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
     `generator`: one already started (the demo starts it while the index builds), closed with the backends."""
     backends = None
     try:
-        if cfg.runtime.mode == "ray":
-            if index:
-                from indexing.remote import index_manifest, is_remote
-
-                manifest = index_manifest(index)  # nothing pulled onto the head
-                if not is_remote(index) and cfg.index.verify == "size":  # a shared folder: sizes, no reads
-                    from pathlib import Path
-
-                    from indexing.manifest import verify_version
-                    from indexing.pinning import split_pin
-
-                    verify_version(Path(split_pin(index)[0]), manifest, full=False, search_only=True)
-        else:
+        manifest, retriever = open_run_index(index, cfg, stack) if index else ({}, None)
+        if cfg.runtime.mode != "ray":
             from pipeline.backends import Backends
 
-            plan = replica_gpu_plan(cfg, index)  # None without CUDA; refuses a plan that does not fit
-            backends = Backends(
-                cfg, index, faiss_placement=plan.index if plan else None, generator=generator, methods=[cfg.method.name]
-            )
+            backends = Backends(cfg, retriever=retriever, generator=generator, methods=[cfg.method.name])
             stack.callback(backends.close)
-            if index:
-                backends.retriever.search(["preflight"], 1, cfg.retrieval.retriever)
-                manifest = backends.retriever.index.manifest
+            plan = replica_gpu_plan(cfg, retriever)  # None without CUDA; refuses a plan that does not fit
+            if retriever is not None:
+                retriever.place(plan.index if plan else None)
+                retriever.search(["preflight"], 1, cfg.retrieval.retriever)
     except GpuPlanError:
         raise  # its own message: the GPU's parts in GiB
     except Exception as exc:
@@ -233,6 +220,16 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
             # Ray: the name's form only; the replicas resolve (download) it on their own nodes
             raise ModelNotFound(f"model {name!r} is not a known model, a folder, nor a hub name of the form org/name")
     return backends
+
+
+def open_run_index(index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]:
+    """backends.retrieval.open_run_index, its retriever (if any) closed by `stack`."""
+    from pipeline.backends.retrieval import open_run_index as open_index
+
+    manifest, retriever = open_index(index, cfg)
+    if retriever is not None:
+        stack.callback(retriever.close)
+    return manifest, retriever
 
 
 def _run_answer(

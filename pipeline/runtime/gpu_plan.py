@@ -7,7 +7,8 @@ FAISS index takes what is left, if it fits (`indexing.faiss_gpu.place_index`: on
 needed, HNSW on the CPU), else it stays on the CPU; `index.faiss_gpu=gpu` refuses instead, `cpu` never moves it.
 
 `replica_gpu_plan` makes the plan at the start of a replica (the Ray engine actor, an in-process run) when CUDA
-is visible; without CUDA it returns None and nothing changes.
+is visible, from the replica's open index's stated resources (indexing/retrievers.py: the index is opened once
+and handed over, never read again here); without CUDA it returns None and nothing changes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape, place_index
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
+
+if TYPE_CHECKING:
+    from indexing.retrievers import Resources
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +123,7 @@ def plan_gpu(
     return GpuPlan(total_bytes, vllm_utilization, plan.models, index, index_shape, cuda_context, share)
 
 
-# -- the replica's side: sizes read from the configuration, the model folders and the index manifest ----------
+# -- the replica's side: sizes read from the configuration, the model folders and the open index ---------------
 
 
 def parameter_count(folder: Path) -> int | None:
@@ -177,13 +182,6 @@ def replica_models(cfg: DynragConfig, dense_index: bool, pooled: frozenset[str] 
     return tuple(needs)
 
 
-def _index_manifest(index_dir: str) -> dict:
-    from indexing.manifest import read_manifest
-    from indexing.remote import is_remote, remote_manifest
-
-    return remote_manifest(index_dir) if is_remote(index_dir) else read_manifest(Path(index_dir))
-
-
 def replica_share(cfg: DynragConfig) -> float:
     """The share of its GPU a replica owns: `ray.actor_num_gpus` where Ray replicas share GPUs (below 1), else 1."""
     g = cfg.ray.actor_num_gpus
@@ -195,10 +193,18 @@ def vllm_utilization(cfg: DynragConfig) -> float:
     return cfg.generation.engine_kwargs.gpu_memory_utilization or round(0.9 * replica_share(cfg), 4)
 
 
-def replica_gpu_plan(cfg: DynragConfig, index_dir: str | None, pooled: frozenset[str] = frozenset()) -> GpuPlan | None:
+class StatesResources(Protocol):
+    def resources(self) -> Resources: ...
+
+
+def replica_gpu_plan(
+    cfg: DynragConfig, retriever: StatesResources | None, pooled: frozenset[str] = frozenset()
+) -> GpuPlan | None:
     """The plan of this replica's GPU (CUDA device 0: the one Ray gives the actor, or its share of it), None
     where this process owns no GPU (no CUDA; a Ray actor that Ray gave none, as a tensor-parallel replica's
-    engine actor, whose GPUs are its vLLM workers': its models and index stay on the CPU)."""
+    engine actor, whose GPUs are its vLLM workers': its models and index stay on the CPU). `retriever`: the
+    replica's open index (None: none, or searched by a retrieval pool), whose stated resources name the FAISS
+    index to place; the caller hands the plan's placement back to it."""
     from indexing.device import own_cuda
 
     if not own_cuda():
@@ -206,11 +212,7 @@ def replica_gpu_plan(cfg: DynragConfig, index_dir: str | None, pooled: frozenset
     import torch
 
     total = int(torch.cuda.get_device_properties(0).total_memory)
-    shape = None
-    if index_dir and "retrieval" not in pooled:
-        m = _index_manifest(index_dir)
-        if m["settings"].get("dense") is not False:
-            shape = IndexShape.from_factory(m["settings"]["faiss_factory"], int(m["dim"]), int(m["passages"]))
+    shape = retriever.resources().faiss if retriever is not None and "retrieval" not in pooled else None
     utilization = vllm_utilization(cfg) if cfg.generation.backend == "vllm" else 0.0
     needs = replica_models(cfg, shape is not None, pooled)
     plan = plan_gpu(total, utilization, needs, shape, cfg.index.faiss_gpu, share=replica_share(cfg))

@@ -69,6 +69,7 @@ class EngineActor:
     ):
         import ray
 
+        from indexing.device import own_cuda
         from pipeline.backends import Backends
         from pipeline.io.output import PartWriter
         from pipeline.io.output_lock import check_same_host, check_shared
@@ -98,16 +99,22 @@ class EngineActor:
         check_placement(cfg, node)
         remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}  # parts served by a pool
         scorer = remote.get("scorer")
-        plan = replica_gpu_plan(cfg, index_dir, frozenset(remote))  # None without CUDA; refuses a misfit
+        local = None  # this replica's own index, opened once (unless a retrieval pool searches)
+        if index_dir and "retrieval" not in remote and own_cuda():
+            from pipeline.backends.retrieval import IndexRetriever
+
+            local = IndexRetriever(index_dir, cfg)
+        plan = replica_gpu_plan(cfg, local, frozenset(remote))  # None without CUDA; refuses a misfit
+        if local is not None:
+            local.place(plan.index if plan else None)
 
         def build():
             return (make_backends or Backends)(
                 cfg,
                 index_dir,
-                retriever=remote.get("retrieval"),
+                retriever=remote.get("retrieval") or local,
                 scorer=scorer,
                 embedder=scorer,
-                faiss_placement=plan.index if plan else None,
             )
 
         self.why: str | None = None  # why the replica drains: set by SIGTERM or the driver
