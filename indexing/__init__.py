@@ -57,16 +57,15 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
     """Open the published version of the index at `index_dir` (or a named older version, e.g. 'v000002', also
     given as `index_dir@v000002`: `pin_index`). A remote `index_dir` is pulled into a local cache first
     (remote.py)."""
-    from indexing.pinning import resolve_version
-    from indexing.remote import is_remote, open_remote_index
-
-    index_dir, version = resolve_version(index_dir, version)
-    if is_remote(index_dir):
-        return open_remote_index(str(index_dir), cfg, version)
     from pathlib import Path
 
     from indexing.index import open_local_index
+    from indexing.pinning import resolve_version
+    from indexing.remote import is_remote, pull_searchable
 
+    index_dir, version = resolve_version(index_dir, version)
+    if is_remote(index_dir):  # its search files pulled into the local cache, opened there
+        index_dir, version = pull_searchable(str(index_dir), cfg, version)
     return open_local_index(Path(index_dir), cfg, version)
 
 

@@ -63,22 +63,8 @@ class Index:
         self.root, self.cfg, self.manifest = root, cfg, manifest
         self.version = manifest["version"]
         self.version_dir = root / "versions" / f"v{self.version:06d}"
-        if cfg.index.verify == "size":
-            verify_version(root, manifest, full=False, search_only=True)
         self.shard_dirs = [root / "shards" / s["key"] for s in manifest["shards"]]
         self._stores = [PassageStore(d) for d in self.shard_dirs]
-        id_map = manifest.get("id_shards")
-        self._id_shards: IdShards | EveryShard = (
-            IdShards(self.version_dir / id_map["path"]) if id_map else EveryShard(len(self.shard_dirs))
-        )
-        if not id_map and len(self.shard_dirs) > 1:
-            log.warning(
-                "%s version %d has no id map (built by an older dynrag): each id lookup searches all %d shards; "
-                "rerun `dynrag index build` to publish a version with one",
-                root,
-                self.version,
-                len(self.shard_dirs),
-            )
         self.analyzer = index_analyzer(manifest["settings"])
         wanted = configured_analyzer(cfg.index)
         if wanted != self.analyzer:
@@ -93,6 +79,18 @@ class Index:
         self._encoder: Encoder | HashEncoder | None = None
         self._lock = threading.Lock()
         self._retrievers_lock = threading.RLock()  # fusion makes its parts while making itself
+        id_map = manifest.get("id_shards")
+        self._id_shards: IdShards | EveryShard = (
+            IdShards(self.version_dir / id_map["path"]) if id_map else EveryShard(len(self.shard_dirs))
+        )
+        if not id_map and len(self.shard_dirs) > 1:
+            log.warning(
+                "%s version %d has no id map (built by an older dynrag): each id lookup searches all %d shards; "
+                "rerun `dynrag index build` to publish a version with one",
+                root,
+                self.version,
+                len(self.shard_dirs),
+            )
 
     # ---- retrievers ----
     @property
@@ -211,6 +209,8 @@ class Index:
 def open_local_index(root: Path, cfg: IndexSettings, version: str | None = None) -> Index:
     """Open the published version of the local index at `root` (or a named older version, e.g. 'v000002')."""
     manifest = read_version_manifest(root, version)
+    if cfg.index.verify == "size":
+        verify_version(root, manifest, full=False, search_only=True)
     log.info(
         "opened %s version %s: %d passages in %d shards",
         root,

@@ -11,16 +11,15 @@ versions beyond `index.keep_versions` and shards only they used are then removed
 once superseded for a day (manifest.RETIRED_GRACE_S).
 Object stores have no lock: run one builder per remote index at a time.
 
-Open (`open_remote_index`): `CURRENT` and the manifest are read from the store; the files search
-reads (each shard's `SEARCH_FILES` and the version's BM25 index; not `vectors.npy` nor the shards'
-own Lucene indexes) are pulled once into `<index.remote_cache_dir>/<hash of the URI>/` (same layout)
-in one batched `get`, each checked against the manifest's sha256 and then renamed into place (a cached
-file is a verified one), under a file lock of the cache (`node_lock`: the processes of one node that
-open the index at once download each file once), and reused by every later open of that version on
-this machine. `uri@v000003` (pinning.py) opens that version, whatever CURRENT names. Shards are content-addressed, so a new version
-downloads only its new shards. A build pulls every file of the published version (each shard's
-`checksums.json`, the marker of a complete shard, is written from the manifest, which lists the same).
-"""
+Open (`pull_searchable`, then `open_local_index` on the cache): `CURRENT` and the manifest are read from the
+store; the files search reads (each shard's `SEARCH_FILES` and the version's BM25 index; not `vectors.npy` nor
+the shards' own Lucene indexes) are pulled once into `<index.remote_cache_dir>/<hash of the URI>/` (same
+layout) in one batched `get`, each checked against the manifest's sha256 and then renamed into place (a cached
+file is a verified one), under a file lock of the cache (`node_lock`: the processes of one node that open the
+index at once download each file once), and reused by every later open of that version on this machine.
+`uri@v000003` (pinning.py) opens that version, whatever CURRENT names. Shards are content-addressed, so a new
+version downloads only its new shards. A build pulls every file of the published version (each shard's
+`checksums.json`, the marker of a complete shard, is written from the manifest, which lists the same)."""
 
 from __future__ import annotations
 
@@ -39,23 +38,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
-from indexing.manifest_paths import check_manifest_paths, safe_relative
-from indexing.pinning import resolve_version, split_pin
-
-if TYPE_CHECKING:
-    from indexing.index import Index
-    from indexing.settings import IndexSettings
 from indexing.manifest import (
     SHARED_FOLDERS,
     atomic_write,
     check_file,
     check_format,
+    check_manifest_paths,
     checksums_text,
+    safe_relative,
     used_by,
     version_files,
     version_name,
     versions_to_keep,
 )
+from indexing.pinning import resolve_version, split_pin
+
+if TYPE_CHECKING:
+    from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +202,7 @@ def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) 
     fs, root = _store(uri)
     manifest = _read_manifest(uri, version)
     check_format(manifest, uri)
-    name = version_name(manifest["version"])
+    files, name = version_files(manifest, search_only), version_name(manifest["version"])
     local = _cache_dir(uri, cfg)
     vdir = local / "versions" / name
     with node_lock(local):  # one download per node: the others wait, then find the files cached
@@ -215,11 +214,7 @@ def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) 
             os.rename(vdir, stale)
             shutil.rmtree(stale, ignore_errors=True)
         t = time.perf_counter()
-        wanted = [
-            (f"{root}/{rel}/{f}", local / rel / f, want)
-            for rel, files in version_files(manifest, search_only)
-            for f, want in files.items()
-        ]
+        wanted = [(f"{root}/{rel}/{f}", local / rel / f, want) for rel, folder in files for f, want in folder.items()]
         pulled = _pull_files(fs, wanted)
         _pull_files(
             fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
@@ -237,13 +232,11 @@ def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) 
     return local, manifest
 
 
-def open_remote_index(uri: str, cfg: IndexSettings, version: str | None = None) -> Index:
-    """`open_index` for a remote index (`uri` unpinned: its version given apart): pull the version into the
-    local cache once, open it there."""
-    from indexing.index import open_local_index
-
+def pull_searchable(uri: str, cfg: IndexSettings, version: str | None = None) -> tuple[Path, str]:
+    """What `open_index` opens for a remote index (`uri` unpinned: its version given apart): the version's
+    search files pulled into the local cache once; returns (cache root, version name)."""
     local, manifest = _pull(uri, cfg, version, search_only=True)
-    return open_local_index(local, cfg, version=version_name(manifest["version"]))
+    return local, version_name(manifest["version"])
 
 
 def index_manifest(spec: str | os.PathLike, version: str | None = None, check_sizes: bool = False) -> dict:

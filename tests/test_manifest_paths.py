@@ -11,8 +11,7 @@ import pytest
 
 from indexing import open_index
 from indexing.errors import IndexingError
-from indexing.manifest import FORMAT_VERSION
-from indexing.manifest_paths import check_manifest_paths
+from indexing.manifest import FORMAT_VERSION, check_manifest_paths
 from indexing.remote import cache_root
 from indexing.settings import IndexSettings
 
