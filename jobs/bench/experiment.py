@@ -3,15 +3,15 @@ latency-model backends.
 
 Several methods over the same synthetic questions, answered by the experiment's own runner (`run_methods` of
 pipeline/evaluation/experiment.py, as `dynrag experiment` runs a dataset) twice, each time on a fresh set of
-`jobs/bench/simulated.py`'s backends handed to it as `dynrag experiment`'s real ones are: concurrent (answer.runs
-=concurrent: every run's questions in one engine's admission queue) and sequential (`--sequential`: one run after
-another, each with the engine to itself). Per mode: seconds from the first question to the last row (no process
-or engine startup: the model has none), LLM calls, tokens, the generator's decode steps and mean running
-sequences per step, its busy fraction, and per run the retrieval cache's hit rate. `ratio_vs_sequential`: the
-sequential seconds over the concurrent ones. `same_as_alone`: every run's predictions identical in both modes
-(sequential being each run with the engine to itself). Both modes first answer 2 questions unslept (imports and
-first calls out of the timing). A simulation: the figures are the model's (printed below,
-and in the output), not a GPU's. Sleeps are `--time-scale` times the modelled seconds.
+`jobs/bench/simulated.py`'s backends handed to it as `dynrag experiment`'s real ones are: concurrent
+(answer.runs=concurrent: every run's questions in one engine's admission queue) and sequential (`--sequential`:
+one run after another, each with the engine to itself). Both modes first answer 2 questions unslept (imports and
+first calls out of the timing). Per mode: seconds from the first question to the last row (no process or engine
+startup: the model has none), LLM calls, tokens, the generator's decode steps and mean running sequences per
+step, its busy fraction, and per run the retrieval cache's hit rate. `ratio_vs_sequential`: the sequential
+seconds over the concurrent ones. `same_as_alone`: every run's predictions identical in both modes (sequential
+being each run with the engine to itself). A simulation: the figures are the model's (below), not a GPU's.
+Sleeps are `--time-scale` times the modelled seconds.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON document: {methods, questions, ratio_vs_sequential, same_as_alone, "
+        help="print one JSON document: {simulated (the model), time_scale, methods, questions, ratio_vs_sequential, same_as_alone, "
         "same_as_alone_per_run, retrieval_cache_hit_rate, modes: {concurrent, sequential}}",
     )
     add_config_args(p)
