@@ -205,3 +205,25 @@ def test_a_drained_concurrent_experiment_resumes_each_run_where_it_stopped(tmp_p
     assert [s["new_rows"] + s["skipped_already_answered"] for s in again] == [6, 6, 6]
     assert [s["skipped_already_answered"] for s in again] == [before[r.label] for r in runs]
     assert all(s["duplicate_ids"] == 0 and s["rows"] == 6 for s in again)
+
+
+def test_bench_experiment_answers_the_runs_together_with_the_predictions_of_one_after_another():
+    """`dynrag bench experiment --simulate-gpu` at a twentieth of the latency model's time: the same predictions
+    per run in both modes, and the concurrent mode's engine held more sequences at once than one run ever has
+    questions (impossible one run after another) in fewer decode steps."""
+    from jobs.bench.experiment import METHODS, bench_experiment
+    from jobs.bench.pipeline import DEFAULTS
+    from pipeline.config import load_config
+
+    n = 6
+    f = bench_experiment(load_config(None, DEFAULTS), list(METHODS), n, 0.05)
+    conc, seq = f["modes"]["concurrent"], f["modes"]["sequential"]
+    assert f["same_as_alone"] and f["same_as_alone_per_run"] == {m: f"{n}/{n}" for m in METHODS}
+    assert f["questions"] == n * len(METHODS)
+    assert all(p["rows"] == n and p["errors"] == 0 for w in (conc, seq) for p in w["per_run"].values())
+    assert (conc["llm_calls"], conc["prompt_tokens"]) == (seq["llm_calls"], seq["prompt_tokens"])
+    assert seq["max_running"] <= n < conc["max_running"]
+    assert conc["decode_steps"] < seq["decode_steps"] and conc["mean_running"] > seq["mean_running"]
+    assert f["ratio_vs_sequential"] == round(seq["seconds"] / conc["seconds"], 2)
+    hits = f["retrieval_cache_hit_rate"]["sequential"]
+    assert hits["sr-rag"] == 0.0 and hits["iter-retgen"] > 0  # its first query: the question sr-rag searched before

@@ -116,6 +116,10 @@ def default_set(index: Path, runs: list[Path]) -> dict[str, list[list[str]]]:
         "index info": [["index", "info", "--index", str(index), "--json"]],
         "evaluate": [["evaluate", a, b, "--json"], ["evaluate", a, "--baseline", b, "--resamples", "200", "--json"]],
         "bench pipeline": [["bench", "pipeline", "--simulate-gpu", "--questions", "4", "--time-scale", "0", "--json"]],
+        "bench experiment": [
+            ["bench", "experiment", "--simulate-gpu", "--methods", "sr-rag,flare", "--questions", "3"]
+            + ["--time-scale", "0", "--json"]
+        ],
     }
 
 
@@ -149,6 +153,10 @@ def test_each_json_command_prints_one_document(kit_runs, data_dir):
     assert {r["method"] for r in docs["evaluate"][0]} == {"sr-rag", "no-retrieval"}
     assert "delta_f1_ci95" in docs["evaluate"][1][0]
     assert {r["method"] for r in docs["bench pipeline"][0]} >= {"sr-rag", "dragin"}
+    assert docs["bench experiment"][0]["same_as_alone"] and set(docs["bench experiment"][0]["modes"]) == {
+        "concurrent",
+        "sequential",
+    }
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ BENCH_MODULES = [
     "jobs.bench.dragin",
     "jobs.bench.flashrag",
     "jobs.bench.pipeline",
+    "jobs.bench.experiment",
     "jobs.bench.all",
 ]
 

@@ -57,6 +57,30 @@ def dynrag_command(args, path: Path, sequential: bool) -> list[str]:
     ]
 
 
+def run_figures(run_dir: str, t_cmd: float, said: str = "prediction") -> dict[str, Any]:
+    """One dynrag run's figures from its rows: rows, errors, its last row's time after `t_cmd`, LLM calls, tokens,
+    retrievals and the cache's hit rate, generation and retrieval seconds, and each question's `said` column."""
+    import polars as pl
+
+    from pipeline.io.output import read_rows
+
+    df = pl.from_arrow(read_rows(run_dir))
+    calls = int(df["retrieval_calls"].sum())
+    return {
+        "rows": df.height,
+        "errors": int(df["error"].is_not_null().sum()),
+        "last_row_s": round(float(df["finished_at"].max()) - t_cmd, 2),
+        "llm_calls": int(df["llm_calls"].sum()),
+        "prompt_tokens": int(df["prompt_tokens"].sum()),
+        "completion_tokens": int(df["completion_tokens"].sum()),
+        "retrievals": calls,
+        "retrieval_cache_hit_rate": round(int(df["retrieval_cache_hits"].sum()) / calls, 3) if calls else None,
+        "generation_s": round(float(df["time_generation_s"].sum()), 2),
+        "retrieval_s": round(float(df["time_retrieval_s"].sum()), 2),
+        "predictions": dict(zip(df["question_id"], df[said])),
+    }
+
+
 def dynrag_way(out: Path, methods: list[str], t_cmd: float, m) -> dict[str, Any]:
     """A dynrag way's figures from its rows (sr-rag's prediction is its raw output, as FlashRAG's is)."""
     import polars as pl
@@ -66,24 +90,10 @@ def dynrag_way(out: Path, methods: list[str], t_cmd: float, m) -> dict[str, Any]
 
     if m.returncode != 0:
         raise parse_failure(m)
-    per: dict[str, Any] = {}
-    for meth in methods:
-        df = pl.from_arrow(read_rows(str(out / "bench" / meth)))
-        said = df["raw_output"] if meth == "sr-rag" else df["prediction"]
-        calls = int(df["retrieval_calls"].sum())
-        per[meth] = {
-            "rows": df.height,
-            "errors": int(df["error"].is_not_null().sum()),
-            "last_row_s": round(float(df["finished_at"].max()) - t_cmd, 2),
-            "llm_calls": int(df["llm_calls"].sum()),
-            "prompt_tokens": int(df["prompt_tokens"].sum()),
-            "completion_tokens": int(df["completion_tokens"].sum()),
-            "retrievals": calls,
-            "retrieval_cache_hit_rate": round(int(df["retrieval_cache_hits"].sum()) / calls, 3) if calls else None,
-            "generation_s": round(float(df["time_generation_s"].sum()), 2),
-            "retrieval_s": round(float(df["time_retrieval_s"].sum()), 2),
-            "predictions": dict(zip(df["question_id"], said)),
-        }
+    per = {
+        meth: run_figures(str(out / "bench" / meth), t_cmd, "raw_output" if meth == "sr-rag" else "prediction")
+        for meth in methods
+    }
     # when the first question's first request went out (its row's time less its latency, an upper bound): startup
     first = min(
         float(df.select((pl.col("finished_at") - pl.col("latency_s")).min()).item()) - t_cmd

@@ -87,24 +87,14 @@ def register(bsub: argparse._SubParsersAction) -> None:
 
 
 def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
-    from pipeline.backends import Backends
     from pipeline.engine.continuous import make_engine
     from pipeline.engine.requests import Question
     from pipeline.methods.registry import get_method
 
-    cost = simulated.Cost(scale)
-    gen = simulated.SimGenerator(cost, max_seqs=cfg.generation.engine_kwargs.max_num_seqs or 256)
-    scorer = simulated.SimScorer(cost)
     cfg = cfg.model_copy(deep=True)
     cfg.answer.engine = engine
-    backends = Backends(
-        cfg,
-        generator=gen,
-        retriever=simulated.SimRetriever(cost),
-        scorer=scorer,
-        embedder=scorer,
-        named={"attention": simulated.WordAttention(cost=cost), "complexity": simulated.SimRouter(cost)},
-    )
+    backends = sim_backends(cfg, scale)
+    gen = backends.generator
     spec = get_method(method)
     with tempfile.TemporaryDirectory() as clf:
         if method == "adaptive-rag":  # a stand-in classifier folder: SimRouter routes by hash
@@ -133,6 +123,12 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
         "decode_steps": len(gen.steps),
         "mean_running": round(sum(gen.steps) / max(len(gen.steps), 1), 1),
     }
+
+
+def sim_backends(cfg, scale: float):
+    """The latency-model backends (simulated.py) at `scale`, the generator running at most
+    generation.engine_kwargs.max_num_seqs sequences (default 256)."""
+    return simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256)(cfg)
 
 
 def bench_ray(cfg, method: str, n: int, scale: float) -> dict:

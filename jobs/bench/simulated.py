@@ -282,8 +282,10 @@ class WordAttention:
 
 @dataclass(frozen=True)
 class SimBackends:
-    """Latency-model `Backends` for Ray's engine and pool actors (`make_backends` of `answer_with_ray`):
-    picklable, each actor builds its own; a part a pool serves is the pool's (PoolClient)."""
+    """Latency-model `Backends` (generator, retriever, scorer and embedder, DRAGIN's attention, Adaptive-RAG's
+    router), one cost shared by all: the benches' in-process sets, and Ray's engine and pool actors'
+    (`make_backends` of `answer_with_ray`): picklable, each actor builds its own; a part a pool serves is the
+    pool's (PoolClient)."""
 
     scale: float = 0.1
     max_seqs: int = 256
@@ -300,6 +302,6 @@ class SimBackends:
             retriever=retriever or SimRetriever(cost),
             scorer=scorer or sim,
             embedder=embedder or sim,
-            named={"attention": WordAttention(cost=cost)},
+            named={"attention": WordAttention(cost=cost), "complexity": SimRouter(cost)},
             **kw,
         )
