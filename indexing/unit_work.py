@@ -290,7 +290,8 @@ def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
             _build_shard(job, group, meta, out, given, raw)
             if job.release:
                 release_free_memory()
-        meta["files"] = job.store.files(meta["key"])
+        if job.store.remote:  # a local shard's files are read from its checksums.json when the manifest is
+            meta["files"] = job.store.files(meta["key"])  # written (build.ShardFiles): parsed, 643 held 3.6 MiB
         out["shards"].append(meta)
         if "dim" not in out:
             out["dim"] = job.store.dim(meta["key"]) if job.dense else None
