@@ -12,7 +12,7 @@ import pytest
 from fakes import MemoryRetriever
 
 from jobs.conform import erm4_driver, traces
-from jobs.conform.erm4 import PROMPTS, STAGES, serve_llm, stage_of, template_pattern
+from jobs.conform.erm4 import MAX_TOKENS, PROMPTS, STAGES, serve_llm, stage_of, template_pattern
 from jobs.conform.harness import serve_retrieval
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
@@ -283,4 +283,8 @@ def test_conform_s_constrain_json_reaches_both_sides(tmp_path, monkeypatch):
     assert constrained["json_schemas"] == {k: json_schema(STAGES[k]) for k in ("rewriter", "filter", "reader")}
     assert [s.json_schema for s in script.samplings] == [None, None, json_schema("rewrite"), json_schema("filter")]
     assert [p["authors"]["constrain_json"] for p in params_seen] == [False, True]
+    # the grammar bounds each answer: no token cap but the window's room, on both sides (MAX_TOKENS without it)
+    window = DynragConfig().generation.max_model_len
+    assert [s.max_tokens for s in script.samplings] == [MAX_TOKENS, MAX_TOKENS, window, window]
+    assert [p["authors"]["max_tokens"] for p in params_seen] == [MAX_TOKENS, window]
     assert results[1]["json_schemas"] == constrained["json_schemas"] and results[0]["json_schemas"] == {}

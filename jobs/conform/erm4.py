@@ -14,7 +14,9 @@ it, an answer that is one code block counts as its content, on both sides alike.
 (erm4_authors.JSON_FORMATS, SamplingSpec.json_schema), the instruction-following their API model (gpt-3.5) gave
 and a small model lacks (SmolLM2-135M answers with the prompt's example text, and in JSON repeats an item until
 the token limit). dynrag's side asks it per call; the endpoint knows the reference's call by the prompt template
-its prompt was filled from (`stage_of`) and applies the same schema.
+its prompt was filled from (`stage_of`) and applies the same schema. The grammar bounds each answer, so neither
+side caps its tokens then (the window's room, as their API calls set no limit): cut at MAX_TOKENS, a bounded
+answer could still end inside its JSON (SmolLM2 writes a string of digits a token a digit).
 """
 
 from __future__ import annotations
@@ -128,11 +130,12 @@ def conform_erm4(
     model = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
     if model_dtype == "float32":
         model = float32_copy(model, cfg.paths.cache_dir)
+    max_tokens = cfg.generation.max_model_len if constrain_json else MAX_TOKENS  # cut to the room the prompt leaves
     gen = cfg.generation.model_copy(update={"model": model, "batch_size": 1})
     same = cfg.model_copy(update={"generation": gen})
     backends = Backends(same, index)
     formats = {texts[k]: schema for k, schema in schemas.items()}
-    retrieval, llm = serve_retrieval(backends), serve_llm(backends, MAX_TOKENS, unfence, formats)
+    retrieval, llm = serve_retrieval(backends), serve_llm(backends, max_tokens, unfence, formats)
     argv = ["--question_rewritter_prompt", str(Path(ref["path"]) / PROMPTS["rewriter"])]
     argv += ["--knowledge_filter_prompt", str(Path(ref["path"]) / PROMPTS["filter"])]
     argv += ["--reader_prompt", str(Path(ref["path"]) / PROMPTS["reader"]), "--dataset", "hotpot"]
@@ -145,7 +148,7 @@ def conform_erm4(
                 "cache": str(Path(cfg.paths.cache_dir) / "conform" / "runs"),
                 "argv": argv,
                 "filter": use_filter,
-                "max_tokens": MAX_TOKENS,
+                "max_tokens": max_tokens,
                 "unfence": unfence,
                 "model": model,
                 "questions": [{"id": q.id, "question": q.question} for q in questions],
@@ -163,7 +166,7 @@ def conform_erm4(
             "filter_prompt": texts["filter"] if use_filter else None,
             "reader_prompt": texts["reader"],
             "page_num": PAGE_NUM,
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
             "unfence": unfence,
             "constrain_json": constrain_json,
         }
@@ -180,7 +183,7 @@ def conform_erm4(
         "reference": {**ref, "prompts": PROMPTS, "page_num": PAGE_NUM, "filter": use_filter},
         **traces.summary(per_q),
         "seconds_per_question": {"reference": mean_seconds(ref_rows), "dynrag": mean_seconds(ours)},
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "unfence": unfence,
         "json_schemas": schemas,
         "load_average": os.getloadavg()[0],
