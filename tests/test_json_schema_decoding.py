@@ -87,3 +87,11 @@ def test_a_sampled_output_is_constrained_too(gen):
     spec = SamplingSpec(max_tokens=1024, temperature=1.0, json_schema=json_schema("filter"))
     (o,) = gen.generate(PROMPTS[:1], [spec], [True])
     assert json.loads(o.text)["NLI result"] in ("entailment", "contradiction", "neural")
+
+
+@pytest.mark.parametrize("schema", [JSON_FORMATS["filter"], short(1)], ids=["filter", "answer"])
+def test_vllm_decodes_under_the_same_grammar(tiny_vllm, schema):
+    spec = SamplingSpec(max_tokens=512, temperature=0.0, json_schema=json.dumps(schema))
+    for o in tiny_vllm.generate(PROMPTS, [spec] * 3, [True] * 3):
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), schema)
