@@ -75,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="erm4: an LLM answer that is one markdown code block counts as its content, on both sides (their "
         "code json.loads each answer; small instruct models fence their JSON)",
     )
+    p.add_argument(
+        "--constrain-json",
+        action="store_true",
+        help="erm4: every LLM call, on both sides, is decoded under the JSON format its prompt states (their code "
+        "json.loads each answer, as the API model it was written for gave it; a small model does not)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON document")
     add_config_args(p)
     p.set_defaults(func=run)
@@ -226,7 +232,16 @@ def run(args: argparse.Namespace) -> None:
         from jobs.conform.erm4 import conform_erm4
 
         r = conform_erm4(
-            cfg, args.method, args.reference_source, dataset, index, args.limit, log, args.model_dtype, args.unfence
+            cfg,
+            args.method,
+            args.reference_source,
+            dataset,
+            index,
+            args.limit,
+            log,
+            args.model_dtype,
+            args.unfence,
+            args.constrain_json,
         )
     else:
         r = conform(

@@ -4,6 +4,8 @@ weights (DRAGIN's RIND/QFS need them; vLLM never returns them). Batched with lef
 The text is read from the ids as vLLM's detokenizer reads them (pipeline/backends/detok.py); stop strings
 cut it, and the ids end, as vLLM's do, with the one that completes the stop string. Per-token logprobs
 come from the generation scores, and so do per-step entropies (SamplingSpec.entropy, DRAGIN's code's).
+`SamplingSpec.json_schema` is decoded under its grammar (pipeline/backends/constrained.py: xgrammar's logits
+mask, as vLLM's structured outputs); `choice` and `regex` are not applied here (methods parse what comes).
 `self.model` / `self.tokenizer` are public so that DRAGIN's attention pass reuses them: the model runs
 SDPA attention through the pass's registered implementation (pipeline/backends/rind_pass.py), eager
 where a pass asks for weights.
@@ -50,6 +52,7 @@ class HfGenerator:
         self.pad_id = (
             self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         )
+        self._grammars = None  # constrained.JsonGrammars, made at the first json_schema request
         log.info("transformers model %s ready in %.1f s", path, time.perf_counter() - t0)
 
     def generate(self, prompts, samplings, chats) -> list[Completion | Exception]:
@@ -92,6 +95,8 @@ class HfGenerator:
             return_dict_in_generate=True,
             output_scores=bool(spec.logprobs) or spec.entropy,
         )
+        if spec.json_schema is not None:
+            kwargs["logits_processor"] = [self.grammars().processor(spec.json_schema, len(batch))]
         if temperature > 0:
             kwargs.update(do_sample=True, temperature=temperature, top_p=g.top_p if spec.top_p is None else spec.top_p)
         else:
@@ -152,6 +157,19 @@ class HfGenerator:
                 )
             )
         return completions
+
+    def grammars(self):
+        """The tokenizer's compiled JSON-schema grammars; their end tokens are those generate stops at."""
+        if self._grammars is None:
+            from pipeline.backends.constrained import JsonGrammars
+
+            ends = self.model.generation_config.eos_token_id
+            ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+            if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ends:
+                ends.append(self.tokenizer.eos_token_id)
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            self._grammars = JsonGrammars(self.tokenizer, vocab, ends)
+        return self._grammars
 
 
 def step_entropy(scores) -> float:

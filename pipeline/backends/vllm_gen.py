@@ -108,6 +108,8 @@ class VllmGenerator:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
+        from pipeline.backends.constrained import json_grammar
+
         g = self.cfg
         max_tokens = spec.max_tokens or g.max_new_tokens
         max_tokens = max(1, min(max_tokens, g.max_model_len - prompt_len))
@@ -120,8 +122,13 @@ class VllmGenerator:
             prompt_logprobs=spec.prompt_logprobs,
             skip_special_tokens=not spec.special_text,
             seed=g.seed if (spec.temperature or g.temperature) > 0 else None,
-            structured_outputs=StructuredOutputsParams(choice=list(spec.choice) or None, regex=spec.regex)
-            if spec.choice or spec.regex
+            structured_outputs=StructuredOutputsParams(
+                choice=list(spec.choice) or None,
+                regex=spec.regex,
+                # the transformers backend's grammar for the schema (one request, one grammar on both)
+                grammar=json_grammar(spec.json_schema) if spec.json_schema else None,
+            )
+            if spec.choice or spec.regex or spec.json_schema
             else None,
         )
 

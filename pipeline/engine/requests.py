@@ -45,6 +45,10 @@ class SamplingSpec:
     # what comes): the output is one of `choice`, or matches `regex`
     choice: tuple[str, ...] = ()
     regex: str | None = None
+    # constrained decoding on both backends: the output is JSON that this JSON Schema (a JSON document, as text so
+    # that the spec stays hashable) accepts, cut only by max_tokens. One grammar, xgrammar's for the schema
+    # (pipeline/backends/constrained.py): vLLM's structured outputs run it, transformers as a logits mask
+    json_schema: str | None = None
     # the context window (generation.max_model_len). False: max_tokens is cut to the room the prompt leaves, and a
     # prompt that fills the window is its question's error (PromptTooLong). True: a prompt that does not leave
     # room for max_tokens is not run; it comes back as an empty Completion with finish_reason WINDOW, and the

@@ -15,6 +15,10 @@ Where it differs from dynrag's ERM4 (pipeline/methods/erm4.py, a reading of the 
 - no memory reservoir or trigger: main.py never calls the trigger (shell/ERM4.sh: trigger=none), and its
   embedder (`sentence2embedding`) is commented out in utils.py.
 An output the code's `json.loads` cannot read ends the question with the error the code raises.
+
+`constrain_json` (`dynrag conform --constrain-json`): each call is decoded under the JSON format its prompt states
+(`JSON_FORMATS`, as `SamplingSpec.json_schema`), standing in for the instruction-following of the API model their
+code was written for; the harness's endpoint applies the same schemas to the reference's calls.
 """
 
 from __future__ import annotations
@@ -34,6 +38,42 @@ SWITCH = (
 )
 
 
+def _strings(most: int) -> dict[str, Any]:
+    """An array of 1..`most` non-empty strings of at most `STRING_CHARS` characters."""
+    string = {"type": "string", "minLength": 1, "maxLength": STRING_CHARS}
+    return {"type": "array", "items": string, "minItems": 1, "maxItems": most}
+
+
+# The JSON format each of their prompts states (Prompt/*_hotpot.txt, knowledge_filter_prompt.txt: "Please strictly
+# following this json format"), as a JSON Schema. The counts are the formats' and their examples' (the rewriter's
+# examples give 2 rewritten questions and 5 queries, its format `["xxx","xxx",...]`; the reader's format is
+# `["xxx"]`, one answer); the labels are the three the filter's prompt lists, its "neural" included. Bounds on
+# counts and lengths keep an answer inside the calls' token budget: a small model otherwise repeats an item or a
+# phrase until max_tokens, and the cut JSON fails their json.loads as the unconstrained text did.
+STRING_CHARS = 120
+JSON_FORMATS: dict[str, dict[str, Any]] = {
+    "rewrite": {
+        "type": "object",
+        "properties": {"Rewritten Question": _strings(3), "Query": _strings(5)},
+        "required": ["Rewritten Question", "Query"],
+        "additionalProperties": False,
+    },
+    "filter": {
+        "type": "object",
+        "properties": {"NLI result": {"enum": ["entailment", "contradiction", "neural"]}},
+        "required": ["NLI result"],
+        "additionalProperties": False,
+    },
+    "answer": _strings(1),
+}
+
+
+def json_schema(stage: str) -> str:
+    """JSON_FORMATS[stage] as SamplingSpec.json_schema's text (one text per stage, on both sides of conform); the
+    properties in the format's order, which the grammar keeps."""
+    return json.dumps(JSON_FORMATS[stage])
+
+
 class AuthorsErm4(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -51,11 +91,19 @@ class AuthorsErm4(BaseModel):
         description="an output that is one markdown code block counts as its content (`dynrag conform "
         "--unfence`: the served model answers raw JSON, as their prompts ask and their API model did)",
     )
+    constrain_json: bool = Field(
+        False,
+        description="decode each call under the JSON format its prompt states (JSON_FORMATS, as "
+        "SamplingSpec.json_schema; `dynrag conform --constrain-json`): the instruction-following their API model "
+        "gave, which a small model lacks",
+    )
 
 
 def _ask(prompts: list[Prompt], a: AuthorsErm4, stage: str) -> Generator[Request, Any, list[str]]:
-    """Each prompt as the one user message of a chat, greedy (their t=0.0)."""
-    outs = yield Generate(prompts, sampling=SamplingSpec(max_tokens=a.max_tokens), stage=stage)
+    """Each prompt as the one user message of a chat, greedy (their t=0.0); with `constrain_json`, under the JSON
+    format of the stage's prompt."""
+    schema = json_schema(stage) if a.constrain_json else None
+    outs = yield Generate(prompts, sampling=SamplingSpec(max_tokens=a.max_tokens, json_schema=schema), stage=stage)
     return [unfenced(o.text) if a.unfence else o.text for o in outs]
 
 
