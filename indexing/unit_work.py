@@ -225,7 +225,7 @@ def train_unit_template(
         given = job.vectors(ReadStats())
         vecs = cast(GivenVectors, given).stored([bases[u] + int(x) for _, u, x in merged])
     else:
-        vecs = get_encoder(job.spec).encode([str(x) for _, _, x in merged])
+        vecs = np.concatenate(_encode_in_steps(job, [str(x) for _, _, x in merged]))
     out = job.store.local / "trained" / f".template.{os.getpid()}.tmp"
     out.parent.mkdir(parents=True, exist_ok=True)
     train_template(vecs, factory, out)
@@ -379,9 +379,7 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     hits = [cache.get(embedding_hash(a, b)) for a, b in zip(titles, texts)] if cache else [None] * len(inputs)
     del t, cache
     todo = [r for r, h in enumerate(hits) if h is None]
-    encoder = get_encoder(job.spec)
-    step = job.spec.batch_size * 4
-    new = [encoder.encode([inputs[r] for r in todo[i : i + step]]) for i in range(0, len(todo), step)]
+    new = _encode_in_steps(job, [inputs[r] for r in todo])
     copied = [(r, h) for r, h in enumerate(hits) if h is not None]
     dim = new[0].shape[1] if new else np.load(old_dirs[copied[0][1][0]] / "vectors.npy", mmap_mode="r").shape[1]
     vecs = np.zeros((len(inputs), dim), dtype=np.float32)
@@ -397,3 +395,10 @@ def _stage_vectors(job: UnitJob, stage: Path, key: str, ids: set[str]) -> tuple[
     for old in old_dirs:
         job.store.drop_pulled(f"shards/{old}")
     return len(todo), len(copied)
+
+
+def _encode_in_steps(job: UnitJob, texts: list[str]) -> list[np.ndarray]:
+    """`texts` embedded a few batches at a time: one call over a whole training sample (163,840 passages) held
+    the hash encoder's per-byte arrays for all of them at once (GBs of a 1M build's peak)."""
+    encoder, step = get_encoder(job.spec), job.spec.batch_size * 4
+    return [encoder.encode(texts[i : i + step]) for i in range(0, len(texts), step)]
