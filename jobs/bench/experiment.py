@@ -32,18 +32,11 @@ MODES = ("concurrent", "sequential")
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser(
+    p = simulated.add_simulated_parser(
+        bsub,
         "experiment",
         help="an experiment's runs concurrent vs sequential on latency-model backends",
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
-        epilog=simulated.__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--simulate-gpu",
-        action="store_true",
-        required=True,
-        help="use the latency-model backends (the only mode for now)",
     )
     p.add_argument(
         "--methods",

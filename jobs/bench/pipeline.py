@@ -45,18 +45,11 @@ RAY_DEFAULTS = [
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = bsub.add_parser(
+    p = simulated.add_simulated_parser(
+        bsub,
         "pipeline",
         help="lockstep vs continuous engine on latency-model backends",
         description=__doc__.split("\n\n")[0],
-        epilog=simulated.__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--simulate-gpu",
-        action="store_true",
-        required=True,
-        help="use the latency-model backends (the only mode for now)",
     )
     p.add_argument(
         "--method", action="append", choices=METHODS + MORE_METHODS, help=f"repeatable (default: {', '.join(METHODS)})"

@@ -305,3 +305,23 @@ class SimBackends:
             named={"attention": WordAttention(cost=cost), "complexity": SimRouter(cost)},
             **kw,
         )
+
+
+def add_simulated_parser(bsub, name: str, help: str, description: str):
+    """A `dynrag bench NAME --simulate-gpu` parser: the latency model above as its epilog, the flag required."""
+    import argparse
+
+    p = bsub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--simulate-gpu",
+        action="store_true",
+        required=True,
+        help="use the latency-model backends (the only mode for now)",
+    )
+    return p
