@@ -7,6 +7,7 @@ configuration composes it (`DynragConfig.index_settings()`), resolving model nam
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -43,7 +44,9 @@ class IndexConfig(Section):
     faiss_factory: str = Field(
         "Flat",
         description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
-        "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all shards",
+        "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all "
+        "shards. On CPUs IVF4096,PQ128x4np (4-bit codes, 64 bytes as PQ64's) builds ~4x faster and is searched in "
+        "faiss's fast-scan layout (indexing/dense.py)",
     )
     faiss_train_size: int = Field(
         100_000,
@@ -131,6 +134,18 @@ class IndexConfig(Section):
         description="at open: check that the files search reads are present at their recorded sizes, or "
         "nothing; sha256 is checked when files are written and pulled, and by `dynrag index verify`",
     )
+
+    @field_validator("faiss_factory")
+    @classmethod
+    def _no_fast_scan_shards(cls, value: str) -> str:
+        if re.search(r"\d+x4fs", value):
+            plain = re.sub(r"(\d+x4)fsr?", r"\1np", value)
+            raise ValueError(
+                f"index.faiss_factory={value!r}: shards in faiss's fast-scan layout cannot be merged into one index "
+                f"(faiss crashes merging their lists); use {plain!r}: the same codes, stored plain and searched in "
+                "the fast-scan layout once merged"
+            )
+        return value
 
     @field_validator("verify", mode="before")
     @classmethod

@@ -16,6 +16,7 @@ count in BM25's statistics until a merge rewrites their segment, so build.py bou
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Iterable
@@ -55,15 +56,15 @@ def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int, analy
     args = ["-index", str(out), "-stemmer", analyzer["stemmer"]] + ([] if analyzer["stopwords"] else ["-keepStopwords"])
     indexer = LuceneIndexer(str(out), args=args, threads=threads)
     n = 0
-    batch: list[dict] = []
+    batch: list[str] = []  # JSON documents: one JNI call a batch (a dict each took a JNI object per document)
     for doc_id, contents in docs:
-        batch.append({"id": doc_id, "contents": contents})
+        batch.append(json.dumps({"id": doc_id, "contents": contents}))
         if len(batch) >= 5000:
-            indexer.add_batch_dict(batch)
+            indexer.add_batch_raw(batch)
             n += len(batch)
             batch = []
     if batch:
-        indexer.add_batch_dict(batch)
+        indexer.add_batch_raw(batch)
         n += len(batch)
     indexer.close()
     lock = out / "write.lock"

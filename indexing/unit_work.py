@@ -5,10 +5,10 @@ the grain of every build. build.py plans the units and runs these functions on a
 
 1. `scan_unit`: the unit's manifest digest (its bytes, and the rules that read them: unit_reuse.py), its
    counts, and its passages' (id hash, digest of title and text) pairs cut into P ranges of the id hash.
-   A unit whose digest and shards are those of the previous version is taken unread: its pairs come from
-   its shards' stores, not from the corpus.
+   A unit whose digest and shards are those of the previous version is taken unread: its id hashes come from
+   its shards' `ids.npy`, its texts are not read (UNREAD_DIGEST).
 2. `dedup_task`, P tasks (with more than one unit): range p of every unit; per unit, the ids an earlier unit
-   holds (the first occurrence in corpus order wins), flagged when the text differs.
+   holds (the first occurrence in corpus order wins), with the first occurrence's text digest.
 3. `train_unit_template`, only for an IVF factory without a template yet: the corpus's passages of smallest
    id hash (each scan keeps its unit's share) embedded (or read from the given vectors), trained once.
 4. `build_unit`: read and split the unit, drop the ids of its drop lists, cut content-defined shards (they
@@ -56,6 +56,9 @@ def short_hash(obj: Any) -> str:
 def embedding_hash(title: str, text: str) -> bytes:
     """What decides a passage's vector: its embedding input (a copied vector is found by it)."""
     return hashlib.blake2b(embed_input(title, text).encode("utf-8"), digest_size=12).digest()
+
+
+UNREAD_DIGEST = (1 << 64) - 1  # the text digest of a passage in a unit taken unread: compared with none (dedup_range)
 
 
 def _text_digest(title: str, text: str) -> int:
@@ -138,7 +141,8 @@ def _shard_dirs(job: UnitJob) -> list[Path]:
 def scan_unit(job: UnitJob, ranges: int, sample: int = 0) -> list:
     """The unit's summary (small, for the driver), its training sample, then its (id hash, text digest) pairs
     sorted by id hash and cut into `ranges` equal ranges of the hash (`ranges` 0: one empty array). A unit
-    taken unread (`taken`) gives the pairs of its shards' stores. `sample` > 0 (an IVF template to train):
+    taken unread (`taken`) gives its shards' id hashes, each with UNREAD_DIGEST (its bytes are not read: a
+    +1% rebuild at 5M spent 17.8 of its 31.7 s reading and hashing the stores' texts). `sample` > 0 (an IVF template to train):
     the (id hash, embedding input) of its `sample` passages of smallest id hash, or with given vectors
     (id hash, row in the unit), sorted; the template is trained on the corpus's smallest (round 3)."""
     t = time.perf_counter()
@@ -150,14 +154,7 @@ def scan_unit(job: UnitJob, ranges: int, sample: int = 0) -> list:
     rs, ps = ReadStats(), PassageStats()
     summary: dict[str, Any] = {"digest": digest, "taken": taken, "node": node()}
     triples: Iterator[tuple[int, int, str | int]] = iter(())  # (id hash, text digest, training input)
-    if taken and ranges:
-        tables = [read_table(d) for d in _shard_dirs(job)]
-        triples = (
-            (id_hash(i), _text_digest(a, b), "")
-            for tab in tables
-            for i, a, b in zip(*(tab.column(c).to_pylist() for c in ("id", "title", "text")))
-        )
-    elif not taken and (ranges or sample):
+    if not taken and (ranges or sample):
         given = job.vectors(rs) if sample else None  # rows counted from the unit's first record
         passages = _passages(job, rs, ps, given)
         if given is not None:
@@ -176,6 +173,9 @@ def scan_unit(job: UnitJob, ranges: int, sample: int = 0) -> list:
             if len(kept) >= 2 * sample:
                 kept = heapq.nsmallest(sample, kept)
     pairs = np.frombuffer(flat, dtype=np.uint64).reshape(-1, 2)
+    if taken and ranges:  # its shards' id hashes (ids.npy); their texts, the previous version's, are not read
+        ids = np.concatenate([np.load(d / "ids.npy") for d in _shard_dirs(job)] or [np.zeros(0, np.uint64)])
+        pairs = np.column_stack((ids, np.full(len(ids), UNREAD_DIGEST, np.uint64)))
     summary.update(passages=len(pairs), records=rs.records, bad_lines=rs.bad_lines, seconds=time.perf_counter() - t)
     chosen = heapq.nsmallest(sample, kept) if sample else []
     if not ranges:
@@ -187,9 +187,11 @@ def scan_unit(job: UnitJob, ranges: int, sample: int = 0) -> list:
 
 # ---- round 2 ----
 def dedup_range(*per_unit: np.ndarray) -> list[np.ndarray]:
-    """One hash range of every unit's (id hash, digest) pairs, in unit order (ids unique within a unit) ->
-    per unit, the (id hash, conflicting) pairs it must drop: ids an earlier unit holds, flagged 1 when the
-    digest differs from the earliest unit's. Sorted by id hash."""
+    """One hash range of every unit's (id hash, text digest) pairs, in unit order (ids unique within a unit) ->
+    per unit, the (id hash, digest of the first occurrence) pairs it must drop: ids an earlier unit holds.
+    The build task that drops one counts it conflicting when its own text's digest differs (neither being
+    UNREAD_DIGEST: a unit taken unread, whose texts are not read; the build before the one path did not count
+    those either). Sorted by id hash."""
     pairs = np.concatenate(per_unit)
     unit: np.ndarray = np.repeat(np.arange(len(per_unit)), [len(p) for p in per_unit])
     order = np.lexsort((unit, pairs[:, 0]))  # by id hash, then unit: each id's first occurrence leads
@@ -199,7 +201,7 @@ def dedup_range(*per_unit: np.ndarray) -> list[np.ndarray]:
     kept = np.maximum.accumulate(np.where(first, np.arange(len(ids)), 0))  # each row's first occurrence
     later = np.flatnonzero(~first)
     later = later[np.argsort(unit[later], kind="stable")]  # grouped by unit, by id hash within each
-    drops = np.column_stack((ids[later], (digests[later] != digests[kept[later]]).astype(np.uint64)))
+    drops = np.column_stack((ids[later], digests[kept[later]]))
     return np.split(drops, np.searchsorted(unit[later], np.arange(1, len(per_unit))))
 
 
@@ -252,7 +254,7 @@ def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
     t0 = time.perf_counter()
     drops = np.concatenate(drop_lists) if drop_lists else np.zeros((0, 2), np.uint64)
     drops = drops[np.argsort(drops[:, 0], kind="stable")]
-    keys, conflicting = np.ascontiguousarray(drops[:, 0]), drops[:, 1]
+    keys, first_digests = np.ascontiguousarray(drops[:, 0]), drops[:, 1]
     rs, ps = ReadStats(), PassageStats()
     given = job.vectors(rs)
     out: dict[str, Any] = {
@@ -269,7 +271,7 @@ def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
     }
 
     def fresh() -> Iterator[Passage]:
-        kept = (p for p in _passages(job, rs, ps, given) if not _dropped(p, keys, conflicting, out))
+        kept = (p for p in _passages(job, rs, ps, given) if not _dropped(p, keys, first_digests, out))
         return given.attach(kept) if given else kept
 
     read_s = time.perf_counter()
@@ -310,14 +312,15 @@ def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
     return out
 
 
-def _dropped(p: Passage, keys: np.ndarray, conflicting: np.ndarray, out: dict) -> bool:
+def _dropped(p: Passage, keys: np.ndarray, first_digests: np.ndarray, out: dict) -> bool:
     if not len(keys):
         return False
     h = np.uint64(id_hash(p.id))
     i = int(np.searchsorted(keys, h))
     if i < len(keys) and keys[i] == h:
         out["duplicates"] += 1
-        out["conflicting"] += int(conflicting[i])
+        first = int(first_digests[i])
+        out["conflicting"] += first != UNREAD_DIGEST and first != _text_digest(p.title, p.text)
         return True
     return False
 

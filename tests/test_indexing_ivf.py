@@ -144,3 +144,40 @@ def test_interrupted_first_build_keys_shards_by_their_template(data_dir, tmp_pat
     assert [p.name for p in (root / "trained").iterdir()] == [m["faiss_template"]["path"].split("/")[1]]
     assert not (root / "staging").exists()  # emptied, then removed
     assert_equals_one_index(root, cfg, [r["text"] for r in rows[::12]])
+
+
+def test_four_bit_pq_is_searched_in_fast_scan_layout(data_dir, tmp_path):
+    """IVF-PQ with 4-bit codes: shards stored plain (faiss cannot merge fast-scan lists), the merged index
+    converted to fast-scan at load; its top-k agree with the plain index's (fast-scan's lookup tables are
+    quantised to 8 bits, so scores agree closely, not exactly)."""
+    from indexing.dense import fast_scan
+
+    rows = synthetic(data_dir, 1200, seed=11)
+    cfg = IndexSettings(
+        embedding={"model": "hash"},
+        index={"shard_size": 300, "faiss_factory": "IVF8,PQ16x4np", "faiss_train_size": 600, "faiss_nprobe": 8},
+    )
+    root = tmp_path / "idx"
+    build_index([write(tmp_path / "a.jsonl", rows)], root, cfg)
+    assert len(read_manifest(root)["shards"]) >= 3
+    queries = [r["text"][:120] for r in rows[::60]]
+    with open_index(root, cfg) as index:
+        hits = index.search(queries, k=5, retriever="dense")
+        shards = index.retriever("dense")._shards()
+        assert isinstance(shards.shards, faiss.IndexIVFPQFastScan)
+        one = faiss.read_index(str(root / read_manifest(root)["faiss_template"]["path"]))
+        one.nprobe = 8
+        ids = []
+        for s in read_manifest(root)["shards"]:
+            one.add(np.load(root / "shards" / s["key"] / "vectors.npy"))
+            ids += read_table(root / "shards" / s["key"]).column("id").to_pylist()
+        assert type(one) is faiss.IndexIVFPQ and type(fast_scan(one)) is faiss.IndexIVFPQFastScan
+        D, I = one.search(index.encode_queries(queries), 5)
+    overlap = np.mean([len({h.id for h in q} & {ids[i] for i in row}) / 5 for q, row in zip(hits, I)])
+    assert overlap >= 0.8, overlap
+    np.testing.assert_allclose([q[0].score for q in hits], D[:, 0], atol=0.05)
+
+
+def test_fast_scan_shards_are_refused_with_the_factory_to_use():
+    with pytest.raises(ValueError, match="'IVF4096,PQ128x4np'"):
+        IndexSettings(index={"faiss_factory": "IVF4096,PQ128x4fs"})

@@ -190,19 +190,23 @@ def test_build_over_units_holds_the_passages_of_one_unit(tmp_path):
 
 
 def test_cluster_dedup_drops_ids_an_earlier_unit_holds():
-    """cluster_build's dedup round over one hash range: per unit, the ids an earlier unit holds (flagged
-    when their text digest differs from the first occurrence's), whatever the order units arrive in."""
+    """cluster_build's dedup round over one hash range: per unit, the ids an earlier unit holds, with the text
+    digest of the first occurrence (the build task compares its own), whatever the order units arrive in."""
     import numpy as np
 
-    from indexing.unit_work import dedup_range
+    from indexing.unit_work import UNREAD_DIGEST, dedup_range
 
     def pairs(*rows):
         return np.array(rows, dtype=np.uint64).reshape(-1, 2)
 
     units = [pairs((1, 10), (5, 50)), pairs((1, 10), (3, 30)), pairs(), pairs((1, 11), (3, 30), (7, 70))]
     drops = dedup_range(*units)
-    assert [d.tolist() for d in drops] == [[], [[1, 0]], [], [[1, 1], [3, 0]]]
-    assert dedup_range(units[3], units[0])[1].tolist() == [[1, 1]]  # the first unit given wins
+    assert [d.tolist() for d in drops] == [[], [[1, 10]], [], [[1, 10], [3, 30]]]
+    assert dedup_range(units[3], units[0])[1].tolist() == [[1, 11]]  # the first unit given wins
+    # a unit taken unread has no text digests (UNREAD_DIGEST): its ids still drop later ones
+    unread = pairs((1, UNREAD_DIGEST), (3, UNREAD_DIGEST))
+    assert [d.tolist() for d in dedup_range(unread, units[3])] == [[], [[1, UNREAD_DIGEST], [3, UNREAD_DIGEST]]]
+    assert [d.tolist() for d in dedup_range(units[3], unread)] == [[], [[1, 11], [3, 30]]]
 
 
 def test_unchanged_units_are_taken_unread(tmp_path):
