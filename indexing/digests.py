@@ -6,7 +6,7 @@ budget itself.
 Recent additions sit in a dict; every `run` of them (65,536 by default: ~6 MB of dict) becomes a sorted numpy
 run, and runs of similar size are merged (a log-structured merge), so lookups cost a few binary searches, one
 numpy call each: with runs of 4,096 they were a third of reading a passage (200k passages: 3.2 s, 2.8 with
-65,536; 2^18 gained 0.1 s more and grew a build's memory by 8 MiB: test_faults_memory). A merge
+65,536). 2^18 gained 0.1 s more, but test_faults_memory's build then grew 32.0 MiB, over its 24 MiB budget. A merge
 interleaves two sorted runs by binary search (no argsort, no concatenated copy): its transient memory
 is the merged run plus 8 bytes a key of the smaller run.
 """

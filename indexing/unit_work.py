@@ -142,9 +142,9 @@ def scan_unit(job: UnitJob, ranges: int, sample: int = 0) -> list:
     """The unit's summary (small, for the driver), its training sample, then its (id hash, text digest) pairs
     sorted by id hash and cut into `ranges` equal ranges of the hash (`ranges` 0: one empty array). A unit
     taken unread (`taken`) gives its shards' id hashes, each with UNREAD_DIGEST (its bytes are not read: a
-    +1% rebuild at 5M spent 17.8 of its 31.7 s reading and hashing the stores' texts). `sample` > 0 (an IVF template to train):
-    the (id hash, embedding input) of its `sample` passages of smallest id hash, or with given vectors
-    (id hash, row in the unit), sorted; the template is trained on the corpus's smallest (round 3)."""
+    +1% rebuild at 5M spent 17.8 of its 31.7 s reading and hashing the stores' texts). `sample` > 0 (an IVF
+    template to train): the (id hash, embedding input) of its `sample` passages of smallest id hash, or with
+    given vectors (id hash, row in the unit), sorted; the template is trained on the corpus's smallest (round 3)."""
     t = time.perf_counter()
     digest = job.manifest_digest()
     prev = job.previous
