@@ -75,6 +75,9 @@ def resolve_dtype(dtype: Dtype | Literal["auto"], cuda: bool) -> Dtype:
     return dtype
 
 
+FORWARD_BATCH = 64  # a transformers generator's prompts per forward batch, unless generation.batch_size says
+
+
 class GenerationConfig(Section):
     model: str = Field("smollm2-135m-instruct", description="known model name, local path or hub name")
     backend: Literal["vllm", "transformers", "none"] = Field(
@@ -91,13 +94,14 @@ class GenerationConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(32, ge=1)
     max_model_len: int = Field(2048, ge=64)
-    batch_size: int = Field(
-        64,
+    batch_size: int | None = Field(
+        None,
         ge=1,
-        description="prompts per generate call of the continuous engine (its full "
-        "batch) with a batched generator (transformers, which also runs forward batches of this "
-        "size, or vllm with streaming=false); a streaming vLLM takes each prompt as it comes and "
-        "runs at most engine_kwargs.max_num_seqs at once",
+        description="prompts per generate call of the continuous engine (its full batch) with a batched "
+        f"generator: transformers, which also runs forward batches of this size (default {FORWARD_BATCH}), or vllm "
+        "with streaming=false (default answer.max_in_flight: every prompt waiting, as vLLM schedules its own "
+        "running batch); a streaming vLLM takes each prompt as it comes and runs at most "
+        "engine_kwargs.max_num_seqs at once",
     )
     engine_kwargs: VllmEngineKwargs = Field(default_factory=VllmEngineKwargs)
     streaming: bool | Literal["auto"] = Field(

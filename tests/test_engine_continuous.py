@@ -473,3 +473,38 @@ def test_a_dead_engine_ends_the_run_instead_of_failing_every_later_question(engi
     finally:
         eng.close()
     assert all(o.error is None for o in finished)  # what finished before the death stands; nothing else
+
+
+class CallSizes:
+    """A batch-only generator that records each call's size."""
+
+    def __init__(self):
+        self.sizes: list[int] = []
+
+    def generate(self, prompts, samplings, chats):
+        self.sizes.append(len(prompts))
+        return [Completion(text="x", prompt_tokens=1, completion_tokens=1) for _ in prompts]
+
+
+@pytest.mark.parametrize(
+    ("backend", "batch_size", "calls"),
+    [("vllm", None, [100]), ("transformers", None, [64, 36]), ("vllm", 30, [30, 30, 30, 10])],
+)
+def test_a_batched_vllm_call_takes_every_prompt_waiting(backend, batch_size, calls):
+    """vLLM schedules its own running batch, so one round of 100 single-call questions is one generate call (two
+    calls of 64 and 36 made the second wait for the first one's longest answer); a transformers generator's
+    forward batch stays 64, and generation.batch_size, where set, wins."""
+    gen = CallSizes()
+    cfg = DynragConfig()
+    cfg.generation.backend, cfg.generation.batch_size = backend, batch_size
+    eng = make_engine(cfg, Backends(cfg, generator=gen))
+
+    def one_call(q: Question, params):
+        return Answer((yield Generate([q.question]))[0].text)
+
+    try:
+        out = eng.run([Question(f"q{i}", f"question {i}") for i in range(100)], one_call, None)
+    finally:
+        eng.close()
+    assert all(o.error is None for o in out) and len(out) == 100
+    assert gen.sizes == calls

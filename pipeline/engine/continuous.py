@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.backends.streaming import collect, resolved
-from pipeline.config import DynragConfig
+from pipeline.config import FORWARD_BATCH, DynragConfig
 from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Call, Question, Request
@@ -282,6 +282,17 @@ class ContinuousEngine(BaseEngine):
             inbox.put((name, deliveries))
 
 
+def generate_cap(cfg: DynragConfig) -> int:
+    """Prompts per generate call of the continuous engine: `generation.batch_size` where set; else a transformers
+    generator's forward batch, and for vLLM every prompt waiting up to `answer.max_in_flight`: vLLM schedules its
+    own running batch, and calls of 64 made a second call wait for the longest answer of the first (sr-rag, 100
+    questions: 2% slower than one call)."""
+    g = cfg.generation
+    if g.batch_size is not None:
+        return g.batch_size
+    return cfg.answer.max_in_flight if g.backend == "vllm" else FORWARD_BATCH
+
+
 def make_engine(cfg: DynragConfig, backends: Any, drain: Drain | None = None) -> BaseEngine:
     """The engine `answer.engine` names, configured from `cfg` (a DynragConfig), stopping on `drain`."""
     a = cfg.answer
@@ -291,7 +302,7 @@ def make_engine(cfg: DynragConfig, backends: Any, drain: Drain | None = None) ->
         backends,
         max_in_flight=a.max_in_flight,
         batch_wait_s=a.batch_wait_s,
-        caps={"generate": cfg.generation.batch_size},
+        caps={"generate": generate_cap(cfg)},
         batch_items=a.batch_items,
         drain=drain,
     )
