@@ -111,7 +111,13 @@ class GenerationConfig(Section):
         "batched LLM.generate calls; auto: batched where every method the process runs makes one LLM call a "
         "question (sr-rag, no-retrieval, DR-RAG's: nothing comes back after it), else streaming",
     )
-    kv_cache_gib: float = Field(2.0, gt=0, description="vLLM CPU KV cache size")
+    kv_cache_gib: float = Field(
+        2.0,
+        gt=0,
+        description="vLLM CPU KV cache size, reserved at start. A concurrent experiment puts every run's sequences "
+        "in it at once; one too small makes vLLM preempt sequences and compute their prompts again (a six-run table: "
+        "13-18% faster at 8 GiB, docs/benchmarks.md)",
+    )
     attention_pass: Literal["incremental", "full"] = Field(
         "incremental",
         description="DRAGIN's attention pass: incremental computes what RIND/QFS read (SDPA below the "
