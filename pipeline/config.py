@@ -115,8 +115,8 @@ class GenerationConfig(Section):
         2.0,
         gt=0,
         description="vLLM CPU KV cache size, reserved at start. A concurrent experiment puts every run's sequences "
-        "in it at once; one too small makes vLLM preempt sequences and compute their prompts again (a six-run table: "
-        "13-18% faster at 8 GiB, docs/benchmarks.md)",
+        "in it at once; with one too small, vLLM preempts sequences and computes their prompts again (inferred, not "
+        "counted: a six-run table ran 13-18% faster at 8 GiB, docs/benchmarks.md)",
     )
     attention_pass: Literal["incremental", "full"] = Field(
         "incremental",
