@@ -59,6 +59,13 @@ class VllmEngineKwargs(Section):
         "AMX, RISC-V CPUs)",
     )
     max_num_seqs: int | None = Field(None, ge=1, description="sequences vLLM runs at once (its own batch)")
+    block_size: int | None = Field(
+        None,
+        ge=1,
+        description="tokens per KV-cache block, also the prefix cache's unit: a prompt reuses only the whole blocks "
+        "it shares with an earlier one (null: vLLM's default on a GPU, 16; 32 on a CPU, where vLLM's 128 shares "
+        "little and its attention takes multiples of 32)",
+    )
     max_model_len: int | None = Field(
         None, ge=64, description="the same setting as generation.max_model_len (set either one)"
     )

@@ -123,3 +123,13 @@ def test_vllm_engine_kwargs_are_validated_and_passed_through():
     kw = llm_kwargs(g, "m", gpu=True)
     assert kw["enable_prefix_caching"] is False and kw["gpu_memory_utilization"] == 0.5 and "enforce_eager" not in kw
     assert "tensor_parallel_size" not in kw  # unset keys keep vLLM's defaults
+
+
+def test_a_cpu_engine_caches_prefixes_in_blocks_of_32_unless_configured():
+    from pipeline.backends.vllm_gen import llm_kwargs
+
+    g = load_config().generation
+    assert llm_kwargs(g, "m", gpu=False)["block_size"] == 32  # vLLM's CPU default, 128, shares little
+    assert "block_size" not in llm_kwargs(g, "m", gpu=True)  # a GPU keeps vLLM's 16
+    g = load_config(overrides=["generation.engine_kwargs.block_size=64"]).generation
+    assert llm_kwargs(g, "m", gpu=False)["block_size"] == 64 == llm_kwargs(g, "m", gpu=True)["block_size"]

@@ -7,7 +7,7 @@ VLLM_FAILED: the bench then runs this method on hf.
 
 FlashRAG's vLLM generator passes `LLM(...)` the tensor parallel size it computes from the GPU count (0 on a
 machine without one: the driver gives 1, what it computes on a one-GPU machine) and its own memory and logprob
-settings; what it leaves unset (dtype, eager mode, prefix caching, seed, max_model_len) the driver fills with
+settings; what it leaves unset (dtype, eager mode, prefix caching, block size, seed, max_model_len) the driver fills with
 dynrag's engine settings (`engine_kwargs` of the config), recorded as `engine_kwargs_added`.
 
 Runs with the python of FlashRAG's own venv (jobs/bench/flashrag_env.py): `python -P flashrag_driver.py
