@@ -121,9 +121,9 @@ class GenerationConfig(Section):
     kv_cache_gib: float = Field(
         2.0,
         gt=0,
-        description="vLLM CPU KV cache size, reserved at start. A concurrent experiment puts every run's sequences "
-        "in it at once; with one too small, vLLM preempts sequences and computes their prompts again (inferred, not "
-        "counted: a six-run table ran 13-18% faster at 8 GiB, docs/benchmarks.md)",
+        description="vLLM CPU KV cache size, reserved at start and touched whole (resident memory). A six-run table "
+        "of 180 questions had no preemption at 2 GiB; 8 GiB kept more prefixes cached (10 s less answering) but took "
+        "as much longer to start (docs/benchmarks.md, issue 49)",
     )
     attention_pass: Literal["incremental", "full"] = Field(
         "incremental",
