@@ -53,7 +53,8 @@ class IndexShape:
             return cls("flat", dim, vectors)
         if f.startswith("HNSW"):
             return cls("hnsw", dim, vectors)
-        m = re.fullmatch(r"IVF(\d+),(Flat|SQ(8|4|fp16)|PQ(\d+)(?:x(\d+))?)", f)
+        # "np": PQ codes without polysemous training, the same IndexIVFPQ (jobs/bench/scale.py's earlier factory)
+        m = re.fullmatch(r"IVF(\d+),(Flat|SQ(8|4|fp16)|PQ(\d+)(?:x(\d+))?(?:np)?)", f)
         if not m:
             return cls("other", dim, vectors)  # pre-transforms, HNSW coarse quantizers, ...: kept on the CPU
         nlist = int(m[1])

@@ -39,6 +39,8 @@ def test_shapes_from_factories_and_their_bytes_per_vector():
     assert IndexShape.from_factory("IVF16,Flat", d, n).kind == "ivf-flat"
     assert IndexShape.from_factory("HNSW32", d, n).kind == "hnsw"
     assert IndexShape.from_factory("OPQ64,IVF4096,PQ64", d, n).kind == "other"
+    assert IndexShape.from_factory("IVF4096,PQ64np", d, n) == pq  # no polysemous training: the same index
+    assert IndexShape.from_factory("IVF4096,PQ64x4fs", d, n).kind == "other"  # fast-scan: not on a GPU
 
 
 def test_index_placement_rules():
