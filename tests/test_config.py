@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -133,3 +134,14 @@ def test_a_cpu_engine_caches_prefixes_in_blocks_of_32_unless_configured():
     assert "block_size" not in llm_kwargs(g, "m", gpu=True)  # a GPU keeps vLLM's 16
     g = load_config(overrides=["generation.engine_kwargs.block_size=64"]).generation
     assert llm_kwargs(g, "m", gpu=False)["block_size"] == 64 == llm_kwargs(g, "m", gpu=True)["block_size"]
+
+
+def test_a_kv_cache_size_from_the_environment_wins_and_says_so(monkeypatch, caplog):
+    from pipeline.backends.vllm_gen import configure_cpu_env, cpu_env
+
+    for key, value in cpu_env(2.0).items():  # restored after the test
+        monkeypatch.setenv(key, value)
+    configure_cpu_env(2.0)  # the same size: nothing to say
+    assert "KVCACHE" not in caplog.text
+    configure_cpu_env(8.0)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2" and "2 GiB from VLLM_CPU_KVCACHE_SPACE" in caplog.text

@@ -50,9 +50,11 @@ def cpu_env(kv_cache_gib: float) -> dict[str, str]:
 
 
 def configure_cpu_env(kv_cache_gib: float) -> None:
-    """cpu_env in this process's environment; values already set by the user win."""
+    """cpu_env in this process's environment; values already set by the user win, a KV-cache size said so."""
     for key, value in cpu_env(kv_cache_gib).items():
-        os.environ.setdefault(key, value)
+        have = os.environ.setdefault(key, value)
+        if key == "VLLM_CPU_KVCACHE_SPACE" and have != value:
+            log.warning("vLLM's CPU KV cache: %s GiB from VLLM_CPU_KVCACHE_SPACE, not generation.kv_cache_gib", have)
 
 
 def llm_kwargs(
