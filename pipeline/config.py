@@ -123,7 +123,7 @@ class GenerationConfig(Section):
         gt=0,
         description="vLLM CPU KV cache size, reserved at start and touched whole (resident memory). A six-run table "
         "of 180 questions had no preemption at 2 GiB; 8 GiB kept more prefixes cached (10 s less answering) but took "
-        "as much longer to start (docs/benchmarks.md, issue 49)",
+        "about as much longer to start and exit (docs/benchmarks.md, issue 49)",
     )
     attention_pass: Literal["incremental", "full"] = Field(
         "incremental",

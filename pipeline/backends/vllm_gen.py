@@ -50,7 +50,8 @@ def cpu_env(kv_cache_gib: float) -> dict[str, str]:
 
 
 def configure_cpu_env(kv_cache_gib: float) -> None:
-    """cpu_env in this process's environment; values already set by the user win, a KV-cache size said so."""
+    """cpu_env in this process's environment; values already set by the user win (a KV-cache size that differs from
+    generation.kv_cache_gib with a warning)."""
     for key, value in cpu_env(kv_cache_gib).items():
         have = os.environ.setdefault(key, value)
         if key == "VLLM_CPU_KVCACHE_SPACE" and have != value:
