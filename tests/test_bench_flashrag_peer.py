@@ -296,18 +296,26 @@ def test_the_dynrag_sides_startup_stages_add_up_each_blocks_time():
 def test_counts_read_tokens_from_flashrags_vllm_outputs():
     from jobs.bench.flashrag_probe import Counts
 
-    def request_output(prompt: int, generated: int):
+    def request_output(prompt: int, generated: int, cached: int | None):
         return SimpleNamespace(
-            prompt_token_ids=list(range(prompt)), outputs=[SimpleNamespace(token_ids=list(range(generated)))]
+            prompt_token_ids=list(range(prompt)),
+            outputs=[SimpleNamespace(token_ids=list(range(generated)))],
+            num_cached_tokens=cached,
         )
 
-    llm = SimpleNamespace(generate=lambda prompts, params: [request_output(5, 3), request_output(4, 1)])
+    llm = SimpleNamespace(generate=lambda prompts, params: [request_output(5, 3, 32), request_output(4, 1, None)])
     gen = SimpleNamespace(model=llm, tokenizer=SimpleNamespace(pad_token_id=None, eos_token_id=2))
     gen.generate = lambda prompts, **_: [o.outputs[0].token_ids for o in gen.model.generate(prompts, None)]
     ret = SimpleNamespace(search=lambda q, **_: [], batch_search=lambda qs, **_: [[] for _ in qs])
     counts = Counts(SimpleNamespace(generator=gen, retriever=ret))
     gen.generate(["p1", "p2"])
-    assert counts.totals == {"llm_calls": 2, "retrievals": 0, "prompt_tokens": 9, "completion_tokens": 4}
+    assert counts.totals == {
+        "llm_calls": 2,
+        "retrievals": 0,
+        "prompt_tokens": 9,
+        "completion_tokens": 4,
+        "cached_prompt_tokens": 32,  # vLLM's prefix-cache hits; None (not known) counts none
+    }
 
 
 def test_a_ratio_above_the_arithmetic_bound_is_put_down_to_the_prefix_cache(monkeypatch, capsys, tmp_path):
@@ -375,3 +383,33 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
     assert "label: iter-retgen" in exp and "index: " in exp
     cmd = table.dynrag_command(SimpleNamespace(overrides=[], k=3, threads=2), tmp_path / "e.yaml", True)
     assert cmd[3:6] == ["experiment", str(tmp_path / "e.yaml"), "--sequential"]
+
+
+def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkeypatch, capsys, tmp_path):
+    import jobs.bench.flashrag_methods as methods
+    import jobs.bench.flashrag_table as table
+    from pipeline.errors import DynragError
+
+    fake_sides(monkeypatch, tmp_path)
+    monkeypatch.setattr(methods, "dynrag_params", lambda name, dumped, k, max_new: {"k": k})
+    ran = []
+
+    def way(name, commands, env, work, meths):
+        ran.append(name)
+        per = {m: {"rows": 2, "errors": 0, "predictions": {"a": "x"}, "retrieval_cache_hit_rate": 0.0} for m in meths}
+        return {"seconds": {"dynrag_concurrent": 10.0}.get(name, 12.0), "per_method": per}
+
+    monkeypatch.setattr(table, "run_way", way)
+    argv = ["bench", "flashrag", "--table", "--methods", "sr-rag", "--limit", "2", "--json", "--workdir", str(tmp_path)]
+    args = build_parser().parse_args([*argv, "--ways", "dynrag_sequential"])
+    assert args.func(args) == 0
+    f = json.loads(capsys.readouterr().out)
+    assert ran == ["dynrag_concurrent", "dynrag_sequential"]
+    assert (f["ratio_vs_sequential"], f["ratio_vs_flashrag_one_process"], f["ratio_vs_flashrag_per_method"]) == (
+        1.2,
+        None,
+        None,
+    )
+    assert list(f["same_as_alone_per_method"]) == ["dynrag_concurrent_vs_sequential"] and f["same_as_alone"] is True
+    with pytest.raises(DynragError, match="flashrag_alone"):
+        table.chosen_ways("flashrag_alone")

@@ -82,6 +82,19 @@ def test_the_session_engine_runs_with_its_engine_kwargs(tiny_vllm):
     assert [o.completion_tokens for o in outs] == [4] * 5 and len({o.text for o in outs}) == 1
 
 
+def test_vllm_says_how_many_prompt_tokens_its_prefix_cache_held(tiny_vllm):
+    from pipeline.backends.vllm_gen import CPU_BLOCK_SIZE
+    from pipeline.engine.requests import SamplingSpec
+
+    prompt = " ".join(f"prefix-cache word {i}" for i in range(40))  # a prompt no other test sends
+    first, second = (tiny_vllm.generate([prompt], [SamplingSpec(max_tokens=2)], [False])[0] for _ in range(2))
+    n = first.prompt_tokens
+    assert n == second.prompt_tokens > 3 * CPU_BLOCK_SIZE
+    # the first time nothing was cached; the second time every whole block but the one holding the last
+    # token (vLLM computes at least one prompt token) came from the cache
+    assert (first.cached_prompt_tokens, second.cached_prompt_tokens) == (0, (n - 1) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE)
+
+
 def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tmp_path):
     dataset = str(data_dir / HOTPOT)
     backends = Backends(tiny_cfg, str(hotpot_index), generator=tiny_vllm)
@@ -108,6 +121,10 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
                 assert {d["title"] for d in row["retrieved"]} & set(row["gold_supporting_titles"]) == titles
                 assert row["support_recall"] == recall
             assert summary["support_recall"] == pytest.approx(df["support_recall"].mean(), abs=1e-4)
+            # sr-rag's 15 prompts share their instruction: later ones reuse its cached blocks, counted per row
+            cached = df["cached_prompt_tokens"]
+            assert cached.sum() > 0 and (cached <= df["prompt_tokens"]).all()
+            assert summary["prefix_cache_hit_rate"] == round(cached.sum() / df["prompt_tokens"].sum(), 4)
 
 
 @pytest.mark.slow  # a second vLLM engine plus 30 real generations: about 2.5 min on 2 shared cores

@@ -40,6 +40,7 @@ from jobs.bench.flashrag_methods import METHODS, bench_method
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
+    from jobs.bench.flashrag_table import WAYS
     from jobs.cli import add_config_args
 
     p = bsub.add_parser(
@@ -65,6 +66,12 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "process, dynrag experiment concurrent and --sequential (jobs/bench/flashrag_table.py)",
     )
     p.add_argument("--methods", metavar="M1,M2,...", help="--table: the methods (default sr-rag,iter-retgen)")
+    p.add_argument(
+        "--ways",
+        metavar="W1,W2,...",
+        help="--table: the ways to run, of " + ", ".join(WAYS) + " (default all; dynrag_concurrent always runs, "
+        "and a ratio or same_as_alone pair whose way did not run is null or absent)",
+    )
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")

@@ -168,7 +168,8 @@ class Counts:
         self._pad = {gen.tokenizer.pad_token_id, gen.tokenizer.eos_token_id} - {None}
 
     def reset(self) -> None:
-        self.totals = {"llm_calls": 0, "retrievals": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        self.totals = dict.fromkeys(("llm_calls", "retrievals", "prompt_tokens", "completion_tokens"), 0)
+        self.totals["cached_prompt_tokens"] = 0  # vLLM's prefix-cache hits (0 for transformers)
 
     def _add(self, key: str, n: int) -> None:
         self.totals[key] += n
@@ -188,10 +189,11 @@ class Counts:
     def _tokens(self, out: Any, *_: Any, **kwargs: Any) -> None:
         """transformers: prompt tokens are the attention mask's ones, generated each row's tokens up to its first
         end token; vLLM (a list of RequestOutputs): each prompt's token ids and its output's (an ending end
-        token included)."""
+        token included), and the prompt tokens its prefix cache held."""
         if not hasattr(out, "sequences"):
             for ro in out:
                 self._add("prompt_tokens", len(ro.prompt_token_ids or []))
+                self._add("cached_prompt_tokens", int(getattr(ro, "num_cached_tokens", None) or 0))
                 self._add("completion_tokens", len(ro.outputs[0].token_ids))
             return
         mask, ids = kwargs["attention_mask"], kwargs["input_ids"]

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+TOTALS = ("llm_calls", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")  # a way's, summed over methods
 WAYS = ("dynrag_concurrent", "flashrag_one_process", "dynrag_sequential", "flashrag_per_method")
 
 
@@ -75,6 +76,7 @@ def run_figures(run_dir: str, t_cmd: float, said: str = "prediction") -> dict[st
         "completion_tokens": int(df["completion_tokens"].sum()),
         "retrievals": calls,
         "retrieval_cache_hit_rate": round(int(df["retrieval_cache_hits"].sum()) / calls, 3) if calls else None,
+        "cached_prompt_tokens": int(df["cached_prompt_tokens"].sum()),
         "generation_s": round(float(df["time_generation_s"].sum()), 2),
         "retrieval_s": round(float(df["time_retrieval_s"].sum()), 2),
         "predictions": dict(zip(df["question_id"], df[said])),
@@ -112,6 +114,7 @@ def flashrag_result(r: dict, t_cmd: float) -> dict[str, Any]:
         "llm_calls": r["llm_calls"],
         "prompt_tokens": r["prompt_tokens"],
         "completion_tokens": r["completion_tokens"],
+        "cached_prompt_tokens": r.get("cached_prompt_tokens", 0),
         "retrievals": r["retrievals"],
         "predictions": r["predictions"],
     }
@@ -153,7 +156,7 @@ def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str])
         peak_rss_gib=round(peak / GIB, 2),
         questions=sum(p["rows"] for p in per.values()),
         errors=sum(p["errors"] for p in per.values()),
-        **{key: sum(p[key] for p in per.values()) for key in ("llm_calls", "prompt_tokens", "completion_tokens")},
+        **{key: sum(p[key] for p in per.values()) for key in TOTALS},
         load_average_1min_before=load_before,
         load_average_1min_after=round(os.getloadavg()[0], 1),
     )
@@ -163,6 +166,16 @@ def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str])
 
 def _json_lines(stdout: str) -> list[dict]:
     return [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
+
+
+def chosen_ways(names: str | None) -> list[str]:
+    """`--ways`: the ways to run, in the table's order (dynrag_concurrent always: the ratios are its speed)."""
+    from pipeline.errors import DynragError
+
+    asked = {w.strip() for w in (names or ",".join(WAYS)).split(",") if w.strip()}
+    if unknown := sorted(asked - set(WAYS)):
+        raise DynragError(f"--ways: {unknown} are not among {', '.join(WAYS)}")
+    return [w for w in WAYS if w in asked or w == "dynrag_concurrent"]
 
 
 def same(a: dict, b: dict) -> dict[str, str]:
@@ -207,19 +220,20 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
     for way, seq in (("dynrag_concurrent", False), ("dynrag_sequential", True)):
         commands[way] = dynrag_command(args, experiment_file(work, methods, params, work / way), seq)
     ways = {}
-    for way in WAYS:  # each way's figures (predictions included) saved as it ends: a cut-short table keeps them
-        ways[way] = run_way(way, commands, env, work, methods)
+    for way in chosen_ways(args.ways):  # each way's figures (predictions included) saved as it ends: a cut-short
+        ways[way] = run_way(way, commands, env, work, methods)  # table keeps them
         (work / f"{way}.json").write_text(json.dumps(ways[way], indent=1))
     conc = ways["dynrag_concurrent"]["seconds"]
 
     def ratio(way: str) -> float | None:
-        return round(ways[way]["seconds"] / conc, 2) if conc else None
+        return round(ways[way]["seconds"] / conc, 2) if conc and way in ways else None
 
-    alone = {
-        "dynrag_concurrent_vs_sequential": same(ways["dynrag_concurrent"], ways["dynrag_sequential"]),
-        "flashrag_one_process_vs_per_method": same(ways["flashrag_one_process"], ways["flashrag_per_method"]),
+    pairs = {
+        "dynrag_concurrent_vs_sequential": ("dynrag_concurrent", "dynrag_sequential"),
+        "flashrag_one_process_vs_per_method": ("flashrag_one_process", "flashrag_per_method"),
     }
-    alone_all = all(v.split("/")[0] == v.split("/")[1] for d in alone.values() for v in d.values())
+    alone = {name: same(ways[a], ways[b]) for name, (a, b) in pairs.items() if a in ways and b in ways}
+    alone_all = all(v.split("/")[0] == v.split("/")[1] for d in alone.values() for v in d.values()) if alone else None
     for got in ways.values():
         for p in got["per_method"].values():
             p.pop("predictions")
@@ -255,12 +269,14 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
 
 def print_table(f: dict) -> None:
     print(f"table of {', '.join(f['methods'])}: {f['questions']} questions in all, {f['threads']} threads")
-    print("| way | s to last row | process s | LLM calls | prompt tok | generated tok | errors | load before |")
+    print(
+        "| way | s to last row | process s | LLM calls | prompt tok (prefix-cached) | generated tok | errors | load before |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, w in f["ways"].items():
         print(
-            f"| {name} | {w['seconds']} | {w['process_wall_s']} | {w['llm_calls']} | {w['prompt_tokens']} | "
-            f"{w['completion_tokens']} | {w['errors']} | {w['load_average_1min_before']} |"
+            f"| {name} | {w['seconds']} | {w['process_wall_s']} | {w['llm_calls']} | {w['prompt_tokens']} "
+            f"({w['cached_prompt_tokens']}) | {w['completion_tokens']} | {w['errors']} | {w['load_average_1min_before']} |"
         )
     print(
         f"dynrag concurrent: {f['ratio_vs_flashrag_per_method']}x FlashRAG per method, "

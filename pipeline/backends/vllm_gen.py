@@ -197,6 +197,7 @@ class VllmGenerator:
             text=text,
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(c.token_ids),
+            cached_prompt_tokens=int(getattr(ro, "num_cached_tokens", None) or 0),  # vLLM's prefix-cache hit
             finish_reason=str(c.finish_reason or ""),
             stop_reason=c.stop_reason if isinstance(c.stop_reason, str) else "",  # an int: a stop token id
             logprobs=lps,

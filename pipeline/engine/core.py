@@ -55,6 +55,7 @@ class Trace:
     embedding_calls: int = 0  # texts embedded
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those served from the generator's prefix cache
     retrieve_rounds: int = 0
     retrieval_cache_hits: int = 0  # queries answered without a search of their own (the retrieval cache)
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
@@ -242,6 +243,7 @@ class BaseEngine:
             if not isinstance(out, BaseException):
                 st.trace.prompt_tokens += out.prompt_tokens
                 st.trace.completion_tokens += out.completion_tokens
+                st.trace.cached_prompt_tokens += out.cached_prompt_tokens
                 st.trace.generations.append({"stage": cast(Generate, st.pending).stage, "text": out.text})
             results[id(st)].append(out)
         deliveries: list[Delivery] = []

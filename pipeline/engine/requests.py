@@ -127,6 +127,7 @@ class Completion:
     # computes it; the step that produced an end-of-sequence token is included (one more than token_ids then)
     entropies: list[float] | None = None
     over: int = 0  # finish_reason WINDOW: by how many tokens the prompt and its max_tokens exceed the window
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the engine's prefix cache held (vLLM; 0 where unknown)
 
 
 @dataclass

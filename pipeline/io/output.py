@@ -98,6 +98,7 @@ SCHEMA = pa.schema(
         # had, or dropped what its reference drops: the row's extra says which); older parts read it as null
         ("window_full", pa.bool_()),
         ("retrieval_cache_hits", pa.int32()),  # of retrieval_calls, those served by the retrieval cache
+        ("cached_prompt_tokens", pa.int64()),  # of prompt_tokens, those served by the generator's prefix cache
     ]
 )
 
@@ -154,6 +155,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         "error_kind": o.error_kind,
         "window_full": t.window_full > 0,
         "retrieval_cache_hits": t.retrieval_cache_hits,
+        "cached_prompt_tokens": t.cached_prompt_tokens,
     }
     return row
 
@@ -376,6 +378,7 @@ def summarize(
         "classifier_calls_per_question": mean("classifier_calls"),
         "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
         "prompt_tokens_per_question": mean("prompt_tokens"),
+        "prefix_cache_hit_rate": _ratio(ok, "cached_prompt_tokens", "prompt_tokens"),  # vLLM's; 0 for others
         "completion_tokens_per_question": mean("completion_tokens"),
         "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
         "latency_s": {"mean": mean("latency_s"), **{f"p{q}": quantile("latency_s", q / 100) for q in (50, 95)}},
