@@ -81,6 +81,8 @@ def format_summary(s: dict) -> str:
         f"per question: LLM calls {_fmt(s['llm_calls_per_question'])}  retrieval calls "
         f"{_fmt(s['retrieval_calls_per_question'])}  classifier calls {_fmt(s['classifier_calls_per_question'])}  "
         f"tokens in/out {_fmt(s['prompt_tokens_per_question'])}/{_fmt(s['completion_tokens_per_question'])}",
+        f"served from caches: prompt tokens (vLLM's prefix cache) {_fmt(s.get('prefix_cache_hit_rate'))}  "
+        f"retrievals {_fmt(s.get('retrieval_cache_hit_rate'))}",
         "time per question (s): " + "  ".join(f"{k} {v:.4f}" for k, v in t.items() if v is not None),
         f"wall {_fmt(s.get('wall_time_s'))} s, {_fmt(s.get('questions_per_s'))} questions/s (this run, incl. startup)",
     ]

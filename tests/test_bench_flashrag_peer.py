@@ -359,12 +359,17 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
     seconds = {"dynrag_concurrent": 10.0, "dynrag_sequential": 13.0, "flashrag_one_process": 25.0}
     seconds["flashrag_per_method"] = 40.0
 
+    seconds_seen = []
+
     def way(name, commands, env, work, meths):
+        seconds_seen.append(name)
         said = {"a": "x", "b": "y" if name != "dynrag_sequential" else "other"}
         per = {m: {"rows": 2, "errors": 0, "predictions": dict(said), "retrieval_cache_hit_rate": 0.5} for m in meths}
         return {"seconds": seconds[name], "per_method": per, "process_wall_s": seconds[name] + 1, "llm_calls": 4}
 
     monkeypatch.setattr(table, "run_way", way)
+    warmed = []  # the disk caches are warmed once, before the first way is timed
+    monkeypatch.setattr(table, "warm_disk_caches", lambda pythons, *_: warmed.append(len(seconds_seen)) or None)
     argv = ["bench", "flashrag", "--table", "--methods", "sr-rag,iter-retgen", "--limit", "2", "--json"]
     args = build_parser().parse_args([*argv, "--workdir", str(tmp_path)])
     assert args.func(args) == 0
@@ -374,6 +379,7 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
         2.5,
         1.3,
     )
+    assert warmed == [0] and len(seconds_seen) == 4
     assert f["questions"] == 4 and f["methods"] == ["sr-rag", "iter-retgen"]
     assert f["same_as_alone"] is False
     assert f["same_as_alone_per_method"]["dynrag_concurrent_vs_sequential"] == {"sr-rag": "1/2", "iter-retgen": "1/2"}
@@ -400,6 +406,7 @@ def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkey
         return {"seconds": {"dynrag_concurrent": 10.0}.get(name, 12.0), "per_method": per}
 
     monkeypatch.setattr(table, "run_way", way)
+    monkeypatch.setattr(table, "warm_disk_caches", lambda *_: None)
     argv = ["bench", "flashrag", "--table", "--methods", "sr-rag", "--limit", "2", "--json", "--workdir", str(tmp_path)]
     args = build_parser().parse_args([*argv, "--ways", "dynrag_sequential"])
     assert args.func(args) == 0
@@ -413,3 +420,4 @@ def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkey
     assert list(f["same_as_alone_per_method"]) == ["dynrag_concurrent_vs_sequential"] and f["same_as_alone"] is True
     with pytest.raises(DynragError, match="flashrag_alone"):
         table.chosen_ways("flashrag_alone")
+    table.warm_disk_caches(["/no/such/python"], tmp_path, {})  # a side that cannot start fails in its way, not here
