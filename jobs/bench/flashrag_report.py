@@ -129,7 +129,8 @@ def print_figures(f: dict[str, Any], repeats: int) -> None:
             print(
                 f"           {'':8s} EM {s['em']:.3f} F1 {s['f1']:.3f}; per question: LLM calls "
                 f"{s['llm_calls_per_question']:.2f}, retrievals {s['retrievals_per_question']:.2f}, prompt tokens "
-                f"{s['prompt_tokens_per_question']:.1f}, generated tokens {s['completion_tokens_per_question']:.1f} "
+                f"{s['prompt_tokens_per_question']:.1f} ({s.get('cached_prompt_tokens', 0)} in all from vLLM's prefix "
+                f"cache), generated tokens {s['completion_tokens_per_question']:.1f} "
                 f"({s['gflop_per_question']} GFLOP; model {s['model_gflops']} GFLOP/s)"
             )
         a = r["agreement"]

@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-TOTALS = ("llm_calls", "prompt_tokens", "completion_tokens")  # summed over the run's rows
+# summed over the run's rows (cached: of the prompt tokens, those vLLM's prefix cache served)
+TOTALS = ("llm_calls", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
 
 
 class Stages:

@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-TOTALS = ("llm_calls", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")  # a way's, summed over methods
+from jobs.bench.flashrag_side import TOTALS  # a way's, summed over its methods
+
 WAYS = ("dynrag_concurrent", "flashrag_one_process", "dynrag_sequential", "flashrag_per_method")
 
 
