@@ -390,7 +390,7 @@ def test_bench_flashrag_method_passes_templates_and_prints_counts(monkeypatch, c
     out = capsys.readouterr().out
     assert "ircot vs FlashRAG IRCOTPipeline" in out and "prompts/steps differ: same prompt text" in out
     assert "dynrag's template: FlashRAG's own" in out
-    assert "LLM calls 2.50, retrievals 1.50, prompt tokens 100.0, generated tokens 10.0" in out
+    assert "LLM calls 2.50, retrievals 1.50, prompt tokens 100.0 (0 in all from vLLM's prefix cache), generated" in out
     assert "LLM calls 3.00" in out and "EM 0.500 F1 0.500" in out
     assert "identical predictions (answers after SQuAD normalisation) 2/2 (100%)" in out
     assert "overlap" not in out  # top-k overlap: sr-rag only
@@ -435,7 +435,8 @@ def test_counts_wrap_flashrags_generator_and_retriever():
     ret.search("q")
     ret.batch_search(["a", "b", "c"], return_score=True)
     # generated: each row's tokens up to and with its first end (or pad) token
-    assert counts.totals == {"llm_calls": 2, "retrievals": 4, "prompt_tokens": 5, "completion_tokens": 3 + 2}
+    totals = {"llm_calls": 2, "retrievals": 4, "prompt_tokens": 5, "completion_tokens": 3 + 2}
+    assert counts.totals == {**totals, "cached_prompt_tokens": 0}  # transformers: no prefix cache
     assert counts.per_question(2)["retrievals_per_question"] == 2.0
     counts.reset()
     assert counts.per_question(2)["llm_calls_per_question"] == 0.0
