@@ -359,17 +359,17 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
     seconds = {"dynrag_concurrent": 10.0, "dynrag_sequential": 13.0, "flashrag_one_process": 25.0}
     seconds["flashrag_per_method"] = 40.0
 
-    seconds_seen = []
+    ways_run = []
 
     def way(name, commands, env, work, meths):
-        seconds_seen.append(name)
+        ways_run.append(name)
         said = {"a": "x", "b": "y" if name != "dynrag_sequential" else "other"}
         per = {m: {"rows": 2, "errors": 0, "predictions": dict(said), "retrieval_cache_hit_rate": 0.5} for m in meths}
         return {"seconds": seconds[name], "per_method": per, "process_wall_s": seconds[name] + 1, "llm_calls": 4}
 
     monkeypatch.setattr(table, "run_way", way)
     warmed = []  # the disk caches are warmed once, before the first way is timed
-    monkeypatch.setattr(table, "warm_disk_caches", lambda pythons, *_: warmed.append(len(seconds_seen)) or None)
+    monkeypatch.setattr(table, "warm_disk_caches", lambda pythons, *_: warmed.append(len(ways_run)) or None)
     argv = ["bench", "flashrag", "--table", "--methods", "sr-rag,iter-retgen", "--limit", "2", "--json"]
     args = build_parser().parse_args([*argv, "--workdir", str(tmp_path)])
     assert args.func(args) == 0
@@ -379,7 +379,7 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
         2.5,
         1.3,
     )
-    assert warmed == [0] and len(seconds_seen) == 4
+    assert warmed == [0] and len(ways_run) == 4
     assert f["questions"] == 4 and f["methods"] == ["sr-rag", "iter-retgen"]
     assert f["same_as_alone"] is False
     assert f["same_as_alone_per_method"]["dynrag_concurrent_vs_sequential"] == {"sr-rag": "1/2", "iter-retgen": "1/2"}

@@ -168,8 +168,9 @@ class Counts:
         self._pad = {gen.tokenizer.pad_token_id, gen.tokenizer.eos_token_id} - {None}
 
     def reset(self) -> None:
-        self.totals = dict.fromkeys(("llm_calls", "retrievals", "prompt_tokens", "completion_tokens"), 0)
-        self.totals["cached_prompt_tokens"] = 0  # vLLM's prefix-cache hits (0 for transformers)
+        # cached_prompt_tokens: vLLM's prefix-cache hits (0 for transformers)
+        keys = ("llm_calls", "retrievals", "prompt_tokens", "completion_tokens", "cached_prompt_tokens")
+        self.totals = dict.fromkeys(keys, 0)
 
     def _add(self, key: str, n: int) -> None:
         self.totals[key] += n

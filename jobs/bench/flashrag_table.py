@@ -115,7 +115,7 @@ def flashrag_result(r: dict, t_cmd: float) -> dict[str, Any]:
         "llm_calls": r["llm_calls"],
         "prompt_tokens": r["prompt_tokens"],
         "completion_tokens": r["completion_tokens"],
-        "cached_prompt_tokens": r.get("cached_prompt_tokens", 0),
+        "cached_prompt_tokens": r["cached_prompt_tokens"],
         "retrievals": r["retrievals"],
         "predictions": r["predictions"],
     }
