@@ -69,6 +69,22 @@ def worker_output_dispatcher() -> Any:
         return None
 
 
+RAY_PRINT_HANDLER = "ray_print_logs"  # Ray's name for its own printing of the workers' lines
+
+
+def route_worker_output(name: str, handler: Callable[[dict], None]) -> bool:
+    """On the driver: the workers' stdout/stderr lines (Ray's dict a batch) go to `handler`, registered as
+    `name` (replacing an earlier one), instead of Ray's own printing. Fallback: False, Ray's printing left as
+    it is (this Ray has no dispatcher, or no such printing handler)."""
+    dispatcher = worker_output_dispatcher()
+    if dispatcher is None or not any(n == RAY_PRINT_HANDLER for n, _ in dispatcher.handlers):
+        return False
+    dispatcher.remove_handler(RAY_PRINT_HANDLER)
+    dispatcher.remove_handler(name)
+    dispatcher.add_handler(name, handler)
+    return True
+
+
 def autoscaler_events(lines: list[str]) -> list[str]:
     """The events among the autoscaler's lines, as Ray's own printing picks them ([] without the filter)."""
     try:

@@ -6,7 +6,7 @@ OUT/dynrag.log (jobs/quiet.py).
 Ray streams each worker's stdout and stderr to the driver (`log_to_driver`), whose handler prints the lines
 on the terminal. `own_worker_logging` (in each actor) marks dynrag's records; `route_worker_logs` replaces
 Ray's handler on the driver (Ray 2.60's `global_worker_stdstream_dispatcher`, the hook Ray's own printing
-uses; where it is missing, Ray's printing stays)."""
+uses, reached through indexing/compat.py; where it is missing, Ray's printing stays)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 OWN = ("pipeline", "indexing", "jobs")  # the loggers whose records are dynrag's own
 MARK = "dynrag|"  # starts each line a worker's own record writes
 _OWN_LINE = re.compile(rf"^{re.escape(MARK)}(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
-RAY_HANDLER = "ray_print_logs"  # Ray's name for its own printing handler
 OWN_HANDLER = "dynrag_worker_logs"
 
 
@@ -46,7 +45,9 @@ def route_worker_logs(data: dict) -> None:
     where = f"({who + ' ' if who else ''}pid={data.get('pid')}, {data.get('ip')})"
     library = logging.getLogger("ray_workers")
     if data.get("pid") == "autoscaler":  # its status dumps are not shown, its events (nodes added) are
-        for event in _autoscaler_events(data.get("lines", [])):
+        from indexing.compat import autoscaler_events
+
+        for event in autoscaler_events(data.get("lines", [])):
             log.info("autoscaler: %s", event)
         return
     for line in data.get("lines", []):
@@ -61,21 +62,6 @@ def route_worker_logs(data: dict) -> None:
 def route_ray_worker_output() -> bool:
     """On the driver, after ray.init: send the workers' lines through `route_worker_logs` instead of Ray's
     printing. False (Ray's printing left as it is) where this Ray has no such hook."""
-    from indexing.compat import worker_output_dispatcher
+    from indexing.compat import route_worker_output
 
-    dispatcher = worker_output_dispatcher()
-    if dispatcher is None:
-        return False
-    if not any(name == RAY_HANDLER for name, _ in dispatcher.handlers):
-        return False
-    dispatcher.remove_handler(RAY_HANDLER)
-    dispatcher.remove_handler(OWN_HANDLER)  # an earlier ray.init of this process added it
-    dispatcher.add_handler(OWN_HANDLER, route_worker_logs)
-    return True
-
-
-def _autoscaler_events(lines: list[str]) -> list[str]:
-    """The events among the autoscaler's lines, as Ray's own printing picks them."""
-    from indexing.compat import autoscaler_events
-
-    return autoscaler_events(lines)
+    return route_worker_output(OWN_HANDLER, route_worker_logs)  # replaces the one an earlier ray.init added
