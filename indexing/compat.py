@@ -138,3 +138,34 @@ def no_implicit_ray_init() -> None:
         hook.enable_auto_connect = False
     except (ImportError, AttributeError) as err:
         log.debug("cannot turn off Ray's implicit init: %s", err)
+
+
+def async_vllm_engine(args: Any) -> Any:
+    """vLLM's async engine (v1's `AsyncLLM`) from its `AsyncEngineArgs`; called on the running asyncio loop,
+    where it starts its output handler. Fallback: `vllm.AsyncLLMEngine`, its public alias."""
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError:
+        from vllm import AsyncLLMEngine as AsyncLLM
+    return AsyncLLM.from_engine_args(args)
+
+
+async def stop_output_handler(llm: Any) -> None:
+    """Cancel an `AsyncLLM`'s output handler task and wait for it to end, before its engine core shuts down
+    (the handler would log the dead core as an error). Fallback: nothing, where it has no such task."""
+    import asyncio
+
+    handler = getattr(llm, "output_handler", None)
+    if handler is not None:
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+
+
+def is_engine_dead(err: BaseException) -> bool:
+    """Whether `err` is vLLM's EngineDeadError (its engine core died: unrecoverable). Fallback: the error's
+    class (or a base) named so, where vLLM moved it."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:
+        return any(c.__name__ == "EngineDeadError" for c in type(err).__mro__)
+    return isinstance(err, EngineDeadError)

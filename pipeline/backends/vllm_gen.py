@@ -230,8 +230,8 @@ class VllmGenerator:
 def as_engine_dead(err: Exception) -> Exception:
     """vLLM's EngineDeadError (its engine core died: "Unrecoverable") as dynrag's EngineDead; any other error
     as it is (one prompt's or one call's)."""
-    from vllm.v1.engine.exceptions import EngineDeadError
+    from indexing.compat import is_engine_dead
 
-    if isinstance(err, EngineDeadError):
+    if is_engine_dead(err):
         return EngineDead(f"vLLM's engine core died ({err})")
     return err

@@ -24,7 +24,8 @@ from pipeline.errors import BackendError
 class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
     def _engine(self, kwargs: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from indexing.compat import async_vllm_engine
 
         self.flight, self._ids = InFlight(), itertools.count()
         self._submitting = threading.Lock()  # a submit schedules its prompt, or sees the engine closed
@@ -32,7 +33,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         threading.Thread(target=self._loop.run_forever, name="dynrag-vllm-async", daemon=True).start()
 
         async def start():  # AsyncLLM starts its output handler on the running loop
-            return AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+            return async_vllm_engine(AsyncEngineArgs(**kwargs))
 
         return asyncio.run_coroutine_threadsafe(start(), self._loop).result()
 
@@ -70,11 +71,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         return result, cost_s
 
     def _shutdown(self, llm) -> None:
-        async def stop_output_handler():  # before the engine core goes: it would log the dead engine as an error
-            handler = getattr(llm, "output_handler", None)
-            if handler is not None:
-                handler.cancel()
-                await asyncio.gather(handler, return_exceptions=True)
+        from indexing.compat import stop_output_handler
 
         async def finish_tasks():  # the client's socket tasks, cancelled by shutdown: let them end before the loop
             await asyncio.sleep(0)
@@ -86,7 +83,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         with self._submitting:  # `close` set self.llm to None: every later submit fails at once, and every
             pass  # earlier one has scheduled its task, which finish_tasks cancels if vLLM did not end it
         try:
-            asyncio.run_coroutine_threadsafe(stop_output_handler(), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
+            asyncio.run_coroutine_threadsafe(stop_output_handler(llm), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
             llm.shutdown(timeout=SHUTDOWN_TIMEOUT_S)
             asyncio.run_coroutine_threadsafe(finish_tasks(), self._loop).result(timeout=SHUTDOWN_TIMEOUT_S)
         finally:
