@@ -4,6 +4,9 @@ each fallback holds where the path is gone."""
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import inspect
 import math
 import subprocess
 import sys
@@ -41,6 +44,15 @@ def test_the_private_paths_exist_in_the_locked_versions():
     import ray._private.auto_init_hook as hook
 
     assert isinstance(hook.enable_auto_connect, bool)
+    import ray._private.worker
+
+    assert f'"{compat.RAY_PRINT_HANDLER}"' in inspect.getsource(ray._private.worker)  # the handler Ray adds
+    assert isinstance(global_worker_stdstream_dispatcher.handlers, list)
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    assert callable(AsyncLLM.from_engine_args) and "self.output_handler" in inspect.getsource(AsyncLLM.__init__)
+    assert compat.is_engine_dead(EngineDeadError()) and not compat.is_engine_dead(RuntimeError("one prompt's"))
 
 
 def test_the_drain_table_and_the_worker_check_through_a_real_ray():
@@ -77,6 +89,13 @@ def test_fallbacks_where_the_private_paths_are_gone(monkeypatch):
     compat.shutdown_vllm(llm, 1.0)  # no engine_core: the engine's own shutdown
     assert Engine.stopped
 
+    monkeypatch.setattr(compat, "worker_output_dispatcher", lambda: None)
+    assert compat.route_worker_output("mine", print) is False
+    asyncio.run(compat.stop_output_handler(object()))  # no output handler: nothing to stop
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.exceptions", None)  # moved: its import fails
+    assert compat.is_engine_dead(type("EngineDeadError", (Exception,), {})())
+    assert not compat.is_engine_dead(RuntimeError("one prompt's"))
+
 
 def test_a_drain_deadline_of_zero_means_none(monkeypatch):
     import ray._private.state
@@ -85,12 +104,92 @@ def test_a_drain_deadline_of_zero_means_none(monkeypatch):
     assert compat.draining_nodes() == {"n1": math.inf, "n2": 5.0}
 
 
-@pytest.mark.parametrize("private", ["_private", "engine_core"])
-def test_no_private_use_outside_the_compat_module(private):
-    hits = subprocess.run(
-        ["grep", "-rln", "--include=*.py", private, "pipeline", "jobs", "indexing"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    assert hits == ["indexing/compat.py"], hits
+SCANNED = ("pipeline", "jobs", "indexing", "scripts", "cluster")  # every .py of dynrag's own but its tests
+LIBRARIES = ("ray", "vllm")
+INTERNAL_ATTRIBUTES = ("engine_core", "output_handler")  # vLLM engine internals reached as attributes
+
+
+def is_private(path: str) -> bool:
+    """A dotted path into a library's internals: a component starting with one underscore (`ray._private`,
+    `ray._raylet`, `ray.data._internal`, `ray.llm._internal`; dunders such as `__future__` are not), or
+    vLLM's engine package `vllm.v1` and below (vLLM's internals; its public API is `vllm`'s top level,
+    `vllm.inputs`, `vllm.sampling_params`, `vllm.engine.arg_utils`)."""
+    parts = path.split(".")
+    return any(p.startswith("_") and not p.startswith("__") for p in parts) or parts[:2] == ["vllm", "v1"]
+
+
+def dotted(node: ast.expr) -> str | None:
+    """`a.b.c` for an attribute chain on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def private_uses(source: str) -> dict[int, str]:
+    """line -> the private uses on it in `source` (`ray._private`, not also `ray._private.worker`): an imported
+    module that `is_private` (`import m`, `from m import ...`, `importlib.import_module("m")`: any library's);
+    for Ray and vLLM also a name imported from them (`from ray import _raylet`) and an attribute chain
+    (`ray._private.worker`: `import ray` imports it, so no import shows it); and vLLM's engine internals by
+    attribute name (`llm.output_handler`, `getattr(llm, "engine_core")`)."""
+    by_line: dict[int, set[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        paths: list[str] = []
+        if isinstance(node, ast.Import):
+            paths = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            paths = [node.module]
+            if node.module.split(".")[0] in LIBRARIES:
+                paths += [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and (dotted(node.func) or "").endswith("import_module") and node.args:
+            arg = node.args[0]
+            paths = [arg.value] if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else []
+        elif isinstance(node, ast.Attribute):
+            chain = dotted(node) or ""
+            paths = [chain] if chain.split(".")[0] in LIBRARIES else []
+            paths += [node.attr] if node.attr in INTERNAL_ATTRIBUTES else []
+        elif isinstance(node, ast.Constant) and node.value in INTERNAL_ATTRIBUTES:
+            paths = [node.value]
+        if uses := {p for p in paths if is_private(p) or p in INTERNAL_ATTRIBUTES}:
+            by_line.setdefault(getattr(node, "lineno", 0), set()).update(uses)
+    return {
+        line: ", ".join(sorted(p for p in ps if not any(p.startswith(q + ".") for q in ps)))
+        for line, ps in by_line.items()
+    }
+
+
+def test_no_private_use_outside_the_compat_module():
+    """Every private Ray or vLLM use lives in indexing/compat.py (the rule: `private_uses`); any other file
+    with one fails here, each use named file:line."""
+    files = [f for d in SCANNED for f in sorted((ROOT / d).rglob("*.py"))]
+    assert len(files) > 100 and (ROOT / "indexing" / "compat.py") in files
+    hits = [
+        f"{f.relative_to(ROOT)}:{line}: {path}"
+        for f in files
+        if f != ROOT / "indexing" / "compat.py"
+        for line, path in sorted(private_uses(f.read_text(encoding="utf-8")).items())
+    ]
+    assert not hits, "private Ray/vLLM uses outside indexing/compat.py (move each there):\n" + "\n".join(hits)
+    assert private_uses((ROOT / "indexing" / "compat.py").read_text(encoding="utf-8"))  # the rule sees them
+
+
+@pytest.mark.parametrize(
+    "source, private",
+    [
+        ("import ray._private.state", True),
+        ("from ray.data._internal.util import x", True),
+        ("from ray import _raylet", True),
+        ("from vllm.v1.engine.async_llm import AsyncLLM", True),
+        ("import vllm.v1", True),
+        ("importlib.import_module('ray.llm._internal')", True),
+        ("ray._private.worker.global_worker.mode", True),
+        ("getattr(llm, 'output_handler', None)", True),
+        ("from __future__ import annotations", False),
+        ("from vllm.inputs import TokensPrompt", False),
+        ("from pipeline.engine.core import _State", False),  # dynrag's own private names: not this rule's
+        ("ray.__version__", False),
+    ],
+)
+def test_the_private_use_rule(source, private):
+    assert bool(private_uses(source)) is private
