@@ -383,6 +383,13 @@ class RayConfig(Section):
         description="seconds the job waits with no engine replica running (GPUs gone, a placement group "
         "that cannot be placed) before it stops with one line naming what the replicas ask for",
     )
+    stall_s: float = Field(
+        900.0,
+        gt=0,
+        description="seconds an engine replica holding batches may go without progress (no row, no engine "
+        "call), or a retrieval or scorer pool call may run, before the job stops with one line naming it "
+        "(a hung vLLM, JVM or storage call)",
+    )
     actor_resources: dict[str, float] = Field(
         default_factory=dict,
         description="custom Ray resources per engine actor, to place replicas on a node group "

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from on_disk import assert_each_question_once  # noqa: F401  (the Ray tests' exactly-once check, on disk)
+
 from pipeline.config import load_config
 
 
@@ -61,6 +63,7 @@ def run_job(
     import json
 
     from jobs.bench.simulated import SimBackends
+    from pipeline.io.commit import committing
     from pipeline.io.output_lock import output_lock
     from pipeline.runtime.ray_runner import answer_with_ray
 
@@ -82,8 +85,9 @@ def run_job(
         )
     row_args = dict(run_id="t", method="sr-rag", params_json="{}", chash="t", model="simulated")
     reports = []
-    with output_lock(out):
-        for report in answer_with_ray(
+    with output_lock(out), committing(out, row_args["run_id"]) as committer:  # the driver's commit, as run_answer's
+        committer.open()
+        runner = answer_with_ray(
             str(dataset),
             out,
             cfg,
@@ -93,7 +97,8 @@ def run_job(
             done=set(),
             limit=n,
             make_backends=make_backends or SimBackends(scale),
-        ):
+        )
+        for report in committer.each(runner):
             reports.append(report)
             if on_report is not None:
                 on_report(report)
@@ -104,18 +109,6 @@ def live_groups() -> list[dict]:
     from ray.util import placement_group_table
 
     return [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
-
-
-def assert_each_question_once(out: Path, n: int) -> None:
-    """Every question has a row, read once (a batch answered again after its actor exited leaves two complete
-    attempts: readers take each question once), and none is an error row."""
-    import polars as pl
-
-    from pipeline.io.output import read_rows
-
-    rows = pl.from_arrow(read_rows(str(out), ["question_id", "error"]))
-    assert rows.height == n and rows["question_id"].n_unique() == n
-    assert rows["error"].null_count() == n, rows.filter(pl.col("error").is_not_null())["error"].to_list()[:3]
 
 
 def dying_backends(scale: float, markers: Path, deaths: int):

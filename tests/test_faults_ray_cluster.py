@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from on_disk import rows_on_disk
 from ray_jobs import assert_each_question_once, dying_backends, fake_gpu_cluster, run_job
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -156,9 +157,11 @@ def poison_backends(scale: float, markers: Path):
 
 
 def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_deaths(tmp_path):
-    """One question kills its replica's process whenever it is answered. Ray restarts the actor and Ray Data
-    sends the batch again; after ray.batch_deaths (2) deaths the next attempt writes the batch's questions as
-    error rows with the cause instead of dying once more, and every other question is answered."""
+    """One question kills its replica's process whenever it is answered, while the replica holds every batch
+    (the default ray.actor_batches). Ray restarts the actor and Ray Data sends the batches again; each batch
+    that died runs alone in the new process, so the innocent ones are answered and only the poison batch dies
+    again; after ray.batch_deaths (2) deaths, one alone, its next attempt writes its questions as error rows with
+    the cause instead of dying once more. On disk: each question once, the poison batch's 10 as error rows."""
     import json
 
     import polars as pl
@@ -168,15 +171,13 @@ def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_death
     questions = [{"id": f"q{i}", "question": f"Who wrote book {i}?"} for i in range(n)]
     questions[7]["question"] = "Who wrote the poison book?"
     with fake_gpu_cluster(workers=1, **NODE) as cluster:
-        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1", "ray.actor_batches=1"]
+        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
         dataset = tmp_path / "questions.jsonl"
         dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
         run_job(cluster, tmp_path, n, job, scale=0.02, make_backends=poison_backends(0.02, markers), dataset=dataset)
     assert len(list(markers.glob("death-*"))) == 2  # then given up, not a third death
-    from pipeline.io.output import read_rows
-
-    rows = pl.from_arrow(read_rows(str(tmp_path / "out"), ["question_id", "error", "error_kind"]))
-    assert rows.height == n and rows["question_id"].n_unique() == n
+    assert_each_question_once(tmp_path / "out", n, errors=10)
+    rows = pl.from_arrow(rows_on_disk(tmp_path / "out", ("question_id", "error", "error_kind")))
     failed = rows.filter(pl.col("error").is_not_null())
     assert "q7" in failed["question_id"].to_list() and failed.height == 10  # its batch (answer.batch_questions)
     assert set(failed["error_kind"]) == {"system"}

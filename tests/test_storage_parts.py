@@ -1,5 +1,5 @@
-"""Parts a cluster can trust (issue 47, item 5): the driver's ledger of committed parts, part writes retried on
-transient storage errors, and a late (zombie) writer that cannot overwrite a complete part. On a real S3 API
+"""Parts a cluster can trust (issues 47 and 60): part writes retried on transient storage errors, and the
+driver's commit of one staged attempt per batch, so that parts/ holds each question once as pyarrow counts it. On a real S3 API
 (the session's moto server, `s3_server`) where a store is involved."""
 
 from __future__ import annotations
@@ -7,14 +7,16 @@ from __future__ import annotations
 import errno
 
 import fsspec
-import pyarrow.parquet as pq
 import pytest
 from engine_fixtures import HOTPOT
 from fsspec.implementations.memory import MemoryFileSystem
+from on_disk import assert_each_question_once, rows_on_disk
 
 from pipeline.config import DynragConfig
 from pipeline.io import output, part_store
-from pipeline.io.output import PartLedger, PartWriter, answered_ids, batch_report, read_rows
+from pipeline.io.commit import Committer
+from pipeline.io.output import PartWriter, batch_report, read_rows, summarize, write_part
+from pipeline.io.part_store import PartWriteError, batch_key
 from pipeline.runtime.answer import run_answer
 
 
@@ -27,7 +29,8 @@ def _cfg() -> DynragConfig:
 
 
 def _row(qid: str, finished_at: float, error: str | None = None) -> dict:
-    return {"question_id": qid, "finished_at": finished_at, "error": error, "prediction": f"p-{qid}-{finished_at}"}
+    row = {"question_id": qid, "finished_at": finished_at, "error": error, "prediction": f"p-{qid}-{finished_at}"}
+    return row | {"retrieval_triggered": False, "method": "m", "dataset": "d"}
 
 
 def test_resumed_run_on_s3_counts_every_row(s3, s3_server, data_dir, monkeypatch):
@@ -63,23 +66,13 @@ def test_resumed_run_on_s3_counts_every_row(s3, s3_server, data_dir, monkeypatch
     assert (second["rows"], second["duplicate_ids"]) == (8, 0)
 
 
-def test_ledger_counts_the_start_and_the_reports():
-    ledger = PartLedger(["a", "b", "a"])
-    ledger.add(batch_report([_row("q1", 1.0)], 0, {}, "c"))
-    ledger.add(batch_report([], 3, {}))  # skipped questions only: no part, still complete
-    ledger.add(batch_report([_row("q2", 1.0)], 0, {}, "c"))  # a batch reported twice counts once
-    assert ledger.parts == ["a", "b", "c"]
-    ledger.add(batch_report([_row("q3", 1.0)], 0, {}))  # rows without their part: the ledger cannot say
-    assert ledger.parts is None
-
-
 class FlakyFS(MemoryFileSystem):
     """An in-memory store whose uploads of parts fail `failures` times (a dropped connection) before one passes."""
 
     protocol = "flaky"
     failures = 0
     tries = 0
-    match = "/parts/"
+    match = ".parquet"
 
     def pipe_file(self, path, value, *args, **kwargs):
         if self.match in path:
@@ -96,7 +89,7 @@ def flaky(monkeypatch):
     import uuid
 
     proto = f"flaky{uuid.uuid4().hex[:8]}"
-    cls = type("FlakyFS", (FlakyFS,), {"protocol": proto, "tries": 0, "failures": 0, "store": {}, "match": "/parts/"})
+    cls = type("FlakyFS", (FlakyFS,), {"protocol": proto, "tries": 0, "failures": 0, "store": {}, "match": ".parquet"})
     cls.pseudo_dirs = [""]
     cls.url = f"{proto}://run"
     fsspec.register_implementation(proto, cls, clobber=True)
@@ -113,7 +106,7 @@ def test_part_write_retried_on_transient_errors(flaky):
 
 def test_part_write_gives_up_after_bounded_attempts(flaky):
     flaky.failures = 100
-    with pytest.raises(ConnectionResetError):
+    with pytest.raises(PartWriteError, match=rf"cannot write {flaky.protocol}://run/_attempts/r1-.*ConnectionReset"):
         PartWriter(flaky.url, "r1").write([_row("q1", 1.0)])
     assert flaky.tries == part_store.PART_WRITE_ATTEMPTS
 
@@ -134,58 +127,78 @@ def test_permanent_errors_are_not_retried():
     assert not output.transient(ValueError("a bug"))
 
 
-def _on_store(fs, out: str) -> list[dict]:
-    """Every row in the folder's part files, as stored (no dedup)."""
-    bucket_path = out.split("://", 1)[1]
-    return sorted(
-        (
-            r
-            for p in fs.find(f"{bucket_path}/parts")
-            for r in pq.read_table(fs.open(p, "rb"), columns=["question_id"]).to_pylist()
-        ),
-        key=lambda r: r["question_id"],
-    )
+def _attempt(out: str, rows: list[dict], batch: list[str], run_id: str = "r1") -> dict:
+    """A batch's report as a runner gives it: its rows staged as one attempt."""
+    full = [{**r, "question_id": r["question_id"]} for r in rows]
+    return batch_report(full, 0, {}, PartWriter(out, run_id).write(full, batch))
 
 
-def test_zombie_writer_cannot_overwrite_a_complete_part(s3):
-    """A batch given to a new actor after its first was thought dead: the new actor writes the whole batch, then
-    the zombie finishes late with part of the batch as error rows. The complete part stays, every question reads
-    once with its answer; the zombie's part stays too (a part a writer wrote is never removed by itself: it may
-    be the one its report names), read as nothing new."""
+def test_a_batch_staged_twice_is_committed_once_and_the_other_attempt_removed(s3):
+    """A batch answered twice (its actor drained after writing, before its result came back): both attempts are
+    staged where no reader looks; the driver commits the first it hears of and removes the second. pyarrow over
+    parts/ counts each question once, and nothing stays staged."""
+    fs, bucket = s3
+    out = f"s3://{bucket}/run"
+    committer = Committer(out, "r1")
+    assert committer.open() == set()
+    batch = ["q1", "q2", "q3"]
+    first = _attempt(out, [_row(q, 10.0) for q in batch], batch)
+    second = _attempt(out, [_row(q, 11.0) for q in batch], batch)
+    assert rows_on_disk(out).num_rows == 0  # staged: no reader of parts/ sees an attempt
+    committed = committer.commit(first)
+    assert committed["part"].endswith("/parts/part-r1-" + batch_key(batch) + ".parquet")
+    assert committer.commit(second) is None
+    assert committer.commit(_attempt(out, [_row("q9", 1.0)], ["q9"]))["rows"] == 1
+    committer.close()
+    assert_each_question_once(out, 4)
+    assert summarize(out, parts=committer.parts)["duplicate_ids"] == 0
+
+
+def test_a_zombie_never_deletes_or_replaces_a_committed_part(s3):
+    """A zombie (an actor thought dead) finishes late with part of the batch as error rows, before and after the
+    run ends: its attempts stay staged, never read, and the next run's open removes them; the committed part is
+    untouched."""
     fs, bucket = s3
     out = f"s3://{bucket}/run"
     batch = ["q1", "q2", "q3"]
-    complete = PartWriter(out, "r1").write([_row(q, 10.0) for q in batch], batch)
-    zombie = PartWriter(out, "r1").write([_row("q1", 20.0, "EngineDead: engine died")], batch)
-    assert zombie != complete and output.part_key(zombie) == output.part_key(complete)
-    assert fs.exists(complete.split("://", 1)[-1])
-    rows = read_rows(out, ["question_id", "prediction", "error"]).sort_by("question_id").to_pylist()
-    assert rows == [{"question_id": q, "prediction": f"p-{q}-10.0", "error": None} for q in batch]
-    assert answered_ids(out) == set(batch)
-    assert read_rows(out, ["question_id"], parts=[complete, zombie]).num_rows == 3  # a ledger naming both
-    assert fs.exists(zombie.split("://", 1)[-1])
+    committer = Committer(out, "r1")
+    committer.open()
+    part = committer.commit(_attempt(out, [_row(q, 10.0) for q in batch], batch))["part"]
+    before = fs.cat(part.split("://", 1)[-1])
+    assert committer.commit(_attempt(out, [_row("q1", 20.0, "EngineDead: engine died")], batch)) is None
+    committer.close()
+    _attempt(out, [_row("q2", 30.0, "EngineDead: engine died")], batch)  # after the end: stays staged
+    assert fs.cat(part.split("://", 1)[-1]) == before
+    assert rows_on_disk(out)["error"].null_count == 3
+    assert Committer(out, "r2").open() == set(batch)  # the rerun removes the zombie's attempt
+    assert_each_question_once(out, 3)
 
 
-def test_a_drained_attempt_goes_once_its_batch_is_written_whole(s3):
-    """An actor drained part way writes the questions it finished; the batch, run again whole elsewhere, writes
-    all of them: the folder then holds each row once, and another batch's part is untouched."""
-    fs, bucket = s3
-    out = f"s3://{bucket}/run"
-    batch = ["q1", "q2", "q3"]
-    drained = PartWriter(out, "r1").write([_row("q1", 5.0)], batch)
-    other = PartWriter(out, "r1").write([_row("q9", 5.0)], ["q9"])
-    whole = PartWriter(out, "r1").write([_row(q, 10.0) for q in batch], batch)
-    assert not fs.exists(drained.split("://", 1)[-1]) and fs.exists(other.split("://", 1)[-1])
-    assert _on_store(fs, out) == [{"question_id": q} for q in [*batch, "q9"]]
-    assert read_rows(out, ["question_id"], parts=[drained, other, whole]).num_rows == 4  # the ledger's gone part
-
-
-def test_complete_attempts_all_stay_and_read_once(tmp_path):
-    """A batch answered again whole (its actor exited after writing, before returning): every attempt's part
-    stays, since each may be the one a report named (the driver's ledger reads it), and reads once."""
+def test_a_rerun_repairs_a_folder_holding_a_question_twice(tmp_path):
+    """Parts written before the driver committed (an older dynrag, or a driver killed between a commit and the
+    removal of the row it superseded): the rerun keeps one row a question (an answer over an error row, then the
+    last finished) and rewrites the other parts without theirs; summarize counted the duplicates before."""
     out = str(tmp_path / "run")
-    batch = ["q1", "q2"]
-    written = [PartWriter(out, "r1").write([_row(q, 10.0) for q in batch], batch) for _ in range(3)]
-    assert sorted(output.part_files(out)) == sorted(written) and read_rows(out, ["question_id"]).num_rows == 2
-    for part in written:  # a ledger naming any one of them counts the batch
-        assert read_rows(out, ["question_id"], parts=[part]).num_rows == 2
+    write_part(out, [_row("q1", 1.0, "EngineDead: died"), _row("q2", 1.0)], "old-a")
+    write_part(out, [_row("q1", 2.0), _row("q2", 3.0)], "old-b")
+    write_part(out, [_row("q3", 1.0)], "old-c")
+    assert summarize(out)["duplicate_ids"] == 2
+    assert Committer(out, "r2").open() == {"q1", "q2", "q3"}
+    rows = assert_each_question_once(out, 3)
+    assert sorted(rows["question_id"].to_pylist()) == ["q1", "q2", "q3"]
+    kept = read_rows(out, ["question_id", "prediction"]).sort_by("question_id").to_pylist()
+    assert [r["prediction"] for r in kept] == ["p-q1-2.0", "p-q2-3.0", "p-q3-1.0"]
+    assert summarize(out)["duplicate_ids"] == 0
+
+
+def test_a_system_error_row_answered_again_is_replaced_on_disk(tmp_path):
+    """A rerun answers a question whose row was a system error again: once its new row is committed, the old row
+    is removed from its part (the part's other rows stay)."""
+    out = str(tmp_path / "run")
+    write_part(out, [_row("q1", 1.0, "EngineDead: died") | {"error_kind": "system"}, _row("q2", 1.0)], "r1-a")
+    committer = Committer(out, "r2")
+    assert committer.open() == {"q2"}
+    committer.commit(_attempt(out, [_row("q1", 5.0)], ["q1"], "r2"))
+    committer.close()
+    assert_each_question_once(out, 2)
+    assert summarize(out, parts=committer.parts)["rows"] == 2

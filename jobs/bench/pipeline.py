@@ -129,6 +129,7 @@ def bench_ray(cfg, method: str, n: int, scale: float) -> dict:
     import tempfile
     from pathlib import Path
 
+    from pipeline.io.commit import committing
     from pipeline.io.output_lock import output_lock
     from pipeline.runtime.ray_runner import answer_with_ray
 
@@ -143,11 +144,12 @@ def bench_ray(cfg, method: str, n: int, scale: float) -> dict:
         t0 = time.perf_counter()
         rows = errors = 0
         last: dict[int, dict] = {}  # engine actor (pid) -> its latest generator figures
-        with output_lock(out):
+        with output_lock(out), committing(out, row_args["run_id"]) as committer:
+            committer.open()
             reports = answer_with_ray(
                 str(dataset), out, cfg, "simulated", row_args, header=None, done=set(), limit=n, make_backends=make
             )
-            for report in reports:
+            for report in committer.each(reports):
                 rows, errors = rows + report["rows"], errors + report["errors"]
                 if report.get("generator"):
                     last[report["generator"]["pid"]] = report["generator"]

@@ -151,6 +151,11 @@ class BaseEngine:
         self._calls_seen = now
         return new
 
+    def calls_made(self) -> int:
+        """Backend calls completed so far, of every kind."""
+        with self._stats_lock:
+            return sum(self.batch_calls.values())
+
     def close(self) -> None:
         """Release what the engine holds (its worker threads, if any); the backends stay open."""
 

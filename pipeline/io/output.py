@@ -1,12 +1,11 @@
 """Per-question output rows and their Parquet part files (the contract with users, DESIGN.md).
 
-Rows live in `<out>/parts/part-*.parquet`, each file written whole and then renamed into place, so a
-killed run leaves only complete parts. The output is keyed by question id: `answered_ids(out)` lists
-the ids already written and a resumed run answers only the others; a part is named by its run, its
-question ids and its attempt (`PartWriter`), and a batch written twice (a retried Ray task) reads once.
-A part is never replaced: each write is a new object (`PartWriter`, part_store.py); readers keep one
-row per question id.
-`summarize(out, parts=...)` reads the parts a run's driver knows of (`PartLedger`), or all parts. Local paths and fsspec URIs (s3://, gs://) both work.
+Rows live in `<out>/parts/part-*.parquet`, and that folder holds each question once, as any Parquet reader
+counts it (pyarrow, polars, DuckDB, Spark). Writers never write there: each write attempt of a batch is
+staged under `<out>/_attempts/` (`PartWriter`), and the job's driver commits one attempt per batch into
+parts/ and removes the others (commit.py, as Hadoop's and Spark's output committers finish a write). The
+output is keyed by question id: `answered_ids(out)` lists the ids already written and a resumed run answers
+only the others. `summarize(out, parts=...)` reads the parts a run's driver committed, or all parts. Local paths and fsspec URIs (s3://, gs://) both work.
 
 Time columns: `time_<stage>_s` is the question's share of the batched calls it took part in (its cost;
 `time_total_s` their sum), while `latency_s` is its own wall time from its first request to its answer,
@@ -16,7 +15,6 @@ queueing behind other questions included (parts written before it existed read i
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -30,10 +28,10 @@ import pyarrow.parquet as pq
 from indexing.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome
 from pipeline.evaluation.metrics import answer_metrics, support_recall
-from pipeline.io.part_store import (  # noqa: F401  (PartLedger, part_key, transient: part of this module's API)
-    PartLedger,
-    drop_covered_attempts,
-    part_key,
+from pipeline.io.part_store import (  # noqa: F401  (transient: part of this module's API)
+    ATTEMPTS,
+    PartWriteError,
+    batch_key,
     transient,
     with_retries,
 )
@@ -180,70 +178,76 @@ def _is_local(fs) -> bool:
 
 
 def write_part(out: str, rows: list[dict[str, Any]], key: str | None = None) -> str | None:
-    """Write rows as one part file `part-<key>.parquet` (a fresh key when None), atomically; returns its path.
-    A part of the same key is replaced (PartWriter's keys are never reused). A transient storage error is retried (`with_retries`); each try
-    writes the whole file again (local: a fresh temporary file renamed into place; object stores: one
-    PUT of the whole file)."""
+    """Write rows as the committed part `parts/part-<key>.parquet` (a fresh key when None), atomically; returns its
+    path. Only a driver that commits writes here (commit.py; the fixtures of tests and benches too)."""
     if not rows:
         return None
     fs, base = _fs(out)
-    parts = f"{base}/parts"
     name = f"part-{key or time.strftime('%Y%m%d-%H%M%S') + '-' + uuid.uuid4().hex[:8]}.parquet"
-    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    return write_table(fs, f"{base}/parts/{name}", pa.Table.from_pylist(rows, schema=SCHEMA))
+
+
+def write_table(fs: Any, path: str, table: pa.Table) -> str:
+    """Write `table` as the Parquet file `path`, whole or not at all: local, a fresh temporary file fsynced and
+    renamed into place; an object store, one PUT of the whole file (a failed streamed upload could leave part of
+    it). A transient storage error is retried (`with_retries`); one that persists is a PartWriteError naming
+    the store and the error."""
+    folder = path.rsplit("/", 1)[0]
 
     def attempt() -> None:
-        fs.makedirs(parts, exist_ok=True)
+        fs.makedirs(folder, exist_ok=True)
         if _is_local(fs):
-            tmp = f"{parts}/.{name}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer: two may write the same key
+            tmp = f"{folder}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer
             try:
                 pq.write_table(table, tmp)
                 with open(tmp, "rb+") as fh:  # durable before it becomes visible
                     os.fsync(fh.fileno())
-                os.replace(tmp, f"{parts}/{name}")
-            except OSError:  # e.g. a full disk: no partial part left behind
+                os.replace(tmp, path)
+            except OSError:  # e.g. a full disk: no partial file left behind
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
-        else:  # object stores: one PUT of the whole file (a failed streamed upload could leave part of it)
+        else:
             buf = pa.BufferOutputStream()
             pq.write_table(table, buf)
-            fs.pipe_file(f"{parts}/{name}", buf.getvalue().to_pybytes())
+            fs.pipe_file(path, buf.getvalue().to_pybytes())
 
-    with_retries(f"writing part {parts}/{name}", attempt)
-    return f"{parts}/{name}"
+    try:
+        with_retries(f"writing {path}", attempt)
+    except Exception as exc:
+        raise PartWriteError(f"cannot write {_store(fs, path)}: {type(exc).__name__}: {exc}") from exc
+    return path
+
+
+def _store(fs: Any, path: str) -> str:
+    return path if _is_local(fs) else fs.unstrip_protocol(path)
 
 
 class PartWriter:
-    """Writes one run's parts under `out`, from the driver (in-process) or from each Ray engine actor.
+    """Writes one run's batches as staged attempts, from the driver (in-process) or from each Ray engine actor.
 
-    Before its first part it writes `header` (file name -> text: the settings of a new output folder), so
+    Before its first attempt it writes `header` (file name -> text: the settings of a new output folder), so
     a folder holding rows always says which configuration wrote them.
 
-    Each write is a new object, `part-<run id>-<digest of the batch's question ids>-<attempt>.parquet` (the
-    attempt a random token of this call), never one that replaces another: a zombie writer cannot
-    overwrite a complete part. The earlier attempts of the batch that this one covers are then removed
-    (a batch drained part way and run again whole, a retried Ray task). Why, and how readers stay correct:
-    part_store.py. `part_key` gives a part's key without its attempt."""
+    Each write is a new object `<out>/_attempts/<run id>-<batch key>-<token>.parquet`, where no reader of
+    parts/ looks: the driver commits it (commit.py). So an attempt never replaces another, and a zombie writer
+    (an engine actor thought dead that finishes late) writes only where nothing reads."""
 
     def __init__(self, out: str, run_id: str, header: dict[str, str] | None = None):
         self.out, self.run_id, self.header = out, run_id, dict(header or {})
 
     def write(self, rows: list[dict[str, Any]], batch_ids: list[str] | None = None) -> str | None:
-        """Writes `rows` as one new part keyed by `batch_ids` (the batch's question ids), else by the rows'
-        own ids, and this attempt; returns its path (None for no rows)."""
+        """Stages `rows` as one attempt of the batch `batch_ids` (its question ids, else the rows' own ids);
+        returns its path (None for no rows)."""
         if not rows:
             return None
         for name, text in self.header.items():
             write_text(self.out, name, text)
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
-        digest = hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:12]
-        path = write_part(self.out, rows, f"{self.run_id}-{digest}-{uuid.uuid4().hex[:8]}")
-        if path is not None:
-            fs, _ = _fs(self.out)
-            mine = {r["question_id"]: r["error"] is None for r in rows}
-            drop_covered_attempts(fs, path, mine, functools.partial(_answered_in, fs))
-        return path
+        fs, base = _fs(self.out)
+        name = f"{self.run_id}-{batch_key(ids)}-{uuid.uuid4().hex[:8]}.parquet"
+        return write_table(fs, f"{base}/{ATTEMPTS}/{name}", pa.Table.from_pylist(rows, schema=SCHEMA))
 
 
 def batch_report(
@@ -251,7 +255,7 @@ def batch_report(
 ) -> dict[str, Any]:
     """What an answer job's driver learns of one written batch: its rows and error rows, the questions
     skipped as already answered since the previous report, the backend calls made (by kind) and, when
-    rows were written, `part`: the path of their part (the driver's ledger, `PartLedger`)."""
+    rows were written, `part`: the path of their staged attempt (which the driver commits, commit.py)."""
     report = {
         "rows": len(rows),
         "errors": sum(r["error"] is not None for r in rows),
@@ -274,38 +278,49 @@ def part_files(out: str) -> list[str]:
     )
 
 
-def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | None = None) -> pa.Table:
-    """The rows under `out` (the part files `parts`, else all listed now) as one Arrow table, one per
-    question id: where a question has several (a retried error row, two jobs that answered it at once, a
-    zombie writer's late part), an answer before an error row, then the last finished."""
-    import polars as pl
-
+def read_parts(out: str, columns: list[str] | None = None, parts: list[str] | None = None) -> pa.Table:
+    """Every row of the part files `parts` (else all listed now) as stored, one Arrow table: what any Parquet
+    reader of parts/ counts."""
     fs, _ = _fs(out)
     files = part_files(out) if parts is None else list(parts)
-    key = ["question_id", "finished_at", "error"]
-    read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
     tables = [
         t
-        for t in (with_retries(f"reading {f}", functools.partial(_read_part, fs, f, read)) for f in files)
+        for t in (with_retries(f"reading {f}", functools.partial(_read_part, fs, f, columns)) for f in files)
         if t is not None
     ]
     if not tables:
         return SCHEMA.empty_table() if columns is None else pa.schema([SCHEMA.field(c) for c in columns]).empty_table()
-    table = pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
+    return pa.concat_tables(tables, promote_options="default")  # older parts: newer columns as null
+
+
+def keep_one(table: pa.Table) -> pa.Table:
+    """The rows of `table` (with question_id, finished_at and error) that a question keeps where it has several
+    (an output folder written before parts were committed): an answer over an error row, then the last
+    finished; `table`'s order otherwise."""
+    import polars as pl
+
     keep = (
-        pl.from_arrow(table.select(key))
+        pl.from_arrow(table.select(["question_id", "finished_at", "error"]))
         .with_row_index()
         .with_columns(ok=pl.col("error").is_null())
         .sort(["ok", "finished_at"], maintain_order=True)
         .unique("question_id", keep="last")["index"]
         .sort()
     )
-    return table.take(keep.to_arrow()).select(columns or table.column_names)
+    return table.take(keep.to_arrow())
+
+
+def read_rows(out: str, columns: list[str] | None = None, parts: list[str] | None = None) -> pa.Table:
+    """The rows under `out` (the part files `parts`, else all listed now), one per question id (`keep_one`: the
+    driver commits each question once, and a rerun repairs a folder that holds one twice, commit.py)."""
+    key = ["question_id", "finished_at", "error"]
+    read = None if columns is None else [*columns, *(c for c in key if c not in columns)]
+    table = read_parts(out, read, parts)
+    return keep_one(table).select(columns or table.column_names)
 
 
 def _read_part(fs: Any, path: str, columns: list[str] | None) -> pa.Table | None:
-    """A part's rows; None for a part that is gone: removed by a later attempt of its batch that holds its
-    rows (part_store.drop_covered_attempts) since it was listed or reported."""
+    """A part's rows; None for a part that is gone (a rerun's repair removed it since it was listed)."""
     for again in (False, True):
         try:
             with fs.open(path, "rb") as fh:
@@ -315,15 +330,8 @@ def _read_part(fs: Any, path: str, columns: list[str] | None) -> pa.Table | None
                 break
             # a listing of parts/ cached before this part was written hides it (s3fs): look again
             fs.invalidate_cache(path.rsplit("/", 1)[0])
-    log.debug("part %s is gone (superseded by a later attempt of its batch)", path)
+    log.debug("part %s is gone", path)
     return None
-
-
-def _answered_in(fs: Any, path: str) -> dict[str, bool]:
-    """{question id: answered (no error)} of the part at `path`."""
-    with fs.open(path, "rb") as fh:
-        t = pq.read_table(fh, columns=["question_id", "error"]).to_pydict()
-    return {q: e is None for q, e in zip(t["question_id"], t["error"])}
 
 
 def answered_ids(out: str, parts: list[str] | None = None) -> set[str]:
@@ -336,11 +344,13 @@ def answered_ids(out: str, parts: list[str] | None = None) -> set[str]:
 def summarize(
     out: str, *, parts: list[str] | None = None, wall_time_s: float | None = None, new_rows: int | None = None
 ) -> dict[str, Any]:
-    """Means of the metrics, calls, tokens and per-stage times over the rows of `parts` (a run's ledger,
-    `PartLedger`), else of every part listed under `out` now."""
+    """Means of the metrics, calls, tokens and per-stage times over the rows of `parts` (those a run's driver
+    knows of, commit.py), else of every part listed under `out` now; `duplicate_ids`: rows on disk beyond one
+    a question."""
     import polars as pl
 
-    df = pl.from_arrow(read_rows(out, parts=parts))
+    raw = read_parts(out, parts=parts)
+    df = pl.from_arrow(keep_one(raw))
     ok = df.filter(pl.col("error").is_null())
 
     def mean(col: str, frame=ok):
@@ -355,7 +365,7 @@ def summarize(
         "rows": df.height,
         "answered": ok.height,
         "errors": df.height - ok.height,
-        "duplicate_ids": df.height - df.select(pl.col("question_id").n_unique()).item() if df.height else 0,
+        "duplicate_ids": raw.num_rows - df.height,  # rows on disk beyond one a question: 0 once committed
         "error_examples": (
             df.filter(pl.col("error").is_not_null())["error"].unique(maintain_order=True).head(3).to_list()
             if df.height

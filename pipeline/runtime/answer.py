@@ -31,17 +31,9 @@ from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.evaluation.runs import run_params
+from pipeline.io.commit import Committer
 from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.io.output import (
-    PartLedger,
-    PartWriter,
-    answered_ids,
-    batch_report,
-    part_files,
-    read_json,
-    summarize,
-    write_json,
-)
+from pipeline.io.output import PartWriter, batch_report, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
@@ -255,8 +247,8 @@ def _run_answer(
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
-    ledger = PartLedger(part_files(out))  # the summary counts these and the parts the run reports, no listing
-    done = answered_ids(out, ledger.parts)
+    committer = Committer(out, run_id)  # the summary counts the parts at the start and those committed, no listing
+    done = committer.open()
     row_args = dict(
         run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash, model=cfg.generation.model
     )
@@ -312,8 +304,7 @@ def _run_answer(
             else:
                 reports = (r for r in [batch_report([], counts["skipped"], {})])
         with contextlib.closing(reports):
-            for report in reports:
-                ledger.add(report)
+            for report in committer.each(reports):  # each batch's attempt committed, another of it dropped
                 written += report["rows"]
                 skipped += report["skipped"]
                 for kind, n in report["calls"].items():
@@ -333,6 +324,7 @@ def _run_answer(
         )
         raise
     finally:
+        committer.close()
         if bar is not None:
             bar.close()
     if skipped:
@@ -349,16 +341,10 @@ def _run_answer(
         "runtime": cfg.runtime.mode,
         "skipped_already_answered": skipped,
         "backend_batch_calls": batch_calls,
-        **summarize(out, parts=_ledger_parts(ledger), wall_time_s=wall, new_rows=written),
+        **summarize(out, parts=committer.parts, wall_time_s=wall, new_rows=written),
     }
     write_json(out, "summary.json", summary)
     return summary
-
-
-def _ledger_parts(ledger: PartLedger) -> list[str] | None:
-    if ledger.parts is None:  # a runner whose reports name no part: the summary reads a listing
-        log.info("the runner reported rows without their part: the summary reads a listing of the output")
-    return ledger.parts
 
 
 def _answer_local(

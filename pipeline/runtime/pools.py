@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.config import DynragConfig
+from pipeline.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,18 @@ class PoolActor:
 
         own_worker_logging()
         cfg = DynragConfig.model_validate(cfg_json)
-        self.backends = (make_backends or Backends)(cfg, index_dir)
         self.control, self.deaths = control, cfg.ray.batch_deaths
+        self.actor_id = ""
+        if control is not None:  # its restarts count against the budget (RunControl.register_pool)
+            import os
+
+            import ray
+
+            ctx = ray.get_runtime_context()
+            self.actor_id = ctx.get_actor_id() or ""
+            kind = "retrieval" if index_dir else "scorer"
+            ray.get(control.register_pool.remote(self.actor_id, kind, ctx.get_node_id(), os.getpid()))
+        self.backends = (make_backends or Backends)(cfg, index_dir)
         self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 
     def ready(self, part: str | None) -> bool:
@@ -64,7 +75,7 @@ class PoolActor:
 
         import ray
 
-        dead = ray.get(self.control.begin.remote(call, "pool", os.getpid()))
+        dead = ray.get(self.control.begin.remote(call, self.actor_id, os.getpid()))
         if len(dead) >= self.deaths:
             self.control.end.remote(call)
             raise PoolCallFailed(
@@ -133,12 +144,13 @@ class PoolClient:
     so a call's actors are given to it in reverse, and chunk j goes to the j-th actor from the start.
     """
 
-    def __init__(self, actors: list):
-        self.actors = list(actors)
+    def __init__(self, actors: list, control: Any = None):
+        self.actors, self.control = list(actors), control
         self._next = 0  # the first actor of the next call
         self._lock = threading.Lock()
 
     def _map(self, op: str, items, *args) -> list:
+        from ray.exceptions import RayActorError
         from ray.util import ActorPool
 
         items = list(items)
@@ -152,7 +164,14 @@ class PoolClient:
         used = [self.actors[(start + j) % len(self.actors)] for j in range(len(chunks))]
         pool = ActorPool(used[::-1])
         call = uuid.uuid4().hex  # each chunk's call id: the same in Ray's retries of it
-        return list(pool.map(lambda a, jc: a.run.remote(f"{call}-{jc[0]}", op, jc[1], *args), list(enumerate(chunks))))
+        try:
+            return list(
+                pool.map(lambda a, jc: a.run.remote(f"{call}-{jc[0]}", op, jc[1], *args), list(enumerate(chunks)))
+            )
+        except RayActorError as err:  # restarted by Ray without end, so this one cannot come back: the job ends
+            if self.control is not None:
+                self.control.pool_lost.remote(getattr(err, "actor_id", None) or "?", first_line(err))
+            raise
 
     def search(self, queries: list[str], k: int, retriever: str):
         return [hits for part in self._map("search", queries, k, retriever) for hits in part]

@@ -6,8 +6,14 @@ it as it is.
   failure of that replica unless its previous process had drained (a pre-empted node is not the replica's
   fault). A replica whose failures (restarts and engine errors) pass `budget` makes the job fatal;
 - batches: each attempt of a batch starts with `begin` and ends with `end`; an attempt that never ended was
-  in a process that died. After `batch_deaths` such attempts the batch is poison: the next attempt writes
-  its rows as error rows with the cause instead of killing one more process;
+  in a process that died, unless its node was lost or drained (`set_lost`: not the batch's fault). A batch
+  with a death runs alone in its next process (`alone`); after `batch_deaths` deaths, one alone, it is poison
+  (ray_runner.poison): the next attempt writes its rows as error rows with the cause. `committed`: the
+  batches the driver has committed, which a drained replica waits for before it exits;
+- progress: each heartbeat carries the replica's progress (outcomes and engine calls) and whether it holds
+  batches; `stuck` names a busy replica that has not moved, or a pool call that has not ended, for `stall_s`;
+- pools: each pool actor registers at its start; its restarts count against the same budget, and a pool
+  actor that cannot come back (`pool_lost`) makes the job fatal;
 - the drain: the driver's own (SIGTERM to the job, `request`) or a node's (Ray's drain notice with its
   deadline, `set_draining`, fed by the driver's supervisor); each actor polls `instructions`, which is also
   its heartbeat, and says when it has drained (`drained`), counted by live replica;
@@ -31,6 +37,9 @@ class RunControl:
         self.attempts: dict[str, list[dict]] = {}  # batch key -> attempts that have not ended
         self.fatal_line: str | None = None
         self.actor_handles: dict[str, Any] = {}  # actor id -> handle, of every replica that registered
+        self.lost_nodes: set[str] = set()  # nodes dead or drained: their processes' deaths are no batch's fault
+        self.committed_keys: set[str] = set()  # batch keys the driver has committed
+        self.pools: dict[str, dict] = {}  # pool actor id -> kind, node, pid, starts, failures
 
     # -- replicas ---------------------------------------------------------------------------------
     def register(self, actor: str, node: str, pid: int, handle: Any = None) -> int:
@@ -77,16 +86,73 @@ class RunControl:
 
     # -- batches ----------------------------------------------------------------------------------------
     def begin(self, key: str, actor: str, pid: int) -> list[dict]:
-        """An attempt of batch `key` starts; returns the earlier attempts that died (never ended)."""
-        dead = list(self.attempts.get(key, []))
-        self.attempts.setdefault(key, []).append({"actor": actor, "pid": pid, "node": self._node(actor)})
+        """An attempt of batch `key` starts; returns the earlier attempts that died (never ended), less those
+        whose node was lost or drained meanwhile (forgotten: the node's loss is not the batch's fault)."""
+        dead = [a for a in self.attempts.get(key, []) if a["node"] not in self.lost_nodes]
+        node = self.pools[actor]["node"] if actor in self.pools else self._node(actor)
+        self.attempts[key] = [*dead, {"actor": actor, "pid": pid, "node": node, "alone": False, "at": time.time()}]
         return dead
+
+    def alone(self, key: str, pid: int) -> None:
+        """The attempt of batch `key` in process `pid` answers with no other batch beside it."""
+        for a in self.attempts.get(key, []):
+            if a["pid"] == pid:
+                a["alone"] = True
 
     def end(self, key: str) -> None:
         self.attempts.pop(key, None)
 
+    def committed(self, key: str) -> None:
+        self.committed_keys.add(key)
+
+    def all_committed(self, keys: list[str]) -> bool:
+        return all(k in self.committed_keys for k in keys)
+
+    def set_lost(self, nodes: list[str]) -> None:
+        """Nodes Ray has lost or is draining (fed by the driver's supervisor)."""
+        self.lost_nodes.update(nodes)
+
     def _node(self, actor: str) -> str:
         return self.replicas.get(actor, {}).get("node", "?")
+
+    # -- progress -------------------------------------------------------------------------------------
+    def stuck(self, now: float, stall_s: float) -> str | None:
+        """The job's line when a replica holding batches has made no progress (no row, no engine call) for
+        `stall_s`, or a pool call has run that long (a hung JVM, vLLM or store call); else None."""
+        for actor, r in self.replicas.items():
+            if r.get("busy") and r["node"] not in self.lost_nodes and now - r.get("moved", now) > stall_s:
+                return (
+                    f"engine replica {actor[:8]} (pid {r['pid']}, node {str(r['node'])[:8]}) holds batches but has "
+                    f"made no progress for {now - r['moved']:.0f} s (ray.stall_s={stall_s:g}): stopping the job"
+                )
+        for attempts in self.attempts.values():
+            for a in attempts:
+                if a["actor"] in self.pools and a["node"] not in self.lost_nodes and now - a["at"] > stall_s:
+                    p = self.pools[a["actor"]]
+                    return (
+                        f"{p['kind']} pool actor {a['actor'][:8]} (pid {a['pid']}, node {str(a['node'])[:8]}) has "
+                        f"been serving one call for {now - a['at']:.0f} s (ray.stall_s={stall_s:g}): stopping the job"
+                    )
+        return None
+
+    # -- pools ----------------------------------------------------------------------------------------
+    def register_pool(self, actor: str, kind: str, node: str, pid: int) -> None:
+        """A pool actor's process starts: a restart is a failure (its process died) unless its node was lost."""
+        p = self.pools.setdefault(actor, {"kind": kind, "starts": 0, "failures": 0})
+        if p["starts"] and p.get("node") not in self.lost_nodes:
+            p["failures"] += 1
+        p.update(starts=p["starts"] + 1, node=node, pid=pid)
+        if p["failures"] > self.budget:
+            self.fatal_line = (
+                f"{kind} pool actor {actor[:8]} failed {p['failures']} times (its process died; budget "
+                f"{self.budget}), last on node {node[:8]}: stopping the job"
+            )
+
+    def pool_lost(self, actor: str, why: str) -> None:
+        kind = self.pools.get(actor, {}).get("kind", "a")
+        self.fatal_line = (
+            self.fatal_line or f"{kind} pool actor {actor[:8]} is gone and cannot come back ({why}): stopping the job"
+        )
 
     # -- the drain ----------------------------------------------------------------------------------
     def request(self, seconds: float) -> None:
@@ -96,11 +162,15 @@ class RunControl:
     def set_draining(self, nodes: dict[str, float]) -> None:
         self.draining_nodes = dict(nodes)
 
-    def instructions(self, actor: str) -> tuple[float, str] | None:
-        """What the replica should do now: (seconds left, why) to drain, or None to go on. Its heartbeat."""
+    def instructions(self, actor: str, progress: int | None = None, busy: bool = False) -> tuple[float, str] | None:
+        """What the replica should do now: (seconds left, why) to drain, or None to go on. Its heartbeat, with
+        its progress (a count that grows with each outcome and engine call) and whether it holds batches."""
         r = self.replicas.get(actor)
         if r is not None:
             r["seen"] = time.time()
+            if progress is not None and (progress != r.get("progress") or not r.get("busy")):
+                r["moved"] = r["seen"]  # progress, or a replica that just took work
+            r.update(progress=progress, busy=busy)
         now = time.time()
         if self.deadline is not None:
             return max(0.0, self.deadline - now), "the job is stopping"

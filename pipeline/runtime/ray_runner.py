@@ -25,6 +25,7 @@ the job with one line when a replica is over its failure budget or no replica ha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # how often an engine actor asks the driver's RunControl what to do (its heartbeat)
 SUPERVISE_S = 1.0  # how often the driver's supervisor looks at the drain, the nodes and the replicas
+COMMIT_WAIT_S = 30.0  # for a drained actor's returned batches to be committed by the driver before it exits
 READER_JOIN_S = 30.0  # for the stream's reader thread to end once the job's actors are gone
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
@@ -69,15 +71,9 @@ class EngineActor:
     ):
         import ray
 
-        from indexing.device import own_cuda
-        from pipeline.backends import Backends
-        from pipeline.io.output import PartWriter
         from pipeline.io.output_lock import check_same_host, check_shared
         from pipeline.methods.registry import get_method
-        from pipeline.runtime.gpu_plan import replica_gpu_plan
-        from pipeline.runtime.pools import PoolClient
         from pipeline.runtime.ray_logs import own_worker_logging
-        from pipeline.runtime.replica import Replica
 
         own_worker_logging()
         check_shared(out)
@@ -96,8 +92,36 @@ class EngineActor:
             cfg.ray.replica_failures
         ):
             raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
+        self.why: str | None = None  # why the replica drains: set by SIGTERM or the driver
+        self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
+        self.turns = Turns()
+        self.replica: Any = None  # once built
+        self._ended = threading.Event()
+        if control is not None:  # the heartbeat starts now: pulling the index and loading the model take a while
+            threading.Thread(target=self._watch, name="dynrag-watch", daemon=True).start()
+        try:
+            self.replica = self._start(cfg, spec, bound, index_dir, row_args, out, header, pools, node, make_backends)
+        except BaseException as err:
+            self._ended.set()
+            if control is not None:  # a constructor that fails counts in the replica's failure budget
+                ray.get(control.engine_failed.remote(self.actor_id, f"the engine actor could not start: {err!r}"))
+            raise
+        if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _start(self, cfg, spec, bound, index_dir, row_args, out, header, pools, node, make_backends) -> Any:
+        """The replica, started: its index (unless a pool serves it), placed per the GPU plan, and its engine."""
+        import ray
+
+        from indexing.device import own_cuda
+        from pipeline.backends import Backends
+        from pipeline.io.output import PartWriter
+        from pipeline.runtime.gpu_plan import replica_gpu_plan
+        from pipeline.runtime.pools import PoolClient
+        from pipeline.runtime.replica import Replica
+
         check_placement(cfg, node)
-        remote = {kind: PoolClient(actors) for kind, actors in (pools or {}).items()}  # parts served by a pool
+        remote = {kind: PoolClient(actors, self.control) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
         local = None  # this replica's own index, opened once (unless a retrieval pool searches)
         if index_dir and "retrieval" not in remote and own_cuda():
@@ -117,9 +141,8 @@ class EngineActor:
                 embedder=scorer,
             )
 
-        self.why: str | None = None  # why the replica drains: set by SIGTERM or the driver
-        self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
-        self.replica = Replica(
+        in_ray = ray.is_initialized() and bool(self.actor_id)
+        return Replica(
             cfg,
             spec,
             bound,
@@ -127,43 +150,47 @@ class EngineActor:
             PartWriter(out, row_args["run_id"], header),
             row_args,
             make_backends=build,
-            where={"pid": os.getpid(), "node": node, "group": _own_group() if ctx else None},
+            where={"pid": os.getpid(), "node": node, "group": _own_group() if in_ray else None},
             on_ended=self._on_ended,
         ).start()
-        if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-        if control is not None:
-            threading.Thread(target=self._watch, name="dynrag-watch", daemon=True).start()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         from indexing.faults import fault_point
+        from pipeline.io.part_store import PartWriteError, batch_key
 
         fault_point("ray.engine_batch", until=lambda: self.why is not None)
         questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
         ids = [q.id for q in questions]
         skipped = int(sum(batch["skipped"]))
-        key = _batch_key(ids)
-        dead = self._begin(key)
+        key = batch_key(ids)
+        self.turns.enter()
         try:
-            if dead and len(dead) >= self.replica.cfg.ray.batch_deaths:
+            dead = self._begin(key)
+            if poison(dead, self.replica.cfg.ray.batch_deaths):
                 report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead))
             else:
-                report = self.replica.answer(questions, ids, skipped)
+                with self.turns.alone() if dead else self.turns.shared():
+                    if dead and self.control is not None:  # its death, if it dies now, is its own
+                        self.control.alone.remote(key, os.getpid())
+                    report = self.replica.answer(questions, ids, skipped)
+        except PartWriteError as err:  # the store refuses the part after its retries: the job ends with this line
+            report = {"fatal": f"engine replica {self.actor_id[:8]}: {err}"}
         except Exception:
             if self.control is None:
                 raise
             self._park()  # the engine failed: this process exits for a restart, or the driver ends the job
-        if not report["complete"] and self.why not in (None, "the job is stopping"):
+        if "fatal" not in report and not report["complete"] and self.why not in (None, "the job is stopping"):
             self._park()  # drained part way for its node: the batch goes to the restarted actor
         if self.control is not None:
             self.control.end.remote(key)
             self.begun.discard(key)
-        return {"part": [report["part"]], "report": [json.dumps(report)]}
+        self.turns.leave(returned=key)
+        return {"part": [report.get("part", "")], "report": [json.dumps(report)]}
 
-    @staticmethod
-    def _park() -> NoReturn:
+    def _park(self) -> NoReturn:
         """No result for Ray Data: once this process is gone (`_on_ended`), Ray Data sends the batch to the
-        restarted actor (its part, keyed by the batch's questions, then replaced)."""
+        restarted actor (its staged attempt never committed)."""
+        self.turns.leave()
         threading.Event().wait()
         raise AssertionError("unreachable")
 
@@ -181,15 +208,18 @@ class EngineActor:
         self.replica.drain(self.replica.cfg.answer.drain_s, "SIGTERM")
 
     def _watch(self) -> None:
-        """Ask the driver what to do, every WATCH_S (also this replica's heartbeat): drain when it says so."""
+        """Ask the driver what to do, every WATCH_S, from the constructor's start until the replica has ended:
+        the heartbeat, with its progress; drain when the driver says so."""
         import ray
 
-        while self.replica.state.value in ("starting", "serving"):
-            got = ray.get(self.control.instructions.remote(self.actor_id))
-            if got is not None:
+        while not self._ended.is_set():
+            replica = self.replica
+            progress = replica.progress() if replica is not None else 0
+            got = ray.get(self.control.instructions.remote(self.actor_id, progress, self.turns.busy))
+            if got is not None and replica is not None and replica.state.value in ("starting", "serving"):
                 seconds, why = got
                 self.why = self.why or why
-                self.replica.drain(seconds, why)
+                replica.drain(seconds, why)
             time.sleep(WATCH_S)
 
     def _on_ended(self, state) -> None:
@@ -199,6 +229,7 @@ class EngineActor:
         the driver ends the job with the budget's line). The driver's own drain: stay (the job is ending)."""
         from pipeline.runtime.replica import State
 
+        self._ended.set()
         if state is State.FAILED:
             if self.control is None:
                 return
@@ -219,8 +250,26 @@ class EngineActor:
                 ray.get([self.control.end.remote(key) for key in list(self.begun)])
                 ray.get(self.control.drained.remote(self.actor_id))
             log.warning("engine actor %d: drained (%s) and written; exiting", os.getpid(), self.why)
-        # not Ray's own exit: it waits for the calls still running, and those hold batches only partly
-        # answered, which Ray Data sends to the restarted actor once this process is gone
+        threading.Thread(target=self._exit_once_committed, name="dynrag-exit", daemon=True).start()
+
+    def _exit_once_committed(self) -> None:
+        """Exit once every call has returned its result (or parked) and the driver has committed the batches
+        this process returned (at most COMMIT_WAIT_S): a drained replica's last batches reach the driver,
+        instead of being answered again elsewhere. Not Ray's own exit: it waits for the calls still running,
+        and those hold batches only partly answered, which Ray Data sends to the restarted actor once this
+        process is gone."""
+        import ray
+
+        returned = self.turns.wait_idle(COMMIT_WAIT_S)
+        deadline = time.monotonic() + COMMIT_WAIT_S
+        while self.control is not None and returned and time.monotonic() < deadline:
+            try:
+                if ray.get(self.control.all_committed.remote(sorted(returned)), timeout=WATCH_S * 5):
+                    break
+            except Exception as err:  # the driver is gone: nothing more to wait for
+                log.debug("commit wait: %s", err)
+                break
+            time.sleep(0.2)
         os._exit(1)
 
 
@@ -256,10 +305,72 @@ def _own_group() -> str | None:
     return group.id.hex() if group is not None else None
 
 
-def _batch_key(ids: list[str]) -> str:
-    import hashlib
+def poison(dead: list[dict], batch_deaths: int) -> bool:
+    """Whether a batch whose earlier attempts died as `dead` is given up (its questions become error rows): it
+    died `batch_deaths` times, once at least while it was alone in its process (`Turns.alone`). A batch only
+    held beside one that killed the process is then answered alone, and lives."""
+    return len(dead) >= batch_deaths and any(d.get("alone") for d in dead)
 
-    return hashlib.sha1("\n".join(sorted(ids)).encode()).hexdigest()[:16]
+
+class Turns:
+    """The batches a replica process answers at once: shared (the default, several at a time) or one alone (a
+    batch whose earlier attempt died with its process: run with nothing beside it, so that a death then is its
+    own). `returned`: the keys of the batches whose results this process returned."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._sharing = 0  # batches answering, shared
+        self._alone = False  # one batch answering alone
+        self._queued_alone = 0  # batches waiting to answer alone (shared ones wait behind them)
+        self._calls = 0  # calls inside __call__, not parked
+        self.returned: set[str] = set()
+
+    def enter(self) -> None:
+        with self._cond:
+            self._calls += 1
+
+    def leave(self, returned: str | None = None) -> None:
+        with self._cond:
+            self._calls -= 1
+            if returned:
+                self.returned.add(returned)
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def shared(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._alone and not self._queued_alone)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sharing -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def alone(self):
+        with self._cond:
+            self._queued_alone += 1
+            self._cond.wait_for(lambda: not self._alone and not self._sharing)
+            self._queued_alone -= 1
+            self._alone = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._alone = False
+                self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        return self._calls > 0
+
+    def wait_idle(self, timeout: float) -> set[str]:
+        """Wait (at most `timeout`) until no call is inside `__call__`; the keys returned."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._calls <= 0, timeout)
+            return set(self.returned)
 
 
 def _poison_cause(dead: list[dict]) -> str:
@@ -313,6 +424,7 @@ def answer_with_ray(
     import ray
 
     from indexing.raytools import init_ray, ray_address
+    from pipeline.io.part_store import attempt_key
     from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_control import RunControl
@@ -375,14 +487,15 @@ def answer_with_ray(
             ),
             **engine_actor_options(cfg, gpus, groups),
         )
-        seen: set[str] = set()  # parts reported: a retried batch reports its part again
         stream = ds.iter_batches(batch_size=None, batch_format="numpy")
         for got in supervisor.watching(stream):
-            for part, report in zip(got["part"], got["report"]):
-                if part and part in seen:
-                    continue
-                seen.add(part)
-                yield json.loads(report)
+            for part, text in zip(got["part"], got["report"]):
+                report = json.loads(text)
+                if "fatal" in report:
+                    raise DynragError(report["fatal"])
+                yield report  # committed by the driver (commit.py) before this generator goes on
+                if part:
+                    control.committed.remote(attempt_key(part).rsplit("-", 1)[-1])
             if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
                 log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
                 break
@@ -485,9 +598,13 @@ class Supervisor:
                 if self.drain is not None and self.drain.requested and not asked:
                     asked, drained_at = True, time.monotonic()
                     self.control.request.remote(self.drain.seconds)
-                self.control.set_draining.remote(draining_nodes())
-                line = ray.get(self.control.fatal.remote()) or stalled(
-                    ray.get(self.control.last_seen.remote()), t0, time.time(), self.cfg.ray.replica_wait_s
+                draining = draining_nodes()
+                self.control.set_draining.remote(draining)
+                self.control.set_lost.remote([*draining, *(n["NodeID"] for n in ray.nodes() if not n["Alive"])])
+                line = (
+                    ray.get(self.control.fatal.remote())
+                    or stalled(ray.get(self.control.last_seen.remote()), t0, time.time(), self.cfg.ray.replica_wait_s)
+                    or ray.get(self.control.stuck.remote(time.time(), self.cfg.ray.stall_s))
                 )
             except Exception as err:  # the cluster is going away: the stream's own error says why
                 log.debug("supervisor: %s", err)

@@ -107,6 +107,7 @@ class Replica:
         self._ended_told = False
         self._loop: threading.Thread | None = None
         self._first_call: float | None = None
+        self._delivered = 0  # outcomes delivered
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> Replica:
@@ -246,8 +247,14 @@ class Replica:
             if seconds:
                 log.warning("replica %s: %s, draining (up to %.0f s)", self.where.get("pid", ""), why, seconds)
 
+    def progress(self) -> int:
+        """A count that grows with each outcome and each backend call the engine completes (the driver's stall
+        watch reads it)."""
+        return self._delivered + (self.engine.calls_made() if self.engine is not None else 0)
+
     def _deliver(self, outcomes: list) -> None:
         with self._lock:
+            self._delivered += len(outcomes)
             for o in outcomes:
                 self._waiting.pop(id(o.question)).add(o)
 

@@ -1,0 +1,197 @@
+"""The driver's commit of a run's batches: parts/ holds each question exactly once, as any Parquet reader counts it.
+
+Writers stage each attempt of a batch under `<out>/_attempts/` (`PartWriter`); the driver, the one committer,
+moves the first attempt it hears of per batch key to `parts/part-<run id>-<batch key>.parquet` and removes
+the others (a batch answered twice: an actor drained or lost after writing, before its result came back).
+Readers of parts/ never see an attempt. A rerun (`open`) first removes what an earlier run left staged,
+then repairs a folder that holds a question twice (written before this commit existed, or a driver killed
+between a commit and the removal of the row it superseded), so that after any end of a job and a rerun the
+folder reads each question once. A question whose row is a "system" error row is answered again by a rerun;
+once its new row is committed, the old one is removed from its part (`_supersede`).
+
+    with committing(out, run_id) as committer:
+        done = committer.open()                     # the ids a rerun skips
+        for report in committer.each(runner):       # each report names its staged attempt; now its part
+            ...
+    summarize(out, parts=committer.parts)           # close() removed this run's attempts left staged
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_parts, write_table
+from pipeline.io.part_store import ATTEMPTS, attempt_key, with_retries
+
+log = logging.getLogger(__name__)
+
+_KEY = ["question_id", "finished_at", "error", "error_kind"]
+
+
+class Committer:
+    def __init__(self, out: str, run_id: str):
+        self.out, self.run_id = out, run_id
+        self.fs, self.base = _fs(out)
+        self.parts: list[str] = []  # what the run's summary reads: the parts at its start and those it committed
+        self.committed: dict[str, str] = {}  # batch key -> its part
+        self._system_errors: dict[str, str] = {}  # question id -> the part holding its "system" error row
+        self._emptied: set[str] = set()  # parts removed, every row of theirs superseded
+
+    # -- the start ----------------------------------------------------------------------------------
+    def open(self) -> set[str]:
+        """Remove every staged attempt (an earlier run's, never committed), repair the parts so that each question
+        has one row, and return the ids a rerun skips: every row but a "system" error row (or an error row of a
+        part older than error_kind), which is answered again."""
+        self._remove_attempts("")
+        listed = part_files(self.out)
+        kept = self._deduplicate(listed)
+        self.parts = [p for p in listed if p not in self._emptied]
+        done = set()
+        for q, err, kind, part in zip(
+            *kept.select(["question_id", "error", "error_kind", "_part"]).to_pydict().values()
+        ):
+            if err is None or kind == "input":
+                done.add(q)
+            else:
+                self._system_errors[q] = listed[part]
+        return done
+
+    def _deduplicate(self, parts: list[str]) -> pa.Table:
+        """Keep one row a question over `parts` (`keep_one`): rewrite each part holding a row another part's row
+        of its question supersedes, without it. Returns the rows kept (key columns, `_part`: index in `parts`)."""
+        tables = [_numbered(read_parts(self.out, _KEY, [p]), i) for i, p in enumerate(parts)]
+        rows = (
+            pa.concat_tables(tables, promote_options="default")
+            if tables
+            else _numbered(read_parts(self.out, _KEY, []), 0)
+        )
+        kept = keep_one(rows)
+        if kept.num_rows == rows.num_rows:
+            return kept
+        keep = set(zip(kept["_part"].to_pylist(), kept["_row"].to_pylist()))
+        drop: dict[int, list[int]] = {}
+        for p, r in zip(rows["_part"].to_pylist(), rows["_row"].to_pylist()):
+            if (p, r) not in keep:
+                drop.setdefault(p, []).append(r)
+        for p, positions in drop.items():
+            self._rewrite_without(parts[p], positions)
+        log.warning("repaired %s: %d rows of questions written twice removed", self.out, rows.num_rows - kept.num_rows)
+        return kept
+
+    # -- each batch ---------------------------------------------------------------------------------
+    def commit(self, report: dict[str, Any]) -> dict[str, Any] | None:
+        """Commit the staged attempt a batch's report names (its "part" becomes the committed part); None for an
+        attempt of a batch already committed (removed: its rows are on disk once already)."""
+        attempt = report.get("part")
+        if not attempt:
+            return report
+        key = attempt_key(attempt)
+        if key in self.committed:
+            self._remove(attempt)
+            return None
+        part = f"{self.base}/parts/part-{key}.parquet"
+        self._move(attempt, part)
+        self.committed[key] = part
+        self.parts.append(part)
+        if self._system_errors:
+            self._supersede(part)
+        return {**report, "part": part}
+
+    def each(self, reports: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """`reports` committed one by one (`commit`), those of a batch already committed left out. Each is
+        committed before the next is asked of `reports`, so a runner resuming after its yield knows it is."""
+        for staged in reports:
+            report = self.commit(staged)
+            if report is not None:
+                yield report
+
+    def _supersede(self, part: str) -> None:
+        """Remove the older "system" error rows of the questions `part` answers again."""
+        ids = read_parts(self.out, ["question_id"], [part])["question_id"].to_pylist()
+        by_part: dict[str, set[str]] = {}
+        for q in ids:
+            if q in self._system_errors:
+                by_part.setdefault(self._system_errors.pop(q), set()).add(q)
+        for old, qs in by_part.items():
+            table = read_parts(self.out, ["question_id"], [old])
+            positions = [i for i, q in enumerate(table["question_id"].to_pylist()) if q in qs]
+            self._rewrite_without(old, positions)
+
+    def _rewrite_without(self, part: str, positions: list[int]) -> None:
+        """Rewrite `part` without its rows at `positions` (removed when none is left); atomic per file."""
+        table = read_parts(self.out, None, [part])
+        gone = set(positions)
+        mask = pa.array([i not in gone for i in range(table.num_rows)])
+        rest = table.filter(mask)
+        if rest.num_rows:
+            write_table(self.fs, part, rest)
+        else:
+            self._remove(part)
+            self._emptied.add(part)
+            self.parts = [p for p in self.parts if p != part]
+
+    # -- the end ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Remove this run's attempts still staged (a batch drained part way on a node that went, then answered
+        whole elsewhere). A zombie's attempt written after this stays staged until the next run's `open`. On an
+        object store, which no job can lock (output_lock.py), another job may have answered some of the same
+        questions meanwhile: the parts are deduplicated again, the last job to end seeing every part."""
+        self._remove_attempts(f"{self.run_id}-")
+        if not _is_local(self.fs):
+            try:
+                self.fs.invalidate_cache()
+                self._deduplicate(list(dict.fromkeys([*self.parts, *part_files(self.out)])))
+            except Exception as exc:  # the rerun's open repairs what this could not
+                log.warning("could not deduplicate %s (%s: %s); a rerun does", self.out, type(exc).__name__, exc)
+
+    # -- storage ------------------------------------------------------------------------------------
+    def _move(self, src: str, dst: str) -> None:
+        if _is_local(self.fs):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            os.replace(src, dst)  # atomic: the part appears whole
+            return
+        with_retries(f"committing {dst}", lambda: self.fs.copy(src, dst))  # one object, whole (S3 CopyObject)
+        self._remove(src)
+
+    def _remove(self, path: str) -> None:
+        try:
+            with_retries(f"removing {path}", lambda: self.fs.rm(path))
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # an attempt left staged is never read; the next run's open removes it
+            log.warning("could not remove %s (%s: %s)", path, type(exc).__name__, exc)
+
+    def _remove_attempts(self, prefix: str) -> None:
+        folder = f"{self.base}/{ATTEMPTS}"
+        try:
+            self.fs.invalidate_cache(folder)
+            found = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
+        except FileNotFoundError:
+            return
+        for path in found:
+            if path.rsplit("/", 1)[-1].startswith(prefix):
+                self._remove(path)
+
+
+def _numbered(table: pa.Table, part: int) -> pa.Table:
+    """`table` with each row's part (its index in the parts listed) and its position in that part."""
+    n = table.num_rows
+    return table.append_column("_part", pa.array([part] * n, pa.int32())).append_column(
+        "_row", pa.array(range(n), pa.int32())
+    )
+
+
+@contextlib.contextmanager
+def committing(out: str, run_id: str) -> Iterator[Committer]:
+    """A Committer of `out`, closed on the way out whatever the end (success, an error, an interrupt)."""
+    committer = Committer(out, run_id)
+    try:
+        yield committer
+    finally:
+        committer.close()
