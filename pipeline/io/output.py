@@ -29,7 +29,6 @@ import pyarrow.parquet as pq
 
 from indexing.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome
-from pipeline.evaluation.metrics import answer_metrics, support_recall
 from pipeline.io.part_store import (  # noqa: F401  (PartLedger, part_key, transient: part of this module's API)
     PartLedger,
     drop_covered_attempts,
@@ -37,6 +36,7 @@ from pipeline.io.part_store import (  # noqa: F401  (PartLedger, part_key, trans
     transient,
     with_retries,
 )
+from pipeline.text.metrics import answer_metrics, support_recall
 
 log = logging.getLogger(__name__)
 
