@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -275,6 +276,17 @@ class RuntimeConfig(Section):
 class MethodConfig(Section):
     name: str = Field("sr-rag", description="method to run (dynrag methods lists them)")
     params: dict[str, Any] = Field(default_factory=dict, description="method parameters, validated by the method")
+
+
+def run_params(method_params: str | dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
+    """The method params (the rows' JSON text, or a run summary's dict); a None that means "the retrieval
+    section's value" (k, retriever) resolved from the config (the saved one, or the run's as a dict)."""
+    if isinstance(method_params, dict):
+        params = dict(method_params)
+    else:
+        params = json.loads(method_params) if method_params else {}
+    retrieval = config.get("retrieval", {})
+    return {k: retrieval.get(k) if v is None and k in retrieval else v for k, v in params.items()}
 
 
 class DatasetConfig(Section):
