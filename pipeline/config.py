@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -277,6 +278,17 @@ class MethodConfig(Section):
     params: dict[str, Any] = Field(default_factory=dict, description="method parameters, validated by the method")
 
 
+def run_params(method_params: str | dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
+    """The method params (the rows' JSON text, or a run summary's dict); a None that means "the retrieval
+    section's value" (k, retriever) resolved from the config (the saved one, or the run's as a dict)."""
+    if isinstance(method_params, dict):
+        params = dict(method_params)
+    else:
+        params = json.loads(method_params) if method_params else {}
+    retrieval = config.get("retrieval", {})
+    return {k: retrieval.get(k) if v is None and k in retrieval else v for k, v in params.items()}
+
+
 class DatasetConfig(Section):
     format: Literal[
         "auto",
@@ -464,6 +476,17 @@ class DynragConfig(Section):
             ),
             resolve_model=functools.partial(resolve_model, cache_dir=self.paths.cache_dir),
         )
+
+
+def replica_share(cfg: DynragConfig) -> float:
+    """The share of its GPU a replica owns: `ray.actor_num_gpus` where Ray replicas share GPUs (below 1), else 1."""
+    g = cfg.ray.actor_num_gpus
+    return g if cfg.runtime.mode == "ray" and 0 < g < 1 else 1.0
+
+
+def vllm_utilization(cfg: DynragConfig) -> float:
+    """vLLM's gpu_memory_utilization: as configured, else vLLM's default 0.9 of the replica's share."""
+    return cfg.generation.engine_kwargs.gpu_memory_utilization or round(0.9 * replica_share(cfg), 4)
 
 
 def _describe(err: ValidationError) -> str:

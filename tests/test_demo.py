@@ -17,8 +17,8 @@ import pipeline.assets.embedded as embedded
 import pipeline.backends as backends_module
 from jobs.cli import main, setup_logging
 from jobs.quiet import divert_logs
-from pipeline.assets.demo_questions import answerable, demo_questions, sections_by_title
 from pipeline.engine.requests import Question
+from pipeline.io.demo_questions import answerable, demo_questions, sections_by_title
 
 
 def q(qid: str, question: str, *answers: str) -> Question:

@@ -11,10 +11,10 @@ from fakes import PIECE, FakeAttention, MemoryRetriever
 
 from jobs.bench.simulated import tokenized
 from pipeline.backends import Backends
+from pipeline.backends.dragin_math import word_spans
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Completion, Question, TokenLogprob
-from pipeline.methods.dragin_math import word_spans
 from pipeline.methods.registry import get_method
 
 PASSAGES = [
@@ -151,7 +151,7 @@ def test_attention_backend_one_padded_pass_equals_single_forwards(tmp_path_facto
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.backends.attention import AttentionPass
-    from pipeline.methods.dragin_math import entropy
+    from pipeline.backends.dragin_math import entropy
 
     path = tiny_model_path(tmp_path_factory)
     backend = AttentionPass(DynragConfig(), None, model_path=str(path))

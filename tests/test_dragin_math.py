@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.methods.dragin import complete, cot_prompt, table9
-from pipeline.methods.dragin_math import (
+from pipeline.backends.dragin_math import (
     Candidate,
     candidates_for,
     entropy,
@@ -19,6 +18,7 @@ from pipeline.methods.dragin_math import (
     truncate,
     word_spans,
 )
+from pipeline.methods.dragin import complete, cot_prompt, table9
 
 # "the Nile flows" as four tokens: "the", " Nile", " flo", "ws"
 TEXT = "the Nile flows"
@@ -110,7 +110,7 @@ def test_abbreviations_and_decimals_end_no_sentence():
 
 
 def test_sentence_relative_attention_has_mean_one_per_sentence():
-    from pipeline.methods.dragin_math import sentence_relative
+    from pipeline.backends.dragin_math import sentence_relative
 
     text = "Ann ran. Bo is up."  # not "A b. C d e.": spaCy reads a single letter and a period as an initial
     offs = [(0, 3), (3, 7), (7, 8), (8, 11), (11, 14), (14, 17), (17, 18)]  # "Ann"," ran","."," Bo"," is"," up","."

@@ -287,7 +287,7 @@ def test_classifier_auc_labels_judged_pairs_by_paragraph_id_as_recall_does():
     import json as _json
 
     from jobs.eval.drrag import judged_pairs
-    from pipeline.evaluation.metrics import is_gold_document
+    from pipeline.text.metrics import is_gold_document
 
     golds = {"q1": (["Paris", "France"], ["pParis1", "pFrance"])}
     judged = [

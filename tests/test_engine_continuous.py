@@ -12,11 +12,11 @@ from fakes import FakeAttention, MemoryRetriever
 
 from jobs.bench.simulated import SimGenerator, SimScorer
 from pipeline.backends import Backends, register_backend
-from pipeline.backends.streaming import InFlight, StreamingGenerator
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Retrieve, SamplingSpec
+from pipeline.engine.streaming import InFlight, StreamingGenerator
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 

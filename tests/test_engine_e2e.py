@@ -12,9 +12,9 @@ from engine_fixtures import HOTPOT, build_hotpot_index, supporting_titles_raw
 
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.evaluation.metrics import answer_metrics
 from pipeline.io.output import SCHEMA, part_files
 from pipeline.runtime.answer import run_answer
+from pipeline.text.metrics import answer_metrics
 
 N = 15  # the HotpotQA dev questions of the fixture kit: the same run with or without the whole kit
 

@@ -108,7 +108,7 @@ def test_error_rows_are_counted_and_shown(tmp_path):
 
 def test_worked_example_from_predictions_to_the_table(tmp_path):
     """SQuAD normalisation end to end: per-row metrics from predictions, means in the table."""
-    from pipeline.evaluation.metrics import answer_metrics
+    from pipeline.text.metrics import answer_metrics
 
     cases = [
         ("The Eiffel Tower!", ["Eiffel Tower"]),  # articles and punctuation dropped: EM 1

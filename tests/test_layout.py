@@ -1,13 +1,39 @@
-"""The tree's rules, checked on the real import graph (grimp; imports inside functions count too):
-`indexing` is a library below `pipeline` and `jobs` (type-only imports count), and no two modules of the
-project import each other in a cycle when run (an `if TYPE_CHECKING:` import, there to name a type, is not
-run: a retriever module may name the `Index` that imports it)."""
+"""The tree's rules, checked on the real import graph (grimp parses every module; imports inside functions
+count too): `indexing` is a library below `pipeline` and `jobs` (type-only imports count), `pipeline/` is a
+stack of layers (`LAYERS`) that import only downward, and no two modules of the project import each other in
+a cycle when run (an `if TYPE_CHECKING:` import, there to name a type, is not run: a retriever module may name
+the `Index` that imports it). A failure names each offending import by file and line."""
+
+from pathlib import Path
 
 import grimp
 import networkx as nx
 import pytest
 
 PACKAGES = ("indexing", "pipeline", "jobs")
+ROOT = Path(__file__).resolve().parent.parent
+
+# pipeline/'s layers, lowest first (README "Layout" lists them top down): a module of one may import its own
+# layer and those below it, never one above; a layer is a subpackage, or config.py or errors.py
+LAYERS = (
+    "errors",
+    "text",
+    "assets",
+    "config",
+    "engine",
+    "io",
+    "classifier",
+    "backends",
+    "methods",
+    "runtime",
+    "evaluation",
+)
+
+# upward imports that wait for a change elsewhere, each with what cuts it; an entry that no longer holds fails
+WAITING = {
+    ("pipeline.backends", "pipeline.methods.registry"): "generation.streaming=auto looks up each method's one_call "
+    "(backends.streams): cut when runtime/answer.py passes that fact to Backends instead of the methods' names",
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +52,21 @@ def edges(graph):
     return [(m, dep) for m in graph.modules for dep in graph.find_modules_directly_imported_by(m)]
 
 
+def where(graph, importer: str, imported: str) -> str:
+    """`file:line` of each place where `importer` imports `imported`."""
+    parts = importer.split(".")
+    module = Path(*parts).with_suffix(".py")
+    file = module if (ROOT / module).is_file() else Path(*parts, "__init__.py")
+    lines = sorted(d["line_number"] for d in graph.get_import_details(importer=importer, imported=imported))
+    return ", ".join(f"{file}:{n}" for n in lines) or str(file)
+
+
+def layer(module: str) -> str | None:
+    """The pipeline layer of `module`: `pipeline.<layer>[...]`; None outside pipeline/ (and its __init__)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "pipeline" and len(parts) > 1 else None
+
+
 def test_indexing_imports_neither_pipeline_nor_jobs(graph):
     bad = [
         (m, dep)
@@ -40,10 +81,38 @@ def test_pipeline_does_not_import_jobs(graph):
     assert not bad, f"pipeline must not import jobs: {bad}"
 
 
+def test_pipeline_imports_only_downward_between_its_layers(graph):
+    unknown, upward, waiting = set(), [], []
+    for m, dep in edges(graph):
+        a, b = layer(m), layer(dep)
+        if a is None or b is None or a == b:
+            continue
+        unknown |= {x for x in (a, b) if x not in LAYERS}
+        if a in LAYERS and b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
+            (waiting if (m, dep) in WAITING else upward).append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
+    assert not unknown, f"not in test_layout.LAYERS (place them there): {sorted(unknown)}"
+    assert not upward, "imports from a higher layer of pipeline/:\n" + "\n".join(sorted(upward))
+    stale = [f"{m} -> {dep}" for m, dep in WAITING if dep not in graph.find_modules_directly_imported_by(m)]
+    assert not stale, f"WAITING lists imports that are gone (remove them): {stale}"
+
+
+def test_the_readme_lists_pipelines_layers_top_down():
+    """README "Layout" names each layer on its own row, in LAYERS' order from the top, so a reader sees the rule."""
+    rows = [
+        line.split("`")[1] for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `pipeline/")
+    ]
+    named = [r.removeprefix("pipeline/").removesuffix("/").removesuffix(".py") for r in rows]
+    assert [n for n in named if n in LAYERS] == list(reversed(LAYERS)), named
+
+
 def test_no_import_cycle_between_modules(run_graph):
     g = nx.DiGraph(edges(run_graph))
     cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
-    assert not cycles, f"import cycles: {cycles}"
+    shown = [
+        "; ".join(f"{where(run_graph, m, dep)} imports {dep}" for m in c for dep in c if g.has_edge(m, dep))
+        for c in cycles
+    ]
+    assert not cycles, "import cycles:\n" + "\n".join(shown)
 
 
 def test_only_configuration_and_errors_directly_under_pipeline(graph):
@@ -63,3 +132,17 @@ def test_the_checks_see_a_cycle_and_a_forbidden_import():
         test_indexing_imports_neither_pipeline_nor_jobs(bad)
     with pytest.raises(AssertionError, match="import cycles"):
         test_no_import_cycle_between_modules(bad)
+    upward = grimp.ImportGraph()
+    for m in (
+        "pipeline",
+        "pipeline.engine",
+        "pipeline.engine.core",
+        "pipeline.evaluation",
+        "pipeline.evaluation.table",
+    ):
+        upward.add_module(m)
+    upward.add_import(
+        importer="pipeline.engine.core", imported="pipeline.evaluation.table", line_number=7, line_contents=""
+    )
+    with pytest.raises(AssertionError, match=r"pipeline/engine/core.py:7: engine imports pipeline.evaluation.table"):
+        test_pipeline_imports_only_downward_between_its_layers(upward)

@@ -3,7 +3,7 @@
 import pytest
 
 from indexing.passages import paragraph_id
-from pipeline.evaluation.metrics import (
+from pipeline.text.metrics import (
     accuracy,
     answer_metrics,
     exact_match,

@@ -1,4 +1,4 @@
-"""OrphanGuard (pipeline/runtime/orphan_guard.py): processes it guards die when their owner is SIGKILLed, and
+"""OrphanGuard (pipeline/backends/orphan_guard.py): processes it guards die when their owner is SIGKILLed, and
 survive a normal `close()`. With a real vLLM engine: tests/test_faults_orphans.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fault_tools import ROOT
 
 OWNER = textwrap.dedent("""
     import subprocess, sys, time
-    from pipeline.runtime.orphan_guard import OrphanGuard
+    from pipeline.backends.orphan_guard import OrphanGuard
     guard = OrphanGuard()
     child = subprocess.Popen(["sleep", "600"])
     if sys.argv[1] == "close":

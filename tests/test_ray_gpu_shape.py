@@ -10,8 +10,8 @@ import pytest
 from ray_jobs import assert_each_question_once, fake_gpu_cluster, live_groups, run_job
 
 from indexing.device import owns_gpu
-from pipeline.config import load_config
-from pipeline.runtime.gpu_plan import plan_gpu, replica_share, vllm_utilization
+from pipeline.config import load_config, replica_share, vllm_utilization
+from pipeline.runtime.gpu_plan import plan_gpu
 
 pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
 

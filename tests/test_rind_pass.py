@@ -11,8 +11,7 @@ from engine_fixtures import captured_ids, tiny_model_path
 from fakes import MemoryRetriever
 from test_dragin_engine import PASSAGES, VllmLike, attention_item
 
-from pipeline.config import DynragConfig
-from pipeline.methods.dragin_math import (
+from pipeline.backends.dragin_math import (
     cannot_trigger,
     entropy,
     entropy_upper_bound,
@@ -23,6 +22,7 @@ from pipeline.methods.dragin_math import (
     semantic_mask,
     sentence_relative,
 )
+from pipeline.config import DynragConfig
 
 EXEMPLARS = "Question: Who wrote Dracula?\nAnswer: Bram Stoker wrote it. So the answer is Bram Stoker.\n\n" * 2
 

@@ -1,4 +1,4 @@
-"""Streaming generators' futures (pipeline/backends/streaming.py): a prompt whose future fails or is
+"""Streaming generators' futures (pipeline/engine/streaming.py): a prompt whose future fails or is
 cancelled resolves every waiter with that error as its result; the simulated generator skips a cancelled
 prompt; vLLM's per-prompt coroutine leaves the flight even when cancelled (no vLLM started)."""
 
@@ -13,8 +13,8 @@ import pytest
 from fakes import CancellingGenerator
 
 from jobs.bench.simulated import SimGenerator
-from pipeline.backends.streaming import InFlight, generate_all
 from pipeline.engine.requests import Completion, SamplingSpec
+from pipeline.engine.streaming import InFlight, generate_all
 
 
 def _bounded(fn, timeout: float = 10):

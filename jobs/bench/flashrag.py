@@ -119,7 +119,7 @@ def agreement(a: dict, b: dict, normalized: bool = False, no_answer: str | None 
     """Same predictions (the stripped string; `normalized`: the SQuAD-normalised answer, for methods whose two
     pipelines shape their final answers differently; `no_answer`: a side's placeholder for no answer, read as
     "") and mean overlap |top-k ∩ top-k| / k of the two sides."""
-    from pipeline.evaluation.metrics import normalize_answer
+    from pipeline.text.metrics import normalize_answer
 
     def said(side: dict, q: str) -> str:
         text = (side["predictions"][q] or "").strip()

@@ -42,7 +42,7 @@ def startup_text(side: dict) -> str:
 
 def answer_scores(predictions: dict[str, str], golds: dict[str, list[str]]) -> dict[str, float]:
     """Mean EM and F1 of the predictions (dynrag's metrics: SQuAD normalisation, best over the gold answers)."""
-    from pipeline.evaluation.metrics import answer_metrics
+    from pipeline.text.metrics import answer_metrics
 
     rows = [answer_metrics(p or "", golds.get(q, [])) for q, p in predictions.items()]
     rows = [r for r in rows if r["em"] is not None]

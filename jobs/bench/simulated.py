@@ -33,9 +33,9 @@ import numpy as np
 
 from indexing.hits import Hit
 from pipeline.backends.chat import cut_at_stop
-from pipeline.backends.streaming import InFlight, StreamingGenerator
+from pipeline.backends.dragin_math import candidates_for
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
-from pipeline.methods.dragin_math import candidates_for
+from pipeline.engine.streaming import InFlight, StreamingGenerator
 from pipeline.methods.search_agent import Tags
 from pipeline.methods.search_o1 import TAGS as SEARCH_O1
 from pipeline.methods.search_r1 import TAGS as SEARCH_R1

@@ -15,7 +15,7 @@ import hashlib
 import re
 from typing import Any
 
-from pipeline.evaluation.metrics import normalize_answer
+from pipeline.text.metrics import normalize_answer
 
 ANSWER = "Answer:"
 

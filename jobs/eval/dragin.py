@@ -18,8 +18,9 @@ import logging
 from pathlib import Path
 
 from jobs.cli import csv_choice
+from pipeline.config import run_params
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
-from pipeline.evaluation.runs import extra_summary, run_params
+from pipeline.evaluation.runs import extra_summary
 
 # table column -> the methods' own count in each row's `extra`
 EXTRA_COLUMNS = {

@@ -144,7 +144,7 @@ def judged_pairs(rows: list[dict], golds: dict[str, tuple[list[str], list[str]]]
     question no gold ids (`golds` lacks it: then the row's gold titles)."""
     import json
 
-    from pipeline.evaluation.metrics import is_gold_document
+    from pipeline.text.metrics import is_gold_document
 
     scores, labels = [], []
     for r in rows:

@@ -1,7 +1,7 @@
 """Backends behind small interfaces, created lazily on first use by `Backends`.
 
 - generation: `generate(prompts, samplings, chats) -> list[Completion | Exception]` (vLLM or transformers),
-  and a streaming generator's `submit(prompt, sampling, chat) -> Future` (streaming.py)
+  and a streaming generator's `submit(prompt, sampling, chat) -> Future` (pipeline/engine/streaming.py)
 - retrieval:  `search(queries, k, retriever) -> list[list[Hit]]` (an index from `indexing.open_index`)
 - scoring:    `score(items, classifier) -> list[float]` (cross-encoders)
 - embedding:  `embed(texts, model) -> ndarray` (sentence-transformers)
@@ -143,7 +143,7 @@ class Backends:
 
     @property
     def streams(self) -> bool:
-        """The generator takes prompts one by one (`submit`, pipeline/backends/streaming.py)."""
+        """The generator takes prompts one by one (`submit`, pipeline/engine/streaming.py)."""
         return hasattr(self.generator, "submit")
 
     def submit(self, prompt, sampling, chat) -> Future:

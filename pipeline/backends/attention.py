@@ -22,7 +22,7 @@ answer so far); every generated token may be picked too. One result per item (a 
 
 An item may carry `skip_bound`: {"theta", "attention_norm", "top_logprobs": one list of the generator's top
 log-probabilities per generated token}. Where that bound proves no token's RIND score can exceed theta
-(pipeline/methods/dragin_math.py, `rind_upper_bound`), the pass is skipped and the result is
+(pipeline/backends/dragin_math.py, `rind_upper_bound`), the pass is skipped and the result is
 {"skipped": True, "offsets": ...}; the bound needs the model's vocabulary size, which this backend knows.
 
 The pass computes only what RIND and QFS read (pipeline/backends/rind_pass.py): SDPA below the last
@@ -63,8 +63,7 @@ import numpy as np
 from pipeline.backends import authors_attention as authors
 from pipeline.backends import register_backend
 from pipeline.backends.detok import clip, detokenize
-from pipeline.errors import DynragError
-from pipeline.methods.dragin_math import (
+from pipeline.backends.dragin_math import (
     cannot_trigger,
     entropy,
     entropy_upper_bound,
@@ -72,6 +71,7 @@ from pipeline.methods.dragin_math import (
     rind_upper_bound,
     word_spans,
 )
+from pipeline.errors import DynragError
 
 log = logging.getLogger(__name__)
 

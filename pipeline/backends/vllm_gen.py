@@ -23,7 +23,7 @@ from indexing.device import cuda_available
 from pipeline.assets.models import resolve_model
 from pipeline.backends.chat import encode, window_check
 from pipeline.backends.detok import clip, detokenize
-from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype
+from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype, vllm_utilization
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.errors import EngineDead
 
@@ -64,7 +64,7 @@ def llm_kwargs(
     """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given. In a Ray engine
     replica (`ray_replica`) a tensor-parallel engine runs its workers as Ray actors in the replica's placement
     group (ray_resources.py), as Ray Data LLM runs them. `utilization`: vLLM's share of the GPU where the
-    configuration leaves it open (gpu_plan.vllm_utilization: 0.9 of a replica's share of its GPU)."""
+    configuration leaves it open (config.vllm_utilization: 0.9 of a replica's share of its GPU)."""
     kwargs: dict[str, Any] = dict(
         model=path,
         dtype=resolve_dtype(g.dtype, gpu),
@@ -97,8 +97,7 @@ class VllmGenerator:
         if not gpu:
             configure_cpu_env(g.kv_cache_gib)
         t0 = time.perf_counter()
-        from pipeline.runtime.gpu_plan import vllm_utilization
-        from pipeline.runtime.orphan_guard import OrphanGuard
+        from pipeline.backends.orphan_guard import OrphanGuard
 
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:

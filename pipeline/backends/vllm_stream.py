@@ -1,6 +1,6 @@
 """Generation with vLLM's async engine (`AsyncLLM`): each prompt is submitted as it comes and delivered
 when its sequence finishes, so there are no call boundaries (a streaming generator,
-pipeline/backends/streaming.py). The continuous engine submits every Generate request at once and vLLM's
+pipeline/engine/streaming.py). The continuous engine submits every Generate request at once and vLLM's
 scheduler keeps its batch full; `generate` (the lockstep engine) submits a batch and waits for all.
 Settings, tokenization and outputs are `VllmGenerator`'s; the engine's asyncio loop runs in a thread.
 A prompt's future is its asyncio task's (`run_coroutine_threadsafe`): a task cancelled at shutdown
@@ -15,9 +15,9 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from pipeline.backends.streaming import InFlight, StreamingGenerator, resolved
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator, as_engine_dead
 from pipeline.engine.requests import Completion, SamplingSpec
+from pipeline.engine.streaming import InFlight, StreamingGenerator, resolved
 from pipeline.errors import BackendError
 
 

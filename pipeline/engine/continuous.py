@@ -9,7 +9,7 @@ when the batch is full (`caps`, in items), when no batch is in flight anywhere (
 or when its oldest request has waited `batch_wait_s` (other lanes' results may bring more). Batches are
 served by the same `BaseEngine.serve` as the lockstep engine, with the same accounting.
 
-A streaming generator (`pipeline/backends/streaming.py`) has no generate lane: each Generate request's
+A streaming generator (`pipeline/engine/streaming.py`) has no generate lane: each Generate request's
 prompts are submitted as soon as it is made, and the program advances when its last prompt is done, so a
 32-token answer never waits for a 128-token pseudo-context that happened to be in the same call.
 
@@ -27,11 +27,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from pipeline.backends.streaming import collect, resolved
 from pipeline.config import FORWARD_BATCH, DynragConfig
 from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Call, Question, Request
+from pipeline.engine.streaming import collect, resolved
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.config import run_params
 from pipeline.errors import DynragError
 from pipeline.io.output import part_files, read_rows, summarize
 
@@ -79,17 +80,6 @@ def resolved_config(run_dir: str) -> dict[str, Any]:
         return {}
     with fs.open(p, "r") as fh:
         return yaml.safe_load(fh) or {}
-
-
-def run_params(method_params: str | dict[str, Any] | None, config: dict[str, Any]) -> dict[str, Any]:
-    """The method params (the rows' JSON text, or a run summary's dict); a None that means "the retrieval
-    section's value" (k, retriever) resolved from the config (the saved one, or the run's as a dict)."""
-    if isinstance(method_params, dict):
-        params = dict(method_params)
-    else:
-        params = json.loads(method_params) if method_params else {}
-    retrieval = config.get("retrieval", {})
-    return {k: retrieval.get(k) if v is None and k in retrieval else v for k, v in params.items()}
 
 
 def load_run(path: str, label: str | None = None) -> Run:

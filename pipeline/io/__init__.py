@@ -1,1 +1,2 @@
-"""Questions in, rows out: dataset loaders, Parquet output rows, the output folder's lock."""
+"""Questions in, rows out: dataset loaders (and the demo's pick of packaged questions), Parquet output rows, the
+output folder's lock."""

@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 from indexing.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome
-from pipeline.evaluation.metrics import answer_metrics, support_recall
 from pipeline.io.part_store import (  # noqa: F401  (transient: part of this module's API)
     ATTEMPTS,
     PartWriteError,
@@ -35,6 +34,7 @@ from pipeline.io.part_store import (  # noqa: F401  (transient: part of this mod
     transient,
     with_retries,
 )
+from pipeline.text.metrics import answer_metrics, support_recall
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from indexing.hits import Hit
-from pipeline.evaluation.metrics import normalize_answer
+from pipeline.text.metrics import normalize_answer
 
 ALPHA_SLOPE, ALPHA_INTERCEPT = 0.058, 0.455  # Eq. (8), fitted on 5,000 HotpotQA train queries
 

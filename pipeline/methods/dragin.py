@@ -48,6 +48,18 @@ from pydantic import Field, field_validator
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
 from indexing.hits import Hit
+from pipeline.backends.dragin_math import (
+    Candidate,
+    ends_sentence,
+    first_above,
+    qfs_query,
+    rind,
+    semantic_mask,
+    sentence_relative,
+    sentence_spans,
+    truncate,
+    word_spans,
+)
 from pipeline.engine.requests import (
     Answer,
     Call,
@@ -63,18 +75,6 @@ from pipeline.errors import DynragError
 from pipeline.methods import dragin_authors as authors
 from pipeline.methods.dragin_authors import SWITCH as AUTHORS_SWITCH
 from pipeline.methods.dragin_authors import AuthorsPrompt
-from pipeline.methods.dragin_math import (
-    Candidate,
-    ends_sentence,
-    first_above,
-    qfs_query,
-    rind,
-    semantic_mask,
-    sentence_relative,
-    sentence_spans,
-    truncate,
-    word_spans,
-)
 from pipeline.methods.prompts import SO_THE_ANSWER_IS, extract_answer, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.templates import PromptTemplate, check_template

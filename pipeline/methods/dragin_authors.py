@@ -30,9 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from indexing.hits import Hit
 from pipeline.backends.authors_attention import word_means
+from pipeline.backends.dragin_math import sentence_spans
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec
 from pipeline.errors import DynragError
-from pipeline.methods.dragin_math import sentence_spans
 
 SPLIT_WORDS = ("Question:", "#10000000", "Note:")  # where their eval.py cuts an answer
 MARK = "the answer is"

@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from indexing.hits import Hit
+from pipeline.backends.dragin_math import sentence_spans
 from pipeline.engine.requests import (
     Answer,
     Completion,
@@ -44,7 +45,6 @@ from pipeline.engine.requests import (
     SamplingSpec,
 )
 from pipeline.methods.dragin import EXEMPLARS
-from pipeline.methods.dragin_math import sentence_spans
 from pipeline.methods.prompts import extract_answer, marked_answer
 from pipeline.methods.registry import MethodParams, register_method
 from pipeline.methods.templates import PromptTemplate, check_template

@@ -27,10 +27,9 @@ from collections.abc import Generator
 from typing import Any
 
 from indexing.faults import fault_point
-from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml
+from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml, run_params
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
-from pipeline.evaluation.runs import run_params
 from pipeline.io.commit import Committer
 from pipeline.io.datasets import load_questions, pending_questions
 from pipeline.io.output import PartWriter, batch_report, read_json, summarize, write_json

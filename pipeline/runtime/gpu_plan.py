@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape, place_index
-from pipeline.config import DynragConfig
+from pipeline.config import DynragConfig, replica_share, vllm_utilization
 from pipeline.errors import DynragError
 
 if TYPE_CHECKING:
@@ -180,17 +180,6 @@ def replica_models(cfg: DynragConfig, dense_index: bool, pooled: frozenset[str] 
             if _on_gpu(cfg.classifier.device) and (Path(folder) / "dynrag-classifier.json").is_file():
                 needs.append(ModelNeed(f"classifier {Path(folder).name}", weights_bytes(folder, 4)))
     return tuple(needs)
-
-
-def replica_share(cfg: DynragConfig) -> float:
-    """The share of its GPU a replica owns: `ray.actor_num_gpus` where Ray replicas share GPUs (below 1), else 1."""
-    g = cfg.ray.actor_num_gpus
-    return g if cfg.runtime.mode == "ray" and 0 < g < 1 else 1.0
-
-
-def vllm_utilization(cfg: DynragConfig) -> float:
-    """vLLM's gpu_memory_utilization: as configured, else vLLM's default 0.9 of the replica's share."""
-    return cfg.generation.engine_kwargs.gpu_memory_utilization or round(0.9 * replica_share(cfg), 4)
 
 
 class StatesResources(Protocol):

@@ -424,8 +424,8 @@ def answer_with_ray(
     import ray
 
     from indexing.raytools import init_ray, ray_address
+    from pipeline.backends.orphan_guard import OrphanGuard
     from pipeline.io.part_store import attempt_key
-    from pipeline.runtime.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_control import RunControl
     from pipeline.runtime.ray_logs import route_ray_worker_output

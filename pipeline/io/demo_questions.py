@@ -28,7 +28,7 @@ _QUALIFIER = re.compile(r"\s*\([^()]*\)\s*$")
 def sections_by_title(sections: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
     """Normalised title without its "(qualifier)" -> the normalised `title text` of its sections, padded
     with spaces so that ` alias ` finds whole words."""
-    from pipeline.evaluation.metrics import normalize_answer
+    from pipeline.text.metrics import normalize_answer
 
     out: dict[str, list[str]] = {}
     for title, text in sections:
@@ -41,7 +41,7 @@ def sections_by_title(sections: Iterable[tuple[str, str]]) -> dict[str, list[str
 def answerable(questions: Iterable[Question], sections: dict[str, list[str]], n: int) -> Iterator[Question]:
     """The first `n` of `questions` (order kept) that name a title of `sections` (see sections_by_title)
     whose section holds a normalised gold alias."""
-    from pipeline.evaluation.metrics import normalize_answer
+    from pipeline.text.metrics import normalize_answer
 
     longest = max((len(t.split()) for t in sections), default=0)
     found = 0

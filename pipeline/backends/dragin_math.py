@@ -1,5 +1,5 @@
 """DRAGIN's equations on plain arrays (Su et al., ACL 2024, Section 3), shared by the attention backend
-and the `dragin`/`flare` methods, and unit-tested on hand-made numbers.
+beside them and the `dragin`/`flare` methods above, and unit-tested on hand-made numbers.
 
 - RIND (Sec. 3.1): S(t_i) = H_i * a_max(i) * s_i (Eq. 5), with H_i the entropy of the next-token
   distribution that produced t_i (Eq. 1), a_max(i) = max over later tokens j > i of the last-layer

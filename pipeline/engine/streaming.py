@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from pipeline.engine.requests import Completion
+from pipeline.engine.requests import Completion, Prompt, SamplingSpec
 
 
 class InFlight:
@@ -90,7 +90,9 @@ def collect(futures: list[Future], finish: Callable[[list, list[float]], None]) 
         f.add_done_callback(one_done)
 
 
-def generate_all(submit: Callable[..., Future], prompts, samplings, chats) -> list:
+def generate_all(
+    submit: Callable[..., Future], prompts: Sequence[Prompt], samplings: Sequence[SamplingSpec], chats: Sequence[bool]
+) -> list:
     """A batch `generate` on a streaming generator: submit every prompt, return when all are done. Waits on
     each future in turn, not with `concurrent.futures.wait`, which counts a future cancelled by its holder
     (not by its producer) as still pending until the producer notices."""
@@ -102,6 +104,6 @@ class StreamingGenerator:
     """A streaming generator's batch `generate`, over the `submit(prompt, sampling, chat) -> Future` a subclass
     defines (not declared here: `Backends.streams` asks whether the generator has one)."""
 
-    def generate(self, prompts, samplings, chats) -> list:
+    def generate(self, prompts: Sequence[Prompt], samplings: Sequence[SamplingSpec], chats: Sequence[bool]) -> list:
         # `submit` is a subclass's: not declared here, as Backends.streams tests for it with hasattr
         return generate_all(self.submit, prompts, samplings, chats)  # type: ignore[attr-defined]

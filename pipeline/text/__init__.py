@@ -1,0 +1,2 @@
+"""Text below every other layer: SQuAD answer normalisation and the answer metrics (EM, F1, accuracy,
+gold-document recall), used by the methods, the output rows and the evaluation alike."""
