@@ -478,15 +478,15 @@ class DynragConfig(Section):
         )
 
 
-def replica_share(cfg: DynragConfig) -> float:
-    """The share of its GPU a replica owns: `ray.actor_num_gpus` where Ray replicas share GPUs (below 1), else 1."""
+def replica_share(cfg: DynragConfig, ray_replica: bool) -> float:
+    """The share of its GPU a replica owns: `ray.actor_num_gpus` in a Ray replica sharing its GPU (below 1), else 1."""
     g = cfg.ray.actor_num_gpus
-    return g if cfg.runtime.mode == "ray" and 0 < g < 1 else 1.0
+    return g if ray_replica and 0 < g < 1 else 1.0
 
 
-def vllm_utilization(cfg: DynragConfig) -> float:
+def vllm_utilization(cfg: DynragConfig, ray_replica: bool) -> float:
     """vLLM's gpu_memory_utilization: as configured, else vLLM's default 0.9 of the replica's share."""
-    return cfg.generation.engine_kwargs.gpu_memory_utilization or round(0.9 * replica_share(cfg), 4)
+    return cfg.generation.engine_kwargs.gpu_memory_utilization or round(0.9 * replica_share(cfg, ray_replica), 4)
 
 
 def _describe(err: ValidationError) -> str:

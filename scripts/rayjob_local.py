@@ -7,8 +7,10 @@ and the sizes a 2-core machine needs. It is submitted through Ray's Jobs API (Jo
 `dynrag answer` runs as Ray runs an entrypoint (RAY_ADDRESS set by Ray's job supervisor), and must use the
 cluster's workers. Run once undisturbed, then again with Ray's pre-emption drain notice
 (`ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds 60`) sent to a worker
-holding an engine replica once rows exist; the worker is removed at the deadline and a replacement added.
-Prints JSON per run: the job's status, wall seconds, rows, distinct questions, error rows, where each
+holding an engine replica once rows exist; the worker is removed once its replicas have exited (or at the
+deadline) and a replacement added.
+Prints JSON per run: the job's status, wall seconds, the rows, distinct questions and error rows that
+pyarrow.dataset counts in the output's parts/ folder (no dedup), where each
 replica answered (node, pid), and the drain's events. Exit 1 unless the disturbed job SUCCEEDED with every
 question once and no error row.
 
@@ -51,7 +53,7 @@ SIZES = [  # what a 2-core machine needs in place of cluster/dynrag.yaml's GPU s
     "ray.retrieval_actor_resources={}",
     "ray.scorer_actors=0",
     "ray.batch_questions=5",
-    "ray.actor_batches=2",
+    "answer.max_in_flight=16",  # two cores batch no more usefully; the batches held follow (ray.actor_batches unset)
     "index.threads=1",
     "index.jvm_heap_mb=512",
 ]
@@ -91,15 +93,18 @@ def free_port() -> int:
 
 
 def stored_rows(out: str) -> tuple[int, int, int]:
-    """(rows, distinct questions, error rows) under `out` (a folder or a URI), each question's last row."""
+    """(rows, distinct questions, error rows) in `out`/parts/ (a folder or a URI) as pyarrow.dataset reads the
+    folder: every row stored, no dynrag reader, no dedup."""
     import fsspec
+    import pyarrow.dataset as pads
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-    from pipeline.io.output import part_files, read_rows
-
-    fsspec.core.url_to_fs(out)[0].invalidate_cache()  # s3fs caches listings: the job's actors wrote these
-    if not part_files(out):
+    fs, path = fsspec.core.url_to_fs(out)
+    fs.invalidate_cache()  # s3fs caches listings: the job's actors and driver wrote these
+    if not fs.exists(f"{path}/parts"):
         return 0, 0, 0
-    table = read_rows(out, ["question_id", "error"]).to_pydict()
+    folder = pads.dataset(f"{path}/parts", format="parquet", filesystem=PyFileSystem(FSSpecHandler(fs)))
+    table = folder.to_table(columns=["question_id", "error"]).to_pydict()
     ids = table["question_id"]
     return len(ids), len(set(ids)), sum(e is not None for e in table["error"])
 
@@ -184,7 +189,7 @@ def run(cluster, client, args, index, out: str, preempt: bool, limit: int | None
             gone = all(not Path(f"/proc/{p}").exists() for p in pids)
             if gone and "replica_exited_s" not in event:
                 event["replica_exited_s"] = round(time.monotonic() - t0, 1)  # it drained and went on its own
-            if time.monotonic() - t0 >= event["notice_s"] + args.deadline:
+            if "replica_exited_s" in event or time.monotonic() - t0 >= event["notice_s"] + args.deadline:
                 victim = next(n for n in cluster.worker_nodes if n.node_id[:8] == event["node"])
                 cluster.remove_node(victim, allow_graceful=False)
                 event["removed_s"] = round(time.monotonic() - t0, 1)

@@ -57,9 +57,11 @@ def run_job(
     scale: float = 0.02,
     make_backends=None,
     dataset: Path | None = None,
+    out: str | None = None,
 ) -> list[dict]:
     """`answer_with_ray` of n questions on `cluster` (SimBackends(scale) unless `make_backends`; the questions
-    of `dataset`, else n generated ones); each batch's report (also given to `on_report`)."""
+        of `dataset`, else n generated ones) into `out` (default tmp_path/out), committed as run_answer's driver
+    commits; each batch's report (also given to `on_report`)."""
     import json
 
     from jobs.bench.simulated import SimBackends
@@ -77,7 +79,7 @@ def run_job(
             *overrides,
         ]
     )
-    out = str(tmp_path / "out")
+    out = out or str(tmp_path / "out")
     if dataset is None:
         dataset = tmp_path / "questions.jsonl"
         dataset.write_text(

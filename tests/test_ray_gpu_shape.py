@@ -26,13 +26,14 @@ def test_owning_a_gpu_is_what_ray_assigned_where_ray_assigns():
 
 def test_a_replica_sharing_a_gpu_plans_its_share_and_gives_vllm_its_part():
     half = load_config(overrides=["runtime.mode=ray", "ray.actor_num_gpus=0.5"])
-    assert replica_share(half) == 0.5 and vllm_utilization(half) == 0.45
+    assert replica_share(half, True) == 0.5 and vllm_utilization(half, True) == 0.45
+    assert replica_share(half, False) == 1.0 and vllm_utilization(half, False) == 0.9  # in-process: the whole GPU
     whole = load_config(overrides=["runtime.mode=ray"])
-    assert replica_share(whole) == 1.0 and vllm_utilization(whole) == 0.9
+    assert replica_share(whole, True) == 1.0 and vllm_utilization(whole, True) == 0.9
     given = load_config(
         overrides=["runtime.mode=ray", "ray.actor_num_gpus=0.5", "generation.engine_kwargs.gpu_memory_utilization=0.3"]
     )
-    assert vllm_utilization(given) == 0.3
+    assert vllm_utilization(given, True) == 0.3
     plan = plan_gpu(80 * GiB, 0.45, share=0.5)
     assert plan.budget == 40 * GiB and "0.5 of 80.0 GiB" in plan.describe()
     with pytest.raises(ValueError, match=r"its share 0.5 of the GPU.*at most 0.49 here"):

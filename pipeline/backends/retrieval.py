@@ -39,15 +39,3 @@ class IndexRetriever:
 
     def close(self) -> None:
         self.index.close()
-
-
-def open_run_index(index: str, cfg: DynragConfig) -> tuple[dict, IndexRetriever | None]:
-    """A run's index, checked before any row is written: in-process opened once (its manifest and its
-    retriever, handed to the GPU plan and the backends); with Ray only its manifest read (and, for a local
-    folder, its files' sizes under index.verify=size): the actors pull, open and search it on their nodes."""
-    if cfg.runtime.mode == "ray":
-        from indexing.remote import index_manifest
-
-        return index_manifest(index, check_sizes=cfg.index.verify == "size"), None
-    retriever = IndexRetriever(index, cfg)
-    return retriever.index.manifest, retriever

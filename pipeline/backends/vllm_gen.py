@@ -97,11 +97,13 @@ class VllmGenerator:
         if not gpu:
             configure_cpu_env(g.kv_cache_gib)
         t0 = time.perf_counter()
+        from indexing.compat import in_ray_worker
         from pipeline.backends.orphan_guard import OrphanGuard
 
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
-            kwargs = llm_kwargs(g, str(path), gpu, cfg.runtime.mode == "ray", vllm_utilization(cfg))
+            in_ray = in_ray_worker()  # a Ray engine replica: its tensor-parallel workers are Ray actors in its group
+            kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray))
             self.llm = self._engine(kwargs)
         except BaseException:
             self._guard.close()

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from indexing.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome
+from pipeline.errors import first_line
 from pipeline.io.part_store import (  # noqa: F401  (transient: part of this module's API)
     ATTEMPTS,
     PartWriteError,
@@ -215,7 +216,7 @@ def write_table(fs: Any, path: str, table: pa.Table) -> str:
     try:
         with_retries(f"writing {path}", attempt)
     except Exception as exc:
-        raise PartWriteError(f"cannot write {_store(fs, path)}: {type(exc).__name__}: {exc}") from exc
+        raise PartWriteError(f"cannot write {_store(fs, path)}: {first_line(exc)}") from exc
     return path
 
 
@@ -241,11 +242,14 @@ class PartWriter:
         returns its path (None for no rows)."""
         if not rows:
             return None
+        fs, base = _fs(self.out)
         for name, text in self.header.items():
-            write_text(self.out, name, text)
+            try:
+                write_text(self.out, name, text)
+            except Exception as exc:
+                raise PartWriteError(f"cannot write {_store(fs, base)}/{name}: {first_line(exc)}") from exc
         self.header = {}
         ids = batch_ids if batch_ids is not None else [r["question_id"] for r in rows]
-        fs, base = _fs(self.out)
         name = f"{self.run_id}-{batch_key(ids)}-{uuid.uuid4().hex[:8]}.parquet"
         return write_table(fs, f"{base}/{ATTEMPTS}/{name}", pa.Table.from_pylist(rows, schema=SCHEMA))
 

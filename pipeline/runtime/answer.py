@@ -7,12 +7,10 @@
 
 Questions already answered under `out` (by id) are skipped, so rerunning after a kill resumes.
 
-In-process the driver reads the questions, runs the engine and writes each batch as a part. With
-`runtime.mode=ray` the driver reads only the dataset's first record (to fail fast on a missing or
-unreadable file) and the answered ids; the questions stream from the file through Ray Data and the
-engine actors write the parts (ray_runner.py); so a Ray rerun with nothing left to answer still starts
-Ray and the engine actors (not their models), where in-process nothing starts. Either way the driver
-gets one small report per batch (`batch_report`), from which it shows progress and sums the counts.
+The runner is chosen once (runners.py: in this process, or on Ray's engine actors); this driver is the same
+for both: it checks the inputs, takes the output's lock, opens the commit of the output (commit.py: the ids a
+rerun skips), and commits each batch's staged attempt as its report comes, counting rows, skips and calls,
+showing progress; then writes the summary.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Generator
 from typing import Any
 
 from indexing.faults import fault_point
@@ -32,10 +29,11 @@ from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.io.commit import Committer
 from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.io.output import PartWriter, batch_report, read_json, summarize, write_json
+from pipeline.io.output import batch_report, read_json, summarize, write_json
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
-from pipeline.runtime.gpu_plan import GpuPlanError, replica_gpu_plan
+from pipeline.runtime.gpu_plan import GpuPlanError
+from pipeline.runtime.runners import Batches, make_runner
 from pipeline.runtime.signals import Interrupted, stop_on_sigterm
 
 log = logging.getLogger(__name__)
@@ -46,19 +44,11 @@ _OUTPUT_FIELDS = ("model", "backend", "dtype", "temperature", "top_p", "max_new_
 
 
 def generation_dtype(cfg: DynragConfig) -> Dtype:
-    """generation.dtype resolved (resolve_dtype) for where the generator runs: with runtime.mode=ray on the
-    engine replicas, on a GPU when they ask for one (so a GPU config that ray.gpu_fallback runs on CPU keeps
-    bfloat16: give such a run an explicit dtype, as cluster/dynrag-local.yaml does); else in this process."""
+    """generation.dtype resolved (resolve_dtype) for where the generator runs: the runner's (runners.py)."""
     g = cfg.generation
     if g.dtype != "auto" or g.backend == "none":
         return resolve_dtype(g.dtype, cuda=False)
-    if cfg.runtime.mode == "ray":
-        from pipeline.runtime.ray_resources import replica_gpu_request
-
-        return resolve_dtype(g.dtype, cuda=replica_gpu_request(cfg) > 0)
-    from indexing.device import cuda_available
-
-    return resolve_dtype(g.dtype, cuda=cuda_available())
+    return resolve_dtype(g.dtype, cuda=make_runner(cfg).generator_on_gpu(cfg))
 
 
 def run_settings(cfg: DynragConfig, params: Any) -> dict[str, Any]:
@@ -129,11 +119,12 @@ def run_answer(
     spec = get_method(cfg.method.name)
     params = spec.params(cfg.method.params, cfg)
     bound = params.for_output(out)  # what the program runs with: the run's own state (ERM4's reservoir)
+    runner = make_runner(cfg)
     with contextlib.ExitStack() as stack:
         questions = load_questions(dataset, cfg)
         stack.callback(questions.close)
         first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
-        if cfg.runtime.mode == "ray":  # the actors read the dataset themselves (ray_questions.py)
+        if not runner.reads_dataset:  # its actors read the dataset themselves (ray_questions.py)
             questions.close()
         if backends is None:
             backends = preflight(cfg, index, stack)
@@ -145,8 +136,9 @@ def run_answer(
         for path in bound.state_files():
             stack.enter_context(state_lock(path))
         stack.enter_context(stop_on_sigterm(drain))
-        todo = None if cfg.runtime.mode == "ray" else itertools.chain(first, questions)
+        todo = itertools.chain(first, questions) if runner.reads_dataset else None
         return _run_answer(
+            runner,
             dataset,
             out,
             todo,
@@ -180,18 +172,10 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
     pool), on their own nodes. The
     index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used.
     `generator`: one already started (the demo starts it while the index builds), closed with the backends."""
-    backends = None
+    runner = make_runner(cfg)
     try:
-        manifest, retriever = open_run_index(index, cfg, stack) if index else ({}, None)
-        if cfg.runtime.mode != "ray":
-            from pipeline.backends import Backends
-
-            backends = Backends(cfg, retriever=retriever, generator=generator, methods=[cfg.method.name])
-            stack.callback(backends.close)
-            plan = replica_gpu_plan(cfg, retriever)  # None without CUDA; refuses a plan that does not fit
-            if retriever is not None:
-                retriever.place(plan.index if plan else None)
-                retriever.search(["preflight"], 1, cfg.retrieval.retriever)
+        manifest, retriever = runner.open_index(index, cfg, stack) if index else ({}, None)
+        backends = runner.backends(cfg, retriever, generator, stack)
     except GpuPlanError:
         raise  # its own message: the GPU's parts in GiB
     except Exception as exc:
@@ -202,28 +186,12 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
         analyzer = index_analyzer(manifest["settings"])  # what BM25 searches with: the run's config records it
         cfg.index.bm25_stemmer, cfg.index.bm25_stopwords = analyzer["stemmer"], analyzer["stopwords"]
     if cfg.generation.backend != "none":
-        from pipeline.assets.models import KNOWN_MODELS, ModelNotFound, resolve_model
-
-        name = cfg.generation.model
-        if cfg.runtime.mode != "ray":
-            resolve_model(name, cfg.paths.cache_dir)
-        elif name not in KNOWN_MODELS and not name.startswith((".", "/", "~")) and name.count("/") != 1:
-            # Ray: the name's form only; the replicas resolve (download) it on their own nodes
-            raise ModelNotFound(f"model {name!r} is not a known model, a folder, nor a hub name of the form org/name")
+        runner.check_model(cfg)
     return backends
 
 
-def open_run_index(index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]:
-    """backends.retrieval.open_run_index, its retriever (if any) closed by `stack`."""
-    from pipeline.backends.retrieval import open_run_index as open_index
-
-    manifest, retriever = open_index(index, cfg)
-    if retriever is not None:
-        stack.callback(retriever.close)
-    return manifest, retriever
-
-
 def _run_answer(
+    runner,
     dataset,
     out,
     questions,
@@ -267,41 +235,17 @@ def _run_answer(
     written = skipped = 0
     batch_calls: dict[str, int] = {}
     try:
-        if cfg.runtime.mode == "ray":
-            from indexing import pin_index
-            from pipeline.runtime.ray_runner import answer_with_ray
-
-            reports = answer_with_ray(
-                dataset,
-                out,
-                cfg,
-                pin_index(index) if index else None,  # one version for every replica, whatever is published
-                row_args,
-                header=header,
-                done=done,
-                limit=limit,
-                params=bound.model_dump(mode="json"),
-                drain=drain,
-            )
-        else:
-            counts: dict[str, int] = {}
+        counts: dict[str, int] = {}
+        pending = None
+        if questions is not None:  # streamed by this driver (a runner that reads no dataset itself)
             todo = pending_questions(questions, done, limit, counts)
-            head = list(itertools.islice(todo, 1))  # nothing to answer: no engine (nor model) starts
-            if head:
-                reports = _answer_local(
-                    itertools.chain(head, todo),
-                    counts,
-                    PartWriter(out, run_id, header),
-                    cfg,
-                    spec,
-                    bound,
-                    row_args,
-                    backends,
-                    drain,
-                    replica,
-                )
-            else:
-                reports = (r for r in [batch_report([], counts["skipped"], {})])
+            head = list(itertools.islice(todo, 1))
+            pending = itertools.chain(head, todo) if head else None
+        if questions is not None and pending is None:  # nothing to answer: no engine (nor model) starts
+            reports: Any = iter([batch_report([], counts["skipped"], {})])
+        else:
+            job = Batches(dataset, out, index, pending, counts, cfg, spec, bound, row_args, header, done, limit)
+            reports = runner.answer(job, backends=backends, drain=drain, replica=replica)
         with contextlib.closing(reports):
             for report in committer.each(reports):  # each batch's attempt committed, another of it dropped
                 written += report["rows"]
@@ -337,58 +281,10 @@ def _run_answer(
         "method_params": run_params(params.model_dump(mode="json"), cfg.model_dump(mode="json")),
         "config_hash": chash,
         "model": cfg.generation.model,
-        "runtime": cfg.runtime.mode,
+        "runtime": runner.name,
         "skipped_already_answered": skipped,
         "backend_batch_calls": batch_calls,
         **summarize(out, parts=committer.parts, wall_time_s=wall, new_rows=written),
     }
     write_json(out, "summary.json", summary)
     return summary
-
-
-def _answer_local(
-    todo, counts, writer, cfg, spec, params, row_args, backends, drain, shared=None
-) -> Generator[dict[str, Any], None, None]:
-    """Answer `todo` (pending_questions, counting into `counts`) through one Replica (replica.py) in batches of
-    `answer.batch_questions`, holding as many at once as a Ray engine actor does (`batches_held`), each
-    written as one part by `writer`; yields each batch's report as it is written. `backends` stay open
-    (their owner closes them); the generation model is loaded first (one error, not one per row).
-    `shared`: a started Replica serving other runs too, which answers this run's batches and stays open."""
-    import concurrent.futures as cf
-    import functools
-
-    from pipeline.runtime.replica import Replica, Run, batches_held
-
-    size = cfg.answer.batch_questions
-    replica = shared or Replica(cfg, spec, params, backends, writer, row_args, drain=drain).start()
-    answer = functools.partial(replica.answer, run=Run(spec.program, params, writer, row_args))
-    held = batches_held(cfg, size)
-    pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
-    reported = 0  # questions skipped as answered, reported so far
-    try:
-        batches, pending = _batched(todo, size), set[cf.Future]()
-        while True:
-            while len(pending) < held and not drain.requested:
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                pending.add(pool.submit(answer, batch))
-            if not pending:
-                break
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            for future in done:
-                report = future.result()
-                report["skipped"], reported = counts["skipped"] - reported, counts["skipped"]
-                yield report
-        if counts.get("skipped", 0) > reported:
-            yield batch_report([], counts["skipped"] - reported, {})
-    finally:
-        if shared is None:  # (a shared replica's batches in flight finish and are written; its owner closes it)
-            replica.close()  # on an interrupt, the batches in flight end with what finished
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _batched(items, n: int):
-    it = iter(items)
-    while batch := list(itertools.islice(it, n)):
-        yield batch

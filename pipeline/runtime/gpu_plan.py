@@ -194,6 +194,7 @@ def replica_gpu_plan(
     engine actor, whose GPUs are its vLLM workers': its models and index stay on the CPU). `retriever`: the
     replica's open index (None: none, or searched by a retrieval pool), whose stated resources name the FAISS
     index to place; the caller hands the plan's placement back to it."""
+    from indexing.compat import in_ray_worker
     from indexing.device import own_cuda
 
     if not own_cuda():
@@ -202,8 +203,9 @@ def replica_gpu_plan(
 
     total = int(torch.cuda.get_device_properties(0).total_memory)
     shape = retriever.resources().faiss if retriever is not None and "retrieval" not in pooled else None
-    utilization = vllm_utilization(cfg) if cfg.generation.backend == "vllm" else 0.0
+    in_ray = in_ray_worker()  # a Ray engine replica, which may own a share of its GPU
+    utilization = vllm_utilization(cfg, in_ray) if cfg.generation.backend == "vllm" else 0.0
     needs = replica_models(cfg, shape is not None, pooled)
-    plan = plan_gpu(total, utilization, needs, shape, cfg.index.faiss_gpu, share=replica_share(cfg))
+    plan = plan_gpu(total, utilization, needs, shape, cfg.index.faiss_gpu, share=replica_share(cfg, in_ray))
     log.info("%s", plan.describe())
     return plan

@@ -1,0 +1,187 @@
+"""Where an answer job's batches are answered, chosen once: `make_runner(cfg)` is the one place that reads
+`runtime.mode` for answering (as vLLM's `EngineCoreClient.make_client` chooses its client once).
+
+- `LocalRunner`: in this process. The driver streams the questions, one `Replica` answers them in batches
+  (replica.py), the index and the model are opened here and checked before any row is written.
+- `RayRunner`: on a Ray cluster. The questions stream from the dataset through Ray Data to engine actors, each
+  a `Replica` (ray_runner.py); the driver reads only the dataset's first record, the index's manifest and the
+  model's name, and leaves pulling, loading and searching to the actors on their own nodes.
+
+Both give the driver (answer.py) the same thing: one report per batch naming its staged attempt, which the
+driver commits (commit.py), so skips, progress, the ledger and the summary are counted once, for both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pipeline.config import DynragConfig
+from pipeline.engine.core import batched
+from pipeline.engine.drain import Drain
+
+
+@dataclass(frozen=True)
+class Batches:
+    """What a runner needs to answer a run's pending questions."""
+
+    dataset: str
+    out: str
+    index: str | None
+    questions: Any  # the pending questions (LocalRunner); None where the runner reads the dataset itself
+    counts: dict  # pending_questions' counts ("skipped")
+    cfg: DynragConfig
+    spec: Any
+    params: Any
+    row_args: dict
+    header: dict | None
+    done: set
+    limit: int | None
+
+
+class Runner(Protocol):
+    name: str
+    reads_dataset: bool  # whether the driver streams the questions to it (else it reads the dataset itself)
+
+    def generator_on_gpu(self, cfg: DynragConfig) -> bool: ...
+
+    def open_index(self, index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]: ...
+
+    def backends(self, cfg: DynragConfig, retriever: Any, generator: Any, stack: contextlib.ExitStack) -> Any: ...
+
+    def check_model(self, cfg: DynragConfig) -> None: ...
+
+    def answer(self, job: Batches, *, backends: Any, drain: Drain, replica: Any = None) -> Iterator[dict]: ...
+
+
+class LocalRunner:
+    name = "local"
+    reads_dataset = True
+
+    def generator_on_gpu(self, cfg: DynragConfig) -> bool:
+        from indexing.device import cuda_available
+
+        return cuda_available()
+
+    def open_index(self, index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]:
+        """The index opened once: its manifest and its retriever (closed by `stack`)."""
+        from pipeline.backends.retrieval import IndexRetriever
+
+        retriever = IndexRetriever(index, cfg)
+        stack.callback(retriever.close)
+        return retriever.index.manifest, retriever
+
+    def backends(self, cfg: DynragConfig, retriever: Any, generator: Any, stack: contextlib.ExitStack) -> Any:
+        """The run's backends (closed by `stack`), the index placed per the GPU plan and searched once."""
+        from pipeline.backends import Backends
+        from pipeline.runtime.gpu_plan import replica_gpu_plan
+
+        backends = Backends(cfg, retriever=retriever, generator=generator, methods=[cfg.method.name])
+        stack.callback(backends.close)
+        plan = replica_gpu_plan(cfg, retriever)  # None without CUDA; refuses a plan that does not fit
+        if retriever is not None:
+            retriever.place(plan.index if plan else None)
+            retriever.search(["preflight"], 1, cfg.retrieval.retriever)
+        return backends
+
+    def check_model(self, cfg: DynragConfig) -> None:
+        from pipeline.assets.models import resolve_model
+
+        resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+
+    def answer(self, job: Batches, *, backends: Any, drain: Drain, replica: Any = None) -> Iterator[dict]:
+        """Answer `job.questions` through one Replica (replica.py) in batches of `answer.batch_questions`, holding
+        as many at once as a Ray engine actor does (`batches_held`), each staged as one attempt; yields each
+        batch's report as it is written. `backends` stay open (their owner closes them); the generation model
+        is loaded first (one error, not one per row). `replica`: a started Replica serving other runs too
+        (an experiment's), which answers this run's batches and stays open."""
+        import concurrent.futures as cf
+        import functools
+
+        from pipeline.io.output import PartWriter, batch_report
+        from pipeline.runtime.replica import Replica, Run, batches_held
+
+        cfg, counts, size = job.cfg, job.counts, job.cfg.answer.batch_questions
+        writer = PartWriter(job.out, job.row_args["run_id"], job.header)
+        own = replica is None
+        replica = replica or Replica(cfg, job.spec, job.params, backends, writer, job.row_args, drain=drain).start()
+        answer = functools.partial(replica.answer, run=Run(job.spec.program, job.params, writer, job.row_args))
+        held = batches_held(cfg, size)
+        pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
+        reported = 0  # questions skipped as answered, reported so far
+        try:
+            batches, pending = batched(job.questions, size), set[cf.Future]()
+            while True:
+                while len(pending) < held and not drain.requested:
+                    batch = next(batches, None)
+                    if batch is None:
+                        break
+                    pending.add(pool.submit(answer, batch))
+                if not pending:
+                    break
+                done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+                for future in done:
+                    report = future.result()
+                    report["skipped"], reported = counts["skipped"] - reported, counts["skipped"]
+                    yield report
+            if counts.get("skipped", 0) > reported:
+                yield batch_report([], counts["skipped"] - reported, {})
+        finally:
+            if own:  # (a shared replica's batches in flight finish and are written; its owner closes it)
+                replica.close()  # on an interrupt, the batches in flight end with what finished
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class RayRunner:
+    name = "ray"
+    reads_dataset = False
+
+    def generator_on_gpu(self, cfg: DynragConfig) -> bool:
+        """On the engine replicas: a GPU when they ask for one (so a GPU config that ray.gpu_fallback runs on CPU
+        keeps bfloat16: give such a run an explicit dtype, as cluster/dynrag-local.yaml does)."""
+        from pipeline.runtime.ray_resources import replica_gpu_request
+
+        return replica_gpu_request(cfg) > 0
+
+    def open_index(self, index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]:
+        """The manifest only (and, for a local folder, its files' sizes under index.verify=size): nothing of the
+        index is pulled onto the driver, often a head node with no disk to spare."""
+        from indexing.remote import index_manifest
+
+        return index_manifest(index, check_sizes=cfg.index.verify == "size"), None
+
+    def backends(self, cfg: DynragConfig, retriever: Any, generator: Any, stack: contextlib.ExitStack) -> Any:
+        return None  # each actor builds its own
+
+    def check_model(self, cfg: DynragConfig) -> None:
+        """The name's form only: the replicas resolve (download) it on their own nodes."""
+        from pipeline.assets.models import KNOWN_MODELS, ModelNotFound
+
+        name = cfg.generation.model
+        if name not in KNOWN_MODELS and not name.startswith((".", "/", "~")) and name.count("/") != 1:
+            raise ModelNotFound(f"model {name!r} is not a known model, a folder, nor a hub name of the form org/name")
+
+    def answer(self, job: Batches, *, backends: Any, drain: Drain, replica: Any = None) -> Iterator[dict]:
+        """The actors' reports as they come (ray_runner.py); `backends` and `replica` are in-process only."""
+        from indexing import pin_index
+        from pipeline.runtime.ray_runner import answer_with_ray
+
+        return answer_with_ray(
+            job.dataset,
+            job.out,
+            job.cfg,
+            pin_index(job.index) if job.index else None,  # one version for every replica, whatever is published
+            job.row_args,
+            header=job.header,
+            done=job.done,
+            limit=job.limit,
+            params=job.params.model_dump(mode="json"),
+            drain=drain,
+        )
+
+
+def make_runner(cfg: DynragConfig) -> Runner:
+    """The runner of `runtime.mode`: the one choice of where a job's batches are answered."""
+    return RayRunner() if cfg.runtime.mode == "ray" else LocalRunner()
