@@ -291,7 +291,7 @@ def test_kuberay_grace_covers_the_drain_window():
         if name == "head":
             continue
         hook = " ".join(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"])
-        assert "ray drain-node --node-id \"$node\"" in hook and "DRAIN_NODE_REASON_PREEMPTION" in hook, name
+        assert 'ray drain-node --node-id "$node"' in hook and "DRAIN_NODE_REASON_PREEMPTION" in hook, name
         deadline = int(re.search(r"--deadline-remaining-seconds (\d+)", hook).group(1))
         waits = int(re.search(r"\$i -lt (\d+)", hook).group(1))
         assert window <= deadline < pod["terminationGracePeriodSeconds"] and waits <= deadline, name

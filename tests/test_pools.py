@@ -74,14 +74,8 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools():
     cfg = DynragConfig()
     cfg.method.name = "pairs"
     cfg.generation.backend = "none"
-    engine = EngineActor(
-        cfg.model_dump(mode="json"),
-        None,
-        {"run_id": "r"},
-        "memory://rows",
-        None,
-        {"retrieval": retrieval, "scorer": scorer},
-    )
+    run = {"out": "memory://rows", "method": "pairs", "row_args": {"run_id": "r"}, "header": None, "params": None}
+    engine = EngineActor(cfg.model_dump(mode="json"), None, [run], {"retrieval": retrieval, "scorer": scorer})
     b = engine.replica.backends  # no index (None) and no models: every part but the generator comes from a pool
     queries = [f"query {i}" for i in range(5)]
     assert b.search(queries, 3, "bm25") == SimRetriever().search(queries, 3)

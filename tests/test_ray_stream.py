@@ -163,3 +163,51 @@ def test_ray_reads_questions_from_and_writes_rows_to_s3(s3, ray_cluster, data_di
     assert rows[0] == rows[1]
     assert all(p.rsplit("/", 1)[1].startswith(f"part-{theirs['run_id']}-") for p in part_files(remote))
     assert fs.exists(f"{bucket}/run/run.json")
+
+
+def test_question_source_serves_several_runs_from_one_read(data_dir, tmp_path):
+    """An experiment's runs over one file: one read, each question once for each run that has not answered it,
+    each run's skips counted on its own rows."""
+    from pipeline.runtime.ray_questions import QuestionSource
+
+    path = _dataset(data_dir, tmp_path / "q.jsonl")
+    cfg = DynragConfig()
+    every = [q.id for q in datasets.load_questions(str(path), cfg)]
+    dones = [{every[0]}, {every[1], every[4]}]
+    rows = [r for t in QuestionSource(str(path), cfg, dones, 5, 2).read_blocks() for r in t.to_pylist()]
+    for run, done in enumerate(dones):
+        mine = [r for r in rows if r["run"] == run]
+        assert [json.loads(r["q"])["id"] for r in mine if r["q"]] == [q for q in every[:5] if q not in done]
+        assert sum(r["skipped"] for r in mine) == len(done)
+
+
+def test_an_experiment_on_ray_answers_its_runs_at_once_as_in_process(data_dir, tmp_path_factory, tmp_path, ray_cluster):
+    """Two methods through one set of engine actors (one Ray job, their batches side by side): the same rows per
+    run as in-process, each run's parts in its own folder, each question once on disk, the runs overlapping."""
+    from on_disk import assert_each_question_once
+
+    from pipeline.evaluation.experiment import MethodRun, run_methods
+
+    index = str(build_hotpot_index(data_dir, tmp_path_factory, 20))
+    dataset = str(_dataset(data_dir, tmp_path / "questions.jsonl"))
+    cfg = DynragConfig()
+    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
+    cfg.generation.backend = "transformers"
+    cfg.generation.max_new_tokens = 8
+    cfg.answer.progress = False
+    cfg.answer.batch_questions = 2
+    cfg.retrieval.k = 2
+    runs = [MethodRun("sr-rag", "sr-rag", {"k": 2}), MethodRun("no-retrieval", "no-retrieval", {})]
+    local = run_methods(dataset, index, runs, cfg, tmp_path / "local")
+    ray_cfg = cfg.model_copy(deep=True)
+    ray_cfg.runtime.mode, ray_cfg.ray.actors, ray_cfg.ray.actor_num_cpus = "ray", 1, 0.5
+    theirs = run_methods(dataset, index, runs, ray_cfg, tmp_path / "ray")
+    assert [s["runtime"] for s in theirs] == ["ray", "ray"] and [s["rows"] for s in theirs] == [8, 8]
+    spans = []
+    for r, mine, their in zip(runs, local, theirs):
+        assert _rows(tmp_path / "ray" / r.label) == _rows(tmp_path / "local" / r.label), r.label
+        assert (their["errors"], their["new_rows"]) == (mine["errors"], mine["new_rows"])
+        assert_each_question_once(tmp_path / "ray" / r.label, 8, errors=2)
+        done = pl.read_parquet(f"{tmp_path / 'ray' / r.label}/parts/*.parquet")["finished_at"]
+        spans.append((done.min(), done.max()))
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # answered at once, not one after the other

@@ -155,15 +155,12 @@ def run_methods(
     the runs are answered together through one engine (`concurrent_runs`); else one after another.
     `each(run, summary)` is called after every run, in order (e.g. to print a table line)."""
     from pipeline.backends import Backends
+    from pipeline.runtime.runners import make_runner
 
-    own = backends is None
+    runner = make_runner(cfg)
+    own = backends is None and runner.in_process  # (on Ray each engine actor builds its own)
     backends = Backends(cfg, index, methods=[r.method for r in runs]) if own else backends
-    together = (
-        len(runs) > 1
-        and cfg.answer.runs == "concurrent"
-        and cfg.runtime.mode != "ray"
-        and not _share_state(runs, cfg, out)
-    )
+    together = len(runs) > 1 and cfg.answer.runs == "concurrent" and not _share_state(runs, cfg, out)
 
     def one(r: MethodRun, replica=None) -> dict:
         from pipeline.runtime.answer import run_answer
@@ -195,7 +192,7 @@ def run_methods(
 
     summaries = []
     try:
-        results = concurrent_runs(runs, one, cfg, backends) if together else (one(r) for r in runs)
+        results = concurrent_runs(runs, one, cfg, runner, backends, out) if together else (one(r) for r in runs)
         for r, s in zip(runs, results):
             summaries.append(s)
             if each is not None:
@@ -219,23 +216,32 @@ def _share_state(runs: list[MethodRun], cfg: DynragConfig, out: Path) -> bool:
     return False
 
 
-def concurrent_runs(runs: list[MethodRun], one, cfg: DynragConfig, backends) -> Iterator[dict]:
-    """`one(run, replica)` for every run at once, each in its own thread, all answered by one shared Replica
-    (one engine and admission queue over `backends`: every run's questions in one stream, batched together);
-    yields the summaries in the order of `runs`. SIGTERM drains them all (each run raises Interrupted after
-    writing what finished, as alone); a failed run's error is raised once the runs before it are yielded."""
+def concurrent_runs(runs: list[MethodRun], one, cfg: DynragConfig, runner, backends, out: Path) -> Iterator[dict]:
+    """`one(run, shared)` for every run at once, each in its own thread, all answered by what the runner shares
+    (runners.py: in-process one Replica over `backends`, one engine and admission queue; on Ray one set of
+    engine actors): every run's questions in one stream, batched together; yields the summaries in the order of
+    `runs`. SIGTERM drains them all (each run raises Interrupted after writing what finished, as alone); a
+    failed run's error is raised once the runs before it are yielded."""
     from concurrent.futures import ThreadPoolExecutor
 
     from pipeline.engine.drain import Drain
-    from pipeline.runtime.replica import Replica
     from pipeline.runtime.signals import stop_on_sigterm
 
     drain = Drain(cfg.answer.drain_s)
-    shared = Replica(cfg, None, None, backends, None, {}, drain=drain).start()
+    shared = runner.shared(len(runs), cfg, backends, drain)
+
+    def each(r: MethodRun) -> dict:
+        try:
+            return one(r, shared)
+        except BaseException:
+            if hasattr(shared, "withdraw"):  # Ray's runs start together: the others go without this one
+                shared.withdraw(str(out / r.label))
+            raise
+
     pool = ThreadPoolExecutor(len(runs), thread_name_prefix="dynrag-run")
     try:
         with stop_on_sigterm(drain):
-            futures = [pool.submit(one, r, shared) for r in runs]
+            futures = [pool.submit(each, r) for r in runs]
             for f in futures:
                 yield f.result()
     finally:

@@ -124,7 +124,7 @@ def run_answer(
         questions = load_questions(dataset, cfg)
         stack.callback(questions.close)
         first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
-        if not runner.reads_dataset:  # its actors read the dataset themselves (ray_questions.py)
+        if not runner.in_process:  # its actors read the dataset themselves (ray_questions.py)
             questions.close()
         if backends is None:
             backends = preflight(cfg, index, stack)
@@ -136,7 +136,7 @@ def run_answer(
         for path in bound.state_files():
             stack.enter_context(state_lock(path))
         stack.enter_context(stop_on_sigterm(drain))
-        todo = itertools.chain(first, questions) if runner.reads_dataset else None
+        todo = itertools.chain(first, questions) if runner.in_process else None
         return _run_answer(
             runner,
             dataset,

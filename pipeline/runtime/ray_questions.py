@@ -13,9 +13,10 @@ head node, where the driver runs, has none, as Ray's docs advise). Ray's
 every row), splits lines at other characters than the loader (U+2028, form feeds) and numbers none, and
 ids, duplicates and the format are decided in file order anyway, so a file is one sequential read.
 
-Rows: `q` (a Question as JSON) and `skipped` (questions dropped as answered just before it). The skips
-after the last question come as a final row with no `q`, so the engine actors' reports add up to the
-in-process count. The read depends only on the file and `done`, so a retried read task yields the same
+Rows: `q` (a Question as JSON), `skipped` (questions dropped as answered just before it) and `run` (which of the
+job's runs it is for: an experiment answers its runs over one file at once, each with its own answered ids).
+The skips after the last question come as a final row with no `q`, so the engine actors' reports add up to
+the in-process count. The read depends only on the file and `done`, so a retried read task yields the same
 rows.
 """
 
@@ -32,8 +33,11 @@ from pipeline.config import DynragConfig
 from pipeline.engine.core import batched
 
 
-def question_dataset(source: str, cfg: DynragConfig, done: set[str], limit: int | None, block_rows: int):
-    """The pending questions of `source` as a dataset of `q` / `skipped` rows (module docstring)."""
+def question_dataset(
+    source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, block_rows: int
+):
+    """The pending questions of `source` as a dataset of `q` / `skipped` / `run` rows (module docstring). `done`:
+    the ids answered under the output, or one such set per run (an experiment's runs over one file)."""
     import ray
 
     src = QuestionSource(source, cfg, done, limit, block_rows)
@@ -43,9 +47,12 @@ def question_dataset(source: str, cfg: DynragConfig, done: set[str], limit: int 
 
 
 class QuestionSource(Datasource):
-    def __init__(self, source: str, cfg: DynragConfig, done: set[str], limit: int | None, block_rows: int):
+    def __init__(
+        self, source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, block_rows: int
+    ):
         super().__init__()
-        self.source, self.cfg_json, self.done = source, cfg.model_dump(mode="json"), frozenset(done)
+        self.source, self.cfg_json = source, cfg.model_dump(mode="json")
+        self.done = [frozenset(d) for d in done] if isinstance(done, list) else [frozenset(done)]
         self.limit, self.block_rows = limit, block_rows
 
     @property
@@ -65,17 +72,32 @@ class QuestionSource(Datasource):
         return [ReadTask(self.read_blocks, meta)]
 
     def read_blocks(self) -> Iterator[pa.Table]:
+        """The file read once; each question, for each run that has not answered it, one row of that run (its
+        skips carried by its next row, the rest by a final row with no `q`)."""
         from pipeline.io.datasets import load_questions, pending_questions
 
         counts: dict[str, int] = {}
         questions = load_questions(self.source, DynragConfig.model_validate(self.cfg_json))
-        reported = 0
+        skipped = [0] * len(self.done)
         try:
-            for chunk in batched(pending_questions(questions, self.done, self.limit, counts), self.block_rows):
-                skipped = [counts["skipped"] - reported] + [0] * (len(chunk) - 1)
-                reported = counts["skipped"]
-                yield pa.table({"q": [json.dumps(q.to_dict()) for q in chunk], "skipped": skipped})
-            if counts.get("skipped", 0) > reported:
-                yield pa.table({"q": pa.array([None], pa.string()), "skipped": [counts["skipped"] - reported]})
+            for chunk in batched(pending_questions(questions, frozenset(), self.limit, counts), self.block_rows):
+                rows: dict[str, list] = {"q": [], "skipped": [], "run": []}
+                for q in chunk:
+                    text = json.dumps(q.to_dict())
+                    for run, done in enumerate(self.done):
+                        if q.id in done:
+                            skipped[run] += 1
+                            continue
+                        rows["q"].append(text)
+                        rows["skipped"].append(skipped[run])
+                        rows["run"].append(run)
+                        skipped[run] = 0
+                if rows["q"]:
+                    yield pa.table(rows)
+            rest = [run for run, n in enumerate(skipped) if n]
+            if rest:
+                yield pa.table(
+                    {"q": pa.array([None] * len(rest), pa.string()), "skipped": [skipped[r] for r in rest], "run": rest}
+                )
         finally:
             questions.close()

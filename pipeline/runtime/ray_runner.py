@@ -26,6 +26,7 @@ the job with one line when a replica is over its failure budget or no replica ha
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any, NoReturn, overload
 
 from pipeline.config import DynragConfig
@@ -61,27 +63,24 @@ class EngineActor:
         self,
         cfg_json: dict,
         index_dir: str | None,
-        row_args: dict,
-        out: str,
-        header: dict[str, str] | None,
+        runs: list[dict],
         pools: dict[str, list] | None = None,
         control: Any = None,
         make_backends: Callable[..., Any] | None = None,
-        params: dict | None = None,
     ):
+        """`runs`: what each run of the job answers with and writes to (`RayRun.for_actor`): its method, its
+        parameters bound by the driver (None: the configuration's), its row fields, output and header."""
         import ray
 
         from pipeline.io.output_lock import check_same_host, check_shared
-        from pipeline.methods.registry import get_method
         from pipeline.runtime.ray_logs import own_worker_logging
 
         own_worker_logging()
-        check_shared(out)
         cfg = DynragConfig.model_validate(cfg_json)
-        spec = get_method(cfg.method.name)
-        # the driver's parameters bound to the run (for_output), else the configuration's
-        bound = spec.params(cfg.method.params, cfg) if params is None else spec.params(params)
-        for path in bound.state_files():  # held by the driver (state_lock): a local file, one host
+        for run in runs:
+            check_shared(run["out"])
+        self.runs = [_run(cfg, run) for run in runs]
+        for path in {p for run in self.runs for p in run.params.state_files()}:  # the driver holds them: one host
             check_same_host(path)
         ctx = ray.get_runtime_context() if ray.is_initialized() else None  # None: built by a test, no Ray
         self.actor_id: str = (ctx.get_actor_id() or "") if ctx else ""
@@ -100,7 +99,7 @@ class EngineActor:
         if control is not None:  # the heartbeat starts now: pulling the index and loading the model take a while
             threading.Thread(target=self._watch, name="dynrag-watch", daemon=True).start()
         try:
-            self.replica = self._start(cfg, spec, bound, index_dir, row_args, out, header, pools, node, make_backends)
+            self.replica = self._start(cfg, index_dir, pools, node, make_backends)
         except BaseException as err:
             self._ended.set()
             if control is not None:  # a constructor that fails counts in the replica's failure budget
@@ -109,13 +108,12 @@ class EngineActor:
         if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
             signal.signal(signal.SIGTERM, self._on_sigterm)
 
-    def _start(self, cfg, spec, bound, index_dir, row_args, out, header, pools, node, make_backends) -> Any:
+    def _start(self, cfg, index_dir, pools, node, make_backends) -> Any:
         """The replica, started: its index (unless a pool serves it), placed per the GPU plan, and its engine."""
         import ray
 
         from indexing.device import own_cuda
         from pipeline.backends import Backends
-        from pipeline.io.output import PartWriter
         from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
         from pipeline.runtime.replica import Replica
@@ -144,35 +142,56 @@ class EngineActor:
         in_ray = ray.is_initialized() and bool(self.actor_id)
         return Replica(
             cfg,
-            spec,
-            bound,
             None,
-            PartWriter(out, row_args["run_id"], header),
-            row_args,
+            None,
+            None,
+            None,
+            {},
             make_backends=build,
             where={"pid": os.getpid(), "node": node, "group": _own_group() if in_ray else None},
             on_ended=self._on_ended,
         ).start()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        """One Ray Data batch: its rows of each run answered as one batch of that run (at once, each its part);
+        a part and a report (JSON) each."""
         from indexing.faults import fault_point
-        from pipeline.io.part_store import PartWriteError, batch_key
 
         fault_point("ray.engine_batch", until=lambda: self.why is not None)
-        questions = [Question.from_dict(json.loads(s)) for s in batch["q"] if s is not None]
+        runs = batch["run"] if "run" in batch else [0] * len(batch["q"])
+        groups: dict[int, tuple[list[Question], int]] = {}
+        for text, skipped, run in zip(batch["q"], batch["skipped"], runs):
+            questions, n = groups.get(int(run), ([], 0))
+            if text is not None:
+                questions.append(Question.from_dict(json.loads(text)))
+            groups[int(run)] = (questions, n + int(skipped))
+        if len(groups) == 1:
+            ((run, (questions, skipped)),) = groups.items()
+            reports = [self._answer(run, questions, skipped)]
+        else:  # rows of several runs in one Ray Data batch: answered side by side
+            import concurrent.futures as cf
+
+            with cf.ThreadPoolExecutor(len(groups), thread_name_prefix="dynrag-runs") as pool:
+                futures = [pool.submit(self._answer, run, qs, n) for run, (qs, n) in groups.items()]
+                reports = [f.result() for f in futures]
+        return {"part": [r.get("part", "") for r in reports], "report": [json.dumps(r) for r in reports]}
+
+    def _answer(self, run_index: int, questions: list[Question], skipped: int) -> dict:
+        from pipeline.io.part_store import PartWriteError, batch_key
+
         ids = [q.id for q in questions]
-        skipped = int(sum(batch["skipped"]))
-        key = batch_key(ids)
+        run = self.runs[run_index]
+        key = f"{run.row_args['run_id']}-{batch_key(ids)}"  # the attempt's key (part_store.attempt_key)
         self.turns.enter()
         try:
             dead = self._begin(key)
             if poison(dead, self.replica.cfg.ray.batch_deaths):
-                report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead))
+                report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead), run)
             else:
                 with self.turns.alone() if dead else self.turns.shared():
                     if dead and self.control is not None:  # its death, if it dies now, is its own
                         self.control.alone.remote(key, os.getpid())
-                    report = self.replica.answer(questions, ids, skipped)
+                    report = self.replica.answer(questions, ids, skipped, run)
         except PartWriteError as err:  # the store refuses the part after its retries: the job ends with this line
             report = {"fatal": f"engine replica {self.actor_id[:8]}: {err}"}
         except Exception:
@@ -185,7 +204,7 @@ class EngineActor:
             self.control.end.remote(key)
             self.begun.discard(key)
         self.turns.leave(returned=key)
-        return {"part": [report.get("part", "")], "report": [json.dumps(report)]}
+        return {**report, "run": run_index}
 
     def _park(self) -> NoReturn:
         """No result for Ray Data: once this process is gone (`_on_ended`), Ray Data sends the batch to the
@@ -271,6 +290,19 @@ class EngineActor:
                 break
             time.sleep(0.2)
         os._exit(1)
+
+
+def _run(cfg: DynragConfig, run: dict) -> Any:
+    """A run as its engine actors answer it (`replica.Run`): its method's program, the parameters the driver
+    bound (else the configuration's), a writer of its staged attempts and its row fields."""
+    from pipeline.io.output import PartWriter
+    from pipeline.methods.registry import get_method
+    from pipeline.runtime.replica import Run
+
+    spec = get_method(run["method"])
+    params = spec.params(cfg.method.params, cfg) if run.get("params") is None else spec.params(run["params"])
+    writer = PartWriter(run["out"], run["row_args"]["run_id"], run.get("header"))
+    return Run(spec.program, params, writer, run["row_args"])
 
 
 def check_placement(cfg: DynragConfig, node: str) -> None:
@@ -401,6 +433,27 @@ def _for_workers(path: str | None) -> str | None:
     return os.path.abspath(path)
 
 
+@dataclass(frozen=True)
+class RayRun:
+    """One run of a Ray answer job: where its rows go and what they are answered with."""
+
+    out: str
+    method: str
+    row_args: dict
+    header: dict[str, str] | None
+    done: set[str]
+    params: dict | None = None  # the method's parameters bound to the run (MethodParams.for_output)
+
+    def for_actor(self) -> dict:
+        return {
+            "out": _for_workers(self.out),
+            "method": self.method,
+            "row_args": self.row_args,
+            "header": self.header,
+            "params": self.params,
+        }
+
+
 def answer_with_ray(
     dataset: str,
     out: str,
@@ -415,17 +468,40 @@ def answer_with_ray(
     make_backends: Callable[..., Any] | None = None,
     params: dict | None = None,
 ) -> Generator[dict[str, Any], None, None]:
-    """Answer the pending questions of `dataset` into parts under `out`; yield each batch's report as it comes.
+    """One run's batches (`answer_runs_with_ray`): each report, told committed once the caller asks for the next."""
+    run = RayRun(out, cfg.method.name, row_args, header, done, params)
+    reports = answer_runs_with_ray(
+        dataset, cfg, index_dir, [run], limit=limit, drain=drain, make_backends=make_backends
+    )
+    with contextlib.closing(reports):
+        for _, report, committed in reports:
+            yield report
+            committed()
+
+
+def answer_runs_with_ray(
+    dataset: str,
+    cfg: DynragConfig,
+    index_dir: str | None,
+    runs: list[RayRun],
+    *,
+    limit: int | None,
+    drain: Drain | None = None,
+    make_backends: Callable[..., Any] | None = None,
+) -> Generator[tuple[int, dict[str, Any], Callable[[], None]], None, None]:
+    """Answer the pending questions of `dataset` for each of `runs` (an experiment's runs at once, through one
+    set of engine actors) into parts under each run's output; yield (run index, report, committed) for each
+    batch as it comes: `committed()`, once the caller has committed the report's attempt, tells the replicas
+    (a drained one waits for its returned batches to be committed before it exits).
 
     `drain` (set by SIGTERM) is passed on to the engine actors (through `RunControl`): they admit no more
     questions, finish those in flight within `answer.drain_s`, write them and say so; once every replica
     has, the driver stops feeding. `make_backends` replaces `Backends` in the engine and pool actors (the
-    latency-model bench). `params`: the method's parameters bound to the run (MethodParams.for_output)."""
+    latency-model bench)."""
     import ray
 
     from indexing.raytools import init_ray, ray_address
     from pipeline.backends.orphan_guard import OrphanGuard
-    from pipeline.io.part_store import attempt_key
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_control import RunControl
     from pipeline.runtime.ray_logs import route_ray_worker_output
@@ -462,20 +538,17 @@ def answer_with_ray(
             pools["scorer"] = start_pool(cfg, "scorer", None, make_backends, control)
         supervisor = Supervisor(cfg, control, drain, groups)
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
-        ds = question_dataset(_for_workers(dataset), cfg, done, limit, batch)
+        ds = question_dataset(_for_workers(dataset), cfg, [run.done for run in runs], limit, batch)
         calls = batches_held(cfg, batch)
         ds = ds.map_batches(
             EngineActor,
             fn_constructor_args=(
                 cfg.model_dump(mode="json"),
                 _for_workers(index_dir),
-                row_args,
-                _for_workers(out),
-                header,
+                [run.for_actor() for run in runs],
                 pools,
                 control,
                 make_backends,
-                params,
             ),
             batch_size=batch,
             batch_format="numpy",
@@ -493,9 +566,7 @@ def answer_with_ray(
                 report = json.loads(text)
                 if "fatal" in report:
                     raise DynragError(report["fatal"])
-                yield report  # committed by the driver (commit.py) before this generator goes on
-                if part:
-                    control.committed.remote(attempt_key(part).rsplit("-", 1)[-1])
+                yield report.pop("run"), report, functools.partial(_tell_committed, control, part)
             if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
                 log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
                 break
@@ -518,6 +589,14 @@ def answer_with_ray(
             ray.shutdown()
         if guard is not None:
             guard.close()
+
+
+def _tell_committed(control: Any, part: str) -> None:
+    """Tell the replicas that the driver has committed the batch of staged attempt `part` ("": no rows)."""
+    from pipeline.io.part_store import attempt_key
+
+    if part:
+        control.committed.remote(attempt_key(part))
 
 
 def _replica_handles(control: Any) -> list:

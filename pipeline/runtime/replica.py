@@ -189,15 +189,20 @@ class Replica:
                 self._calls -= 1
             self._tell_if_ended()
 
-    def give_up(self, questions: list[Question], batch_ids: list[str], skipped: int, cause: str) -> dict:
+    def give_up(
+        self, questions: list[Question], batch_ids: list[str], skipped: int, cause: str, run: Run | None = None
+    ) -> dict:
         """A batch not to answer again (it has killed its replica's process before): its questions written as
         error rows with `cause` (error_kind "system": a rerun tries them again), reported as `answer` does."""
         from pipeline.engine.core import Outcome, Trace
 
+        run = run or self.run
+        if run is None:
+            raise ValueError("a shared replica's give_up() names its run")
         log.error("replica %s: %d questions not answered: %s", self.where.get("pid", ""), len(questions), cause)
-        rows = [make_row(Outcome(q, None, Trace(), cause, "system"), **self.row_args) for q in questions]
+        rows = [make_row(Outcome(q, None, Trace(), cause, "system"), **run.row_args) for q in questions]
         report = batch_report(rows, skipped, {})
-        report.update(part=self.writer.write(rows, batch_ids) or "", complete=True, replica=self.where, generator=None)
+        report.update(part=run.writer.write(rows, batch_ids) or "", complete=True, replica=self.where, generator=None)
         return report
 
     def _outcomes(self, questions: list[Question], run: Run) -> list:

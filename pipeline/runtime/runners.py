@@ -43,7 +43,7 @@ class Batches:
 
 class Runner(Protocol):
     name: str
-    reads_dataset: bool  # whether the driver streams the questions to it (else it reads the dataset itself)
+    in_process: bool  # whether this process answers: it streams the questions and holds the backends
 
     def generator_on_gpu(self, cfg: DynragConfig) -> bool: ...
 
@@ -55,10 +55,12 @@ class Runner(Protocol):
 
     def answer(self, job: Batches, *, backends: Any, drain: Drain, replica: Any = None) -> Iterator[dict]: ...
 
+    def shared(self, runs: int, cfg: DynragConfig, backends: Any, drain: Drain) -> Any: ...
+
 
 class LocalRunner:
     name = "local"
-    reads_dataset = True
+    in_process = True
 
     def generator_on_gpu(self, cfg: DynragConfig) -> bool:
         from indexing.device import cuda_available
@@ -133,10 +135,17 @@ class LocalRunner:
                 replica.close()  # on an interrupt, the batches in flight end with what finished
             pool.shutdown(wait=True, cancel_futures=True)
 
+    def shared(self, runs: int, cfg: DynragConfig, backends: Any, drain: Drain) -> Any:
+        """What an experiment's runs share: one started Replica over `backends` (one engine and admission queue
+        for every run's questions)."""
+        from pipeline.runtime.replica import Replica
+
+        return Replica(cfg, None, None, backends, None, {}, drain=drain).start()
+
 
 class RayRunner:
     name = "ray"
-    reads_dataset = False
+    in_process = False
 
     def generator_on_gpu(self, cfg: DynragConfig) -> bool:
         """On the engine replicas: a GPU when they ask for one (so a GPU config that ray.gpu_fallback runs on CPU
@@ -164,7 +173,10 @@ class RayRunner:
             raise ModelNotFound(f"model {name!r} is not a known model, a folder, nor a hub name of the form org/name")
 
     def answer(self, job: Batches, *, backends: Any, drain: Drain, replica: Any = None) -> Iterator[dict]:
-        """The actors' reports as they come (ray_runner.py); `backends` and `replica` are in-process only."""
+        """The actors' reports as they come (ray_runner.py). `replica`: a `RayRuns` answering this run beside
+        the experiment's other runs, through one set of engine actors."""
+        if replica is not None:
+            return replica.answer(job)
         from indexing import pin_index
         from pipeline.runtime.ray_runner import answer_with_ray
 
@@ -180,6 +192,87 @@ class RayRunner:
             params=job.params.model_dump(mode="json"),
             drain=drain,
         )
+
+    def shared(self, runs: int, cfg: DynragConfig, backends: Any, drain: Drain) -> RayRuns:
+        """What an experiment's `runs` runs share: one set of engine actors (`RayRuns`); `backends` unused."""
+        return RayRuns(runs, cfg, drain)
+
+
+class RayRuns:
+    """Several runs of one dataset through one set of Ray engine actors (an experiment's runs at once, as the
+    in-process runs share one Replica). Each run's driver thread (run_answer) calls `answer(job)`; once every
+    run has come (or withdrawn, `withdraw`), one Ray job answers them all (ray_runner.answer_runs_with_ray),
+    and each run's reports reach its own thread, which commits them. `drain_flag`: the runs' one drain."""
+
+    def __init__(self, runs: int, cfg: DynragConfig, drain: Drain | None = None):
+        import threading
+
+        self.expected, self.cfg = runs, cfg
+        self.drain_flag = drain or Drain(cfg.answer.drain_s)
+        self._lock = threading.Lock()
+        self._jobs: list[Batches] = []
+        self._queues: list[Any] = []
+
+    def answer(self, job: Batches) -> Iterator[dict]:
+        import queue
+
+        inbox: queue.Queue = queue.Queue()
+        with self._lock:
+            self._jobs.append(job)
+            self._queues.append(inbox)
+            self._start_when_all_came()
+        return self._reports(inbox)
+
+    def withdraw(self, out: str) -> None:
+        """The run into `out` failed before it came (its checks): the others go without it."""
+        with self._lock:
+            if any(j.out == out for j in self._jobs):
+                return  # it came: it ends with the job
+            self.expected -= 1
+            self._start_when_all_came()
+
+    def close(self) -> None:
+        """Nothing to release: the job's actors went with it."""
+
+    def _start_when_all_came(self) -> None:
+        import threading
+
+        if self._jobs and len(self._jobs) == self.expected:
+            threading.Thread(target=self._serve, name="dynrag-ray-runs", daemon=True).start()
+
+    @staticmethod
+    def _reports(inbox) -> Iterator[dict]:
+        while True:
+            item = inbox.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            report, committed = item
+            yield report
+            committed()  # the caller has committed it: the replicas may count it so
+
+    def _serve(self) -> None:
+        from indexing import pin_index
+        from pipeline.runtime.ray_runner import RayRun, answer_runs_with_ray
+
+        first = self._jobs[0]
+        runs = [
+            RayRun(j.out, j.spec.name, j.row_args, j.header, j.done, j.params.model_dump(mode="json"))
+            for j in self._jobs
+        ]
+        index = pin_index(first.index) if first.index else None  # one version for every replica and run
+        try:
+            for i, report, committed in answer_runs_with_ray(
+                first.dataset, first.cfg, index, runs, limit=first.limit, drain=self.drain_flag
+            ):
+                self._queues[i].put((report, committed))
+        except BaseException as err:  # every run ends with the job's error
+            for q in self._queues:
+                q.put(err)
+        else:
+            for q in self._queues:
+                q.put(None)
 
 
 def make_runner(cfg: DynragConfig) -> Runner:
