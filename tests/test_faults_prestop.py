@@ -3,7 +3,8 @@
 started the way a pod starts one (`ray start --address ... --block`, in a namespace of its own: one raylet
 to see, as in a pod). The host also runs the head and another worker, all on one IP (where a `ray drain-node`
 without `--node-id` connects as a driver to whichever raylet Ray finds first, the head here once). The hook
-must drain the pod's node, and no other."""
+must drain the pod's node, and no other, and wait while the pod's Ray worker is busy; run where it sees several
+raylets (a shared host) it cannot tell which node is its own, and drains none."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ def worker_hook() -> str:
     return command[2]
 
 
+def holder_on(node: str):
+    """An actor on `node` (as an engine replica holds the pod's node busy)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=1)
+    class Holder:
+        def pid(self) -> int:
+            return os.getpid()
+
+    holder = Holder.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+    ray.get(holder.pid.remote(), timeout=120)
+    return holder
+
+
 def alive_nodes() -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
 
@@ -45,6 +60,10 @@ def test_the_shipped_prestop_drains_its_own_node_and_no_other(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HOSTNAME": "dynrag-worker-0"}
     with fake_gpu_cluster(workers=1, num_cpus=1) as cluster:
         before = alive_nodes()
+        on_host = subprocess.Popen(["/bin/sh", "-c", worker_hook()], env=env)  # several raylets to see
+        time.sleep(8)
+        on_host.kill()
+        assert draining_nodes() == {} and alive_nodes() == before  # it cannot tell its node: it drains none
         pod = subprocess.Popen(  # the pod: its own PID namespace, one raylet in it
             ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", str(BIN / "ray"), "start", "--block",
              "--address", cluster.address, "--num-cpus", "1", "--disable-usage-stats"],
@@ -56,13 +75,20 @@ def test_the_shipped_prestop_drains_its_own_node_and_no_other(tmp_path):
                 assert pod.poll() is None and time.monotonic() < deadline, pod.stderr.read().decode()[-2000:]
                 time.sleep(0.5)
             (own,) = alive_nodes() - before
+            busy = holder_on(own)  # the pod holds an actor (a replica): its drain waits for it
             init = psutil.Process(pod.pid).children()[0].pid  # the namespace's pid 1
-            hook = subprocess.run(
+            hook = subprocess.Popen(
                 ["nsenter", "--target", str(init), "--pid", "--mount", "/bin/sh", "-c", worker_hook()],
-                env=env, capture_output=True, text=True, timeout=120,
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
-            assert hook.returncode == 0, hook.stderr[-2000:]
-            assert set(draining_nodes()) == {own}, (own, draining_nodes(), before)
+            while own not in draining_nodes():
+                assert hook.poll() is None and time.monotonic() < deadline, hook.communicate()
+                time.sleep(0.2)
+            assert set(draining_nodes()) == {own} and alive_nodes() >= before  # its own node, and no other
+            time.sleep(3)
+            assert hook.poll() is None  # the hook waits while the pod's Ray worker is busy
+            ray.kill(busy)
+            assert hook.wait(timeout=60) == 0, hook.communicate()
         finally:
             pod.terminate()
             try:

@@ -36,6 +36,7 @@ class RunControl:
         self.replicas: dict[str, dict] = {}  # actor id -> node, pid, starts, failures, drained, seen
         self.attempts: dict[str, list[dict]] = {}  # batch key -> attempts that have not ended
         self.fatal_line: str | None = None
+        self.start_line: str | None = None  # why the last replica that could not start did not
         self.actor_handles: dict[str, Any] = {}  # actor id -> handle, of every replica that registered
         self.lost_nodes: set[str] = set()  # nodes dead or drained: their processes' deaths are no batch's fault
         self.committed_keys: set[str] = set()  # batch keys the driver has committed
@@ -68,6 +69,15 @@ class RunControl:
             self.fatal_line = f"engine replica {actor[:8]} failed {r['failures']} times (budget {self.budget}): {why}"
             return False
         return True
+
+    def start_failed(self, actor: str, node: str, why: str) -> None:
+        """A replica's constructor failed (its index or model would not load): a failure of its budget, and the
+        line the job ends with when Ray Data gives up on the replica (`start_failure`)."""
+        self.engine_failed(actor, why)
+        self.start_line = f"engine replica {actor[:8]} could not start on node {node[:8]}: {why}"
+
+    def start_failure(self) -> str | None:
+        return self.fatal_line or self.start_line
 
     def drained(self, actor: str) -> None:
         if actor in self.replicas:

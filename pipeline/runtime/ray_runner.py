@@ -40,7 +40,7 @@ from typing import Any, NoReturn, overload
 from pipeline.config import DynragConfig
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Question
-from pipeline.errors import DynragError
+from pipeline.errors import DynragError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class EngineActor:
         except BaseException as err:
             self._ended.set()
             if control is not None:  # a constructor that fails counts in the replica's failure budget
-                ray.get(control.engine_failed.remote(self.actor_id, f"the engine actor could not start: {err!r}"))
+                ray.get(control.start_failed.remote(self.actor_id, node, first_line(err)))
             raise
         if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -561,15 +561,21 @@ def answer_runs_with_ray(
             **engine_actor_options(cfg, gpus, groups),
         )
         stream = ds.iter_batches(batch_size=None, batch_format="numpy")
-        for got in supervisor.watching(stream):
-            for part, text in zip(got["part"], got["report"]):
-                report = json.loads(text)
-                if "fatal" in report:
-                    raise DynragError(report["fatal"])
-                yield report.pop("run"), report, functools.partial(_tell_committed, control, part)
-            if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
-                log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
-                break
+        try:
+            for got in supervisor.watching(stream):
+                for part, text in zip(got["part"], got["report"]):
+                    report = json.loads(text)
+                    if "fatal" in report:
+                        raise DynragError(report["fatal"])
+                    yield report.pop("run"), report, functools.partial(_tell_committed, control, part)
+                if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
+                    log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
+                    break
+        except ray.exceptions.RayError as err:  # Ray Data's own end of the job: a replica that could not start
+            started_not = ray.get(control.start_failure.remote())
+            if started_not:
+                raise DynragError(started_not) from err
+            raise
         for kind, actors in pools.items():  # the pools' share of the work, before they go
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
     finally:
