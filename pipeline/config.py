@@ -349,8 +349,8 @@ class AnswerConfig(Section):
     runs: Literal["concurrent", "sequential"] = Field(
         "concurrent",
         description="an experiment's (or eval job's) runs of one dataset: concurrent, answered together through "
-        "one engine (one admission queue; in-process only, runtime.mode=ray runs them in turn); sequential: one "
-        "run after another",
+        "one engine (one admission queue in-process; with runtime.mode=ray one set of engine actors, each "
+        "answering every run's batches); sequential: one run after another",
     )
     retrieval_cache: int = Field(
         100_000,

@@ -10,6 +10,7 @@ import pytest
 
 from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape
 from pipeline.config import DynragConfig
+from pipeline.runtime import gpu_plan
 from pipeline.runtime.gpu_plan import (
     EMBEDDING_METHOD_MODULES,
     GpuPlanError,
@@ -163,7 +164,7 @@ def test_the_index_is_opened_once_and_gets_the_plans_placement_before_its_first_
         assert retriever.resources().faiss == shape
         return plan_gpu(H100, 0.5, (), shape).__class__(H100, 0.5, (), placement, shape)
 
-    monkeypatch.setattr(answer, "replica_gpu_plan", plan)
+    monkeypatch.setattr(gpu_plan, "replica_gpu_plan", plan)  # as the in-process runner calls it (runners.py)
     cfg = DynragConfig()
     cfg.generation.backend = "none"
     with contextlib.ExitStack() as stack:

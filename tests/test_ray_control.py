@@ -9,7 +9,7 @@ import math
 import time
 
 from pipeline.runtime.ray_control import DRAIN_MARGIN_S, RunControl
-from pipeline.runtime.ray_runner import misplaced, stalled
+from pipeline.runtime.ray_runner import Turns, misplaced, poison, stalled
 
 
 def test_a_replicas_restarts_count_against_its_budget_unless_it_drained_before():
@@ -94,3 +94,96 @@ def test_a_tensor_parallel_actor_must_sit_in_its_group_on_the_groups_node():
     assert misplaced("n1", {"n1"}, in_group=True) is None
     assert "in no placement group" in misplaced("n1", set(), in_group=False)
     assert "not on its group's" in misplaced("n2", {"n1"}, in_group=True)
+
+
+def test_only_a_batch_that_died_alone_is_poison_and_a_lost_nodes_deaths_are_forgotten():
+    """Three batches held by one process that a poison batch kills: each is charged a death, none is poison yet;
+    each runs alone next; the poison one dies alone and is given up at its next attempt, the others are not.
+    Attempts on a node Ray lost are not deaths."""
+    control = RunControl(budget=3, batch_deaths=2)
+    control.register("a1", "n1", 10)
+    for key in ("poison", "b", "c"):
+        control.begin(key, "a1", 10)  # held together; the process dies
+    control.register("a1", "n1", 11)
+    again = {key: control.begin(key, "a1", 11) for key in ("poison", "b", "c")}
+    assert all(len(d) == 1 and not poison(d, 2) for d in again.values())  # one death each, shared
+    control.alone("poison", 11)  # run alone: dies
+    control.register("a1", "n1", 12)
+    assert poison(control.begin("poison", "a1", 12), 2)  # two deaths, one alone: given up
+    for key in ("b", "c"):  # they waited for their turn when the process died: two deaths, none alone
+        dead = control.begin(key, "a1", 12)
+        assert len(dead) == 2 and not poison(dead, 2)
+        control.end(key)
+    control.begin("d", "a1", 12)
+    control.set_lost(["n1"])  # the node went: not the batch's fault
+    control.register("a1", "n2", 13)
+    assert control.begin("d", "a1", 13) == []
+
+
+def test_a_busy_replica_or_a_pool_call_without_progress_is_named():
+    control = RunControl()
+    control.register("a1", "n1", 10)
+    t0 = control.replicas["a1"]["seen"]
+    control.instructions("a1", progress=5, busy=True)
+    assert control.stuck(t0 + 10, 30) is None
+    control.instructions("a1", progress=6, busy=True)  # it moved
+    moved = control.replicas["a1"]["moved"]
+    assert control.stuck(moved + 29, 30) is None
+    assert "engine replica a1 (pid 10, node n1) holds batches but has made no progress" in control.stuck(moved + 31, 30)
+    control.instructions("a1", progress=6, busy=False)  # idle: nothing to stall
+    assert control.stuck(moved + 100, 30) is None
+    control.register_pool("p1", "retrieval", "n2", 20)
+    control.begin("call-1", "p1", 20)
+    at = control.attempts["call-1"][0]["at"]
+    assert "retrieval pool actor p1 (pid 20, node n2) has been serving one call" in control.stuck(at + 31, 30)
+    control.end("call-1")
+    assert control.stuck(at + 31, 30) is None
+
+
+def test_pool_restarts_count_against_the_budget_and_a_lost_pool_actor_ends_the_job():
+    control = RunControl(budget=1)
+    control.register_pool("p1", "retrieval", "n1", 20)
+    control.register_pool("p1", "retrieval", "n1", 21)  # died once
+    assert control.fatal() is None
+    control.register_pool("p1", "retrieval", "n1", 22)
+    assert "retrieval pool actor p1 failed 2 times" in control.fatal()
+    other = RunControl()
+    other.register_pool("p2", "scorer", "n1", 30)
+    other.set_lost(["n1"])
+    other.register_pool("p2", "scorer", "n2", 31)  # its node went: no failure
+    assert other.pools["p2"]["failures"] == 0
+    other.pool_lost("p2", "ActorDiedError: gone")
+    assert "scorer pool actor p2 is gone and cannot come back" in other.fatal()
+
+
+def test_turns_run_a_suspect_batch_alone():
+    """A batch that died before waits until no other batch answers, and batches that come meanwhile wait
+    behind it."""
+    import threading
+    import time
+
+    turns, log = Turns(), []
+
+    def shared(name: str, hold: float) -> None:
+        with turns.shared():
+            log.append(f"+{name}")
+            time.sleep(hold)
+            log.append(f"-{name}")
+
+    def alone() -> None:
+        with turns.alone():
+            log.append("+alone")
+            time.sleep(0.1)
+            log.append("-alone")
+
+    first = threading.Thread(target=shared, args=("a", 0.3))
+    first.start()
+    time.sleep(0.05)
+    suspect = threading.Thread(target=alone)
+    suspect.start()
+    time.sleep(0.05)
+    late = threading.Thread(target=shared, args=("b", 0.0))
+    late.start()
+    for t in (first, suspect, late):
+        t.join(5)
+    assert log == ["+a", "-a", "+alone", "-alone", "+b", "-b"]

@@ -242,7 +242,7 @@ def _run_answer(
             head = list(itertools.islice(todo, 1))
             pending = itertools.chain(head, todo) if head else None
         if questions is not None and pending is None:  # nothing to answer: no engine (nor model) starts
-            reports: Any = iter([batch_report([], counts["skipped"], {})])
+            reports: Any = (r for r in [batch_report([], counts["skipped"], {})])
         else:
             job = Batches(dataset, out, index, pending, counts, cfg, spec, bound, row_args, header, done, limit)
             reports = runner.answer(job, backends=backends, drain=drain, replica=replica)
