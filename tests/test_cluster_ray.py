@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from engine_fixtures import HOTPOT, hotpot_subset, tiny_model_path
+from on_disk import assert_each_question_once
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -185,6 +186,7 @@ def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_fac
     assert answered.returncode == 0, answered.stdout[-3000:] + answered.stderr[-3000:]
     assert "2 retrieval actors ready" in answered.stdout  # the driver's log, streamed
     answer_s = time.perf_counter() - t
+    assert_each_question_once(out, N_ANSWER)  # as pyarrow counts parts/
     rows = read_rows(str(out)).to_pylist()
     assert len(rows) == N_ANSWER and {r["question_id"] for r in rows} == {r["question_id"] for r in rows[:N_ANSWER]}
     assert all(r["error"] is None and r["retrieval_calls"] == 1 and r["llm_calls"] == 1 for r in rows)

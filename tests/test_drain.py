@@ -208,6 +208,48 @@ def test_a_drain_message_writes_what_finished_takes_no_more_and_ends_the_replica
     assert ended == [State.CLOSED]
 
 
+@pytest.mark.parametrize(
+    ("why", "then", "keeps"),
+    [("SIGTERM", "exit", False), ("node draining", "exit", False), ("the job is stopping", "stay", True)],
+)
+def test_a_replica_drained_for_its_node_says_its_process_exits_and_hands_its_unfinished_batch_on(why, then, keeps):
+    """The lifecycle's decisions are the replica's: drained for its node (SIGTERM, a drain notice) its process
+    exits and a part-answered batch goes to the restarted actor; drained by the driver it stays and returns it."""
+    replica = _replica(Cost(1.0), max_new_tokens=2000, drain_s=0.5)
+    result: dict = {}
+    call = threading.Thread(target=lambda: result.update(replica.answer(questions(3))))
+    call.start()
+    time.sleep(0.3)
+    replica.drain(0.5, why)
+    replica.drain(0.5, "the job is stopping" if why != "the job is stopping" else "SIGTERM")  # the first reason holds
+    call.join(30)
+    assert not result["complete"] and replica.keeps_batch(result) is keeps
+    assert replica.keeps_batch({**result, "complete": True})  # a finished batch is always returned
+    assert replica.after_end().value == then and replica.drain_flag.why == why
+
+
+def test_an_undrained_replica_stays_and_one_whose_engine_failed_asks_for_a_restart():
+    from concurrent.futures import Future
+
+    from pipeline.errors import EngineDead
+
+    replica = _replica(FAST)
+    replica.answer(questions(2))
+    replica.close()
+    assert replica.after_end().value == "stay"  # closed by its owner: nothing for the process to do
+
+    class Dying(SimGenerator):
+        def submit(self, prompt, sampling, chat):
+            fut: Future = Future()
+            fut.set_exception(EngineDead("the engine core died"))
+            return fut
+
+    failed = _replica(FAST, generator=Dying(FAST))
+    with pytest.raises(EngineDead):
+        failed.answer(questions(2))
+    assert failed.after_end().value == "restart"
+
+
 def test_an_engine_that_cannot_go_on_fails_the_replica_and_every_batch_it_holds():
     from concurrent.futures import Future
 

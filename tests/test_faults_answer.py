@@ -157,9 +157,9 @@ def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_pa
 
 def test_ray_engine_actor_sigterm_drains_then_its_batches_run_again_and_the_job_completes(nq_dev, tmp_path):
     """A pre-empted node's processes get SIGTERM: the engine actor, paused after its tenth question, finishes
-    and writes what it holds (its first part comes after the signal, from its own process), then exits;
-    Ray restarts it and Ray Data re-runs its batches, whose parts replace the drained ones. The job ends
-    with every question once, no error row."""
+    and stages what it holds (its first attempt comes after the signal, from its own process), then exits;
+    Ray restarts it and Ray Data re-runs the batches it left, and the driver commits one attempt per batch.
+    The job ends with every question once on disk, no error row."""
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
     cmd = answer_cmd(nq_dev, out, n, *RAY, "--set", "answer.max_in_flight=16")
     proc = start(cmd, env_for("engine.question_done@10,ray.part_written", pauses))
@@ -183,10 +183,10 @@ def test_ray_engine_actor_sigterm_drains_then_its_batches_run_again_and_the_job_
 
 def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    # paused in the engine actor right after its first part (the actors write the parts, and would
-    # otherwise go on while the driver waits)
+    # paused in the driver right after it committed its first part (the actors go on staging attempts, which
+    # the driver never commits: the rerun removes them and answers their questions again)
     proc = run_until_paused(
-        answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "ray.part_written", pauses
+        answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "answer.part_written", pauses
     )
     try:
         ray_processes = psutil.Process(proc.pid).children(recursive=True)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pipeline.engine.drain import JOB_STOPPING
+
 DRAIN_MARGIN_S = 5.0  # a node's replicas finish this long before its drain deadline, to write their parts
 
 
@@ -183,7 +185,7 @@ class RunControl:
             r.update(progress=progress, busy=busy)
         now = time.time()
         if self.deadline is not None:
-            return max(0.0, self.deadline - now), "the job is stopping"
+            return max(0.0, self.deadline - now), JOB_STOPPING
         node = r.get("node") if r else None
         if node in self.draining_nodes:
             left = self.draining_nodes[node] - now - DRAIN_MARGIN_S

@@ -91,7 +91,6 @@ class EngineActor:
             cfg.ray.replica_failures
         ):
             raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
-        self.why: str | None = None  # why the replica drains: set by SIGTERM or the driver
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
         self.turns = Turns()
         self.replica: Any = None  # once built
@@ -157,7 +156,7 @@ class EngineActor:
         a part and a report (JSON) each."""
         from indexing.faults import fault_point
 
-        fault_point("ray.engine_batch", until=lambda: self.why is not None)
+        fault_point("ray.engine_batch", until=lambda: self.replica.drain_flag.requested)
         runs = batch["run"] if "run" in batch else [0] * len(batch["q"])
         groups: dict[int, tuple[list[Question], int]] = {}
         for text, skipped, run in zip(batch["q"], batch["skipped"], runs):
@@ -198,7 +197,7 @@ class EngineActor:
             if self.control is None:
                 raise
             self._park()  # the engine failed: this process exits for a restart, or the driver ends the job
-        if "fatal" not in report and not report["complete"] and self.why not in (None, "the job is stopping"):
+        if "fatal" not in report and not self.replica.keeps_batch(report):
             self._park()  # drained part way for its node: the batch goes to the restarted actor
         if self.control is not None:
             self.control.end.remote(key)
@@ -223,7 +222,6 @@ class EngineActor:
 
     def _on_sigterm(self, signum, frame) -> None:
         """SIGTERM to this process (a pre-empted node's processes all get it): drain, then exit (`_on_ended`)."""
-        self.why = self.why or "SIGTERM"
         self.replica.drain(self.replica.cfg.answer.drain_s, "SIGTERM")
 
     def _watch(self) -> None:
@@ -237,38 +235,34 @@ class EngineActor:
             got = ray.get(self.control.instructions.remote(self.actor_id, progress, self.turns.busy))
             if got is not None and replica is not None and replica.state.value in ("starting", "serving"):
                 seconds, why = got
-                self.why = self.why or why
                 replica.drain(seconds, why)
             time.sleep(WATCH_S)
 
     def _on_ended(self, state) -> None:
-        """The replica has ended and written what it finished. Drained for its node (SIGTERM, a node drain):
-        exit, Ray restarts the actor elsewhere and Ray Data re-runs the batches it held. Its engine failed:
-        exit likewise while the replica is within its failure budget, else stay failed (its batches fail, and
-        the driver ends the job with the budget's line). The driver's own drain: stay (the job is ending)."""
-        from pipeline.runtime.replica import State
+        """The replica has ended and written what it finished; its process does what the replica says next
+        (`Replica.after_end`): exit once its returned batches are committed (drained for its node, or its engine
+        failed within the failure budget: Ray restarts the actor and Ray Data re-runs the batches it held), or
+        stay (the driver's own drain, or an engine failed past its budget: its batches fail, the job ends)."""
+        import ray
+
+        from pipeline.runtime.replica import Next
 
         self._ended.set()
-        if state is State.FAILED:
-            if self.control is None:
-                return
-            import ray
-
+        then = self.replica.after_end()
+        if self.control is None:
+            return
+        if then is Next.RESTART:
             if not ray.get(self.control.engine_failed.remote(self.actor_id, repr(self.replica.error))):
                 return
             log.error("engine actor %d: the engine failed, restarting the actor", os.getpid())
-        elif self.why in (None, "the job is stopping"):
-            if self.control is not None:
-                self.control.drained.remote(self.actor_id)
+        elif then is Next.STAY:
+            self.control.drained.remote(self.actor_id)
             return
         else:
-            if self.control is not None:
-                import ray
-
-                # the batches it leaves were drained, not killed: their next attempt counts no death
-                ray.get([self.control.end.remote(key) for key in list(self.begun)])
-                ray.get(self.control.drained.remote(self.actor_id))
-            log.warning("engine actor %d: drained (%s) and written; exiting", os.getpid(), self.why)
+            # the batches it leaves were drained, not killed: their next attempt counts no death
+            ray.get([self.control.end.remote(key) for key in list(self.begun)])
+            ray.get(self.control.drained.remote(self.actor_id))
+            log.warning("engine actor %d: drained (%s) and written; exiting", os.getpid(), self.replica.drain_flag.why)
         threading.Thread(target=self._exit_once_committed, name="dynrag-exit", daemon=True).start()
 
     def _exit_once_committed(self) -> None:

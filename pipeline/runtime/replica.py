@@ -39,7 +39,7 @@ from typing import Any
 
 from indexing.faults import fault_point
 from pipeline.engine.continuous import ContinuousEngine, Feed, make_engine
-from pipeline.engine.drain import Drain
+from pipeline.engine.drain import CLOSING, Drain
 from pipeline.engine.requests import Question
 from pipeline.io.output import batch_report, make_row
 
@@ -57,6 +57,14 @@ class State(enum.Enum):
 
 
 ENDED = (State.CLOSED, State.FAILED)
+
+
+class Next(enum.Enum):
+    """What the process holding an ended replica does (`Replica.after_end`)."""
+
+    STAY = "stay"
+    EXIT = "exit"
+    RESTART = "restart"
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class Replica:
         """Admit no more questions; finish those in flight within `seconds`. Safe from a signal handler. The
         engine's Drain flag (an Event) is set at once, so a coordinator busy in a long step stops admitting
         as soon as it looks; the message brings the state to DRAINING on the loop's thread."""
-        self.drain_flag.request(seconds)
+        self.drain_flag.request(seconds, why)
         self.inbox.send(("drain", seconds, why))
 
     def stop(self) -> None:
@@ -146,7 +154,7 @@ class Replica:
         with self._lock:
             busy = bool(self._waiting)
         if busy:
-            self.drain(0.0, "closing")
+            self.drain(0.0, CLOSING)
         self.stop()
         if self._loop is not None and self._loop is not threading.current_thread():
             self._loop.join(timeout)
@@ -154,6 +162,20 @@ class Replica:
                 log.warning("replica: the loop did not end within %.0f s", timeout)
         elif self._loop is None:
             self._shutdown()
+
+    # -- what its process does next ------------------------------------------------------------------
+    def keeps_batch(self, report: dict) -> bool:
+        """Whether the batch `report` answered is returned as it is (else the process holding it exits
+        without a result, and the batch goes to the restarted actor): not when a drain for its node left
+        part of it unanswered."""
+        return bool(report.get("complete")) or not self.drain_flag.for_the_node
+
+    def after_end(self) -> Next:
+        """What the process holding this ended replica does: restart (its engine failed: within the failure
+        budget, the driver's to say), exit (drained for its node: Ray restarts it elsewhere) or stay."""
+        if self.state is State.FAILED:
+            return Next.RESTART
+        return Next.EXIT if self.drain_flag.for_the_node else Next.STAY
 
     # -- the one batch path ---------------------------------------------------------------------------
     def answer(
