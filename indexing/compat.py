@@ -95,26 +95,6 @@ def autoscaler_events(lines: list[str]) -> list[str]:
     return list(filter_autoscaler_events(lines))
 
 
-def per_actor_options(make: Callable[[], dict]) -> dict:
-    """`map_batches` keyword arguments that give each actor Ray Data starts its own options (`make()`, called
-    once per actor: a fresh placement group each), as Ray Data LLM 2.60 places its engines.
-    `ray_remote_args_fn` is deprecated in Ray 2.60 (removed in 2.64): where it is gone this raises, naming it,
-    rather than placing tensor-parallel replicas off their GPUs."""
-    import inspect
-
-    import ray.data
-
-    if "ray_remote_args_fn" not in inspect.signature(ray.data.Dataset.map_batches).parameters:
-        raise RuntimeError(
-            f"Ray {ray.__version__} has no ray_remote_args_fn: tensor-parallel replicas cannot be placed in "
-            "their own placement groups; use the locked Ray (requirements/cpu.lock)"
-        )
-    import warnings
-
-    warnings.filterwarnings("ignore", message="`ray_remote_args_fn` is deprecated")
-    return {"ray_remote_args_fn": make}
-
-
 def shutdown_vllm(llm: Any, timeout: float) -> None:
     """Stop a vLLM `LLM`'s engine core and its processes within `timeout` s. Fallback: the engine's own
     `shutdown()`, or dropping it (its processes then go with this one's orphan guard)."""

@@ -37,7 +37,6 @@ def test_the_private_paths_exist_in_the_locked_versions():
     assert callable(ray._private.state.state.get_draining_nodes)
     assert callable(ray._private.state.state.get_cluster_config)
     assert compat.worker_output_dispatcher() is global_worker_stdstream_dispatcher
-    assert "ray_remote_args_fn" in compat.per_actor_options(dict)
     from vllm.v1.engine.core_client import EngineCoreClient
 
     assert hasattr(EngineCoreClient, "shutdown")

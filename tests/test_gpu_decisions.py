@@ -19,6 +19,7 @@ from pipeline.runtime.ray_resources import (
     engine_actor_options,
     replica_bundles,
     replica_gpus,
+    replica_groups,
 )
 
 CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
@@ -197,30 +198,27 @@ def test_the_shipped_cluster_config_fits_its_gpu_group_and_a_tensor_parallel_var
 
 
 def test_engine_actor_options_of_single_gpu_and_tensor_parallel_replicas(monkeypatch):
-    """A tensor-parallel replica's actor is placed in the first bundle of a STRICT_PACK group of its own (its CPUs
-    and custom resources, and one GPU; then one GPU a bundle), child tasks captured: one group per replica, made
-    once, handed out in turn as Ray Data asks for each actor's options. No Ray starts here (groups faked)."""
+    """A tensor-parallel replica's actor asks for its CPUs only (no GPU, no placement, no per-actor options
+    function: Ray 2.64 has none); its group, one per replica, made once by the driver, holds the generator host's
+    CPU and custom resources and one GPU in its first bundle, then one GPU a bundle. No Ray starts here."""
     import ray.util
 
     cfg = load_config(CLUSTER / "dynrag.yaml", ["ray.actor_resources={generation: 1}"])
     assert engine_actor_options(cfg, 1.0) == {"num_cpus": 4, "num_gpus": 1.0, "resources": {"generation": 1}}
     assert engine_actor_options(cfg, 0.0) == {"num_cpus": 4, "resources": {"generation": 1}}  # fallback
+    assert replica_groups(cfg, 1.0) == []  # one GPU a replica: no group
     cfg.generation.engine_kwargs.tensor_parallel_size, cfg.ray.actor_num_gpus, cfg.ray.actors = 4, 4, 2
     made: list = []
     monkeypatch.setattr(
         ray.util, "placement_group", lambda bundles, strategy, name: made.append((bundles, strategy)) or name
     )
-    groups: list = []
-    opts = engine_actor_options(cfg, 4.0, groups)
-    per_actor = opts.pop("ray_remote_args_fn")
-    assert opts == {"num_cpus": 4, "num_gpus": 0}  # the actor's resources are in its bundle
-    bundles = [{"CPU": 4.0, "GPU": 1.0, "generation": 1}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
-    assert made == [(bundles, "STRICT_PACK")] * 2 and groups == ["dynrag-replica-0", "dynrag-replica-1"]
-    strategies = [per_actor()["scheduling_strategy"] for _ in range(3)]  # the third: Ray Data reading options
-    assert [s.placement_group for s in strategies] == ["dynrag-replica-0", "dynrag-replica-1", "dynrag-replica-0"]
-    assert all(s.placement_group_capture_child_tasks and s.placement_group_bundle_index == 0 for s in strategies)
-    assert len(made) == 2  # no group made per call
-    assert replica_bundles(2, 1.0) == [{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}]
+    assert engine_actor_options(cfg, 4.0) == {"num_cpus": 4}
+    assert made == []  # reading the options makes no group
+    assert replica_groups(cfg, 4.0) == ["dynrag-replica-0", "dynrag-replica-1"]
+    bundles = [{"CPU": 1.0, "GPU": 1.0, "generation": 1}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
+    assert made == [(bundles, "STRICT_PACK")] * 2
+    assert replica_groups(cfg, 0.0) == []  # no GPUs (the fallback): no group
+    assert replica_bundles(2) == [{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}]
     assert not ray.is_initialized()  # a Ray beside the shared test process's JVM crashed it
 
 

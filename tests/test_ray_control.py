@@ -9,7 +9,8 @@ import math
 import time
 
 from pipeline.runtime.ray_control import DRAIN_MARGIN_S, RunControl
-from pipeline.runtime.ray_runner import Turns, misplaced, poison, stalled
+from pipeline.runtime.ray_host import misplaced
+from pipeline.runtime.ray_runner import Turns, poison, stalled
 
 
 def test_a_replicas_restarts_count_against_its_budget_unless_it_drained_before():
@@ -90,10 +91,19 @@ def test_heartbeats_and_a_job_whose_replicas_never_come_back():
     assert stalled(390.0, started=0.0, now=400.0, wait_s=300) is None
 
 
-def test_a_tensor_parallel_actor_must_sit_in_its_group_on_the_groups_node():
+def test_a_tensor_parallel_host_must_sit_in_its_group_on_the_groups_node():
     assert misplaced("n1", {"n1"}, in_group=True) is None
     assert "in no placement group" in misplaced("n1", set(), in_group=False)
     assert "not on its group's" in misplaced("n2", {"n1"}, in_group=True)
+
+
+def test_an_engine_actor_claims_a_free_group_keeps_it_across_restarts_and_never_gets_a_held_one():
+    """Placement groups go to the actors that use them, by actor id (Ray restarts an actor under its id), not
+    by how often Ray Data asked for options: a third actor while both groups are held is refused, not parked."""
+    control = RunControl()
+    assert control.claim_group("a", 2) == 0 and control.claim_group("b", 2) == 1
+    assert control.claim_group("a", 2) == 0  # restarted: its own group again
+    assert control.claim_group("c", 2) is None  # never the group another actor holds
 
 
 def test_only_a_batch_that_died_alone_is_poison_and_a_lost_nodes_deaths_are_forgotten():

@@ -6,10 +6,14 @@ none, although it sees every GPU of its node; its own models then stay on the CP
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import pytest
 from ray_jobs import assert_each_question_once, fake_gpu_cluster, live_groups, run_job
 
 from indexing.device import owns_gpu
+from jobs.bench.simulated import SimBackends
 from pipeline.config import load_config, replica_share, vllm_utilization
 from pipeline.runtime.gpu_plan import plan_gpu
 
@@ -109,13 +113,55 @@ def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
 # -- whole answer jobs on the fake-GPU cluster (latency-model backends: the placement is what is tested) -----
 
 
-def test_tensor_parallel_replicas_each_sit_in_their_own_group_on_its_node_and_the_groups_go(gpu_cluster, tmp_path):
-    """Two TP-2 replicas: exactly two STRICT_PACK groups (the actor's CPU and one GPU, then one GPU) exist during
-    the run, none made again when Ray Data only reads the actors' options; each engine actor is scheduled
-    inside its own group, on the group's node (the actor checks it at its start: ray_runner.check_placement,
-    so a misplaced actor fails the job), with the group's first GPU as its bundle; none is left."""
+@dataclasses.dataclass(frozen=True)
+class ProbingBackends(SimBackends):
+    """Latency-model backends whose generator, built in a tensor-parallel replica's generator host, first starts
+    what vLLM's Ray executor would start there: one worker actor of one GPU (no CPU) per bundle, captured into
+    the host's group; each worker's node and GPU ids go to `probes` (a folder), one file per host."""
+
+    probes: str = ""
+
+    def __call__(self, cfg, index_dir=None, **kw):
+        import json
+        import os
+        import time
+        from pathlib import Path
+
+        group = ray.util.get_current_placement_group()
+        if kw.get("generator") is None and group is not None:  # in the host: the generator is built here
+            tp = cfg.generation.engine_kwargs.tensor_parallel_size
+            workers = [Replica.options(num_cpus=0, num_gpus=1).remote() for _ in range(tp)]
+            owned = ray.get([w.what_i_own.remote() for w in workers], timeout=60)
+            probe = {"group": group.id.hex(), "host_node": ray.get_runtime_context().get_node_id(), "workers": owned}
+            Path(self.probes, f"{os.getpid()}.json").write_text(json.dumps(probe))
+            deadline = time.monotonic() + 60  # every replica's workers hold their GPUs at once: none shared
+            while len(list(Path(self.probes).iterdir())) < cfg.ray.actors and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for w in workers:
+                ray.kill(w)
+        return super().__call__(cfg, index_dir, **kw)
+
+
+def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_claim_without_per_actor_options(
+    gpu_cluster, tmp_path, monkeypatch
+):
+    """Two TP-2 replicas on Ray Data without `ray_remote_args_fn` (refused here, as Ray 2.64 has none): exactly
+    two STRICT_PACK groups exist during the run; each engine actor claims one (by its id) and starts its
+    generator host in it; the host's vLLM-like workers get the group's two GPUs, on the group's one node, and no
+    two replicas share a GPU; every question is answered once; no group is left."""
+    import json
+
     from ray.util import placement_group_table
 
+    map_batches = ray.data.Dataset.map_batches
+
+    def like_ray_2_64(self, fn, *args, **kwargs):
+        if "ray_remote_args_fn" in kwargs:
+            raise TypeError("map_batches() got an unexpected keyword argument 'ray_remote_args_fn'")
+        return map_batches(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(ray.data.Dataset, "map_batches", like_ray_2_64)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
     seen_during: list[int] = []
     nodes: dict[str, set] = {}
 
@@ -124,13 +170,21 @@ def test_tensor_parallel_replicas_each_sit_in_their_own_group_on_its_node_and_th
         g = r["replica"]["group"]
         nodes[g] = {b for b in placement_group_table().get(g, {}).get("bundles_to_node_id", {}).values()}
 
+    probes = tmp_path / "probes"
+    probes.mkdir()
     tp = ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2", "ray.actors=2"]
-    reports = run_job(gpu_cluster, tmp_path, 60, [*tp, "ray.actor_num_cpus=1"], on_report)
+    backends = ProbingBackends(scale=0.02, probes=str(probes))
+    reports = run_job(gpu_cluster, tmp_path, 60, [*tp, "ray.actor_num_cpus=1"], on_report, make_backends=backends)
     assert set(seen_during) == {2}
     held = {r["replica"]["pid"]: r["replica"]["group"] for r in reports}  # the replicas that answered
     assert None not in held.values() and len(set(held.values())) == len(held)  # each its own group
-    for r in reports:  # on the one node of its own group
-        assert nodes[r["replica"]["group"]] == {r["replica"]["node"]}
+    for r in reports:  # its host on the one node of its group
+        assert nodes[r["replica"]["group"]] == {r["replica"]["group_node"]}
+    got = [json.loads(p.read_text()) for p in probes.iterdir()]
+    assert len({g["group"] for g in got}) == len(got) == 2 and set(held.values()) <= {g["group"] for g in got}
+    gpus = [(w["node"], w["ids"][0]) for g in got for w in g["workers"]]
+    assert all(len(w["ids"]) == 1 and w["node"] == g["host_node"] for g in got for w in g["workers"])
+    assert len(set(gpus)) == 4  # two replicas, two GPUs each, none shared
     assert sum(r["rows"] for r in reports) == 60
     assert live_groups() == []
     assert_each_question_once(tmp_path / "out", 60)

@@ -290,7 +290,7 @@ class SimBackends:
     scale: float = 0.1
     max_seqs: int = 256
 
-    def __call__(self, cfg, index_dir=None, *, retriever=None, scorer=None, embedder=None, **kw):
+    def __call__(self, cfg, index_dir=None, *, retriever=None, scorer=None, embedder=None, generator=None, **kw):
         from pipeline.backends import Backends
 
         cost = Cost(self.scale)
@@ -298,7 +298,7 @@ class SimBackends:
         return Backends(
             cfg,
             index_dir,
-            generator=SimGenerator(cost, self.max_seqs),
+            generator=generator or SimGenerator(cost, self.max_seqs),
             retriever=retriever or SimRetriever(cost),
             scorer=scorer or sim,
             embedder=embedder or sim,

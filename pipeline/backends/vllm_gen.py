@@ -88,8 +88,9 @@ def llm_kwargs(
 
 class VllmGenerator:
     def __init__(self, cfg: DynragConfig, model_path: str | None = None):
-        """In a tensor-parallel Ray replica the engine actor sits in its own placement group (ray_runner.py),
-        which vLLM's Ray executor finds (`ray.util.get_current_placement_group()`) and puts its workers on."""
+        """In a tensor-parallel Ray replica this runs in the replica's generator host, inside its placement group
+        (runtime/ray_host.py), which vLLM's Ray executor finds (`ray.util.get_current_placement_group()`) and puts
+        its workers on."""
         g = cfg.generation
         self.cfg = g
         path = model_path or resolve_model(g.model, cfg.paths.cache_dir)

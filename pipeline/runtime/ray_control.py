@@ -43,6 +43,7 @@ class RunControl:
         self.lost_nodes: set[str] = set()  # nodes dead or drained: their processes' deaths are no batch's fault
         self.committed_keys: set[str] = set()  # batch keys the driver has committed
         self.pools: dict[str, dict] = {}  # pool actor id -> kind, node, pid, starts, failures
+        self.group_of: dict[str, int] = {}  # engine actor id -> the placement group it claimed (its index)
 
     # -- replicas ---------------------------------------------------------------------------------
     def register(self, actor: str, node: str, pid: int, handle: Any = None) -> int:
@@ -60,6 +61,19 @@ class RunControl:
                 f"failed; budget {self.budget}), last on node {node[:8]}: stopping the job"
             )
         return r["failures"]
+
+    def claim_group(self, actor: str, groups: int) -> int | None:
+        """The placement group (of `groups`) that tensor-parallel replica `actor` uses: the one it claimed before
+        (a restarted actor keeps its id, and its group), else one no other actor holds; None: every group is
+        held (the actor cannot start: a failure of its budget, never a wait in another's group)."""
+        if actor in self.group_of:
+            return self.group_of[actor]
+        held = set(self.group_of.values())
+        free = [i for i in range(groups) if i not in held]
+        if not free:
+            return None
+        self.group_of[actor] = free[0]
+        return free[0]
 
     def engine_failed(self, actor: str, why: str) -> bool:
         """A replica's engine failed (an exception, its process still alive); True: restart it, False: over

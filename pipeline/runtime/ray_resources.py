@@ -121,54 +121,35 @@ def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
     return [(g, 1.0) for g in alive if g], now
 
 
-def replica_bundles(tp: int, cpus: float, resources: dict | None = None) -> list[dict[str, float]]:
+def replica_bundles(tp: int, resources: dict | None = None) -> list[dict[str, float]]:
     """The placement group of a tensor-parallel replica: one bundle per GPU, each taken by one of vLLM's
-    workers; the first also holds the engine actor's CPUs and custom resources (the actor sits in it)."""
-    return [{"CPU": cpus, "GPU": 1.0, **(resources or {})}] + [{"GPU": 1.0} for _ in range(tp - 1)]
+    workers; the first also holds the generator host's CPU and the replica's custom resources (ray_host.py)."""
+    from pipeline.runtime.ray_host import HOST_CPUS
+
+    return [{"CPU": HOST_CPUS, "GPU": 1.0, **(resources or {})}] + [{"GPU": 1.0} for _ in range(tp - 1)]
 
 
-class ReplicaPlacement:
-    """The options of each tensor-parallel engine actor, called as Ray Data starts it: the actor sits in the
-    first bundle of a STRICT_PACK placement group (tensor-parallel workers exchange activations every layer:
-    one node) with its child tasks captured, so vLLM's Ray executor finds the group and puts its workers on
-    the group's GPUs. One group per replica, made once (`groups`: removed by the driver at the end, and by
-    Ray when the driver dies); each call hands out the next (Ray Data also calls it to read an actor's
-    options without starting one, so a call is not an actor). A restarted actor keeps its group."""
+def replica_groups(cfg, gpus: float) -> list:
+    """The tensor-parallel replicas' placement groups, one per replica (STRICT_PACK: tensor-parallel workers
+    exchange activations every layer, one node), made by the driver and claimed by the engine actors
+    (`RunControl.claim_group`); [] for replicas of one GPU or none."""
+    if not (gpus and tensor_parallel_size(cfg) > 1):
+        return []
+    from ray.util import placement_group
 
-    def __init__(self, bundles: list[dict[str, float]], replicas: int, groups: list):
-        from ray.util import placement_group
-
-        groups.extend(
-            placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{i}") for i in range(replicas)
-        )
-        self.groups, self.calls = groups, 0
-
-    def __call__(self) -> dict:
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        group = self.groups[self.calls % len(self.groups)]
-        self.calls += 1
-        strategy = PlacementGroupSchedulingStrategy(
-            group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
-        )
-        return {"scheduling_strategy": strategy}
+    bundles = replica_bundles(tensor_parallel_size(cfg), dict(cfg.ray.actor_resources or {}))
+    return [placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{i}") for i in range(cfg.ray.actors)]
 
 
-def engine_actor_options(cfg, gpus: float, groups: list | None = None) -> dict:
+def engine_actor_options(cfg, gpus: float) -> dict:
     """Keyword arguments for `map_batches` of the engine actors whose replicas have `gpus` GPUs
-    (replica_gpus). A tensor-parallel replica's actor sits in a placement group of its own
-    (`ReplicaPlacement`, the groups made into `groups`); its GPUs are the group's (vLLM's workers')."""
+    (replica_gpus). A tensor-parallel replica's actor asks for its CPUs only: its GPUs and custom resources are
+    in the placement group it claims, where its generator host runs (ray_host.py)."""
     r = cfg.ray
-    tp = tensor_parallel_size(cfg)
     opts: dict = {"num_cpus": r.actor_num_cpus}
-    if gpus and tp > 1:
-        from indexing.compat import per_actor_options
-
-        opts["num_gpus"] = 0  # the group's GPUs belong to vLLM's workers
-        bundles = replica_bundles(tp, r.actor_num_cpus, dict(r.actor_resources or {}))
-        opts.update(per_actor_options(ReplicaPlacement(bundles, r.actors, [] if groups is None else groups)))
-        return opts  # its custom resources are in its bundle
-    elif gpus:
+    if gpus and tensor_parallel_size(cfg) > 1:
+        return opts
+    if gpus:
         opts["num_gpus"] = gpus
     if r.actor_resources:
         opts["resources"] = dict(r.actor_resources)

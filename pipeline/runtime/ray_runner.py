@@ -15,10 +15,9 @@ node shares (`check_shared`). Actors are data-parallel replicas (`ray.actors`, o
 resources are configurable (`ray.actor_num_cpus`, `ray.actor_num_gpus`; ray_resources.py).
 
 An engine actor is a thin adapter over a `Replica` (replica.py: the lifecycle, the batch path). A
-tensor-parallel replica's actor is scheduled inside a placement group of its own (one per replica, handed
-out as Ray Data starts each actor, as Ray Data LLM places its engines: its bundles on one node, child tasks
-captured), so vLLM's workers share the group; a restarted actor lands in its group again; the groups, and
-every actor, go with the job. The driver's one supervisor
+tensor-parallel replica's actor claims a placement group of its own (one per replica, made by the driver,
+claimed by actor id: a restarted actor gets its group back) and hosts its generator in it (ray_host.py), so
+vLLM's workers share the group's GPUs on one node; the groups, and every actor, go with the job. The driver's one supervisor
 thread feeds `RunControl` (ray_control.py) the drain (its own SIGTERM, Ray's node drain notices) and ends
 the job with one line when a replica is over its failure budget or no replica has run for `ray.replica_wait_s`.
 """
@@ -67,9 +66,11 @@ class EngineActor:
         pools: dict[str, list] | None = None,
         control: Any = None,
         make_backends: Callable[..., Any] | None = None,
+        groups: list | None = None,
     ):
         """`runs`: what each run of the job answers with and writes to (`RayRun.for_actor`): its method, its
-        parameters bound by the driver (None: the configuration's), its row fields, output and header."""
+        parameters bound by the driver (None: the configuration's), its row fields, output and header.
+        `groups`: the tensor-parallel replicas' placement groups, one of which this actor claims."""
         import ray
 
         from pipeline.io.output_lock import check_same_host, check_shared
@@ -94,6 +95,8 @@ class EngineActor:
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
         self.turns = Turns()
         self.replica: Any = None  # once built
+        self.methods = [run["method"] for run in runs]
+        self.groups = groups or []
         self._ended = threading.Event()
         if control is not None:  # the heartbeat starts now: pulling the index and loading the model take a while
             threading.Thread(target=self._watch, name="dynrag-watch", daemon=True).start()
@@ -109,7 +112,6 @@ class EngineActor:
 
     def _start(self, cfg, index_dir, pools, node, make_backends) -> Any:
         """The replica, started: its index (unless a pool serves it), placed per the GPU plan, and its engine."""
-        import ray
 
         from indexing.device import own_cuda
         from pipeline.backends import Backends
@@ -117,7 +119,6 @@ class EngineActor:
         from pipeline.runtime.pools import PoolClient
         from pipeline.runtime.replica import Replica
 
-        check_placement(cfg, node)
         remote = {kind: PoolClient(actors, self.control) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
         local = None  # this replica's own index, opened once (unless a retrieval pool searches)
@@ -129,6 +130,8 @@ class EngineActor:
         if local is not None:
             local.place(plan.index if plan else None)
 
+        hosted = self._host(cfg, make_backends)  # a tensor-parallel replica's generator, in its group
+
         def build():
             return (make_backends or Backends)(
                 cfg,
@@ -136,9 +139,9 @@ class EngineActor:
                 retriever=remote.get("retrieval") or local,
                 scorer=scorer,
                 embedder=scorer,
+                **({"generator": hosted} if hosted is not None else {}),
             )
 
-        in_ray = ray.is_initialized() and bool(self.actor_id)
         return Replica(
             cfg,
             None,
@@ -147,9 +150,29 @@ class EngineActor:
             None,
             {},
             make_backends=build,
-            where={"pid": os.getpid(), "node": node, "group": _own_group() if in_ray else None},
+            where={
+                "pid": os.getpid(),
+                "node": node,
+                **({"group": hosted.where["group"], "group_node": hosted.where["node"]} if hosted else {"group": None}),
+            },
             on_ended=self._on_ended,
         ).start()
+
+    def _host(self, cfg: DynragConfig, make_backends: Callable[..., Any] | None) -> Any:
+        """A tensor-parallel replica's generator host (ray_host.py), in the placement group this actor claims;
+        None for a replica of one GPU or none (its generator is its own)."""
+        if not self.groups:
+            return None
+        import ray
+
+        from pipeline.runtime.ray_host import HostedGenerator
+
+        claimed = ray.get(self.control.claim_group.remote(self.actor_id, len(self.groups)))
+        if claimed is None:
+            raise DynragError(
+                f"every one of the {len(self.groups)} replicas' placement groups is held by another actor"
+            )
+        return HostedGenerator.start(self.groups[claimed], cfg, self.methods, make_backends)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         """One Ray Data batch: its rows of each run answered as one batch of that run (at once, each its part);
@@ -297,38 +320,6 @@ def _run(cfg: DynragConfig, run: dict) -> Any:
     params = spec.params(cfg.method.params, cfg) if run.get("params") is None else spec.params(run["params"])
     writer = PartWriter(run["out"], run["row_args"]["run_id"], run.get("header"))
     return Run(spec.program, params, writer, run["row_args"])
-
-
-def check_placement(cfg: DynragConfig, node: str) -> None:
-    """A tensor-parallel replica's actor must sit in its own placement group, on the group's node: refused
-    with one line otherwise (vLLM would build a CPU engine, or look for its GPUs on another node)."""
-    from pipeline.runtime.ray_resources import tensor_parallel_size
-
-    if tensor_parallel_size(cfg) <= 1:
-        return
-    from ray.util import get_current_placement_group, placement_group_table
-
-    group = get_current_placement_group()
-    nodes = set(placement_group_table(group).get("bundles_to_node_id", {}).values()) if group else set()
-    placement_error = misplaced(node, nodes, group is not None)
-    if placement_error:
-        raise DynragError(placement_error)
-
-
-def misplaced(node: str, group_nodes: set[str], in_group: bool) -> str | None:
-    """Why a tensor-parallel replica's actor on `node` is misplaced (None: it is not)."""
-    if not in_group:
-        return "this tensor-parallel engine actor is in no placement group: its vLLM workers would have no GPUs"
-    if node not in group_nodes:
-        return f"this tensor-parallel engine actor is on node {node[:8]}, not on its group's ({sorted(group_nodes)})"
-    return None
-
-
-def _own_group() -> str | None:
-    from ray.util import get_current_placement_group
-
-    group = get_current_placement_group()
-    return group.id.hex() if group is not None else None
 
 
 def poison(dead: list[dict], batch_deaths: int) -> bool:
@@ -500,7 +491,7 @@ def answer_runs_with_ray(
     from pipeline.runtime.ray_control import RunControl
     from pipeline.runtime.ray_logs import route_ray_worker_output
     from pipeline.runtime.ray_questions import question_dataset
-    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus
+    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus, replica_groups
     from pipeline.runtime.replica import batches_held
 
     local = not ray.is_initialized() and ray_address(cfg.runtime.ray_address, os.environ) == "local"
@@ -514,10 +505,11 @@ def answer_runs_with_ray(
 
         sigterm_drains(drain)  # Ray's own SIGTERM handler exits at once
     pools: dict[str, list] = {}
-    groups: list = []  # the tensor-parallel replicas' placement groups, made as Ray Data starts each actor
+    groups: list = []  # the tensor-parallel replicas' placement groups (claimed by their engine actors)
     control, supervisor = None, None
     try:
         gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
+        groups.extend(replica_groups(cfg, gpus))
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -543,6 +535,7 @@ def answer_runs_with_ray(
                 pools,
                 control,
                 make_backends,
+                groups,
             ),
             batch_size=batch,
             batch_format="numpy",
@@ -552,7 +545,7 @@ def answer_runs_with_ray(
                 enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
                 max_tasks_in_flight_per_actor=calls + 1,
             ),
-            **engine_actor_options(cfg, gpus, groups),
+            **engine_actor_options(cfg, gpus),
         )
         stream = ds.iter_batches(batch_size=None, batch_format="numpy")
         try:
@@ -713,8 +706,8 @@ def _asked_for(groups: list, cfg: DynragConfig) -> str:
 
     tp = tensor_parallel_size(cfg)
     if tp > 1:
-        bundles = replica_bundles(tp, cfg.ray.actor_num_cpus, dict(cfg.ray.actor_resources))
-        return f"; each replica asks for a placement group of {bundles} on one node"
+        bundles = replica_bundles(tp, dict(cfg.ray.actor_resources))
+        return f"; each replica asks for {cfg.ray.actor_num_cpus:g} CPU and a placement group of {bundles} on one node"
     extra = "".join(f", {v:g} {k}" for k, v in cfg.ray.actor_resources.items())
     return f"; each replica asks for {cfg.ray.actor_num_cpus:g} CPU, {cfg.ray.actor_num_gpus:g} GPU{extra}"
 

@@ -1,0 +1,143 @@
+"""A tensor-parallel replica's generator, hosted by a child actor inside the replica's placement group.
+
+Ray Data starts an engine actor with plain options (its CPUs; no GPU, no placement: `ray_remote_args_fn`,
+which placed it in a group, goes away in Ray 2.64). The actor claims a group of its own from the driver's
+`RunControl` (`claim_group`: by actor id, so a restarted actor gets its group back and a new actor never an
+occupied one), then starts a `GeneratorHost` in the group's first bundle with child tasks captured. The host
+builds the generator there: vLLM's Ray executor finds the group (`ray.util.get_current_placement_group()`) and
+puts its tensor-parallel workers on the group's GPUs, one a bundle, all on one node (STRICT_PACK). The engine
+actor calls it through `HostedGenerator`, which keeps the generator's protocol (`generate`; `submit` -> Future
+where the hosted one streams), so the engine, retrieval and the part writer stay in the engine actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+from pipeline.config import DynragConfig
+from pipeline.engine.streaming import InFlight
+from pipeline.errors import DynragError, EngineDead
+
+
+class GeneratorHost:
+    """The child actor (async: each prompt awaits its sequence, none holds a thread) holding the generator."""
+
+    def __init__(self, cfg_json: dict, methods: list[str], make_backends: Any = None):
+        import ray
+
+        from pipeline.backends import make_generator
+
+        cfg = DynragConfig.model_validate(cfg_json)
+        ctx = ray.get_runtime_context()
+        self.node = ctx.get_node_id()
+        group = ray.util.get_current_placement_group()
+        self.group = group.id.hex() if group is not None else None
+        nodes = set(ray.util.placement_group_table(group).get("bundles_to_node_id", {}).values()) if group else set()
+        why = misplaced(self.node, nodes, group is not None)
+        if why:
+            raise DynragError(why)
+        # a test's latency-model backends (picklable) build the generator a test gives; else the configuration's
+        self.gen = make_backends(cfg, None).generator if make_backends is not None else make_generator(cfg, methods)
+
+    def where(self) -> dict:
+        return {"node": self.node, "group": self.group, "streams": hasattr(self.gen, "submit")}
+
+    async def submit(self, prompt, sampling, chat) -> tuple:
+        return await asyncio.wrap_future(self.gen.submit(prompt, sampling, chat))
+
+    async def generate(self, prompts, samplings, chats) -> list:
+        return await asyncio.to_thread(self.gen.generate, prompts, samplings, chats)
+
+    async def close(self) -> None:
+        close = getattr(self.gen, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
+
+
+def misplaced(node: str, group_nodes: set[str], in_group: bool) -> str | None:
+    """Why a tensor-parallel replica's generator host on `node` is misplaced (None: it is not)."""
+    if not in_group:
+        return "this tensor-parallel generator host is in no placement group: its vLLM workers would have no GPUs"
+    if node not in group_nodes:
+        return f"this tensor-parallel generator host is on node {node[:8]}, not on its group's ({sorted(group_nodes)})"
+    return None
+
+
+class HostedGenerator:
+    """The engine actor's side of a `GeneratorHost`: the generator protocol over the host's calls. The host's
+    process gone (its node lost, vLLM's core killing it) is the engine's death (EngineDead): the replica fails
+    and its actor restarts within its budget, claiming its group again."""
+
+    def __init__(self, host: Any, where: dict):
+        self.host, self.where = host, where
+        self.flight = InFlight()  # the replica's generator busy fraction, as a local generator keeps it
+        self._keys = iter(range(1 << 62))
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, group: Any, cfg: DynragConfig, methods: list[str], make_backends: Any = None) -> HostedGenerator:
+        """A host in `group`'s first bundle (its CPU; the GPUs are its workers'), its generator loaded."""
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+        )
+        host = (
+            ray.remote(GeneratorHost)
+            .options(num_cpus=HOST_CPUS, num_gpus=0, scheduling_strategy=strategy, max_restarts=0, max_concurrency=1000)
+            .remote(cfg.model_dump(mode="json"), methods, make_backends)
+        )
+        where = ray.get(host.where.remote())  # its constructor's error, if it failed to load
+        return (HostedStreamingGenerator if where["streams"] else cls)(host, where)
+
+    def _call(self, ref) -> Any:
+        import ray
+
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as err:
+            raise EngineDead(f"the generator host died: {err}") from err
+
+    def generate(self, prompts, samplings, chats) -> list:
+        return self._call(self.host.generate.remote(prompts, samplings, chats))
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get(self.host.close.remote(), timeout=CLOSE_S)
+        except Exception:  # the host is gone already, or stuck: it goes with the kill
+            pass
+        ray.kill(self.host, no_restart=True)
+
+
+class HostedStreamingGenerator(HostedGenerator):
+    """A hosted streaming generator: each prompt submitted on its own (pipeline/engine/streaming.py)."""
+
+    def submit(self, prompt, sampling, chat) -> Future:
+        import ray
+
+        with self._lock:
+            key = next(self._keys)
+        self.flight.start(key)
+        out: Future = Future()
+
+        def done(ref_future: Future) -> None:
+            self.flight.finish(key)
+            try:
+                out.set_result(ref_future.result())
+            except ray.exceptions.RayActorError as err:  # a dead engine is a value, as vLLM's own (vllm_stream)
+                out.set_result((EngineDead(f"the generator host died: {err}"), 0.0))
+            except BaseException as err:  # noqa: BLE001 - the prompt's own error, as the protocol passes it
+                out.set_exception(err)
+
+        self.host.submit.remote(prompt, sampling, chat).future().add_done_callback(done)
+        return out
+
+
+HOST_CPUS = 1.0  # the host's share of its group's first bundle (the vLLM engine core's process)
+CLOSE_S = 90.0  # for the hosted generator to shut its engine down
