@@ -83,6 +83,14 @@ class HostedGenerator:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        wait_s = cfg.ray.replica_wait_s
+        try:  # a group that cannot be placed (no node has its GPUs) is a replica that never starts
+            ray.get(group.ready(), timeout=wait_s)
+        except ray.exceptions.GetTimeoutError:
+            raise DynragError(
+                f"its placement group {group.bundle_specs} was not placed on one node within "
+                f"ray.replica_wait_s={wait_s:g} s"
+            ) from None
         strategy = PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
         )
