@@ -30,7 +30,6 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from pipeline.config import DynragConfig
-from pipeline.engine.core import batched
 
 
 def question_dataset(
@@ -43,7 +42,13 @@ def question_dataset(
     src = QuestionSource(source, cfg, done, limit, block_rows)
     # no CPU asked: one light read that must never wait for CPUs the engine and pool actors hold (a job sized
     # to its cluster, the replicas and pools taking every CPU, deadlocked reading its questions from s3://)
-    return ray.data.read_datasource(src, num_cpus=0)
+    # every row its own block, for this dataset only (its own copy of the context; Ray Data merges a task's
+    # output into blocks of up to 128 MiB): the engine actors' bundles are then exactly a batch, a call to each,
+    # and each call's report leaves its actor as a block of its own when the call returns, never held back by
+    # another batch of the same task (one a drained replica holds, to be answered elsewhere)
+    ds = ray.data.read_datasource(src, num_cpus=0, override_num_blocks=1)
+    ds.context.target_max_block_size = 1
+    return ds
 
 
 class QuestionSource(Datasource):
@@ -73,27 +78,29 @@ class QuestionSource(Datasource):
 
     def read_blocks(self) -> Iterator[pa.Table]:
         """The file read once; each question, for each run that has not answered it, one row of that run (its
-        skips carried by its next row, the rest by a final row with no `q`)."""
+        skips carried by its next row, the rest by a final row with no `q`), in blocks of `block_rows` rows."""
         from pipeline.io.datasets import load_questions, pending_questions
 
         counts: dict[str, int] = {}
         questions = load_questions(self.source, DynragConfig.model_validate(self.cfg_json))
         skipped = [0] * len(self.done)
+        rows: dict[str, list] = {"q": [], "skipped": [], "run": []}
         try:
-            for chunk in batched(pending_questions(questions, frozenset(), self.limit, counts), self.block_rows):
-                rows: dict[str, list] = {"q": [], "skipped": [], "run": []}
-                for q in chunk:
-                    text = json.dumps(q.to_dict())
-                    for run, done in enumerate(self.done):
-                        if q.id in done:
-                            skipped[run] += 1
-                            continue
-                        rows["q"].append(text)
-                        rows["skipped"].append(skipped[run])
-                        rows["run"].append(run)
-                        skipped[run] = 0
-                if rows["q"]:
-                    yield pa.table(rows)
+            for q in pending_questions(questions, frozenset(), self.limit, counts):
+                text = json.dumps(q.to_dict())
+                for run, done in enumerate(self.done):
+                    if q.id in done:
+                        skipped[run] += 1
+                        continue
+                    rows["q"].append(text)
+                    rows["skipped"].append(skipped[run])
+                    rows["run"].append(run)
+                    skipped[run] = 0
+                    if len(rows["q"]) == self.block_rows:  # a block is one batch of pending rows
+                        yield pa.table(rows)
+                        rows = {"q": [], "skipped": [], "run": []}
+            if rows["q"]:
+                yield pa.table(rows)
             rest = [run for run, n in enumerate(skipped) if n]
             if rest:
                 yield pa.table(

@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 
 WATCH_S = 1.0  # how often an engine actor asks the driver's RunControl what to do (its heartbeat)
 SUPERVISE_S = 1.0  # how often the driver's supervisor looks at the drain, the nodes and the replicas
-COMMIT_WAIT_S = 30.0  # for a drained actor's returned batches to be committed by the driver before it exits
+# for a drained actor's returned batches to be committed by the driver before it exits: they are, within a second,
+# unless Ray Data gave one of them in a task with a batch this actor leaves for another (a task's results go
+# together): then that batch is answered again elsewhere, and its attempt here is dropped at the commit
+COMMIT_WAIT_S = 10.0
 READER_JOIN_S = 30.0  # for the stream's reader thread to end once the job's actors are gone
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
@@ -225,7 +228,7 @@ class EngineActor:
         if self.control is not None:
             self.control.end.remote(key)
             self.begun.discard(key)
-        self.turns.leave(returned=key)
+        self.turns.leave(returned=key if report.get("part") else None)  # a batch with no rows has none to commit
         return {**report, "run": run_index}
 
     def _park(self) -> NoReturn:
@@ -296,16 +299,24 @@ class EngineActor:
         process is gone."""
         import ray
 
+        t0 = time.monotonic()
         returned = self.turns.wait_idle(COMMIT_WAIT_S)
-        deadline = time.monotonic() + COMMIT_WAIT_S
-        while self.control is not None and returned and time.monotonic() < deadline:
+        idle_s, deadline, committed = time.monotonic() - t0, time.monotonic() + COMMIT_WAIT_S, not returned
+        while self.control is not None and not committed and time.monotonic() < deadline:
             try:
-                if ray.get(self.control.all_committed.remote(sorted(returned)), timeout=WATCH_S * 5):
-                    break
+                committed = ray.get(self.control.all_committed.remote(sorted(returned)), timeout=WATCH_S * 5)
             except Exception as err:  # the driver is gone: nothing more to wait for
                 log.debug("commit wait: %s", err)
                 break
             time.sleep(0.2)
+        log.warning(
+            "engine actor %d: exits (its calls ended in %.1f s; its %d returned batches %s in %.1f s)",
+            os.getpid(),
+            idle_s,
+            len(returned),
+            "committed" if committed else "not all committed",
+            time.monotonic() - t0 - idle_s,
+        )
         os._exit(1)
 
 
