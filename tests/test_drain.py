@@ -52,11 +52,13 @@ def test_a_drain_admits_no_more_questions_and_finishes_those_in_flight():
             got.append(outcome)
             if len(got) == 2:
                 drain.request()
+                at_request = len(started)
     finally:
         engine.close()
     assert all(o.error is None and o.answer.prediction for o in got)
     assert sorted(o.question.id for o in got) == sorted(started)  # every question started was finished...
-    assert 2 < len(got) <= 2 + 4  # ...those in flight at the request (at most max_in_flight), and no other
+    # ...those in flight at the request (the coordinator may have been admitting one as it came), and no other
+    assert 2 < len(got) and len(started) <= at_request + 1 < 40
 
 
 def test_a_drain_that_runs_out_drops_what_is_still_in_flight():

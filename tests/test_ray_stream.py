@@ -95,9 +95,8 @@ def ray_cluster(tmp_path_factory):
     ray.shutdown()
 
 
-def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
-    data_dir, tmp_path_factory, tmp_path, monkeypatch, ray_cluster
-):
+def _tiny_job(data_dir, tmp_path_factory, tmp_path) -> tuple[str, str, DynragConfig]:
+    """(index, dataset, configuration) of a small job with the tiny transformers model."""
     index = str(build_hotpot_index(data_dir, tmp_path_factory, 20))
     dataset = str(_dataset(data_dir, tmp_path / "questions.jsonl"))
     cfg = DynragConfig()
@@ -107,6 +106,13 @@ def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
     cfg.answer.progress = False
     cfg.answer.batch_questions = 2
     cfg.retrieval.k = 2  # the tiny tokenizer spends ~4 tokens a word: five passages overran 2,048 tokens (fixture kit)
+    return index, dataset, cfg
+
+
+def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
+    data_dir, tmp_path_factory, tmp_path, monkeypatch, ray_cluster
+):
+    index, dataset, cfg = _tiny_job(data_dir, tmp_path_factory, tmp_path)
     local, remote = str(tmp_path / "local"), str(tmp_path / "ray")
 
     def both(limit):
@@ -188,15 +194,7 @@ def test_an_experiment_on_ray_answers_its_runs_at_once_as_in_process(data_dir, t
 
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
-    index = str(build_hotpot_index(data_dir, tmp_path_factory, 20))
-    dataset = str(_dataset(data_dir, tmp_path / "questions.jsonl"))
-    cfg = DynragConfig()
-    cfg.generation.model = str(tiny_model_path(tmp_path_factory))
-    cfg.generation.backend = "transformers"
-    cfg.generation.max_new_tokens = 8
-    cfg.answer.progress = False
-    cfg.answer.batch_questions = 2
-    cfg.retrieval.k = 2
+    index, dataset, cfg = _tiny_job(data_dir, tmp_path_factory, tmp_path)
     runs = [MethodRun("sr-rag", "sr-rag", {"k": 2}), MethodRun("no-retrieval", "no-retrieval", {})]
     local = run_methods(dataset, index, runs, cfg, tmp_path / "local")
     ray_cfg = cfg.model_copy(deep=True)
