@@ -16,6 +16,8 @@ own=(); shared=()
 for f in "${files[@]}"; do
   if grep -q "pytest.mark.own_process" "$f"; then own+=("$f"); else shared+=("$f"); fi
 done
+# each file's test seconds (tests/conftest.py appends them) and each process's wall seconds, printed at the end
+times=${DYNRAG_TEST_TIMES:-$(mktemp)}; export DYNRAG_TEST_TIMES=$times; walls=""
 passed=0; failed=0; skipped=0; status=0; failures=""
 pytest_once() {  # sets out and rc
   out=$("$py" -m pytest -rfE -p no:cacheprovider --durations=15 "$@" "${extra[@]}" 2>&1); rc=$?
@@ -24,6 +26,7 @@ summary() { printf '%s\n' "$out" | grep -E '^[=]* ?[0-9]+ (passed|failed|skipped
 run() {  # one pytest process over the files given ($1: -q, or -v to name each test as it starts)
   local mode=$1; shift
   echo "=== $*"
+  local t0=$SECONDS
   pytest_once "$mode" "$@"
   if [ "$mode" = -v ] && [ "$rc" -ne 0 ] && [ -z "$(summary)" ]; then
     # the process ended without pytest's summary (a native exit: Ray's core worker ends its driver with exit 1
@@ -36,6 +39,7 @@ run() {  # one pytest process over the files given ($1: -q, or -v to name each t
     pytest_once "$mode" "$@"
   fi
   printf '%s\n' "$out" | tail -n 40
+  walls="$walls$((SECONDS - t0)) s  process: $([ $# -gt 1 ] && echo "$# files" || echo "$1")"$'\n'
   line=$(summary)
   n() { printf '%s' "$line" | grep -oE "[0-9]+ $1" | grep -oE '[0-9]+' || echo 0; }
   passed=$((passed + $(n passed))); failed=$((failed + $(n failed) + $(n error)))
@@ -50,6 +54,9 @@ extra=("$@")
 crashed=""
 [ ${#shared[@]} -gt 0 ] && run -q "${shared[@]}"
 for f in "${own[@]}"; do run -v "$f"; done
+echo; echo "test seconds per file (setup + call + teardown), slowest first; tests run"
+sort -t$'\t' -k2,2 -rn "$times" | awk -F'\t' '{ printf "%8.1f s %4d  %s\n", $2, $3, $1 }'
+printf 'wall seconds per process (with its start and collection):\n%s' "$walls"
 # Repeat the failures last, so that a log's tail names them.
 [ -n "$failures" ] && printf '\nfailures:\n%s' "$failures"
 [ -n "$crashed" ] && printf '\ncrashed once, then run again (see above):\n%s' "$crashed"

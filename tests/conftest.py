@@ -78,6 +78,24 @@ def pytest_report_header(config):
     )
 
 
+# Seconds per test file (setup, call and teardown summed), appended to $DYNRAG_TEST_TIMES as "file<TAB>seconds<TAB>tests"
+# lines when it is set: scripts/run_tests.sh prints them as a table at the end of each run.
+_FILE_SECONDS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report):
+    seconds_tests = _FILE_SECONDS.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0])
+    seconds_tests[0] += report.duration
+    seconds_tests[1] += report.when == "call"
+
+
+def pytest_sessionfinish(session):
+    path = os.environ.get("DYNRAG_TEST_TIMES")
+    if path and _FILE_SECONDS:
+        with open(path, "a") as f:
+            f.writelines(f"{name}\t{s:.1f}\t{n}\n" for name, (s, n) in _FILE_SECONDS.items())
+
+
 def pytest_collection_modifyitems(config, items):
     if resolve_data_dir()[1]:
         return
