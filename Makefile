@@ -7,7 +7,7 @@ VENV ?= .venv
 unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo lint test test-slow test-faults bench
+.PHONY: setup demo lint test test-all test-slow test-faults bench
 setup:
 	bash scripts/setup.sh
 
@@ -23,11 +23,16 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# scripts/run_tests.py: pytest processes, as many at once as the machine has cores (TEST_JOBS=n to choose)
 test: lint
-	bash scripts/run_tests.sh
+	$(PY) scripts/run_tests.py -m "not slow and not faults"
+
+# what CI runs (.ci/run): the tests and the fault-injection suite in one run
+test-all: lint
+	$(PY) scripts/run_tests.py -m "not slow"
 
 test-slow: setup
-	bash scripts/run_tests.sh -m slow
+	$(PY) scripts/run_tests.py -m slow
 
 test-faults: setup
-	TESTS="tests/test_faults_*.py" bash scripts/run_tests.sh -m "faults and not slow"
+	$(PY) scripts/run_tests.py -m "faults and not slow" tests/test_faults_*.py

@@ -79,7 +79,7 @@ def pytest_report_header(config):
 
 
 # Seconds per test file (setup, call and teardown summed), appended to $DYNRAG_TEST_TIMES as "file<TAB>seconds<TAB>tests"
-# lines when it is set: scripts/run_tests.sh prints them as a table at the end of each run.
+# lines when it is set: scripts/run_tests.py prints them as a table at the end of each run.
 _FILE_SECONDS: dict[str, list[float]] = {}
 
 

@@ -23,7 +23,7 @@ from indexing.errors import IndexingError
 from indexing.manifest import read_manifest, verify_version
 from pipeline.config import load_config
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
 

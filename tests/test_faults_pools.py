@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import DynragConfig
 
-pytestmark = [pytest.mark.faults, pytest.mark.own_process]  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = [pytest.mark.faults, pytest.mark.own_process]  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
 

@@ -23,7 +23,7 @@ from indexing.passages import parent_id, record_passages
 from indexing.readers import Record
 from pipeline.config import load_config
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
 SHARD = 20
 

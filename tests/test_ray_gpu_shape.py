@@ -17,7 +17,7 @@ from jobs.bench.simulated import SimBackends
 from pipeline.config import load_config, replica_share, vllm_utilization
 from pipeline.runtime.gpu_plan import plan_gpu
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
 GiB = 2**30

@@ -13,7 +13,7 @@ import pytest
 from jobs.quiet import divert_logs
 from pipeline.runtime.ray_logs import MARK, route_worker_logs
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
 

@@ -17,7 +17,7 @@ from pipeline.io.output import PartWriter, batch_report, part_files
 from pipeline.io.part_store import attempt_key
 from pipeline.runtime.answer import run_answer
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
 COLUMNS = ["question_id", "prediction", "error", "error_kind", "retrieval_calls"]
 

@@ -11,7 +11,7 @@ from engine_fixtures import HOTPOT
 from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.sh)
+pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
 
 @pytest.fixture

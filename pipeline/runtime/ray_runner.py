@@ -49,6 +49,7 @@ SUPERVISE_S = 1.0  # how often the driver's supervisor looks at the drain, the n
 # unless Ray Data gave one of them in a task with a batch this actor leaves for another (a task's results go
 # together): then that batch is answered again elsewhere, and its attempt here is dropped at the commit
 COMMIT_WAIT_S = 10.0
+CALL_TIMEOUT_S = 10.0  # for one of the supervisor's calls to RunControl
 READER_JOIN_S = 30.0  # for the stream's reader thread to end once the job's actors are gone
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
@@ -661,8 +662,10 @@ class Supervisor:
                 yield item
 
     def stop(self) -> None:
-        """Stop watching; wait for the stream's reader to end (its actors are gone by now)."""
+        """Stop watching; wait for this thread and the stream's reader to end (its actors are gone by now): a
+        thread still in a Ray call when the driver's Ray shuts down ends the whole process."""
         self._done.set()
+        self._thread.join(SUPERVISE_S + CALL_TIMEOUT_S)
         if self.reader is not None:
             self.reader.join(READER_JOIN_S if self.line is None else 5.0)
             if self.reader.is_alive():  # blocked on actors that never started (the job's line said so)
@@ -684,10 +687,16 @@ class Supervisor:
                 draining = draining_nodes()
                 self.control.set_draining.remote(draining)
                 self.control.set_lost.remote([*draining, *(n["NodeID"] for n in ray.nodes() if not n["Alive"])])
+                control = self.control
                 line = (
-                    ray.get(self.control.fatal.remote())
-                    or stalled(ray.get(self.control.last_seen.remote()), t0, time.time(), self.cfg.ray.replica_wait_s)
-                    or ray.get(self.control.stuck.remote(time.time(), self.cfg.ray.stall_s))
+                    ray.get(control.fatal.remote(), timeout=CALL_TIMEOUT_S)
+                    or stalled(
+                        ray.get(control.last_seen.remote(), timeout=CALL_TIMEOUT_S),
+                        t0,
+                        time.time(),
+                        self.cfg.ray.replica_wait_s,
+                    )
+                    or ray.get(control.stuck.remote(time.time(), self.cfg.ray.stall_s), timeout=CALL_TIMEOUT_S)
                 )
             except Exception as err:  # the cluster is going away: the stream's own error says why
                 log.debug("supervisor: %s", err)

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Run the tests as pytest processes, several at once (`--jobs`, default the machine's cores), longest first.
+
+The processes: the files that share one interpreter, split in two (the fault-injection files and the rest; the
+tiny vLLM engine, the models and the JVM start once per process, tests/conftest.py), and each file marked
+`own_process` (Ray in-process, or memory measured against the process's own start), unless all its tests are
+deselected. "Longest" is read from the per-file table in docs/operations.md ("Test seconds per file").
+
+A process's output is printed when it ends (its tail, with its slowest tests), so that processes running at once
+do not interleave. An own-process file that ends without pytest's summary (a native exit: Ray's core worker
+ends its driver with exit 1 when it loses its raylet or GCS) shows its last lines and Ray's newest driver log,
+is run once more, and is named at the end as crashed once. The run ends with the failing test ids, the table of
+seconds per file (`DYNRAG_TEST_TIMES`, tests/conftest.py), each process's wall seconds and the summed line
+"N passed, N failed, N skipped". Arguments after `--` go to every pytest."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLE = ROOT / "docs" / "operations.md"
+UNKNOWN_S = 30.0  # a file the table does not list yet
+SUMMARY = re.compile(r"^=* ?\d+ (passed|failed|skipped|deselected|error)")
+
+
+@dataclass
+class Unit:
+    """One pytest process over `files`."""
+
+    files: list[str]
+    own: bool  # an own-process file: named test by test (-v), run once more if it crashes
+    estimate_s: float
+    wall_s: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    crashed: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.files[0] if len(self.files) == 1 else f"{len(self.files)} files ({Path(self.files[0]).name}, ...)"
+
+
+def seconds_per_file() -> dict[str, float]:
+    """docs/operations.md's table rows `| tests/test_x.py | seconds | ...`: each file's seconds (0 where absent)."""
+    row = re.compile(r"^\|\s*`?(tests/test_\w+\.py)`?\s*\|\s*([\d.]+)")
+    found = (row.match(line) for line in TABLE.read_text(encoding="utf-8").splitlines()) if TABLE.is_file() else ()
+    return {m[1]: float(m[2]) for m in found if m}
+
+
+def source_of(path: str) -> str:
+    return Path(ROOT, path).read_text(encoding="utf-8")
+
+
+def selected_own_files(py: str, files: list[str], extra: list[str]) -> set[str]:
+    """The own-process files with at least one test selected (one collection process for them all)."""
+    if not files:
+        return set()
+    out = subprocess.run(
+        [py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return {line.split("::", 1)[0] for line in out.splitlines() if "::" in line}
+
+
+def plan(files: list[str], py: str, extra: list[str]) -> list[Unit]:
+    """The processes to run, longest first."""
+    seconds = seconds_per_file()
+    own = [f for f in files if "pytest.mark.own_process" in source_of(f)]
+    shared = [f for f in files if f not in own]
+    faults = [f for f in shared if "pytest.mark.faults" in source_of(f)]
+    groups = [g for g in (faults, [f for f in shared if f not in faults]) if g]
+    units = [Unit(g, False, sum(seconds.get(f, UNKNOWN_S) for f in g)) for g in groups]
+    chosen = selected_own_files(py, own, extra)
+    units += [Unit([f], True, seconds.get(f, UNKNOWN_S)) for f in own if f in chosen]
+    return sorted(units, key=lambda u: -u.estimate_s)
+
+
+class Runner:
+    def __init__(self, py: str, extra: list[str], jobs: int):
+        self.py, self.extra, self.jobs = py, extra, jobs
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+        self.logs = Path(tempfile.mkdtemp(prefix="dynrag-tests-"))
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(text, flush=True)
+
+    def pytest(self, unit: Unit, attempt: int) -> tuple[int, str]:
+        log = self.logs / f"{Path(unit.files[0]).stem}-{len(unit.files)}-{attempt}.log"
+        cmd = [self.py, "-m", "pytest", "-rfE", "-p", "no:cacheprovider", "--durations=15"]
+        cmd += ["-v" if unit.own else "-q", *unit.files, *self.extra]
+        with open(log, "w") as out:
+            rc = subprocess.run(
+                cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            ).returncode
+        return rc, log.read_text(encoding="utf-8", errors="replace")
+
+    def run(self, unit: Unit) -> None:
+        self.say(f"[{self.elapsed()}] start {unit.name} (about {unit.estimate_s:.0f} s)")
+        started = time.monotonic()
+        rc, out = self.pytest(unit, 0)
+        summary = [line for line in out.splitlines() if SUMMARY.match(line)]
+        notes = ""
+        if unit.own and rc != 0 and not summary:
+            unit.crashed = True
+            notes = "\n".join(out.splitlines()[-15:]) + driver_log_tail()
+            notes += f"\nCRASHED {unit.name} (pytest exit {rc}, no summary): ran it once more\n"
+            rc, out = self.pytest(unit, 1)
+            summary = [line for line in out.splitlines() if SUMMARY.match(line)]
+        unit.wall_s = time.monotonic() - started
+        line = summary[-1] if summary else ""
+        unit.counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", line)}
+        if rc not in (0, 5):
+            ids = [x for x in out.splitlines() if x.startswith(("FAILED ", "ERROR "))]
+            unit.failures = ids or [f"CRASHED {unit.name} (pytest exit {rc})"]
+        tail = "\n".join(out.splitlines()[-40:])
+        self.say(f"=== [{self.elapsed()}] {' '.join(unit.files)} ({unit.wall_s:.0f} s)\n{notes}{tail}")
+
+    def elapsed(self) -> str:
+        return f"{time.monotonic() - self.t0:6.0f} s"
+
+    def run_all(self, units: list[Unit]) -> None:
+        todo: queue.Queue = queue.Queue()
+        for u in units:
+            todo.put(u)
+
+        def lane() -> None:
+            while True:
+                try:
+                    unit = todo.get_nowait()
+                except queue.Empty:
+                    return
+                self.run(unit)
+
+        lanes = [threading.Thread(target=lane) for _ in range(max(1, self.jobs))]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join()
+
+
+def driver_log_tail() -> str:
+    logs = glob.glob("/tmp/dynrag-gpu-*/session_*/logs/python-core-driver-*.log")
+    logs += glob.glob("/tmp/ray/session_*/logs/python-core-driver-*.log")
+    if not logs:
+        return ""
+    newest = max(logs, key=os.path.getmtime)
+    lines = Path(newest).read_text(errors="replace").splitlines()[-20:]
+    return f"\n--- the last lines of {newest}\n" + "\n".join(lines)
+
+
+def report(units: list[Unit], times: Path, wall_s: float) -> int:
+    rows = [line.split("\t") for line in times.read_text().splitlines()] if times.is_file() else []
+    print("\ntest seconds per file (setup + call + teardown), slowest first; tests run")
+    for name, seconds, n in sorted(rows, key=lambda r: -float(r[1])):
+        print(f"{float(seconds):8.1f} s {int(n):4d}  {name}")
+    print("wall seconds per process (with its start and collection):")
+    for u in sorted(units, key=lambda u: -u.wall_s):
+        print(f"{u.wall_s:8.0f} s  {u.name}")
+    failures = [f for u in units for f in u.failures]
+    if failures:
+        print("\nfailures:\n" + "\n".join(failures))
+    crashed = [u.name for u in units if u.crashed]
+    if crashed:
+        print("\ncrashed once, then run again (see above):\n" + "\n".join(crashed))
+    total = {k: sum(u.counts.get(k, 0) for u in units) for k in ("passed", "failed", "error", "skipped")}
+    failed = total["failed"] + total["error"] + sum(1 for u in units if u.failures and not u.counts.get("failed"))
+    print(f"{total['passed']} passed, {failed} failed, {total['skipped']} skipped in {wall_s:.0f} s")
+    return 1 if failures else 0
+
+
+def main(argv: list[str]) -> int:
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="*", help="test files (default tests/test_*.py)")
+    parser.add_argument("-m", dest="marks", help="pytest's marker expression, for every process")
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", 0)) or os.cpu_count() or 1)
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    os.chdir(ROOT)
+    files = args.files or sorted(glob.glob("tests/test_*.py"))
+    extra = (["-m", args.marks] if args.marks else []) + extra
+    py = os.environ.get("PYTHON") or str(ROOT / ".venv" / "bin" / "python")
+    times = Path(os.environ.setdefault("DYNRAG_TEST_TIMES", tempfile.mktemp(prefix="dynrag-test-times-")))
+    t0 = time.monotonic()
+    units = plan(files, py, extra)
+    print(f"{len(units)} pytest processes, {args.jobs} at once", flush=True)
+    Runner(py, extra, args.jobs).run_all(units)
+    return report(units, times, time.monotonic() - t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
