@@ -37,6 +37,13 @@ JOB = [
 ]
 
 
+@pytest.fixture(scope="module")
+def one_node():
+    """One worker node (NODE) for the tests that lose no node: the cluster outlives each test's job."""
+    with fake_gpu_cluster(workers=1, **NODE) as cluster:
+        yield cluster
+
+
 def worker_with_a_replica(cluster, reports: list[dict]):
     """The worker node whose engine replica has answered a batch (a node of the cluster, not the head)."""
     nodes = {r["replica"]["node"] for r in reports}
@@ -106,27 +113,51 @@ def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
         assert_each_question_once(tmp_path / "out", N)
 
 
-def test_an_engine_actor_whose_engine_died_exits_and_its_restart_answers_its_questions(tmp_path):
+@pytest.mark.slow  # see the note below: `make test-slow`
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_job_whose_replicas_can_never_start_ends_with_one_line(tmp_path, tp):
+    """The engine actors ask for a resource no node has (as when a GPU group never comes back; with tensor
+    parallelism, a placement group that cannot be placed, which the actor that claimed it waits for): after
+    ray.replica_wait_s the job ends with one line saying so and what each replica asks for, instead of waiting
+    for ever.
+    Known weakness: the stream's reader thread is left waiting on the actors that never started; when Ray then
+    shuts down, Ray ends that thread with SystemExit, and under pytest's output capture in a shared process
+    this has ended the whole test process (passes alone, and with -s). Kept out of the faults suite."""
+    from pipeline.errors import DynragError
+
+    job = ["ray.actors=1", "ray.actor_num_cpus=1", "ray.actor_resources={tpu_slice: 1}", "ray.replica_wait_s=8"]
+    asks = r"asks for 1 CPU"
+    if tp == 2:
+        job += ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2"]
+        asks = r"placement group \[\{'CPU': 1.0, 'GPU': 1.0, 'tpu_slice': 1.0\}, \{'GPU': 1.0\}\] was not placed"
+    with fake_gpu_cluster(workers=1, num_cpus=3, num_gpus=2) as cluster:
+        t0 = time.monotonic()
+        started = r"no engine replica has started for \d+ s .*" if tp == 1 else r"could not start on node \w+: "
+        with pytest.raises(DynragError, match=rf"{started}.*{asks}"):
+            run_job(cluster, tmp_path, 20, job, scale=0.02)
+        assert time.monotonic() - t0 < 60
+
+
+# the tests on one_node last: the module's cluster is up from the first of them to the end of the module
+def test_an_engine_actor_whose_engine_died_exits_and_its_restart_answers_its_questions(one_node, tmp_path):
     """The engine dies (EngineDead) in the first replica process: the actor closes and exits, Ray starts it
     again, Ray Data sends its batches to the new process, and every question has one row, none an error."""
     markers = tmp_path / "markers"
-    with fake_gpu_cluster(workers=1, **NODE) as cluster:
-        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
-        reports = run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 1))
+    job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
+    reports = run_job(one_node, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 1))
     assert len(list(markers.glob("death-*"))) == 1
     (died,) = [int(m.name.split("-")[1]) for m in markers.glob("death-*")]
     assert died not in {r["replica"]["pid"] for r in reports}  # the dead process answered nothing
     assert_each_question_once(tmp_path / "out", 60)
 
 
-def test_an_engine_that_dies_again_and_again_stops_the_job_with_its_error(tmp_path):
+def test_an_engine_that_dies_again_and_again_stops_the_job_with_its_error(one_node, tmp_path):
     """After ray.replica_failures failures of one replica the fault is taken to come back: the job fails with
     it (not an endless loop of restarts), and what was written stays for a rerun."""
     markers = tmp_path / "markers"
-    with fake_gpu_cluster(workers=1, **NODE) as cluster:
-        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1", "ray.replica_failures=2"]
-        with pytest.raises(Exception, match="engine core died"):
-            run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 99))
+    job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1", "ray.replica_failures=2"]
+    with pytest.raises(Exception, match="engine core died"):
+        run_job(one_node, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 99))
     assert len(list(markers.glob("death-*"))) == 2 + 1
 
 
@@ -156,7 +187,7 @@ def poison_backends(scale: float, markers: Path):
     return PoisonBackends(scale)
 
 
-def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_deaths(tmp_path):
+def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_deaths(one_node, tmp_path):
     """One question kills its replica's process whenever it is answered, while the replica holds every batch
     (the default ray.actor_batches). Ray restarts the actor and Ray Data sends the batches again; each batch
     that died runs alone in the new process, so the innocent ones are answered and only the poison batch dies
@@ -170,11 +201,10 @@ def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_death
     n = 30
     questions = [{"id": f"q{i}", "question": f"Who wrote book {i}?"} for i in range(n)]
     questions[7]["question"] = "Who wrote the poison book?"
-    with fake_gpu_cluster(workers=1, **NODE) as cluster:
-        job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
-        dataset = tmp_path / "questions.jsonl"
-        dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
-        run_job(cluster, tmp_path, n, job, scale=0.02, make_backends=poison_backends(0.02, markers), dataset=dataset)
+    job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
+    dataset = tmp_path / "questions.jsonl"
+    dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    run_job(one_node, tmp_path, n, job, scale=0.02, make_backends=poison_backends(0.02, markers), dataset=dataset)
     assert len(list(markers.glob("death-*"))) == 2  # then given up, not a third death
     assert_each_question_once(tmp_path / "out", n, errors=10)
     rows = pl.from_arrow(rows_on_disk(tmp_path / "out", ("question_id", "error", "error_kind")))
@@ -182,28 +212,3 @@ def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_death
     assert "q7" in failed["question_id"].to_list() and failed.height == 10  # its batch (answer.batch_questions)
     assert set(failed["error_kind"]) == {"system"}
     assert "died 2 times while answering it" in failed["error"][0]
-
-
-@pytest.mark.slow  # see the note below: `make test-slow`
-@pytest.mark.parametrize("tp", [1, 2])
-def test_a_job_whose_replicas_can_never_start_ends_with_one_line(tmp_path, tp):
-    """The engine actors ask for a resource no node has (as when a GPU group never comes back; with tensor
-    parallelism, a placement group that cannot be placed, which the actor that claimed it waits for): after
-    ray.replica_wait_s the job ends with one line saying so and what each replica asks for, instead of waiting
-    for ever.
-    Known weakness: the stream's reader thread is left waiting on the actors that never started; when Ray then
-    shuts down, Ray ends that thread with SystemExit, and under pytest's output capture in a shared process
-    this has ended the whole test process (passes alone, and with -s). Kept out of the faults suite."""
-    from pipeline.errors import DynragError
-
-    job = ["ray.actors=1", "ray.actor_num_cpus=1", "ray.actor_resources={tpu_slice: 1}", "ray.replica_wait_s=8"]
-    asks = r"asks for 1 CPU"
-    if tp == 2:
-        job += ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2"]
-        asks = r"placement group \[\{'CPU': 1.0, 'GPU': 1.0, 'tpu_slice': 1.0\}, \{'GPU': 1.0\}\] was not placed"
-    with fake_gpu_cluster(workers=1, num_cpus=3, num_gpus=2) as cluster:
-        t0 = time.monotonic()
-        started = r"no engine replica has started for \d+ s .*" if tp == 1 else r"could not start on node \w+: "
-        with pytest.raises(DynragError, match=rf"{started}.*{asks}"):
-            run_job(cluster, tmp_path, 20, job, scale=0.02)
-        assert time.monotonic() - t0 < 60
