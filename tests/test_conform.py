@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -300,11 +302,16 @@ def test_params_for_reads_the_reference_config():
     assert get_method("flare").params(flare).authors.case_template == "C {question}"
 
 
-def test_the_driver_hashes_prompts_as_the_comparison_does():
-    """The driver runs in the reference's venv without dynrag, so it has its own hash: the two must agree."""
-    from jobs.conform import dragin_driver
-
-    assert dragin_driver.sha("Question: x\nAnswer:") == traces.prompt_sha("Question: x\nAnswer:")
+@pytest.mark.parametrize("driver", ["dragin_driver.py", "erm4_driver.py"])
+def test_a_driver_takes_of_dynrag_only_the_standard_library_record_module(driver):
+    """The drivers run in the reference's venv, without dynrag's packages: at import they reach record.py alone (here
+    with no site-packages at all), so its rows and prompt hashes are the comparison's own."""
+    path = Path(conform_run.__file__).with_name(driver)
+    code = f"import runpy, sys; runpy.run_path({str(path)!r}); print(sorted(m for m in sys.modules if m.startswith('jobs')))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-S", "-P", "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[-2] == str(["jobs", "jobs.conform", "jobs.conform.record"])
 
 
 def test_sentences_from_a_spacy_pipeline_folder(tmp_path):

@@ -12,9 +12,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-from jobs.conform import traces
+from jobs.conform import record
 
 
 def git_info(path: Path) -> dict[str, str]:
@@ -44,7 +43,7 @@ class TracedBackends:
         for prompt, out in zip(prompts, outs):
             text = getattr(out, "text", repr(out))
             self.events.append(
-                {"kind": "generate", "prompt_sha": traces.prompt_sha(prompt), "prompt": prompt, "text": text}
+                {"kind": "generate", "prompt_sha": record.prompt_sha(prompt), "prompt": prompt, "text": text}
             )
         return outs
 
@@ -90,12 +89,12 @@ def run_reference(py: Path, job: dict, workdir: Path, log, driver: Path) -> tupl
     the same inputs (checkout commit, config, settings, model, driver, question) are read back from the cache;
     the driver runs the others only."""
     base = {k: v for k, v in job.items() if k not in ("out", "cache", "questions") and not k.endswith("_url")}
-    base["driver"] = traces.prompt_sha(driver.read_text())
-    folder = Path(job["cache"]) / traces.prompt_sha(json.dumps(base, sort_keys=True))
+    base["driver"] = record.prompt_sha(driver.read_text() + Path(record.__file__).read_text())
+    folder = Path(job["cache"]) / record.prompt_sha(json.dumps(base, sort_keys=True))
     keep = job["commit"] != "unknown"
 
     def kept(q: dict) -> Path:
-        return folder / (traces.prompt_sha(q["id"] + "\n" + q["question"]) + ".json")
+        return folder / (record.prompt_sha(q["id"] + "\n" + q["question"]) + ".json")
 
     todo = [q for q in job["questions"] if not (keep and kept(q).is_file())]
     if len(todo) < len(job["questions"]):
@@ -145,17 +144,14 @@ def run_dynrag(backends, questions, method: str, params: dict) -> list[dict]:
     _ = backends.generator  # loaded before the clock starts, as the reference's model is
     rows = []
     for q in questions:
-        traced.events = []
-        t0 = time.perf_counter()
-        o = engine.run([q], spec.program, p)[0]
-        row: dict[str, Any] = {"id": q.id, "question": q.question, "events": traced.events}
-        row["seconds"] = time.perf_counter() - t0
-        if o.error is not None or o.answer is None:
-            row["error"] = str(o.error)
-        else:
-            row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
-            if "kept" in o.answer.extra:  # a filter's decisions (ERM4's authors' setting)
-                row["kept"] = o.answer.extra["kept"]
+        with record.question_row(q.id, q.question, traced.events) as row:
+            o = engine.run([q], spec.program, p)[0]
+            if o.error is not None or o.answer is None:
+                row["error"] = str(o.error)
+            else:
+                row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
+                if "kept" in o.answer.extra:  # a filter's decisions (ERM4's authors' setting)
+                    row["kept"] = o.answer.extra["kept"]
         rows.append(row)
     return rows
 
