@@ -4,9 +4,11 @@ per-question cache, dynrag's side one question at a time, and the float32 copy o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -119,13 +121,23 @@ def _drive(py: Path, job: dict, workdir: Path, log, driver: Path) -> tuple[dict,
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with open(workdir / "reference.log", "w") as err:
         proc = subprocess.Popen(
-            [str(py), "-P", str(driver), str(cfg_path)], stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env
+            [str(py), "-P", str(driver), str(cfg_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            env=env,
+            start_new_session=True,  # its own process group, which it and its children leave to us to end
         )
-        total = len(job["questions"])
-        while proc.poll() is None:
-            time.sleep(5)
-            done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
-            log(f"reference: {done}/{total} questions")
+        try:
+            total = len(job["questions"])
+            while proc.poll() is None:
+                time.sleep(5)
+                done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
+                log(f"reference: {done}/{total} questions")
+        finally:  # dynrag stopped (Ctrl-C, SIGTERM: run.py) or the driver ended: nothing of the reference is left
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its rows are in `out` or lost with the run
+            proc.wait()
     lines = [json.loads(x) for x in out.read_text().splitlines()] if out.is_file() else []
     if proc.returncode != 0 or not lines:
         tail = (workdir / "reference.log").read_text()[-3000:]
