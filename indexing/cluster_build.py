@@ -2,7 +2,7 @@
 
 The driver (build.py) plans the units, runs the rounds and publishes; here is only who runs a task: a Ray
 task of one CPU, spread over the cluster's nodes (scheduling strategy SPREAD); the tasks that embed (train
-and build) also ask for `ray.embed_actor_num_gpus` GPUs, as the embedding actors of embed.py do. A task's
+and build) also ask for `ray.embed_actor_num_gpus` GPUs (1 by default where the driver sees CUDA). A task's
 return values stay in Ray's object store on its node: a dedup task takes the scans' id hashes from there,
 and a build task its drop lists, so the driver holds a few hundred bytes per shard and object references.
 It keeps the build lock for the whole build and publishes itself, so two builders never interleave

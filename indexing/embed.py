@@ -1,18 +1,13 @@
-"""The embedding stage: one `Encoder` (sentence-transformers) used in-process and inside Ray actors.
+"""The encoder of passages and queries: `EncoderSpec` (what to load, picklable), `Encoder` (sentence-transformers)
+or `HashEncoder` (a test encoder, `embedding.model=hash`), loaded once per process by `get_encoder`.
 
-`embed_batches` is the stage: it takes an ordered list of Parquet files with columns
-(`shard`, `row`, `text`) and yields `(shard, rows, vectors)` in input order. With
-`runtime.mode=ray` the files go through Ray Data (`read_parquet` -> `map_batches(EmbedActor,
-compute=ActorPoolStrategy(size=index.embed_actors))`, one GPU per actor when CUDA is present);
-with `runtime.mode=local` the same `Encoder.encode` runs in this process. Vectors are float32 and
-L2-normalised, so inner product is cosine similarity.
+An index build embeds each staged shard's passages in its unit task (unit_work.py: in this process, a pool
+process or a Ray task), `embed_input(title, text)` each; an open index embeds its queries (index.py). Vectors are
+float32 and L2-normalised, so inner product is cosine similarity.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,8 +16,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from indexing.settings import IndexSettings
-
-log = logging.getLogger(__name__)
 
 
 def embed_input(title: str, text: str) -> str:
@@ -149,80 +142,9 @@ class HashEncoder:
 _LOADED: dict[EncoderSpec, Encoder | HashEncoder] = {}
 
 
-def make_encoder(spec: EncoderSpec) -> Encoder | HashEncoder:
-    return HashEncoder(spec) if spec.model_name == HASH_ENCODER else Encoder(spec)
-
-
 def get_encoder(spec: EncoderSpec) -> Encoder | HashEncoder:
     """The process's encoder for `spec`, loaded once (a refresh in a long-lived process, or the
     queries of an open index, do not reload the model)."""
     if spec not in _LOADED:
-        _LOADED[spec] = make_encoder(spec)
+        _LOADED[spec] = HashEncoder(spec) if spec.model_name == HASH_ENCODER else Encoder(spec)
     return _LOADED[spec]
-
-
-class EmbedActor:
-    """Ray Data actor: holds one Encoder, embeds the `text` column of each batch."""
-
-    def __init__(self, spec: EncoderSpec):
-        import torch
-
-        torch.set_num_threads(max(1, torch.get_num_threads()))
-        self.encoder = make_encoder(spec)
-
-    def __call__(self, batch: dict) -> dict:
-        vecs = self.encoder.encode([str(t) for t in batch["text"]])
-        return {"shard": batch["shard"], "row": batch["row"], "vector": vecs}
-
-
-def _local_batches(
-    files: list[str], spec: EncoderSpec, encoder: Encoder | HashEncoder | None
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    import pyarrow.parquet as pq
-
-    encoder = encoder or get_encoder(spec)
-    for path in files:
-        pf = pq.ParquetFile(path)
-        for batch in pf.iter_batches(batch_size=spec.batch_size * 4, columns=["shard", "row", "text"]):
-            cols = batch.to_pydict()
-            vecs = encoder.encode(cols["text"])
-            yield np.asarray(cols["shard"]), np.asarray(cols["row"]), vecs
-
-
-def _ray_batches(
-    files: list[str], spec: EncoderSpec, cfg: IndexSettings
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    import ray
-
-    from indexing.raytools import init_ray
-
-    init_ray(cfg.ray.address, cfg.ray.num_cpus)
-    ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = True  # shards finish in order, so each is saved as soon as done
-    device = resolve_device(spec.device)
-    from indexing.raytools import embed_actor_gpus
-
-    gpus = embed_actor_gpus(cfg, device)
-    # local://: the staging files are on the driver's disk; read them there, whatever node embeds them
-    ds = ray.data.read_parquet([f"local://{os.path.abspath(f)}" for f in files], columns=["shard", "row", "text"])
-    ds = ds.map_batches(
-        EmbedActor,
-        fn_constructor_args=(spec,),
-        batch_size=spec.batch_size,
-        batch_format="numpy",
-        compute=ray.data.ActorPoolStrategy(size=cfg.index.embed_actors),
-        num_gpus=gpus,
-    )
-    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        yield batch["shard"], batch["row"], np.asarray(batch["vector"], dtype=np.float32)
-
-
-def embed_batches(
-    files: list[str], spec: EncoderSpec, cfg: IndexSettings, *, encoder: Encoder | HashEncoder | None = None
-) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Yield (shard, row, vectors) batches over `files`, in order, per `runtime.mode`."""
-    if not files:
-        return iter(())
-    if cfg.ray.enabled:
-        return _ray_batches(files, spec, cfg)
-    return _local_batches(files, spec, encoder)

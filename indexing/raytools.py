@@ -56,8 +56,8 @@ def gpus_or_fallback(gpus: float, fallback: bool, what: str) -> float:
 
 
 def embed_actor_gpus(cfg: IndexSettings, driver_device: str) -> float:
-    """GPUs per embedding actor: `cfg.ray.embed_actor_num_gpus`, else 1 when the driver itself sees CUDA."""
+    """GPUs per build task that embeds: `cfg.ray.embed_actor_num_gpus`, else 1 when the driver itself sees CUDA."""
     want = cfg.ray.embed_actor_num_gpus
     if want is None:
         want = 1.0 if driver_device.startswith("cuda") else 0.0
-    return gpus_or_fallback(want, cfg.ray.gpu_fallback, "each embedding actor")
+    return gpus_or_fallback(want, cfg.ray.gpu_fallback, "each build task that embeds")

@@ -91,12 +91,6 @@ class IndexConfig(Section):
         "default is a quarter of the machine's memory, per process): set it where several index holders share a node, "
         "e.g. retrieval actors. Applies when the process starts its JVM",
     )
-    embed_actors: int = Field(
-        1,
-        ge=1,
-        description="runtime.mode=ray: Ray Data embedding actors of `dynrag bench` (one GPU "
-        "each when CUDA is present); a cluster build embeds in its unit tasks instead",
-    )
     faiss_gpu: Literal["auto", "cpu", "gpu"] = Field(
         "auto",
         description="where a replica that sees CUDA keeps the FAISS index (its GPU plan, pipeline/runtime/gpu_plan.py): "
@@ -159,7 +153,7 @@ class IndexConfig(Section):
 
 
 class RaySettings(Section):
-    """Builds on Ray (runtime.mode=ray): where Ray is, and what each embedding actor asks for."""
+    """Builds on Ray (runtime.mode=ray): where Ray is, and what each build task that embeds asks for."""
 
     enabled: bool = False
     address: str | None = Field(None, description="Ray address; None starts a local instance")

@@ -408,7 +408,7 @@ class RayConfig(Section):
         "that advertises them (cluster/ launcher: e.g. {generation: 1} on the GPU workers)",
     )
     embed_actor_num_gpus: float | None = Field(
-        None, ge=0, description="GPUs per embedding actor of an index build (None: 1 when the driver sees CUDA)"
+        None, ge=0, description="GPUs per index build task that embeds (None: 1 when the driver sees CUDA)"
     )
     gpu_fallback: bool = Field(
         True, description="on a cluster without GPUs, GPU requests become CPU-only, so a GPU config runs anywhere"

@@ -60,15 +60,15 @@ def side_result(side: str, script: Script, framework: str, threads: int) -> dict
 
 def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script | None = None):
     """Returns (order, commands, model folder, script)."""
-    import jobs.bench.flashrag_env
-    import jobs.bench.flashrag_launch as launch
-    import jobs.bench.flashrag_setup as setup
+    import jobs.bench.flashrag.env
+    import jobs.bench.flashrag.launch as launch
+    import jobs.bench.flashrag.prepare as setup
     import jobs.bench.roofline
     import pipeline.assets.models
     import pipeline.backends.embedding
     import pipeline.backends.hf_gen
     import pipeline.backends.vllm_gen  # noqa: F401  bound resolve_model before it is patched below, not after
-    from jobs.bench.flashrag_driver import VLLM_FAILED
+    from jobs.bench.flashrag.driver import VLLM_FAILED
     from jobs.bench.rss import Measured
 
     script = script or Script()
@@ -87,7 +87,7 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script
         r = side_result(side, script, framework, int((env or {}).get("OMP_NUM_THREADS", 0)))
         return Measured(0, "progress\n" + json.dumps(r) + "\n", "", 10.0, 2**30)
 
-    monkeypatch.setattr(jobs.bench.flashrag_env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
+    monkeypatch.setattr(jobs.bench.flashrag.env, "ensure_flashrag", lambda *a, **k: "/venv/bin/python")
     model = save_weights(tmp_path / "model", {"model.embed_tokens.weight": (50, 8), "model.layers.0.w.weight": (8, 8)})
     monkeypatch.setattr(pipeline.assets.models, "resolve_model", lambda *a: str(model))
 
@@ -111,7 +111,7 @@ def run_driver_with(site, config):
     import subprocess
     import sys
 
-    from jobs.bench.flashrag_launch import flashrag_command
+    from jobs.bench.flashrag.launch import flashrag_command
 
     return subprocess.run(
         flashrag_command(sys.executable, config),

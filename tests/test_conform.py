@@ -4,9 +4,14 @@ against what DRAGIN's code does, on a scripted generator: its prompt layout, its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -155,6 +160,77 @@ def test_reference_rows_are_cached_per_question(tmp_path):
     assert (tmp_path / "out.jsonl.asked").read_text().split("\n")[2] == "q0 q1"
 
 
+# `dynrag conform`'s own CLI in a process of its own, its reference venv's python given (argv[1]) and no model or
+# index: the reference process is what is under test
+CONFORM_WITHOUT_MODEL = """\
+import sys
+import jobs.conform.env, pipeline.assets.models, pipeline.backends
+
+class Backends:
+    retriever = None
+    def __init__(self, *a, **k): pass
+    def close(self): pass
+
+jobs.conform.env.ensure_reference_env = lambda *a, **k: sys.argv[1]
+pipeline.assets.models.resolve_model = lambda name, cache: "/models/m"
+pipeline.backends.Backends = Backends
+from jobs.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def running(pid: int) -> bool:
+    """Neither gone nor a zombie (one whose parent has not reaped it yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_sigterm_to_dynrag_conform_ends_its_reference_process_and_the_reference_s_children(tmp_path):
+    src = tmp_path / "DRAGIN"
+    (src / "src").mkdir(parents=True)
+    (src / "src" / "generate.py").write_text('class SingleRAG:\n    outro = "Answer in the same format."\n')
+    configs = src / "config" / "Llama2-7b-chat" / "HotpotQA"
+    configs.mkdir(parents=True)
+    (configs / "SR-RAG.json").write_text(json.dumps({"method": "single-retrieval", "dataset": "hotpotqa"}))
+    dataset = tmp_path / "q.jsonl"
+    dataset.write_text(json.dumps({"id": "q1", "question": "Who?", "answers": ["A"]}) + "\n")
+    pids = tmp_path / "pids"
+    python = tmp_path / "python"  # the reference: its driver's process with a child, both waiting
+    python.write_text(f'#!/bin/sh\nsleep 600 &\necho "$$ $!" > {pids}.tmp\nmv {pids}.tmp {pids}\nwait\n')
+    python.chmod(0o755)
+    (tmp_path / "conform.py").write_text(CONFORM_WITHOUT_MODEL)
+    argv = ["conform", "--method", "sr-rag", "--reference-source", str(src), "--dataset", str(dataset)]
+    argv += ["--index", str(tmp_path / "index"), "--model-dtype", "checkpoint"]
+    argv += ["--set", f"paths.cache_dir={tmp_path / 'cache'}"]
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    cmd = [sys.executable, str(tmp_path / "conform.py"), str(python), *argv]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reference: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not pids.is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pids.is_file(), proc.communicate(timeout=5)[1][-3000:] if proc.poll() is not None else "no reference"
+        reference = [int(p) for p in pids.read_text().split()]
+        assert all(running(p) for p in reference)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "dynrag: interrupted" in err, err[-3000:]
+        deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
+        while any(running(p) for p in reference) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in reference if running(p)]
+    finally:
+        proc.kill()
+        proc.communicate()
+        for p in reference:  # a failed test leaves nothing behind either
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+
+
 def test_reference_strings_read_a_class_of_the_checkout(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
@@ -300,11 +376,16 @@ def test_params_for_reads_the_reference_config():
     assert get_method("flare").params(flare).authors.case_template == "C {question}"
 
 
-def test_the_driver_hashes_prompts_as_the_comparison_does():
-    """The driver runs in the reference's venv without dynrag, so it has its own hash: the two must agree."""
-    from jobs.conform import dragin_driver
-
-    assert dragin_driver.sha("Question: x\nAnswer:") == traces.prompt_sha("Question: x\nAnswer:")
+@pytest.mark.parametrize("driver", ["dragin_driver.py", "erm4_driver.py"])
+def test_a_driver_takes_of_dynrag_only_the_standard_library_record_module(driver):
+    """The drivers run in the reference's venv, without dynrag's packages: at import they reach record.py alone (here
+    with no site-packages at all), so its rows and prompt hashes are the comparison's own."""
+    path = Path(conform_run.__file__).with_name(driver)
+    code = f"import runpy, sys; runpy.run_path({str(path)!r}); print(sorted(m for m in sys.modules if m.startswith('jobs')))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-S", "-P", "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[-2] == str(["jobs", "jobs.conform", "jobs.conform.record"])
 
 
 def test_sentences_from_a_spacy_pipeline_folder(tmp_path):

@@ -184,9 +184,7 @@ def test_ray_build_equals_local(corpus, tmp_path):
     src = write_jsonl(tmp_path / "small.jsonl", corpus[:30])
     local = build_index([src], str(tmp_path / "local"), config().index_settings())
     try:
-        on_ray = build_index(
-            [src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray", "index.embed_actors": 1}).index_settings()
-        )
+        on_ray = build_index([src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray"}).index_settings())
     finally:
         ray.shutdown()
     assert on_ray["passages_embedded"] == local["passages_embedded"] == local["passages"] >= 30

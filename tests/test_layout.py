@@ -115,6 +115,20 @@ def test_no_import_cycle_between_modules(run_graph):
     assert not cycles, "import cycles:\n" + "\n".join(shown)
 
 
+# a subpackage of jobs/ -> the one module of it that code outside its parent may import
+SEAMS = {"jobs.bench.flashrag": "jobs.bench.flashrag.locked_venv"}
+
+
+def test_outside_code_imports_a_jobs_subpackage_through_its_seam_only(graph):
+    bad = [
+        f"{where(graph, m, dep)} imports {dep} (use {seam})"
+        for package, seam in SEAMS.items()
+        for m, dep in edges(graph)
+        if dep.startswith(package + ".") and dep != seam and not m.startswith(package.rsplit(".", 1)[0] + ".")
+    ]
+    assert not bad, "imports past a seam:\n" + "\n".join(sorted(bad))
+
+
 def test_only_configuration_and_errors_directly_under_pipeline(graph):
     loose = {m for m in graph.modules if m.count(".") == 1 and m.startswith("pipeline.") and not graph.find_children(m)}
     assert loose <= {"pipeline.config", "pipeline.errors"}, loose
@@ -146,3 +160,16 @@ def test_the_checks_see_a_cycle_and_a_forbidden_import():
     )
     with pytest.raises(AssertionError, match=r"pipeline/engine/core.py:7: engine imports pipeline.evaluation.table"):
         test_pipeline_imports_only_downward_between_its_layers(upward)
+    past = grimp.ImportGraph()
+    for m in (
+        "jobs",
+        "jobs.bench",
+        "jobs.bench.flashrag",
+        "jobs.bench.flashrag.env",
+        "jobs.conform",
+        "jobs.conform.env",
+    ):
+        past.add_module(m)
+    past.add_import(importer="jobs.conform.env", imported="jobs.bench.flashrag.env", line_number=3, line_contents="")
+    with pytest.raises(AssertionError, match=r"jobs/conform/env.py:3 imports jobs.bench.flashrag.env"):
+        test_outside_code_imports_a_jobs_subpackage_through_its_seam_only(past)

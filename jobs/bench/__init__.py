@@ -1,1 +1,1 @@
-"""`dynrag bench`: benchmarks that print figures (never assert), and the FlashRAG peer's driver."""
+"""`dynrag bench`: benchmarks that print figures (never assert); flashrag/ holds `bench flashrag` and its driver."""

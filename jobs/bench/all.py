@@ -14,7 +14,7 @@ from jobs.bench.rss import GIB, run_measured
 
 # name -> extra arguments; {index} is replaced by the index folder. --quick uses the second list.
 BENCHES = {
-    "index": ([], ["--passages", "1000", "--queries", "200", "--repeats", "1", "--search-repeats", "3"]),
+    "index": ([], ["--passages", "1000", "--queries", "200", "--search-repeats", "3"]),
     "answer": (["--index", "{index}"], ["--index", "{index}", "--limit", "64"]),
     "dragin": (["--index", "{index}"], ["--index", "{index}", "--limit", "8"]),
     "flashrag": ([], ["--limit", "16"]),

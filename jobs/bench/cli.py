@@ -11,7 +11,7 @@ BENCH_MODULES = [
     "jobs.bench.scale",
     "jobs.bench.answer",
     "jobs.bench.dragin",
-    "jobs.bench.flashrag",
+    "jobs.bench.flashrag.run",
     "jobs.bench.pipeline",
     "jobs.bench.experiment",
     "jobs.bench.all",

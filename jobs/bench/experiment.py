@@ -60,7 +60,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
 def bench_mode(cfg, methods: list[str], n: int, scale: float, mode: str, work: Path) -> dict[str, Any]:
     """The runs of `methods` over `n` synthetic questions through `run_methods` with answer.runs=`mode`, on a
     fresh set of latency-model backends; the mode's figures, with each run's predictions (`per_run`)."""
-    from jobs.bench.flashrag_table import run_figures
+    from jobs.bench.flashrag.table import run_figures
     from jobs.bench.pipeline import _questions, sim_backends
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
@@ -102,7 +102,7 @@ def bench_mode(cfg, methods: list[str], n: int, scale: float, mode: str, work: P
 
 def bench_experiment(cfg, methods: list[str], n: int, scale: float) -> dict[str, Any]:
     """Both modes (concurrent first) and their comparison; predictions left out of the result."""
-    from jobs.bench.flashrag_table import same
+    from jobs.bench.flashrag.table import same
 
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-experiment-") as tmp:
         for mode in MODES:  # warm-up: the first mode would otherwise pay the imports (seconds) in its time

@@ -1,10 +1,9 @@
 """`dynrag bench index`: the indexing figures of the "Indexing" issue, measured in one run.
 
-1. embedding stage passages/s / raw `SentenceTransformer.encode` passages/s, same texts, same model
-   object settings, alternated (`--repeats`); the stage reads the same Parquet inputs a build writes.
-2. incremental rebuild time after appending 1% of passages / full build time (the full build is of
-   the first 99%, so the ratio slightly overstates the incremental cost).
-3. BM25 batch search q/s through `Index.search` (which returns `Hit`s with text) / pyserini's own
+1. incremental rebuild time after appending 1% of passages / full build time (the full build is of
+   the first 99%, so the ratio slightly overstates the incremental cost; the builds' embedding is in their
+   `embed_s`).
+2. BM25 batch search q/s through `Index.search` (which returns `Hit`s with text) / pyserini's own
    `LuceneSearcher.batch_search` over one Lucene index of the same passages built by pyserini's
    indexer, same threads and k, alternated; pyserini timed bare, and again with reading each hit's
    docid and score (which any caller must do).
@@ -19,7 +18,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import cast
 
 from jobs.bench.rss import GIB, TreeRss
 
@@ -31,7 +29,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
 
     p = bsub.add_parser(
         "index",
-        help="embedding stage, incremental rebuild and BM25 search figures",
+        help="incremental rebuild and BM25 search figures",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -42,7 +40,6 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--shard-size", type=int, default=500, help="index.shard_size for the builds (default 500)")
     p.add_argument("--queries", type=int, default=400, help="BM25 queries (HotpotQA dev questions; default 400)")
     p.add_argument("-k", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=2, help="alternated repeats of the embedding timings")
     p.add_argument("--search-repeats", type=int, default=5, help="alternated repeats of the BM25 timings")
     p.add_argument("--workdir", default=None, help="where to build (default: a temporary directory, removed after)")
     add_config_args(p)
@@ -60,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     cfg.index.shard_size = args.shard_size
-    for name in ("faiss", "faiss.loader", "ray.data", "sentence_transformers"):
+    for name in ("faiss", "faiss.loader", "sentence_transformers"):
         logging.getLogger(name).setLevel(logging.WARNING)
     sources = args.sources or [str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")]
     if args.workdir:
@@ -73,12 +70,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, cfg, sources: list[str], work: Path) -> int:
     import itertools
 
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from indexing import build_index, open_index
-    from indexing.embed import Encoder, EncoderSpec, embed_batches, embed_input, get_encoder
+    from indexing.embed import embed_input
     from indexing.java import ensure_java
     from indexing.passages import passages_of
     from indexing.readers import read_corpus
@@ -91,11 +84,6 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     rows = [{"id": p.id, "title": p.title, "text": p.text} for p in passages]
     for name, part in (("corpus_99.jsonl", rows[:n99]), ("corpus_100.jsonl", rows)):
         (work / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
-    texts = [embed_input(p.title, p.text) for p in passages]
-    stage_file = work / "to_embed.parquet"
-    pq.write_table(
-        pa.table({"shard": np.zeros(n, dtype=np.int64), "row": np.arange(n, dtype=np.int64), "text": texts}), stage_file
-    )
     print(
         f"corpus: {n} passages from {', '.join(sources)}; mode={cfg.runtime.mode}, model={cfg.embedding.model}, "
         f"dtype={cfg.embedding.dtype}, batch={cfg.embedding.batch_size}, shard_size={cfg.index.shard_size}, "
@@ -103,32 +91,9 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
         flush=True,
     )
 
-    # 1. embedding stage vs raw encode, alternated
-    spec = EncoderSpec.from_config(cfg.index_settings())
-    # loaded once per process; the raw side uses the very same model object (a model's: not embedding.model=hash)
-    encoder = cast(Encoder, get_encoder(spec))
-    encoder.model.encode(texts[:16], batch_size=spec.batch_size)
-    raw_rates, stage_rates = [], []
     mem = TreeRss().start()  # peak RSS of this process tree per phase (one process: later phases include earlier)
-    for _ in range(args.repeats):
-        mem.phase = "embed_raw"
-        t = time.perf_counter()
-        encoder.model.encode(texts, batch_size=spec.batch_size, normalize_embeddings=True, show_progress_bar=False)
-        raw_rates.append(n / (time.perf_counter() - t))
-        mem.phase = "embed_stage"
-        t = time.perf_counter()
-        got = sum(
-            len(r)
-            for _, r, _ in embed_batches(
-                [str(stage_file)], spec, cfg.index_settings(), encoder=encoder if cfg.runtime.mode == "local" else None
-            )
-        )
-        stage_rates.append(got / (time.perf_counter() - t))
-        print(f"  embed: raw {raw_rates[-1]:.1f} psg/s, stage {stage_rates[-1]:.1f} psg/s", flush=True)
-    mem.phase = None
-    embed_ratio = statistics.median(stage_rates) / statistics.median(raw_rates)
 
-    # 2. full build (99%) then incremental (+1%)
+    # 1. full build (99%) then incremental (+1%)
     ensure_java()
     from pyserini.search.lucene import LuceneSearcher  # start the JVM before timing either build
 
@@ -154,7 +119,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
         flush=True,
     )
 
-    # 3. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
+    # 2. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
     queries = _queries(cfg, args.queries)
     single = work / "lucene_single"
     build_lucene(((p.id, embed_input(p.title, p.text)) for p in passages), single, cfg.index.threads)
@@ -189,10 +154,6 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     bm25_ratio = statistics.median(ours_rates) / statistics.median(theirs_rates)
     bm25_read_ratio = statistics.median(ours_rates) / statistics.median(read_rates)
 
-    print(
-        f"embedding stage / raw encode:           {embed_ratio:.3f}  (goal >= 0.9; medians "
-        f"{statistics.median(stage_rates):.1f} / {statistics.median(raw_rates):.1f} psg/s)"
-    )
     print(f"incremental (+1%) / full build time:    {t_inc / t_full:.3f}  (goal <= 0.05; {t_inc:.2f}s / {t_full:.1f}s)")
     print(
         f"BM25 batch search / pyserini, {cfg.index.threads} thr:  {bm25_ratio:.3f}  (medians "
@@ -201,7 +162,7 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     )
     print(
         f"peak RSS GiB (this process tree, one process for both sides, so a later phase includes what earlier "
-        f"ones loaded): embed raw {rss.get('embed_raw')}, stage {rss.get('embed_stage')}; BM25 dynrag "
+        f"ones loaded): BM25 dynrag "
         f"{rss.get('bm25_dynrag')}, pyserini {rss.get('bm25_pyserini')}"
     )
     return 0

@@ -16,14 +16,14 @@ the passage text without its title).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
-import time
-import traceback
 import types
 import urllib.request
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # dynrag's tree, last on the path: for record.py alone
+from jobs.conform.record import prompt_sha, question_row, write_row  # noqa: E402
 
 CLASSES = {  # the method names of the authors' main.py -> its classes in generate.py
     "non-retrieval": "BasicRAG",
@@ -37,10 +37,6 @@ CLASSES = {  # the method names of the authors' main.py -> its classes in genera
 }
 
 TRACE: list[dict] = []  # the current question's events
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def retriever_module(url: str) -> types.ModuleType:
@@ -82,7 +78,9 @@ def traced(gen) -> None:
 
         def call(input_text, max_length, *a, _inner=inner, **k):
             out = _inner(input_text, max_length, *a, **k)
-            TRACE.append({"kind": "generate", "prompt_sha": sha(input_text), "prompt": input_text, "text": out[0]})
+            TRACE.append(
+                {"kind": "generate", "prompt_sha": prompt_sha(input_text), "prompt": input_text, "text": out[0]}
+            )
             return out
 
         setattr(gen, name, call)
@@ -127,7 +125,7 @@ def traced_model_generate(gen):
         TRACE.append(
             {
                 "kind": "generate",
-                "prompt_sha": sha(prompt),
+                "prompt_sha": prompt_sha(prompt),
                 "prompt": prompt,
                 "text": tok.decode(out[0][input_ids.shape[1] :]),
             }
@@ -172,12 +170,9 @@ def main(config_path: str) -> None:
             "fewshot": "".join(d["case"] + "\n" for d in first["demo"]),
             "case_template": ds.test_input_template("{question}"),
         }
-        out.write(json.dumps(setup) + "\n")
+        write_row(out, setup)
         for item in ds.dataset:
-            TRACE.clear()
-            row: dict = {"id": item["qid"], "question": item["question"]}
-            t0 = time.perf_counter()
-            try:
+            with question_row(item["qid"], item["question"], TRACE) as row:
                 text = model.inference(item["question"], item["demo"], item["case"]).strip()
                 g = model.generator
                 traced_model_generate(g)
@@ -186,13 +181,7 @@ def main(config_path: str) -> None:
                 finally:
                     del g.model.generate  # the instance attribute; the class's method again
                 row.update(text=text, final=final, prediction=ds.get_real_prediction(final))
-            except Exception as err:  # one question's failure is a reference error, never the run's end
-                row["error"] = f"{type(err).__name__}: {err}"
-                row["traceback"] = traceback.format_exc()[-2000:]
-            row["seconds"] = time.perf_counter() - t0
-            row["events"] = list(TRACE)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+            write_row(out, row)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""The authors' code in a virtual environment of its own (never a dynrag dependency), as `bench flashrag` runs
-FlashRAG (jobs/bench/flashrag_env.py: the same installer, the same torch and transformers pins from
-requirements/cpu.lock, the same CUDA builds kept out).
+"""The authors' code in a virtual environment of its own (never a dynrag dependency), made as `bench flashrag`
+makes FlashRAG's (jobs/bench/flashrag/locked_venv.py: the same installer, the same torch and transformers pins
+from requirements/cpu.lock, the same CUDA builds kept out).
 
 DRAGIN (oneal2000/DRAGIN, Apache-2.0) imports spaCy with its `en_core_web_sm` pipeline (sentences, POS tags for
 its "real words"), `datasets` and scipy beside torch and transformers (`device_map="auto"` needs accelerate).
@@ -14,13 +14,10 @@ The venv lives under `<cache_dir>/conform/<name>-venv` and is made once; a stamp
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import venv
 from pathlib import Path
 
-from jobs.bench.flashrag_env import LOCK, NEVER, UV_FLAGS, installer
+from jobs.bench.flashrag.locked_venv import ensure_venv
 
 REQUIREMENTS = {
     "dragin": [
@@ -41,27 +38,12 @@ def venv_dir(cache_dir: str | os.PathLike, name: str) -> Path:
     return Path(cache_dir) / "conform" / f"{name}-venv"
 
 
-def _stamp(name: str) -> str:
-    text = "\n".join([name, *REQUIREMENTS[name], *UV_FLAGS, LOCK.read_text()])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def ensure_reference_env(cache_dir: str | os.PathLike, name: str, log=print) -> Path:
     """The reference venv's python, creating and filling the venv on first use (a few minutes)."""
     if name not in REQUIREMENTS:
         raise ValueError(f"no reference environment for {name!r} (known: {', '.join(REQUIREMENTS)})")
     root = venv_dir(cache_dir, name)
-    stamp, py = root / ".dynrag-conform", root / "bin" / "python"
-    if stamp.is_file() and stamp.read_text().strip() == _stamp(name) and py.is_file():
-        return py
-    log(f"installing {name}'s requirements into {root} (once; a few minutes)")
-    if not py.is_file():
-        venv.EnvBuilder(with_pip=True).create(root)
-    (root / "never.txt").write_text("\n".join(NEVER) + "\n")
-    locked = ["--constraint", str(LOCK), "--excludes", str(root / "never.txt")]
-    subprocess.run(installer(py) + locked + REQUIREMENTS[name], check=True)
-    stamp.write_text(_stamp(name) + "\n")
-    return py
+    return ensure_venv(root, ".dynrag-conform", name, REQUIREMENTS[name], log, f"{name}'s requirements")
 
 
 if __name__ == "__main__":

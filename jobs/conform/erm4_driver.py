@@ -22,20 +22,16 @@ What the harness changes, and only at the edges:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
-import time
-import traceback
 import urllib.request
 from pathlib import Path
 
+sys.path.append(str(Path(__file__).resolve().parents[2]))  # dynrag's tree, last on the path: for record.py alone
+from jobs.conform.record import prompt_sha, question_row, write_row  # noqa: E402
+
 TRACE: list[dict] = []  # the current question's events
 OPENAI = "https://api.openai.com/v1"
-
-
-def sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def redirect_transport(utils, llm_url: str) -> None:
@@ -69,7 +65,7 @@ def traced_llm(fn, is_async: bool):
     """GPT_QA / async_GPT_QA with each call's prompt and output into TRACE."""
 
     def record(prompt: str, text: str) -> str:
-        TRACE.append({"kind": "generate", "prompt_sha": sha(prompt), "prompt": prompt, "text": text})
+        TRACE.append({"kind": "generate", "prompt_sha": prompt_sha(prompt), "prompt": prompt, "text": text})
         return text
 
     if is_async:
@@ -123,12 +119,10 @@ def main(config_path: str) -> None:
     knowledge_filter = Components.KnowledgeFilter(args.knowledge_filter_prompt)
     reader = Components.Reader(args.reader_prompt, silicon_flow_qa=args.use_silicon_flow)
     with open(c["out"], "w") as out:
-        out.write(json.dumps({"setup": True, "args": vars(args)}) + "\n")
+        write_row(out, {"setup": True, "args": vars(args)})
         for q in c["questions"]:
-            TRACE.clear()
-            row: dict = {"id": q["id"], "question": q["question"]}
-            t0 = time.perf_counter()
-            try:  # main.py's loop body, with the retriever its demo skips
+            # main.py's loop body, with the retriever its demo skips
+            with question_row(q["id"], q["question"], TRACE) as row:
                 rewritten_list, queries = rewriter.rewrite(q["question"])
                 rewritten = " ".join(rewritten_list)
                 knowledge = retriever.retrieve(queries, summary=True, maxlength=args.maxlength, pagenum=args.page_num)
@@ -136,13 +130,7 @@ def main(config_path: str) -> None:
                     knowledge = asyncio.run(knowledge_filter.filter(q["question"], knowledge))
                 result = reader.read(rewritten, knowledge, None, None, None)
                 row.update(kept=list(knowledge), text=json.dumps(result), prediction=prediction_of(result))
-            except Exception as err:  # one question's failure is a reference error, never the run's end
-                row["error"] = f"{type(err).__name__}: {err}"
-                row["traceback"] = traceback.format_exc()[-2000:]
-            row["seconds"] = time.perf_counter() - t0
-            row["events"] = list(TRACE)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+            write_row(out, row)
 
 
 if __name__ == "__main__":

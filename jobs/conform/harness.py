@@ -4,17 +4,18 @@ per-question cache, dynrag's side one question at a time, and the float32 copy o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
-from jobs.conform import traces
+from jobs.conform import record
 
 
 def git_info(path: Path) -> dict[str, str]:
@@ -44,7 +45,7 @@ class TracedBackends:
         for prompt, out in zip(prompts, outs):
             text = getattr(out, "text", repr(out))
             self.events.append(
-                {"kind": "generate", "prompt_sha": traces.prompt_sha(prompt), "prompt": prompt, "text": text}
+                {"kind": "generate", "prompt_sha": record.prompt_sha(prompt), "prompt": prompt, "text": text}
             )
         return outs
 
@@ -90,12 +91,12 @@ def run_reference(py: Path, job: dict, workdir: Path, log, driver: Path) -> tupl
     the same inputs (checkout commit, config, settings, model, driver, question) are read back from the cache;
     the driver runs the others only."""
     base = {k: v for k, v in job.items() if k not in ("out", "cache", "questions") and not k.endswith("_url")}
-    base["driver"] = traces.prompt_sha(driver.read_text())
-    folder = Path(job["cache"]) / traces.prompt_sha(json.dumps(base, sort_keys=True))
+    base["driver"] = record.prompt_sha(driver.read_text() + Path(record.__file__).read_text())
+    folder = Path(job["cache"]) / record.prompt_sha(json.dumps(base, sort_keys=True))
     keep = job["commit"] != "unknown"
 
     def kept(q: dict) -> Path:
-        return folder / (traces.prompt_sha(q["id"] + "\n" + q["question"]) + ".json")
+        return folder / (record.prompt_sha(q["id"] + "\n" + q["question"]) + ".json")
 
     todo = [q for q in job["questions"] if not (keep and kept(q).is_file())]
     if len(todo) < len(job["questions"]):
@@ -120,13 +121,23 @@ def _drive(py: Path, job: dict, workdir: Path, log, driver: Path) -> tuple[dict,
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with open(workdir / "reference.log", "w") as err:
         proc = subprocess.Popen(
-            [str(py), "-P", str(driver), str(cfg_path)], stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env
+            [str(py), "-P", str(driver), str(cfg_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            env=env,
+            start_new_session=True,  # its own process group, which it and its children leave to us to end
         )
-        total = len(job["questions"])
-        while proc.poll() is None:
-            time.sleep(5)
-            done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
-            log(f"reference: {done}/{total} questions")
+        try:
+            total = len(job["questions"])
+            while proc.poll() is None:
+                time.sleep(5)
+                done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
+                log(f"reference: {done}/{total} questions")
+        finally:  # dynrag stopped (Ctrl-C, SIGTERM: run.py) or the driver ended: nothing of the reference is left
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its rows are in `out` or lost with the run
+            proc.wait()
     lines = [json.loads(x) for x in out.read_text().splitlines()] if out.is_file() else []
     if proc.returncode != 0 or not lines:
         tail = (workdir / "reference.log").read_text()[-3000:]
@@ -145,17 +156,14 @@ def run_dynrag(backends, questions, method: str, params: dict) -> list[dict]:
     _ = backends.generator  # loaded before the clock starts, as the reference's model is
     rows = []
     for q in questions:
-        traced.events = []
-        t0 = time.perf_counter()
-        o = engine.run([q], spec.program, p)[0]
-        row: dict[str, Any] = {"id": q.id, "question": q.question, "events": traced.events}
-        row["seconds"] = time.perf_counter() - t0
-        if o.error is not None or o.answer is None:
-            row["error"] = str(o.error)
-        else:
-            row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
-            if "kept" in o.answer.extra:  # a filter's decisions (ERM4's authors' setting)
-                row["kept"] = o.answer.extra["kept"]
+        with record.question_row(q.id, q.question, traced.events) as row:
+            o = engine.run([q], spec.program, p)[0]
+            if o.error is not None or o.answer is None:
+                row["error"] = str(o.error)
+            else:
+                row.update(prediction=o.answer.prediction, text=o.answer.raw_output)
+                if "kept" in o.answer.extra:  # a filter's decisions (ERM4's authors' setting)
+                    row["kept"] = o.answer.extra["kept"]
         rows.append(row)
     return rows
 

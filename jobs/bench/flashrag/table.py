@@ -8,7 +8,7 @@ timed from its command to its last answered row:
 - dynrag_concurrent: `dynrag experiment` over the methods, the runs answered together through one engine;
 - dynrag_sequential: the same with `--sequential` (one run after another, the old order).
 
-Same corpus, questions, model, k, templates and vLLM settings as `--method` (jobs/bench/flashrag.py); no warm-up
+Same corpus, questions, model, k, templates and vLLM settings as `--method` (jobs/bench/flashrag/run.py); no warm-up
 (startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per way: seconds to the last row, the process's wall time, LLM calls,
 tokens, error rows, load average before and after. Ratios are dynrag_concurrent's speed over each other way's
 (their seconds over its seconds). `same_as_alone`: each method's predictions, per way, against the same framework
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from jobs.bench.flashrag_side import TOTALS  # a way's, summed over its methods
+from jobs.bench.flashrag.side import TOTALS  # a way's, summed over its methods
 
 WAYS = ("dynrag_concurrent", "flashrag_one_process", "dynrag_sequential", "flashrag_per_method")
 
@@ -88,7 +88,7 @@ def dynrag_way(out: Path, methods: list[str], t_cmd: float, m) -> dict[str, Any]
     """A dynrag way's figures from its rows (sr-rag's prediction is its raw output, as FlashRAG's is)."""
     import polars as pl
 
-    from jobs.bench.flashrag_launch import parse_failure
+    from jobs.bench.flashrag.launch import parse_failure
     from pipeline.io.output import read_rows
 
     if m.returncode != 0:
@@ -122,7 +122,7 @@ def flashrag_result(r: dict, t_cmd: float) -> dict[str, Any]:
 
 
 def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str]) -> dict[str, Any]:
-    from jobs.bench.flashrag_launch import parse_failure
+    from jobs.bench.flashrag.launch import parse_failure
     from jobs.bench.rss import GIB, run_measured
 
     load_before = round(os.getloadavg()[0], 1)
@@ -210,10 +210,10 @@ def same(a: dict, b: dict) -> dict[str, str]:
 
 
 def run_table(args, cfg, dataset: str, work: Path) -> int:
-    from jobs.bench.flashrag_env import ensure_flashrag
-    from jobs.bench.flashrag_launch import dump_templates, flashrag_command, run_driver, side_env
-    from jobs.bench.flashrag_methods import dynrag_params
-    from jobs.bench.flashrag_setup import driver_config, prepare
+    from jobs.bench.flashrag.env import ensure_flashrag
+    from jobs.bench.flashrag.launch import dump_templates, flashrag_command, run_driver, side_env
+    from jobs.bench.flashrag.methods import dynrag_params
+    from jobs.bench.flashrag.prepare import driver_config, prepare
     from pipeline.assets.models import resolve_model
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -235,8 +235,7 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
         params[meth] = dynrag_params(meth, dumped, args.k, cfg.generation.max_new_tokens)
     commands: dict[str, Any] = {
         "flashrag_per_method": [flashrag_command(py, c) for c in configs],
-        "flashrag_one_process": [str(py), "-P", str(Path(__file__).with_name("flashrag_driver.py")), "--table"]
-        + [str(c) for c in configs],
+        "flashrag_one_process": flashrag_command(py, "--table", *configs),
     }
     for way, seq in (("dynrag_concurrent", False), ("dynrag_sequential", True)):
         commands[way] = dynrag_command(args, experiment_file(work, methods, params, work / way), seq)

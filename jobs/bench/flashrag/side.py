@@ -1,5 +1,5 @@
 """dynrag's side of `dynrag bench flashrag`, run as its own process so its memory is measured alone:
-`python -m jobs.bench.flashrag_side --index DIR --questions FILE --out DIR [--method NAME --params FILE] [--set ...]`.
+`python -m jobs.bench.flashrag.side --index DIR --questions FILE --out DIR [--method NAME --params FILE] [--set ...]`.
 
 Loads the backends, answers the `--warmup` file's questions (startup, untimed), then times one `run_answer` of
 the method (sr-rag by default; `--params`: its parameters as JSON, e.g. FlashRAG's templates) over all questions
