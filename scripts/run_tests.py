@@ -30,7 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "docs" / "operations.md"
-UNKNOWN_S = 30.0  # a file the table does not list yet
+UNKNOWN_TEST_S = 3.0  # a test of a file the table does not list yet
+SESSION_ENGINE = ("tiny_vllm", "tiny_cfg")  # tests/conftest.py's fixtures that start a vLLM engine per process
 SUMMARY = re.compile(r"^=* ?\d+ (passed|failed|skipped|deselected|error)")
 
 
@@ -51,40 +52,48 @@ class Unit:
         return self.files[0] if len(self.files) == 1 else f"{len(self.files)} files ({Path(self.files[0]).name}, ...)"
 
 
-def seconds_per_file() -> dict[str, float]:
-    """docs/operations.md's table rows `| tests/test_x.py | seconds | ...`: each file's seconds (0 where absent)."""
-    row = re.compile(r"^\|\s*`?(tests/test_\w+\.py)`?\s*\|\s*([\d.]+)")
+def seconds_per_file() -> dict[str, tuple[float, int]]:
+    """docs/operations.md's table rows `| tests/test_x.py | seconds | tests | ...`: each file's (seconds, tests)."""
+    row = re.compile(r"^\|\s*`?(tests/test_\w+\.py)`?\s*\|\s*([\d.]+)\s*\|\s*(\d+)")
     found = (row.match(line) for line in TABLE.read_text(encoding="utf-8").splitlines()) if TABLE.is_file() else ()
-    return {m[1]: float(m[2]) for m in found if m}
+    return {m[1]: (float(m[2]), int(m[3])) for m in found if m}
 
 
-def source_of(path: str) -> str:
-    return Path(ROOT, path).read_text(encoding="utf-8")
-
-
-def selected_own_files(py: str, files: list[str], extra: list[str]) -> set[str]:
-    """The own-process files with at least one test selected (one collection process for them all)."""
-    if not files:
-        return set()
+def selected_tests(py: str, files: list[str], extra: list[str]) -> dict[str, int]:
+    """How many tests of each file the marker expression selects (one collection process for them all)."""
     out = subprocess.run(
         [py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files, *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
     ).stdout
-    return {line.split("::", 1)[0] for line in out.splitlines() if "::" in line}
+    found: dict[str, int] = {}
+    for line in out.splitlines():
+        if "::" in line:
+            name = line.split("::", 1)[0]
+            found[name] = found.get(name, 0) + 1
+    return found
 
 
-def plan(files: list[str], py: str, extra: list[str]) -> list[Unit]:
-    """The processes to run, longest first."""
-    seconds = seconds_per_file()
-    own = [f for f in files if "pytest.mark.own_process" in source_of(f)]
-    shared = [f for f in files if f not in own]
-    faults = [f for f in shared if "pytest.mark.faults" in source_of(f)]
-    groups = [g for g in (faults, [f for f in shared if f not in faults]) if g]
-    units = [Unit(g, False, sum(seconds.get(f, UNKNOWN_S) for f in g)) for g in groups]
-    chosen = selected_own_files(py, own, extra)
-    units += [Unit([f], True, seconds.get(f, UNKNOWN_S)) for f in own if f in chosen]
+def plan(files: list[str], py: str, extra: list[str], jobs: int) -> list[Unit]:
+    """The processes to run, longest first: each own-process file alone, the other files in `jobs` processes of
+    about equal seconds (the files that use the session's vLLM engine in one of them: an engine start each)."""
+    table, selected = seconds_per_file(), selected_tests(py, files, extra)
+
+    def estimate(f: str) -> float:
+        seconds, tests = table.get(f, (UNKNOWN_TEST_S * selected[f], selected[f]))
+        return seconds * selected[f] / max(tests, 1)
+
+    chosen = [f for f in files if f in selected]
+    own = [f for f in chosen if "pytest.mark.own_process" in source_of(f)]
+    shared = [f for f in chosen if f not in own]
+    engine = [f for f in shared if any(name in source_of(f) for name in SESSION_ENGINE)]
+    items = ([engine] if engine else []) + [[f] for f in shared if f not in engine]
+    chunks: list[list[str]] = [[] for _ in range(max(1, min(jobs, len(items))))]
+    for item in sorted(items, key=lambda fs: -sum(map(estimate, fs))):  # longest first, to the shortest chunk
+        min(chunks, key=lambda c: sum(map(estimate, c))).extend(item)
+    units = [Unit(sorted(c), False, sum(map(estimate, c))) for c in chunks if c]
+    units += [Unit([f], True, estimate(f)) for f in own]
     return sorted(units, key=lambda u: -u.estimate_s)
 
 
@@ -163,6 +172,10 @@ def driver_log_tail() -> str:
     return f"\n--- the last lines of {newest}\n" + "\n".join(lines)
 
 
+def source_of(path: str) -> str:
+    return Path(ROOT, path).read_text(encoding="utf-8")
+
+
 def report(units: list[Unit], times: Path, wall_s: float) -> int:
     rows = [line.split("\t") for line in times.read_text().splitlines()] if times.is_file() else []
     print("\ntest seconds per file (setup + call + teardown), slowest first; tests run")
@@ -189,14 +202,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("files", nargs="*", help="test files (default tests/test_*.py)")
     parser.add_argument("-m", dest="marks", help="pytest's marker expression, for every process")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", 0)) or os.cpu_count() or 1)
+    parser.add_argument("--table", type=Path, help="print a DYNRAG_TEST_TIMES file as docs/operations.md's rows")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.table:
+        rows = [line.split("\t") for line in args.table.read_text().splitlines()]
+        print("\n".join(f"| {f} | {float(s):.1f} | {n} |" for f, s, n in sorted(rows, key=lambda r: -float(r[1]))))
+        return 0
     os.chdir(ROOT)
     files = args.files or sorted(glob.glob("tests/test_*.py"))
     extra = (["-m", args.marks] if args.marks else []) + extra
     py = os.environ.get("PYTHON") or str(ROOT / ".venv" / "bin" / "python")
     times = Path(os.environ.setdefault("DYNRAG_TEST_TIMES", tempfile.mktemp(prefix="dynrag-test-times-")))
     t0 = time.monotonic()
-    units = plan(files, py, extra)
+    units = plan(files, py, extra, args.jobs)
     print(f"{len(units)} pytest processes, {args.jobs} at once", flush=True)
     Runner(py, extra, args.jobs).run_all(units)
     return report(units, times, time.monotonic() - t0)
