@@ -32,7 +32,7 @@ def fake_gpu_cluster(workers: int, **node) -> Iterator:
     try:
         yield c
     finally:
-        _let_streams_end(30.0)
+        _let_streams_end(10.0)  # a reader blocked on a failed job's stream for 10 s stays blocked: 30 s waited in vain
         ray.shutdown()
         c.shutdown()
 
