@@ -321,16 +321,16 @@ class EngineActor:
 
 
 def _run(cfg: DynragConfig, run: dict) -> Any:
-    """A run as its engine actors answer it (`replica.Run`): its method's program, the parameters the driver
+    """A run as its engine actors answer it (`replica.ServedRun`): its method's program, the parameters the driver
     bound (else the configuration's), a writer of its staged attempts and its row fields."""
     from pipeline.io.output import PartWriter
     from pipeline.methods.registry import get_method
-    from pipeline.runtime.replica import Run
+    from pipeline.runtime.replica import ServedRun
 
     spec = get_method(run["method"])
     params = spec.params(cfg.method.params, cfg) if run.get("params") is None else spec.params(run["params"])
     writer = PartWriter(run["out"], run["row_args"]["run_id"], run.get("header"))
-    return Run(spec.program, params, writer, run["row_args"])
+    return ServedRun(spec.program, params, writer, run["row_args"])
 
 
 def poison(dead: list[dict], batch_deaths: int) -> bool:

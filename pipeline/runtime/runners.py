@@ -103,13 +103,13 @@ class LocalRunner:
         import functools
 
         from pipeline.io.output import PartWriter, batch_report
-        from pipeline.runtime.replica import Replica, Run, batches_held
+        from pipeline.runtime.replica import Replica, ServedRun, batches_held
 
         cfg, counts, size = job.cfg, job.counts, job.cfg.answer.batch_questions
         writer = PartWriter(job.out, job.row_args["run_id"], job.header)
         own = replica is None
         replica = replica or Replica(cfg, job.spec, job.params, backends, writer, job.row_args, drain=drain).start()
-        answer = functools.partial(replica.answer, run=Run(job.spec.program, job.params, writer, job.row_args))
+        answer = functools.partial(replica.answer, run=ServedRun(job.spec.program, job.params, writer, job.row_args))
         held = batches_held(cfg, size)
         pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
         reported = 0  # questions skipped as answered, reported so far
