@@ -480,22 +480,7 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     paper=f"FL-RAG (Khandelwal et al., 2019; Ram et al., 2023) as set in {PAPER}",
 )
 def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
-    if p.authors is not None:
-        return (
-            yield from authors.fixed(q, p.authors, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, p.window)
-        )
-    rounds = Rounds(q, p, p.max_tokens or table9(q.dataset)[0])
-    query = q.question
-    while rounds.left() > 0:
-        if rounds.can_retrieve():
-            yield from rounds.retrieve(query)
-        _, _, out = yield from rounds.generate(p.window)
-        if rounds.window or not out.text.strip():
-            break
-        query = out.text.strip()
-        if rounds.take(out):
-            break
-    return (yield from rounds.finish({"entropy": "none", "window": p.window, "max_tokens": rounds.budget}))
+    return (yield from fixed_rule(q, p, p.window, {"window": p.window}))
 
 
 @register_method(
@@ -505,20 +490,27 @@ def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
     paper=f"FS-RAG (Trivedi et al., 2022) as set in {PAPER}",
 )
 def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
+    return (yield from fixed_rule(q, p, None, {}))
+
+
+def fixed_rule(q: Question, p: MultiRoundParams, window: int | None, extra: dict[str, Any]):
+    """FL-RAG's loop (retrieve every `window` tokens, the last window the next query) or, `window` None, FS-RAG's
+    (retrieve every sentence, the last sentence the next query); the question is the first query."""
+    length = p.max_tokens or table9(q.dataset)[0]
     if p.authors is not None:
-        return (yield from authors.fixed(q, p.authors, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, None))
-    rounds = Rounds(q, p, p.max_tokens or table9(q.dataset)[0])
+        return (yield from authors.fixed(q, p.authors, length, p.k, p.retriever, window))
+    rounds = Rounds(q, p, length)
     query = q.question
     while rounds.left() > 0:
         if rounds.can_retrieve():
             yield from rounds.retrieve(query)
-        _, _, out = yield from rounds.generate(rounds.budget, token_spans=True)
+        _, _, out = yield from rounds.generate(window or rounds.budget, token_spans=window is None)
         new = out.text
         if rounds.window or not new.strip():
             break
-        spans = sentence_spans(new)
+        spans = sentence_spans(new) if window is None else []
         end = spans[0][1] if spans else len(new)
         query = new[:end].strip()
-        if rounds.take(out, end):
+        if rounds.take(out, None if window else end):
             break
-    return (yield from rounds.finish({"entropy": "none", "max_tokens": rounds.budget}))
+    return (yield from rounds.finish({"entropy": "none", **extra, "max_tokens": rounds.budget}))
