@@ -167,7 +167,7 @@ class RetrievalConfig(Section):
     @field_validator("retriever")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from indexing.index import retriever_names
+        from indexing.retrievers import retriever_names
 
         if name not in retriever_names():
             raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(retriever_names())}")

@@ -1,8 +1,8 @@
-"""The tree's rules, checked on the real import graph (grimp parses every module; imports inside functions
-count too): `indexing` is a library below `pipeline` and `jobs` (type-only imports count), `pipeline/` is a
+"""The tree's rules, checked on the real import graph (grimp parses every module; imports inside functions and
+`if TYPE_CHECKING:` imports count too): `indexing` is a library below `pipeline` and `jobs`, `pipeline/` is a
 stack of layers (`LAYERS`) that import only downward, and no two modules of the project import each other in
-a cycle when run (an `if TYPE_CHECKING:` import, there to name a type, is not run: a retriever module may name
-the `Index` that imports it). A failure names each offending import by file and line."""
+a cycle, not even to name a type (a module that needs the type of one importing it names a Protocol of its
+own, as retrievers.py's `IndexVersion`). A failure names each offending import by file and line."""
 
 from pathlib import Path
 
@@ -39,13 +39,6 @@ WAITING = {
 @pytest.fixture(scope="module")
 def graph():
     return grimp.build_graph(*PACKAGES, include_external_packages=False, cache_dir=None)
-
-
-@pytest.fixture(scope="module")
-def run_graph():
-    return grimp.build_graph(
-        *PACKAGES, include_external_packages=False, exclude_type_checking_imports=True, cache_dir=None
-    )
 
 
 def edges(graph):
@@ -105,12 +98,11 @@ def test_the_readme_lists_pipelines_layers_top_down():
     assert [n for n in named if n in LAYERS] == list(reversed(LAYERS)), named
 
 
-def test_no_import_cycle_between_modules(run_graph):
-    g = nx.DiGraph(edges(run_graph))
+def test_no_import_cycle_between_modules(graph):
+    g = nx.DiGraph(edges(graph))
     cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
     shown = [
-        "; ".join(f"{where(run_graph, m, dep)} imports {dep}" for m in c for dep in c if g.has_edge(m, dep))
-        for c in cycles
+        "; ".join(f"{where(graph, m, dep)} imports {dep}" for m in c for dep in c if g.has_edge(m, dep)) for c in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(shown)
 
