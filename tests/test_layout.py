@@ -29,12 +29,6 @@ LAYERS = (
     "evaluation",
 )
 
-# upward imports that wait for a change elsewhere, each with what cuts it; an entry that no longer holds fails
-WAITING = {
-    ("pipeline.backends", "pipeline.methods.registry"): "generation.streaming=auto looks up each method's one_call "
-    "(backends.streams): cut when runtime/answer.py passes that fact to Backends instead of the methods' names",
-}
-
 
 @pytest.fixture(scope="module")
 def graph():
@@ -75,18 +69,16 @@ def test_pipeline_does_not_import_jobs(graph):
 
 
 def test_pipeline_imports_only_downward_between_its_layers(graph):
-    unknown, upward, waiting = set(), [], []
+    unknown, upward = set(), []
     for m, dep in edges(graph):
         a, b = layer(m), layer(dep)
         if a is None or b is None or a == b:
             continue
         unknown |= {x for x in (a, b) if x not in LAYERS}
         if a in LAYERS and b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
-            (waiting if (m, dep) in WAITING else upward).append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
+            upward.append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
     assert not unknown, f"not in test_layout.LAYERS (place them there): {sorted(unknown)}"
     assert not upward, "imports from a higher layer of pipeline/:\n" + "\n".join(sorted(upward))
-    stale = [f"{m} -> {dep}" for m, dep in WAITING if dep not in graph.find_modules_directly_imported_by(m)]
-    assert not stale, f"WAITING lists imports that are gone (remove them): {stale}"
 
 
 def test_the_readme_lists_pipelines_layers_top_down():

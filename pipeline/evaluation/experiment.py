@@ -155,11 +155,12 @@ def run_methods(
     the runs are answered together through one engine (`concurrent_runs`); else one after another.
     `each(run, summary)` is called after every run, in order (e.g. to print a table line)."""
     from pipeline.backends import Backends
+    from pipeline.methods.registry import all_one_call
     from pipeline.runtime.runners import make_runner
 
     runner = make_runner(cfg)
     own = backends is None and runner.in_process  # (on Ray each engine actor builds its own)
-    backends = Backends(cfg, index, methods=[r.method for r in runs]) if own else backends
+    backends = Backends(cfg, index, one_call=all_one_call([r.method for r in runs])) if own else backends
     together = len(runs) > 1 and cfg.answer.runs == "concurrent" and not _share_state(runs, cfg, out)
 
     def one(r: MethodRun, replica=None) -> dict:

@@ -77,6 +77,7 @@ class EngineActor:
         import ray
 
         from pipeline.io.output_lock import check_same_host, check_shared
+        from pipeline.methods.registry import all_one_call
         from pipeline.runtime.ray_logs import own_worker_logging
 
         own_worker_logging()
@@ -98,7 +99,7 @@ class EngineActor:
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
         self.turns = Turns()
         self.replica: Any = None  # once built
-        self.methods = [run["method"] for run in runs]
+        self.one_call = all_one_call([run["method"] for run in runs])  # what a hosted generator needs to know
         self.groups = groups or []
         self._ended = threading.Event()
         if control is not None:  # the heartbeat starts now: pulling the index and loading the model take a while
@@ -175,7 +176,7 @@ class EngineActor:
             raise DynragError(
                 f"every one of the {len(self.groups)} replicas' placement groups is held by another actor"
             )
-        return HostedGenerator.start(self.groups[claimed], cfg, self.methods, make_backends)
+        return HostedGenerator.start(self.groups[claimed], cfg, self.one_call, make_backends)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         """One Ray Data batch: its rows of each run answered as one batch of that run (at once, each its part);

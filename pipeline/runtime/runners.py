@@ -78,9 +78,11 @@ class LocalRunner:
     def backends(self, cfg: DynragConfig, retriever: Any, generator: Any, stack: contextlib.ExitStack) -> Any:
         """The run's backends (closed by `stack`), the index placed per the GPU plan and searched once."""
         from pipeline.backends import Backends
+        from pipeline.methods.registry import all_one_call
         from pipeline.runtime.gpu_plan import replica_gpu_plan
 
-        backends = Backends(cfg, retriever=retriever, generator=generator, methods=[cfg.method.name])
+        one_call = all_one_call([cfg.method.name])
+        backends = Backends(cfg, retriever=retriever, generator=generator, one_call=one_call)
         stack.callback(backends.close)
         plan = replica_gpu_plan(cfg, retriever)  # None without CUDA; refuses a plan that does not fit
         if retriever is not None:
