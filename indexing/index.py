@@ -12,9 +12,9 @@ hash: the version's memory-mapped id map names its shard, whose sorted `ids.npy`
 lookup touches one shard whatever their number. A version published before id maps existed has none:
 every shard is then searched in turn, as before (a rebuild publishes a version with one).
 
-Search goes through retrievers (retrievers.py: BM25, dense, and any other registered, e.g. fusion.py's
-`rrf`), each made once from this index on first use; `resources()` states what they hold (the GPU plan
-reads it), and `place_faiss` tells the dense retriever where to load FAISS before it does.
+Search goes through retrievers (retrievers.py: BM25, dense, their fusion `rrf`, and any other registered), each
+made once from this index on first use; `resources()` states what they hold (the GPU plan reads it), and
+`place_faiss` tells the dense retriever where to load FAISS before it does.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from indexing.fusion import ReciprocalRankFusion  # noqa: F401  (registers rrf beside bm25 and dense)
 from indexing.hits import Hit
 from indexing.java import cap_jvm_heap
 from indexing.manifest import read_version_manifest, verify_version
-from indexing.retrievers import RETRIEVERS, Resources, Retriever, SearchError
+from indexing.retrievers import Resources, Retriever, SearchError, make_retriever
 
 if TYPE_CHECKING:
     from indexing.embed import Encoder, HashEncoder
@@ -41,18 +40,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["Index", "SearchError", "open_local_index"]
-
-
-def retriever_names() -> tuple[str, ...]:
-    """The registered retrievers: retrievers.py's bm25 and dense, and those of the modules imported above."""
-    return tuple(RETRIEVERS)
-
-
-def make_retriever(name: str, index: Index) -> Retriever:
-    """The registered retriever `name` over the open `index`."""
-    if name not in retriever_names():
-        raise SearchError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
-    return RETRIEVERS[name](index)
 
 
 class Index:
@@ -76,6 +63,7 @@ class Index:
             )
         cap_jvm_heap(cfg.index.jvm_heap_mb)  # before this process's JVM starts (the searcher starts it)
         self._retrievers: dict[str, Retriever] = {}
+        self.faiss_placement: IndexPlacement | None = None  # place_faiss: a replica's GPU plan
         self._encoder: Encoder | HashEncoder | None = None
         self._lock = threading.Lock()
         self._retrievers_lock = threading.RLock()  # fusion makes its parts while making itself
@@ -110,7 +98,7 @@ class Index:
 
     def place_faiss(self, placement: IndexPlacement | None) -> None:
         """Where dense search loads FAISS (a replica's GPU plan); before its first search only."""
-        self.cfg.faiss_placement = placement
+        self.faiss_placement = placement
 
     # ---- lookups ----
     def hit(self, shard: int, row: int, score: float) -> Hit:

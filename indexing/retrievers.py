@@ -5,11 +5,18 @@
         def resources(self) -> Resources: ...                                   # what it holds once searched
         def close(self) -> None: ...
 
-A retriever is made from an open `Index` (index.py), which holds what every retriever shares: the manifest,
-the passages' stores and the id map (a hit's text is read for hits only). `Index.retriever(name)` makes each
-one once, on first use, and closes it with the index. Adding a retriever is one module with one class and
-one `@register("name")` (fusion.py is one; index.py imports each such module, so that it registers); `retrieval.retriever` and a method's `retriever` parameter then
-accept its name, and the GPU plan reads its `resources()` (pipeline/runtime/gpu_plan.py).
+A retriever is made from an open index version (`IndexVersion`: index.py's `Index`), which holds what every
+retriever shares: the manifest, the passages' stores and the id map (a hit's text is read for hits only).
+`Index.retriever(name)` makes each one once, on first use, and closes it with the index. A retriever is one
+class with one `@register("name")` where it is defined: BM25, dense and `rrf` (their fusion) below;
+`retrieval.retriever` and a method's `retriever` parameter then accept its name, and the GPU plan reads its
+`resources()` (pipeline/runtime/gpu_plan.py).
+
+`rrf`: BM25 and dense fused by reciprocal rank (Cormack, Clarke and Büttcher, SIGIR 2009). Each query's top
+`index.fusion_depth` (at least k) hits of BM25 and of dense search are fused: a passage scores sum over the
+lists that hold it of 1 / (`index.rrf_k` + rank), rank counted from 1 (the paper's k = 60); the top k by that
+score are returned, ties by passage id. Both searches run as one batch each, on the index's own BM25 and dense
+retrievers (opened once, shared with a plain `bm25` or `dense` search).
 """
 
 from __future__ import annotations
@@ -17,15 +24,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from indexing.errors import IndexingError
 from indexing.hits import Hit
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from indexing.dense import ShardSet
-    from indexing.faiss_gpu import IndexShape
-    from indexing.index import Index
+    from indexing.faiss_gpu import IndexPlacement, IndexShape
+    from indexing.settings import IndexSettings
 
 
 class SearchError(IndexingError, ValueError):
@@ -52,17 +62,50 @@ class Retriever(Protocol):
     def close(self) -> None: ...
 
 
-RETRIEVERS: dict[str, Callable[[Index], Retriever]] = {}
+class IndexVersion(Protocol):
+    """What a retriever is made from and reads: an open index version (index.py's `Index`)."""
+
+    root: Path
+    cfg: IndexSettings
+    manifest: dict
+    version_dir: Path
+    shard_dirs: list[Path]
+    analyzer: dict
+    faiss_placement: IndexPlacement | None  # where dense search loads FAISS (None: on the CPU)
+
+    def retriever(self, name: str) -> Retriever: ...
+
+    def lookup(self, ids: list[str], score: list[float] | None = None) -> list[Hit | None]: ...
+
+    def hit(self, shard: int, row: int, score: float) -> Hit: ...
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray: ...
 
 
-def register(name: str) -> Callable[[Callable[[Index], Retriever]], Callable[[Index], Retriever]]:
-    """Class decorator: the retriever `name`, made from an open Index."""
+Make = Callable[[IndexVersion], Retriever]
+RETRIEVERS: dict[str, Make] = {}
 
-    def add(make: Callable[[Index], Retriever]) -> Callable[[Index], Retriever]:
+
+def register(name: str) -> Callable[[Make], Make]:
+    """Class decorator: the retriever `name`, made from an open index version."""
+
+    def add(make: Make) -> Make:
         RETRIEVERS[name] = make
         return make
 
     return add
+
+
+def retriever_names() -> tuple[str, ...]:
+    """The registered retrievers."""
+    return tuple(RETRIEVERS)
+
+
+def make_retriever(name: str, index: IndexVersion) -> Retriever:
+    """The registered retriever `name` over the open `index`."""
+    if name not in RETRIEVERS:
+        raise SearchError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
+    return RETRIEVERS[name](index)
 
 
 @register("bm25")
@@ -70,7 +113,7 @@ class BM25:
     """BM25 over the version's Lucene index: one pyserini batch_search (`index.threads` threads) per batch; a
     hit's passage is found by its id (the id map names its shard)."""
 
-    def __init__(self, index: Index):
+    def __init__(self, index: IndexVersion):
         from indexing.sparse import LuceneShard
 
         self.index = index
@@ -107,7 +150,7 @@ class Dense:
     """FAISS over every shard (dense.ShardSet, loaded on first search; on a GPU where the plan put it), the
     queries encoded by the index's own embedding model."""
 
-    def __init__(self, index: Index):
+    def __init__(self, index: IndexVersion):
         if index.manifest["settings"].get("dense") is False:
             raise SearchError(
                 f"{index.root} is a BM25-only index (built with index.dense=false): search it with "
@@ -137,7 +180,7 @@ class Dense:
                     i.faiss_nprobe,
                     i.faiss_ef_search,
                     quantizer,
-                    gpu=self.index.cfg.faiss_placement,
+                    gpu=self.index.faiss_placement,
                 )
         return self._faiss
 
@@ -151,3 +194,36 @@ class Dense:
 
     def close(self) -> None:
         self._faiss = None
+
+
+def fuse(lists: list[list[Hit]], k: int, c: int) -> list[Hit]:
+    """The top k of ranked hit lists by reciprocal rank: score(d) = sum of 1 / (c + rank of d in a list)."""
+    scores: dict[str, float] = {}
+    first: dict[str, Hit] = {}
+    for hits in lists:
+        for rank, hit in enumerate(hits, start=1):
+            scores[hit.id] = scores.get(hit.id, 0.0) + 1.0 / (c + rank)
+            first.setdefault(hit.id, hit)
+    best = sorted(scores, key=lambda pid: (-scores[pid], pid))[:k]
+    return [Hit(id=pid, title=first[pid].title, text=first[pid].text, score=scores[pid]) for pid in best]
+
+
+@register("rrf")
+class ReciprocalRankFusion:
+    """BM25 and dense fused by reciprocal rank (see the module docstring)."""
+
+    def __init__(self, index: IndexVersion):
+        self.index = index
+        self.parts = [index.retriever("bm25"), index.retriever("dense")]  # dense refuses a BM25-only index
+
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
+        cfg = self.index.cfg.index
+        depth = max(k, cfg.fusion_depth)
+        ranked = [part.search(queries, depth) for part in self.parts]
+        return [fuse([r[i] for r in ranked], k, cfg.rrf_k) for i in range(len(queries))]
+
+    def resources(self) -> Resources:
+        return sum((part.resources() for part in self.parts), Resources())
+
+    def close(self) -> None:
+        """Its parts are the index's, closed with it."""

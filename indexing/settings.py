@@ -15,7 +15,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from indexing.errors import IndexingError
-from indexing.faiss_gpu import IndexPlacement
 
 
 class Section(BaseModel):
@@ -166,16 +165,11 @@ class IndexSettings(Section):
     """Everything indexing reads. `resolve_model` turns a model name into a local folder (default: the
     name must already be one)."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
-
     index: IndexConfig = Field(default_factory=IndexConfig)
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
     ray: RaySettings = Field(default_factory=RaySettings)
     cache_dir: str = Field(default_factory=default_cache_dir, description="where remote indexes are pulled to")
     resolve_model: Callable[[str], str] | None = Field(None, exclude=True)
-    faiss_placement: IndexPlacement | None = Field(
-        None, exclude=True, description="set by a replica's GPU plan; None: the FAISS index stays on the CPU"
-    )
 
     def model_path(self, name: str) -> str:
         if name == "hash":  # embed.HashEncoder: no folder

@@ -176,7 +176,7 @@ def answered(run: Path, n: int) -> bool:
 
 def _answer(args, cfg, out: Path, stages, stack, engine, questions, corpus, methods, n) -> list[dict]:
     from indexing import build_index
-    from pipeline.config import save_resolved
+    from pipeline.config import save_resolved, with_values
     from pipeline.runtime.answer import preflight, run_answer
 
     index_dir = out / "index"
@@ -189,7 +189,9 @@ def _answer(args, cfg, out: Path, stages, stack, engine, questions, corpus, meth
         report["passages"],
         report["seconds"],
     )
-    cfg.dataset.name = cfg.dataset.name or f"dpr-{args.questions}"
+    cfg = with_values(
+        cfg, {"dataset.name": cfg.dataset.name or f"dpr-{args.questions}"}
+    )  # a copy: the engine starting holds cfg
     save_resolved(cfg, out)
     generator = None
     if engine is not None:
@@ -197,7 +199,7 @@ def _answer(args, cfg, out: Path, stages, stack, engine, questions, corpus, meth
             generator = engine.result()
         stages.add("engine start", engine.seconds - stages.seconds.get("model", 0.0), "beside data and index")
     with stages("index open"):
-        backends = preflight(cfg, str(index_dir), stack, generator=generator)  # one engine and index for both runs
+        cfg, backends = preflight(cfg, str(index_dir), stack, generator=generator)  # one engine and index for both
     summaries = []
     for m in methods:
         with stages(m):

@@ -21,7 +21,7 @@ FORMATS = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from indexing.index import retriever_names
+    from indexing.retrievers import retriever_names
     from jobs.cli import add_config_args
 
     p = sub.add_parser(

@@ -167,7 +167,7 @@ class RetrievalConfig(Section):
     @field_validator("retriever")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from indexing.index import retriever_names
+        from indexing.retrievers import retriever_names
 
         if name not in retriever_names():
             raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(retriever_names())}")
@@ -544,6 +544,20 @@ def config_from_data(data: dict, overrides: list[str] | tuple[str, ...] = ()) ->
     for item in overrides:
         keys, value = parse_override(item)
         _merge(data, keys, value)
+    return _validated(data)
+
+
+def with_values(cfg: DynragConfig, values: dict[str, Any]) -> DynragConfig:
+    """A new configuration: `cfg` with the `section.key` values given, validated; `cfg` is left as it is. A run
+    sets what it derives (a resolved dtype, the index's analyzer) so, on its own copy, before anything reads it:
+    no code changes a configuration that others hold."""
+    data = cfg.model_dump()
+    for key, value in values.items():
+        _merge(data, key.split("."), value)
+    return _validated(data)
+
+
+def _validated(data: dict) -> DynragConfig:
     try:
         return DynragConfig.model_validate(data)
     except ValidationError as err:

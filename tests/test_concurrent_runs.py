@@ -155,27 +155,28 @@ def test_generation_streaming_auto_batches_only_where_every_method_makes_one_cal
     import pipeline.backends.vllm_gen as vllm_gen
     import pipeline.backends.vllm_stream as vllm_stream
     from pipeline.backends import make_generator, streams
-    from pipeline.methods.registry import all_methods
+    from pipeline.methods.registry import all_methods, all_one_call
 
     one_call = {name for name, spec in all_methods().items() if spec.one_call}
     assert one_call == {"no-retrieval", "sr-rag", "bm25", "sm", "qdc", "cis", "cfs"}
+    assert all_one_call(["sr-rag"]) and all_one_call(["sr-rag", "cfs"])
+    assert not all_one_call(["sr-rag", "flare"]) and not all_one_call(["iter-retgen"])
+    assert not all_one_call([])  # methods not known
     cfg = DynragConfig()
     assert cfg.generation.streaming == "auto"
-    assert not streams(cfg, ["sr-rag"]) and not streams(cfg, ["sr-rag", "cfs"])
-    assert streams(cfg, ["sr-rag", "flare"]) and streams(cfg, ["iter-retgen"])
-    assert streams(cfg, [])  # methods not known: streaming, as before
+    assert not streams(cfg, one_call=True) and streams(cfg, one_call=False)
     cfg.generation.streaming = True
-    assert streams(cfg, ["sr-rag"])
+    assert streams(cfg, one_call=True)
     cfg.generation.streaming = False
-    assert not streams(cfg, ["flare"])
+    assert not streams(cfg, one_call=False)
 
     monkeypatch.setattr(vllm_gen, "VllmGenerator", lambda cfg: "batched")
     monkeypatch.setattr(vllm_stream, "VllmStreamingGenerator", lambda cfg: "streaming")
     cfg = DynragConfig()
     cfg.generation.backend = "vllm"
-    assert make_generator(cfg, ["sr-rag"]) == "batched"
-    assert make_generator(cfg, ["sr-rag", "ircot"]) == "streaming"
-    assert Backends(cfg, methods=["sr-rag", "bm25"]).generator == "batched"
+    assert make_generator(cfg, one_call=True) == "batched"
+    assert make_generator(cfg) == "streaming"
+    assert Backends(cfg, one_call=all_one_call(["sr-rag", "bm25"])).generator == "batched"
 
 
 def test_a_drained_concurrent_experiment_resumes_each_run_where_it_stopped(tmp_path, monkeypatch):

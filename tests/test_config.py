@@ -1,15 +1,21 @@
-"""Configuration: defaults, YAML file, --set overrides, validation messages that name the field."""
+"""Configuration: defaults, YAML file, --set overrides, validation messages that name the field; read-only in
+pipeline/ and indexing/ (a run's derived values set on its own copy, `with_values`)."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, DynragConfig, load_config, parse_override, save_resolved
+from pipeline.config import ConfigError, DynragConfig, load_config, parse_override, save_resolved, with_values
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_defaults_are_valid_and_deterministic():
@@ -145,3 +151,51 @@ def test_a_kv_cache_size_from_the_environment_wins_and_says_so(monkeypatch, capl
     assert "KVCACHE" not in caplog.text
     configure_cpu_env(8.0)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2" and "2 GiB from VLLM_CPU_KVCACHE_SPACE" in caplog.text
+
+
+def test_with_values_makes_a_validated_copy_and_leaves_the_configuration_as_it_is():
+    cfg = DynragConfig()
+    new = with_values(cfg, {"generation.dtype": "float32", "method.name": "flare", "method.params": {"k": 2}})
+    assert (new.generation.dtype, new.method.name, new.method.params) == ("float32", "flare", {"k": 2})
+    assert cfg == DynragConfig() and new.retrieval == cfg.retrieval
+    with pytest.raises(ConfigError, match="dataset.format"):
+        with_values(cfg, {"dataset.format": "nope"})
+
+
+CONFIG = re.compile(r"^(\w+_)?cfg$|^config$")  # the names a configuration goes by
+
+
+def _written(node: ast.AST) -> list[ast.expr]:
+    """What an assignment writes, tuples unpacked."""
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    else:
+        return []
+    return [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+
+
+def _in_a_configuration(target: ast.expr) -> bool:
+    """`target` is a value a configuration holds: `cfg.section.key`, `self.cfg.x`, `run_cfg.method.params[k]`."""
+    node = target
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+        name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+        if CONFIG.match(name):
+            return True
+    return False
+
+
+def test_pipeline_and_indexing_never_change_a_configuration():
+    """What a run derives (a resolved dtype, the index's analyzer, a replica's FAISS placement) is set once on a copy
+    made before anything reads it (`with_values`), or travels beside the configuration: none is written into one
+    that others may hold already."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(t)}"
+        for path in sorted([*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "indexing").rglob("*.py")])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for t in _written(node)
+        if _in_a_configuration(t)
+    ]
+    assert not found, "assignments into a configuration:\n" + "\n".join(found)

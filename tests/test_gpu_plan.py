@@ -168,7 +168,7 @@ def test_the_index_is_opened_once_and_gets_the_plans_placement_before_its_first_
     cfg = DynragConfig()
     cfg.generation.backend = "none"
     with contextlib.ExitStack() as stack:
-        backends = answer.preflight(cfg, "idx", stack)
+        _, backends = answer.preflight(cfg, "idx", stack)
         assert backends.search(["q"], 1, "bm25") == [[]]
     assert opened == ["idx"]
     assert events[:2] == [("place", placement), ("search", "bm25")] and ("close", None) in events

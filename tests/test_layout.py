@@ -1,8 +1,8 @@
-"""The tree's rules, checked on the real import graph (grimp parses every module; imports inside functions
-count too): `indexing` is a library below `pipeline` and `jobs` (type-only imports count), `pipeline/` is a
+"""The tree's rules, checked on the real import graph (grimp parses every module; imports inside functions and
+`if TYPE_CHECKING:` imports count too): `indexing` is a library below `pipeline` and `jobs`, `pipeline/` is a
 stack of layers (`LAYERS`) that import only downward, and no two modules of the project import each other in
-a cycle when run (an `if TYPE_CHECKING:` import, there to name a type, is not run: a retriever module may name
-the `Index` that imports it). A failure names each offending import by file and line."""
+a cycle, not even to name a type (a module that needs the type of one importing it names a Protocol of its
+own, as retrievers.py's `IndexVersion`). A failure names each offending import by file and line."""
 
 from pathlib import Path
 
@@ -29,23 +29,10 @@ LAYERS = (
     "evaluation",
 )
 
-# upward imports that wait for a change elsewhere, each with what cuts it; an entry that no longer holds fails
-WAITING = {
-    ("pipeline.backends", "pipeline.methods.registry"): "generation.streaming=auto looks up each method's one_call "
-    "(backends.streams): cut when runtime/answer.py passes that fact to Backends instead of the methods' names",
-}
-
 
 @pytest.fixture(scope="module")
 def graph():
     return grimp.build_graph(*PACKAGES, include_external_packages=False, cache_dir=None)
-
-
-@pytest.fixture(scope="module")
-def run_graph():
-    return grimp.build_graph(
-        *PACKAGES, include_external_packages=False, exclude_type_checking_imports=True, cache_dir=None
-    )
 
 
 def edges(graph):
@@ -82,18 +69,16 @@ def test_pipeline_does_not_import_jobs(graph):
 
 
 def test_pipeline_imports_only_downward_between_its_layers(graph):
-    unknown, upward, waiting = set(), [], []
+    unknown, upward = set(), []
     for m, dep in edges(graph):
         a, b = layer(m), layer(dep)
         if a is None or b is None or a == b:
             continue
         unknown |= {x for x in (a, b) if x not in LAYERS}
         if a in LAYERS and b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
-            (waiting if (m, dep) in WAITING else upward).append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
+            upward.append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
     assert not unknown, f"not in test_layout.LAYERS (place them there): {sorted(unknown)}"
     assert not upward, "imports from a higher layer of pipeline/:\n" + "\n".join(sorted(upward))
-    stale = [f"{m} -> {dep}" for m, dep in WAITING if dep not in graph.find_modules_directly_imported_by(m)]
-    assert not stale, f"WAITING lists imports that are gone (remove them): {stale}"
 
 
 def test_the_readme_lists_pipelines_layers_top_down():
@@ -105,12 +90,11 @@ def test_the_readme_lists_pipelines_layers_top_down():
     assert [n for n in named if n in LAYERS] == list(reversed(LAYERS)), named
 
 
-def test_no_import_cycle_between_modules(run_graph):
-    g = nx.DiGraph(edges(run_graph))
+def test_no_import_cycle_between_modules(graph):
+    g = nx.DiGraph(edges(graph))
     cycles = [sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1]
     shown = [
-        "; ".join(f"{where(run_graph, m, dep)} imports {dep}" for m in c for dep in c if g.has_edge(m, dep))
-        for c in cycles
+        "; ".join(f"{where(graph, m, dep)} imports {dep}" for m in c for dep in c if g.has_edge(m, dep)) for c in cycles
     ]
     assert not cycles, "import cycles:\n" + "\n".join(shown)
 

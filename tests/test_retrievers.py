@@ -1,5 +1,5 @@
 """The retriever interface (indexing/retrievers.py): BM25 and dense behind one `search`, the stated resources,
-and a retriever added in one module with one registration (fusion.py's reciprocal-rank fusion, `rrf`)."""
+their reciprocal-rank fusion `rrf`, and a retriever added as one class with one registration."""
 
 from __future__ import annotations
 
@@ -9,10 +9,8 @@ import random
 import pytest
 
 from indexing import IndexSettings, build_index, open_index
-from indexing.fusion import fuse
 from indexing.hits import Hit
-from indexing.index import retriever_names
-from indexing.retrievers import RETRIEVERS, Resources, SearchError, register
+from indexing.retrievers import RETRIEVERS, Resources, SearchError, fuse, register, retriever_names
 
 
 def rows(n: int, seed: int = 5) -> list[dict]:
@@ -79,9 +77,7 @@ def test_a_retriever_is_one_class_and_one_registration(index_dir, monkeypatch):
     """A registered retriever is searched by name through the index, and the run's configuration accepts it."""
     from pipeline.config import DynragConfig
 
-    registry = dict(RETRIEVERS)  # the registry, and the index's name for it, as it was after the test
-    monkeypatch.setattr("indexing.retrievers.RETRIEVERS", registry)
-    monkeypatch.setattr("indexing.index.RETRIEVERS", registry)
+    monkeypatch.setattr("indexing.retrievers.RETRIEVERS", dict(RETRIEVERS))  # as it was, after the test
 
     @register("reversed-bm25")
     class Reversed:

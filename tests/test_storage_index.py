@@ -101,13 +101,16 @@ def test_ray_preflight_reads_manifests_only(remote_index, s3_server, tmp_path):
     cfg.runtime.mode = "ray"
     cfg.index.remote_cache_dir = str(tmp_path / "head-cache")
     cfg.generation.model = "some-org/not-on-this-machine"
+    cfg.index.bm25_stemmer = "none"  # not the index's
     gets = s3_server.count("GET", f"/{bucket}/idx/")
     with contextlib.ExitStack() as stack:
-        assert preflight(cfg, pin_index(uri), stack) is None
+        run_cfg, backends = preflight(cfg, pin_index(uri), stack)
+        assert backends is None
     assert s3_server.count("GET", f"/{bucket}/idx/shards/") == 0
     assert s3_server.count("GET", f"/{bucket}/idx/") - gets == 2  # CURRENT (the pin) and the manifest
     assert not (tmp_path / "head-cache").exists()
-    assert cfg.index.bm25_stemmer  # the index's analyzer, read from its manifest
+    assert run_cfg.index.bm25_stemmer == "porter"  # the index's analyzer, read from its manifest, in the run's copy
+    assert cfg.index.bm25_stemmer == "none"  # the configuration given is left as it is
 
 
 def _pull(uri: str, cache: str, barrier) -> None:

@@ -52,10 +52,10 @@ class Backends:
         scorer: Any = None,
         embedder: Any = None,
         named: dict[str, Any] | None = None,
-        methods: list[str] | None = None,
+        one_call: bool = False,
     ):
         self.cfg = cfg
-        self.methods = list(methods or [])  # every method these backends serve, where known (generation.streaming=auto)
+        self.one_call = one_call  # every method these backends serve makes one LLM call a question (`streams`)
         self.index_dir = index_dir
         self._generator, self._retriever, self._scorer, self._embedder = generator, retriever, scorer, embedder
         self._named: dict[str, Any] = dict(named or {})
@@ -86,7 +86,7 @@ class Backends:
     # -- lazily built parts ------------------------------------------------------------------
     @property
     def generator(self):
-        return self._built("_generator", lambda: make_generator(self.cfg, self.methods))
+        return self._built("_generator", lambda: make_generator(self.cfg, self.one_call))
 
     @property
     def retriever(self):
@@ -194,21 +194,21 @@ class NoGenerator:
         return [Completion("", finish_reason="none") for _ in prompts]
 
 
-def streams(cfg: DynragConfig, methods: list[str]) -> bool:
-    """generation.streaming resolved: `auto` streams unless `methods` (all the backends serve, where known) each
-    make one LLM call a question, as their last request: batched calls then cost less (no async engine loop
-    beside vLLM's threads, no request handed over one at a time) and streaming would buy them nothing."""
+def streams(cfg: DynragConfig, one_call: bool) -> bool:
+    """generation.streaming resolved: `auto` streams unless every method the generator serves is known to make
+    one LLM call a question, as its last request (`one_call`: methods.registry.all_one_call, from the caller):
+    batched calls then cost less (no async engine loop beside vLLM's threads, no request handed over one at a
+    time) and streaming would buy them nothing."""
     if cfg.generation.streaming != "auto":
         return bool(cfg.generation.streaming)
-    from pipeline.methods.registry import get_method
-
-    return not methods or not all(get_method(m).one_call for m in methods)
+    return not one_call
 
 
-def make_generator(cfg: DynragConfig, methods: list[str] | None = None):
+def make_generator(cfg: DynragConfig, one_call: bool = False):
+    """The generator of generation.backend; `one_call`: see `streams`."""
     if cfg.generation.backend == "none":
         return NoGenerator()
-    if cfg.generation.backend == "vllm" and streams(cfg, methods or []):
+    if cfg.generation.backend == "vllm" and streams(cfg, one_call):
         from pipeline.backends.vllm_stream import VllmStreamingGenerator
 
         return VllmStreamingGenerator(cfg)

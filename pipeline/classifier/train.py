@@ -24,7 +24,7 @@ import numpy as np
 from pipeline.classifier.data import KINDS, Example, load_records, make_splits
 from pipeline.classifier.features import FeatureClassifier, train_features
 from pipeline.classifier.model import Classifier, ClassifierError, ClassifierMeta
-from pipeline.config import DynragConfig, save_resolved
+from pipeline.config import DynragConfig, save_resolved, with_values
 
 log = logging.getLogger(__name__)
 
@@ -325,9 +325,7 @@ def _write_outputs(
 ) -> None:
     clf.save(folder)
     (folder / "metrics.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    resolved = cfg.model_copy(deep=True)
-    resolved.classifier.path = str(final.resolve())
-    save_resolved(resolved, folder)
+    save_resolved(with_values(cfg, {"classifier.path": str(final.resolve())}), folder)
 
 
 def _write_atomically(out: Path, overwrite: bool, write) -> None:

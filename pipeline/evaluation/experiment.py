@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pipeline.config import DynragConfig, config_from_data
+from pipeline.config import DynragConfig, config_from_data, with_values
 from pipeline.errors import DynragError
 from pipeline.evaluation.devsets import DEV_SETS, data_path, ensure_index
 
@@ -155,25 +155,24 @@ def run_methods(
     the runs are answered together through one engine (`concurrent_runs`); else one after another.
     `each(run, summary)` is called after every run, in order (e.g. to print a table line)."""
     from pipeline.backends import Backends
+    from pipeline.methods.registry import all_one_call
     from pipeline.runtime.runners import make_runner
 
     runner = make_runner(cfg)
     own = backends is None and runner.in_process  # (on Ray each engine actor builds its own)
-    backends = Backends(cfg, index, methods=[r.method for r in runs]) if own else backends
+    backends = Backends(cfg, index, one_call=all_one_call([r.method for r in runs])) if own else backends
     together = len(runs) > 1 and cfg.answer.runs == "concurrent" and not _share_state(runs, cfg, out)
 
     def one(r: MethodRun, replica=None) -> dict:
         from pipeline.runtime.answer import run_answer
 
-        run_cfg = cfg.model_copy(deep=True)
-        run_cfg.method.params = dict(r.params)
         s = run_answer(
             str(questions),
             str(out / r.label),
             index=index,
             method=r.method,
             limit=limit,
-            cfg=run_cfg,
+            cfg=with_values(cfg, {"method.params": dict(r.params)}),
             dataset_format=dataset_format,
             backends=backends,
             progress=False,
@@ -254,8 +253,7 @@ def run_dataset(exp: Experiment, name: str, ds: DatasetEntry, cfg: DynragConfig,
     questions = data_path(cfg, ds.file)
     corpus = data_path(cfg, ds.corpus or ds.file)
     index = ds.index or ensure_index(corpus, ds.corpus_format, Path(exp.indexes or out / "indexes") / name, cfg)
-    cfg = cfg.model_copy(deep=True)
-    cfg.dataset.name = cfg.dataset.name or name  # rows carry the experiment's dataset name
+    cfg = with_values(cfg, {"dataset.name": cfg.dataset.name or name})  # rows carry the experiment's dataset name
     runs = [
         MethodRun(label, spec.method, params) for spec in exp.methods for label, params in grid_runs(spec, exp.grid)
     ]
@@ -270,8 +268,7 @@ def run_experiment(path: str, overrides: list[str] | tuple[str, ...] = ()) -> di
     from pipeline.evaluation.table import evaluate
 
     exp = load_experiment(path)
-    cfg = config_from_data(exp.config, list(overrides))
-    cfg.answer.progress = False
+    cfg = config_from_data(exp.config, [*overrides, "answer.progress=false"])
     out = Path(exp.out or Path("runs") / exp.name)
     summaries = [s for name, ds in exp.datasets.items() for s in run_dataset(exp, name, ds, cfg, out)]
     run_dirs = [s["out"] for s in summaries]

@@ -203,7 +203,7 @@ def complete(text: str) -> bool:
 
 # -- the shared loop ---------------------------------------------------------------------------------
 @dataclass
-class Run:
+class Rounds:
     """One question's multi-round generation state."""
 
     q: Question
@@ -266,6 +266,25 @@ class Run:
     def accept(self, piece: str, tokens: int) -> None:
         self.text += piece
         self.used += tokens
+
+    def trigger(self, query: str, kept: str, offsets: Sequence[tuple[int, int]]):
+        """A hallucination point with a new query (none, or the last retrieval's, is not): keep the output before
+        it (`kept`; its tokens: those of `offsets` that end within it) and retrieve. Whether it retrieved."""
+        if not query or query in self.queries[-1:]:
+            return False
+        self.triggers += 1
+        self.accept(kept, sum(1 for s, e in offsets if e <= len(kept)))
+        yield from self.retrieve(query)
+        return True
+
+    def take(self, out: Completion, end: int | None = None) -> bool:
+        """Accept the output, or its first `end` characters (the tokens that end within them). Whether the loop
+        ends: the answer sentence is finished, or generation stopped before the length within what was kept."""
+        text = out.text if end is None else out.text[:end]
+        tokens = out.completion_tokens if end is None else sum(1 for s, e in token_spans(out) if e <= end)
+        self.accept(text, tokens)
+        stopped = out.finish_reason not in ("length", "") and len(text) >= len(out.text.rstrip())
+        return complete(self.text) or stopped
 
     def can_retrieve(self) -> bool:
         return self.retrievals < self.p.max_retrievals
@@ -349,17 +368,17 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
     top_n = p.top_n or top_n
     if p.authors is not None:
         return (yield from dragin_as_authors(q, p, p.authors, p.max_tokens or length, theta, top_n))
-    run = Run(q, p, p.max_tokens or length)
+    rounds = Rounds(q, p, p.max_tokens or length)
     skipped = 0
-    while run.left() > 0:
-        bound = p.skip_bound and run.can_retrieve()
-        prompt, spans, out = yield from run.generate(run.budget, logprobs=p.bound_logprobs if bound else None)
-        if run.window:
+    while rounds.left() > 0:
+        bound = p.skip_bound and rounds.can_retrieve()
+        prompt, spans, out = yield from rounds.generate(rounds.budget, logprobs=p.bound_logprobs if bound else None)
+        if rounds.window:
             break
         new = out.text
         if not new.strip():
             break
-        if run.can_retrieve():
+        if rounds.can_retrieve():
             item: dict[str, Any] = {
                 "prompt": prompt,
                 "prompt_ids": out.prompt_token_ids,
@@ -374,25 +393,20 @@ def dragin(q: Question, p: DraginParams) -> Generator[Request, Any, Answer]:
             skipped += bool(st.get("skipped"))
             i = None if st.get("skipped") else rind_trigger(st, new, theta, p.attention_norm)
             if i is not None:
+                offsets = [tuple(o) for o in st["offsets"]]
                 query = qfs(st, i, top_n, p.qfs_skip_stop_words)
-                if query and query not in run.queries[-1:]:
-                    run.triggers += 1
-                    offsets = [tuple(o) for o in st["offsets"]]
-                    kept = truncate(new, offsets, i)
-                    run.accept(kept, sum(1 for s, e in offsets if e <= len(kept)))
-                    yield from run.retrieve(query)
+                if (yield from rounds.trigger(query, truncate(new, offsets, i), offsets)):
                     continue
-        run.accept(new, out.completion_tokens)
-        if complete(run.text) or out.finish_reason not in ("length", ""):
+        if rounds.take(out):
             break
     return (
-        yield from run.finish(
+        yield from rounds.finish(
             {
                 "entropy": "exact",
                 "attention_norm": p.attention_norm,
                 "theta": theta,
                 "top_n": top_n,
-                "max_tokens": run.budget,
+                "max_tokens": rounds.budget,
                 "attention_skipped": skipped,
             }
         )
@@ -416,22 +430,20 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     length = table9(q.dataset)[0]
     if p.authors is not None:
         return (yield from authors.token(q, p.authors, p.max_tokens or length, p.k, p.retriever, p.mean_threshold))
-    run = Run(q, p, p.max_tokens or length)
-    while run.left() > 0:
-        _, _, out = yield from run.generate(run.budget, logprobs=1, token_spans=True)
-        if run.window:
+    rounds = Rounds(q, p, p.max_tokens or length)
+    while rounds.left() > 0:
+        _, _, out = yield from rounds.generate(rounds.budget, logprobs=1, token_spans=True)
+        if rounds.window:
             break
         new = out.text
         if not new.strip():
             break
-        if run.docs and run.show_docs and not p.keep_docs:  # the sentence regenerated with its retrieval: kept
-            end = sentence_of(new, 0)[1]
-            run.accept(new[:end], sum(1 for s, e in token_spans(out) if e <= end))
-            run.show_docs = False
-            if complete(run.text) or (end >= len(new.rstrip()) and out.finish_reason not in ("length", "")):
+        if rounds.docs and rounds.show_docs and not p.keep_docs:  # the sentence regenerated with its retrieval: kept
+            rounds.show_docs = False
+            if rounds.take(out, sentence_of(new, 0)[1]):
                 break
             continue
-        if run.can_retrieve() and out.logprobs:
+        if rounds.can_retrieve() and out.logprobs:
             offsets = token_spans(out)
             low = [
                 k
@@ -444,22 +456,17 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
                 masked = {word_spans(new, [offsets[k]])[0] for k in low}
                 words = [m for m in re.finditer(r"\w+", new[s0:s1]) if (s0 + m.start(), s0 + m.end()) not in masked]
                 query = " ".join(m.group() for m in words) or q.question
-                if query not in run.queries[-1:]:
-                    run.triggers += 1
-                    kept = new[:s0].rstrip()
-                    run.accept(kept, sum(1 for s, e in offsets if e <= len(kept)))
-                    yield from run.retrieve(query)
+                if (yield from rounds.trigger(query, new[:s0].rstrip(), offsets)):
                     continue
-        run.accept(new, out.completion_tokens)
-        if complete(run.text) or out.finish_reason not in ("length", ""):
+        if rounds.take(out):
             break
     return (
-        yield from run.finish(
+        yield from rounds.finish(
             {
                 "entropy": "none (token probabilities from generation logprobs)",
                 "prob_threshold": p.prob_threshold,
                 "keep_docs": p.keep_docs,
-                "max_tokens": run.budget,
+                "max_tokens": rounds.budget,
             }
         )
     )
@@ -473,23 +480,7 @@ def flare(q: Question, p: FlareParams) -> Generator[Request, Any, Answer]:
     paper=f"FL-RAG (Khandelwal et al., 2019; Ram et al., 2023) as set in {PAPER}",
 )
 def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
-    if p.authors is not None:
-        return (
-            yield from authors.fixed(q, p.authors, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, p.window)
-        )
-    run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
-    query = q.question
-    while run.left() > 0:
-        if run.can_retrieve():
-            yield from run.retrieve(query)
-        _, _, out = yield from run.generate(p.window)
-        if run.window or not out.text.strip():
-            break
-        run.accept(out.text, out.completion_tokens)
-        query = out.text.strip()
-        if complete(run.text) or out.finish_reason not in ("length", ""):
-            break
-    return (yield from run.finish({"entropy": "none", "window": p.window, "max_tokens": run.budget}))
+    return (yield from fixed_rule(q, p, p.window, {"window": p.window}))
 
 
 @register_method(
@@ -499,22 +490,27 @@ def fl_rag(q: Question, p: FlRagParams) -> Generator[Request, Any, Answer]:
     paper=f"FS-RAG (Trivedi et al., 2022) as set in {PAPER}",
 )
 def fs_rag(q: Question, p: FsRagParams) -> Generator[Request, Any, Answer]:
+    return (yield from fixed_rule(q, p, None, {}))
+
+
+def fixed_rule(q: Question, p: MultiRoundParams, window: int | None, extra: dict[str, Any]):
+    """FL-RAG's loop (retrieve every `window` tokens, the last window the next query) or, `window` None, FS-RAG's
+    (retrieve every sentence, the last sentence the next query); the question is the first query."""
+    length = p.max_tokens or table9(q.dataset)[0]
     if p.authors is not None:
-        return (yield from authors.fixed(q, p.authors, p.max_tokens or table9(q.dataset)[0], p.k, p.retriever, None))
-    run = Run(q, p, p.max_tokens or table9(q.dataset)[0])
+        return (yield from authors.fixed(q, p.authors, length, p.k, p.retriever, window))
+    rounds = Rounds(q, p, length)
     query = q.question
-    while run.left() > 0:
-        if run.can_retrieve():
-            yield from run.retrieve(query)
-        _, _, out = yield from run.generate(run.budget, token_spans=True)
+    while rounds.left() > 0:
+        if rounds.can_retrieve():
+            yield from rounds.retrieve(query)
+        _, _, out = yield from rounds.generate(window or rounds.budget, token_spans=window is None)
         new = out.text
-        if run.window or not new.strip():
+        if rounds.window or not new.strip():
             break
-        spans = sentence_spans(new)
+        spans = sentence_spans(new) if window is None else []
         end = spans[0][1] if spans else len(new)
-        tokens = sum(1 for s, e in token_spans(out) if e <= end)
-        run.accept(new[:end], tokens)
         query = new[:end].strip()
-        if complete(run.text) or (end >= len(new.rstrip()) and out.finish_reason not in ("length", "")):
+        if rounds.take(out, None if window else end):
             break
-    return (yield from run.finish({"entropy": "none", "max_tokens": run.budget}))
+    return (yield from rounds.finish({"entropy": "none", **extra, "max_tokens": rounds.budget}))

@@ -68,6 +68,7 @@ from pydantic import Field
 from indexing.hits import Hit
 from pipeline.backends import make_generator, register_backend
 from pipeline.classifier.data import format_document
+from pipeline.config import with_values
 from pipeline.engine.requests import (
     Answer,
     Call,
@@ -258,9 +259,7 @@ class PathModelBackend:
         out: list[Any] = [None] * len(items)
         for model in dict.fromkeys(it["model"] for it in items):
             if model not in self._gens:
-                cfg = self.cfg.model_copy(deep=True)
-                cfg.generation.model = model
-                self._gens[model] = make_generator(cfg)
+                self._gens[model] = make_generator(with_values(self.cfg, {"generation.model": model}))
             idx = [i for i, it in enumerate(items) if it["model"] == model]
             res = self._gens[model].generate(
                 [items[i]["prompt"] for i in idx], [items[i]["sampling"] for i in idx], [True] * len(idx)

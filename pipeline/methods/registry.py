@@ -123,6 +123,12 @@ def get_method(name: str) -> MethodSpec:
     return _REGISTRY[name]
 
 
+def all_one_call(names: list[str]) -> bool:
+    """Every method named makes one LLM call a question, as its last request (no names: not known, False); what
+    a generator serving them needs to know (pipeline.backends.streams)."""
+    return bool(names) and all(get_method(n).one_call for n in names)
+
+
 def config_hash(*parts: Any) -> str:
     """A short stable hash of the method, its params and the settings that change its output."""
     blob = json.dumps(parts, sort_keys=True, default=str)

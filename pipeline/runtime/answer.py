@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from indexing.faults import fault_point
-from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml, run_params
+from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml, run_params, with_values
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.io.commit import Committer
@@ -110,12 +110,11 @@ def run_answer(
     `replica`: a started shared Replica (replica.py) whose engine answers this run's questions beside other runs'
     (in-process only; `backends` must be its backends); its drain is this run's.
     """
-    cfg = (cfg or DynragConfig()).model_copy(deep=True)
-    cfg.generation.dtype = generation_dtype(cfg)  # the rows, their config hash and the actors see one dtype
-    if method:
-        cfg.method.name = method
-    if dataset_format:
-        cfg.dataset.format = dataset_format  # type: ignore[assignment]  # a str, checked on assignment (validate_assignment)
+    cfg = cfg or DynragConfig()
+    # the run's own copy with what it derives (one dtype for the rows, their config hash and the actors; preflight
+    # adds the index's analyzer): a configuration is never changed once made
+    given = {"method.name": method, "dataset.format": dataset_format}
+    cfg = with_values(cfg, {"generation.dtype": generation_dtype(cfg), **{k: v for k, v in given.items() if v}})
     spec = get_method(cfg.method.name)
     params = spec.params(cfg.method.params, cfg)
     bound = params.for_output(out)  # what the program runs with: the run's own state (ERM4's reservoir)
@@ -127,7 +126,7 @@ def run_answer(
         if not runner.in_process:  # its actors read the dataset themselves (ray_questions.py)
             questions.close()
         if backends is None:
-            backends = preflight(cfg, index, stack)
+            cfg, backends = preflight(cfg, index, stack)
         settings = run_settings(cfg, params)
         chash = config_hash(*settings.values())
         saved = check_same_run(out, settings, chash)
@@ -158,11 +157,13 @@ def run_answer(
         )
 
 
-def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack, generator: Any = None) -> Any:
+def preflight(
+    cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack, generator: Any = None
+) -> tuple[DynragConfig, Any]:
     """Fail at once, before any row is written, on what would otherwise turn every row into an error
     row: an index that cannot be opened and searched (a missing or corrupt file, no published version),
-    a missing model. Returns the run's backends (closed by `stack`; None in Ray mode, where the actors
-    build their own).
+    a missing model. Returns the run's configuration and its backends (closed by `stack`; None in Ray mode,
+    where the actors build their own).
 
     In-process, the check is made on the run's own backends: their retriever is built now and searched
     once, and the run goes on with it (the index is opened once). With Ray, the driver (often a head node
@@ -170,24 +171,27 @@ def preflight(cfg: DynragConfig, index: str | None, stack: contextlib.ExitStack,
     size under index.verify=size): nothing of the index nor of the model is downloaded onto it; pulling,
     loading and searching the index, and resolving the model, are left to the actors (or the retrieval
     pool), on their own nodes. The
-    index's BM25 analyzer is written into `cfg`, so the run's resolved config holds what search used.
-    `generator`: one already started (the demo starts it while the index builds), closed with the backends."""
+    run's configuration is `cfg` with the index's BM25 analyzer, so that its resolved config holds what search
+    used (`cfg` itself is left as it is). `generator`: one already started (the demo starts it while the index
+    builds), closed with the backends."""
+    from indexing.sparse import index_analyzer
+
     runner = make_runner(cfg)
     try:
         manifest, retriever = runner.open_index(index, cfg, stack) if index else ({}, None)
+        if index:
+            analyzer = index_analyzer(manifest["settings"])
+            cfg = with_values(
+                cfg, {"index.bm25_stemmer": analyzer["stemmer"], "index.bm25_stopwords": analyzer["stopwords"]}
+            )
         backends = runner.backends(cfg, retriever, generator, stack)
     except GpuPlanError:
         raise  # its own message: the GPU's parts in GiB
     except Exception as exc:
         raise DynragError(f"cannot use the index {index}: {first_line(exc)}") from exc
-    if index:
-        from indexing.sparse import index_analyzer
-
-        analyzer = index_analyzer(manifest["settings"])  # what BM25 searches with: the run's config records it
-        cfg.index.bm25_stemmer, cfg.index.bm25_stopwords = analyzer["stemmer"], analyzer["stopwords"]
     if cfg.generation.backend != "none":
         runner.check_model(cfg)
-    return backends
+    return cfg, backends
 
 
 def _run_answer(

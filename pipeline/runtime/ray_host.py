@@ -25,7 +25,7 @@ from pipeline.errors import DynragError, EngineDead
 class GeneratorHost:
     """The child actor (async: each prompt awaits its sequence, none holds a thread) holding the generator."""
 
-    def __init__(self, cfg_json: dict, methods: list[str], make_backends: Any = None):
+    def __init__(self, cfg_json: dict, one_call: bool, make_backends: Any = None):
         import ray
 
         from pipeline.backends import make_generator
@@ -40,7 +40,7 @@ class GeneratorHost:
         if why:
             raise DynragError(why)
         # a test's latency-model backends (picklable) build the generator a test gives; else the configuration's
-        self.gen = make_backends(cfg, None).generator if make_backends is not None else make_generator(cfg, methods)
+        self.gen = make_backends(cfg, None).generator if make_backends is not None else make_generator(cfg, one_call)
 
     def where(self) -> dict:
         return {"node": self.node, "group": self.group, "streams": hasattr(self.gen, "submit")}
@@ -78,7 +78,7 @@ class HostedGenerator:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(cls, group: Any, cfg: DynragConfig, methods: list[str], make_backends: Any = None) -> HostedGenerator:
+    def start(cls, group: Any, cfg: DynragConfig, one_call: bool, make_backends: Any = None) -> HostedGenerator:
         """A host in `group`'s first bundle (its CPU; the GPUs are its workers'), its generator loaded."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -97,7 +97,7 @@ class HostedGenerator:
         host = (
             ray.remote(GeneratorHost)
             .options(num_cpus=HOST_CPUS, num_gpus=0, scheduling_strategy=strategy, max_restarts=0, max_concurrency=1000)
-            .remote(cfg.model_dump(mode="json"), methods, make_backends)
+            .remote(cfg.model_dump(mode="json"), one_call, make_backends)
         )
         where = ray.get(host.where.remote())  # its constructor's error, if it failed to load
         return (HostedStreamingGenerator if where["streams"] else cls)(host, where)

@@ -78,6 +78,7 @@ class EngineActor:
         import ray
 
         from pipeline.io.output_lock import check_same_host, check_shared
+        from pipeline.methods.registry import all_one_call
         from pipeline.runtime.ray_logs import own_worker_logging
 
         own_worker_logging()
@@ -99,7 +100,7 @@ class EngineActor:
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
         self.turns = Turns()
         self.replica: Any = None  # once built
-        self.methods = [run["method"] for run in runs]
+        self.one_call = all_one_call([run["method"] for run in runs])  # what a hosted generator needs to know
         self.groups = groups or []
         self._ended = threading.Event()
         if control is not None:  # the heartbeat starts now: pulling the index and loading the model take a while
@@ -176,7 +177,7 @@ class EngineActor:
             raise DynragError(
                 f"every one of the {len(self.groups)} replicas' placement groups is held by another actor"
             )
-        return HostedGenerator.start(self.groups[claimed], cfg, self.methods, make_backends)
+        return HostedGenerator.start(self.groups[claimed], cfg, self.one_call, make_backends)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         """One Ray Data batch: its rows of each run answered as one batch of that run (at once, each its part);
@@ -322,16 +323,16 @@ class EngineActor:
 
 
 def _run(cfg: DynragConfig, run: dict) -> Any:
-    """A run as its engine actors answer it (`replica.Run`): its method's program, the parameters the driver
+    """A run as its engine actors answer it (`replica.ServedRun`): its method's program, the parameters the driver
     bound (else the configuration's), a writer of its staged attempts and its row fields."""
     from pipeline.io.output import PartWriter
     from pipeline.methods.registry import get_method
-    from pipeline.runtime.replica import Run
+    from pipeline.runtime.replica import ServedRun
 
     spec = get_method(run["method"])
     params = spec.params(cfg.method.params, cfg) if run.get("params") is None else spec.params(run["params"])
     writer = PartWriter(run["out"], run["row_args"]["run_id"], run.get("header"))
-    return Run(spec.program, params, writer, run["row_args"])
+    return ServedRun(spec.program, params, writer, run["row_args"])
 
 
 def poison(dead: list[dict], batch_deaths: int) -> bool:

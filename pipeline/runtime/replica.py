@@ -22,7 +22,7 @@ questions never leave it idle); each call's part holds its own batch.
     replica.close()
 
 One replica may serve several runs at once (an experiment's runs, `run_methods`): each `answer` call names its
-`Run` (program, parameters, writer, row fields), its questions enter the one inbox tagged with it, and the engine
+`ServedRun` (program, parameters, writer, row fields), its questions enter the one inbox tagged with it, and the engine
 starts each question's program from its run, so one admission queue and one engine serve every run.
 """
 
@@ -68,9 +68,9 @@ class Next(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Run:
-    """What one run's questions are answered with and written by: its method program and parameters, the
-    writer of its parts and the fields of its rows (make_row's keyword arguments)."""
+class ServedRun:
+    """A run as a replica serves it: what its questions are answered with and written by (its method program
+    and parameters, the writer of its parts, the fields of its rows: make_row's keyword arguments)."""
 
     program: Callable[..., Any]
     params: Any
@@ -101,7 +101,7 @@ class Replica:
         self.backends, self._make_backends = backends, make_backends
         self.writer, self.row_args = writer, row_args
         # the run of `answer` calls that name none (None: a shared replica, whose every call names its run)
-        self.run = Run(spec.program, params, writer, row_args) if spec is not None else None
+        self.run = ServedRun(spec.program, params, writer, row_args) if spec is not None else None
         self.drain_flag = drain or Drain(cfg.answer.drain_s)
         self.where = dict(where or {})
         self.on_ended = on_ended
@@ -179,7 +179,11 @@ class Replica:
 
     # -- the one batch path ---------------------------------------------------------------------------
     def answer(
-        self, questions: list[Question], batch_ids: list[str] | None = None, skipped: int = 0, run: Run | None = None
+        self,
+        questions: list[Question],
+        batch_ids: list[str] | None = None,
+        skipped: int = 0,
+        run: ServedRun | None = None,
     ) -> dict:
         """Answer `questions` with `run` (default: the replica's own), write their rows as one part (keyed by
         `batch_ids`, else the rows' ids) and return the batch's report (`batch_report`, plus "part",
@@ -212,7 +216,7 @@ class Replica:
             self._tell_if_ended()
 
     def give_up(
-        self, questions: list[Question], batch_ids: list[str], skipped: int, cause: str, run: Run | None = None
+        self, questions: list[Question], batch_ids: list[str], skipped: int, cause: str, run: ServedRun | None = None
     ) -> dict:
         """A batch not to answer again (it has killed its replica's process before): its questions written as
         error rows with `cause` (error_kind "system": a rerun tries them again), reported as `answer` does."""
@@ -227,7 +231,7 @@ class Replica:
         report.update(part=run.writer.write(rows, batch_ids) or "", complete=True, replica=self.where, generator=None)
         return report
 
-    def _outcomes(self, questions: list[Question], run: Run) -> list:
+    def _outcomes(self, questions: list[Question], run: ServedRun) -> list:
         got = _Batch(questions, run)
         with self._lock:
             if self.state is State.FAILED:
@@ -358,7 +362,7 @@ def load_generator(backends) -> None:
 class _Batch:
     """One call's questions and their outcomes, collected from the loop thread."""
 
-    def __init__(self, questions: list[Question], run: Run):
+    def __init__(self, questions: list[Question], run: ServedRun):
         self.run = run
         self.order = {id(q): i for i, q in enumerate(questions)}
         self.outcomes: list = []

@@ -78,9 +78,11 @@ class LocalRunner:
     def backends(self, cfg: DynragConfig, retriever: Any, generator: Any, stack: contextlib.ExitStack) -> Any:
         """The run's backends (closed by `stack`), the index placed per the GPU plan and searched once."""
         from pipeline.backends import Backends
+        from pipeline.methods.registry import all_one_call
         from pipeline.runtime.gpu_plan import replica_gpu_plan
 
-        backends = Backends(cfg, retriever=retriever, generator=generator, methods=[cfg.method.name])
+        one_call = all_one_call([cfg.method.name])
+        backends = Backends(cfg, retriever=retriever, generator=generator, one_call=one_call)
         stack.callback(backends.close)
         plan = replica_gpu_plan(cfg, retriever)  # None without CUDA; refuses a plan that does not fit
         if retriever is not None:
@@ -103,13 +105,13 @@ class LocalRunner:
         import functools
 
         from pipeline.io.output import PartWriter, batch_report
-        from pipeline.runtime.replica import Replica, Run, batches_held
+        from pipeline.runtime.replica import Replica, ServedRun, batches_held
 
         cfg, counts, size = job.cfg, job.counts, job.cfg.answer.batch_questions
         writer = PartWriter(job.out, job.row_args["run_id"], job.header)
         own = replica is None
         replica = replica or Replica(cfg, job.spec, job.params, backends, writer, job.row_args, drain=drain).start()
-        answer = functools.partial(replica.answer, run=Run(job.spec.program, job.params, writer, job.row_args))
+        answer = functools.partial(replica.answer, run=ServedRun(job.spec.program, job.params, writer, job.row_args))
         held = batches_held(cfg, size)
         pool = cf.ThreadPoolExecutor(held, thread_name_prefix="dynrag-batch")
         reported = 0  # questions skipped as answered, reported so far

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
 
         from pipeline.backends import Backends
         from pipeline.config import load_config
+        from pipeline.methods.registry import all_one_call
         from pipeline.runtime.answer import generation_dtype, run_answer
 
     shutil.rmtree(args.out, ignore_errors=True)  # a fresh run, never a resumed one
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg.generation.dtype = generation_dtype(cfg)
     if args.params:
         cfg.method.params = json.loads(Path(args.params).read_text(encoding="utf-8"))
-    backends = Backends(cfg, args.index, methods=[args.method])
+    backends = Backends(cfg, args.index, one_call=all_one_call([args.method]))
     try:
         # loaded before the clock, as FlashRAG's pipeline loads its models
         with clock("generator"):
