@@ -250,6 +250,10 @@ def run_all(args) -> int:
         "dashboard_agent_listen_port": free_port(),
     }
     cluster = Cluster(initialize_head=True, head_node_args=head)
+    # what `ray start --head --temp-dir` leaves on a real head: its address in its temp dir, where Ray's job
+    # supervisor looks ("auto") for the cluster to give the entrypoint (Cluster writes it under /tmp/ray only:
+    # with another Ray on the machine, the supervisor then picked either)
+    Path(temp, "ray_current_cluster").write_text(cluster.address)
     try:
         for _ in range(2):
             cluster.add_node(**WORKER)

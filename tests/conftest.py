@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,17 @@ def pytest_runtest_logreport(report):
     seconds_tests = _FILE_SECONDS.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0])
     seconds_tests[0] += report.duration
     seconds_tests[1] += report.when == "call"
+
+
+def pytest_runtest_teardown(item):
+    """transformers logs through a handler of its own, bound to the sys.stderr of when it was first used: a test's
+    capsys stream, closed after that test, turned each later transformers warning into "--- Logging error ---"
+    with a traceback on stderr (which tests of the CLI's stderr then see). Once transformers is imported, its
+    records go to the root logger instead, as the other libraries' do."""
+    if "transformers.utils.logging" in sys.modules:
+        library = sys.modules["transformers.utils.logging"]
+        library.disable_default_handler()
+        library.enable_propagation()
 
 
 def pytest_sessionfinish(session):

@@ -37,7 +37,8 @@ def test_the_shipped_rayjob_on_s3_joins_the_cluster_and_survives_a_drained_worke
     )
     rc = rayjob_local.run_all(args)
     result = json.loads((tmp_path / "result.json").read_text())["preempted"]
-    assert rc == 0, result
+    logs = "".join(f"\n--- {p.name}:\n" + p.read_text()[-3000:] for p in sorted(tmp_path.glob("*.log")))
+    assert rc == 0, f"{result}{logs}"
     assert "SUCCEEDED" in result["status"]
     # pyarrow.dataset over the bucket's parts/ (no dedup): each question once, no error row
     assert (result["rows"], result["questions"], result["error_rows"]) == (n, n, 0)

@@ -83,9 +83,10 @@ def test_an_actor_refuses_an_output_folder_it_cannot_see(tmp_path):
     check_shared("s3://bucket/run")
 
 
-@pytest.fixture
-def ray_cluster(tmp_path_factory):
-    """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running)."""
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray for the module's runs (run_answer leaves a Ray it did not start running; each job ends its
+    own actors)."""
     import ray
 
     from indexing.raytools import init_ray
