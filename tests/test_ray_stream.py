@@ -83,10 +83,10 @@ def test_an_actor_refuses_an_output_folder_it_cannot_see(tmp_path):
     check_shared("s3://bucket/run")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """One local Ray for the module's runs (run_answer leaves a Ray it did not start running; each job ends its
-    own actors)."""
+@pytest.fixture
+def ray_cluster(tmp_path_factory):
+    """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running). Per test: Ray's
+    workers take the environment of when it starts, and the s3 test's AWS_* are set for that test only."""
     import ray
 
     from indexing.raytools import init_ray
