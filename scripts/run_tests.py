@@ -134,7 +134,7 @@ class Runner:
         line = summary[-1] if summary else ""
         unit.counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", line)}
         if rc not in (0, 5):
-            ids = [x for x in out.splitlines() if x.startswith(("FAILED ", "ERROR "))]
+            ids = [x for x in out.splitlines() if re.match(r"(FAILED|ERROR) tests/", x)]
             unit.failures = ids or [f"CRASHED {unit.name} (pytest exit {rc})"]
         tail = "\n".join(out.splitlines()[-40:])
         self.say(f"=== [{self.elapsed()}] {' '.join(unit.files)} ({unit.wall_s:.0f} s)\n{notes}{tail}")
