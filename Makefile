@@ -7,7 +7,7 @@ VENV ?= .venv
 unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo lint test test-all test-slow test-faults bench
+.PHONY: setup demo lint test test-slow test-faults bench
 setup:
 	bash scripts/setup.sh
 
@@ -23,13 +23,11 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# scripts/run_tests.py: pytest processes, as many at once as the machine has cores (TEST_JOBS=n to choose)
+# scripts/run_tests.py: pytest processes, as many at once as the machine has cores (TEST_JOBS=n to choose);
+# CI (.ci/run) runs `make test TEST_MARKS="not slow"`: the tests and the fault-injection suite in one run
+TEST_MARKS ?= not slow and not faults
 test: lint
-	$(PY) scripts/run_tests.py -m "not slow and not faults"
-
-# what CI runs (.ci/run): the tests and the fault-injection suite in one run
-test-all: lint
-	$(PY) scripts/run_tests.py -m "not slow"
+	$(PY) scripts/run_tests.py -m "$(TEST_MARKS)"
 
 test-slow: setup
 	$(PY) scripts/run_tests.py -m slow
