@@ -60,18 +60,22 @@ def seconds_per_file() -> dict[str, tuple[float, int]]:
 
 
 def selected_tests(py: str, files: list[str], extra: list[str]) -> dict[str, int]:
-    """How many tests of each file the marker expression selects (one collection process for them all)."""
-    out = subprocess.run(
+    """How many tests of each file the marker expression selects (one collection process for them all). Where
+    collection fails, every file without a test found is kept (its own process then reports the error), so that
+    a file that cannot be imported is never skipped in silence."""
+    done = subprocess.run(
         [py, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files, *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
-    ).stdout
+    )
     found: dict[str, int] = {}
-    for line in out.splitlines():
+    for line in done.stdout.splitlines():
         if "::" in line:
             name = line.split("::", 1)[0]
             found[name] = found.get(name, 0) + 1
+    if done.returncode not in (0, 5):  # 5: no test selected at all
+        found.update({f: 1 for f in files if f not in found})
     return found
 
 
@@ -191,7 +195,11 @@ def report(units: list[Unit], times: Path, wall_s: float) -> int:
     if crashed:
         print("\ncrashed once, then run again (see above):\n" + "\n".join(crashed))
     total = {k: sum(u.counts.get(k, 0) for u in units) for k in ("passed", "failed", "error", "skipped")}
-    failed = total["failed"] + total["error"] + sum(1 for u in units if u.failures and not u.counts.get("failed"))
+    failed = (
+        total["failed"]
+        + total["error"]
+        + sum(1 for u in units if u.failures and not (u.counts.get("failed") or u.counts.get("error")))
+    )
     print(f"{total['passed']} passed, {failed} failed, {total['skipped']} skipped in {wall_s:.0f} s")
     return 1 if failures else 0
 
