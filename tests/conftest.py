@@ -4,6 +4,7 @@ carved from it (tests/fixtures/kit), and the model cache."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -88,6 +89,26 @@ def pytest_runtest_logreport(report):
     seconds_tests = _FILE_SECONDS.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0])
     seconds_tests[0] += report.duration
     seconds_tests[1] += report.when == "call"
+
+
+_ROOT_LEVEL = logging.getLogger().level
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    """A test that runs the CLI in this process (`main(["--log-level", "ERROR", ...])`) leaves the root logger
+    at its level with a stderr handler of its own: every later test's caplog then missed each warning. Both
+    are put back after each test (and a module fixture's run of the CLI, before the test)."""
+    root = logging.getLogger()
+
+    def restore() -> None:
+        root.setLevel(_ROOT_LEVEL)
+        for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+            root.removeHandler(handler)
+
+    restore()
+    yield
+    restore()
 
 
 def pytest_runtest_teardown(item):

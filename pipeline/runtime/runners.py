@@ -126,10 +126,13 @@ class LocalRunner:
                 if not pending:
                     break
                 done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                for future in done:
+                failed = [f for f in done if f.exception() is not None]
+                for future in done - set(failed):  # the batches written are committed before a failure ends the run
                     report = future.result()
                     report["skipped"], reported = counts["skipped"] - reported, counts["skipped"]
                     yield report
+                if failed:
+                    failed[0].result()
             if counts.get("skipped", 0) > reported:
                 yield batch_report([], counts["skipped"] - reported, {})
         finally:
