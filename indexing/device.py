@@ -17,8 +17,19 @@ import sys
 from indexing.errors import IndexingError
 
 
+GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_driver_present(exists=os.path.exists) -> bool:
+    """Whether any GPU driver's device or proc file is here (NVIDIA's; WSL2's /dev/dxg; ROCm's /dev/kfd): without
+    one torch sees no GPU, so `cuda_available` answers without importing torch (3 s of a CPU job's start)."""
+    return any(exists(path) for path in GPU_DRIVER_FILES)
+
+
 def cuda_available() -> bool:
-    """Whether this process sees a CUDA GPU (False without torch)."""
+    """Whether this process sees a CUDA GPU (False without torch, or without a GPU driver)."""
+    if "torch" not in sys.modules and not gpu_driver_present():
+        return False
     try:
         import torch
 

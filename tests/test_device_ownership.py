@@ -70,3 +70,17 @@ def test_the_sentence_embedder_takes_its_device_from_own_device(monkeypatch):
     cfg = DynragConfig()
     cfg.embedding.device = "cuda:1"
     assert embedding.SentenceEmbedder(cfg)._model(None).device == "cpu" and asked == ["cuda:1"]
+
+
+def test_no_gpu_driver_means_no_cuda_without_importing_torch():
+    import subprocess
+    import sys
+
+    assert device.gpu_driver_present(lambda path: path == "/dev/nvidiactl")
+    assert device.gpu_driver_present(lambda path: path == "/dev/dxg")
+    assert not device.gpu_driver_present(lambda path: False)
+    if device.gpu_driver_present():
+        pytest.skip("this machine has a GPU driver")
+    code = "import sys; from indexing.device import cuda_available; print(cuda_available(), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]
