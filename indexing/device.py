@@ -16,7 +16,6 @@ import sys
 
 from indexing.errors import IndexingError
 
-
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
 
 
