@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 from indexing.errors import IndexingError
 
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
 
 
-def gpu_driver_present(exists=os.path.exists) -> bool:
+def gpu_driver_present(exists: Callable[[str], bool] = os.path.exists) -> bool:
     """Whether any GPU driver's device or proc file is here (NVIDIA's; WSL2's /dev/dxg; ROCm's /dev/kfd): without
     one torch sees no GPU, so `cuda_available` answers without importing torch (3 s of a CPU job's start)."""
     return any(exists(path) for path in GPU_DRIVER_FILES)
