@@ -74,31 +74,42 @@ def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int, analy
 
 
 class LuceneShard:
-    """One Lucene index's searcher, opened on first use; queries are analysed as the index was built."""
+    """One Lucene index's searcher (Anserini's SimpleSearcher, the class pyserini's LuceneSearcher wraps), opened on
+    first use; queries are analysed as the index was built. Through jnius, not `pyserini.search.lucene`, whose
+    import loads transformers and torch for its neural encoders (10 s of every searching process's start)."""
 
     def __init__(self, path: Path, k1: float, b: float, analyzer: dict = DEFAULT_ANALYZER):
         self.path, self.k1, self.b, self.analyzer = path, k1, b, analyzer
-        self._searcher: Any = None  # pyserini's LuceneSearcher
+        self._searcher: Any = None  # io.anserini.search.SimpleSearcher
 
     @property
     def searcher(self) -> Any:
         if self._searcher is None:
             ensure_java()
             from pyserini.analysis import get_lucene_analyzer
-            from pyserini.search.lucene import LuceneSearcher
+            from pyserini.pyclass import autoclass
 
             quiet_java_logs()
-            self._searcher = LuceneSearcher(str(self.path))
+            searcher = autoclass("io.anserini.search.SimpleSearcher")(str(self.path))
             stemmer = self.analyzer["stemmer"]
-            self._searcher.set_analyzer(
+            searcher.set_analyzer(
                 get_lucene_analyzer(stemming=stemmer != "none", stemmer=stemmer, stopwords=self.analyzer["stopwords"])
             )
-            self._searcher.set_bm25(self.k1, self.b)
+            searcher.set_bm25(float(self.k1), float(self.b))
+            self._searcher = searcher
         return self._searcher
 
     def batch_search(self, queries: list[str], k: int, threads: int) -> list[list[tuple[str, float]]]:
+        searcher = self.searcher  # first: it prepares Java before jnius is imported
+        from pyserini.pyclass import JArrayList
+
         qids = [str(i) for i in range(len(queries))]
-        res = self.searcher.batch_search(queries, qids, k=k, threads=threads)
+        jqueries, jqids = JArrayList(), JArrayList()
+        for query, qid in zip(queries, qids):
+            jqueries.add(query)
+            jqids.add(qid)
+        found = searcher.batch_search(jqueries, jqids, int(k), int(threads))
+        res = {entry.getKey(): entry.getValue() for entry in found.entrySet().toArray()}
         return [[(h.docid, float(h.score)) for h in res.get(q, [])] for q in qids]
 
     def close(self) -> None:

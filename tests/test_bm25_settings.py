@@ -110,3 +110,28 @@ def test_a_run_records_the_analyzer_its_index_was_built_with(indexes, tmp_path):
         0.9,
         0.4,
     )
+
+
+def test_the_searcher_ranks_and_scores_as_pyserinis_lucene_searcher(data_dir, tmp_path):
+    """sparse.LuceneShard drives Anserini's SimpleSearcher itself (importing pyserini.search.lucene loads torch):
+    the same hits and scores as pyserini's LuceneSearcher over the same Lucene index, analyzer and k1, b."""
+    from indexing.sparse import DEFAULT_ANALYZER, LuceneShard, build_lucene
+
+    lines = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").splitlines()[:300]
+    docs = [(r["id"], r["contents"]) for r in map(json.loads, lines)]
+    assert build_lucene(docs, tmp_path / "lucene", threads=1) == len(docs)
+    queries = ["American football player", "a river in Europe", "capital of France", "the", "zzzq"]
+    shard = LuceneShard(tmp_path / "lucene", 1.2, 0.75, DEFAULT_ANALYZER)
+    ours = shard.batch_search(queries, 5, 2)
+    shard.close()
+
+    from pyserini.analysis import get_lucene_analyzer
+    from pyserini.search.lucene import LuceneSearcher
+
+    theirs = LuceneSearcher(str(tmp_path / "lucene"))
+    theirs.set_analyzer(get_lucene_analyzer(stemmer="porter", stopwords=True))
+    theirs.set_bm25(1.2, 0.75)
+    found = theirs.batch_search(queries, [str(i) for i in range(len(queries))], k=5, threads=2)
+    theirs.close()
+    assert ours == [[(h.docid, float(h.score)) for h in found.get(str(i), [])] for i in range(len(queries))]
+    assert sum(map(len, ours)) >= 10 and ours[-1] == []
