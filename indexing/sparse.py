@@ -1,11 +1,11 @@
 """Sparse shards: one pyserini Lucene index per shard, merged per version for BM25 batch search.
 
-Documents are indexed through pyserini's `LuceneIndexer` (Anserini's JsonCollection documents:
+Documents are indexed through Anserini's `SimpleIndexer` (pyserini's jars; JsonCollection documents:
 `id` = passage id, `contents` = title + newline + text), one index per shard, so a rebuild
 re-analyses only new shards. Each published version then gets one Lucene index that is the
 segment-level union of its shards (`IndexWriter.addIndexes`: segment files are copied, nothing
 is re-analysed), merged down to `index.bm25_segments` segments (Lucene's per-query cost grows with
-the segment count), and searched with one pyserini `batch_search` over all queries. Unlike merging
+the segment count), and searched with one Anserini `batch_search` over all queries. Unlike merging
 per-shard results by score, BM25 then uses the corpus-wide term statistics, so results equal
 those of one index built over all passages, and the per-query cost does not grow with the number
 of shards. The price is a copy of the Lucene segments per version (disk and I/O, no CPU-heavy
@@ -48,23 +48,25 @@ def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int, analy
     """Index (id, contents) pairs into a fresh Lucene index at `out` with `analyzer` (Anserini's English
     analyzer: `stemmer` porter, krovetz or none; `stopwords` dropped or kept); return the document count."""
     ensure_java()
-    from pyserini.index.lucene import LuceneIndexer
+    from pyserini.pyclass import autoclass  # Anserini's SimpleIndexer (pyserini's LuceneIndexer wraps it): importing
+    # pyserini.index.lucene costs 2 s (pandas and its table of prebuilt indexes)
 
     quiet_java_logs()
     if out.exists():
         shutil.rmtree(out)
     args = ["-index", str(out), "-stemmer", analyzer["stemmer"]] + ([] if analyzer["stopwords"] else ["-keepStopwords"])
-    indexer = LuceneIndexer(str(out), args=args, threads=threads)
+    args += ["-input", "", "-collection", "JsonCollection", "-threads", str(threads)]
+    indexer = autoclass("io.anserini.index.SimpleIndexer")(args)
     n = 0
     batch: list[str] = []  # JSON documents: one JNI call a batch (a dict each took a JNI object per document)
     for doc_id, contents in docs:
         batch.append(json.dumps({"id": doc_id, "contents": contents}))
         if len(batch) >= 5000:
-            indexer.add_batch_raw(batch)
+            indexer.addRawDocuments(batch)
             n += len(batch)
             batch = []
     if batch:
-        indexer.add_batch_raw(batch)
+        indexer.addRawDocuments(batch)
         n += len(batch)
     indexer.close()
     lock = out / "write.lock"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Run the tests as pytest processes, several at once (`--jobs`, default the machine's cores), longest first.
 
-The processes: the files that share one interpreter, split in two (the fault-injection files and the rest; the
-tiny vLLM engine, the models and the JVM start once per process, tests/conftest.py), and each file marked
+The processes: the files that share one interpreter, split into `--jobs` processes of about equal seconds (the
+files that use the session's tiny vLLM engine in one of them: the engine, the models and the JVM start once per
+process, tests/conftest.py), and each file marked
 `own_process` (Ray in-process, or memory measured against the process's own start), unless all its tests are
 deselected. "Longest" is read from the per-file table in docs/operations.md ("Test seconds per file").
 
