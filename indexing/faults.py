@@ -4,8 +4,9 @@
 
 does nothing unless the environment variable DYNRAG_PAUSE_AT names that point (a comma-separated
 list). When it does, the first process to get there writes its pid to `$DYNRAG_PAUSE_DIR/<point>`
-and sleeps until a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), or
-for at most DYNRAG_PAUSE_SECONDS (default 600) before going on. Once that file exists the point no
+and sleeps until a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), until the
+test creates `<point>.resume` beside that file, or for at most DYNRAG_PAUSE_SECONDS (default 600) before
+going on. Once that file exists the point no
 longer pauses, so a restarted worker or a retried task runs through. Real runs never set the variable.
 
 `name@N` pauses at the N-th time a process gets to the point (e.g. `engine.question_done@10`: after ten
@@ -43,5 +44,6 @@ def fault_point(name: str, until: Callable[[], bool] | None = None) -> None:
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
     deadline = time.monotonic() + float(os.environ.get("DYNRAG_PAUSE_SECONDS", "600"))
-    while time.monotonic() < deadline and not (until and until()):
+    resume = folder / f"{spec}.resume"
+    while time.monotonic() < deadline and not (until and until()) and not resume.exists():
         time.sleep(0.05)

@@ -38,14 +38,16 @@ def test_two_jobs_on_one_s3_output_yield_each_question_once(s3, nq_dev, tmp_path
         "--set",
         "ray.actor_batches=1",  # one batch at a time: the paused driver holds its job while the second runs
     )
-    # the first job waits 45 s after its first part, so the second one runs meanwhile
-    first = start(cmd, {**env_for("answer.part_written", tmp_path / "pauses"), "DYNRAG_PAUSE_SECONDS": "45"})
+    # the first job pauses after its first part until the second one has ended (at most 120 s)
+    pauses = tmp_path / "pauses"
+    first = start(cmd, {**env_for("answer.part_written", pauses), "DYNRAG_PAUSE_SECONDS": "120"})
     try:
-        while not (tmp_path / "pauses" / "answer.part_written").exists():
+        while not (pauses / "answer.part_written").exists():
             assert first.poll() is None, first.communicate()[1][-3000:]
             time.sleep(0.05)
         second = start(cmd, env_for())
         out2, err2 = second.communicate(timeout=300)
+        (pauses / "answer.part_written.resume").touch()
         out1, err1 = first.communicate(timeout=300)
     finally:
         first.kill()
