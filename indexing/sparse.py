@@ -69,9 +69,9 @@ def build_lucene(docs: Iterable[tuple[str, str]], out: Path, threads: int, analy
         indexer.addRawDocuments(batch)
         n += len(batch)
     indexer.close()
-    lock = out / "write.lock"
-    if lock.exists():
-        lock.unlink()  # an empty marker Lucene leaves behind; not part of the index
+    # one segment: each of `threads` indexing threads writes its own, so their number followed thread timing, and
+    # with it which segments a refresh's merge policy merged (and so the deleted documents left in BM25's statistics)
+    _write(out, "APPEND", lambda writer, lucene: writer.forceMerge(1))
     return n
 
 
@@ -137,11 +137,14 @@ class _Lucene:
         return self.cast("org.apache.lucene.store.Directory", self.fs.open(self.paths.get(str(path))))
 
     def writer(self, out: Any, mode: str) -> Any:
-        """An IndexWriter on the directory `out`, `mode` CREATE or APPEND."""
+        """An IndexWriter on the directory `out`, `mode` CREATE or APPEND. Its merges run in the calling thread
+        (SerialMergeScheduler): with Lucene's default concurrent scheduler, which segments a refresh merged (and
+        so how many deleted documents stay in BM25's statistics, and the scores) depended on thread timing."""
         config = self.autoclass("org.apache.lucene.index.IndexWriterConfig")(
             self.autoclass("io.anserini.analysis.DefaultEnglishAnalyzer").newDefaultInstance()
         )
         config.setOpenMode(getattr(self.autoclass("org.apache.lucene.index.IndexWriterConfig$OpenMode"), mode))
+        config.setMergeScheduler(self.autoclass("org.apache.lucene.index.SerialMergeScheduler")())
         return self.autoclass("org.apache.lucene.index.IndexWriter")(out, config)
 
     def stats(self, directory: Any) -> dict:
