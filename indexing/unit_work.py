@@ -121,9 +121,12 @@ class UnitJob:
 
 
 def node() -> str:
-    """This task's node: Ray's node id on a Ray worker, else the host name."""
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    """This task's node: Ray's node id on a Ray worker, else the host name. Ray may be half imported by another
+    thread (`dynrag demo` imports vLLM, which imports Ray, while it builds its index): then it is not initialized."""
+    is_initialized = getattr(sys.modules.get("ray"), "is_initialized", None)
+    if is_initialized is not None and is_initialized():
+        import ray
+
         return str(ray.get_runtime_context().get_node_id())
     return socket.gethostname()
 

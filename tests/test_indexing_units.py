@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sys
 
 import pytest
 
@@ -259,3 +260,15 @@ def test_unchanged_units_are_taken_unread(tmp_path):
             if any(r.source_id == "r290" for r in read_corpus(u))
         ][0]
     )
+
+
+def test_a_unit_task_names_its_host_while_another_thread_is_still_importing_ray(monkeypatch):
+    """`dynrag demo` builds its index while a thread imports vLLM, which imports Ray: the build's `node()` saw a
+    half-imported `ray` in sys.modules and failed with AttributeError (found by `make demo` in a fresh clone)."""
+    import socket
+    import types
+
+    from indexing.unit_work import node
+
+    monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # as sys.modules holds it mid-import
+    assert node() == socket.gethostname()
