@@ -6,8 +6,8 @@ does nothing unless the environment variable DYNRAG_PAUSE_AT names that point (a
 list). When it does, the first process to get there writes its pid to `$DYNRAG_PAUSE_DIR/<point>`
 and sleeps until a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), until the
 test creates `<point>.resume` beside that file, or for at most DYNRAG_PAUSE_SECONDS (default 600) before
-going on. Once that file exists the point no
-longer pauses, so a restarted worker or a retried task runs through. Real runs never set the variable.
+going on. Once that file exists the point no longer pauses, so a restarted worker or a retried task runs
+through. Real runs never set the variable.
 
 `name@N` pauses at the N-th time a process gets to the point (e.g. `engine.question_done@10`: after ten
 questions finished). A caller may pass `until`: the pause also ends when it returns true (a drain
