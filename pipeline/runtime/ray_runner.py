@@ -216,7 +216,9 @@ class EngineActor:
                 report = self.replica.give_up(questions, ids, skipped, _poison_cause(dead), run)
             else:
                 with self.turns.alone() if dead else self.turns.shared():
-                    if dead and self.control is not None:  # its death, if it dies now, is its own
+                    # its death, if it dies now, is its own; not when the engine failed while it waited for its
+                    # turn (answer() then raises at once, and the batch goes to the restarted actor unmarked)
+                    if dead and self.control is not None and not self.replica.failed:
                         self.control.alone.remote(key, os.getpid())
                     report = self.replica.answer(questions, ids, skipped, run)
         except PartWriteError as err:  # the store refuses the part after its retries: the job ends with this line

@@ -164,6 +164,11 @@ class Replica:
             self._shutdown()
 
     # -- what its process does next ------------------------------------------------------------------
+    @property
+    def failed(self) -> bool:
+        """Its engine failed: every answer() raises that error from now on."""
+        return self.state is State.FAILED
+
     def keeps_batch(self, report: dict) -> bool:
         """Whether the batch `report` answered is returned as it is (else the process holding it exits
         without a result, and the batch goes to the restarted actor): not when a drain for its node left
