@@ -67,14 +67,19 @@ def hotpot_subset(data_dir: Path, out: Path, n: int = 20) -> Path:
     return out
 
 
-def build_hotpot_index(data_dir: Path, tmp_path_factory, n: int = 20) -> Path:
+def build_hotpot_index(data_dir: Path, tmp_path_factory, n: int = 20, encoder: str | None = None) -> Path:
+    """The first `n` HotpotQA records' paragraphs as an index, built once per test process; `encoder`: its
+    `embedding.model` (default the configuration's; the job that searches it must use the same)."""
     from indexing import build_index
     from pipeline.config import DynragConfig
 
-    root = tmp_path_factory.getbasetemp() / f"hotpot-index-{n}"
+    root = tmp_path_factory.getbasetemp() / f"hotpot-index-{n}{'-' + encoder if encoder else ''}"
     if not (root / "done").exists():
         corpus = hotpot_subset(data_dir, tmp_path_factory.mktemp("corpus") / "hotpot_dev_subset.jsonl", n)
-        build_index([str(corpus)], root, DynragConfig().index_settings(), fmt="hotpotqa")
+        cfg = DynragConfig()
+        if encoder:
+            cfg.embedding.model = encoder
+        build_index([str(corpus)], root, cfg.index_settings(), fmt="hotpotqa")
         (root / "done").write_text("ok")
     return root
 

@@ -24,7 +24,10 @@ def fake_gpu_cluster(workers: int, **node) -> Iterator:
 
     temp = tempfile.mkdtemp(prefix="dynrag-gpu-", dir="/tmp")  # short: Ray's socket paths live below it
     Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray").mkdir(exist_ok=True)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "num_gpus": 0, "temp_dir": temp})
+    # no dashboard: nothing here uses the Jobs or state API (scripts/rayjob_local.py starts its own), and it cost
+    # ~4.5 CPU-s a cluster on 2 cores
+    head = {"num_cpus": 0, "num_gpus": 0, "temp_dir": temp, "include_dashboard": False}
+    c = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(workers):
         c.add_node(**node)
     c.wait_for_nodes()

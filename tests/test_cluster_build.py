@@ -60,7 +60,7 @@ def cluster(tmp_path_factory):
         # Cluster writes its address to <system temp>/ray/ray_current_cluster without making that folder,
         # which a fresh machine (CI) does not have until some Ray session made it
         Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp", "ray").mkdir(exist_ok=True)
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": temp})
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "temp_dir": temp, "include_dashboard": False})
         workers = [c.add_node(num_cpus=1, resources={f"node_{i}": 1}) for i in (1, 2)]
         c.wait_for_nodes()
         ray.init(address=c.address, log_to_driver=False, configure_logging=False)

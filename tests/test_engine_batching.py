@@ -128,6 +128,22 @@ def test_sentence_embedder_on_packaged_minilm(cache_dir):
     assert float(vecs[0] @ vecs[1]) > float(vecs[0] @ vecs[2])
 
 
+def test_sentence_embedder_takes_the_index_test_encoder():
+    """`embedding.model=hash` (an index built with the test encoder) serves the methods' embeddings too: the
+    same vectors as the index's HashEncoder, not a model lookup that fails."""
+    import numpy as np
+
+    from indexing.embed import HashEncoder
+    from pipeline.backends.embedding import SentenceEmbedder
+
+    cfg = DynragConfig()
+    cfg.embedding.model = "hash"
+    texts = ["Paris is in France.", "The capital of France is Paris.", "Bananas."]
+    vecs = SentenceEmbedder(cfg).embed(texts)
+    assert vecs.shape == (3, 384) and np.array_equal(vecs, HashEncoder().encode(texts))
+    assert float(vecs[0] @ vecs[1]) > float(vecs[0] @ vecs[2])  # shared words are near
+
+
 class Store:
     """A named backend: records its batches; `lookup` returns each item's length, `boom` fails on 'x'."""
 

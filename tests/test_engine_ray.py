@@ -53,12 +53,15 @@ def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
 
 def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, tmp_path_factory, tmp_path, caplog):
     """PAIRS (retrieval on two paths, AIS embeddings, generation) with the index in a retrieval pool and
-    the embedder in a scorer pool: the engine actor holds only the generator."""
+    the embedder in a scorer pool: the engine actor holds only the generator. The test encoder
+    (`embedding.model=hash`): what is checked is where each call runs, and loading MiniLM in the three pool
+    processes cost ~20 CPU-s (the Ray build tests load it in Ray workers)."""
     import logging
 
     caplog.set_level(logging.INFO, logger="pipeline.runtime.ray_runner")
-    index = build_hotpot_index(data_dir, tmp_path_factory, 20)
+    index = build_hotpot_index(data_dir, tmp_path_factory, 20, encoder="hash")
     cfg = _cfg(tmp_path_factory, "transformers")
+    cfg.embedding.model = "hash"
     cfg.method.params = {"k": 2, "n": 3}
     dataset = str(data_dir / HOTPOT)
     local = run_answer(dataset, str(tmp_path / "local"), index=str(index), method="pairs", limit=N, cfg=cfg)

@@ -1,9 +1,11 @@
-"""Sentence embeddings (sentence-transformers) for methods that compare vectors (PAIRS, ERM4)."""
+"""Sentence embeddings (sentence-transformers, or `embedding.model=hash`: the index's test encoder) for methods
+that compare vectors (PAIRS, ERM4)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from indexing.embed import HASH_ENCODER, HashEncoder
 from pipeline.assets.models import resolve_model
 from pipeline.config import DynragConfig
 
@@ -15,6 +17,8 @@ class SentenceEmbedder:
 
     def _model(self, name: str | None):
         name = name or self.cfg.embedding.model
+        if name == HASH_ENCODER and name not in self._models:  # the index's test encoder, here too
+            self._models[name] = HashEncoder()
         if name not in self._models:
             from sentence_transformers import SentenceTransformer
 
@@ -31,6 +35,8 @@ class SentenceEmbedder:
     def embed(self, texts: list[str], model: str | None = None) -> np.ndarray:
         """L2-normalised float32 vectors, shape (len(texts), dim)."""
         m = self._model(model)
+        if isinstance(m, HashEncoder):
+            return m.encode(list(texts))
         vecs = m.encode(
             list(texts),
             batch_size=self.cfg.embedding.batch_size,
