@@ -62,6 +62,9 @@ def ensure_java() -> None:
         jnius_config.add_options = add_options
     if not jnius_config.vm_running:  # drop the option if something added it before us
         jnius_config.options[:] = [o for o in jnius_config.options if "jdk.incubator.vector" not in o]
+        # the user's own options for this process's JVM, say -XX:TieredStopAtLevel=1 (C1 only: about a third
+        # less CPU for a short job's Lucene work; the tests set it, docs/operations.md)
+        jnius_config.add_options(*os.environ.get("DYNRAG_JVM_OPTIONS", "").split())
     _READY = True
     log.debug("java: JAVA_HOME=%s", os.environ["JAVA_HOME"])
 

@@ -18,6 +18,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the tests' local Ray instances run without token auth whatever ~/.ray holds (dynrag itself leaves auth to Ray)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# every JVM of the tests (this process's, its CLI children's, Ray workers') compiles with C1 only: the tests' Lucene
+# work is short, and C2's compiles cost ~2 CPU-s per JVM (indexing/java.py)
+os.environ.setdefault("DYNRAG_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 FIXTURE_KIT = Path(__file__).resolve().parent / "fixtures" / "kit"
 

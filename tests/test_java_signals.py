@@ -112,3 +112,17 @@ def test_index_jvm_heap_mb_caps_the_heap_of_a_searching_process(tmp_path):
 
     assert 200 <= max_heap_mib("index.jvm_heap_mb=256") <= 256
     assert max_heap_mib() > 1024  # the JVM's default on this machine (24 GiB: about 6 GiB)
+
+
+def test_dynrag_jvm_options_reach_the_processes_jvm():
+    """DYNRAG_JVM_OPTIONS (the tests set C1-only compilation with it) are the JVM's options when it starts."""
+    import os
+
+    probe = (
+        "from indexing.java import ensure_java; ensure_java(); import jnius; "
+        "S = jnius.autoclass('java.lang.System'); print(S.getProperty('dynrag.probe'))"
+    )
+    env = {**os.environ, "DYNRAG_JVM_OPTIONS": "-Ddynrag.probe=42 -XX:TieredStopAtLevel=1"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "42"

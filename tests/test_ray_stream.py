@@ -97,12 +97,14 @@ def ray_cluster(tmp_path_factory):
 
 
 def _tiny_job(data_dir, tmp_path_factory, tmp_path) -> tuple[str, str, DynragConfig]:
-    """(index, dataset, configuration) of a small job with the tiny transformers model."""
-    index = str(build_hotpot_index(data_dir, tmp_path_factory, 20))
+    """(index, dataset, configuration) of a small job with the tiny transformers model (BM25: the index's vectors,
+    made by the test encoder, are not searched)."""
+    index = str(build_hotpot_index(data_dir, tmp_path_factory, 20, encoder="hash"))
     dataset = str(_dataset(data_dir, tmp_path / "questions.jsonl"))
     cfg = DynragConfig()
     cfg.generation.model = str(tiny_model_path(tmp_path_factory))
     cfg.generation.backend = "transformers"
+    cfg.embedding.model = "hash"
     cfg.generation.max_new_tokens = 8
     cfg.answer.progress = False
     cfg.answer.batch_questions = 2

@@ -48,7 +48,7 @@ def test_a_ray_run_pins_the_index_version_for_every_replica(data_dir, tmp_path_f
 
     from pipeline.runtime import ray_runner
 
-    index = build_hotpot_index(data_dir, tmp_path_factory, n=5)
+    index = build_hotpot_index(data_dir, tmp_path_factory, n=5, encoder="hash")  # which encoder is not the point
     seen: list = []
 
     def runner(dataset, out, cfg, index_dir, row_args, **kw):
@@ -58,6 +58,7 @@ def test_a_ray_run_pins_the_index_version_for_every_replica(data_dir, tmp_path_f
     monkeypatch.setattr(ray_runner, "answer_with_ray", runner)
     cfg = DynragConfig()
     cfg.runtime.mode, cfg.generation.backend, cfg.answer.progress = "ray", "none", False
+    cfg.embedding.model = "hash"
     lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:2]
     (tmp_path / "q.jsonl").write_text("\n".join(lines) + "\n")
     run_answer(str(tmp_path / "q.jsonl"), str(tmp_path / "out"), index=str(index), method="sr-rag", cfg=cfg)
