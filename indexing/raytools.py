@@ -45,6 +45,17 @@ def init_ray(address: str | None, num_cpus: int | None = None, log_to_driver: bo
     return True
 
 
+def shutdown_ray() -> None:
+    """ray.shutdown(), keeping a running JVM's signal handlers: Ray sets SIGSEGV back to the default when it shuts
+    down, and the JVM takes SIGSEGV internally, so the process would die at the JVM's next such fault."""
+    import ray
+
+    from indexing.java import jvm_signals_kept
+
+    with jvm_signals_kept():
+        ray.shutdown()
+
+
 def gpus_or_fallback(gpus: float, fallback: bool, what: str) -> float:
     """`gpus`, or 0 when `fallback` is on and the Ray cluster has no GPU at all (a GPU config runs anywhere)."""
     import ray

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from on_disk import assert_each_question_once  # noqa: F401  (the Ray tests' exactly-once check, on disk)
 
+from indexing.raytools import shutdown_ray
 from pipeline.config import load_config
 
 
@@ -36,7 +37,7 @@ def fake_gpu_cluster(workers: int, **node) -> Iterator:
         yield c
     finally:
         _let_streams_end(10.0)  # a reader blocked on a failed job's stream for 10 s stays blocked: 30 s waited in vain
-        ray.shutdown()
+        shutdown_ray()
         c.shutdown()
 
 

@@ -21,6 +21,7 @@ import pytest
 from indexing import build_index, open_index
 from indexing.errors import IndexingError
 from indexing.manifest import read_manifest, verify_version
+from indexing.raytools import shutdown_ray
 from pipeline.config import load_config
 
 pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
@@ -73,7 +74,7 @@ def cluster(tmp_path_factory):
                 "s3": server is not None,
             }
         finally:
-            ray.shutdown()
+            shutdown_ray()
             c.shutdown()
             if server is not None:
                 server.stop()

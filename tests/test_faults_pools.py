@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from indexing.raytools import shutdown_ray
 from pipeline.config import DynragConfig
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process]  # starts Ray in-process (scripts/run_tests.py)
@@ -31,7 +32,7 @@ def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
             got = [[h.id for h in hits] for hits in client.search(queries, 3, "bm25")]
             assert got == want
     finally:
-        ray.shutdown()
+        shutdown_ray()
 
 
 def _slow_or_crashing_backends():
@@ -95,4 +96,4 @@ def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills
             client.search(["crash"], 3, "bm25")
         assert client.search(queries, 3, "bm25") == got["hits"]  # the pool serves on
     finally:
-        ray.shutdown()
+        shutdown_ray()

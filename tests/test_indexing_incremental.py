@@ -20,6 +20,7 @@ import pytest
 from indexing import build_index, open_index
 from indexing.manifest import read_manifest
 from indexing.passages import parent_id, record_passages
+from indexing.raytools import shutdown_ray
 from indexing.readers import Record
 from pipeline.config import load_config
 
@@ -180,13 +181,13 @@ def test_resume_after_kill(scenario, full_build):
 
 
 def test_ray_build_equals_local(corpus, tmp_path):
-    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray")
     src = write_jsonl(tmp_path / "small.jsonl", corpus[:30])
     local = build_index([src], str(tmp_path / "local"), config().index_settings())
     try:
         on_ray = build_index([src], str(tmp_path / "ray"), config(**{"runtime.mode": "ray"}).index_settings())
     finally:
-        ray.shutdown()
+        shutdown_ray()
     assert on_ray["passages_embedded"] == local["passages_embedded"] == local["passages"] >= 30
     assert on_ray["shards"] == local["shards"] > 1
     # one unit (one file); on ray built by a task (cluster_build.py) whose own seconds are summed in embed_s etc.

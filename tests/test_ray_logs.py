@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from indexing.raytools import shutdown_ray
 from jobs.quiet import divert_logs
 from pipeline.runtime.ray_logs import MARK, route_worker_logs
 
@@ -91,4 +92,4 @@ def test_worker_output_through_a_real_ray_splits_between_terminal_and_log_file(t
         )
     finally:
         if started:
-            ray.shutdown()
+            shutdown_ray()

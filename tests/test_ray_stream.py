@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
 
+from indexing.raytools import init_ray, shutdown_ray
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
 from pipeline.io import datasets, output
@@ -87,13 +88,9 @@ def test_an_actor_refuses_an_output_folder_it_cannot_see(tmp_path):
 def ray_cluster(tmp_path_factory):
     """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running). Per test: Ray's
     workers take the environment of when it starts, and the s3 test's AWS_* are set for that test only."""
-    import ray
-
-    from indexing.raytools import init_ray
-
     init_ray(None, 4)
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 def _tiny_job(data_dir, tmp_path_factory, tmp_path) -> tuple[str, str, DynragConfig]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from engine_fixtures import HOTPOT
 
+from indexing.raytools import shutdown_ray
 from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
 
@@ -21,7 +22,7 @@ def ray_local(s3):
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 def test_resumed_ray_run_on_s3_counts_every_row(s3, ray_local, data_dir):

@@ -500,7 +500,7 @@ def answer_runs_with_ray(
     latency-model bench)."""
     import ray
 
-    from indexing.raytools import init_ray, ray_address
+    from indexing.raytools import init_ray, ray_address, shutdown_ray
     from pipeline.backends.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_control import RunControl
@@ -594,7 +594,7 @@ def answer_runs_with_ray(
             ray.kill(control)
         _remove_groups(groups)
         if started:
-            ray.shutdown()
+            shutdown_ray()
         if guard is not None:
             guard.close()
 
