@@ -17,8 +17,8 @@ class SentenceEmbedder:
 
     def _model(self, name: str | None):
         name = name or self.cfg.embedding.model
-        if name == HASH_ENCODER and name not in self._models:  # the index's test encoder, here too
-            self._models[name] = HashEncoder()
+        if name == HASH_ENCODER:  # the index's test encoder, here too
+            return self._models.setdefault(name, HashEncoder())
         if name not in self._models:
             from sentence_transformers import SentenceTransformer
 

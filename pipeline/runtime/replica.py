@@ -178,7 +178,7 @@ class Replica:
     def after_end(self) -> Next:
         """What the process holding this ended replica does: restart (its engine failed: within the failure
         budget, the driver's to say), exit (drained for its node: Ray restarts it elsewhere) or stay."""
-        if self.state is State.FAILED:
+        if self.failed:
             return Next.RESTART
         return Next.EXIT if self.drain_flag.for_the_node else Next.STAY
 
