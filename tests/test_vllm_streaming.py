@@ -1,6 +1,7 @@
 """vLLM's async engine as a streaming generator (tiny random model): the same outputs as batched
 `LLM.generate`, a short sequence delivered before a long one submitted earlier, engine_kwargs applied,
-rows equal to the lockstep engine's through the continuous engine, and a prompt still running at close or
+rows equal to the lockstep engine's through the continuous engine (the streaming engine with vLLM's priority
+scheduling, answer.scheduling=program; the lockstep one first come, first served), and a prompt still running at close or
 submitted after it resolves its future. One vLLM engine at a time."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def stream_cfg(tiny_cfg):
     cfg = tiny_cfg.model_copy(deep=True)
     cfg.generation.max_model_len = 1024
     cfg.generation.streaming = True
+    cfg.answer.scheduling = "program"  # vLLM's priority scheduling: the same outputs as first come, first served
     return cfg
 
 
@@ -49,6 +51,7 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
     try:
         assert isinstance(gen, VllmStreamingGenerator)
         assert gen.llm.vllm_config.scheduler_config.max_num_seqs == 3  # engine_kwargs reach the async engine
+        assert gen.llm.vllm_config.scheduler_config.policy == "priority"
         streamed = gen.generate(PROMPTS, SPECS, [True] * len(PROMPTS))
         order = []
 
@@ -65,7 +68,7 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
             futures[-1].add_done_callback(done_as(name))
         assert not wait(futures, 120).not_done
         qs = [Question(str(i), p) for i, p in enumerate(PROMPTS[:4] * 2)]
-        eng = ContinuousEngine(Backends(stream_cfg, generator=gen), batch_wait_s=0.001)
+        eng = ContinuousEngine(Backends(stream_cfg, generator=gen), batch_wait_s=0.001, scheduling="program")
         try:
             continuous = eng.run(qs, two_rounds, None)
         finally:

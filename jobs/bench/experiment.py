@@ -50,14 +50,17 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON document: {simulated (the model), time_scale, methods, questions, ratio_vs_sequential, same_as_alone, "
+        help="print one JSON document: {simulated (the model), time_scale, kv_tokens, scheduling, methods, questions, "
+        "ratio_vs_sequential, same_as_alone, "
         "same_as_alone_per_run, retrieval_cache_hit_rate, modes: {concurrent, sequential}}",
     )
     add_config_args(p)
     p.set_defaults(func=run)
 
 
-def bench_mode(cfg, methods: list[str], n: int, scale: float, mode: str, work: Path) -> dict[str, Any]:
+def bench_mode(
+    cfg, methods: list[str], n: int, scale: float, mode: str, work: Path, kv_tokens: int | None = None
+) -> dict[str, Any]:
     """The runs of `methods` over `n` synthetic questions through `run_methods` with answer.runs=`mode`, on a
     fresh set of latency-model backends; the mode's figures, with each run's predictions (`per_run`)."""
     from jobs.bench.flashrag.table import run_figures
@@ -74,7 +77,7 @@ def bench_mode(cfg, methods: list[str], n: int, scale: float, mode: str, work: P
         )
     out = work / mode
     runs = [MethodRun(m, m, {}) for m in methods]
-    backends = sim_backends(cfg, scale)
+    backends = sim_backends(cfg, scale, kv_tokens)
     gen = backends.generator
     t_cmd = time.time()
     t0 = time.perf_counter()
@@ -92,6 +95,11 @@ def bench_mode(cfg, methods: list[str], n: int, scale: float, mode: str, work: P
         "seconds": round(wall, 2),
         **{key: sum(p[key] for p in per.values()) for key in ("llm_calls", "prompt_tokens", "completion_tokens")},
         "retrievals": sum(p["retrievals"] for p in per.values()),
+        "cached_prompt_tokens": sum(p["cached_prompt_tokens"] for p in per.values()),
+        "prefix_cache_hit_rate": {
+            m: round(p["cached_prompt_tokens"] / max(p["prompt_tokens"], 1), 3) for m, p in per.items()
+        },
+        "kv_evicted_blocks": gen.kv.evicted if gen.kv is not None else None,
         "decode_steps": len(steps),
         "mean_running": round(sum(steps) / max(len(steps), 1), 1),
         "max_running": max(steps, default=0),
@@ -100,14 +108,14 @@ def bench_mode(cfg, methods: list[str], n: int, scale: float, mode: str, work: P
     }
 
 
-def bench_experiment(cfg, methods: list[str], n: int, scale: float) -> dict[str, Any]:
+def bench_experiment(cfg, methods: list[str], n: int, scale: float, kv_tokens: int | None = None) -> dict[str, Any]:
     """Both modes (concurrent first) and their comparison; predictions left out of the result."""
     from jobs.bench.flashrag.table import same
 
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-experiment-") as tmp:
         for mode in MODES:  # warm-up: the first mode would otherwise pay the imports (seconds) in its time
             bench_mode(cfg, methods, 2, 0.0, mode, Path(tmp, "warm-up"))
-        modes = {mode: bench_mode(cfg, methods, n, scale, mode, Path(tmp)) for mode in MODES}
+        modes = {mode: bench_mode(cfg, methods, n, scale, mode, Path(tmp), kv_tokens) for mode in MODES}
     alone = same({"per_method": modes["concurrent"]["per_run"]}, {"per_method": modes["sequential"]["per_run"]})
     for got in modes.values():
         for p in got["per_run"].values():
@@ -116,6 +124,8 @@ def bench_experiment(cfg, methods: list[str], n: int, scale: float) -> dict[str,
     return {
         "simulated": simulated.__doc__.split("\n\n", 1)[1].strip(),
         "time_scale": scale,
+        "kv_tokens": kv_tokens or None,
+        "scheduling": cfg.answer.scheduling,
         "methods": methods,
         "questions": n * len(methods),
         "ratio_vs_sequential": round(modes["sequential"]["seconds"] / conc, 2) if conc else None,
@@ -134,7 +144,7 @@ def run(args: argparse.Namespace) -> None:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     cfg = load_config(args.config, [*DEFAULTS, *args.overrides])
-    f = bench_experiment(cfg, methods, args.questions, args.time_scale)
+    f = bench_experiment(cfg, methods, args.questions, args.time_scale, args.kv_tokens)
     if args.json:
         from jobs.jsonout import emit
 
@@ -142,14 +152,19 @@ def run(args: argparse.Namespace) -> None:
         return
     print(
         f"{args.questions} questions per run, runs {', '.join(methods)} ({f['questions']} questions in all); "
-        f"sleeps at {args.time_scale} x the model; at most {cfg.answer.max_in_flight} questions in flight"
+        f"sleeps at {args.time_scale} x the model; at most {cfg.answer.max_in_flight} questions in flight; "
+        f"KV cache {args.kv_tokens or 'none'} tokens; scheduling {cfg.answer.scheduling}"
     )
     print(f["simulated"])
-    print("| mode | s | LLM calls | prompt / generated tokens | decode steps | mean (max) running | generator busy |")
+    print(
+        "| mode | s | LLM calls | prompt (from the prefix cache) / generated tokens | decode steps "
+        "| mean (max) running | generator busy |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode, w in f["modes"].items():
         print(
-            f"| {mode} | {w['seconds']} | {w['llm_calls']} | {w['prompt_tokens']} / {w['completion_tokens']} | "
+            f"| {mode} | {w['seconds']} | {w['llm_calls']} | {w['prompt_tokens']} ({w['cached_prompt_tokens']}) / "
+            f"{w['completion_tokens']} | "
             f"{w['decode_steps']} | {w['mean_running']} ({w['max_running']}) | {w['generator_busy']} |"
         )
     print(
@@ -157,3 +172,4 @@ def run(args: argparse.Namespace) -> None:
         f"{f['same_as_alone_per_run']}"
     )
     print(f"retrieval cache hit rate: {f['retrieval_cache_hit_rate']}")
+    print(f"prefix cache hit rate: { {mode: w['prefix_cache_hit_rate'] for mode, w in f['modes'].items()} }")

@@ -79,14 +79,14 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
+def bench_one(cfg, method: str, engine: str, n: int, scale: float, kv_tokens: int | None = None) -> dict:
     from pipeline.engine.continuous import make_engine
     from pipeline.engine.requests import Question
     from pipeline.methods.registry import get_method
 
     cfg = cfg.model_copy(deep=True)
     cfg.answer.engine = engine
-    backends = sim_backends(cfg, scale)
+    backends = sim_backends(cfg, scale, kv_tokens)
     gen = backends.generator
     spec = get_method(method)
     with tempfile.TemporaryDirectory() as clf:
@@ -118,13 +118,13 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float) -> dict:
     }
 
 
-def sim_backends(cfg, scale: float):
+def sim_backends(cfg, scale: float, kv_tokens: int | None = None):
     """The latency-model backends (simulated.py) at `scale`, the generator running at most
-    generation.engine_kwargs.max_num_seqs sequences (default 256)."""
-    return simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256)(cfg)
+    generation.engine_kwargs.max_num_seqs sequences (default 256) over a KV cache of `kv_tokens` (None or 0: none)."""
+    return simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens or None)(cfg)
 
 
-def bench_ray(cfg, method: str, n: int, scale: float) -> dict:
+def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = None) -> dict:
     """`method` through `answer_with_ray` (engine actors and pools on a local Ray) over latency-model backends."""
     import tempfile
     from pathlib import Path
@@ -136,7 +136,7 @@ def bench_ray(cfg, method: str, n: int, scale: float) -> dict:
     cfg = cfg.model_copy(deep=True)
     cfg.runtime.mode, cfg.method.name, cfg.dataset.format = "ray", method, "generic"
     cfg.method.params = {**PARAMS.get(method, {}), **cfg.method.params}
-    make = simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256)
+    make = simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens or None)
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-ray-") as tmp:
         dataset, out = Path(tmp) / "questions.jsonl", str(Path(tmp) / "out")
         dataset.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n" for i, q in _questions(n)))
@@ -180,9 +180,9 @@ def run(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, [*DEFAULTS, *extra, *args.overrides])
     engines = ("continuous", "ray") if args.runtime == "ray" else ("lockstep", "continuous")
     results = [
-        bench_ray(cfg, m, args.questions, args.time_scale)
+        bench_ray(cfg, m, args.questions, args.time_scale, args.kv_tokens)
         if e == "ray"
-        else bench_one(cfg, m, e, args.questions, args.time_scale)
+        else bench_one(cfg, m, e, args.questions, args.time_scale, args.kv_tokens)
         for m in args.method or METHODS
         for e in engines
     ]

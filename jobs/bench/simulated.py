@@ -21,17 +21,18 @@ C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import re
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from indexing.hits import Hit
+from jobs.bench.kv_model import Held, PrefixCache
 from pipeline.backends.chat import cut_at_stop
 from pipeline.backends.dragin_math import candidates_for
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
@@ -42,6 +43,8 @@ from pipeline.methods.search_r1 import TAGS as SEARCH_R1
 
 PIECE = re.compile(r"\s*\S+")  # a word-level "token": a word with the spaces before it
 SEARCH_TAGS = (SEARCH_R1, SEARCH_O1)
+GPU_KV_TOKENS = 400_000  # the benches' default KV cache (add_simulated_parser)
+KV_BLOCK_WORDS = 24  # the model's KV block, in words: about 32 tokens at its 1.3 tokens a word
 WORDS = ["Paris", "Rome", "Spielberg", "Berlin", "Cincinnati", "film", "capital", "director", "born", "Zorblat"]
 
 
@@ -82,18 +85,33 @@ class Cost:
 FREE = Cost(0)  # the default of the simulated backends: one shared instance (frozen)
 
 
+@dataclass(order=True)
+class _Seq:
+    """A sequence in the model's queue, ranked by (its request's priority, arrival)."""
+
+    rank: tuple[int, int]
+    out: Completion = field(compare=False)
+    left: int = field(compare=False)  # decode steps to go
+    fut: Future = field(compare=False)
+    held: Held | None = field(default=None, compare=False)  # its KV blocks, once admitted
+
+
 class SimGenerator(StreamingGenerator):
     """A streaming generator with the GPU model above; `busy_s` is the time with a sequence in flight,
-    `steps` the running sequences of each decode step."""
+    `steps` the running sequences of each decode step. `kv_tokens`: the KV cache's size, in the model's tokens,
+    with vLLM's prefix caching over it (kv_model.py: blocks of KV_BLOCK_WORDS words, about 32 tokens); None: no
+    cache, every prompt token computed. Waiting sequences are admitted by their request's priority (lower
+    first), then in arrival order: vLLM's priority scheduling, or first come first served where all are 0."""
 
-    def __init__(self, cost: Cost = FREE, max_seqs: int = 256):
+    def __init__(self, cost: Cost = FREE, max_seqs: int = 256, kv_tokens: int | None = None):
         self.cost, self.max_seqs = cost, max_seqs
+        self.kv = PrefixCache(max(1, round(kv_tokens / 1.3 / KV_BLOCK_WORDS)), KV_BLOCK_WORDS) if kv_tokens else None
         self.steps: list[int] = []
         self.flight = InFlight()
-        self._waiting: deque[list] = deque()  # [completion, steps left, future, key]
+        self._waiting: list[_Seq] = []  # a heap
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None  # runs while any sequence is in flight
-        self._keys = itertools.count()
+        self._arrivals = itertools.count()
 
     @property
     def busy_s(self) -> float:
@@ -101,38 +119,61 @@ class SimGenerator(StreamingGenerator):
 
     def submit(self, prompt, sampling, chat) -> Future:
         out = self._one(prompt, sampling)
-        key, fut = next(self._keys), Future[tuple[Completion, float]]()
-        self.flight.start(key)
+        arrival, fut = next(self._arrivals), Future[tuple[Completion, float]]()
+        self.flight.start(arrival)
         with self._cv:
-            self._waiting.append([out, out.completion_tokens, fut, key])
+            heapq.heappush(self._waiting, _Seq((sampling.priority, arrival), out, out.completion_tokens, fut))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._schedule, name="sim-generator", daemon=True)
                 self._thread.start()
         return fut
 
+    def _admit(self, seq: _Seq, alone: bool) -> bool:
+        """Whether `seq`'s KV blocks fit now (`alone`: nothing else runs, so it is admitted whatever it needs);
+        if so they are taken, and its Completion counts the prompt tokens the prefix cache served."""
+        if self.kv is None:
+            return True
+        ids = seq.out.prompt_token_ids or []
+        got = self.kv.admit(ids, seq.out.completion_tokens, force=alone)
+        if got is None:
+            return False
+        seq.held, hit_words = got
+        cached = seq.out.prompt_tokens * hit_words // max(len(ids), 1)
+        seq.out = replace(seq.out, cached_prompt_tokens=cached)
+        return True
+
+    def _release(self, seq: _Seq, ran: bool) -> None:
+        if self.kv is not None and seq.held is not None:
+            self.kv.release(seq.held, [*(seq.out.prompt_token_ids or []), *(seq.out.token_ids or [])] if ran else [])
+
     def _schedule(self) -> None:
-        running: list[list] = []
+        running: list[_Seq] = []
         while True:
             with self._cv:
-                admitted: list[list] = []
+                admitted: list[_Seq] = []
                 while self._waiting and len(running) + len(admitted) < self.max_seqs:
-                    seq = self._waiting.popleft()
-                    if seq[2].set_running_or_notify_cancel():
+                    if not self._admit(self._waiting[0], alone=not running and not admitted):
+                        break  # its blocks do not fit: it waits at the head, as in vLLM
+                    seq = heapq.heappop(self._waiting)
+                    if seq.fut.set_running_or_notify_cancel():
                         admitted.append(seq)
                     else:  # cancelled while it waited: it does not run
-                        self.flight.finish(seq[3])
+                        self._release(seq, ran=False)
+                        self.flight.finish(seq.rank[1])
                 if not running and not admitted:
                     self._thread = None
                     return
             running += admitted
-            self.cost.sleep(sum(seq[0].prompt_tokens for seq in admitted) / 20_000 + 0.015 + 0.0001 * len(running))
+            prefill = sum(seq.out.prompt_tokens - seq.out.cached_prompt_tokens for seq in admitted)
+            self.cost.sleep(prefill / 20_000 + 0.015 + 0.0001 * len(running))
             self.steps.append(len(running))
             for seq in running:
-                seq[1] -= 1
-            for out, left, fut, key in running:
-                if left <= 0:
-                    fut.set_result((out, self.flight.finish(key)))
-            running = [seq for seq in running if seq[1] > 0]
+                seq.left -= 1
+            for seq in running:
+                if seq.left <= 0:
+                    self._release(seq, ran=True)
+                    seq.fut.set_result((seq.out, self.flight.finish(seq.rank[1])))
+            running = [seq for seq in running if seq.left > 0]
 
     @staticmethod
     def _one(prompt, sampling: SamplingSpec) -> Completion:
@@ -289,6 +330,7 @@ class SimBackends:
 
     scale: float = 0.1
     max_seqs: int = 256
+    kv_tokens: int | None = None  # the generator's KV cache (SimGenerator); None: no prefix cache
 
     def __call__(self, cfg, index_dir=None, *, retriever=None, scorer=None, embedder=None, generator=None, **kw):
         from pipeline.backends import Backends
@@ -298,7 +340,7 @@ class SimBackends:
         return Backends(
             cfg,
             index_dir,
-            generator=generator or SimGenerator(cost, self.max_seqs),
+            generator=generator or SimGenerator(cost, self.max_seqs, self.kv_tokens),
             retriever=retriever or SimRetriever(cost),
             scorer=scorer or sim,
             embedder=embedder or sim,
@@ -323,5 +365,13 @@ def add_simulated_parser(bsub, name: str, help: str, description: str):
         action="store_true",
         required=True,
         help="use the latency-model backends (the only mode for now)",
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=GPU_KV_TOKENS,
+        help=f"the simulated KV cache, in tokens, with vLLM's prefix caching over it (default {GPU_KV_TOKENS:,}: "
+        "an 8B model's KV at 128 KiB a token in the 52 GB an 80 GB GPU leaves it at 0.9 utilization; 0: no "
+        "prefix cache, every prompt token computed)",
     )
     return p

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import cast
 
 from pipeline.assets.models import resolve_model
@@ -68,10 +69,11 @@ class HfGenerator:
                 encoded.append((i, ids))
             except Exception as err:
                 results[i] = err
-        # group by sampling spec (one generate call per spec and batch of generation.batch_size)
+        # group by sampling spec (one generate call per spec and batch of generation.batch_size), the engine's
+        # priority aside: it orders a group's prompts into batches (lower first)
         groups: dict[SamplingSpec, list[tuple[int, list[int]]]] = {}
-        for i, ids in encoded:
-            groups.setdefault(samplings[i], []).append((i, ids))
+        for i, ids in sorted(encoded, key=lambda e: samplings[e[0]].priority):
+            groups.setdefault(replace(samplings[i], priority=0), []).append((i, ids))
         bs = self.cfg.batch_size or FORWARD_BATCH
         for spec, items in groups.items():
             for start in range(0, len(items), bs):

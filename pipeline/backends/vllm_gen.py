@@ -59,12 +59,18 @@ def configure_cpu_env(kv_cache_gib: float) -> None:
 
 
 def llm_kwargs(
-    g: GenerationConfig, path: str, gpu: bool, ray_replica: bool = False, utilization: float | None = None
+    g: GenerationConfig,
+    path: str,
+    gpu: bool,
+    ray_replica: bool = False,
+    utilization: float | None = None,
+    by_priority: bool = False,
 ) -> dict[str, Any]:
     """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given. In a Ray engine
     replica (`ray_replica`) a tensor-parallel engine runs its workers as Ray actors in the replica's placement
     group (ray_resources.py), as Ray Data LLM runs them. `utilization`: vLLM's share of the GPU where the
-    configuration leaves it open (config.vllm_utilization: 0.9 of a replica's share of its GPU)."""
+    configuration leaves it open (config.vllm_utilization: 0.9 of a replica's share of its GPU). `by_priority`
+    (answer.scheduling=program): vLLM's priority scheduling, each request ranked by its SamplingSpec.priority."""
     kwargs: dict[str, Any] = dict(
         model=path,
         dtype=resolve_dtype(g.dtype, gpu),
@@ -73,6 +79,8 @@ def llm_kwargs(
         disable_log_stats=True,
         enable_prefix_caching=True,
     )
+    if by_priority:
+        kwargs["scheduling_policy"] = "priority"
     if gpu and utilization is not None:
         kwargs["gpu_memory_utilization"] = utilization
     if not gpu:
@@ -87,6 +95,8 @@ def llm_kwargs(
 
 
 class VllmGenerator:
+    by_priority = False  # vLLM's priority scheduling (answer.scheduling=program): set at start
+
     def __init__(self, cfg: DynragConfig, model_path: str | None = None):
         """In a tensor-parallel Ray replica this runs in the replica's generator host, inside its placement group
         (runtime/ray_host.py), which vLLM's Ray executor finds (`ray.util.get_current_placement_group()`) and puts
@@ -104,7 +114,8 @@ class VllmGenerator:
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
             in_ray = in_ray_worker()  # a Ray engine replica: its tensor-parallel workers are Ray actors in its group
-            kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray))
+            self.by_priority = cfg.answer.scheduling == "program"  # each request's SamplingSpec.priority reaches vLLM
+            kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray), self.by_priority)
             self.llm = self._engine(kwargs)
         except BaseException:
             self._guard.close()
@@ -168,8 +179,9 @@ class VllmGenerator:
         if live:
             reqs = [TokensPrompt(prompt_token_ids=encoded[i]) for i in live]
             params = [self.sampling_params(samplings[i], len(cast(list[int], encoded[i]))) for i in live]
+            ranks = [samplings[i].priority for i in live] if self.by_priority else None
             try:
-                outs = self.llm.generate(reqs, params, use_tqdm=False)
+                outs = self.llm.generate(reqs, params, use_tqdm=False, priority=ranks)
             except Exception as err:
                 raise as_engine_dead(err) from err
             for i, ro in zip(live, outs):

@@ -61,7 +61,8 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         self.flight.start(key)
         result: Completion | Exception
         try:
-            async for out in llm.generate(prompt, params, key):
+            ranked = {"priority": spec.priority} if spec is not None and self.by_priority else {}
+            async for out in llm.generate(prompt, params, key, **ranked):
                 final = out
             result = self._completion(final, spec or SamplingSpec())
         except Exception as err:  # this prompt's error, its question's; a dead engine's, the run's

@@ -28,7 +28,17 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
-from pipeline.engine.core import BaseEngine, Engine, Outcome, Program, _kind, _prompts, _size, _State
+from pipeline.engine.core import (
+    BaseEngine,
+    Engine,
+    Outcome,
+    Program,
+    _kind,
+    _prompts,
+    _size,
+    _State,
+    program_priority,
+)
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Call, Question, Request
 from pipeline.engine.streaming import collect, resolved
@@ -227,8 +237,11 @@ class ContinuousEngine(BaseEngine):
                 continue
             cap = self.caps.get(name, self.batch_items)
             full = sum(_size(st.pending) for _, st in items) >= cap
-            left = self.batch_wait_s - (now - items[0][0])
+            oldest = min(t for t, _ in items) if self.by_program else items[0][0]  # (fcfs: the deque's order)
+            left = self.batch_wait_s - (now - oldest)
             if full or not busy or left <= 0:
+                if self.by_program:  # a batch takes the earliest-admitted questions' requests first
+                    waiting[name] = items = deque(sorted(items, key=lambda t: program_priority(t[1])))
                 batch: list[_State] = []
                 n = 0
                 while items and (not batch or n + _size(items[0][1].pending) <= cap):
@@ -243,7 +256,7 @@ class ContinuousEngine(BaseEngine):
 
     def _stream(self, st: _State, inbox: queue.Queue) -> None:
         """Submit `st`'s prompts to the streaming generator; its delivery reaches `inbox` when all are done."""
-        prompts, samplings, chats, owner = _prompts([st])
+        prompts, samplings, chats, owner = _prompts([st], self.by_program)
 
         def finish(outs: list, costs: list[float]) -> None:
             with self._stats_lock:
@@ -297,9 +310,10 @@ def make_engine(cfg: DynragConfig, backends: Any, drain: Drain | None = None) ->
     """The engine `answer.engine` names, configured from `cfg` (a DynragConfig), stopping on `drain`."""
     a = cfg.answer
     if a.engine == "lockstep":
-        return Engine(backends, batch_questions=a.batch_questions, drain=drain)
+        return Engine(backends, batch_questions=a.batch_questions, drain=drain, scheduling=a.scheduling)
     return ContinuousEngine(
         backends,
+        scheduling=a.scheduling,
         max_in_flight=a.max_in_flight,
         batch_wait_s=a.batch_wait_s,
         caps={"generate": generate_cap(cfg)},

@@ -17,7 +17,7 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar, cast
 
@@ -117,9 +117,16 @@ class BaseEngine:
     `clock` times stages and latency (tests pass a fake one).
     """
 
-    def __init__(self, backends: Any, clock: Callable[[], float] = time.perf_counter, drain: Drain | None = None):
+    def __init__(
+        self,
+        backends: Any,
+        clock: Callable[[], float] = time.perf_counter,
+        drain: Drain | None = None,
+        scheduling: str = "fcfs",
+    ):
         self.backends = backends
         self.clock = clock
+        self.by_program = scheduling == "program"  # answer.scheduling: model calls ranked by program_priority
         self.drain = drain or Drain()  # once requested: admit no more questions; drop those in flight at its deadline
         self.batch_calls: dict[str, int] = defaultdict(int)  # backend calls made, by kind
         self.batch_seconds: dict[str, float] = defaultdict(float)  # time inside them, by kind
@@ -225,7 +232,7 @@ class BaseEngine:
         return out, secs
 
     def _serve_generate(self, states: list[_State]) -> list[Delivery]:
-        prompts, samplings, chats, owner = _prompts(states)
+        prompts, samplings, chats, owner = _prompts(states, self.by_program)
         try:
             outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats), len(prompts))
         except Exception as err:
@@ -496,17 +503,29 @@ def _size(req: Request | None) -> int:
     return len(req.texts)
 
 
-def _prompts(states: list[_State]) -> tuple[list[Prompt], list[SamplingSpec], list[bool], list[_State]]:
-    """The prompts of `states`' Generate requests, flat, with each one's sampling, chat flag and program."""
+def program_priority(st: _State) -> int:
+    """A model call's rank under answer.scheduling=program (lower is served first): its question's admission
+    order. So a question's next round goes before every round of the questions admitted after it, while its
+    previous prompt's KV blocks are likely still in the prefix cache (SearchAgent-X's observation: multi-round
+    programs re-read their context); and nobody starves, because a rank never changes and every program ends."""
+    return st.index
+
+
+def _prompts(
+    states: list[_State], by_program: bool = False
+) -> tuple[list[Prompt], list[SamplingSpec], list[bool], list[_State]]:
+    """The prompts of `states`' Generate requests, flat, with each one's sampling (with `by_program`, carrying its
+    program_priority), chat flag and program."""
     prompts: list[Prompt] = []
     samplings: list[SamplingSpec] = []
     chats: list[bool] = []
     owner: list[_State] = []
     for st in states:
         req = cast(Generate, st.pending)
+        sampling = replace(req.sampling, priority=program_priority(st)) if by_program else req.sampling
         for p in req.prompts:
             prompts.append(p)
-            samplings.append(req.sampling)
+            samplings.append(sampling)
             chats.append(req.chat)
             owner.append(st)
     return prompts, samplings, chats, owner

@@ -54,6 +54,10 @@ class SamplingSpec:
     # room for max_tokens is not run; it comes back as an empty Completion with finish_reason WINDOW, and the
     # program ends its question with what it has (pipeline/methods/window.py)
     fit: bool = False
+    # not a sampling setting but the engine's: the request's rank in the generator's queue, lower first (vLLM's
+    # request priority). 0 unless answer.scheduling=program, where it is the question's admission order
+    # (engine/core.py: program_priority). A generator groups prompts without it.
+    priority: int = 0
 
 
 @dataclass

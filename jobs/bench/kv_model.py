@@ -1,0 +1,91 @@
+"""The latency model's KV cache: vLLM's automatic prefix caching in blocks, over a cache of limited size.
+
+What it assumes (vLLM v1's KV-cache manager, simplified):
+- The cache holds `capacity` blocks of `block` tokens. A sequence is admitted only when every block it will need
+  (its prompt and its whole output) fits beside those already held: no preemption, and a sequence that cannot fit
+  waits at the head of the queue (as vLLM's scheduler stops at a request it cannot allocate).
+- A full block is keyed by every token up to its end, so a block is reused only by a sequence whose tokens agree
+  with it from the first token on. The leading keyed blocks a new prompt finds (held by a running sequence, or
+  cached and free) are its prefix-cache hit; the prompt's last token is always computed (as vLLM does).
+- When a sequence finishes, its full blocks (prompt and output) stay cached but free. A free block is evicted,
+  least recently freed first and a sequence's last block before its first (vLLM frees in reverse), when a new
+  allocation needs its space.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Held:
+    """What one admitted sequence holds: its keyed blocks (shared) and its private ones (the rest)."""
+
+    keys: list[int] = field(default_factory=list)
+    private: int = 0
+
+
+class PrefixCache:
+    def __init__(self, capacity: int, block: int = 32):
+        if capacity < 1 or block < 1:
+            raise ValueError(f"a KV cache needs at least one block of one token (capacity {capacity}, block {block})")
+        self.capacity, self.block = capacity, block
+        self.refs: dict[int, int] = {}  # keyed blocks held by running sequences -> how many hold each
+        self.free: OrderedDict[int, None] = OrderedDict()  # keyed blocks cached and free, evicted first to last
+        self.private = 0  # blocks held and not keyed (a partial block, or one whose key another holds)
+        self.hit_tokens = self.prompt_tokens = self.evicted = 0
+
+    def keys(self, ids: list[int]) -> list[int]:
+        """One key per full block of `ids`: a hash of every token up to the block's end."""
+        out, h = [], 0
+        for end in range(self.block, len(ids) + 1, self.block):
+            h = hash((h, tuple(ids[end - self.block : end])))
+            out.append(h)
+        return out
+
+    def used(self) -> int:
+        return len(self.refs) + len(self.free) + self.private
+
+    def admit(self, prompt: list[int], max_new: int, force: bool = False) -> tuple[Held, int] | None:
+        """Allocate a sequence of `prompt` and up to `max_new` generated tokens: what it holds and how many prompt
+        tokens the cache served; None when its blocks do not fit now (`force`: admit anyway, the cache over its
+        size, so that a sequence larger than the whole cache still runs when nothing else does)."""
+        keys = self.keys(prompt[:-1])  # the last prompt token is computed whatever the cache holds
+        hits = 0
+        while hits < len(keys) and (keys[hits] in self.refs or keys[hits] in self.free):
+            hits += 1
+        need = -(-(len(prompt) + max_new) // self.block) - hits  # blocks to allocate
+        reusable_free = sum(1 for k in keys[:hits] if k in self.free)
+        room = self.capacity - len(self.refs) - self.private - (len(self.free) - reusable_free)
+        evictable = len(self.free) - reusable_free
+        if need > room + evictable and not force:
+            return None
+        for k in keys[:hits]:  # the hits are held again (out of the free list)
+            self.free.pop(k, None)
+            self.refs[k] = self.refs.get(k, 0) + 1
+        while self.used() + need > self.capacity and self.free:
+            self.free.popitem(last=False)
+            self.evicted += 1
+        self.private += need
+        self.hit_tokens += hits * self.block
+        self.prompt_tokens += len(prompt)
+        return Held(keys[:hits], need), hits * self.block
+
+    def release(self, held: Held, ids: list[int]) -> None:
+        """A sequence finished with token `ids` (prompt and output): its full blocks stay cached, free."""
+        keys = self.keys(ids)
+        self.private -= held.private
+        for k in held.keys:
+            self.refs[k] -= 1
+            if not self.refs[k]:
+                del self.refs[k]
+        mine = set(held.keys)
+        cached = [k for k in keys if k not in self.refs and k not in self.free and k not in mine][: held.private]
+        for k in [*held.keys, *cached][::-1]:  # freed last to first: a sequence's tail is evicted before its head
+            if k not in self.refs:
+                self.free[k] = None
+                self.free.move_to_end(k)
+        while self.used() > self.capacity and self.free:
+            self.free.popitem(last=False)
+            self.evicted += 1

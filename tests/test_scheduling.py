@@ -1,0 +1,155 @@
+"""answer.scheduling=program (issue 62): each model call ranked by its question's admission order, in the engine's
+batches and in the generator's queue; and the latency model's KV cache (jobs/bench/kv_model.py), checked on worked
+examples. vLLM's own priority scheduling runs in test_vllm_streaming."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+
+from jobs.bench.kv_model import PrefixCache
+from jobs.bench.simulated import SimGenerator
+from pipeline.backends import Backends
+from pipeline.backends.vllm_gen import llm_kwargs
+from pipeline.config import DynragConfig
+from pipeline.engine.continuous import ContinuousEngine, make_engine
+from pipeline.engine.core import Engine
+from pipeline.engine.requests import Answer, Completion, Generate, Question, SamplingSpec
+from pipeline.engine.streaming import resolved
+
+QUESTIONS = [Question(str(i), f"question {i}") for i in range(5)]
+
+
+def two_rounds(q: Question, params):
+    first = (yield Generate([f"{q.id} round 1"], SamplingSpec(max_tokens=2)))[0]
+    second = (yield Generate([f"{q.id} round 2 after {first.text}"], SamplingSpec(max_tokens=2)))[0]
+    return Answer(second.text)
+
+
+def completion(prompt: str) -> Completion:
+    return Completion(f"<{prompt.split()[0]}>", prompt_tokens=3, completion_tokens=1, finish_reason="stop")
+
+
+class Recorder:
+    """A generator recording each prompt with its priority: `calls` (batch `generate`) or `submitted` (streaming)."""
+
+    def __init__(self):
+        self.calls: list[list[tuple[str, int]]] = []
+        self.submitted: list[tuple[str, int]] = []
+
+    def generate(self, prompts, samplings, chats):
+        self.calls.append([(p, s.priority) for p, s in zip(prompts, samplings)])
+        return [completion(p) for p in prompts]
+
+
+class StreamRecorder(Recorder):
+    def submit(self, prompt, sampling, chat) -> Future:
+        self.submitted.append((prompt, sampling.priority))
+        return resolved(completion(prompt))
+
+
+@pytest.mark.parametrize("scheduling", ["fcfs", "program"])
+def test_each_prompt_carries_its_questions_admission_order_under_program_scheduling(scheduling):
+    gen = StreamRecorder()
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
+    try:
+        out = eng.run(QUESTIONS, two_rounds, None)
+    finally:
+        eng.close()
+    assert [o.answer.prediction for o in out] == [f"<{q.id}>" for q in QUESTIONS]
+    assert len(gen.submitted) == 10
+    for prompt, priority in gen.submitted:
+        assert priority == (int(prompt.split()[0]) if scheduling == "program" else 0)
+
+
+@pytest.mark.parametrize("scheduling, second", [("fcfs", ["2", "3"]), ("program", ["0", "1"])])
+def test_a_batch_takes_the_earliest_admitted_questions_next_round_first(scheduling, second):
+    """Batches of 2 prompts: while the first batch (questions 0 and 1) runs, questions 2-4 wait; the next batch is
+    2 and 3 first come first served, or the next rounds of 0 and 1 by program."""
+    gen = Recorder()
+    eng = ContinuousEngine(
+        Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, caps={"generate": 2}, scheduling=scheduling
+    )
+    try:
+        out = eng.run(QUESTIONS, two_rounds, None)
+    finally:
+        eng.close()
+    assert [o.answer.prediction for o in out] == [f"<{q.id}>" for q in QUESTIONS]
+    assert [p.split()[0] for p, _ in gen.calls[0]] == ["0", "1"]
+    assert [p.split()[0] for p, _ in gen.calls[1]] == second
+    assert sorted(p for call in gen.calls for p, _ in call) == sorted(
+        [f"{q.id} round 1" for q in QUESTIONS] + [f"{q.id} round 2 after <{q.id}>" for q in QUESTIONS]
+    )
+
+
+def test_make_engine_passes_the_configured_scheduling():
+    cfg = DynragConfig()
+    assert not make_engine(cfg, None).by_program
+    cfg.answer.scheduling = "program"
+    assert make_engine(cfg, None).by_program
+    cfg.answer.engine = "lockstep"
+    assert isinstance(make_engine(cfg, None), Engine) and make_engine(cfg, None).by_program
+
+
+def test_vllm_gets_priority_scheduling_only_under_program():
+    g = DynragConfig().generation
+    assert "scheduling_policy" not in llm_kwargs(g, "m", gpu=False)
+    assert llm_kwargs(g, "m", gpu=True, by_priority=True)["scheduling_policy"] == "priority"
+
+
+def test_the_simulated_generator_admits_by_priority_then_arrival():
+    gen = SimGenerator(max_seqs=1)  # one sequence at a time: the order they finish is the order admitted
+    done: list[str] = []
+    futures = []
+    with gen._cv:  # every prompt queued before the scheduler thread looks (the condition's lock is reentrant)
+        for prompt, priority in [("a", 3), ("b", 1), ("c", 3), ("d", 0), ("e", 1)]:
+            futures.append(gen.submit(prompt, SamplingSpec(max_tokens=2, priority=priority), True))
+            futures[-1].add_done_callback(lambda f, p=prompt: done.append(p))
+    for fut in futures:
+        fut.result(timeout=10)
+    assert done == ["d", "b", "e", "a", "c"]
+
+
+# ---- the latency model's KV cache ---------------------------------------------------------------------------
+
+
+def test_prefix_cache_worked_example():
+    """Blocks of 2 tokens, 4 blocks in all."""
+    kv = PrefixCache(capacity=4, block=2)
+    a, got = kv.admit([1, 2, 3, 4, 5], max_new=1)  # 6 tokens: 3 blocks, nothing cached yet
+    assert got == 0 and kv.used() == 3
+    kv.release(a, [1, 2, 3, 4, 5, 9])  # its 3 full blocks stay cached, free: [5, 9] first to go, then [3, 4]
+    assert kv.used() == 3 and len(kv.free) == 3
+    d, got = kv.admit([6, 6, 6], max_new=1)  # needs 2 blocks, 1 unused: evicts the least recently freed
+    assert got == 0 and kv.evicted == 1
+    b, got = kv.admit([1, 2, 3, 4, 7], max_new=1)  # its first 4 tokens are still cached: the tail went first
+    assert got == 4
+    assert kv.admit([8, 8, 8, 8, 8], max_new=1) is None  # 3 more blocks do not fit beside d and b
+    kv.release(d, [6, 6, 6, 6])
+    kv.release(b, [1, 2, 3, 4, 7, 7])
+    assert kv.used() <= kv.capacity
+    # the last prompt token is always computed, so a prompt of exactly its cached blocks hits one block less
+    c, got = kv.admit([1, 2, 3, 4], max_new=1)
+    assert got == 2
+
+
+def test_prefix_cache_admits_a_sequence_larger_than_the_cache_only_when_forced():
+    kv = PrefixCache(capacity=2, block=4)
+    assert kv.admit(list(range(20)), max_new=4) is None
+    held, _ = kv.admit(list(range(20)), max_new=4, force=True)
+    kv.release(held, list(range(24)))
+    assert kv.used() <= 2  # what it left beyond the cache's size is evicted
+
+
+def test_the_simulated_generator_serves_a_repeated_prefix_from_its_cache_and_evicts_when_small():
+    words = " ".join(f"w{i}" for i in range(120))
+    roomy = SimGenerator(kv_tokens=100_000)
+    first, again = (roomy.generate([p], [SamplingSpec(max_tokens=4)], [False])[0] for p in (words, words + " more"))
+    assert first.cached_prompt_tokens == 0
+    assert again.cached_prompt_tokens >= first.prompt_tokens * 0.75  # every whole block of the earlier prompt
+    tiny = SimGenerator(kv_tokens=200)  # room for about 6 blocks: the other prompt evicts the first one's
+    tiny.generate([words], [SamplingSpec(max_tokens=4)], [False])
+    tiny.generate([" ".join(f"x{i}" for i in range(120))], [SamplingSpec(max_tokens=4)], [False])
+    assert tiny.generate([words + " more"], [SamplingSpec(max_tokens=4)], [False])[0].cached_prompt_tokens == 0
+    assert tiny.kv is not None and tiny.kv.evicted > 0
