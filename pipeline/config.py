@@ -70,6 +70,13 @@ class VllmEngineKwargs(Section):
     max_model_len: int | None = Field(
         None, ge=64, description="the same setting as generation.max_model_len (set either one)"
     )
+    kv_offloading_size: float | None = Field(
+        None,
+        gt=0,
+        description="GiB of host memory that holds KV blocks evicted from the GPU, so that a question's next round "
+        "finds its prefix there (vLLM's native CPU offloading); GPU engines only: a CPU engine's KV is in host "
+        "memory already (generation.kv_cache_gib), and the setting is left out there with a warning",
+    )
 
 
 Dtype = Literal["float32", "bfloat16", "float16"]

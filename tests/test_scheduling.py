@@ -98,6 +98,15 @@ def test_vllm_gets_priority_scheduling_only_under_program():
     assert llm_kwargs(g, "m", gpu=True, by_priority=True)["scheduling_policy"] == "priority"
 
 
+def test_host_kv_offload_reaches_a_gpu_engine_only(caplog):
+    g = DynragConfig().generation
+    assert "kv_offloading_size" not in llm_kwargs(g, "m", gpu=True)
+    g.engine_kwargs.kv_offloading_size = 64.0
+    assert llm_kwargs(g, "m", gpu=True)["kv_offloading_size"] == 64.0
+    assert "kv_offloading_size" not in llm_kwargs(g, "m", gpu=False)
+    assert "not used by a CPU engine" in caplog.text
+
+
 def test_the_simulated_generator_admits_by_priority_then_arrival():
     gen = SimGenerator(max_seqs=1)  # one sequence at a time: the order they finish is the order admitted
     done: list[str] = []

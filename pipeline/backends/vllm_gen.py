@@ -86,6 +86,8 @@ def llm_kwargs(
     if not gpu:
         kwargs["block_size"] = CPU_BLOCK_SIZE  # before engine_kwargs: a block_size set there wins
     kwargs.update(g.engine_kwargs.model_dump(exclude_none=True))
+    if not gpu and kwargs.pop("kv_offloading_size", None) is not None:
+        log.warning("generation.engine_kwargs.kv_offloading_size: not used by a CPU engine, whose KV is in host memory")
     kwargs["max_model_len"] = g.max_model_len  # one value, also used for the prompt-length check below
     if ray_replica and kwargs.get("tensor_parallel_size", 1) > 1:
         kwargs["distributed_executor_backend"] = "ray"
