@@ -72,8 +72,8 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print a JSON list of {method, engine, questions_per_s, "
-        "generator_busy, mean_latency_s, decode_steps, mean_running}",
+        help="print a JSON list of {method, engine, questions_per_s, generator_busy, mean_latency_s, decode_steps, "
+        "mean_running, prompt_tokens, cached_prompt_tokens, kv_evicted_blocks}",
     )
     add_config_args(p)
     p.set_defaults(func=run)
@@ -115,6 +115,9 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float, kv_tokens: in
         "mean_latency_s": round(sum(o.trace.latency_s or 0.0 for o in outcomes) / n, 3),
         "decode_steps": len(gen.steps),
         "mean_running": round(sum(gen.steps) / max(len(gen.steps), 1), 1),
+        "prompt_tokens": sum(o.trace.prompt_tokens for o in outcomes),
+        "cached_prompt_tokens": sum(o.trace.cached_prompt_tokens for o in outcomes),
+        "kv_evicted_blocks": gen.kv.evicted if gen.kv is not None else None,
     }
 
 
