@@ -130,17 +130,29 @@ def test_prefix_cache_worked_example():
     assert got == 0 and kv.used() == 3
     kv.release(a, [1, 2, 3, 4, 5, 9])  # its 3 full blocks stay cached, free: [5, 9] first to go, then [3, 4]
     assert kv.used() == 3 and len(kv.free) == 3
-    d, got = kv.admit([6, 6, 6], max_new=1)  # needs 2 blocks, 1 unused: evicts the least recently freed
+    d, got = kv.admit([6, 6, 6], max_new=1)  # needs 2 blocks, 1 unused: evicts the least recently freed, [5, 9]
     assert got == 0 and kv.evicted == 1
-    b, got = kv.admit([1, 2, 3, 4, 7], max_new=1)  # its first 4 tokens are still cached: the tail went first
-    assert got == 4
-    assert kv.admit([8, 8, 8, 8, 8], max_new=1) is None  # 3 more blocks do not fit beside d and b
-    kv.release(d, [6, 6, 6, 6])
+    kv.release(d, [6, 6, 6, 8])  # free, oldest first: [1, 2]'s successor [3, 4], [1, 2], then d's [6, 8], [6, 6]
+    b, got = kv.admit([1, 2, 3, 4, 7], max_new=1)  # a's first 4 tokens are still cached: its tail went first
+    assert got == 4 and kv.evicted == 2  # and its one new block evicted d's tail
+    assert kv.admit([6, 6, 5], max_new=1) is None  # every block is held or reused: no room for one more
     kv.release(b, [1, 2, 3, 4, 7, 7])
-    assert kv.used() <= kv.capacity
+    same_head, got = kv.admit([6, 6, 5], max_new=1)  # d's head is still cached
+    assert got == 2
+    assert kv.admit([8, 8, 8, 8, 8], max_new=1) is None  # 3 more blocks do not fit beside it
+    kv.release(same_head, [6, 6, 5, 5])
+    assert kv.used() <= kv.capacity and not kv.refs and not kv.private
     # the last prompt token is always computed, so a prompt of exactly its cached blocks hits one block less
     c, got = kv.admit([1, 2, 3, 4], max_new=1)
     assert got == 2
+
+
+def test_prompts_admitted_together_share_their_blocks_at_once():
+    """vLLM keys a prompt's full blocks when it is scheduled: a second prompt in the same step reuses them."""
+    kv = PrefixCache(capacity=100, block=2)
+    kv.admit([1, 2, 3, 4, 5], max_new=1)
+    _, got = kv.admit([1, 2, 3, 4, 6], max_new=1)
+    assert got == 4
 
 
 def test_prefix_cache_admits_a_sequence_larger_than_the_cache_only_when_forced():

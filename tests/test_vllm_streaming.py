@@ -98,3 +98,37 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
         assert (s.logprobs is None) == (b.logprobs is None)
         if s.logprobs:
             assert [t.logprob for t in s.logprobs] == pytest.approx([t.logprob for t in b.logprobs], abs=1e-4)
+
+
+def test_the_latency_models_prefix_cache_follows_vllms(tiny_vllm):
+    """The same requests replayed through the latency model's KV cache (jobs/bench/kv_model.py, vLLM's block size
+    and block count) find the prefix-cache hits vLLM reported, within 10%: prompts sharing a head in one call,
+    then each prompt extended by its output (a question's next round), then prompts sharing nothing."""
+    from jobs.bench.kv_model import PrefixCache
+
+    cache_config = tiny_vllm.llm.llm_engine.vllm_config.cache_config
+    kv = PrefixCache(cache_config.num_gpu_blocks, cache_config.block_size)
+    head = "Zebrafish notes. " + " ".join(f"Entry {i}: the river {i} flows past the town {i * 7}." for i in range(14))
+    spec = SamplingSpec(max_tokens=8)
+    real = modelled = 0
+
+    def call(prompts):
+        nonlocal real, modelled
+        outs = tiny_vllm.generate(prompts, [spec] * len(prompts), [False] * len(prompts))  # one wave: 3 at most
+        held = []
+        for o in outs:
+            got = kv.admit(o.prompt_token_ids, o.completion_tokens)
+            assert got is not None
+            held.append(got[0])
+            modelled += got[1]
+        for h, o in zip(held, outs):
+            kv.release(h, [*o.prompt_token_ids, *o.token_ids])
+        real += sum(o.cached_prompt_tokens for o in outs)
+        return outs
+
+    first = [f"{head} Question {q}: which town?" for q in range(3)]
+    outs = call(first)
+    call([p + o.text + " Then:" for p, o in zip(first, outs)])
+    call([f"Unrelated {q}: " + " ".join(f"word{q}x{i}" for i in range(60)) for q in range(3)])
+    assert real > 0
+    assert abs(modelled - real) <= 0.1 * real, (modelled, real)

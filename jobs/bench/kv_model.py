@@ -50,39 +50,42 @@ class PrefixCache:
     def admit(self, prompt: list[int], max_new: int, force: bool = False) -> tuple[Held, int] | None:
         """Allocate a sequence of `prompt` and up to `max_new` generated tokens: what it holds and how many prompt
         tokens the cache served; None when its blocks do not fit now (`force`: admit anyway, the cache over its
-        size, so that a sequence larger than the whole cache still runs when nothing else does)."""
-        keys = self.keys(prompt[:-1])  # the last prompt token is computed whatever the cache holds
+        size, so that a sequence larger than the whole cache still runs when nothing else does). The prompt's full
+        blocks are keyed at once, so a sequence admitted after it (in the same step too) finds them."""
+        keys = self.keys(prompt)
         hits = 0
-        while hits < len(keys) and (keys[hits] in self.refs or keys[hits] in self.free):
-            hits += 1
+        while hits < (len(prompt) - 1) // self.block and (keys[hits] in self.refs or keys[hits] in self.free):
+            hits += 1  # (at most the blocks before the last prompt token: that one is always computed)
         need = -(-(len(prompt) + max_new) // self.block) - hits  # blocks to allocate
-        reusable_free = sum(1 for k in keys[:hits] if k in self.free)
-        room = self.capacity - len(self.refs) - self.private - (len(self.free) - reusable_free)
-        evictable = len(self.free) - reusable_free
-        if need > room + evictable and not force:
+        reused_free = sum(1 for k in keys[:hits] if k in self.free)
+        # room: the unused blocks and the free ones it does not reuse (those are evicted, oldest first)
+        if need > self.capacity - len(self.refs) - self.private - reused_free and not force:
             return None
+        fresh = list(dict.fromkeys(k for k in keys[hits:] if k not in self.refs and k not in self.free))
         for k in keys[:hits]:  # the hits are held again (out of the free list)
             self.free.pop(k, None)
             self.refs[k] = self.refs.get(k, 0) + 1
         while self.used() + need > self.capacity and self.free:
             self.free.popitem(last=False)
             self.evicted += 1
-        self.private += need
+        for k in fresh:
+            self.refs[k] = 1
+        held = Held(keys[:hits] + fresh, need - len(fresh))
+        self.private += held.private
         self.hit_tokens += hits * self.block
         self.prompt_tokens += len(prompt)
-        return Held(keys[:hits], need), hits * self.block
+        return held, hits * self.block
 
     def release(self, held: Held, ids: list[int]) -> None:
         """A sequence finished with token `ids` (prompt and output): its full blocks stay cached, free."""
-        keys = self.keys(ids)
         self.private -= held.private
         for k in held.keys:
             self.refs[k] -= 1
             if not self.refs[k]:
                 del self.refs[k]
         mine = set(held.keys)
-        cached = [k for k in keys if k not in self.refs and k not in self.free and k not in mine][: held.private]
-        for k in [*held.keys, *cached][::-1]:  # freed last to first: a sequence's tail is evicted before its head
+        output = [k for k in self.keys(ids) if k not in mine and k not in self.refs and k not in self.free]
+        for k in [*held.keys, *output[: held.private]][::-1]:  # freed last to first: a tail goes before its head
             if k not in self.refs:
                 self.free[k] = None
                 self.free.move_to_end(k)
