@@ -335,10 +335,11 @@ class AnswerConfig(Section):
     )
     max_in_flight: int = Field(256, ge=1, description="continuous: questions started and not yet finished, at most")
     scheduling: Literal["fcfs", "program"] = Field(
-        "fcfs",
-        description="the order in which waiting model calls are served: fcfs, the order they were made; program, "
-        "by their question's admission order (a question's next round before the rounds of questions admitted "
-        "after it, and before their first; vLLM's priority scheduling, and the continuous engine's batches)",
+        "program",
+        description="the order in which waiting model calls are served: program, by their question's admission "
+        "order (a question's next round before the rounds of questions admitted after it, while its prefix is "
+        "still cached; vLLM's priority scheduling, and the continuous engine's batches); fcfs, the order they "
+        "were made",
     )
     batch_wait_s: float = Field(
         0.01,
