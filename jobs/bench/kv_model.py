@@ -34,7 +34,7 @@ class PrefixCache:
         self.refs: dict[int, int] = {}  # keyed blocks held by running sequences -> how many hold each
         self.free: OrderedDict[int, None] = OrderedDict()  # keyed blocks cached and free, evicted first to last
         self.private = 0  # blocks held and not keyed (a partial block, or one whose key another holds)
-        self.hit_tokens = self.prompt_tokens = self.evicted = 0
+        self.evicted = 0  # blocks evicted so far
 
     def keys(self, ids: list[int]) -> list[int]:
         """One key per full block of `ids`: a hash of every token up to the block's end."""
@@ -72,8 +72,6 @@ class PrefixCache:
             self.refs[k] = 1
         held = Held(keys[:hits] + fresh, need - len(fresh))
         self.private += held.private
-        self.hit_tokens += hits * self.block
-        self.prompt_tokens += len(prompt)
         return held, hits * self.block
 
     def release(self, held: Held, ids: list[int]) -> None:

@@ -124,7 +124,7 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float, kv_tokens: in
 def sim_backends(cfg, scale: float, kv_tokens: int | None = None):
     """The latency-model backends (simulated.py) at `scale`, the generator running at most
     generation.engine_kwargs.max_num_seqs sequences (default 256) over a KV cache of `kv_tokens` (None or 0: none)."""
-    return simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens or None)(cfg)
+    return simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens)(cfg)
 
 
 def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = None) -> dict:
@@ -139,7 +139,7 @@ def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = No
     cfg = cfg.model_copy(deep=True)
     cfg.runtime.mode, cfg.method.name, cfg.dataset.format = "ray", method, "generic"
     cfg.method.params = {**PARAMS.get(method, {}), **cfg.method.params}
-    make = simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens or None)
+    make = simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens)
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-ray-") as tmp:
         dataset, out = Path(tmp) / "questions.jsonl", str(Path(tmp) / "out")
         dataset.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n" for i, q in _questions(n)))

@@ -330,7 +330,7 @@ class SimBackends:
 
     scale: float = 0.1
     max_seqs: int = 256
-    kv_tokens: int | None = None  # the generator's KV cache (SimGenerator); None: no prefix cache
+    kv_tokens: int | None = None  # the generator's KV cache (SimGenerator); None or 0: no prefix cache
 
     def __call__(self, cfg, index_dir=None, *, retriever=None, scorer=None, embedder=None, generator=None, **kw):
         from pipeline.backends import Backends
