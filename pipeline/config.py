@@ -338,8 +338,9 @@ class AnswerConfig(Section):
         "program",
         description="the order in which waiting model calls are served: program, by their question's admission "
         "order (a question's next round before the rounds of questions admitted after it, while its prefix is "
-        "still cached; vLLM's priority scheduling, and the continuous engine's batches); fcfs, the order they "
-        "were made",
+        "still cached; vLLM's priority scheduling, and the continuous engine's batches), and new questions "
+        "admitted only while the questions in flight leave room in the generator's KV cache; fcfs, the order "
+        "they were made",
     )
     batch_wait_s: float = Field(
         0.01,

@@ -13,6 +13,7 @@ from jobs.bench.simulated import SimGenerator
 from pipeline.backends import Backends
 from pipeline.backends.vllm_gen import llm_kwargs
 from pipeline.config import DynragConfig
+from pipeline.engine.admission import FIRST_WAVE, KvBudget
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Completion, Generate, Question, SamplingSpec
@@ -81,6 +82,73 @@ def test_a_batch_takes_the_earliest_admitted_questions_next_round_first(scheduli
     assert sorted(p for call in gen.calls for p, _ in call) == sorted(
         [f"{q.id} round 1" for q in QUESTIONS] + [f"{q.id} round 2 after <{q.id}>" for q in QUESTIONS]
     )
+
+
+def test_kv_budget_worked_example():
+    """Capacity 1,000 tokens, filled to 900. Before any footprint is known a question counts 900/16 tokens (the
+    slow start); then the mean footprint seen; a finished question's tokens are free again."""
+    kv = KvBudget(1000)
+    assert kv.room == 900 and kv.estimate() == 900 / FIRST_WAVE
+    assert kv.admits(FIRST_WAVE - 1) and not kv.admits(FIRST_WAVE)
+    kv.record(0, 300)
+    kv.record(1, 300)
+    assert kv.estimate() == 300
+    assert kv.admits(2)  # 300 + 300 held, and 300 for the new one: 900
+    assert not kv.admits(3)  # one live question not yet generated counts 300 more
+    kv.record(0, 500)  # question 0's next round: its latest call is what it holds
+    assert kv.held == {0: 500, 1: 300} and not kv.admits(2)
+    kv.release(0)
+    assert kv.admits(1) and kv.admits(0)
+    unbounded = KvBudget(None)
+    assert unbounded.admits(10_000)
+    assert KvBudget(1).admits(0)  # one question always runs
+
+
+class BoundedRecorder(StreamRecorder):
+    """A streaming generator with a KV cache of `capacity` tokens, each call leaving 40 (30 prompt, 10 output)."""
+
+    def __init__(self, capacity):
+        super().__init__()
+        self.capacity = capacity
+
+    def kv_capacity(self):
+        return self.capacity
+
+    def submit(self, prompt, sampling, chat) -> Future:
+        self.submitted.append((prompt, sampling.priority))
+        done = Completion(f"<{prompt.split()[0]}>", prompt_tokens=30, completion_tokens=10, finish_reason="stop")
+        return resolved(done)
+
+
+def in_flight_at_each_first_round(submitted) -> list[int]:
+    """How many questions had started and not reached their second round, at each question's first prompt."""
+    started, seconds, counts = set(), set(), []
+    for prompt, _ in submitted:
+        qid, rnd = prompt.split()[0], prompt.split()[2]
+        (started if rnd == "1" else seconds).add(qid)
+        if rnd == "1":
+            counts.append(len(started - seconds))
+    return counts
+
+
+@pytest.mark.parametrize("scheduling, capacity", [("program", 200), ("fcfs", 200), ("program", None)])
+def test_admission_is_held_while_the_live_questions_fill_the_kv_cache(scheduling, capacity):
+    """Room for 180 tokens, each question holding 40 after its first round: under program scheduling the first
+    16 start (the slow start), then at most 4 are in flight; under fcfs, or with no capacity known, all 40."""
+    gen = BoundedRecorder(capacity)
+    qs = [Question(str(i), f"question {i}") for i in range(40)]
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
+    try:
+        out = eng.run(qs, two_rounds, None)
+    finally:
+        eng.close()
+    assert [o.answer.prediction for o in out] == [f"<{q.id}>" for q in qs]  # everyone answered, in any case
+    counts = in_flight_at_each_first_round(gen.submitted)
+    if scheduling == "program" and capacity:
+        assert max(counts[:FIRST_WAVE]) == FIRST_WAVE
+        assert max(counts[FIRST_WAVE:]) == 4 and len(counts) == 40
+    else:
+        assert max(counts) == 40
 
 
 def test_make_engine_passes_the_configured_scheduling():

@@ -52,6 +52,9 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
         assert isinstance(gen, VllmStreamingGenerator)
         assert gen.llm.vllm_config.scheduler_config.max_num_seqs == 3  # engine_kwargs reach the async engine
         assert gen.llm.vllm_config.scheduler_config.policy == "priority"
+        cache = gen.llm.vllm_config.cache_config  # what program scheduling's admission fills (engine/admission.py)
+        assert Backends(stream_cfg, generator=gen).kv_capacity() == cache.num_gpu_blocks * cache.block_size > 0
+        assert tiny_vllm.kv_capacity() == cache.num_gpu_blocks * cache.block_size  # the batched LLM: same settings
         streamed = gen.generate(PROMPTS, SPECS, [True] * len(PROMPTS))
         order = []
 

@@ -104,7 +104,7 @@ class SimGenerator(StreamingGenerator):
     first), then in arrival order: vLLM's priority scheduling, or first come first served where all are 0."""
 
     def __init__(self, cost: Cost = FREE, max_seqs: int = 256, kv_tokens: int | None = None):
-        self.cost, self.max_seqs = cost, max_seqs
+        self.cost, self.max_seqs, self.kv_tokens = cost, max_seqs, kv_tokens
         self.kv = PrefixCache(max(1, round(kv_tokens / 1.3 / KV_BLOCK_WORDS)), KV_BLOCK_WORDS) if kv_tokens else None
         self.steps: list[int] = []
         self.flight = InFlight()
@@ -116,6 +116,9 @@ class SimGenerator(StreamingGenerator):
     @property
     def busy_s(self) -> float:
         return self.flight.busy_s
+
+    def kv_capacity(self) -> int | None:
+        return self.kv_tokens or None
 
     def submit(self, prompt, sampling, chat) -> Future:
         out = self._one(prompt, sampling)

@@ -149,6 +149,13 @@ class Backends:
     def submit(self, prompt, sampling, chat) -> Future:
         return self.generator.submit(prompt, sampling, chat)
 
+    def kv_capacity(self) -> int | None:
+        """Tokens the generator's KV cache holds (None: no bound known). A vLLM generator is built to tell."""
+        if self._generator is None and self.cfg.generation.backend != "vllm":
+            return None
+        capacity = getattr(self.generator, "kv_capacity", None)
+        return capacity() if capacity is not None else None
+
     def search(self, queries, k, retriever):
         return self.retriever.search(queries, k, retriever)
 

@@ -130,6 +130,12 @@ class VllmGenerator:
 
         return LLM(**kwargs)
 
+    def kv_capacity(self) -> int | None:
+        """Tokens the KV cache holds: vLLM's blocks (counted by its engine core at start) times their size."""
+        engine = getattr(self.llm, "llm_engine", self.llm)  # LLM, or the streaming AsyncLLM itself
+        cache = engine.vllm_config.cache_config
+        return cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+
     def sampling_params(self, spec: SamplingSpec, prompt_len: int):
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams

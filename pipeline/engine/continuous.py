@@ -1,6 +1,7 @@
 """The continuous engine: no round barrier. Each backend kind has its own queue served by its own worker
 thread; programs advance as soon as their own result is back, and new questions are admitted as others
-finish (at most `max_in_flight` started and unfinished at once).
+finish (at most `max_in_flight` started and unfinished at once; under program scheduling, only while the
+generator's KV cache has room for them: admission.py).
 
 The calling thread is the coordinator: it admits questions, advances programs and queues their requests
 by lane (`generate`, `retrieve`, `score`, `embed`, one `call:<backend>` per named backend, so a backend
@@ -28,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
+from pipeline.engine.admission import KvBudget
 from pipeline.engine.core import (
     BaseEngine,
     Engine,
@@ -166,6 +168,7 @@ class ContinuousEngine(BaseEngine):
         todo = iter(enumerate(questions))
         live, more = 0, True
         streamed: list[bool] = []  # whether the generator streams: asked once per run, at its first Generate
+        budget = KvBudget(self._kv_capacity())  # program scheduling: admission held while the KV cache is full
 
         def streams() -> bool:
             if not streamed:
@@ -176,8 +179,10 @@ class ContinuousEngine(BaseEngine):
             nonlocal live
             if st.pending is None:
                 live -= 1
+                budget.release(st.index)
                 done.append((st.index, self._outcome(st)))
             else:
+                budget.record(st.index, st.kv_tokens)
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
         feed = questions if isinstance(questions, Feed) else None
@@ -186,7 +191,7 @@ class ContinuousEngine(BaseEngine):
         while True:
             if feed is not None:
                 feed.poll()  # its messages (a drain, a stop) on this thread, before admitting
-            while more and live < self.max_in_flight and not self.drain.requested:  # admit
+            while more and live < self.max_in_flight and budget.admits(live) and not self.drain.requested:  # admit
                 nxt = next(todo, None)
                 if nxt is None:
                     more = False
@@ -223,6 +228,11 @@ class ContinuousEngine(BaseEngine):
                 for st, value, exc in deliveries:
                     self._advance(st, value, exc)
                     settle(st)
+
+    def _kv_capacity(self) -> int | None:
+        """The generator's KV cache in tokens, for admission under program scheduling (None: not bounded)."""
+        capacity = getattr(self.backends, "kv_capacity", None)
+        return capacity() if self.by_program and capacity is not None else None
 
     def _dispatch(self, waiting: dict, busy: dict, inbox: queue.Queue, streams: Callable[[], bool]) -> float | None:
         """Send every lane's batch that should go; returns how long the coordinator may wait for a result

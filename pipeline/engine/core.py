@@ -91,6 +91,7 @@ class _State:
     answer: Answer | None = None
     error: str | None = None
     error_kind: str | None = None
+    kv_tokens: int = 0  # prompt and completion tokens of its latest generate call: the prefix its next round extends
 
 
 def _kind(req: Request) -> str:
@@ -245,6 +246,7 @@ class BaseEngine:
     def _generated(states: list[_State], owner: list[_State], outs: list, costs: list[float]) -> list[Delivery]:
         """Account each prompt's output (`costs`: its share of generation time) to its program; what to send each."""
         results: dict[int, list[Any]] = defaultdict(list)
+        kv: dict[int, int] = defaultdict(int)
         for st, out, cost in zip(owner, outs, costs):
             st.trace.time["generation"] += cost
             if isinstance(out, Completion) and out.finish_reason == WINDOW:  # not run: the program decides what next
@@ -256,10 +258,12 @@ class BaseEngine:
                 st.trace.prompt_tokens += out.prompt_tokens
                 st.trace.completion_tokens += out.completion_tokens
                 st.trace.cached_prompt_tokens += out.cached_prompt_tokens
+                kv[id(st)] += out.prompt_tokens + out.completion_tokens
                 st.trace.generations.append({"stage": cast(Generate, st.pending).stage, "text": out.text})
             results[id(st)].append(out)
         deliveries: list[Delivery] = []
         for st in states:
+            st.kv_tokens = kv[id(st)] or st.kv_tokens
             res = results[id(st)]
             failed = next((r for r in res if isinstance(r, BaseException)), None)
             deliveries.append((st, None if failed else res, failed))

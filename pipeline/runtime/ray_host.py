@@ -43,7 +43,9 @@ class GeneratorHost:
         self.gen = make_backends(cfg, None).generator if make_backends is not None else make_generator(cfg, one_call)
 
     def where(self) -> dict:
-        return {"node": self.node, "group": self.group, "streams": hasattr(self.gen, "submit")}
+        capacity = getattr(self.gen, "kv_capacity", None)
+        kv = capacity() if capacity is not None else None
+        return {"node": self.node, "group": self.group, "streams": hasattr(self.gen, "submit"), "kv_capacity": kv}
 
     async def submit(self, prompt, sampling, chat) -> tuple:
         return await asyncio.wrap_future(self.gen.submit(prompt, sampling, chat))
@@ -112,6 +114,9 @@ class HostedGenerator:
 
     def generate(self, prompts, samplings, chats) -> list:
         return self._call(self.host.generate.remote(prompts, samplings, chats))
+
+    def kv_capacity(self) -> int | None:
+        return self.where.get("kv_capacity")
 
     def close(self) -> None:
         import ray
