@@ -13,7 +13,7 @@ from jobs.bench.simulated import SimGenerator
 from pipeline.backends import Backends
 from pipeline.backends.vllm_gen import llm_kwargs
 from pipeline.config import DynragConfig
-from pipeline.engine.admission import FIRST_WAVE, KvBudget
+from pipeline.engine.admission import FIRST_FOOTPRINT, KvBudget
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Completion, Generate, Question, SamplingSpec
@@ -85,18 +85,18 @@ def test_a_batch_takes_the_earliest_admitted_questions_next_round_first(scheduli
 
 
 def test_kv_budget_worked_example():
-    """Capacity 1,000 tokens, filled to 900. Before any footprint is known a question counts 900/16 tokens (the
-    slow start); then the mean footprint seen; a finished question's tokens are free again."""
-    kv = KvBudget(1000)
-    assert kv.room == 900 and kv.estimate() == 900 / FIRST_WAVE
-    assert kv.admits(FIRST_WAVE - 1) and not kv.admits(FIRST_WAVE)
-    kv.record(0, 300)
-    kv.record(1, 300)
-    assert kv.estimate() == 300
-    assert kv.admits(2)  # 300 + 300 held, and 300 for the new one: 900
-    assert not kv.admits(3)  # one live question not yet generated counts 300 more
-    kv.record(0, 500)  # question 0's next round: its latest call is what it holds
-    assert kv.held == {0: 500, 1: 300} and not kv.admits(2)
+    """Capacity 4,000 tokens, filled to 3,600. Before any footprint is known a question counts FIRST_FOOTPRINT
+    (1,024) tokens; then the mean footprint seen; a finished question's tokens are free again."""
+    kv = KvBudget(4000)
+    assert kv.room == 3600 and kv.estimate() == FIRST_FOOTPRINT == 1024
+    assert kv.admits(2) and not kv.admits(3)  # 3 x 1,024 fit in 3,600; 4 do not
+    kv.record(0, 1200)
+    kv.record(1, 1200)
+    assert kv.estimate() == 1200
+    assert kv.admits(2)  # 1,200 + 1,200 held, and 1,200 for the new one: 3,600
+    assert not kv.admits(3)  # one live question not yet generated counts 1,200 more
+    kv.record(0, 2000)  # question 0's next round: its latest call is what it holds
+    assert kv.held == {0: 2000, 1: 1200} and not kv.admits(2)
     kv.release(0)
     assert kv.admits(1) and kv.admits(0)
     unbounded = KvBudget(None)
@@ -105,7 +105,7 @@ def test_kv_budget_worked_example():
 
 
 class BoundedRecorder(StreamRecorder):
-    """A streaming generator with a KV cache of `capacity` tokens, each call leaving 40 (30 prompt, 10 output)."""
+    """A streaming generator with a KV cache of `capacity` tokens, each call leaving 500 (400 prompt, 100 output)."""
 
     def __init__(self, capacity):
         super().__init__()
@@ -115,38 +115,44 @@ class BoundedRecorder(StreamRecorder):
         return self.capacity
 
     def submit(self, prompt, sampling, chat) -> Future:
-        self.submitted.append((prompt, sampling.priority))
-        done = Completion(f"<{prompt.split()[0]}>", prompt_tokens=30, completion_tokens=10, finish_reason="stop")
+        done = Completion(f"<{prompt.split()[0]}>", prompt_tokens=400, completion_tokens=100, finish_reason="stop")
         return resolved(done)
 
 
-def in_flight_at_each_first_round(submitted) -> list[int]:
-    """How many questions had started and not reached their second round, at each question's first prompt."""
-    started, seconds, counts = set(), set(), []
-    for prompt, _ in submitted:
-        qid, rnd = prompt.split()[0], prompt.split()[2]
-        (started if rnd == "1" else seconds).add(qid)
-        if rnd == "1":
-            counts.append(len(started - seconds))
-    return counts
+class LiveCounter:
+    """`two_rounds`, counting the programs started and not yet returned: `at_start` has that count as each starts."""
+
+    def __init__(self):
+        self.live, self.at_start = 0, []
+
+    def __call__(self, q: Question, params):
+        self.live += 1
+        self.at_start.append(self.live)
+        try:
+            return (yield from two_rounds(q, params))
+        finally:
+            self.live -= 1
 
 
-@pytest.mark.parametrize("scheduling, capacity", [("program", 200), ("fcfs", 200), ("program", None)])
+@pytest.mark.parametrize("scheduling, capacity", [("program", 4600), ("fcfs", 4600), ("program", None)])
 def test_admission_is_held_while_the_live_questions_fill_the_kv_cache(scheduling, capacity):
-    """Room for 180 tokens, each question holding 40 after its first round: under program scheduling the first
-    16 start (the slow start), then at most 4 are in flight; under fcfs, or with no capacity known, all 40."""
+    """Room for 4,140 tokens: under program scheduling the first 4 start (1,024 tokens each assumed), then, each
+    question holding 500 after its first round, at most 8 are in flight; under fcfs, or with no capacity
+    known, all 40 at once."""
     gen = BoundedRecorder(capacity)
     qs = [Question(str(i), f"question {i}") for i in range(40)]
     eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
+    program = LiveCounter()
     try:
-        out = eng.run(qs, two_rounds, None)
+        out = eng.run(qs, program, None)
     finally:
         eng.close()
     assert [o.answer.prediction for o in out] == [f"<{q.id}>" for q in qs]  # everyone answered, in any case
-    counts = in_flight_at_each_first_round(gen.submitted)
+    counts = program.at_start
+    assert len(counts) == 40 and program.live == 0
     if scheduling == "program" and capacity:
-        assert max(counts[:FIRST_WAVE]) == FIRST_WAVE
-        assert max(counts[FIRST_WAVE:]) == 4 and len(counts) == 40
+        assert counts[:4] == [1, 2, 3, 4]
+        assert max(counts[4:]) == 8
     else:
         assert max(counts) == 40
 

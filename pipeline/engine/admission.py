@@ -8,13 +8,14 @@ next round computes its whole prompt again (issue 62: concurrent runs of a table
 tokens than the same runs one after another). So the engine counts, per live question, the tokens its latest
 call left (`record`), and admits while their sum, plus an estimate for each live question that has not
 generated yet and for the new one, stays within `KV_FILL` of the capacity. The estimate is the mean footprint
-seen so far; before the first is seen, a `FIRST_WAVE`-th of the room (a slow start). One question always runs.
+seen so far; before the first is seen, `FIRST_FOOTPRINT` tokens. One question always runs.
 """
 
 from __future__ import annotations
 
 KV_FILL = 0.9  # of the capacity: a live question's next prompt is longer than the footprint counted for it
-FIRST_WAVE = 16  # questions admitted before any footprint is known
+FIRST_FOOTPRINT = 1024  # tokens counted for a question before any footprint is seen (the six-method table's
+# first prompts average 604 tokens with SmolLM2's tokenizer: a prior on the safe side)
 
 
 class KvBudget:
@@ -29,7 +30,7 @@ class KvBudget:
         """The tokens counted for a live question that has not generated yet."""
         if self._seen:
             return self._seen_tokens / self._seen
-        return (self.room or 0) / FIRST_WAVE
+        return FIRST_FOOTPRINT
 
     def admits(self, live: int) -> bool:
         """Whether one more question fits beside the `live` ones (each live one recorded or estimated)."""
