@@ -120,7 +120,9 @@ def test_the_searcher_ranks_and_scores_as_pyserinis_lucene_searcher(data_dir, tm
     lines = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").splitlines()[:300]
     docs = [(r["id"], r["contents"]) for r in map(json.loads, lines)]
     assert build_lucene(docs, tmp_path / "lucene", threads=1) == len(docs)
-    queries = ["American football player", "a river in Europe", "capital of France", "the", "zzzq"]
+    # three queries from the sample's own text (so each finds something in the whole kit and the fixture kit alike)
+    own = [" ".join(docs[i][1].split()[:4]) for i in (0, len(docs) // 2, len(docs) - 1)]
+    queries = [*own, "American football player", "the", "zzzq"]
     shard = LuceneShard(tmp_path / "lucene", 1.2, 0.75, DEFAULT_ANALYZER)
     ours = shard.batch_search(queries, 5, 2)
     shard.close()
@@ -134,4 +136,4 @@ def test_the_searcher_ranks_and_scores_as_pyserinis_lucene_searcher(data_dir, tm
     found = theirs.batch_search(queries, [str(i) for i in range(len(queries))], k=5, threads=2)
     theirs.close()
     assert ours == [[(h.docid, float(h.score)) for h in found.get(str(i), [])] for i in range(len(queries))]
-    assert sum(map(len, ours)) >= 10 and ours[-1] == []
+    assert all(ours[: len(own)]) and ours[-1] == []
