@@ -21,6 +21,11 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # every JVM of the tests (this process's, its CLI children's, Ray workers') compiles with C1 only: the tests' Lucene
 # work is short, and C2's compiles cost ~2 CPU-s per JVM (indexing/java.py)
 os.environ.setdefault("DYNRAG_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
+# vLLM's engine runs in the process that starts it (its EngineCore and worker processes each import torch and vLLM
+# again: a tiny engine started in 34 s here, 7 s in-process); the streaming AsyncLLM keeps its engine core process,
+# with the worker inside it. The tests whose point is vLLM's own processes (the engine core killed or orphaned, its
+# fd 1) run vLLM's default: fault_tools.VLLM_PROCESSES.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 FIXTURE_KIT = Path(__file__).resolve().parent / "fixtures" / "kit"
 
@@ -208,7 +213,8 @@ def s3_server():
     """One real S3 API on loopback for the session (tests/s3_server.py: moto's server, every request recorded):
     `.env` (AWS_ENDPOINT_URL and credentials) for clients, subprocesses and Ray workers, `.new_bucket()`,
     `.filesystem()`, `.count("GET", "/bucket/prefix")`."""
-    pytest.importorskip("moto.server", reason="moto[server] is a test dependency (pyproject `test` extra)")
+    if importlib.util.find_spec("moto") is None:  # found, not imported: the server runs moto in its own process
+        pytest.skip("moto[server] is a test dependency (pyproject `test` extra)")
     pytest.importorskip("s3fs", reason="s3fs is a test dependency (pyproject `test` extra)")
     from s3_server import S3Server
 

@@ -15,6 +15,9 @@ from indexing.errors import IndexingError
 from indexing.manifest import read_manifest, verify_version
 
 ROOT = Path(__file__).resolve().parent.parent
+# vLLM's default process layout (an EngineCore process, its worker in another), for the tests whose point it is: the
+# other tests run the engine in-process (tests/conftest.py)
+VLLM_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 def cli(*args: str) -> list[str]:

@@ -55,9 +55,10 @@ def test_the_private_paths_exist_in_the_locked_versions():
 
 
 def test_the_drain_table_and_the_worker_check_through_a_real_ray():
-    """One tiny local Ray, in a process of its own: no node drains, the driver is no worker, a task is."""
+    """One tiny local Ray, in a process of its own: no node drains, the driver is no worker, a task is. A Ray of its
+    own (address "local"): a plain ray.init() joins the newest Ray another test process started on the machine."""
     code = (
-        "import ray; from indexing import compat; ray.init(num_cpus=1, include_dashboard=False);"
+        "import ray; from indexing import compat; ray.init(address='local', num_cpus=1, include_dashboard=False);"
         "assert compat.draining_nodes() == {}, compat.draining_nodes();"
         "assert not compat.in_ray_worker();"
         "assert ray.get(ray.remote(compat.in_ray_worker).remote());"

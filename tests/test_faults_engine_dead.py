@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from fault_tools import ROOT
+from fault_tools import ROOT, VLLM_PROCESSES
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
 
@@ -60,7 +60,7 @@ def test_a_killed_vllm_engine_core_ends_the_run_with_engine_dead(tmp_path, tmp_p
         capture_output=True,
         text=True,
         timeout=500,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **VLLM_PROCESSES},
     )
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     assert last.startswith("engine dead") and "errors=0" in last, last

@@ -14,7 +14,7 @@ import time
 
 import psutil
 import pytest
-from fault_tools import ROOT
+from fault_tools import ROOT, VLLM_PROCESSES
 from test_orphan_guard import wait_gone
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
@@ -57,7 +57,7 @@ def test_vllm_engine_dies_with_a_sigkilled_driver(tmp_path, tmp_path_factory, wh
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **VLLM_PROCESSES},
     )
     try:
         proc = psutil.Process(driver.pid)

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fault_tools import VLLM_PROCESSES
 
 from jobs.cli import build_parser
 
@@ -36,7 +37,8 @@ def json_commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def dynrag(*args: str, data_dir: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DYNRAG_DATA": str(data_dir), "PYTHONWARNINGS": "default"}  # warnings: more noise to divert
+    # warnings: more noise to divert; vLLM's own processes: its EngineCore child writes its log to fd 1
+    env = {**os.environ, "DYNRAG_DATA": str(data_dir), "PYTHONWARNINGS": "default", **VLLM_PROCESSES}
     return subprocess.run(
         [sys.executable, "-m", "jobs.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
