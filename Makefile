@@ -7,7 +7,7 @@ VENV ?= .venv
 unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo lint test test-slow test-faults bench
+.PHONY: setup demo lint test test-slow test-faults test-cluster bench
 setup:
 	bash scripts/setup.sh
 
@@ -24,13 +24,18 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # scripts/run_tests.py: pytest processes, as many at once as the machine has cores (TEST_JOBS=n to choose);
-# CI (.ci/run) runs `make test TEST_MARKS="not slow"`: the tests and the fault-injection suite in one run
-TEST_MARKS ?= not slow and not faults
+# CI (.ci/run) runs `make test TEST_MARKS="not slow"`: the tests, the Ray cluster tests and the fault-injection
+# suite in one run
+TEST_MARKS ?= not slow and not faults and not cluster
 test: lint
 	$(PY) scripts/run_tests.py -m "$(TEST_MARKS)"
 
 test-slow: setup
 	$(PY) scripts/run_tests.py -m slow
+
+# the tests that start Ray in their process (multi-node clusters, Ray jobs): about five minutes on 2 cores
+test-cluster: setup
+	$(PY) scripts/run_tests.py -m "cluster and not slow and not faults"
 
 test-faults: setup
 	$(PY) scripts/run_tests.py -m "faults and not slow" tests/test_faults_*.py

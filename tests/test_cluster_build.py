@@ -24,7 +24,7 @@ from indexing.manifest import read_manifest, verify_version
 from indexing.raytools import shutdown_ray
 from pipeline.config import load_config
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
+pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
 

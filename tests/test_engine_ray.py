@@ -9,7 +9,7 @@ from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
 from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
+pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
 N = 8
 

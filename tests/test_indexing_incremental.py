@@ -180,6 +180,7 @@ def test_resume_after_kill(scenario, full_build):
     assert not (root / "staging").exists()  # emptied, then removed
 
 
+@pytest.mark.cluster
 def test_ray_build_equals_local(corpus, tmp_path):
     pytest.importorskip("ray")
     src = write_jsonl(tmp_path / "small.jsonl", corpus[:30])

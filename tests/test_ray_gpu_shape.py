@@ -78,6 +78,7 @@ class Replica:
         }
 
 
+@pytest.mark.cluster
 def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
     from ray.util import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -142,6 +143,7 @@ class ProbingBackends(SimBackends):
         return super().__call__(cfg, index_dir, **kw)
 
 
+@pytest.mark.cluster
 def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_claim_without_per_actor_options(
     gpu_cluster, tmp_path, monkeypatch
 ):

@@ -56,6 +56,7 @@ class Chatty:
         print(f"library noise {token}", file=sys.stderr, flush=True)
 
 
+@pytest.mark.cluster
 def test_worker_output_through_a_real_ray_splits_between_terminal_and_log_file(tmp_path, capfd, caplog):
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 

@@ -109,6 +109,7 @@ def _tiny_job(data_dir, tmp_path_factory, tmp_path) -> tuple[str, str, DynragCon
     return index, dataset, cfg
 
 
+@pytest.mark.cluster
 def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
     data_dir, tmp_path_factory, tmp_path, monkeypatch, ray_cluster
 ):
@@ -150,6 +151,7 @@ def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
     assert pl.read_parquet(f"{remote}/parts/*.parquet").height == 8  # no row written twice
 
 
+@pytest.mark.cluster
 def test_ray_reads_questions_from_and_writes_rows_to_s3(s3, ray_cluster, data_dir, tmp_path):
     """fsspec URIs on the workers: the read task opens the dataset on S3 and the actors write their parts
     there (the S3 settings reach them through the environment of the local Ray)."""
@@ -187,6 +189,7 @@ def test_question_source_serves_several_runs_from_one_read(data_dir, tmp_path):
         assert sum(r["skipped"] for r in mine) == len(done)
 
 
+@pytest.mark.cluster
 def test_an_experiment_on_ray_answers_its_runs_at_once_as_in_process(data_dir, tmp_path_factory, tmp_path, ray_cluster):
     """Two methods through one set of engine actors (one Ray job, their batches side by side): the same rows per
     run as in-process, each run's parts in its own folder, each question once on disk, the runs overlapping."""

@@ -12,7 +12,7 @@ from indexing.raytools import shutdown_ray
 from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
+pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
 
 @pytest.fixture
