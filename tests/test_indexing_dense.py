@@ -250,3 +250,20 @@ def test_search_threads_do_not_grow_with_the_shard_count(tmp_path, factory):
     )
     peaks = json.loads(out.stdout.strip().splitlines()[-1])
     assert peaks["2"] == peaks["12"], peaks
+
+
+def test_ivf_pq_templates_skip_polysemous_training_and_equal_the_np_factory(tmp_path):
+    """faiss trains an IVF-PQ index's polysemous codes by default (Hamming filtering, which dynrag never uses;
+    nearly all of the training's CPU on small samples): the template of `IVF16,PQ8` skips it, and so is the
+    same index as `IVF16,PQ8np`'s, code for code and hit for hit."""
+    rng = np.random.default_rng(5)
+    vecs = unit(rng, 1500)
+    for factory in ("IVF16,PQ8", "IVF16,PQ8np"):
+        train_template(vecs[::3], factory, tmp_path / f"{factory}.index")
+    plain, np_ = (faiss.read_index(str(tmp_path / f"{f}.index")) for f in ("IVF16,PQ8", "IVF16,PQ8np"))
+    assert not faiss.downcast_index(faiss.extract_index_ivf(plain)).do_polysemous_training
+    for index in (plain, np_):
+        index.add(vecs)
+        index.nprobe = 4
+    assert np.array_equal(plain.search(vecs[:40], 10)[1], np_.search(vecs[:40], 10)[1])
+    assert np.array_equal(faiss.serialize_index(plain), faiss.serialize_index(np_))
