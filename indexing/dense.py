@@ -57,8 +57,9 @@ def _factory(d: int, factory: str) -> Any:
     except RuntimeError as exc:
         raise DenseIndexError(f"index.faiss_factory={factory!r} is not a valid FAISS factory string: {exc}") from None
     ivf: Any = faiss.try_extract_index_ivf(index)
-    if ivf is not None and hasattr(faiss.downcast_index(ivf), "do_polysemous_training"):
-        faiss.downcast_index(ivf).do_polysemous_training = False
+    ivf = faiss.downcast_index(ivf) if ivf is not None else None
+    if hasattr(ivf, "do_polysemous_training"):
+        ivf.do_polysemous_training = False
     return index
 
 
