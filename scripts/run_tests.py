@@ -94,9 +94,17 @@ def plan(files: list[str], py: str, extra: list[str], jobs: int) -> list[Unit]:
     shared = [f for f in chosen if f not in own]
     engine = [f for f in shared if any(name in source_of(f) for name in SESSION_ENGINE)]
     items = ([engine] if engine else []) + [[f] for f in shared if f not in engine]
-    chunks: list[list[str]] = [[] for _ in range(max(1, min(jobs, len(items))))]
-    for item in sorted(items, key=lambda fs: -sum(map(estimate, fs))):  # longest first, to the shortest chunk
-        min(chunks, key=lambda c: sum(map(estimate, c))).extend(item)
+    lanes = max(1, min(jobs, len(items)))
+    chunks: list[list[str]] = [[] for _ in range(lanes)]
+    # each lane's load: its chunk and, placed first, the own-process files (longest first, each to the least loaded
+    # lane), so that the chunks leave room for them and the lanes end together
+    loads = [0.0] * lanes
+    for f in sorted(own, key=estimate, reverse=True):
+        loads[loads.index(min(loads))] += estimate(f)
+    for item in sorted(items, key=lambda fs: -sum(map(estimate, fs))):  # longest first, to the least loaded lane
+        lane = loads.index(min(loads))
+        chunks[lane].extend(item)
+        loads[lane] += sum(map(estimate, item))
     units = [Unit(sorted(c), False, sum(map(estimate, c))) for c in chunks if c]
     units += [Unit([f], True, estimate(f)) for f in own]
     return sorted(units, key=lambda u: -u.estimate_s)

@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from pipeline.config import load_config, resolve_dtype
+from indexing.device import owns_gpu
+from pipeline.config import load_config, replica_share, resolve_dtype, vllm_utilization
 from pipeline.errors import DynragError
 from pipeline.runtime import ray_resources
+from pipeline.runtime.gpu_plan import plan_gpu
 from pipeline.runtime.ray_resources import (
     check_replicas,
     engine_actor_options,
@@ -250,3 +252,37 @@ def test_cluster_gpu_nodes_reads_the_autoscaler_bounds_else_the_live_nodes(monke
         ],
     )
     assert ray_resources.cluster_gpu_nodes() == ([(2.0, 1.0)], 1.0)
+
+
+GiB = 2**30
+
+
+def test_owning_a_gpu_is_what_ray_assigned_where_ray_assigns():
+    assert owns_gpu(True, None)  # no Ray (in-process run, the driver): what CUDA shows
+    assert owns_gpu(True, ["3"]) and not owns_gpu(True, []) and not owns_gpu(False, ["3"])
+
+
+def test_a_replica_sharing_a_gpu_plans_its_share_and_gives_vllm_its_part():
+    half = load_config(overrides=["runtime.mode=ray", "ray.actor_num_gpus=0.5"])
+    assert replica_share(half, True) == 0.5 and vllm_utilization(half, True) == 0.45
+    assert replica_share(half, False) == 1.0 and vllm_utilization(half, False) == 0.9  # in-process: the whole GPU
+    whole = load_config(overrides=["runtime.mode=ray"])
+    assert replica_share(whole, True) == 1.0 and vllm_utilization(whole, True) == 0.9
+    given = load_config(
+        overrides=["runtime.mode=ray", "ray.actor_num_gpus=0.5", "generation.engine_kwargs.gpu_memory_utilization=0.3"]
+    )
+    assert vllm_utilization(given, True) == 0.3
+    plan = plan_gpu(80 * GiB, 0.45, share=0.5)
+    assert plan.budget == 40 * GiB and "0.5 of 80.0 GiB" in plan.describe()
+    with pytest.raises(ValueError, match=r"its share 0.5 of the GPU.*at most 0.49 here"):
+        plan_gpu(80 * GiB, 0.9, share=0.5)  # vLLM's default 0.9 of the whole GPU: the other replica's half too
+
+
+def test_llm_kwargs_take_the_replicas_utilization_unless_configured():
+    from pipeline.backends.vllm_gen import llm_kwargs
+
+    g = load_config().generation
+    assert llm_kwargs(g, "m", gpu=True, utilization=0.45)["gpu_memory_utilization"] == 0.45
+    assert "gpu_memory_utilization" not in llm_kwargs(g, "m", gpu=False, utilization=0.45)
+    set_ = load_config(overrides=["generation.engine_kwargs.gpu_memory_utilization=0.3"]).generation
+    assert llm_kwargs(set_, "m", gpu=True, utilization=0.45)["gpu_memory_utilization"] == 0.3

@@ -12,46 +12,11 @@ import sys
 import pytest
 from ray_jobs import assert_each_question_once, fake_gpu_cluster, live_groups, run_job
 
-from indexing.device import owns_gpu
 from jobs.bench.simulated import SimBackends
-from pipeline.config import load_config, replica_share, vllm_utilization
-from pipeline.runtime.gpu_plan import plan_gpu
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
+pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
-GiB = 2**30
-
-
-def test_owning_a_gpu_is_what_ray_assigned_where_ray_assigns():
-    assert owns_gpu(True, None)  # no Ray (in-process run, the driver): what CUDA shows
-    assert owns_gpu(True, ["3"]) and not owns_gpu(True, []) and not owns_gpu(False, ["3"])
-
-
-def test_a_replica_sharing_a_gpu_plans_its_share_and_gives_vllm_its_part():
-    half = load_config(overrides=["runtime.mode=ray", "ray.actor_num_gpus=0.5"])
-    assert replica_share(half, True) == 0.5 and vllm_utilization(half, True) == 0.45
-    assert replica_share(half, False) == 1.0 and vllm_utilization(half, False) == 0.9  # in-process: the whole GPU
-    whole = load_config(overrides=["runtime.mode=ray"])
-    assert replica_share(whole, True) == 1.0 and vllm_utilization(whole, True) == 0.9
-    given = load_config(
-        overrides=["runtime.mode=ray", "ray.actor_num_gpus=0.5", "generation.engine_kwargs.gpu_memory_utilization=0.3"]
-    )
-    assert vllm_utilization(given, True) == 0.3
-    plan = plan_gpu(80 * GiB, 0.45, share=0.5)
-    assert plan.budget == 40 * GiB and "0.5 of 80.0 GiB" in plan.describe()
-    with pytest.raises(ValueError, match=r"its share 0.5 of the GPU.*at most 0.49 here"):
-        plan_gpu(80 * GiB, 0.9, share=0.5)  # vLLM's default 0.9 of the whole GPU: the other replica's half too
-
-
-def test_llm_kwargs_take_the_replicas_utilization_unless_configured():
-    from pipeline.backends.vllm_gen import llm_kwargs
-
-    g = load_config().generation
-    assert llm_kwargs(g, "m", gpu=True, utilization=0.45)["gpu_memory_utilization"] == 0.45
-    assert "gpu_memory_utilization" not in llm_kwargs(g, "m", gpu=False, utilization=0.45)
-    set_ = load_config(overrides=["generation.engine_kwargs.gpu_memory_utilization=0.3"]).generation
-    assert llm_kwargs(set_, "m", gpu=True, utilization=0.45)["gpu_memory_utilization"] == 0.3
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +43,6 @@ class Replica:
         }
 
 
-@pytest.mark.cluster
 def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
     from ray.util import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -143,7 +107,6 @@ class ProbingBackends(SimBackends):
         return super().__call__(cfg, index_dir, **kw)
 
 
-@pytest.mark.cluster
 def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_claim_without_per_actor_options(
     gpu_cluster, tmp_path, monkeypatch
 ):

@@ -14,7 +14,7 @@ from indexing.raytools import shutdown_ray
 from jobs.quiet import divert_logs
 from pipeline.runtime.ray_logs import MARK, route_worker_logs
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
+pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
 ray = pytest.importorskip("ray")
 
@@ -56,7 +56,6 @@ class Chatty:
         print(f"library noise {token}", file=sys.stderr, flush=True)
 
 
-@pytest.mark.cluster
 def test_worker_output_through_a_real_ray_splits_between_terminal_and_log_file(tmp_path, capfd, caplog):
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 

@@ -18,7 +18,7 @@ from pipeline.io.output import PartWriter, batch_report, part_files
 from pipeline.io.part_store import attempt_key
 from pipeline.runtime.answer import run_answer
 
-pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
+pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
 COLUMNS = ["question_id", "prediction", "error", "error_kind", "retrieval_calls"]
 
@@ -109,7 +109,6 @@ def _tiny_job(data_dir, tmp_path_factory, tmp_path) -> tuple[str, str, DynragCon
     return index, dataset, cfg
 
 
-@pytest.mark.cluster
 def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
     data_dir, tmp_path_factory, tmp_path, monkeypatch, ray_cluster
 ):
@@ -151,7 +150,6 @@ def test_ray_streams_the_file_and_the_actors_write_the_in_process_rows(
     assert pl.read_parquet(f"{remote}/parts/*.parquet").height == 8  # no row written twice
 
 
-@pytest.mark.cluster
 def test_ray_reads_questions_from_and_writes_rows_to_s3(s3, ray_cluster, data_dir, tmp_path):
     """fsspec URIs on the workers: the read task opens the dataset on S3 and the actors write their parts
     there (the S3 settings reach them through the environment of the local Ray)."""
@@ -189,7 +187,6 @@ def test_question_source_serves_several_runs_from_one_read(data_dir, tmp_path):
         assert sum(r["skipped"] for r in mine) == len(done)
 
 
-@pytest.mark.cluster
 def test_an_experiment_on_ray_answers_its_runs_at_once_as_in_process(data_dir, tmp_path_factory, tmp_path, ray_cluster):
     """Two methods through one set of engine actors (one Ray job, their batches side by side): the same rows per
     run as in-process, each run's parts in its own folder, each question once on disk, the runs overlapping."""
