@@ -59,6 +59,9 @@ def test_the_shipped_prestop_drains_its_own_node_and_no_other(tmp_path):
 
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HOSTNAME": "dynrag-worker-0"}
     with fake_gpu_cluster(workers=1, num_cpus=1) as cluster:
+        # as KubeRay gives its pods: their cluster's address (the `ray` CLI otherwise takes the newest Ray started
+        # on the machine, another test process's at times: the drain then failed and nothing drained)
+        env["RAY_ADDRESS"] = cluster.address
         before = alive_nodes()
         on_host = subprocess.Popen(["/bin/sh", "-c", worker_hook()], env=env)  # several raylets to see
         time.sleep(8)
