@@ -33,7 +33,7 @@ test: lint
 test-slow: setup
 	$(PY) scripts/run_tests.py -m slow
 
-# the tests that start Ray in their process (multi-node clusters, Ray jobs): about five minutes on 2 cores
+# the tests that start Ray in their process (multi-node clusters, Ray jobs): about four minutes on 2 cores
 test-cluster: setup
 	$(PY) scripts/run_tests.py -m "cluster and not slow and not faults"
 
