@@ -189,11 +189,17 @@ def source_of(path: str) -> str:
     return Path(ROOT, path).read_text(encoding="utf-8")
 
 
+def read_times(path: Path) -> list[tuple[str, float, int, float]]:
+    """A DYNRAG_TEST_TIMES file's rows (tests/conftest.py): file, test seconds, tests, CPU-seconds; slowest first."""
+    rows = [line.split("\t") for line in path.read_text().splitlines()]
+    return sorted(((r[0], float(r[1]), int(r[2]), float(r[3])) for r in rows), key=lambda r: -r[1])
+
+
 def report(units: list[Unit], times: Path, wall_s: float) -> int:
-    rows = [line.split("\t") for line in times.read_text().splitlines()] if times.is_file() else []
-    print("\ntest seconds per file (setup + call + teardown), slowest first; tests run")
-    for name, seconds, n in sorted(rows, key=lambda r: -float(r[1])):
-        print(f"{float(seconds):8.1f} s {int(n):4d}  {name}")
+    rows = read_times(times) if times.is_file() else []
+    print("\ntest seconds per file (setup + call + teardown), slowest first; tests run; CPU-seconds meanwhile")
+    for name, seconds, n, cpu in rows:
+        print(f"{seconds:8.1f} s {n:4d} {cpu:8.1f} cpu-s  {name}")
     print("wall seconds per process (with its start and collection):")
     for u in sorted(units, key=lambda u: -u.wall_s):
         print(f"{u.wall_s:8.0f} s  {u.name}")
@@ -222,8 +228,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--table", type=Path, help="print a DYNRAG_TEST_TIMES file as docs/operations.md's rows")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.table:
-        rows = [line.split("\t") for line in args.table.read_text().splitlines()]
-        print("\n".join(f"| {f} | {float(s):.1f} | {n} |" for f, s, n in sorted(rows, key=lambda r: -float(r[1]))))
+        print("\n".join(f"| {f} | {s:.1f} | {n} | {cpu:.1f} |" for f, s, n, cpu in read_times(args.table)))
         return 0
     os.chdir(ROOT)
     files = args.files or sorted(glob.glob("tests/test_*.py"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -88,13 +89,29 @@ def pytest_report_header(config):
     )
 
 
-# Seconds per test file (setup, call and teardown summed), appended to $DYNRAG_TEST_TIMES as "file<TAB>seconds<TAB>tests"
-# lines when it is set: scripts/run_tests.py prints them as a table at the end of each run.
+# Seconds per test file (setup, call and teardown summed) and the CPU-seconds spent meanwhile by this process and
+# the child processes it reaped (CLI runs, a Ray cluster's daemons and workers at its shutdown), appended to
+# $DYNRAG_TEST_TIMES as "file<TAB>seconds<TAB>tests<TAB>cpu-seconds" lines when it is set: scripts/run_tests.py
+# prints them as a table at the end of each run.
 _FILE_SECONDS: dict[str, list[float]] = {}
 
 
+def _cpu_seconds() -> float:
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    cpu = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        _FILE_SECONDS.setdefault(item.nodeid.split("::", 1)[0], [0.0, 0, 0.0])[2] += _cpu_seconds() - cpu
+
+
 def pytest_runtest_logreport(report):
-    seconds_tests = _FILE_SECONDS.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0])
+    seconds_tests = _FILE_SECONDS.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0, 0.0])
     seconds_tests[0] += report.duration
     seconds_tests[1] += report.when == "call"
 
@@ -134,7 +151,7 @@ def pytest_sessionfinish(session):
     path = os.environ.get("DYNRAG_TEST_TIMES")
     if path and _FILE_SECONDS:
         with open(path, "a") as f:
-            f.writelines(f"{name}\t{s:.1f}\t{n}\n" for name, (s, n) in _FILE_SECONDS.items())
+            f.writelines(f"{name}\t{s:.1f}\t{n}\t{cpu:.1f}\n" for name, (s, n, cpu) in _FILE_SECONDS.items())
 
 
 def pytest_collection_modifyitems(config, items):
