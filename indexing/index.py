@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from indexing.store import EveryShard, IdShards
 
 log = logging.getLogger(__name__)
+
+READ_THREADS = 32  # passage reads in flight in a large lookup: 10,000 cold hits at 21M took 341 us a hit one at a
+# time, 225 us with 16 at once and 160 us with 64 (this machine's virtual disk)
 
 __all__ = ["Index", "SearchError", "open_local_index"]
 
@@ -66,6 +70,7 @@ class Index:
         self.faiss_placement: IndexPlacement | None = None  # place_faiss: a replica's GPU plan
         self._encoder: Encoder | HashEncoder | None = None
         self._lock = threading.Lock()
+        self._readers: ThreadPoolExecutor | None = None  # _read's threads, made on the first large lookup
         self._retrievers_lock = threading.RLock()  # fusion makes its parts while making itself
         id_map = manifest.get("id_shards")
         self._id_shards: IdShards | EveryShard = (
@@ -117,16 +122,37 @@ class Index:
         todo = np.flatnonzero(pos < end)
         while len(todo):
             shards = self._id_shards.shard_at(pos[todo])
+            found: list[tuple[int, int, int]] = []  # (id's index, shard, row) of each candidate row
             for si in np.unique(shards):
                 group = todo[shards == si]
                 rows = self._stores[si].find(hashes[group])
-                for i, row in zip(group[rows >= 0], rows[rows >= 0]):
-                    hit = self.hit(int(si), int(row), score[i] if score else 0.0)
-                    if hit.id == ids[i]:
-                        out[i] = hit
+                found += [(int(i), int(si), int(row)) for i, row in zip(group[rows >= 0], rows[rows >= 0])]
+            for (i, _, _), hit in zip(found, self._read(found, score)):
+                if hit.id == ids[i]:
+                    out[i] = hit
             pos[todo] += 1  # the next candidate, for an id not found at this one
             todo = np.array([i for i in todo if out[i] is None and pos[i] < end[i]], dtype=np.int64)
         return out
+
+    def _read(self, found: list[tuple[int, int, int]], score: list[float] | None) -> list[Hit]:
+        """The hit of each (id's index, shard, row), in order. A row whose batch is not in the page cache costs one
+        random read (0.34 ms on this machine's disk, against 0.035 ms cached: most hits at 21M passages), so a
+        large lookup reads in `READ_THREADS` slices at once, whose reads overlap (pyarrow releases the GIL)."""
+
+        def read(part: list[tuple[int, int, int]]) -> list[Hit]:
+            return [self.hit(si, row, score[i] if score else 0.0) for i, si, row in part]
+
+        if len(found) < 2 * READ_THREADS:
+            return read(found)
+        with self._lock:
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="dynrag-passages")
+        step = -(-len(found) // READ_THREADS)
+        return [
+            h
+            for part in self._readers.map(read, [found[a : a + step] for a in range(0, len(found), step)])
+            for h in part
+        ]
 
     def passages(self, ids: list[str]) -> list[Hit | None]:
         """Look passages up by id (score 0); None for an id this version does not hold."""
@@ -186,6 +212,9 @@ class Index:
             for searcher in self._retrievers.values():
                 searcher.close()
             self._retrievers.clear()
+        if self._readers is not None:
+            self._readers.shutdown()
+            self._readers = None
 
     def __enter__(self) -> Index:
         return self

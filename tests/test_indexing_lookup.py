@@ -119,6 +119,34 @@ def test_a_lookup_asks_only_the_shard_that_holds_the_id(built, finds):
         assert [hs[0].id for hs in hits] == [r["id"] for r in records[::37]]
 
 
+def test_a_large_lookup_reads_on_several_threads_and_answers_in_order(built, monkeypatch):
+    """A lookup of more rows than READ_THREADS x 2 reads them in slices on the index's threads: the same hits, in
+    the ids' order (repeats, misses and all), as the same ids looked up one at a time."""
+    import threading
+
+    import indexing.index as index_module
+
+    root, records = built
+    text = {r["id"]: r["text"] for r in records}
+    ids = [f"p{i}" for i in random.Random(3).choices(range(420), k=5 * index_module.READ_THREADS)]
+    readers: set[str] = set()
+    real_get = PassageStore.get
+
+    def get(self, row):
+        readers.add(threading.current_thread().name)
+        return real_get(self, row)
+
+    monkeypatch.setattr(PassageStore, "get", get)
+    with open_index(root, SETTINGS) as index:
+        one_by_one = [index.passages([pid])[0] for pid in ids]
+        assert readers == {threading.current_thread().name}  # a lookup of one id reads on the caller's thread
+        readers.clear()
+        found = index.passages(ids)
+    assert len(readers) > 1 and all(name.startswith("dynrag-passages") for name in readers)
+    assert [h.text if h else None for h in found] == [text.get(pid) for pid in ids]
+    assert found == one_by_one and None in found
+
+
 def test_incremental_rebuild_writes_the_new_versions_map(built, tmp_path):
     """A version that drops passages and adds some (in the middle and at the end of the corpus) gets its own
     map, equal to a full build's of the same corpus; the old version keeps answering with its own."""
@@ -166,6 +194,8 @@ def test_ids_sharing_a_hash_in_two_shards_are_both_found(tmp_path, monkeypatch, 
         assert [h.text for h in found] == [records[300]["text"], records[5]["text"], records[6]["text"]]
         # p300 is asked of p5's shard first (same hash, wrong id), then of its own
         assert len(finds) == len({where["p5"], where["p6"]}) + 1
+        many = ["p300", "p5", *(f"p{i}" for i in range(100, 200))]  # the same, read on the lookup threads
+        assert [h.text for h in index.passages(many)] == [records[int(pid[1:])]["text"] for pid in many]
 
 
 def test_a_version_without_an_id_map_searches_every_shard_until_rebuilt(built, tmp_path, finds, caplog):
