@@ -147,16 +147,19 @@ def cap_jvm_heap(heap_mb: int | None) -> bool:
     return True
 
 
-def bound_jvm_memory(heap_mb: int) -> bool:
+def bound_jvm_memory(heap_mb: int, c1_only: bool = True) -> bool:
     """Keep the JVM's memory a constant of the loaded JVM rather than growing with the corpus: a fixed
-    heap of `heap_mb`, committed and touched at start (-Xms = -Xmx, AlwaysPreTouch), and the C1 JIT
-    only (TieredStopAtLevel=1: C2's compiler arenas grew the process by ~20 MiB in steps as Lucene's
-    methods got hot, for a Lucene indexing speed measured here ~5% lower). Only before the JVM
-    starts; returns whether it applied."""
+    heap of `heap_mb`, committed and touched at start (-Xms = -Xmx, AlwaysPreTouch), and with `c1_only` the C1
+    JIT only (TieredStopAtLevel=1: C2's compiler arenas grew the process by ~20 MiB in steps as Lucene's
+    methods got hot, for a Lucene indexing speed measured here ~5% lower; but BM25 search ran 1.7-2.0x slower
+    on C1, 35.7 against 60-71 queries/s at 21M passages, so a process that measures search keeps C2). Only
+    before the JVM starts; returns whether it applied."""
     import jnius_config
 
     if jnius_config.vm_running:
         log.debug("JVM already running: its memory settings stay as they are")
         return False
-    jnius_config.add_options(f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", "-XX:+AlwaysPreTouch", "-XX:TieredStopAtLevel=1")
+    jnius_config.add_options(f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m", "-XX:+AlwaysPreTouch")
+    if c1_only:
+        jnius_config.add_options("-XX:TieredStopAtLevel=1")
     return True

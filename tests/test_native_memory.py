@@ -34,6 +34,18 @@ def test_the_budget_fixes_the_jvm_heap_and_its_jit_before_the_jvm_starts():
     assert {"-Xms256m", "-Xmx256m", "-XX:+AlwaysPreTouch", "-XX:TieredStopAtLevel=1"} <= set(opts)
 
 
+def test_a_process_that_measures_search_keeps_the_c2_jit():
+    """`dynrag bench scale`'s search probe fixes the heap but not the JIT: BM25 ran 1.7-2.0x slower on C1 alone."""
+    code = (
+        "import os; os.environ.pop('DYNRAG_JVM_OPTIONS', None); import jnius_config; "
+        "from indexing.java import bound_jvm_memory; bound_jvm_memory(256, c1_only=False); "
+        "print(' '.join(jnius_config.options))"
+    )
+    opts = run(code).split()
+    assert {"-Xms256m", "-Xmx256m", "-XX:+AlwaysPreTouch"} <= set(opts)
+    assert not any(o.startswith("-XX:TieredStopAtLevel") for o in opts)
+
+
 def test_a_memory_budget_caps_shards_and_the_embedding_batch():
     """The largest shard gets 3/4 of index.memory_budget_mb, one embedding batch the rest (worked numbers)."""
     from indexing.shards import effective_embed_batch, effective_shard_size

@@ -69,7 +69,7 @@ def probe(spec: dict) -> dict:
     from indexing.native_memory import release_free_memory
 
     ensure_java()
-    bound_jvm_memory(JVM_HEAP_MB)
+    bound_jvm_memory(JVM_HEAP_MB, c1_only=False)  # search on the JIT a user's process has (C2: BM25 ~1.8x faster)
     settings = _settings(spec)
     warm_settings = _settings(spec, faiss_factory="Flat")
     queries = json.loads(Path(spec["queries"]).read_text(encoding="utf-8"))[: spec["limit"]]
