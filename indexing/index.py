@@ -71,6 +71,7 @@ class Index:
         self._encoder: Encoder | HashEncoder | None = None
         self._lock = threading.Lock()
         self._readers: ThreadPoolExecutor | None = None  # _read's threads, made on the first large lookup
+        self._readers_lock = threading.Lock()  # not _lock: that one is held while the encoder loads
         self._retrievers_lock = threading.RLock()  # fusion makes its parts while making itself
         id_map = manifest.get("id_shards")
         self._id_shards: IdShards | EveryShard = (
@@ -144,7 +145,7 @@ class Index:
 
         if len(found) < 2 * READ_THREADS:
             return read(found)
-        with self._lock:
+        with self._readers_lock:
             if self._readers is None:
                 self._readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="dynrag-passages")
         step = -(-len(found) // READ_THREADS)

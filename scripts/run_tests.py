@@ -190,9 +190,10 @@ def source_of(path: str) -> str:
 
 
 def read_times(path: Path) -> list[tuple[str, float, int, float]]:
-    """A DYNRAG_TEST_TIMES file's rows (tests/conftest.py): file, test seconds, tests, CPU-seconds; slowest first."""
+    """A DYNRAG_TEST_TIMES file's rows (tests/conftest.py): file, test seconds, tests, CPU-seconds (0 in a file
+    written before that column); slowest first."""
     rows = [line.split("\t") for line in path.read_text().splitlines()]
-    return sorted(((r[0], float(r[1]), int(r[2]), float(r[3])) for r in rows), key=lambda r: -r[1])
+    return sorted(((r[0], float(r[1]), int(r[2]), float((r + ["0"])[3])) for r in rows), key=lambda r: -r[1])
 
 
 def report(units: list[Unit], times: Path, wall_s: float) -> int:

@@ -96,6 +96,11 @@ def pytest_report_header(config):
 _FILE_SECONDS: dict[str, list[float]] = {}
 
 
+def _file_row(nodeid: str) -> list[float]:
+    """The [seconds, tests, cpu-seconds] of a test's file."""
+    return _FILE_SECONDS.setdefault(nodeid.split("::", 1)[0], [0.0, 0, 0.0])
+
+
 def _cpu_seconds() -> float:
     own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
@@ -107,13 +112,13 @@ def pytest_runtest_protocol(item, nextitem):
     try:
         return (yield)
     finally:
-        _FILE_SECONDS.setdefault(item.nodeid.split("::", 1)[0], [0.0, 0, 0.0])[2] += _cpu_seconds() - cpu
+        _file_row(item.nodeid)[2] += _cpu_seconds() - cpu
 
 
 def pytest_runtest_logreport(report):
-    seconds_tests = _FILE_SECONDS.setdefault(report.nodeid.split("::", 1)[0], [0.0, 0, 0.0])
-    seconds_tests[0] += report.duration
-    seconds_tests[1] += report.when == "call"
+    row = _file_row(report.nodeid)
+    row[0] += report.duration
+    row[1] += report.when == "call"
 
 
 _ROOT_LEVEL = logging.getLogger().level
