@@ -342,6 +342,12 @@ class AnswerConfig(Section):
         "admitted only while the questions in flight leave room in the generator's KV cache; fcfs, the order "
         "they were made",
     )
+    look_ahead: bool = Field(
+        False,
+        description="continuous: start a search a method expects to make later (PAIRS' and Adaptive-RAG's search "
+        "for the question itself, while the model decides whether to retrieve) at once, its hits kept in the "
+        "retrieval cache for the later request (same outputs; a search the method does not ask for is wasted)",
+    )
     batch_wait_s: float = Field(
         0.01,
         ge=0,

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
 from pipeline.engine.admission import KvBudget
@@ -42,7 +42,7 @@ from pipeline.engine.core import (
     program_priority,
 )
 from pipeline.engine.drain import Drain
-from pipeline.engine.requests import Call, Question, Request
+from pipeline.engine.requests import Batched, Call, Question
 from pipeline.engine.streaming import collect, resolved
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Feed:
 LANE_JOIN_TIMEOUT_S = 60.0
 
 
-def lane(req: Request) -> str:
+def lane(req: Batched) -> str:
     return f"call:{req.backend}" if isinstance(req, Call) else _kind(req).lower()
 
 
@@ -177,6 +177,8 @@ class ContinuousEngine(BaseEngine):
 
         def settle(st: _State) -> None:
             nonlocal live
+            for search in self._look_aheads(st):
+                waiting.setdefault(lane(cast(Batched, search.pending)), deque()).append((time.monotonic(), search))
             if st.pending is None:
                 live -= 1
                 budget.release(st.index)
@@ -226,6 +228,10 @@ class ContinuousEngine(BaseEngine):
                 if not busy[name]:
                     del busy[name]
                 for st, value, exc in deliveries:
+                    if st.owner is not None:  # a look-ahead searched: its time is its question's (if still open)
+                        if st.owner.trace.finished is None:
+                            st.owner.trace.time["retrieval"] += st.trace.time["retrieval"]
+                        continue
                     self._advance(st, value, exc)
                     settle(st)
 
@@ -324,6 +330,7 @@ def make_engine(cfg: DynragConfig, backends: Any, drain: Drain | None = None) ->
     return ContinuousEngine(
         backends,
         scheduling=a.scheduling,
+        look_ahead=a.look_ahead,
         max_in_flight=a.max_in_flight,
         batch_wait_s=a.batch_wait_s,
         caps={"generate": generate_cap(cfg)},

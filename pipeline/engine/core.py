@@ -26,10 +26,12 @@ from pipeline.engine.drain import Drain
 from pipeline.engine.requests import (
     WINDOW,
     Answer,
+    Batched,
     Call,
     Completion,
     Embed,
     Generate,
+    LookAhead,
     Prompt,
     Question,
     Request,
@@ -58,6 +60,8 @@ class Trace:
     cached_prompt_tokens: int = 0  # of prompt_tokens, those served from the generator's prefix cache
     retrieve_rounds: int = 0
     retrieval_cache_hits: int = 0  # queries answered without a search of their own (the retrieval cache)
+    look_ahead_searches: int = 0  # queries its LookAheads searched before it asked (answer.look_ahead)
+    look_ahead_used: int = 0  # of retrieval_calls, those its own look-ahead had searched (not cache hits)
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     retrieved: list[dict[str, Any]] = field(default_factory=list)  # id, title, score, rank, step, path, round
     generations: list[dict[str, Any]] = field(default_factory=list)  # stage, text
@@ -87,20 +91,29 @@ class _State:
     gen: Generator[Request, Any, Any]
     question: Question
     trace: Trace = field(default_factory=Trace)
-    pending: Request | None = None
+    pending: Batched | None = None
     answer: Answer | None = None
     error: str | None = None
     error_kind: str | None = None
     kv_tokens: int = 0  # prompt and completion tokens of its latest generate call: the prefix its next round extends
+    ahead: list[Retrieve] = field(default_factory=list)  # its LookAheads the engine has not started yet
+    ahead_keys: set[tuple[str, str]] = field(default_factory=set)  # (retriever, query) its look-aheads searched
+    owner: _State | None = None  # set on a look-ahead's search: the program it searches for (it has none of its own)
 
 
-def _kind(req: Request) -> str:
+def _no_program() -> Generator[Request, Any, Any]:
+    """The program of a look-ahead's search: it has none to advance."""
+    return
+    yield
+
+
+def _kind(req: Batched) -> str:
     return type(req).__name__
 
 
-def _pending(st: _State) -> Request:
+def _pending(st: _State) -> Batched:
     """The request `st` waits on: every state handed to a server has one."""
-    return cast(Request, st.pending)
+    return cast(Batched, st.pending)
 
 
 Delivery = tuple[_State, Any, "BaseException | None"]  # a program, the value sent to it, or the error thrown in
@@ -124,8 +137,11 @@ class BaseEngine:
         clock: Callable[[], float] = time.perf_counter,
         drain: Drain | None = None,
         scheduling: str = "fcfs",
+        look_ahead: bool = False,
     ):
         self.backends = backends
+        # LookAheads are searched (answer.look_ahead) where the retrieval cache can keep their hits
+        self.look_ahead = look_ahead and getattr(backends, "search_cache", None) is not None
         self.clock = clock
         self.by_program = scheduling == "program"  # answer.scheduling: model calls ranked by program_priority
         self.drain = drain or Drain()  # once requested: admit no more questions; drop those in flight at its deadline
@@ -195,6 +211,12 @@ class BaseEngine:
         st.pending = None
         try:
             req = st.gen.throw(exc) if exc is not None else st.gen.send(value)
+            while isinstance(req, LookAhead):  # not waited on: the program goes on at once
+                if not isinstance(req.search, Retrieve):
+                    raise TypeError(f"a LookAhead holds {type(req.search).__name__}, not a Retrieve")
+                if self.look_ahead:
+                    st.ahead.append(req.search)
+                req = st.gen.send(None)
             if not isinstance(req, (Generate, Retrieve, Score, Embed, Call)):
                 raise TypeError(f"a method yielded {type(req).__name__}, not a request")
             if not _size(req):
@@ -214,6 +236,20 @@ class BaseEngine:
             st.trace.time["method"] += t1 - t0
             if st.pending is None:
                 st.trace.finished = t1
+
+    def _look_aheads(self, st: _State) -> list[_State]:
+        """Searches for `st`'s LookAheads not started yet: states with no program (`owner`: `st`), whose
+        delivery puts their hits in the retrieval cache and nothing else."""
+        out = []
+        for req in st.ahead if st.pending is not None else ():  # a finished program will not ask
+            retriever = self.backends.defaults(req)[1]
+            st.ahead_keys.update((retriever, q) for q in req.queries)
+            st.trace.look_ahead_searches += len(req.queries)
+            search = _State(st.index, _no_program(), st.question, pending=req, owner=st)
+            search.trace.started = self.clock()
+            out.append(search)
+        st.ahead.clear()
+        return out
 
     # ---- serving one batch of pending requests of one kind ---------------------------------
     def serve(self, states: list[_State]) -> list[Delivery]:
@@ -292,13 +328,15 @@ class BaseEngine:
                 k = resolved[id(st)][0]
                 n = len(req.queries)
                 mine = [list(h[:k]) for h in hits[pos : pos + n]]
-                hits_cached = sum(cached[pos : pos + n])
+                unsearched = cached[pos : pos + n]
+                ahead = sum(c and (retriever, q) in st.ahead_keys for q, c in zip(req.queries, unsearched))
                 pos += n
                 tr = st.trace
                 tr.retrieve_rounds += 1
                 tr.retrieval_calls += n
-                tr.retrieval_cache_hits += hits_cached
-                tr.time["retrieval"] += dt * (n - hits_cached) / searched
+                tr.look_ahead_used += ahead
+                tr.retrieval_cache_hits += sum(unsearched) - ahead
+                tr.time["retrieval"] += dt * (n - sum(unsearched)) / searched
                 step = req.step or f"retrieve-{tr.retrieve_rounds}"
                 at = self.clock() - cast(float, tr.started)  # when, in the question (started: at its first request)
                 for qi, ranked in enumerate(mine):
@@ -495,7 +533,7 @@ def batched(items: Iterable[T], n: int | None) -> Iterator[list[T]]:
         yield batch
 
 
-def _size(req: Request | None) -> int:
+def _size(req: Batched | None) -> int:
     if req is None:
         return 0
     if isinstance(req, Generate):

@@ -12,6 +12,7 @@ pending request of the same kind, and sends back the result:
   (`pipeline.backends.register_backend`): the way a method reaches a model or store the four kinds above
   do not cover (DRAGIN's attention pass, ERM4's knowledge reservoir), still batched across questions
 
+A program may also yield a `LookAhead` (a search it will likely ask for later): it gets None back at once.
 When the program returns, its return value is an `Answer`.
 """
 
@@ -78,6 +79,17 @@ class Retrieve:
 
 
 @dataclass
+class LookAhead:
+    """Not a request: a search the program expects to ask for later, its query known now (the question's own
+    text, while a model decides whether to retrieve). The continuous engine starts it at once when
+    `answer.look_ahead` is on, and the program goes on without waiting (it is sent None either way). Its hits
+    go to the retrieval cache, so a later Retrieve takes them only where its retriever, query and k match the
+    cache's key: the outputs are those without it. A look-ahead the program never asks for is a wasted search."""
+
+    search: Retrieve
+
+
+@dataclass
 class Score:
     items: list[tuple[str, ...]]  # pairs (q, d) or triples (q, d1, d2)
     classifier: str = "default"
@@ -97,7 +109,8 @@ class Call:
     stage: str = "method"  # which per-stage time it counts under (engine.STAGES)
 
 
-Request = Generate | Retrieve | Score | Embed | Call
+Batched = Generate | Retrieve | Score | Embed | Call  # what the engine batches across questions
+Request = Batched | LookAhead  # what a program yields
 
 # Completion.finish_reason of a prompt that was not run: with its max_tokens it does not fit the context window
 WINDOW = "window"

@@ -163,6 +163,8 @@ def _extra(a, t) -> str | None:
     extra = dict(a.extra) if a and a.extra else {}
     if t.backend_calls:
         extra["backend_calls"] = dict(t.backend_calls)
+    if t.look_ahead_searches:  # answer.look_ahead: queries searched ahead, and those the method then asked for
+        extra["look_ahead"] = {"searched": t.look_ahead_searches, "used": t.look_ahead_used}
     return json.dumps(extra, default=str) if extra else None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field
 
 from pipeline.backends import register_backend
-from pipeline.engine.requests import Answer, Call, Question, Request
+from pipeline.engine.requests import Answer, Call, LookAhead, Question, Request, Retrieve
 from pipeline.methods.baselines import NoRetrievalParams, SrRagParams, no_retrieval, sr_rag
 from pipeline.methods.ircot import IrcotParams, ircot
 from pipeline.methods.registry import MethodError, MethodParams, register_method
@@ -80,6 +80,9 @@ def route_program(label: str, p: AdaptiveRagParams) -> tuple[Any, Any]:
 )
 def adaptive_rag(q: Question, p: AdaptiveRagParams) -> Generator[Request, Any, Answer]:
     item = {"classifier": p.classifier, "question": q.question}
+    # routes B (sr-rag) and C (ircot) search the question first, with these k and retriever: looked up while the
+    # classifier runs (wasted on route A)
+    yield LookAhead(Retrieve([q.question], k=p.k, retriever=p.retriever))
     label, prob = (yield Call("complexity", "route", [item], stage="classification"))[0]
     program, params = route_program(label, p)
     answer = yield from program(q, params)

@@ -29,7 +29,18 @@ from pydantic import Field, model_validator
 from indexing.embed import embed_input
 from indexing.hits import Hit
 from pipeline.classifier.data import format_document
-from pipeline.engine.requests import Answer, Embed, Generate, Prompt, Question, Request, Retrieve, SamplingSpec, Score
+from pipeline.engine.requests import (
+    Answer,
+    Embed,
+    Generate,
+    LookAhead,
+    Prompt,
+    Question,
+    Request,
+    Retrieve,
+    SamplingSpec,
+    Score,
+)
 from pipeline.methods.ais import (
     ais_score,
     answers_agree,
@@ -199,17 +210,28 @@ def answer_from_docs(
     return tagged_answer(out.text), out.text
 
 
+def query_search(question: str, p: DprAisParams) -> Retrieve | None:
+    """Algorithm 1's search by the question itself (None where `p.paths` leaves it out): known before any model
+    call, so the methods look it up ahead (LookAhead) while the model makes the pseudo-context."""
+    if p.paths not in ("dual", "query"):
+        return None
+    return Retrieve(
+        [question], k=p.n if p.paths == "dual" else 2 * p.n, retriever=p.retriever, step="dpr", path="query"
+    )
+
+
+def look_ahead(question: str, p: DprAisParams) -> Generator[Request, Any, None]:
+    if (search := query_search(question, p)) is not None:
+        yield LookAhead(search)
+
+
 def dpr_ais_select(question: str, pseudo: str, p: DprAisParams) -> Generator[Request, Any, tuple[list[Hit], dict]]:
     """Algorithm 1: retrieve by path(s), merge and de-duplicate, score, keep the top k."""
     two_n = 2 * p.n
     q_hits: list[Hit] = []
     p_hits: list[Hit] = []
-    if p.paths in ("dual", "query"):
-        q_hits = (
-            yield Retrieve(
-                [question], k=p.n if p.paths == "dual" else two_n, retriever=p.retriever, step="dpr", path="query"
-            )
-        )[0]
+    if (search := query_search(question, p)) is not None:
+        q_hits = (yield search)[0]
     if p.paths in ("dual", "pseudo"):
         p_hits = (
             yield Retrieve(
@@ -253,6 +275,7 @@ def dpr_ais_select(question: str, pseudo: str, p: DprAisParams) -> Generator[Req
 
 
 def _dpr_ais(q: Question, p: DprAisParams) -> Generator[Request, Any, Answer]:
+    yield from look_ahead(q.question, p)
     pseudo = yield from pseudo_context(q.question, p)
     docs, info = yield from dpr_ais_select(q.question, pseudo or q.question, p)
     answer, raw = yield from answer_from_docs(q.question, docs, p)
@@ -293,6 +316,7 @@ register_method(
     description="parametric verification: answer directly when G(P(q)) and G(P(q, p)) agree, else DPR-AIS",
 )
 def pairs(q: Question, p: PairsParams) -> Generator[Request, Any, Answer]:
+    yield from look_ahead(q.question, p)  # wasted where the two answers agree
     direct = (
         yield Generate(
             [answer_prompt(q.question, p.prompt_style)],
