@@ -154,3 +154,36 @@ def _without_look_ahead(extra: str | None) -> str | None:
         return None
     rest = {k: v for k, v in json.loads(extra).items() if k != "look_ahead"}
     return json.dumps(rest, default=str) if rest else None
+
+
+class GatedRetriever(MemoryRetriever):
+    """A query with "slow" in it blocks its search until `release` is set (at most 5 s: then `timed_out`)."""
+
+    def __init__(self):
+        super().__init__(PASSAGES)
+        self.release, self.timed_out = threading.Event(), False
+
+    def search(self, queries, k, retriever="bm25"):
+        if any("slow" in q for q in queries):
+            self.timed_out = not self.release.wait(5)
+        return super().search(queries, k, retriever)
+
+
+def test_a_search_the_cache_holds_is_answered_at_once_while_the_retrieval_lane_is_busy():
+    ret = GatedRetriever()
+
+    def program(q: Question, params):
+        return Answer((yield Retrieve([q.question], k=2))[0][0].title)
+
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=WaitingGenerator(ret, 0), retriever=ret))
+    try:
+        assert eng.run([Question("warm", "capital of Italy")], program, None)[0].answer.prediction == "Rome"
+        order = []
+        for o in eng.stream(
+            [Question("a", "slow capital of France"), Question("b", "capital of Italy")], program, None
+        ):
+            order.append((o.question.id, o.answer.prediction))
+            ret.release.set()  # the first answer lets the slow search end
+    finally:
+        eng.close()
+    assert order == [("b", "Rome"), ("a", "Paris")] and not ret.timed_out

@@ -64,7 +64,7 @@ def bench_mode(
     """The runs of `methods` over `n` synthetic questions through `run_methods` with answer.runs=`mode`, on a
     fresh set of latency-model backends; the mode's figures, with each run's predictions (`per_run`)."""
     from jobs.bench.flashrag.table import run_figures
-    from jobs.bench.pipeline import _questions, sim_backends
+    from jobs.bench.pipeline import _questions, sim_model
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
     cfg = cfg.model_copy(deep=True)
@@ -77,7 +77,7 @@ def bench_mode(
         )
     out = work / mode
     runs = [MethodRun(m, m, {}) for m in methods]
-    backends = sim_backends(cfg, scale, kv_tokens)
+    backends = sim_model(cfg, scale, kv_tokens)(cfg)
     gen = backends.generator
     t_cmd = time.time()
     t0 = time.perf_counter()

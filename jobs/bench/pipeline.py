@@ -56,6 +56,13 @@ def register(bsub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--questions", type=int, default=2000, help="questions per method and engine (default 2000)")
     p.add_argument(
+        "--search-ms",
+        type=float,
+        default=1.0,
+        help="each query's search, in modelled ms (default 1; about 20 is dynrag's BM25 over 21M passages on 2 "
+        "CPU cores, 50.7 queries/s in docs/scale.md)",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=None,
@@ -79,14 +86,16 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def bench_one(cfg, method: str, engine: str, n: int, scale: float, kv_tokens: int | None = None) -> dict:
+def bench_one(
+    cfg, method: str, engine: str, n: int, scale: float, kv_tokens: int | None = None, search_ms: float = 1.0
+) -> dict:
     from pipeline.engine.continuous import make_engine
     from pipeline.engine.requests import Question
     from pipeline.methods.registry import get_method
 
     cfg = cfg.model_copy(deep=True)
     cfg.answer.engine = engine
-    backends = sim_backends(cfg, scale, kv_tokens)
+    backends = sim_model(cfg, scale, kv_tokens, search_ms)(cfg)
     gen = backends.generator
     spec = get_method(method)
     with tempfile.TemporaryDirectory() as clf:
@@ -121,13 +130,14 @@ def bench_one(cfg, method: str, engine: str, n: int, scale: float, kv_tokens: in
     }
 
 
-def sim_backends(cfg, scale: float, kv_tokens: int | None = None):
-    """The latency-model backends (simulated.py) at `scale`, the generator running at most
-    generation.engine_kwargs.max_num_seqs sequences (default 256) over a KV cache of `kv_tokens` (None or 0: none)."""
-    return simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens)(cfg)
+def sim_model(cfg, scale: float, kv_tokens: int | None = None, search_ms: float = 1.0) -> simulated.SimBackends:
+    """The latency model (simulated.py) at `scale`: the generator runs at most generation.engine_kwargs.max_num_seqs
+    sequences (default 256) over a KV cache of `kv_tokens` (None or 0: none), a query's search takes `search_ms`."""
+    max_seqs = cfg.generation.engine_kwargs.max_num_seqs or 256
+    return simulated.SimBackends(scale, max_seqs, kv_tokens, search_ms / 1000)
 
 
-def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = None) -> dict:
+def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = None, search_ms: float = 1.0) -> dict:
     """`method` through `answer_with_ray` (engine actors and pools on a local Ray) over latency-model backends."""
     import tempfile
     from pathlib import Path
@@ -139,7 +149,7 @@ def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = No
     cfg = cfg.model_copy(deep=True)
     cfg.runtime.mode, cfg.method.name, cfg.dataset.format = "ray", method, "generic"
     cfg.method.params = {**PARAMS.get(method, {}), **cfg.method.params}
-    make = simulated.SimBackends(scale, cfg.generation.engine_kwargs.max_num_seqs or 256, kv_tokens)
+    make = sim_model(cfg, scale, kv_tokens, search_ms)
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-ray-") as tmp:
         dataset, out = Path(tmp) / "questions.jsonl", str(Path(tmp) / "out")
         dataset.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n" for i, q in _questions(n)))
@@ -183,9 +193,9 @@ def run(args: argparse.Namespace) -> None:
     cfg = load_config(args.config, [*DEFAULTS, *extra, *args.overrides])
     engines = ("continuous", "ray") if args.runtime == "ray" else ("lockstep", "continuous")
     results = [
-        bench_ray(cfg, m, args.questions, args.time_scale, args.kv_tokens)
+        bench_ray(cfg, m, args.questions, args.time_scale, args.kv_tokens, args.search_ms)
         if e == "ray"
-        else bench_one(cfg, m, e, args.questions, args.time_scale, args.kv_tokens)
+        else bench_one(cfg, m, e, args.questions, args.time_scale, args.kv_tokens, args.search_ms)
         for m in args.method or METHODS
         for e in engines
     ]

@@ -13,7 +13,7 @@ C++ search would); `Cost(scale=0)` costs nothing. The model, in seconds at scale
   Each question plans 0, 1, 1, 2, 2, 3, 4 or 6 searches (from the hash of its messages before the rollout);
   a turn writes 5-100 % of its max_tokens of thinking (from its prompt's hash, so turns are uneven), then the
   next query (cut at the stop, as vLLM) while searches are left, else the answer in the method's answer tags
-- retrieve (BM25 on CPU): 2 ms + 1 ms per query; score (classifier on CPU): 1 ms + 0.5 ms per item;
+- retrieve (BM25 on CPU): 2 ms + 1 ms per query (`bench pipeline --search-ms`); score (classifier on CPU): 1 ms + 0.5 ms per item;
   embed (CPU): 1 ms + 0.2 ms per text; DRAGIN's attention pass (on the GPU): like a prefill of prompt +
   generated tokens
 """
@@ -240,13 +240,13 @@ class SimRouter:
 
 
 class SimRetriever:
-    """A synthetic corpus of `n` passages; a query's hits are picked by its hash."""
+    """A synthetic corpus of `n` passages; a query's hits are picked by its hash; `query_s`: each query's search."""
 
-    def __init__(self, cost: Cost = FREE, n: int = 10_000):
-        self.cost, self.n = cost, n
+    def __init__(self, cost: Cost = FREE, n: int = 10_000, query_s: float = 0.001):
+        self.cost, self.n, self.query_s = cost, n, query_s
 
     def search(self, queries, k, retriever="bm25"):
-        self.cost.sleep(0.002 + 0.001 * len(queries))
+        self.cost.sleep(0.002 + self.query_s * len(queries))
         out = []
         for q in queries:
             h = stable_hash(q)
@@ -334,6 +334,7 @@ class SimBackends:
     scale: float = 0.1
     max_seqs: int = 256
     kv_tokens: int | None = None  # the generator's KV cache (SimGenerator); None or 0: no prefix cache
+    search_query_s: float = 0.001  # each query's search (SimRetriever)
 
     def __call__(self, cfg, index_dir=None, *, retriever=None, scorer=None, embedder=None, generator=None, **kw):
         from pipeline.backends import Backends
@@ -344,7 +345,7 @@ class SimBackends:
             cfg,
             index_dir,
             generator=generator or SimGenerator(cost, self.max_seqs, self.kv_tokens),
-            retriever=retriever or SimRetriever(cost),
+            retriever=retriever or SimRetriever(cost, query_s=self.search_query_s),
             scorer=scorer or sim,
             embedder=embedder or sim,
             named={"attention": WordAttention(cost=cost), "complexity": SimRouter(cost)},

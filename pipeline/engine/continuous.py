@@ -8,7 +8,9 @@ by lane (`generate`, `retrieve`, `score`, `embed`, one `call:<backend>` per name
 object is always called from the same thread). A lane whose worker is free sends its queue as one batch
 when the batch is full (`caps`, in items), when no batch is in flight anywhere (nothing more can arrive),
 or when its oldest request has waited `batch_wait_s` (other lanes' results may bring more). Batches are
-served by the same `BaseEngine.serve` as the lockstep engine, with the same accounting.
+served by the same `BaseEngine.serve` as the lockstep engine, with the same accounting. A search the retrieval
+cache answers whole (a repeated query, a LookAhead's) is served on the coordinator at once, never queued behind a
+search in flight; a LookAhead's search is queued in the retrieve lane with no program to advance (answer.look_ahead).
 
 A streaming generator (`pipeline/engine/streaming.py`) has no generate lane: each Generate request's
 prompts are submitted as soon as it is made, and the program advances when its last prompt is done, so a
@@ -177,8 +179,13 @@ class ContinuousEngine(BaseEngine):
 
         def settle(st: _State) -> None:
             nonlocal live
-            for search in self._look_aheads(st):
-                waiting.setdefault(lane(cast(Batched, search.pending)), deque()).append((time.monotonic(), search))
+            while True:
+                for search in self._look_aheads(st):
+                    waiting.setdefault(lane(cast(Batched, search.pending)), deque()).append((time.monotonic(), search))
+                if not self._cached(st):
+                    break
+                ((_, value, exc),) = self.serve([st])  # the cache has its hits: no queue, no lane
+                self._advance(st, value, exc)
             if st.pending is None:
                 live -= 1
                 budget.release(st.index)

@@ -237,6 +237,16 @@ class BaseEngine:
             if st.pending is None:
                 st.trace.finished = t1
 
+    def _cached(self, st: _State) -> bool:
+        """Whether `st` waits on a search the retrieval cache answers whole (a look-ahead's, a repeated query's):
+        served where it is, with no backend call to wait for."""
+        cache = getattr(self.backends, "search_cache", None)
+        if not isinstance(st.pending, Retrieve) or not cache:  # (an empty cache: the retriever may not be built)
+            return False
+        k, retriever = self.backends.defaults(st.pending)
+        scope = self.backends.search_scope()
+        return all(cache.get(scope, retriever, q, k) is not None for q in st.pending.queries)
+
     def _look_aheads(self, st: _State) -> list[_State]:
         """Searches for `st`'s LookAheads not started yet: states with no program (`owner`: `st`), whose
         delivery puts their hits in the retrieval cache and nothing else."""
