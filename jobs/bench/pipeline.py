@@ -25,8 +25,8 @@ from pathlib import Path
 from jobs.bench import simulated
 
 METHODS = ("sr-rag", "cfs", "pairs", "dragin")
-# also benchmarked when named with --method: the reasoning search methods and Adaptive-RAG's router
-MORE_METHODS = ("search-r1", "search-o1", "adaptive-rag")
+# also benchmarked when named with --method: the reasoning search methods, Adaptive-RAG's router, DPR-AIS
+MORE_METHODS = ("search-r1", "search-o1", "adaptive-rag", "dpr-ais")
 # GPU-sized batches for both engines (lockstep: answer.batch_questions=256 per round); --set overrides them
 DEFAULTS = ["generation.batch_size=256", "answer.max_in_flight=512"]
 PARAMS = {"cfs": {"threshold": 0.5}}  # no trained classifier here: its decision threshold given
@@ -80,7 +80,8 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "--json",
         action="store_true",
         help="print a JSON list of {method, engine, questions_per_s, generator_busy, mean_latency_s, decode_steps, "
-        "mean_running, prompt_tokens, cached_prompt_tokens, kv_evicted_blocks}",
+        "mean_running, prompt_tokens, cached_prompt_tokens, kv_evicted_blocks, look_ahead_searches, "
+        "look_ahead_used}",
     )
     add_config_args(p)
     p.set_defaults(func=run)
@@ -127,6 +128,8 @@ def bench_one(
         "prompt_tokens": sum(o.trace.prompt_tokens for o in outcomes),
         "cached_prompt_tokens": sum(o.trace.cached_prompt_tokens for o in outcomes),
         "kv_evicted_blocks": gen.kv.evicted if gen.kv is not None else None,
+        "look_ahead_searches": sum(o.trace.look_ahead_searches for o in outcomes),  # answer.look_ahead
+        "look_ahead_used": sum(o.trace.look_ahead_used for o in outcomes),
     }
 
 
