@@ -344,9 +344,10 @@ class AnswerConfig(Section):
     )
     look_ahead: bool = Field(
         False,
-        description="continuous: start a search a method expects to make later (PAIRS' and Adaptive-RAG's search "
-        "for the question itself, while the model decides whether to retrieve) at once, its hits kept in the "
-        "retrieval cache for the later request (same outputs; a search the method does not ask for is wasted)",
+        description="continuous: search ahead what a method expects to ask for later (PAIRS', DPR-AIS' and "
+        "Adaptive-RAG's search for the question itself, while the model decides whether to retrieve), after the "
+        "methods' own searches; the hits wait in the retrieval cache for the later request (same outputs; a search "
+        "the method does not ask for is wasted)",
     )
     batch_wait_s: float = Field(
         0.01,

@@ -10,7 +10,9 @@ when the batch is full (`caps`, in items), when no batch is in flight anywhere (
 or when its oldest request has waited `batch_wait_s` (other lanes' results may bring more). Batches are
 served by the same `BaseEngine.serve` as the lockstep engine, with the same accounting. A search the retrieval
 cache answers whole (a repeated query, a LookAhead's) is served on the coordinator at once, never queued behind a
-search in flight; a LookAhead's search is queued in the retrieve lane with no program to advance (answer.look_ahead).
+search in flight. A LookAhead's search (answer.look_ahead) is queued in the retrieve lane with no program to
+advance; it goes after every program's own search, in batches of at most LOOK_AHEAD_BATCH, and is dropped once its
+question has ended or the cache holds its hits.
 
 A streaming generator (`pipeline/engine/streaming.py`) has no generate lane: each Generate request's
 prompts are submitted as soon as it is made, and the program advances when its last prompt is done, so a
@@ -125,6 +127,9 @@ class Feed:
                 self._arrived.clear()
 
 
+# queries in a batch of look-aheads (sent only while no program's own search waits): a search asked for meanwhile
+# waits for at most this many
+LOOK_AHEAD_BATCH = 16
 # close() waits this long in all for the lanes' batches in flight (a search, a model call) before it returns
 LANE_JOIN_TIMEOUT_S = 60.0
 
@@ -242,6 +247,14 @@ class ContinuousEngine(BaseEngine):
                     self._advance(st, value, exc)
                     settle(st)
 
+    def _moot(self, search: _State) -> bool:
+        owner = cast(_State, search.owner)
+        return owner.pending is None or self._cached(search)
+
+    def _batch_order(self, item: tuple[float, _State]) -> tuple[bool, int]:
+        st = item[1]
+        return st.owner is not None, program_priority(st) if self.by_program else 0
+
     def _kv_capacity(self) -> int | None:
         """The generator's KV cache in tokens, for admission under program scheduling (None: not bounded)."""
         capacity = getattr(self.backends, "kv_capacity", None)
@@ -258,19 +271,32 @@ class ContinuousEngine(BaseEngine):
                     busy[name] = busy.get(name, 0) + 1
             if not items or name in busy:
                 continue
+            if any(st.owner is not None for _, st in items):  # a look-ahead is moot once its question ended or
+                # the cache holds its hits (its question asked first)
+                waiting[name] = items = deque(t for t in items if t[1].owner is None or not self._moot(t[1]))
+                if not items:
+                    continue
             cap = self.caps.get(name, self.batch_items)
             full = sum(_size(st.pending) for _, st in items) >= cap
             oldest = min(t for t, _ in items) if self.by_program else items[0][0]  # (fcfs: the deque's order)
             left = self.batch_wait_s - (now - oldest)
             if full or not busy or left <= 0:
-                if self.by_program:  # a batch takes the earliest-admitted questions' requests first
-                    waiting[name] = items = deque(sorted(items, key=lambda t: program_priority(t[1])))
+                # programs' own requests before look-aheads, and (program) the earliest-admitted questions' first
+                waiting[name] = items = deque(sorted(items, key=self._batch_order))  # (stable: fcfs keeps its order)
+                ahead = items[0][1].owner is not None  # only look-aheads wait: a small batch of them
+                room = min(cap, LOOK_AHEAD_BATCH) if ahead else cap
                 batch: list[_State] = []
                 n = 0
-                while items and (not batch or n + _size(items[0][1].pending) <= cap):
+                while (
+                    items
+                    and (items[0][1].owner is not None) == ahead
+                    and (not batch or n + _size(items[0][1].pending) <= room)
+                ):
                     st = items.popleft()[1]
                     batch.append(st)
                     n += _size(st.pending)
+                    if st.owner is not None:
+                        st.owner.trace.look_ahead_searches += _size(st.pending)
                 self._worker(name).put((batch, inbox))
                 busy[name] = 1
             else:

@@ -60,7 +60,7 @@ class Trace:
     cached_prompt_tokens: int = 0  # of prompt_tokens, those served from the generator's prefix cache
     retrieve_rounds: int = 0
     retrieval_cache_hits: int = 0  # queries answered without a search of their own (the retrieval cache)
-    look_ahead_searches: int = 0  # queries its LookAheads searched before it asked (answer.look_ahead)
+    look_ahead_searches: int = 0  # queries its LookAheads sent to be searched before it asked (answer.look_ahead)
     look_ahead_used: int = 0  # of retrieval_calls, those its own look-ahead had searched (not cache hits)
     time: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     retrieved: list[dict[str, Any]] = field(default_factory=list)  # id, title, score, rank, step, path, round
@@ -254,7 +254,6 @@ class BaseEngine:
         for req in st.ahead if st.pending is not None else ():  # a finished program will not ask
             retriever = self.backends.defaults(req)[1]
             st.ahead_keys.update((retriever, q) for q in req.queries)
-            st.trace.look_ahead_searches += len(req.queries)
             search = _State(st.index, _no_program(), st.question, pending=req, owner=st)
             search.trace.started = self.clock()
             out.append(search)
