@@ -8,9 +8,9 @@ import threading
 
 import pytest
 from fakes import MemoryRetriever
-from test_engine_continuous import PASSAGES, _backends, _rows
+from test_engine_continuous import PASSAGES, _rows
 
-from jobs.bench.simulated import SimBackends
+from jobs.bench.simulated import SimBackends, SimGenerator
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
@@ -41,7 +41,7 @@ class WaitingGenerator:
 
     def __init__(self, retriever: LoggingRetriever, wait_s: float):
         self.retriever, self.wait_s, self.saw_search = retriever, wait_s, []
-        self.inner = _backends().generator
+        self.inner = SimGenerator()
 
     def generate(self, prompts, samplings, chats):
         self.saw_search.append(self.retriever.searched.wait(self.wait_s))
@@ -218,7 +218,7 @@ def ahead_of(then_generate: bool):
 
 def test_a_programs_own_search_goes_before_look_aheads_and_a_look_ahead_its_question_outran_is_dropped():
     ret = BatchLog()
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=_backends().generator, retriever=ret), look_ahead=True)
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=SimGenerator(), retriever=ret), look_ahead=True)
     qs = [Question(f"q{i}", f"capital of France {i}") for i in range(40)]
     try:
         out = eng.run(qs, ahead_of(then_generate=False), None)
@@ -234,7 +234,7 @@ class HeldGenerator:
     """Answers only once the retriever has searched `n` look-aheads (at most 5 s)."""
 
     def __init__(self, ret: BatchLog, n: int):
-        self.ret, self.n, self.inner = ret, n, _backends().generator
+        self.ret, self.n, self.inner = ret, n, SimGenerator()
 
     def generate(self, prompts, samplings, chats):
         with self.ret.cv:
