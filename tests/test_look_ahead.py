@@ -16,6 +16,7 @@ from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Generate, LookAhead, Question, Retrieve
+from pipeline.engine.search_cache import SearchCache
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 
@@ -186,6 +187,38 @@ def test_a_search_the_cache_holds_is_answered_at_once_while_the_retrieval_lane_i
     finally:
         eng.close()
     assert order == [("b", "Rome"), ("a", "Paris")] and not ret.timed_out
+
+
+class ForgetfulCache(SearchCache):
+    """Each entry is evicted as soon as it is read (as another lane's searches may evict it)."""
+
+    def get(self, scope, retriever, query, k):
+        hits = super().get(scope, retriever, query, k)
+        with self._lock:
+            self._entries.pop((scope, retriever, query), None)
+        return hits
+
+
+def test_a_search_served_from_the_cache_uses_the_hits_it_found_there():
+    ret = LoggingRetriever()
+
+    def program(q: Question, params):
+        return Answer((yield Retrieve([q.question], k=2))[0][0].title)
+
+    backends = Backends(DynragConfig(), generator=WaitingGenerator(ret, 0), retriever=ret)
+    backends.search_cache = ForgetfulCache(100)
+    eng = ContinuousEngine(backends)
+    try:
+        eng.run([Question("warm", "capital of Italy")], program, None)
+        backends.search_cache.put(
+            backends.search_scope(), "bm25", "capital of France", 2, ret.search(["capital of France"], 2)[0]
+        )
+        ret.log.clear()
+        (out,) = eng.run([Question("a", "capital of France")], program, None)
+    finally:
+        eng.close()
+    assert out.answer.prediction == "Paris" and out.trace.retrieval_cache_hits == 1
+    assert ret.log == []  # not searched again on the coordinator after the entry went
 
 
 class BatchLog(MemoryRetriever):

@@ -187,9 +187,10 @@ class ContinuousEngine(BaseEngine):
             while True:
                 for search in self._look_aheads(st):
                     waiting.setdefault(lane(cast(Batched, search.pending)), deque()).append((time.monotonic(), search))
-                if not self._cached(st):
+                hits = self._cached(st)
+                if hits is None:
                     break
-                ((_, value, exc),) = self.serve([st])  # the cache has its hits: no queue, no lane
+                ((_, value, exc),) = self._serve_retrieve([st], hits)  # from the cache: no queue, no lane
                 self._advance(st, value, exc)
             if st.pending is None:
                 live -= 1
@@ -249,7 +250,7 @@ class ContinuousEngine(BaseEngine):
 
     def _moot(self, search: _State) -> bool:
         owner = cast(_State, search.owner)
-        return owner.pending is None or self._cached(search)
+        return owner.pending is None or self._cached(search) is not None
 
     def _batch_order(self, item: tuple[float, _State]) -> tuple[bool, int]:
         st = item[1]

@@ -237,15 +237,22 @@ class BaseEngine:
             if st.pending is None:
                 st.trace.finished = t1
 
-    def _cached(self, st: _State) -> bool:
-        """Whether `st` waits on a search the retrieval cache answers whole (a look-ahead's, a repeated query's):
-        served where it is, with no backend call to wait for."""
+    def _cached(self, st: _State) -> dict[str, list] | None:
+        """The hits of each query of the search `st` waits on, where the retrieval cache answers it whole (a
+        look-ahead's, a repeated query's): served where it is, from these very hits (another lane may evict
+        the entries meanwhile), with no backend call to wait for. None otherwise."""
         cache = getattr(self.backends, "search_cache", None)
         if not isinstance(st.pending, Retrieve) or not cache:  # (an empty cache: the retriever may not be built)
-            return False
+            return None
         k, retriever = self.backends.defaults(st.pending)
         scope = self.backends.search_scope()
-        return all(cache.get(scope, retriever, q, k) is not None for q in st.pending.queries)
+        hits = {}
+        for q in st.pending.queries:
+            found = cache.get(scope, retriever, q, k)
+            if found is None:
+                return None
+            hits[q] = found
+        return hits
 
     def _look_aheads(self, st: _State) -> list[_State]:
         """Searches for `st`'s LookAheads not started yet: states with no program (`owner`: `st`), whose
@@ -314,7 +321,8 @@ class BaseEngine:
             deliveries.append((st, None if failed else res, failed))
         return deliveries
 
-    def _serve_retrieve(self, states: list[_State]) -> list[Delivery]:
+    def _serve_retrieve(self, states: list[_State], known: dict[str, list] | None = None) -> list[Delivery]:
+        """`known`: hits already taken from the retrieval cache (`_cached`), used as the cache's."""
         groups: dict[str, list[_State]] = defaultdict(list)
         resolved: dict[int, tuple[int, str]] = {}
         for st in states:
@@ -326,7 +334,7 @@ class BaseEngine:
             queries = [q for st in group for q in cast(Retrieve, st.pending).queries]
             kmax = max(resolved[id(st)][0] for st in group)
             try:
-                hits, cached, dt = self._search(queries, kmax, retriever)
+                hits, cached, dt = self._search(queries, kmax, retriever, known or {})
             except Exception as err:
                 deliveries += self._per_question(group, self._serve_retrieve, err)
                 continue
@@ -365,16 +373,18 @@ class BaseEngine:
                 deliveries.append((st, mine, None))
         return deliveries
 
-    def _search(self, queries: list[str], k: int, retriever: str) -> tuple[list, list[bool], float]:
+    def _search(
+        self, queries: list[str], k: int, retriever: str, known: dict[str, list]
+    ) -> tuple[list, list[bool], float]:
         """Each query's hits (at least `k` where the index holds them), whether each came without a search of its
-        own (from the backends' `search_cache`, or a repeat of a query earlier in this batch), and the seconds
-        searching: one batched search over the queries the cache does not hold, each once."""
+        own (from `known` or the backends' `search_cache`, or a repeat of a query earlier in this batch), and the
+        seconds searching: one batched search over the queries the cache does not hold, each once."""
         cache = getattr(self.backends, "search_cache", None)
         if cache is None:
             hits, dt = self._call("retrieve", partial(self.backends.search, queries, k, retriever), len(queries))
             return hits, [False] * len(queries), dt
         scope = self.backends.search_scope()
-        got = [cache.get(scope, retriever, q, k) for q in queries]
+        got = [known[q] if q in known else cache.get(scope, retriever, q, k) for q in queries]
         todo = list(dict.fromkeys(q for q, h in zip(queries, got) if h is None))
         fresh, dt = {}, 0.0
         if todo:
