@@ -91,6 +91,7 @@ def resolve_dtype(dtype: Dtype | Literal["auto"], cuda: bool) -> Dtype:
 
 
 FORWARD_BATCH = 64  # a transformers generator's prompts per forward batch, unless generation.batch_size says
+KV_FILL = 0.9  # answer.kv_fill's default: a live question's next prompt is longer than the footprint counted for it
 
 
 class GenerationConfig(Section):
@@ -341,6 +342,14 @@ class AnswerConfig(Section):
         "still cached; vLLM's priority scheduling, and the continuous engine's batches), and new questions "
         "admitted only while the questions in flight leave room in the generator's KV cache; fcfs, the order "
         "they were made",
+    )
+    kv_fill: float = Field(
+        KV_FILL,
+        gt=0,
+        le=1,
+        description="program scheduling: new questions are admitted while the live questions' last calls fill at "
+        "most this share of the generator's KV cache (pipeline/engine/admission.py; lower keeps more of their "
+        "prefixes cached between rounds, and batches fewer)",
     )
     look_ahead: bool = Field(
         False,

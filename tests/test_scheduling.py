@@ -157,6 +157,21 @@ def test_admission_is_held_while_the_live_questions_fill_the_kv_cache(scheduling
         assert max(counts) == 40
 
 
+def test_answer_kv_fill_sets_the_share_of_the_kv_cache_admission_fills():
+    """kv_fill 0.45 of 4,600 tokens: room for 2,070, so 2 start (1,024 each assumed), then at most 4 (500 each)."""
+    cfg = DynragConfig()
+    cfg.answer.kv_fill = 0.45
+    eng = make_engine(cfg, Backends(cfg, generator=BoundedRecorder(4600)))
+    program = LiveCounter()
+    try:
+        out = eng.run([Question(str(i), f"question {i}") for i in range(12)], program, None)
+    finally:
+        eng.close()
+    assert len(out) == 12 and program.at_start[:2] == [1, 2] and max(program.at_start) == 4
+    with pytest.raises(ValueError, match="kv_fill"):
+        DynragConfig.model_validate({"answer": {"kv_fill": 0}})
+
+
 def test_make_engine_passes_the_configured_scheduling():
     cfg = DynragConfig()
     assert make_engine(cfg, None).by_program  # the default: it measured faster (docs/benchmarks.md, issue 62)

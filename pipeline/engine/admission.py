@@ -7,13 +7,14 @@ the cache holds makes their first prompts reclaim those free blocks before the n
 next round computes its whole prompt again (issue 62: concurrent runs of a table computed 8,704 more prompt
 tokens than the same runs one after another). So the engine counts, per live question, the tokens its latest
 call left (`record`), and admits while their sum, plus an estimate for each live question that has not
-generated yet and for the new one, stays within `KV_FILL` of the capacity. The estimate is the mean footprint
+generated yet and for the new one, stays within `answer.kv_fill` (default `KV_FILL`) of the capacity. The estimate is the mean footprint
 seen so far; before the first is seen, `FIRST_FOOTPRINT` tokens. One question always runs.
 """
 
 from __future__ import annotations
 
-KV_FILL = 0.9  # of the capacity: a live question's next prompt is longer than the footprint counted for it
+from pipeline.config import KV_FILL
+
 FIRST_FOOTPRINT = 1024  # tokens counted for a question before any footprint is seen (the six-method table's
 # first prompts average 604 tokens with SmolLM2's tokenizer: a prior on the safe side)
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
-from pipeline.engine.admission import KvBudget
+from pipeline.engine.admission import KV_FILL, KvBudget
 from pipeline.engine.core import (
     BaseEngine,
     Engine,
@@ -147,10 +147,11 @@ class ContinuousEngine(BaseEngine):
         batch_wait_s: float = 0.01,
         caps: dict[str, int] | None = None,
         batch_items: int = 256,
+        kv_fill: float = KV_FILL,
         **kw: Any,
     ):
         super().__init__(backends, **kw)
-        self.max_in_flight, self.batch_wait_s = max_in_flight, batch_wait_s
+        self.max_in_flight, self.batch_wait_s, self.kv_fill = max_in_flight, batch_wait_s, kv_fill
         self.caps, self.batch_items = dict(caps or {}), batch_items  # items per batch, by lane; else batch_items
         self._lanes: dict[str, tuple[queue.Queue, threading.Thread]] = {}  # lane -> its worker's jobs, thread
 
@@ -175,7 +176,9 @@ class ContinuousEngine(BaseEngine):
         todo = iter(enumerate(questions))
         live, more = 0, True
         streamed: list[bool] = []  # whether the generator streams: asked once per run, at its first Generate
-        budget = KvBudget(self._kv_capacity())  # program scheduling: admission held while the KV cache is full
+        budget = KvBudget(
+            self._kv_capacity(), self.kv_fill
+        )  # program scheduling: admission held while the KV cache is full
 
         def streams() -> bool:
             if not streamed:
@@ -369,5 +372,6 @@ def make_engine(cfg: DynragConfig, backends: Any, drain: Drain | None = None) ->
         batch_wait_s=a.batch_wait_s,
         caps={"generate": generate_cap(cfg)},
         batch_items=a.batch_items,
+        kv_fill=a.kv_fill,
         drain=drain,
     )
