@@ -13,7 +13,7 @@ from jobs.bench.simulated import SimGenerator
 from pipeline.backends import Backends
 from pipeline.backends.vllm_gen import llm_kwargs
 from pipeline.config import DynragConfig
-from pipeline.engine.admission import FIRST_FOOTPRINT, KvBudget
+from pipeline.engine.admission import FIRST_FOOTPRINT, KvBudget, call_tokens
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Completion, Generate, Question, SamplingSpec
@@ -85,20 +85,21 @@ def test_a_batch_takes_the_earliest_admitted_questions_next_round_first(scheduli
 
 
 def test_kv_budget_worked_example():
-    """Capacity 4,000 tokens, filled to 3,600. Before any footprint is known a question counts FIRST_FOOTPRINT
-    (1,024) tokens; then the mean footprint seen; a finished question's tokens are free again."""
+    """Capacity 4,000 tokens, filled to 3,600. Until a question has finished, one not counted yet counts
+    FIRST_FOOTPRINT (1,024) tokens; then the mean of the finished questions' largest footprints; a finished
+    question's tokens are free again."""
     kv = KvBudget(4000)
     assert kv.room == 3600 and kv.estimate() == FIRST_FOOTPRINT == 1024
     assert kv.admits(2) and not kv.admits(3)  # 3 x 1,024 fit in 3,600; 4 do not
     kv.record(0, 1200)
     kv.record(1, 1200)
-    assert kv.estimate() == 1200
-    assert kv.admits(2)  # 1,200 + 1,200 held, and 1,200 for the new one: 3,600
-    assert not kv.admits(3)  # one live question not yet generated counts 1,200 more
+    assert kv.admits(2)  # 1,200 + 1,200 held, and 1,024 for the new one: 3,424
+    assert not kv.admits(3)  # one live question not yet generated counts 1,024 more
     kv.record(0, 2000)  # question 0's next round: its latest call is what it holds
     assert kv.held == {0: 2000, 1: 1200} and not kv.admits(2)
+    kv.record(0, 900)  # a smaller last call: it holds 900, but it came to hold 2,000
     kv.release(0)
-    assert kv.admits(1) and kv.admits(0)
+    assert kv.estimate() == 2000 and kv.admits(1) and not kv.admits(2)  # 1,200 + 2,000; + 2,000 more: 5,200
     unbounded = KvBudget(None)
     assert unbounded.admits(10_000)
     assert KvBudget(1).admits(0)  # one question always runs
@@ -120,16 +121,16 @@ class BoundedRecorder(StreamRecorder):
 
 
 class LiveCounter:
-    """`two_rounds`, counting the programs started and not yet returned: `at_start` has that count as each starts."""
+    """`program` (`two_rounds`), counting the programs started and not yet returned: `at_start` has that count as each starts."""
 
-    def __init__(self):
-        self.live, self.at_start = 0, []
+    def __init__(self, program=None):
+        self.live, self.at_start, self.program = 0, [], program or two_rounds
 
     def __call__(self, q: Question, params):
         self.live += 1
         self.at_start.append(self.live)
         try:
-            return (yield from two_rounds(q, params))
+            return (yield from self.program(q, params))
         finally:
             self.live -= 1
 
@@ -155,6 +156,42 @@ def test_admission_is_held_while_the_live_questions_fill_the_kv_cache(scheduling
         assert max(counts[4:]) == 8
     else:
         assert max(counts) == 40
+
+
+def test_a_question_with_a_call_out_counts_that_calls_estimated_size():
+    """While a call is waiting or running, its question counts its prompts' characters / 4 and max_tokens where
+    that is more than its last call left; the call's return replaces the estimate with what it left."""
+    kv = KvBudget(4000)
+    call = Generate(["x" * 2000, [{"role": "user", "content": "y" * 400}]], SamplingSpec(max_tokens=50))
+    assert call_tokens(call) == 600 + 2 * 50
+    kv.record(0, 500)
+    kv.expect(0, call_tokens(call))
+    assert kv.admits(2) and not kv.admits(3)  # 700 + 2 x 1,024 = 2,748; one more: 3,772
+    kv.expect(1, 10)  # a question whose small first call is out counts the estimate (1,024) still
+    assert kv.admits(2) and not kv.admits(3)
+    kv.expect(0, 100)  # a smaller call out: the question counts what its last call left (500)
+    assert kv.admits(3)  # 500 + 1,024 + 2 x 1,024 = 3,572
+    kv.record(0, 650)  # the call returned: what it left
+    assert kv.out == {1: 10} and kv.held == {0: 650}
+
+
+def long_second_round(q: Question, params):
+    first = (yield Generate([f"{q.id} round 1"]))[0].text
+    return Answer((yield Generate([f"{q.id} round 2 " + "z" * 4000]))[0].text or first)
+
+
+def test_admission_counts_a_question_by_the_call_it_has_out():
+    """Room for 4,140 tokens. Each question's second prompt is about 1,000 tokens: counted at that size while it is
+    out, and the finished questions' largest footprint estimating the next ones, at most 4 are in flight (counted
+    by the 500 their first call left, 8 were)."""
+    program = LiveCounter(long_second_round)
+    gen = BoundedRecorder(4600)
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling="program")
+    try:
+        out = eng.run([Question(str(i), f"question {i}") for i in range(20)], program, None)
+    finally:
+        eng.close()
+    assert len(out) == 20 and program.live == 0 and max(program.at_start) == 4
 
 
 def test_answer_kv_fill_sets_the_share_of_the_kv_cache_admission_fills():

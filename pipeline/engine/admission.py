@@ -5,17 +5,23 @@ A question between two rounds (searching, scoring) holds no running sequence, bu
 will extend is still cached: its last call's prompt and completion tokens. Admitting new questions beyond what
 the cache holds makes their first prompts reclaim those free blocks before the next round arrives, and the
 next round computes its whole prompt again (issue 62: concurrent runs of a table computed 8,704 more prompt
-tokens than the same runs one after another). So the engine counts, per live question, the tokens its latest
-call left (`record`), and admits while their sum, plus an estimate for each live question that has not
-generated yet and for the new one, stays within `answer.kv_fill` (default `KV_FILL`) of the capacity. The estimate is the mean footprint
-seen so far; before the first is seen, `FIRST_FOOTPRINT` tokens. One question always runs.
+tokens than the same runs one after another). So the engine counts each live question by the tokens its latest
+call left (`record`) or, while it has a call waiting or running, by that call's estimated size where larger
+(`expect`: its prompts' characters / `CHARS_PER_TOKEN` and their max_tokens; the call's prompt extends the last
+one, and its blocks are taken before the call returns with its count). It admits while their sum, plus an
+estimate for each live question not counted yet and for the new one, stays within `answer.kv_fill` (default
+`KV_FILL`) of the capacity. The estimate is the mean of the finished questions' largest footprints (what a
+question comes to hold, not what its first call does); before one has finished, `FIRST_FOOTPRINT` tokens. One
+question always runs.
 """
 
 from __future__ import annotations
 
 from pipeline.config import KV_FILL
+from pipeline.engine.requests import Generate
 
-FIRST_FOOTPRINT = 1024  # tokens counted for a question before any footprint is seen (the six-method table's
+CHARS_PER_TOKEN = 4  # a prompt's tokens estimated from its characters (English text in a BPE vocabulary: about 4)
+FIRST_FOOTPRINT = 1024  # tokens counted for a question before one has finished (the six-method table's
 # first prompts average 604 tokens with SmolLM2's tokenizer: a prior on the safe side)
 
 
@@ -25,28 +31,50 @@ class KvBudget:
     def __init__(self, capacity: int | None, fill: float = KV_FILL):
         self.room = int(capacity * fill) if capacity else None
         self.held: dict[int, int] = {}  # question index -> tokens its latest generate call left in the cache
-        self._seen, self._seen_tokens = 0, 0  # footprints recorded so far, and their sum
+        self.out: dict[int, int] = {}  # question index -> tokens estimated for its generate call waiting or running
+        self._peak: dict[int, int] = {}  # live question index -> the most it has held or been expected to hold
+        self._finished, self._finished_tokens = 0, 0  # finished questions with a footprint, and their peaks' sum
 
     def estimate(self) -> float:
-        """The tokens counted for a live question that has not generated yet."""
-        if self._seen:
-            return self._seen_tokens / self._seen
+        """The tokens counted for a live question not counted yet (and for a new one)."""
+        if self._finished:
+            return self._finished_tokens / self._finished
         return FIRST_FOOTPRINT
 
     def admits(self, live: int) -> bool:
-        """Whether one more question fits beside the `live` ones (each live one recorded or estimated)."""
+        """Whether one more question fits beside the `live` ones (each counted, or estimated)."""
         if self.room is None or live == 0:
             return True
-        unknown = max(live - len(self.held), 0)
-        return sum(self.held.values()) + (unknown + 1) * self.estimate() <= self.room
+        est = self.estimate()
+        counted = sum(max(self.held.get(i, est), t) for i, t in self.out.items())
+        counted += sum(t for i, t in self.held.items() if i not in self.out)
+        unknown = max(live - len(self.held.keys() | self.out.keys()), 0)
+        return counted + (unknown + 1) * est <= self.room
 
     def record(self, index: int, tokens: int) -> None:
         """Question `index`'s latest generate call left `tokens` (its prompts' and completions') in the cache."""
         if tokens > 0:
             self.held[index] = tokens
-            self._seen += 1
-            self._seen_tokens += tokens
+            self.out.pop(index, None)  # its call returned: what it left is known
+            self._peak[index] = max(self._peak.get(index, 0), tokens)
+
+    def expect(self, index: int, tokens: int) -> None:
+        """Question `index` has a generate call waiting or running that will hold about `tokens`."""
+        self.out[index] = tokens
+        self._peak[index] = max(self._peak.get(index, 0), tokens)
 
     def release(self, index: int) -> None:
         """Question `index` finished: what it held may be reclaimed."""
         self.held.pop(index, None)
+        self.out.pop(index, None)
+        peak = self._peak.pop(index, 0)
+        if peak:
+            self._finished += 1
+            self._finished_tokens += peak
+
+
+def call_tokens(call: Generate) -> int:
+    """The KV tokens a Generate call will hold, estimated before the generator counts them: its prompts'
+    characters / CHARS_PER_TOKEN and each prompt's max_tokens."""
+    chars = sum(len(p) if isinstance(p, str) else sum(len(str(m.get("content", ""))) for m in p) for p in call.prompts)
+    return chars // CHARS_PER_TOKEN + len(call.prompts) * (call.sampling.max_tokens or 0)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
-from pipeline.engine.admission import KV_FILL, KvBudget
+from pipeline.engine.admission import KV_FILL, KvBudget, call_tokens
 from pipeline.engine.core import (
     BaseEngine,
     Engine,
@@ -46,7 +46,7 @@ from pipeline.engine.core import (
     program_priority,
 )
 from pipeline.engine.drain import Drain
-from pipeline.engine.requests import Batched, Call, Question
+from pipeline.engine.requests import Batched, Call, Generate, Question
 from pipeline.engine.streaming import collect, resolved
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,8 @@ class ContinuousEngine(BaseEngine):
                 done.append((st.index, self._outcome(st)))
             else:
                 budget.record(st.index, st.kv_tokens)
+                if isinstance(st.pending, Generate):
+                    budget.expect(st.index, call_tokens(st.pending))
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
         feed = questions if isinstance(questions, Feed) else None
