@@ -43,8 +43,8 @@ def test_the_shipped_rayjob_on_s3_joins_the_cluster_and_survives_a_drained_worke
     # pyarrow.dataset over the bucket's parts/ (no dedup): each question once, no error row
     assert (result["rows"], result["questions"], result["error_rows"]) == (n, n, 0)
     assert not result["private_ray_started"]  # the entrypoint joined the job's cluster (RAY_ADDRESS)
-    # replicas on both workers (the head has no CPU); the drained worker's replacement may start on the worker
-    # added in its place, a third node, when that node has joined before Ray places it
-    assert len(set(result["replicas"].values())) in (2, 3)
+    # the two replicas on both workers (the head has no CPU); the drained one's replacement, seen last, may start on
+    # the worker added in its place (a third node) when that node has joined before Ray places it
+    assert len(set(list(result["replicas"].values())[:2])) == 2
     assert result["notice_s"] and result["replica_exited_s"] < result["notice_s"] + 40  # drained, went itself
     assert result["summary_rows"] == n  # the resumed run's summary counts every row (the driver's ledger)
