@@ -91,7 +91,7 @@ def resolve_dtype(dtype: Dtype | Literal["auto"], cuda: bool) -> Dtype:
 
 
 FORWARD_BATCH = 64  # a transformers generator's prompts per forward batch, unless generation.batch_size says
-KV_FILL = 0.9  # answer.kv_fill's default: a live question's next prompt is longer than the footprint counted for it
+KV_FILL = 0.9  # answer.kv_fill's default: slack for what the admission's estimates leave out (admission.py)
 
 
 class GenerationConfig(Section):
@@ -347,9 +347,9 @@ class AnswerConfig(Section):
         KV_FILL,
         gt=0,
         le=1,
-        description="program scheduling: new questions are admitted while the live questions' last calls fill at "
-        "most this share of the generator's KV cache (pipeline/engine/admission.py; lower keeps more of their "
-        "prefixes cached between rounds, and batches fewer)",
+        description="program scheduling: new questions are admitted while the live questions (each by its last "
+        "call, or its call in flight where larger) fill at most this share of the generator's KV cache "
+        "(pipeline/engine/admission.py; lower keeps more of their prefixes cached between rounds, and batches fewer)",
     )
     look_ahead: bool = Field(
         False,

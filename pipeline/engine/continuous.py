@@ -176,9 +176,8 @@ class ContinuousEngine(BaseEngine):
         todo = iter(enumerate(questions))
         live, more = 0, True
         streamed: list[bool] = []  # whether the generator streams: asked once per run, at its first Generate
-        budget = KvBudget(
-            self._kv_capacity(), self.kv_fill
-        )  # program scheduling: admission held while the KV cache is full
+        # program scheduling: admission held while the KV cache is full
+        budget = KvBudget(self._kv_capacity(), self.kv_fill)
 
         def streams() -> bool:
             if not streamed:
