@@ -13,7 +13,7 @@ from jobs.bench.simulated import SimGenerator
 from pipeline.backends import Backends
 from pipeline.backends.vllm_gen import llm_kwargs
 from pipeline.config import DynragConfig
-from pipeline.engine.admission import FIRST_FOOTPRINT, KvBudget, call_tokens
+from pipeline.engine.admission import FIRST_FOOTPRINT, KvBudget, call_size
 from pipeline.engine.continuous import ContinuousEngine, make_engine
 from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Completion, Generate, Question, SamplingSpec
@@ -159,20 +159,27 @@ def test_admission_is_held_while_the_live_questions_fill_the_kv_cache(scheduling
 
 
 def test_a_question_with_a_call_out_counts_that_calls_estimated_size():
-    """While a call is waiting or running, its question counts its prompts' characters / 4 and max_tokens where
-    that is more than its last call left; the call's return replaces the estimate with what it left."""
+    """While a call is waiting or running, its question counts its prompts' characters / 4 and its max_tokens (the
+    share of them returned calls wrote, once one has returned) where that is more than its last call left; the
+    call's return replaces the estimate with what it left."""
     kv = KvBudget(4000)
     call = Generate(["x" * 2000, [{"role": "user", "content": "y" * 400}]], SamplingSpec(max_tokens=50))
-    assert call_tokens(call) == 600 + 2 * 50
+    assert call_size(call) == (600, 2 * 50)
     kv.record(0, 500)
-    kv.expect(0, call_tokens(call))
+    kv.expect(0, call_size(call))  # no call has returned: all of its max_tokens
     assert kv.admits(2) and not kv.admits(3)  # 700 + 2 x 1,024 = 2,748; one more: 3,772
-    kv.expect(1, 10)  # a question whose small first call is out counts the estimate (1,024) still
+    kv.expect(1, (10, 0))  # a question whose small first call is out counts the estimate (1,024) still
     assert kv.admits(2) and not kv.admits(3)
-    kv.expect(0, 100)  # a smaller call out: the question counts what its last call left (500)
+    kv.expect(0, (100, 0))  # a smaller call out: the question counts what its last call left (500)
     assert kv.admits(3)  # 500 + 1,024 + 2 x 1,024 = 3,572
     kv.record(0, 650)  # the call returned: what it left
     assert kv.out == {1: 10} and kv.held == {0: 650}
+    kv.wrote(50, 100)  # it wrote 50 of its 100
+    kv.wrote(250, 200)  # one that wrote past its max_tokens counts them all
+    kv.wrote(5, 0)  # one without a max_tokens teaches nothing
+    assert kv.completion_share() == 250 / 300
+    kv.expect(0, (1000, 600))
+    assert kv.out[0] == 1000 + 500
 
 
 def long_second_round(q: Question, params):
@@ -192,6 +199,27 @@ def test_admission_counts_a_question_by_the_call_it_has_out():
     finally:
         eng.close()
     assert len(out) == 20 and program.live == 0 and max(program.at_start) == 4
+
+
+def generous_rounds(q: Question, params):
+    """Two rounds, each given max_tokens 1,000 (BoundedRecorder writes 100 of them)."""
+    first = (yield Generate([f"{q.id} round 1"], SamplingSpec(max_tokens=1000)))[0].text
+    return Answer((yield Generate([f"{q.id} round 2"], SamplingSpec(max_tokens=1000)))[0].text or first)
+
+
+def test_a_call_out_counts_the_share_of_its_max_tokens_that_calls_wrote():
+    """Room for 4,140 tokens; each call given 1,000 max_tokens writes 100. Counted whole, a call out is 1,000 and
+    more tokens, and at most 4 questions are in flight (as the engine did before it counted that share); counted by
+    the share calls wrote (0.1), each holds the 500 its first call left, and as finished questions' footprints bring
+    the estimate down, 7 are (the first 4 were counted at 1,010 before a call returned: 8 would need more to end)."""
+    program = LiveCounter(generous_rounds)
+    gen = BoundedRecorder(4600)
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling="program")
+    try:
+        out = eng.run([Question(str(i), f"question {i}") for i in range(40)], program, None)
+    finally:
+        eng.close()
+    assert len(out) == 40 and program.live == 0 and max(program.at_start) >= 7
 
 
 def test_answer_kv_fill_sets_the_share_of_the_kv_cache_admission_fills():

@@ -7,8 +7,9 @@ the cache holds makes their first prompts reclaim those free blocks before the n
 next round computes its whole prompt again (issue 62: concurrent runs of a table computed 8,704 more prompt
 tokens than the same runs one after another). So the engine counts each live question by the tokens its latest
 call left (`record`) or, while it has a call waiting or running, by that call's estimated size where larger
-(`expect`: its prompts' characters / `CHARS_PER_TOKEN` and their max_tokens; the call's prompt extends the last
-one, and its blocks are taken before the call returns with its count). It admits while their sum, plus an
+(`expect`: its prompts' characters / `CHARS_PER_TOKEN`, and their max_tokens times the share of max_tokens the
+run's returned calls wrote, all of it before one has returned; the call's prompt extends the last one, and its
+blocks are taken before the call returns with its count). It admits while their sum, plus an
 estimate for each live question not counted yet and for the new one, stays within `answer.kv_fill` (default
 `KV_FILL`) of the capacity. The estimate is the mean of the finished questions' largest footprints (what a
 question comes to hold, not what its first call does); before one has finished, `FIRST_FOOTPRINT` tokens. One
@@ -34,6 +35,7 @@ class KvBudget:
         self.out: dict[int, int] = {}  # question index -> tokens estimated for its generate call waiting or running
         self._peak: dict[int, int] = {}  # live question index -> the most it has held or been expected to hold
         self._finished, self._finished_tokens = 0, 0  # finished questions with a footprint, and their peaks' sum
+        self._written, self._asked = 0, 0  # returned calls' completion tokens, and the max_tokens they were given
 
     def estimate(self) -> float:
         """The tokens counted for a live question not counted yet (and for a new one)."""
@@ -58,8 +60,21 @@ class KvBudget:
             self.out.pop(index, None)  # its call returned: what it left is known
             self._peak[index] = max(self._peak.get(index, 0), tokens)
 
-    def expect(self, index: int, tokens: int) -> None:
-        """Question `index` has a generate call waiting or running that will hold about `tokens`."""
+    def completion_share(self) -> float:
+        """The share of its max_tokens a call is expected to write: the returned calls' (1 before one returns)."""
+        return self._written / self._asked if self._asked else 1.0
+
+    def wrote(self, completion_tokens: int, max_tokens: int) -> None:
+        """A generate call returned `completion_tokens`, given `max_tokens` (over its prompts)."""
+        if max_tokens > 0:
+            self._written += min(completion_tokens, max_tokens)
+            self._asked += max_tokens
+
+    def expect(self, index: int, size: tuple[int, int]) -> None:
+        """Question `index` has a generate call waiting or running of `size` (`call_size`): it will hold about its
+        prompt tokens and the expected share of its max_tokens."""
+        prompt, max_tokens = size
+        tokens = prompt + round(max_tokens * self.completion_share())
         self.out[index] = tokens
         self._peak[index] = max(self._peak.get(index, 0), tokens)
 
@@ -73,8 +88,8 @@ class KvBudget:
             self._finished_tokens += peak
 
 
-def call_tokens(call: Generate) -> int:
-    """The KV tokens a Generate call will hold, estimated before the generator counts them: its prompts'
-    characters / CHARS_PER_TOKEN and each prompt's max_tokens."""
+def call_size(call: Generate) -> tuple[int, int]:
+    """A Generate call's size before the generator counts it: its prompts' tokens (their characters /
+    CHARS_PER_TOKEN) and the max_tokens over its prompts."""
     chars = sum(len(p) if isinstance(p, str) else sum(len(str(m.get("content", ""))) for m in p) for p in call.prompts)
-    return chars // CHARS_PER_TOKEN + len(call.prompts) * (call.sampling.max_tokens or 0)
+    return chars // CHARS_PER_TOKEN, len(call.prompts) * (call.sampling.max_tokens or 0)

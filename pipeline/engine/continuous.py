@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
-from pipeline.engine.admission import KV_FILL, KvBudget, call_tokens
+from pipeline.engine.admission import KV_FILL, KvBudget, call_size
 from pipeline.engine.core import (
     BaseEngine,
     Engine,
@@ -194,6 +194,9 @@ class ContinuousEngine(BaseEngine):
                     break
                 ((_, value, exc),) = self._serve_retrieve([st], hits)  # from the cache: no queue, no lane
                 self._advance(st, value, exc)
+            if st.wrote is not None:  # its generate call returned: what it wrote of its max_tokens
+                budget.wrote(*st.wrote)
+                st.wrote = None
             if st.pending is None:
                 live -= 1
                 budget.release(st.index)
@@ -201,7 +204,7 @@ class ContinuousEngine(BaseEngine):
             else:
                 budget.record(st.index, st.kv_tokens)
                 if isinstance(st.pending, Generate):
-                    budget.expect(st.index, call_tokens(st.pending))
+                    budget.expect(st.index, call_size(st.pending))
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
         feed = questions if isinstance(questions, Feed) else None

@@ -96,6 +96,7 @@ class _State:
     error: str | None = None
     error_kind: str | None = None
     kv_tokens: int = 0  # prompt and completion tokens of its latest generate call: the prefix its next round extends
+    wrote: tuple[int, int] | None = None  # its latest generate call's completion tokens and max_tokens, until counted
     ahead: list[Retrieve] = field(default_factory=list)  # its LookAheads the engine has not started yet
     ahead_keys: set[tuple[str, str]] = field(default_factory=set)  # (retriever, query) its look-aheads searched
     owner: _State | None = None  # set on a look-ahead's search: the program it searches for (it has none of its own)
@@ -299,6 +300,7 @@ class BaseEngine:
         """Account each prompt's output (`costs`: its share of generation time) to its program; what to send each."""
         results: dict[int, list[Any]] = defaultdict(list)
         kv: dict[int, int] = defaultdict(int)
+        wrote: dict[int, tuple[int, int]] = {}  # completion tokens and max_tokens of the prompts a model ran
         for st, out, cost in zip(owner, outs, costs):
             st.trace.time["generation"] += cost
             if isinstance(out, Completion) and out.finish_reason == WINDOW:  # not run: the program decides what next
@@ -311,11 +313,16 @@ class BaseEngine:
                 st.trace.completion_tokens += out.completion_tokens
                 st.trace.cached_prompt_tokens += out.cached_prompt_tokens
                 kv[id(st)] += out.prompt_tokens + out.completion_tokens
+                if out.finish_reason != "none":
+                    written, asked = wrote.get(id(st), (0, 0))
+                    max_tokens = cast(Generate, st.pending).sampling.max_tokens or 0
+                    wrote[id(st)] = (written + out.completion_tokens, asked + max_tokens)
                 st.trace.generations.append({"stage": cast(Generate, st.pending).stage, "text": out.text})
             results[id(st)].append(out)
         deliveries: list[Delivery] = []
         for st in states:
             st.kv_tokens = kv[id(st)] or st.kv_tokens
+            st.wrote = wrote.get(id(st), st.wrote)
             res = results[id(st)]
             failed = next((r for r in res if isinstance(r, BaseException)), None)
             deliveries.append((st, None if failed else res, failed))
