@@ -366,6 +366,7 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
         ways_run.append(name)
         said = {"a": "x", "b": "y" if name != "dynrag_sequential" else "other"}
         per = {m: {"rows": 2, "errors": 0, "predictions": dict(said), "retrieval_cache_hit_rate": 0.5} for m in meths}
+        per["sr-rag"].update(prompt_tokens=400, cached_prompt_tokens=100 if name == "dynrag_concurrent" else 300)
         return {"seconds": seconds[name], "per_method": per, "process_wall_s": seconds[name] + 1, "llm_calls": 4}
 
     monkeypatch.setattr(table, "run_way", way)
@@ -386,6 +387,9 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
     assert f["same_as_alone_per_method"]["dynrag_concurrent_vs_sequential"] == {"sr-rag": "1/2", "iter-retgen": "1/2"}
     assert f["same_as_alone_per_method"]["flashrag_one_process_vs_per_method"]["sr-rag"] == "2/2"
     assert f["retrieval_cache_hit_rate"] == {"sr-rag": 0.5, "iter-retgen": 0.5}
+    # every way's, by method: cached / prompt tokens (none counted: None)
+    assert f["prefix_cache_hit_rate"]["dynrag_concurrent"] == {"sr-rag": 0.25, "iter-retgen": None}
+    assert f["prefix_cache_hit_rate"]["flashrag_per_method"]["sr-rag"] == 0.75
     exp = (tmp_path / "experiment-dynrag_sequential.yaml").read_text()
     assert "label: iter-retgen" in exp and "index: " in exp
     cmd = table.dynrag_command(SimpleNamespace(overrides=[], k=3, threads=2), tmp_path / "e.yaml", True)

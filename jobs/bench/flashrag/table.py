@@ -165,6 +165,12 @@ def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str])
     return got
 
 
+def prefix_hit_rate(figures: dict) -> float | None:
+    """The share of a run's prompt tokens vLLM's prefix cache served (None: no prompt tokens counted)."""
+    prompt = figures.get("prompt_tokens")
+    return round(figures["cached_prompt_tokens"] / prompt, 3) if prompt else None
+
+
 def _json_lines(stdout: str) -> list[dict]:
     return [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]
 
@@ -269,6 +275,9 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
         "same_as_alone_per_method": alone,
         "retrieval_cache_hit_rate": {
             m: ways["dynrag_concurrent"]["per_method"][m]["retrieval_cache_hit_rate"] for m in methods
+        },
+        "prefix_cache_hit_rate": {
+            way: {m: prefix_hit_rate(got["per_method"][m]) for m in methods} for way, got in ways.items()
         },
         "threads": args.threads,
         "k": args.k,
