@@ -157,6 +157,8 @@ def test_pool_restarts_count_against_the_budget_and_a_lost_pool_actor_ends_the_j
     assert control.fatal() is None
     control.register_pool("p1", "retrieval", "n1", 22)
     assert "retrieval pool actor p1 failed 2 times" in control.fatal()
+    control.register_pool("p1", "retrieval", "n1", 23)  # restarted again before the driver stopped the job
+    assert "retrieval pool actor p1 failed 2 times" in control.fatal()  # the line that stopped it stays (CI: 4)
     other = RunControl()
     other.register_pool("p2", "scorer", "n1", 30)
     other.set_lost(["n1"])

@@ -56,7 +56,7 @@ class RunControl:
             r["failures"] += 1
         r.update(starts=r["starts"] + 1, drained=False, node=node, pid=pid, seen=time.time())
         if r["failures"] > self.budget:
-            self.fatal_line = (
+            self.fatal_line = self.fatal_line or (
                 f"engine replica {actor[:8]} failed {r['failures']} times (its process died or its engine "
                 f"failed; budget {self.budget}), last on node {node[:8]}: stopping the job"
             )
@@ -82,7 +82,9 @@ class RunControl:
         r["failures"] += 1
         r["drained"] = True  # the coming restart is this failure, counted here
         if r["failures"] > self.budget:
-            self.fatal_line = f"engine replica {actor[:8]} failed {r['failures']} times (budget {self.budget}): {why}"
+            self.fatal_line = self.fatal_line or (
+                f"engine replica {actor[:8]} failed {r['failures']} times (budget {self.budget}): {why}"
+            )
             return False
         return True
 
@@ -169,7 +171,7 @@ class RunControl:
             p["failures"] += 1
         p.update(starts=p["starts"] + 1, node=node, pid=pid)
         if p["failures"] > self.budget:
-            self.fatal_line = (
+            self.fatal_line = self.fatal_line or (
                 f"{kind} pool actor {actor[:8]} failed {p['failures']} times (its process died; budget "
                 f"{self.budget}), last on node {node[:8]}: stopping the job"
             )
