@@ -121,7 +121,8 @@ class BoundedRecorder(StreamRecorder):
 
 
 class LiveCounter:
-    """`program` (`two_rounds`), counting the programs started and not yet returned: `at_start` has that count as each starts."""
+    """`program` (default `two_rounds`), counting the programs started and not yet returned: `at_start` has that
+    count as each starts."""
 
     def __init__(self, program=None):
         self.live, self.at_start, self.program = 0, [], program or two_rounds
@@ -135,20 +136,24 @@ class LiveCounter:
             self.live -= 1
 
 
+def run_bounded(program: LiveCounter, n: int, capacity: int | None = 4600, scheduling: str = "program") -> list:
+    """`n` questions through a continuous engine over a BoundedRecorder of `capacity` KV tokens."""
+    gen = BoundedRecorder(capacity)
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
+    try:
+        return eng.run([Question(str(i), f"question {i}") for i in range(n)], program, None)
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("scheduling, capacity", [("program", 4600), ("fcfs", 4600), ("program", None)])
 def test_admission_is_held_while_the_live_questions_fill_the_kv_cache(scheduling, capacity):
     """Room for 4,140 tokens: under program scheduling the first 4 start (1,024 tokens each assumed), then, each
     question holding 500 after its first round, at most 8 are in flight; under fcfs, or with no capacity
     known, all 40 at once."""
-    gen = BoundedRecorder(capacity)
-    qs = [Question(str(i), f"question {i}") for i in range(40)]
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
     program = LiveCounter()
-    try:
-        out = eng.run(qs, program, None)
-    finally:
-        eng.close()
-    assert [o.answer.prediction for o in out] == [f"<{q.id}>" for q in qs]  # everyone answered, in any case
+    out = run_bounded(program, 40, capacity, scheduling)
+    assert [o.answer.prediction for o in out] == [f"<{i}>" for i in range(40)]  # everyone answered, in any case
     counts = program.at_start
     assert len(counts) == 40 and program.live == 0
     if scheduling == "program" and capacity:
@@ -192,12 +197,7 @@ def test_admission_counts_a_question_by_the_call_it_has_out():
     out, and the finished questions' largest footprint estimating the next ones, at most 4 are in flight (counted
     by the 500 their first call left, 8 were)."""
     program = LiveCounter(long_second_round)
-    gen = BoundedRecorder(4600)
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling="program")
-    try:
-        out = eng.run([Question(str(i), f"question {i}") for i in range(20)], program, None)
-    finally:
-        eng.close()
+    out = run_bounded(program, 20)
     assert len(out) == 20 and program.live == 0 and max(program.at_start) == 4
 
 
@@ -213,12 +213,7 @@ def test_a_call_out_counts_the_share_of_its_max_tokens_that_calls_wrote():
     the share calls wrote (0.1), each holds the 500 its first call left, and as finished questions' footprints bring
     the estimate down, 7 are (the first 4 were counted at 1,010 before a call returned: 8 would need more to end)."""
     program = LiveCounter(generous_rounds)
-    gen = BoundedRecorder(4600)
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling="program")
-    try:
-        out = eng.run([Question(str(i), f"question {i}") for i in range(40)], program, None)
-    finally:
-        eng.close()
+    out = run_bounded(program, 40)
     assert len(out) == 40 and program.live == 0 and max(program.at_start) >= 7
 
 
