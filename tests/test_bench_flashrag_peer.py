@@ -426,3 +426,54 @@ def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkey
     with pytest.raises(DynragError, match="flashrag_alone"):
         table.chosen_ways("flashrag_alone")
     table.warm_disk_caches(["/no/such/python"], tmp_path, {})  # a side that cannot start fails in its way, not here
+
+
+def test_table_repeats_alternate_the_ways_order_and_take_the_median_of_the_rounds_ratios(monkeypatch, capsys, tmp_path):
+    import jobs.bench.flashrag.methods as methods
+    import jobs.bench.flashrag.table as table
+
+    fake_sides(monkeypatch, tmp_path)
+    monkeypatch.setattr(methods, "dynrag_params", lambda name, dumped, k, max_new: {"k": k})
+    monkeypatch.setattr(table, "warm_disk_caches", lambda *_: None)
+    # three rounds: sequential over concurrent 1.3, 1.05, 1.2 (median 1.2); the third round's sequential disagrees
+    seconds = iter([10.0, 13.0, 21.0, 20.0, 10.0, 12.0])
+    ran = []
+
+    def way(name, commands, env, work, meths):
+        ran.append(name)
+        said = "other" if len(ran) == 6 else "x"
+        per = {m: {"rows": 1, "errors": 0, "predictions": {"a": said}, "retrieval_cache_hit_rate": 0.0} for m in meths}
+        return {"seconds": next(seconds), "per_method": per, "prompt_tokens": 100, "cached_prompt_tokens": len(ran)}
+
+    monkeypatch.setattr(table, "run_way", way)
+    argv = ["bench", "flashrag", "--table", "--methods", "sr-rag", "--limit", "1", "--json", "--workdir", str(tmp_path)]
+    args = build_parser().parse_args([*argv, "--ways", "dynrag_sequential", "--repeats", "3"])
+    assert args.func(args) == 0
+    f = json.loads(capsys.readouterr().out)
+    conc, seq = "dynrag_concurrent", "dynrag_sequential"
+    assert ran == [conc, seq, seq, conc, conc, seq]  # every other round in reverse
+    assert f["repeats"] == 3 and f["ratio_vs_sequential"] == 1.2
+    assert f["ratios_per_round"] == {seq: [1.3, 1.05, 1.2]}
+    assert f["seconds_per_round"] == {conc: [10.0, 20.0, 10.0], seq: [13.0, 21.0, 12.0]}
+    assert f["computed_prompt_tokens_per_round"] == {conc: [99, 96, 95], seq: [98, 97, 94]}
+    assert f["same_as_alone"] is False  # the first round agreed; the third did not
+    assert f["same_as_alone_per_method"]["dynrag_concurrent_vs_sequential"] == {"sr-rag": "1/1"}
+    assert json.loads((tmp_path / f"{seq}-round3.json").read_text())["seconds"] == 12.0
+
+
+def test_a_tables_dynrag_way_starts_from_an_empty_output_folder_not_a_resumed_one(monkeypatch, tmp_path):
+    import jobs.bench.flashrag.table as table
+    import jobs.bench.rss as rss
+
+    done = tmp_path / "dynrag_concurrent" / "bench" / "sr-rag"
+    done.mkdir(parents=True)  # an earlier table's rows in the same --workdir: `dynrag experiment` would skip them
+    seen = []
+
+    def measured(cmd, env):
+        seen.append(done.exists())
+        return SimpleNamespace(returncode=0, wall_s=1.0, peak_rss=0)
+
+    monkeypatch.setattr(rss, "run_measured", measured)
+    monkeypatch.setattr(table, "dynrag_way", lambda *a: {"seconds": 1.0, "per_method": {}})
+    table.run_way("dynrag_concurrent", {"dynrag_concurrent": ["x"]}, {}, tmp_path, [])
+    assert seen == [False]

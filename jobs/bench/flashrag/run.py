@@ -75,7 +75,13 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
     p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
-    p.add_argument("--repeats", type=int, default=1, help="runs of each side, alternating which goes first")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each side, alternating which goes first; --table: rounds of its ways, every other round in "
+        "reverse order, each ratio the median of the rounds' (default 1)",
+    )
     p.add_argument(
         "--warmup",
         type=int,

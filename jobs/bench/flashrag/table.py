@@ -11,7 +11,8 @@ timed from its command to its last answered row:
 Same corpus, questions, model, k, templates and vLLM settings as `--method` (jobs/bench/flashrag/run.py); no warm-up
 (startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per way: seconds to the last row, the process's wall time, LLM calls,
 tokens, error rows, load average before and after. Ratios are dynrag_concurrent's speed over each other way's
-(their seconds over its seconds). `same_as_alone`: each method's predictions, per way, against the same framework
+(their seconds over its seconds; with `--repeats N`, N rounds of the ways, every other round in reverse order, and
+each ratio the median of the rounds' ratios, every round's beside it). `same_as_alone`: each method's predictions, per way, against the same framework
 running that method alone (dynrag: concurrent against sequential, where each run has the engine to itself;
 FlashRAG: one process against per method). `questions`: every run's questions.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -141,6 +144,8 @@ def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str])
             peak = max(peak, m.peak_rss)
         got: dict[str, Any] = {"seconds": round(spent, 2), "per_method": per}
     else:
+        if way.startswith("dynrag"):  # a fresh run: `dynrag experiment` resumes an output folder's answered rows
+            shutil.rmtree(work / way, ignore_errors=True)
         t_cmd = time.time()
         m = run_measured(commands[way], env=env)
         walls, peak = [m.wall_s], m.peak_rss
@@ -163,6 +168,20 @@ def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str])
     )
     print(f"table: {way} {got['seconds']} s to its last row (load {load_before})", file=sys.stderr, flush=True)
     return got
+
+
+def run_rounds(order: list[str], repeats: int, commands: dict, env: dict, work: Path, methods: list[str]) -> list[dict]:
+    """`--repeats` rounds of the ways, every other round in reverse order (on a host whose speed drifts, no way is
+    always first). Each way's figures (predictions included) are saved as it ends, so a cut-short table keeps them:
+    WORKDIR/<way>.json, and <way>-roundN.json after the first round."""
+    rounds = []
+    for r in range(max(repeats, 1)):
+        got = {}
+        for way in order if r % 2 == 0 else order[::-1]:
+            got[way] = run_way(way, commands, env, work, methods)
+            (work / f"{way}{f'-round{r + 1}' if r else ''}.json").write_text(json.dumps(got[way], indent=1))
+        rounds.append({way: got[way] for way in order})
+    return rounds
 
 
 def prefix_hit_rate(figures: dict) -> float | None:
@@ -246,24 +265,23 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
     for way, seq in (("dynrag_concurrent", False), ("dynrag_sequential", True)):
         commands[way] = dynrag_command(args, experiment_file(work, methods, params, work / way), seq)
     warm_disk_caches([str(py), sys.executable], model_path, env)
-    ways = {}
-    for way in chosen_ways(args.ways):  # each way's figures (predictions included) saved as it ends: a cut-short
-        ways[way] = run_way(way, commands, env, work, methods)  # table keeps them
-        (work / f"{way}.json").write_text(json.dumps(ways[way], indent=1))
-    conc = ways["dynrag_concurrent"]["seconds"]
+    rounds = run_rounds(chosen_ways(args.ways), args.repeats, commands, env, work, methods)
+    ways = rounds[0]  # the first round's figures in full; every round's seconds and ratios beside them
+    per_round = {way: [r[way]["seconds"] / r["dynrag_concurrent"]["seconds"] for r in rounds] for way in ways}
 
     def ratio(way: str) -> float | None:
-        return round(ways[way]["seconds"] / conc, 2) if conc and way in ways else None
+        return round(statistics.median(per_round[way]), 2) if way in ways else None
 
     pairs = {
         "dynrag_concurrent_vs_sequential": ("dynrag_concurrent", "dynrag_sequential"),
         "flashrag_one_process_vs_per_method": ("flashrag_one_process", "flashrag_per_method"),
     }
     alone = {name: same(ways[a], ways[b]) for name, (a, b) in pairs.items() if a in ways and b in ways}
-    alone_all = all(v.split("/")[0] == v.split("/")[1] for d in alone.values() for v in d.values()) if alone else None
-    for got in ways.values():
+    every = [same(r[a], r[b]) for r in rounds for a, b in pairs.values() if a in r and b in r]
+    alone_all = all(v.split("/")[0] == v.split("/")[1] for d in every for v in d.values()) if alone else None
+    for got in (g for r in rounds for g in r.values()):
         for p in got["per_method"].values():
-            p.pop("predictions")
+            p.pop("predictions", None)
     figures = {
         "methods": methods,
         "limit": args.limit,
@@ -271,6 +289,12 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
         "ratio_vs_flashrag_per_method": ratio("flashrag_per_method"),
         "ratio_vs_flashrag_one_process": ratio("flashrag_one_process"),
         "ratio_vs_sequential": ratio("dynrag_sequential"),
+        "repeats": len(rounds),
+        "ratios_per_round": {w: [round(x, 3) for x in v] for w, v in per_round.items() if w != "dynrag_concurrent"},
+        "seconds_per_round": {w: [r[w]["seconds"] for r in rounds] for w in ways},
+        "computed_prompt_tokens_per_round": {
+            w: [r[w].get("prompt_tokens", 0) - r[w].get("cached_prompt_tokens", 0) for r in rounds] for w in ways
+        },
         "same_as_alone": alone_all,
         "same_as_alone_per_method": alone,
         "retrieval_cache_hit_rate": {
@@ -313,4 +337,6 @@ def print_table(f: dict) -> None:
         f"{f['ratio_vs_flashrag_one_process']}x FlashRAG one process, {f['ratio_vs_sequential']}x sequential; "
         f"same as alone: {f['same_as_alone']} {f['same_as_alone_per_method']}"
     )
+    if f["repeats"] > 1:
+        print(f"ratios per round (median above): {f['ratios_per_round']}")
     print(f"retrieval cache hit rate: {f['retrieval_cache_hit_rate']}")
