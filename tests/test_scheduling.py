@@ -136,10 +136,13 @@ class LiveCounter:
             self.live -= 1
 
 
-def run_bounded(program: LiveCounter, n: int, capacity: int | None = 4600, scheduling: str = "program") -> list:
+def run_bounded(
+    program: LiveCounter, n: int, capacity: int | None = 4600, scheduling: str = "program", cfg=None
+) -> list:
     """`n` questions through a continuous engine over a BoundedRecorder of `capacity` KV tokens."""
     gen = BoundedRecorder(capacity)
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
+    backends = Backends(cfg or DynragConfig(), generator=gen)
+    eng = ContinuousEngine(backends, batch_wait_s=0.001, scheduling=scheduling)
     try:
         return eng.run([Question(str(i), f"question {i}") for i in range(n)], program, None)
     finally:
@@ -215,6 +218,27 @@ def test_a_call_out_counts_the_share_of_its_max_tokens_that_calls_wrote():
     program = LiveCounter(generous_rounds)
     out = run_bounded(program, 40)
     assert len(out) == 40 and program.live == 0 and max(program.at_start) >= 7
+
+
+def default_rounds(q: Question, params):
+    """Two rounds that leave max_tokens to the generator (None)."""
+    first = (yield Generate([f"{q.id} round 1"]))[0].text
+    return Answer((yield Generate([f"{q.id} round 2"]))[0].text or first)
+
+
+@pytest.mark.parametrize("max_new_tokens, most", [(3000, 1), (16, 8)])
+def test_a_call_that_leaves_max_tokens_to_the_generator_counts_what_the_generator_gives_it(max_new_tokens, most):
+    """Room for 4,140 tokens; calls with max_tokens None get generation.max_new_tokens. At 3,000 a call out counts
+    3,000 tokens (no call with a max_tokens has returned to teach a share): after the first two (the second admitted
+    on the 1,024-token prior) no question fits beside another; at 16, each holds the 500 its first call left: 8 in
+    flight (counted as 0, it was 8 at 3,000 too)."""
+    cfg = DynragConfig()
+    cfg.generation.max_new_tokens = max_new_tokens
+    program = LiveCounter(default_rounds)
+    out = run_bounded(program, 24, cfg=cfg)
+    assert len(out) == 24 and program.live == 0
+    assert max(program.at_start[2:]) == most
+    assert call_size(Generate(["x" * 40]), 64) == (10, 64) and call_size(Generate(["x" * 40])) == (10, 0)
 
 
 def test_answer_kv_fill_sets_the_share_of_the_kv_cache_admission_fills():

@@ -149,6 +149,11 @@ class Backends:
     def submit(self, prompt, sampling, chat) -> Future:
         return self.generator.submit(prompt, sampling, chat)
 
+    @property
+    def default_max_tokens(self) -> int:
+        """What a generate call whose max_tokens is None may write (the generator's generation.max_new_tokens)."""
+        return self.cfg.generation.max_new_tokens
+
     def kv_capacity(self) -> int | None:
         """Tokens the generator's KV cache holds (None: no bound known). A vLLM generator is built to tell."""
         if self._generator is None and self.cfg.generation.backend != "vllm":

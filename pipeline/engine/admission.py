@@ -88,8 +88,9 @@ class KvBudget:
             self._finished_tokens += peak
 
 
-def call_size(call: Generate) -> tuple[int, int]:
+def call_size(call: Generate, default_max_tokens: int = 0) -> tuple[int, int]:
     """A Generate call's size before the generator counts it: its prompts' tokens (their characters /
-    CHARS_PER_TOKEN) and the max_tokens over its prompts."""
+    CHARS_PER_TOKEN) and the max_tokens over its prompts (`default_max_tokens` where the call leaves it None: what
+    the generator then gives it)."""
     chars = sum(len(p) if isinstance(p, str) else sum(len(str(m.get("content", ""))) for m in p) for p in call.prompts)
-    return chars // CHARS_PER_TOKEN, len(call.prompts) * (call.sampling.max_tokens or 0)
+    return chars // CHARS_PER_TOKEN, len(call.prompts) * (call.sampling.max_tokens or default_max_tokens)

@@ -178,6 +178,7 @@ class ContinuousEngine(BaseEngine):
         streamed: list[bool] = []  # whether the generator streams: asked once per run, at its first Generate
         # program scheduling: admission held while the KV cache is full
         budget = KvBudget(self._kv_capacity(), self.kv_fill)
+        default_max_tokens = getattr(self.backends, "default_max_tokens", 0)  # a call's max_tokens left None
 
         def streams() -> bool:
             if not streamed:
@@ -204,7 +205,7 @@ class ContinuousEngine(BaseEngine):
             else:
                 budget.record(st.index, st.kv_tokens)
                 if isinstance(st.pending, Generate):
-                    budget.expect(st.index, call_size(st.pending))
+                    budget.expect(st.index, call_size(st.pending, default_max_tokens))
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
         feed = questions if isinstance(questions, Feed) else None
