@@ -348,3 +348,33 @@ def test_the_simulated_generator_serves_a_repeated_prefix_from_its_cache_and_evi
     tiny.generate([" ".join(f"x{i}" for i in range(120))], [SamplingSpec(max_tokens=4)], [False])
     assert tiny.generate([words + " more"], [SamplingSpec(max_tokens=4)], [False])[0].cached_prompt_tokens == 0
     assert tiny.kv is not None and tiny.kv.evicted > 0
+
+
+class SharedHeadRecorder(BoundedRecorder):
+    """BoundedRecorder whose every call finds 300 of its 400 prompt tokens in the prefix cache: a head that all the
+    questions' prompts share (a method's instruction and few-shot examples)."""
+
+    def submit(self, prompt, sampling, chat) -> Future:
+        done = Completion(
+            f"<{prompt.split()[0]}>",
+            prompt_tokens=400,
+            completion_tokens=100,
+            finish_reason="stop",
+            cached_prompt_tokens=300,
+        )
+        return resolved(done)
+
+
+def test_a_head_other_questions_hold_is_not_counted_as_each_questions_own():
+    """Room for 4,140 tokens; each call leaves 500, 300 of them a head its first call found cached (held once, by
+    every question). Each question counts the 200 that are its own: 20 questions in flight, where counting 500 each
+    allowed 8 (test_admission_is_held_while_the_live_questions_fill_the_kv_cache)."""
+    gen = SharedHeadRecorder(4600)
+    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling="program")
+    program = LiveCounter()
+    try:
+        out = eng.run([Question(str(i), f"question {i}") for i in range(60)], program, None)
+    finally:
+        eng.close()
+    assert len(out) == 60 and program.live == 0
+    assert max(program.at_start) == 20

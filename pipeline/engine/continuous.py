@@ -203,9 +203,11 @@ class ContinuousEngine(BaseEngine):
                 budget.release(st.index)
                 done.append((st.index, self._outcome(st)))
             else:
-                budget.record(st.index, st.kv_tokens)
+                shared = st.shared_head or 0  # other questions' blocks (a method's head): not counted as its own
+                budget.record(st.index, st.kv_tokens - shared)
                 if isinstance(st.pending, Generate):
-                    budget.expect(st.index, call_size(st.pending, default_max_tokens))
+                    prompt, most = call_size(st.pending, default_max_tokens)
+                    budget.expect(st.index, (max(prompt - shared, 0), most))
                 waiting.setdefault(lane(st.pending), deque()).append((time.monotonic(), st))
 
         feed = questions if isinstance(questions, Feed) else None

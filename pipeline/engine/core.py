@@ -97,6 +97,9 @@ class _State:
     error_kind: str | None = None
     kv_tokens: int = 0  # prompt and completion tokens of its latest generate call: the prefix its next round extends
     wrote: tuple[int, int] | None = None  # its latest generate call's completion tokens and max_tokens, until counted
+    # prompt tokens its first generate call found in the prefix cache: blocks that other questions' prompts hold (a
+    # method's instruction and few-shot head), shared rather than its own (None until that call returns)
+    shared_head: int | None = None
     ahead: list[Retrieve] = field(default_factory=list)  # its LookAheads the engine has not started yet
     ahead_keys: set[tuple[str, str]] = field(default_factory=set)  # (retriever, query) its look-aheads searched
     owner: _State | None = None  # set on a look-ahead's search: the program it searches for (it has none of its own)
@@ -300,6 +303,7 @@ class BaseEngine:
         """Account each prompt's output (`costs`: its share of generation time) to its program; what to send each."""
         results: dict[int, list[Any]] = defaultdict(list)
         kv: dict[int, int] = defaultdict(int)
+        cached: dict[int, int] = defaultdict(int)
         wrote: dict[int, tuple[int, int]] = {}  # completion tokens and max_tokens of the prompts a model ran
         for st, out, cost in zip(owner, outs, costs):
             st.trace.time["generation"] += cost
@@ -313,6 +317,7 @@ class BaseEngine:
                 st.trace.completion_tokens += out.completion_tokens
                 st.trace.cached_prompt_tokens += out.cached_prompt_tokens
                 kv[id(st)] += out.prompt_tokens + out.completion_tokens
+                cached[id(st)] += out.cached_prompt_tokens
                 if out.finish_reason != "none":
                     written, asked = wrote.get(id(st), (0, 0))
                     max_tokens = cast(Generate, st.pending).sampling.max_tokens or 0
@@ -322,6 +327,8 @@ class BaseEngine:
         deliveries: list[Delivery] = []
         for st in states:
             st.kv_tokens = kv[id(st)] or st.kv_tokens
+            if st.shared_head is None and kv[id(st)]:
+                st.shared_head = cached[id(st)]
             st.wrote = wrote.get(id(st), st.wrote)
             res = results[id(st)]
             failed = next((r for r in res if isinstance(r, BaseException)), None)
