@@ -106,17 +106,24 @@ def test_kv_budget_worked_example():
 
 
 class BoundedRecorder(StreamRecorder):
-    """A streaming generator with a KV cache of `capacity` tokens, each call leaving 500 (400 prompt, 100 output)."""
+    """A streaming generator with a KV cache of `capacity` tokens, each call leaving 500 (400 prompt, 100 output), of
+    which `cached` prompt tokens it finds in the prefix cache."""
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, cached: int = 0):
         super().__init__()
-        self.capacity = capacity
+        self.capacity, self.cached = capacity, cached
 
     def kv_capacity(self):
         return self.capacity
 
     def submit(self, prompt, sampling, chat) -> Future:
-        done = Completion(f"<{prompt.split()[0]}>", prompt_tokens=400, completion_tokens=100, finish_reason="stop")
+        done = Completion(
+            f"<{prompt.split()[0]}>",
+            prompt_tokens=400,
+            completion_tokens=100,
+            finish_reason="stop",
+            cached_prompt_tokens=self.cached,
+        )
         return resolved(done)
 
 
@@ -137,10 +144,11 @@ class LiveCounter:
 
 
 def run_bounded(
-    program: LiveCounter, n: int, capacity: int | None = 4600, scheduling: str = "program", cfg=None
+    program: LiveCounter, n: int, capacity: int | None = 4600, scheduling: str = "program", cfg=None, cached: int = 0
 ) -> list:
-    """`n` questions through a continuous engine over a BoundedRecorder of `capacity` KV tokens."""
-    gen = BoundedRecorder(capacity)
+    """`n` questions through a continuous engine over a BoundedRecorder of `capacity` KV tokens (`cached`: the
+    prompt tokens each call finds in the prefix cache)."""
+    gen = BoundedRecorder(capacity, cached)
     backends = Backends(cfg or DynragConfig(), generator=gen)
     eng = ContinuousEngine(backends, batch_wait_s=0.001, scheduling=scheduling)
     try:
@@ -350,31 +358,12 @@ def test_the_simulated_generator_serves_a_repeated_prefix_from_its_cache_and_evi
     assert tiny.kv is not None and tiny.kv.evicted > 0
 
 
-class SharedHeadRecorder(BoundedRecorder):
-    """BoundedRecorder whose every call finds 300 of its 400 prompt tokens in the prefix cache: a head that all the
-    questions' prompts share (a method's instruction and few-shot examples)."""
-
-    def submit(self, prompt, sampling, chat) -> Future:
-        done = Completion(
-            f"<{prompt.split()[0]}>",
-            prompt_tokens=400,
-            completion_tokens=100,
-            finish_reason="stop",
-            cached_prompt_tokens=300,
-        )
-        return resolved(done)
-
-
 def test_a_head_other_questions_hold_is_not_counted_as_each_questions_own():
-    """Room for 4,140 tokens; each call leaves 500, 300 of them a head its first call found cached (held once, by
-    every question). Each question counts the 200 that are its own: 20 questions in flight, where counting 500 each
-    allowed 8 (test_admission_is_held_while_the_live_questions_fill_the_kv_cache)."""
-    gen = SharedHeadRecorder(4600)
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling="program")
+    """Room for 4,140 tokens; each call leaves 500, 300 of them a head its first call found cached (a method's
+    instruction and few-shot examples, held once by every question). Each question counts the 200 that are its own:
+    20 questions in flight, where counting 500 each allowed 8
+    (test_admission_is_held_while_the_live_questions_fill_the_kv_cache)."""
     program = LiveCounter()
-    try:
-        out = eng.run([Question(str(i), f"question {i}") for i in range(60)], program, None)
-    finally:
-        eng.close()
+    out = run_bounded(program, 60, cached=300)
     assert len(out) == 60 and program.live == 0
     assert max(program.at_start) == 20

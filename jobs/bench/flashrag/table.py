@@ -267,10 +267,11 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
     warm_disk_caches([str(py), sys.executable], model_path, env)
     rounds = run_rounds(chosen_ways(args.ways), args.repeats, commands, env, work, methods)
     ways = rounds[0]  # the first round's figures in full; every round's seconds and ratios beside them
-    per_round = {way: [r[way]["seconds"] / r["dynrag_concurrent"]["seconds"] for r in rounds] for way in ways}
+    conc = [r["dynrag_concurrent"]["seconds"] for r in rounds]  # none when a round's concurrent took no time
+    per_round = {way: [r[way]["seconds"] / c for r, c in zip(rounds, conc)] for way in ways} if all(conc) else {}
 
     def ratio(way: str) -> float | None:
-        return round(statistics.median(per_round[way]), 2) if way in ways else None
+        return round(statistics.median(per_round[way]), 2) if way in per_round else None
 
     pairs = {
         "dynrag_concurrent_vs_sequential": ("dynrag_concurrent", "dynrag_sequential"),
