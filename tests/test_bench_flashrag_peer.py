@@ -367,7 +367,7 @@ def test_table_ratios_are_dynrag_concurrents_speed_over_each_way_and_same_as_alo
         said = {"a": "x", "b": "y" if name != "dynrag_sequential" else "other"}
         per = {m: {"rows": 2, "errors": 0, "predictions": dict(said), "retrieval_cache_hit_rate": 0.5} for m in meths}
         per["sr-rag"].update(prompt_tokens=400, cached_prompt_tokens=100 if name == "dynrag_concurrent" else 300)
-        return {"seconds": seconds[name], "per_method": per, "process_wall_s": seconds[name] + 1, "llm_calls": 4}
+        return {"seconds": seconds[name], "startup_s": 1.0, "per_method": per, "process_wall_s": seconds[name] + 1}
 
     monkeypatch.setattr(table, "run_way", way)
     warmed = []  # the disk caches are warmed once, before the first way is timed
@@ -408,7 +408,7 @@ def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkey
     def way(name, commands, env, work, meths):
         ran.append(name)
         per = {m: {"rows": 2, "errors": 0, "predictions": {"a": "x"}, "retrieval_cache_hit_rate": 0.0} for m in meths}
-        return {"seconds": {"dynrag_concurrent": 10.0}.get(name, 12.0), "per_method": per}
+        return {"seconds": {"dynrag_concurrent": 10.0}.get(name, 12.0), "startup_s": 2.0, "per_method": per}
 
     monkeypatch.setattr(table, "run_way", way)
     monkeypatch.setattr(table, "warm_disk_caches", lambda *_: None)
@@ -422,6 +422,7 @@ def test_table_runs_only_the_ways_asked_and_leaves_the_others_ratios_null(monkey
         None,
         None,
     )
+    assert f["ratio_vs_sequential_after_startup"] == 1.25  # (12 - 2) / (10 - 2)
     assert list(f["same_as_alone_per_method"]) == ["dynrag_concurrent_vs_sequential"] and f["same_as_alone"] is True
     with pytest.raises(DynragError, match="flashrag_alone"):
         table.chosen_ways("flashrag_alone")
@@ -443,7 +444,8 @@ def test_table_repeats_alternate_the_ways_order_and_take_the_median_of_the_round
         ran.append(name)
         said = "other" if len(ran) == 6 else "x"
         per = {m: {"rows": 1, "errors": 0, "predictions": {"a": said}, "retrieval_cache_hit_rate": 0.0} for m in meths}
-        return {"seconds": next(seconds), "per_method": per, "prompt_tokens": 100, "cached_prompt_tokens": len(ran)}
+        got = {"seconds": next(seconds), "startup_s": 4.0, "per_method": per, "prompt_tokens": 100}
+        return {**got, "cached_prompt_tokens": len(ran)}
 
     monkeypatch.setattr(table, "run_way", way)
     argv = ["bench", "flashrag", "--table", "--methods", "sr-rag", "--limit", "1", "--json", "--workdir", str(tmp_path)]
@@ -454,6 +456,8 @@ def test_table_repeats_alternate_the_ways_order_and_take_the_median_of_the_round
     assert ran == [conc, seq, seq, conc, conc, seq]  # every other round in reverse
     assert f["repeats"] == 3 and f["ratio_vs_sequential"] == 1.2
     assert f["ratios_per_round"] == {seq: [1.3, 1.05, 1.2]}
+    # after the 4 s of startup each: 9/6, 17/16, 8/6 (median 1.33)
+    assert f["ratio_vs_sequential_after_startup"] == 1.33 and f["startup_s_per_round"][seq] == [4.0, 4.0, 4.0]
     assert f["seconds_per_round"] == {conc: [10.0, 20.0, 10.0], seq: [13.0, 21.0, 12.0]}
     assert f["computed_prompt_tokens_per_round"] == {conc: [99, 96, 95], seq: [98, 97, 94]}
     assert f["same_as_alone"] is False  # the first round agreed; the third did not

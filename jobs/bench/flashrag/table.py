@@ -12,7 +12,9 @@ Same corpus, questions, model, k, templates and vLLM settings as `--method` (job
 (startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per way: seconds to the last row, the process's wall time, LLM calls,
 tokens, error rows, load average before and after. Ratios are dynrag_concurrent's speed over each other way's
 (their seconds over its seconds; with `--repeats N`, N rounds of the ways, every other round in reverse order, and
-each ratio the median of the rounds' ratios, every round's beside it). `same_as_alone`: each method's predictions, per way, against the same framework
+each ratio the median of the rounds' ratios, every round's beside it). `ratio_vs_sequential_after_startup`: the same
+ratio over the two dynrag ways' seconds after their startup (`startup_s`: to the first request; the engine and index
+loading, which scheduling does not touch and which varies by 10 s from process to process here). `same_as_alone`: each method's predictions, per way, against the same framework
 running that method alone (dynrag: concurrent against sequential, where each run has the engine to itself;
 FlashRAG: one process against per method). `questions`: every run's questions.
 """
@@ -273,6 +275,12 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
     def ratio(way: str) -> float | None:
         return round(statistics.median(per_round[way]), 2) if way in per_round else None
 
+    def busy(got: dict) -> float:  # a dynrag way's seconds after its startup (the engine's and index's loading)
+        return got["seconds"] - got["startup_s"]
+
+    after = [(busy(r["dynrag_sequential"]), busy(r["dynrag_concurrent"])) for r in rounds if "dynrag_sequential" in r]
+    seq_busy = [s / c for s, c in after] if all(c > 0 for _, c in after) else []
+
     pairs = {
         "dynrag_concurrent_vs_sequential": ("dynrag_concurrent", "dynrag_sequential"),
         "flashrag_one_process_vs_per_method": ("flashrag_one_process", "flashrag_per_method"),
@@ -290,9 +298,11 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
         "ratio_vs_flashrag_per_method": ratio("flashrag_per_method"),
         "ratio_vs_flashrag_one_process": ratio("flashrag_one_process"),
         "ratio_vs_sequential": ratio("dynrag_sequential"),
+        "ratio_vs_sequential_after_startup": round(statistics.median(seq_busy), 2) if seq_busy else None,
         "repeats": len(rounds),
         "ratios_per_round": {w: [round(x, 3) for x in v] for w, v in per_round.items() if w != "dynrag_concurrent"},
         "seconds_per_round": {w: [r[w]["seconds"] for r in rounds] for w in ways},
+        "startup_s_per_round": {w: [r[w].get("startup_s") for r in rounds] for w in ways},
         "computed_prompt_tokens_per_round": {
             w: [r[w].get("prompt_tokens", 0) - r[w].get("cached_prompt_tokens", 0) for r in rounds] for w in ways
         },
