@@ -14,7 +14,7 @@ from jobs.bench.simulated import SimGenerator, SimScorer
 from pipeline.backends import Backends, register_backend
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
-from pipeline.engine.core import Engine
+from pipeline.engine.core import Engine, Outcome, Trace
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Retrieve, SamplingSpec
 from pipeline.engine.streaming import InFlight, StreamingGenerator
 from pipeline.io.output import make_row
@@ -521,3 +521,17 @@ def test_a_batched_vllm_call_takes_every_prompt_waiting(backend, batch_size, cal
         eng.close()
     assert all(o.error is None for o in out) and len(out) == 100
     assert gen.sizes == calls
+
+
+ROW_ARGS = {"run_id": "r", "method": "m", "params_json": "{}", "chash": "h", "model": "m"}
+
+
+def test_a_rows_finished_at_is_when_its_question_ended_not_when_its_batch_was_written():
+    """A question that ended 2 s before its row was made (its batch still running) carries that time: its start is
+    finished_at - latency_s. A row written for a question that never ran (an error row) carries the time it was made."""
+    now = time.perf_counter()
+    ran = Outcome(Question("a", "q"), None, Trace(started=now - 5.0, finished=now - 2.0), "failed", "input")
+    row = make_row(ran, **ROW_ARGS)
+    assert abs(row["finished_at"] - (time.time() - 2.0)) < 0.5 and row["latency_s"] == 3.0
+    never = make_row(Outcome(Question("b", "q"), None, Trace(), "gave up", "system"), **ROW_ARGS)
+    assert abs(never["finished_at"] - time.time()) < 0.5

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from indexing.passages import parent_id
-from pipeline.engine.core import STAGES, Outcome
+from pipeline.engine.core import STAGES, Outcome, Trace
 from pipeline.errors import first_line
 from pipeline.io.part_store import (  # noqa: F401  (transient: part of this module's API)
     ATTEMPTS,
@@ -91,7 +91,7 @@ SCHEMA = pa.schema(
         ("support_recall_retrieved", pa.float64()),
         ("error", pa.string()),
         ("extra", pa.string()),
-        ("finished_at", pa.float64()),
+        ("finished_at", pa.float64()),  # when the question's program ended (seconds since the epoch)
         ("error_kind", pa.string()),  # "input": the question's own fault, final; "system": a rerun retries the question
         # a prompt did not fit generation.max_model_len and the method went on without it (it answered with what it
         # had, or dropped what its reference drops: the row's extra says which); older parts read it as null
@@ -100,6 +100,13 @@ SCHEMA = pa.schema(
         ("cached_prompt_tokens", pa.int64()),  # of prompt_tokens, those served by the generator's prefix cache
     ]
 )
+
+
+def finished_at(t: Trace) -> float:
+    """When the question's program ended, in seconds since the epoch (its trace's clock is perf_counter); now where
+    it never ran (an error row written for it)."""
+    now = time.time()
+    return now if t.finished is None else now - (time.perf_counter() - t.finished)
 
 
 def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: str, model: str) -> dict[str, Any]:
@@ -150,7 +157,7 @@ def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: s
         else None,
         "error": o.error,
         "extra": _extra(a, t),
-        "finished_at": time.time(),
+        "finished_at": finished_at(t),
         "error_kind": o.error_kind,
         "window_full": t.window_full > 0,
         "retrieval_cache_hits": t.retrieval_cache_hits,

@@ -102,7 +102,7 @@ def dynrag_way(out: Path, methods: list[str], t_cmd: float, m) -> dict[str, Any]
         meth: run_figures(str(out / "bench" / meth), t_cmd, "raw_output" if meth == "sr-rag" else "prediction")
         for meth in methods
     }
-    # when the first question's first request went out (its row's time less its latency, an upper bound): startup
+    # when the first question's first request went out (its row's finished_at less its latency): startup
     first = min(
         float(df.select((pl.col("finished_at") - pl.col("latency_s")).min()).item()) - t_cmd
         for df in (pl.from_arrow(read_rows(str(out / "bench" / meth))) for meth in methods)
