@@ -103,10 +103,10 @@ SCHEMA = pa.schema(
 
 
 def finished_at(t: Trace) -> float:
-    """When the question's program ended, in seconds since the epoch (its trace's clock is perf_counter); now where
-    it never ran (an error row written for it)."""
+    """When the question's program ended, in seconds since the epoch (its trace's clock is the engine's,
+    perf_counter); now where it never ran (an error row written for it), and never later than now."""
     now = time.time()
-    return now if t.finished is None else now - (time.perf_counter() - t.finished)
+    return now if t.finished is None else min(now, now - (time.perf_counter() - t.finished))
 
 
 def make_row(o: Outcome, *, run_id: str, method: str, params_json: str, chash: str, model: str) -> dict[str, Any]:
