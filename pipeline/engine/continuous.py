@@ -196,8 +196,7 @@ class ContinuousEngine(BaseEngine):
                 ((_, value, exc),) = self._serve_retrieve([st], hits)  # from the cache: no queue, no lane
                 self._advance(st, value, exc)
             if st.wrote is not None:  # its generate call returned: what it wrote of its max_tokens
-                written, ran, most = st.wrote
-                budget.wrote(written, ran * (most or default_max_tokens))
+                budget.wrote(*st.wrote)
                 st.wrote = None
             if st.pending is None:
                 live -= 1

@@ -96,8 +96,7 @@ class _State:
     error: str | None = None
     error_kind: str | None = None
     kv_tokens: int = 0  # prompt and completion tokens of its latest generate call: the prefix its next round extends
-    # its latest generate call's completion tokens, prompts run and max_tokens (None: the generator's), until counted
-    wrote: tuple[int, int, int | None] | None = None
+    wrote: tuple[int, int] | None = None  # its latest generate call's completion tokens and max_tokens, until counted
     # prompt tokens its first generate call found in the prefix cache: blocks that other questions' prompts hold (a
     # method's instruction and few-shot head), shared rather than its own (None until that call returns)
     shared_head: int | None = None
@@ -305,7 +304,7 @@ class BaseEngine:
         results: dict[int, list[Any]] = defaultdict(list)
         kv: dict[int, int] = defaultdict(int)
         cached: dict[int, int] = defaultdict(int)
-        wrote: dict[int, tuple[int, int, int | None]] = {}  # completion tokens, prompts a model ran, max_tokens
+        wrote: dict[int, tuple[int, int]] = {}  # completion tokens and max_tokens of the prompts a model ran
         for st, out, cost in zip(owner, outs, costs):
             st.trace.time["generation"] += cost
             if isinstance(out, Completion) and out.finish_reason == WINDOW:  # not run: the program decides what next
@@ -320,9 +319,9 @@ class BaseEngine:
                 kv[id(st)] += out.prompt_tokens + out.completion_tokens
                 cached[id(st)] += out.cached_prompt_tokens
                 if out.finish_reason != "none":
-                    written, ran, _ = wrote.get(id(st), (0, 0, None))
-                    max_tokens = cast(Generate, st.pending).sampling.max_tokens
-                    wrote[id(st)] = (written + out.completion_tokens, ran + 1, max_tokens)
+                    written, asked = wrote.get(id(st), (0, 0))
+                    max_tokens = cast(Generate, st.pending).sampling.max_tokens or 0
+                    wrote[id(st)] = (written + out.completion_tokens, asked + max_tokens)
                 st.trace.generations.append({"stage": cast(Generate, st.pending).stage, "text": out.text})
             results[id(st)].append(out)
         deliveries: list[Delivery] = []
