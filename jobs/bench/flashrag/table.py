@@ -9,14 +9,15 @@ timed from its command to its last answered row:
 - dynrag_sequential: the same with `--sequential` (one run after another, the old order).
 
 Same corpus, questions, model, k, templates and vLLM settings as `--method` (jobs/bench/flashrag/run.py); no warm-up
-(startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per way: seconds to the last row, the process's wall time, LLM calls,
-tokens, error rows, load average before and after. Ratios are dynrag_concurrent's speed over each other way's
-(their seconds over its seconds; with `--repeats N`, N rounds of the ways, every other round in reverse order, and
-each ratio the median of the rounds' ratios, every round's beside it). `ratio_vs_sequential_after_startup`: the same
-ratio over the two dynrag ways' seconds after their startup (`startup_s`: to the first request; the engine and index
-loading, which scheduling does not touch and which varies by 10 s from process to process here). `same_as_alone`: each method's predictions, per way, against the same framework
-running that method alone (dynrag: concurrent against sequential, where each run has the engine to itself;
-FlashRAG: one process against per method). `questions`: every run's questions.
+(startup is part of a table's cost). Each way's figures are also written to WORKDIR/<way>.json as it ends. Per
+way: seconds to the last row, the process's wall time, LLM calls, tokens, error rows, load average before and after.
+Ratios are dynrag_concurrent's speed over each other way's (their seconds over its seconds; with `--repeats N`, N
+rounds of the ways, every other round in reverse order, and each ratio the median of the rounds' ratios, every
+round's beside it). `ratio_vs_sequential_after_startup`: the same ratio over the two dynrag ways' seconds after
+their startup (`startup_s`: to the first request; the engine and index loading, which scheduling does not touch and
+which varies by 10 s from process to process here). `same_as_alone`: each method's predictions, per way, against
+the same framework running that method alone (dynrag: concurrent against sequential, where each run has the
+engine to itself; FlashRAG: one process against per method). `questions`: every run's questions.
 """
 
 from __future__ import annotations
