@@ -70,6 +70,11 @@ class VllmEngineKwargs(Section):
     max_model_len: int | None = Field(
         None, ge=64, description="the same setting as generation.max_model_len (set either one)"
     )
+    num_gpu_blocks_override: int | None = Field(
+        None,
+        ge=1,
+        description="KV-cache blocks, in place of the count vLLM derives from its memory (tests, exact sizing)",
+    )
     kv_offloading_size: float | None = Field(
         None,
         gt=0,
@@ -91,6 +96,7 @@ def resolve_dtype(dtype: Dtype | Literal["auto"], cuda: bool) -> Dtype:
 
 
 FORWARD_BATCH = 64  # a transformers generator's prompts per forward batch, unless generation.batch_size says
+KV_PIN_S = 60.0  # answer.kv_pin_s: a program's end gives its pins back; this only bounds a pin whose end is lost
 KV_FILL = 0.9  # answer.kv_fill's default: slack for what the admission's estimates leave out (admission.py)
 
 
@@ -350,6 +356,14 @@ class AnswerConfig(Section):
         description="program scheduling: new questions are admitted while the live questions (each by its last "
         "call, or its call in flight where larger) fill at most this share of the generator's KV cache "
         "(pipeline/engine/admission.py; lower keeps more of their prefixes cached between rounds, and batches fewer)",
+    )
+    kv_pin_s: float = Field(
+        KV_PIN_S,
+        ge=0,
+        description="program scheduling with a streaming vLLM: a question's last two calls' KV blocks stay held "
+        "until it ends, at most this many seconds (Continuum's time to live; pipeline/backends/kv_pins.py), so "
+        "other questions' prefills do not reclaim its prefix between its calls; the last-admitted questions' pins "
+        "give way when the pool runs short. 0: off",
     )
     look_ahead: bool = Field(
         False,

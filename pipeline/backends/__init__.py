@@ -161,6 +161,13 @@ class Backends:
         capacity = getattr(self.generator, "kv_capacity", None)
         return capacity() if capacity is not None else None
 
+    def program_ended(self, program: int) -> None:
+        """`program` (a question's admission order) makes no more calls: a generator that holds each program's KV
+        blocks between its calls (answer.kv_pin_s, kv_pins.py) gives them back."""
+        end = getattr(self._generator, "program_ended", None)
+        if end is not None:
+            end(program)
+
     def search(self, queries, k, retriever):
         return self.retriever.search(queries, k, retriever)
 

@@ -21,6 +21,7 @@ from typing import Any, cast
 
 from indexing.device import cuda_available
 from pipeline.assets.models import resolve_model
+from pipeline.backends import kv_pins
 from pipeline.backends.chat import encode, window_check
 from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype, vllm_utilization
@@ -65,12 +66,14 @@ def llm_kwargs(
     ray_replica: bool = False,
     utilization: float | None = None,
     by_priority: bool = False,
+    pin_s: float = 0.0,
 ) -> dict[str, Any]:
     """`LLM(...)` arguments: the generation settings, then `generation.engine_kwargs` as given. In a Ray engine
     replica (`ray_replica`) a tensor-parallel engine runs its workers as Ray actors in the replica's placement
     group (ray_resources.py), as Ray Data LLM runs them. `utilization`: vLLM's share of the GPU where the
     configuration leaves it open (config.vllm_utilization: 0.9 of a replica's share of its GPU). `by_priority`
-    (answer.scheduling=program): vLLM's priority scheduling, each request ranked by its SamplingSpec.priority."""
+    (answer.scheduling=program): vLLM's priority scheduling, each request ranked by its SamplingSpec.priority.
+    `pin_s` (answer.kv_pin_s, a streaming generator's): vLLM's scheduler with pins (kv_pins.py), held that long."""
     kwargs: dict[str, Any] = dict(
         model=path,
         dtype=resolve_dtype(g.dtype, gpu),
@@ -81,6 +84,9 @@ def llm_kwargs(
     )
     if by_priority:
         kwargs["scheduling_policy"] = "priority"
+    if pin_s > 0:
+        kwargs["scheduler_cls"] = kv_pins.SCHEDULER
+        kwargs["additional_config"] = {kv_pins.ADDITIONAL_CONFIG_KEY: pin_s}
     if gpu and utilization is not None:
         kwargs["gpu_memory_utilization"] = utilization
     if not gpu:
@@ -98,6 +104,8 @@ def llm_kwargs(
 
 class VllmGenerator:
     by_priority = False  # vLLM's priority scheduling (answer.scheduling=program): set at start
+    pins_programs = False  # a streaming generator names each request's program, so vLLM can hold its blocks
+    pin_s = 0.0  # answer.kv_pin_s where the generator pins (program scheduling): set at start
 
     def __init__(self, cfg: DynragConfig, model_path: str | None = None):
         """In a tensor-parallel Ray replica this runs in the replica's generator host, inside its placement group
@@ -117,7 +125,8 @@ class VllmGenerator:
         try:
             in_ray = in_ray_worker()  # a Ray engine replica: its tensor-parallel workers are Ray actors in its group
             self.by_priority = cfg.answer.scheduling == "program"  # each request's SamplingSpec.priority reaches vLLM
-            kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray), self.by_priority)
+            self.pin_s = cfg.answer.kv_pin_s if self.by_priority and self.pins_programs else 0.0
+            kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray), self.by_priority, self.pin_s)
             self.llm = self._engine(kwargs)
         except BaseException:
             self._guard.close()

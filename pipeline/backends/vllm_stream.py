@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from pipeline.backends.kv_pins import end_id, request_id
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator, as_engine_dead
 from pipeline.engine.requests import Completion, SamplingSpec
 from pipeline.engine.streaming import InFlight, StreamingGenerator, resolved
@@ -22,6 +23,8 @@ from pipeline.errors import BackendError
 
 
 class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
+    pins_programs = True
+
     def _engine(self, kwargs: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -52,8 +55,19 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
                 fut.set_exception(BackendError("the vLLM engine is closed: no more prompts can be submitted"))
                 return fut
             # the future is the task's: cancelled with it (at shutdown), and cancelling it cancels the task
-            run = self._run(self.llm, str(next(self._ids)), TokensPrompt(prompt_token_ids=ids), params, sampling)
+            key = request_id(next(self._ids), sampling.priority if self.pin_s > 0 else None)  # its program, for pins
+            run = self._run(self.llm, key, TokensPrompt(prompt_token_ids=ids), params, sampling)
             return asyncio.run_coroutine_threadsafe(run, self._loop)
+
+    def program_ended(self, program: int) -> None:
+        """Give back `program`'s pinned blocks (kv_pins.py): an abort of a request id no request bears, which the
+        pinning scheduler reads as the program's end. Sent without waiting; lost at close, with the engine."""
+        if self.pin_s <= 0:
+            return
+        with self._submitting:
+            if self.llm is not None:
+                end = self.llm.engine_core.abort_requests_async([end_id(program)])
+                asyncio.run_coroutine_threadsafe(end, self._loop)
 
     async def _run(
         self, llm, key: str, prompt, params, spec: SamplingSpec | None = None
