@@ -14,6 +14,7 @@ from pipeline.backends.kv_pins import ADDITIONAL_CONFIG_KEY, SCHEDULER, Pins, pr
 from pipeline.backends.vllm_gen import llm_kwargs
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine
+from pipeline.engine.core import Engine
 from pipeline.engine.requests import Answer, Completion, Generate, Question, SamplingSpec
 from pipeline.engine.streaming import resolved
 
@@ -110,19 +111,28 @@ class EndRecorder:
         self.events.append(("call", sampling.priority))
         return resolved(Completion("x", prompt_tokens=3, completion_tokens=1, finish_reason="stop"))
 
+    def generate(self, prompts, samplings, chats):  # the lockstep engine's batches
+        return [self.submit(p, s, c).result()[0] for p, s, c in zip(prompts, samplings, chats)]
+
     def program_ended(self, program: int) -> None:
         self.events.append(("end", program))
 
 
 @pytest.mark.parametrize("scheduling", ["fcfs", "program"])
-def test_the_engine_tells_the_generator_each_programs_end_after_its_last_call(scheduling):
+@pytest.mark.parametrize("engine", [ContinuousEngine, Engine])
+def test_the_engine_tells_the_generator_each_programs_end_after_its_last_call(scheduling, engine):
     def two_rounds(q: Question, params):
         yield Generate([f"{q.id} round 1"], SamplingSpec(max_tokens=2))
         yield Generate([f"{q.id} round 2"], SamplingSpec(max_tokens=2))
         return Answer("done")
 
     gen = EndRecorder()
-    eng = ContinuousEngine(Backends(DynragConfig(), generator=gen), batch_wait_s=0.001, scheduling=scheduling)
+    backends = Backends(DynragConfig(), generator=gen)
+    eng = (
+        engine(backends, batch_wait_s=0.001, scheduling=scheduling)
+        if engine is ContinuousEngine
+        else engine(backends, scheduling=scheduling)
+    )
     try:
         eng.run([Question(str(i), f"q{i}") for i in range(4)], two_rounds, None)
     finally:
@@ -143,3 +153,48 @@ def test_vllm_gets_the_pinning_scheduler_only_with_pins():
     kwargs = llm_kwargs(g, "m", gpu=False, by_priority=True, pin_s=30.0)
     assert kwargs["scheduler_cls"] == SCHEDULER
     assert kwargs["additional_config"] == {ADDITIONAL_CONFIG_KEY: 30.0}
+
+
+def test_a_ray_replicas_hosted_generator_passes_a_programs_end_to_its_host():
+    import asyncio
+    from types import SimpleNamespace
+
+    from pipeline.runtime.ray_host import GeneratorHost, HostedStreamingGenerator
+
+    sent: list[int] = []
+    host = SimpleNamespace(program_ended=SimpleNamespace(remote=sent.append))
+    HostedStreamingGenerator(host, {"streams": True}).program_ended(7)
+    assert sent == [7]
+    gen = EndRecorder()
+    asyncio.run(GeneratorHost.program_ended(SimpleNamespace(gen=gen), 7))  # the host's side: to its generator
+    assert gen.events == [("end", 7)]
+
+
+def test_the_latency_models_cache_holds_a_programs_blocks_until_it_ends_and_sheds_the_last_ranked_first():
+    """Blocks of 2 tokens, a cache of 8: program 1's finished sequence (3 blocks) survives two later sequences of 5
+    blocks of other tokens only where it is pinned; when the cache is short, the last-ranked program's pin gives
+    way first; an ended program's blocks are cached and free again."""
+    from jobs.bench.kv_model import PrefixCache
+
+    def run(cache, ids, program):
+        held, hit = cache.admit(ids, 0)
+        cache.release(held, ids, program)
+        return hit
+
+    first = [1, 2, 3, 4, 5, 6]
+    for pins, kept in [(False, 0), (True, 4)]:  # (the last prompt token is always computed: 4 of 6 at most)
+        cache = PrefixCache(8, block=2, pins=pins)
+        run(cache, first, 1)
+        run(cache, list(range(100, 110)), 2)
+        run(cache, list(range(200, 210)), 3)  # evicts the least recently freed: program 1's, unless pinned
+        assert run(cache, first, 1) == kept
+
+    cache = PrefixCache(8, block=2, pins=True)
+    run(cache, first, 1)
+    run(cache, [7, 8, 9, 10], 9)  # admitted last
+    run(cache, list(range(100, 104)), 3)
+    assert run(cache, first, 1) == 4 and len(cache.pins) == 4  # program 1's last two calls, 9's, 3's
+    assert cache.admit(list(range(300, 306)), 0) is not None  # 3 blocks where 1 is left: program 9's pin gives way
+    assert sorted({p.program for p in cache.pins._pins}) == [1, 3]
+    cache.end(1)
+    assert len(cache.pins) == 1 and all(k in cache.free for k in cache.keys(first))

@@ -35,6 +35,7 @@ from indexing.hits import Hit
 from jobs.bench.kv_model import Held, PrefixCache
 from pipeline.backends.chat import cut_at_stop
 from pipeline.backends.dragin_math import candidates_for
+from pipeline.backends.kv_pins import pin_seconds
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.engine.streaming import InFlight, StreamingGenerator
 from pipeline.methods.search_agent import Tags
@@ -103,9 +104,10 @@ class SimGenerator(StreamingGenerator):
     cache, every prompt token computed. Waiting sequences are admitted by their request's priority (lower
     first), then in arrival order: vLLM's priority scheduling, or first come first served where all are 0."""
 
-    def __init__(self, cost: Cost = FREE, max_seqs: int = 256, kv_tokens: int | None = None):
+    def __init__(self, cost: Cost = FREE, max_seqs: int = 256, kv_tokens: int | None = None, pins: bool = False):
         self.cost, self.max_seqs, self.kv_tokens = cost, max_seqs, kv_tokens
-        self.kv = PrefixCache(max(1, round(kv_tokens / 1.3 / KV_BLOCK_WORDS)), KV_BLOCK_WORDS) if kv_tokens else None
+        blocks = max(1, round((kv_tokens or 0) / 1.3 / KV_BLOCK_WORDS))
+        self.kv = PrefixCache(blocks, KV_BLOCK_WORDS, pins) if kv_tokens else None
         self.steps: list[int] = []
         self.flight = InFlight()
         self._waiting: list[_Seq] = []  # a heap
@@ -147,7 +149,13 @@ class SimGenerator(StreamingGenerator):
 
     def _release(self, seq: _Seq, ran: bool) -> None:
         if self.kv is not None and seq.held is not None:
-            self.kv.release(seq.held, [*(seq.out.prompt_token_ids or []), *(seq.out.token_ids or [])] if ran else [])
+            ids = [*(seq.out.prompt_token_ids or []), *(seq.out.token_ids or [])] if ran else []
+            self.kv.release(seq.held, ids, seq.rank[0] if ran else None)  # its program: the request's priority
+
+    def program_ended(self, program: int) -> None:
+        if self.kv is not None:
+            with self._cv:
+                self.kv.end(program)
 
     def _schedule(self) -> None:
         running: list[_Seq] = []
@@ -344,7 +352,7 @@ class SimBackends:
         return Backends(
             cfg,
             index_dir,
-            generator=generator or SimGenerator(cost, self.max_seqs, self.kv_tokens),
+            generator=generator or SimGenerator(cost, self.max_seqs, self.kv_tokens, pin_seconds(cfg) > 0),
             retriever=retriever or SimRetriever(cost, query_s=self.search_query_s),
             scorer=scorer or sim,
             embedder=embedder or sim,

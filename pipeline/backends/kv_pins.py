@@ -36,6 +36,12 @@ _PROGRAM = re.compile(r"@(\d+)(?:-|$)")  # "<n>@<program>", to which vLLM's Asyn
 _END = "end"  # end_id's head: "end@<program>"
 
 
+def pin_seconds(cfg) -> float:
+    """How long a streaming generator holds a program's blocks under `cfg` (0: it does not): answer.kv_pin_s, under
+    program scheduling only, where each call carries its program (its question's admission order)."""
+    return cfg.answer.kv_pin_s if cfg.answer.scheduling == "program" else 0.0
+
+
 def request_id(n: int, program: int | None) -> str:
     """The id of a streamed request: its number, and the program it belongs to where pins are on."""
     return f"{n}" if program is None else f"{n}@{program}"

@@ -125,7 +125,7 @@ class VllmGenerator:
         try:
             in_ray = in_ray_worker()  # a Ray engine replica: its tensor-parallel workers are Ray actors in its group
             self.by_priority = cfg.answer.scheduling == "program"  # each request's SamplingSpec.priority reaches vLLM
-            self.pin_s = cfg.answer.kv_pin_s if self.by_priority and self.pins_programs else 0.0
+            self.pin_s = kv_pins.pin_seconds(cfg) if self.pins_programs else 0.0
             kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray), self.by_priority, self.pin_s)
             self.llm = self._engine(kwargs)
         except BaseException:

@@ -179,7 +179,6 @@ class ContinuousEngine(BaseEngine):
         # program scheduling: admission held while the KV cache is full
         budget = KvBudget(self._kv_capacity(), self.kv_fill)
         default_max_tokens = getattr(self.backends, "default_max_tokens", 0)  # a call's max_tokens left None
-        ended = getattr(self.backends, "program_ended", None)
 
         def streams() -> bool:
             if not streamed:
@@ -202,8 +201,7 @@ class ContinuousEngine(BaseEngine):
             if st.pending is None:
                 live -= 1
                 budget.release(st.index)
-                if self.by_program and ended is not None:  # its KV blocks, held between calls, go (answer.kv_pin_s)
-                    ended(st.index)
+                self._ended(st)
                 done.append((st.index, self._outcome(st)))
             else:
                 shared = st.shared_head or 0  # other questions' blocks (a method's head): not counted as its own

@@ -202,6 +202,13 @@ class BaseEngine:
         self._advance(st, None)
         return st if st.pending is not None else self._outcome(st)
 
+    def _ended(self, st: _State) -> None:
+        """`st`'s program made its last call: under program scheduling, the generator may give back the KV blocks
+        it held for the program between calls (answer.kv_pin_s, pipeline/backends/kv_pins.py)."""
+        ended = getattr(self.backends, "program_ended", None) if self.by_program else None
+        if ended is not None:
+            ended(st.index)
+
     @staticmethod
     def _outcome(st: _State) -> Outcome:
         return Outcome(st.question, st.answer, st.trace, st.error, st.error_kind)
@@ -554,6 +561,8 @@ class Engine(BaseEngine):
             kind = max(waiting, key=lambda k: sum(_size(st.pending) for st in waiting[k]))
             for st, value, exc in self.serve(waiting[kind]):
                 self._advance(st, value, exc)
+                if st.pending is None:
+                    self._ended(st)
         for st in states:
             if st.pending is None:  # else still in flight when a drain ran out: not answered
                 yield st.index, self._outcome(st)

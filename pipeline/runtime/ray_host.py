@@ -53,6 +53,11 @@ class GeneratorHost:
     async def generate(self, prompts, samplings, chats) -> list:
         return await asyncio.to_thread(self.gen.generate, prompts, samplings, chats)
 
+    async def program_ended(self, program: int) -> None:
+        end = getattr(self.gen, "program_ended", None)
+        if end is not None:
+            end(program)
+
     async def close(self) -> None:
         close = getattr(self.gen, "close", None)
         if close is not None:
@@ -130,6 +135,10 @@ class HostedGenerator:
 
 class HostedStreamingGenerator(HostedGenerator):
     """A hosted streaming generator: each prompt submitted on its own (pipeline/engine/streaming.py)."""
+
+    def program_ended(self, program: int) -> None:
+        """The host's generator gives back the program's pinned KV blocks (kv_pins.py); sent without waiting."""
+        self.host.program_ended.remote(program)
 
     def submit(self, prompt, sampling, chat) -> Future:
         import ray
