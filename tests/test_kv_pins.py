@@ -50,6 +50,18 @@ def test_pins_end_after_their_time_to_live_and_the_last_ranked_program_gives_way
     assert Pins(ttl_s=0).hold(1, ["x"], now=0) == ["x"]  # off: nothing held
 
 
+def test_a_pins_clock_stands_still_while_its_program_has_a_call_in_vllm():
+    pins = Pins(ttl_s=5)
+    pins.started(1)
+    pins.hold(1, ["a"], now=0)
+    pins.finished(1, now=0)
+    pins.started(1)  # its next call waits in vLLM's queue, behind questions ranked before it
+    assert pins.expire(now=60) == []
+    pins.hold(1, ["b"], now=61)
+    pins.finished(1, now=61)  # the clocks of both its pins start again
+    assert pins.expire(now=65.9) == [] and pins.expire(now=66) == ["a", "b"]
+
+
 @pytest.fixture(scope="module")
 def pinning_gen(tiny_cfg):
     """A streaming vLLM engine with program scheduling and 60 s pins over a pool of 64 blocks of 32 tokens."""

@@ -11,7 +11,9 @@ a program's KV in place across its tool call for a time to live; this does the s
 one more reference on the full blocks of each finished request whose id names its program (`request_id`: the
 streaming generator names it under program scheduling). A program keeps the blocks of its last `KEEP` calls (FLARE's
 next look-ahead extends the prompt before its detour, not the detour) until it ends: the engine says so with an
-abort of `end_id(program)`, which no request bears. A pin whose end never comes ends after `kv_pin_s` seconds. When
+abort of `end_id(program)`, which no request bears. A pin whose end never comes ends after `kv_pin_s` seconds without
+a call of its program in vLLM (a call waiting in vLLM's queue, behind the questions ranked before it, stops the
+clock: a late-admitted question may wait there longer than the time to live). When
 the pool's free blocks would not cover a reserve and what the next waiting prompt does not find cached, pins give
 way, the last-ranked program's first (the program's number is its admission order, its priority: so the questions
 served first keep theirs, as vLLM's priority scheduling preempts the last-ranked request first). Given back, a
@@ -24,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -71,7 +73,20 @@ class Pins:
     ttl_s: float
     keep: int = KEEP
     _pins: deque[_Pin] = field(default_factory=deque)
+    _calls: Counter[int] = field(default_factory=Counter)  # programs' calls in vLLM: their pins' clocks stand still
     held: int = 0  # blocks held, a block counted once per pin that holds it
+
+    def started(self, program: int) -> None:
+        self._calls[program] += 1
+
+    def finished(self, program: int, now: float) -> None:
+        """A call of `program` left vLLM (after `hold`): its pins' clocks start again, from now."""
+        self._calls[program] -= 1
+        if self._calls[program] <= 0:
+            del self._calls[program]
+            for pin in self._pins:
+                if pin.program == program:
+                    pin.until = now + self.ttl_s
 
     def hold(self, program: int, blocks: list[Any], now: float) -> list[Any]:
         if not blocks or self.ttl_s <= 0:
@@ -86,7 +101,7 @@ class Pins:
         return self._drop([p for p in self._pins if p.program == program])
 
     def expire(self, now: float) -> list[Any]:
-        return self._drop([p for p in self._pins if p.until <= now])
+        return self._drop([p for p in self._pins if p.until <= now and p.program not in self._calls])
 
     def last_ranked(self) -> list[Any]:
         """End the pins of the program ranked last (the highest number): the pool is short."""
@@ -118,8 +133,16 @@ def _pinning(base: type) -> type:
                 groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
                 full = [b for g in groups for b in g if b.block_hash is not None and not b.is_null]
                 self.kv_cache_manager.block_pool.touch(full)  # one more reference: freeing the request leaves them
-                self._give_back(self.pins.hold(program, full, time.monotonic()))
+                now = time.monotonic()
+                self._give_back(self.pins.hold(program, full, now))
+                self.pins.finished(program, now)
             super()._free_request_blocks(request)
+
+        def add_request(self, request) -> None:
+            program = program_of(request.request_id)
+            if program is not None and self.pins.ttl_s > 0 and request.request_id not in self.requests:
+                self.pins.started(program)
+            super().add_request(request)
 
         def finish_requests(self, request_ids, finished_status):
             ids = [request_ids] if isinstance(request_ids, str) else request_ids
