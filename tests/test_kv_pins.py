@@ -62,6 +62,29 @@ def test_a_pins_clock_stands_still_while_its_program_has_a_call_in_vllm():
     assert pins.expire(now=65.9) == [] and pins.expire(now=66) == ["a", "b"]
 
 
+def test_a_vllm_without_what_the_pins_use_schedules_without_pins(caplog):
+    """Another vLLM than 0.32 (a cluster's wheel): its scheduler lacking the block pool's calls runs unpinned."""
+    from types import SimpleNamespace
+
+    from pipeline.backends.kv_pins import ADDITIONAL_CONFIG_KEY, _pinning
+
+    class OtherScheduler:
+        def __init__(self):
+            self.vllm_config = SimpleNamespace(additional_config={ADDITIONAL_CONFIG_KEY: 60.0})
+            self.kv_cache_manager = SimpleNamespace(get_blocks=None)  # no block pool
+            self.waiting = []
+
+        def _free_request_blocks(self, request):
+            pass
+
+        def schedule(self):
+            return "scheduled"
+
+    sched = _pinning(OtherScheduler)()
+    assert sched.pins.ttl_s == 0 and "kv_cache_manager.block_pool" in caplog.text
+    assert sched.schedule() == "scheduled"
+
+
 @pytest.fixture(scope="module")
 def pinning_gen(tiny_cfg):
     """A streaming vLLM engine with program scheduling and 60 s pins over a pool of 64 blocks of 32 tokens."""

@@ -23,12 +23,15 @@ pin's blocks go where vLLM puts a finished request's: cached, and reused least r
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+log = logging.getLogger(__name__)
 
 ADDITIONAL_CONFIG_KEY = "dynrag_kv_pin_s"  # vLLM's additional_config carries the time to live to its engine process
 SCHEDULER = "pipeline.backends.kv_pins.PinningScheduler"
@@ -124,8 +127,13 @@ def _pinning(base: type) -> type:
     class Pinning(base):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.pins = Pins(float((self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, 0.0)))
-            self._reserve = math.ceil(RESERVE * self.kv_cache_manager.block_pool.num_gpu_blocks)
+            ttl_s = float((self.vllm_config.additional_config or {}).get(ADDITIONAL_CONFIG_KEY, 0.0))
+            missing = _missing(self)
+            if missing and ttl_s > 0:  # another vLLM than the one this was written against (0.32): no pins, no risk
+                log.warning("answer.kv_pin_s: this vLLM's scheduler lacks %s; KV blocks are not pinned", missing)
+                ttl_s = 0.0
+            self.pins = Pins(ttl_s)
+            self._reserve = 0 if missing else math.ceil(RESERVE * self.kv_cache_manager.block_pool.num_gpu_blocks)
 
         def _free_request_blocks(self, request) -> None:
             program = program_of(request.request_id)
@@ -154,11 +162,12 @@ def _pinning(base: type) -> type:
             return super().finish_requests(ids, finished_status)
 
         def schedule(self, *args, **kwargs):
-            self._give_back(self.pins.expire(time.monotonic()))
-            pool = self.kv_cache_manager.block_pool
-            need = self._reserve + (self._uncached(self.waiting.peek_request()) if self.waiting else 0)
-            while len(self.pins) and pool.get_num_free_blocks() < need:
-                self._give_back(self.pins.last_ranked())
+            if len(self.pins):
+                self._give_back(self.pins.expire(time.monotonic()))
+                pool = self.kv_cache_manager.block_pool
+                need = self._reserve + (self._uncached(self.waiting.peek_request()) if self.waiting else 0)
+                while len(self.pins) and pool.get_num_free_blocks() < need:
+                    self._give_back(self.pins.last_ranked())
             return super().schedule(*args, **kwargs)
 
         def _uncached(self, request) -> int:
@@ -177,6 +186,24 @@ def _pinning(base: type) -> type:
 
     Pinning.__name__ = Pinning.__qualname__ = f"Pinning{base.__name__}"
     return Pinning
+
+
+def _missing(scheduler) -> str:
+    """What of vLLM's scheduler the pins use that `scheduler` lacks ("" where nothing)."""
+    pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+    needs = {
+        "kv_cache_manager.block_pool": pool is not None,
+        "kv_cache_manager.get_blocks": hasattr(getattr(scheduler, "kv_cache_manager", None), "get_blocks"),
+        "BlockPool.touch/free_blocks/get_cached_block/get_num_free_blocks/num_gpu_blocks": all(
+            hasattr(pool, a)
+            for a in ("touch", "free_blocks", "get_cached_block", "get_num_free_blocks", "num_gpu_blocks")
+        ),
+        "waiting.peek_request": hasattr(getattr(scheduler, "waiting", None), "peek_request"),
+        "Scheduler._free_request_blocks": callable(
+            getattr(super(type(scheduler), scheduler), "_free_request_blocks", None)
+        ),
+    }
+    return ", ".join(name for name, ok in needs.items() if not ok)
 
 
 class PinningScheduler:
