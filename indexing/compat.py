@@ -142,6 +142,28 @@ async def stop_output_handler(llm: Any) -> None:
         await asyncio.gather(handler, return_exceptions=True)
 
 
+def vllm_scheduler(async_scheduling: bool) -> type | None:
+    """vLLM's v1 scheduler class, the async one where the engine schedules asynchronously: the base of a scheduler
+    passed as `scheduler_cls` (pipeline/backends/kv_pins.py). Fallback: None, where vLLM moved them."""
+    try:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        from vllm.v1.core.sched.scheduler import Scheduler
+    except ImportError:
+        return None
+    return AsyncScheduler if async_scheduling else Scheduler
+
+
+async def abort_in_engine(llm: Any, request_ids: list[str]) -> bool:
+    """Abort `request_ids` in an `AsyncLLM`'s engine core directly, also ids no request of the client bears (its
+    own `abort` drops those before the core sees them); whether it could. Fallback: False, where the client has
+    no engine core."""
+    core = getattr(llm, "engine_core", None)
+    if core is None or not hasattr(core, "abort_requests_async"):
+        return False
+    await core.abort_requests_async(request_ids)
+    return True
+
+
 def is_engine_dead(err: BaseException) -> bool:
     """Whether `err` is vLLM's EngineDeadError (its engine core died: unrecoverable). Fallback: the error's
     class (or a base) named so, where vLLM moved it."""

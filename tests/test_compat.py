@@ -52,6 +52,12 @@ def test_the_private_paths_exist_in_the_locked_versions():
 
     assert callable(AsyncLLM.from_engine_args) and "self.output_handler" in inspect.getsource(AsyncLLM.__init__)
     assert compat.is_engine_dead(EngineDeadError()) and not compat.is_engine_dead(RuntimeError("one prompt's"))
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core_client import AsyncMPClient
+
+    assert compat.vllm_scheduler(True) is AsyncScheduler and compat.vllm_scheduler(False) is Scheduler
+    assert callable(AsyncMPClient.abort_requests_async) and "self.engine_core" in inspect.getsource(AsyncLLM.__init__)
 
 
 def test_the_drain_table_and_the_worker_check_through_a_real_ray():
@@ -95,6 +101,9 @@ def test_fallbacks_where_the_private_paths_are_gone(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.v1.engine.exceptions", None)  # moved: its import fails
     assert compat.is_engine_dead(type("EngineDeadError", (Exception,), {})())
     assert not compat.is_engine_dead(RuntimeError("one prompt's"))
+    assert asyncio.run(compat.abort_in_engine(object(), ["end@1"])) is False  # no engine core: nothing aborted
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.sched.scheduler", None)
+    assert compat.vllm_scheduler(False) is None
 
 
 def test_a_drain_deadline_of_zero_means_none(monkeypatch):

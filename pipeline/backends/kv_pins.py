@@ -211,8 +211,9 @@ class PinningScheduler:
     where it can), else its synchronous one. Constructed by vLLM's engine core from `scheduler_cls`."""
 
     def __new__(cls, *args, vllm_config, **kwargs):
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-        from vllm.v1.core.sched.scheduler import Scheduler
+        from indexing.compat import vllm_scheduler
 
-        base = AsyncScheduler if vllm_config.scheduler_config.async_scheduling else Scheduler
+        base = vllm_scheduler(bool(vllm_config.scheduler_config.async_scheduling))
+        if base is None:  # another vLLM than the locked one (0.32), whose scheduler classes moved
+            raise RuntimeError("this vLLM's scheduler classes moved: set answer.kv_pin_s=0 to run without KV pins")
         return _pinning(base)(*args, vllm_config=vllm_config, **kwargs)

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
+from indexing.compat import abort_in_engine
 from pipeline.backends.kv_pins import end_id, request_id
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator, as_engine_dead
 from pipeline.engine.requests import Completion, SamplingSpec
@@ -66,8 +67,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
             return
         with self._submitting:
             if self.llm is not None:
-                end = self.llm.engine_core.abort_requests_async([end_id(program)])
-                asyncio.run_coroutine_threadsafe(end, self._loop)
+                asyncio.run_coroutine_threadsafe(abort_in_engine(self.llm, [end_id(program)]), self._loop)
 
     async def _run(
         self, llm, key: str, prompt, params, spec: SamplingSpec | None = None
