@@ -13,11 +13,11 @@ streaming generator names it under program scheduling). A program keeps the bloc
 next look-ahead extends the prompt before its detour, not the detour) until it ends: the engine says so with an
 abort of `end_id(program)`, which no request bears. A pin whose end never comes ends after `kv_pin_s` seconds without
 a call of its program in vLLM (a call waiting in vLLM's queue, behind the questions ranked before it, stops the
-clock: a late-admitted question may wait there longer than the time to live). When
-the pool's free blocks would not cover a reserve and what the next waiting prompt does not find cached, pins give
-way, the last-ranked program's first (the program's number is its admission order, its priority: so the questions
-served first keep theirs, as vLLM's priority scheduling preempts the last-ranked request first). Given back, a
-pin's blocks go where vLLM puts a finished request's: cached, and reused least recently freed first.
+clock: a late-admitted question may wait there longer than the time to live). When the pool's free blocks would not
+cover a reserve and what the next waiting prompt does not find cached, pins give way, the last-ranked program's
+first (the program's number is its admission order, its priority: so the questions served first keep theirs, as
+vLLM's priority scheduling preempts the last-ranked request first). Given back, a pin's blocks go where vLLM puts a
+finished request's: cached, and reused least recently freed first.
 `Pins` is the bookkeeping, free of vLLM, so that its rules are tested alone.
 """
 
