@@ -77,7 +77,11 @@ class Pins:
     keep: int = KEEP
     _pins: deque[_Pin] = field(default_factory=deque)
     _calls: Counter[int] = field(default_factory=Counter)  # programs' calls in vLLM: their pins' clocks stand still
-    held: int = 0  # blocks held, a block counted once per pin that holds it
+
+    @property
+    def held(self) -> int:
+        """Blocks held, a block counted once per pin that holds it."""
+        return sum(len(p.blocks) for p in self._pins)
 
     def started(self, program: int) -> None:
         self._calls[program] += 1
@@ -97,7 +101,6 @@ class Pins:
         mine = [p for p in self._pins if p.program == program]
         released = self._drop(mine[: max(0, len(mine) + 1 - self.keep)])
         self._pins.append(_Pin(program, list(blocks), now + self.ttl_s))
-        self.held += len(blocks)
         return released
 
     def end(self, program: int) -> list[Any]:
@@ -118,7 +121,6 @@ class Pins:
         released: list[Any] = []
         for pin in pins:
             self._pins.remove(pin)
-            self.held -= len(pin.blocks)
             released += pin.blocks
         return released
 
