@@ -214,6 +214,7 @@ def test_bench_experiment_answers_the_runs_together_with_the_predictions_of_one_
     questions (impossible one run after another) in fewer decode steps."""
     from jobs.bench.experiment import METHODS, bench_experiment
     from jobs.bench.pipeline import DEFAULTS
+    from jobs.bench.simulated import PREFILL_PER_S, RUNNING_S, STEP_S
     from pipeline.config import load_config
 
     n = 6
@@ -226,5 +227,12 @@ def test_bench_experiment_answers_the_runs_together_with_the_predictions_of_one_
     assert seq["max_running"] <= n < conc["max_running"]
     assert conc["decode_steps"] < seq["decode_steps"] and conc["mean_running"] > seq["mean_running"]
     assert f["ratio_vs_sequential"] == round(seq["seconds"] / conc["seconds"], 2)
+    # the modelled seconds are the steps' costs, whatever the sleeps; no step serves two of a question's calls
+    for w in (conc, seq):
+        uncached = w["prompt_tokens"] - w["cached_prompt_tokens"]
+        costs = STEP_S * w["decode_steps"] + RUNNING_S * w["completion_tokens"] + uncached / PREFILL_PER_S
+        assert w["model_s"] == pytest.approx(costs, abs=0.01)
+        assert w["longest_program_tokens"] <= w["decode_steps"]
+    assert 1 < f["model_ratio_vs_sequential"] <= f["model_ratio_bound"]
     hits = f["retrieval_cache_hit_rate"]["sequential"]
     assert hits["sr-rag"] == 0.0 and hits["iter-retgen"] > 0  # its first query: the question sr-rag searched before

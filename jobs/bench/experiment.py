@@ -9,7 +9,10 @@ one run after another, each with the engine to itself). Both modes first answer 
 first calls out of the timing). Per mode: seconds from the first question to the last row (no process or engine
 startup: the model has none), LLM calls, tokens, the generator's decode steps and mean running sequences per
 step, its busy fraction, and per run the retrieval cache's hit rate. `ratio_vs_sequential`: the sequential
-seconds over the concurrent ones. `same_as_alone`: every run's predictions identical in both modes (sequential
+seconds over the concurrent ones. `model_ratio_vs_sequential`: the same over the modelled seconds of the
+generator's steps (`model_s`: as slept at time scale 1 on an idle host; steady where the wall seconds move with
+the host), and `model_ratio_bound` the most any scheduling could reach: the sequential mode's modelled seconds over
+the least the concurrent mode's tokens need (`model_floor_s`). `same_as_alone`: every run's predictions identical in both modes (sequential
 being each run with the engine to itself). A simulation: the figures are the model's (below), not a GPU's.
 Sleeps are `--time-scale` times the modelled seconds.
 """
@@ -51,7 +54,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
         "--json",
         action="store_true",
         help="print one JSON document: {simulated (the model), time_scale, kv_tokens, scheduling, methods, questions, "
-        "ratio_vs_sequential, same_as_alone, "
+        "ratio_vs_sequential, model_ratio_vs_sequential, model_ratio_bound, same_as_alone, "
         "same_as_alone_per_run, retrieval_cache_hit_rate, modes: {concurrent, sequential}}",
     )
     add_config_args(p)
@@ -100,12 +103,36 @@ def bench_mode(
             m: round(p["cached_prompt_tokens"] / max(p["prompt_tokens"], 1), 3) for m, p in per.items()
         },
         "kv_evicted_blocks": gen.kv.evicted if gen.kv is not None else None,
+        "model_s": round(gen.model_s, 2),
+        "longest_program_tokens": max(longest_program(out / m) for m in methods),
         "decode_steps": len(steps),
         "mean_running": round(sum(steps) / max(len(steps), 1), 1),
         "max_running": max(steps, default=0),
         "generator_busy": round(gen.busy_s / wall, 3) if wall else None,
         "per_run": per,
     }
+
+
+def longest_program(run_dir: Path) -> int:
+    """The most tokens one question's calls generated: the decode steps its calls need one after another."""
+    import pyarrow.compute as pc
+
+    from pipeline.io.output import read_rows
+
+    return int(pc.max(read_rows(str(run_dir))["completion_tokens"]).as_py() or 0)
+
+
+def model_floor_s(mode: dict[str, Any]) -> float:
+    """The least modelled time of a mode's work under any scheduling: the steps its longest program needs (one
+    question's calls run one after another, a token a step), each at the step's fixed cost, plus the costs per
+    running sequence and per uncached prompt token of all its tokens, which no order changes while nothing is
+    evicted."""
+    uncached = mode["prompt_tokens"] - mode["cached_prompt_tokens"]
+    return (
+        simulated.STEP_S * mode["longest_program_tokens"]
+        + simulated.RUNNING_S * mode["completion_tokens"]
+        + uncached / simulated.PREFILL_PER_S
+    )
 
 
 def bench_experiment(cfg, methods: list[str], n: int, scale: float, kv_tokens: int | None = None) -> dict[str, Any]:
@@ -120,7 +147,7 @@ def bench_experiment(cfg, methods: list[str], n: int, scale: float, kv_tokens: i
     for got in modes.values():
         for p in got["per_run"].values():
             p.pop("predictions")
-    conc = modes["concurrent"]["seconds"]
+    conc, seq_model = modes["concurrent"]["seconds"], modes["sequential"]["model_s"]
     return {
         "simulated": simulated.__doc__.split("\n\n", 1)[1].strip(),
         "time_scale": scale,
@@ -129,6 +156,8 @@ def bench_experiment(cfg, methods: list[str], n: int, scale: float, kv_tokens: i
         "methods": methods,
         "questions": n * len(methods),
         "ratio_vs_sequential": round(modes["sequential"]["seconds"] / conc, 2) if conc else None,
+        "model_ratio_vs_sequential": round(seq_model / modes["concurrent"]["model_s"], 3),
+        "model_ratio_bound": round(seq_model / model_floor_s(modes["concurrent"]), 3),
         "same_as_alone": all(v.split("/")[0] == v.split("/")[1] for v in alone.values()),
         "same_as_alone_per_run": alone,
         "retrieval_cache_hit_rate": {
@@ -167,6 +196,12 @@ def run(args: argparse.Namespace) -> None:
             f"{w['completion_tokens']} | "
             f"{w['decode_steps']} | {w['mean_running']} ({w['max_running']}) | {w['generator_busy']} |"
         )
+    print(
+        f"modelled seconds (the steps' costs): concurrent {f['modes']['concurrent']['model_s']}, sequential "
+        f"{f['modes']['sequential']['model_s']}: {f['model_ratio_vs_sequential']}x; the most any scheduling "
+        f"reaches: {f['model_ratio_bound']}x (the longest program, "
+        f"{f['modes']['concurrent']['longest_program_tokens']} tokens, one step each)"
+    )
     print(
         f"concurrent: {f['ratio_vs_sequential']}x sequential; same as alone: {f['same_as_alone']} "
         f"{f['same_as_alone_per_run']}"

@@ -73,6 +73,14 @@ def tokenized(prompt, pieces: list[str], token_spans: bool) -> dict:
     }
 
 
+STEP_S, RUNNING_S, PREFILL_PER_S = 0.015, 0.0001, 20_000  # the decode step's costs (the model above)
+
+
+def step_seconds(running: int, prefill_tokens: int) -> float:
+    """One decode step of `running` sequences that admits prompts with `prefill_tokens` uncached tokens."""
+    return STEP_S + RUNNING_S * running + prefill_tokens / PREFILL_PER_S
+
+
 @dataclass(frozen=True)
 class Cost:
     scale: float = 1.0  # 0: free; 0.1: ten times faster than the model
@@ -109,6 +117,7 @@ class SimGenerator(StreamingGenerator):
         blocks = max(1, round((kv_tokens or 0) / 1.3 / KV_BLOCK_WORDS))
         self.kv = PrefixCache(blocks, KV_BLOCK_WORDS, pins) if kv_tokens else None
         self.steps: list[int] = []
+        self.model_s = 0.0  # the modelled seconds of its steps (whatever the sleeps' scale and the host)
         self.flight = InFlight()
         self._waiting: list[_Seq] = []  # a heap
         self._cv = threading.Condition()
@@ -176,7 +185,9 @@ class SimGenerator(StreamingGenerator):
                     return
             running += admitted
             prefill = sum(seq.out.prompt_tokens - seq.out.cached_prompt_tokens for seq in admitted)
-            self.cost.sleep(prefill / 20_000 + 0.015 + 0.0001 * len(running))
+            step_s = step_seconds(len(running), prefill)
+            self.model_s += step_s
+            self.cost.sleep(step_s)
             self.steps.append(len(running))
             for seq in running:
                 seq.left -= 1
