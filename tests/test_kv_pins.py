@@ -233,3 +233,43 @@ def test_the_latency_models_cache_holds_a_programs_blocks_until_it_ends_and_shed
     assert sorted({p.program for p in cache.pins._pins}) == [1, 3]
     cache.end(1)
     assert len(cache.pins) == 1 and all(k in cache.free for k in cache.keys(first))
+
+
+def test_the_latency_models_pins_take_programs_ends_while_its_scheduler_releases_sequences():
+    """A program's end comes from the engine's thread while the model's scheduler thread finishes sequences: both
+    change the same pins (`dynrag bench experiment --simulate-gpu --kv-tokens 100000` once failed with "deque
+    mutated during iteration"). Programs end over and over while sequences finish, with the interpreter switching
+    threads as often as it can; every call completes."""
+    import sys
+    import threading
+
+    from jobs.bench.simulated import SimGenerator
+
+    gen = SimGenerator(kv_tokens=200_000, pins=True)
+    words = " ".join(f"w{i}" for i in range(100))
+    stop, errors = threading.Event(), []
+
+    def end_programs():
+        try:
+            while not stop.is_set():
+                for program in range(0, 600, 7):
+                    gen.program_ended(program)
+        except Exception as e:  # the scheduler's thread changed the pins under this one
+            errors.append(e)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    ends = threading.Thread(target=end_programs)
+    ends.start()
+    try:
+        futures = [
+            gen.submit(f"{program} {call} {words}", SamplingSpec(max_tokens=2, priority=program), chat=False)
+            for call in range(2)
+            for program in range(600)
+        ]
+        done = [f.result(timeout=120) for f in futures]
+    finally:
+        stop.set()
+        ends.join(timeout=60)
+        sys.setswitchinterval(switch)
+    assert len(done) == 1_200 and errors == []

@@ -191,10 +191,12 @@ class SimGenerator(StreamingGenerator):
             self.steps.append(len(running))
             for seq in running:
                 seq.left -= 1
-            for seq in running:
-                if seq.left <= 0:
+            done = [seq for seq in running if seq.left <= 0]
+            with self._cv:  # the KV cache and its pins are also changed by program_ended, on the engine's thread
+                for seq in done:
                     self._release(seq, ran=True)
-                    seq.fut.set_result((seq.out, self.flight.finish(seq.rank[1])))
+            for seq in done:
+                seq.fut.set_result((seq.out, self.flight.finish(seq.rank[1])))
             running = [seq for seq in running if seq.left > 0]
 
     @staticmethod
