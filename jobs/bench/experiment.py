@@ -4,16 +4,17 @@ latency-model backends.
 Several methods over the same synthetic questions, answered by the experiment's own runner (`run_methods` of
 pipeline/evaluation/experiment.py, as `dynrag experiment` runs a dataset) twice, each time on a fresh set of
 `jobs/bench/simulated.py`'s backends handed to it as `dynrag experiment`'s real ones are: concurrent
-(answer.runs=concurrent: every run's questions in one engine's admission queue) and sequential (`--sequential`:
-one run after another, each with the engine to itself). Both modes first answer 2 questions unslept (imports and
-first calls out of the timing). Per mode: seconds from the first question to the last row (no process or engine
-startup: the model has none), LLM calls, tokens, the generator's decode steps and mean running sequences per
-step, its busy fraction, and per run the retrieval cache's hit rate. `ratio_vs_sequential`: the sequential
-seconds over the concurrent ones. `model_ratio_vs_sequential`: the same over the modelled seconds of the
-generator's steps (`model_s`: as slept at time scale 1 on an idle host; steady where the wall seconds move with
-the host), and `model_ratio_bound` the most any scheduling could reach: the sequential mode's modelled seconds over
-the least the concurrent mode's tokens need (`model_floor_s`). `same_as_alone`: every run's predictions identical in both modes (sequential
-being each run with the engine to itself). A simulation: the figures are the model's (below), not a GPU's.
+(answer.runs=concurrent: every run's questions in one engine's admission queue) and sequential (`--sequential`: one
+run after another, each with the engine to itself). Both modes first answer 2 questions unslept (imports and first
+calls out of the timing). Per mode: seconds from the first question to the last row (no process or engine startup:
+the model has none), LLM calls, tokens, the generator's decode steps and mean running sequences per step, its busy
+fraction, and per run the retrieval cache's hit rate. `ratio_vs_sequential`: the sequential seconds over the
+concurrent ones. `model_ratio_vs_sequential`: the same over the modelled seconds of the generator's steps
+(`model_s`: as slept at time scale 1 on an idle host; steady where the wall seconds move with the host), and
+`model_ratio_bound` the most any scheduling could reach: the sequential mode's modelled seconds over the least the
+concurrent mode's tokens need (`model_floor_s`). `same_as_alone`: every run's predictions identical in both modes
+(sequential being each run with the engine to itself). A simulation: the figures are the model's (below), not a
+GPU's.
 Sleeps are `--time-scale` times the modelled seconds.
 """
 
