@@ -105,22 +105,13 @@ def bench_mode(
         },
         "kv_evicted_blocks": gen.kv.evicted if gen.kv is not None else None,
         "model_s": round(gen.model_s, 2),
-        "longest_program_tokens": max(longest_program(out / m) for m in methods),
+        "longest_program_tokens": max(p["longest_program_tokens"] for p in per.values()),
         "decode_steps": len(steps),
         "mean_running": round(sum(steps) / max(len(steps), 1), 1),
         "max_running": max(steps, default=0),
         "generator_busy": round(gen.busy_s / wall, 3) if wall else None,
         "per_run": per,
     }
-
-
-def longest_program(run_dir: Path) -> int:
-    """The most tokens one question's calls generated: the decode steps its calls need one after another."""
-    import pyarrow.compute as pc
-
-    from pipeline.io.output import read_rows
-
-    return int(pc.max(read_rows(str(run_dir))["completion_tokens"]).as_py() or 0)
 
 
 def model_floor_s(mode: dict[str, Any]) -> float:

@@ -66,8 +66,9 @@ def dynrag_command(args, path: Path, sequential: bool) -> list[str]:
 
 
 def run_figures(run_dir: str, t_cmd: float, said: str = "prediction") -> dict[str, Any]:
-    """One dynrag run's figures from its rows: rows, errors, its last row's time after `t_cmd`, LLM calls, tokens,
-    retrievals and the cache's hit rate, generation and retrieval seconds, and each question's `said` column."""
+    """One dynrag run's figures from its rows: rows, errors, its last row's time after `t_cmd`, LLM calls, tokens (and
+    the most one question generated), retrievals and the cache's hit rate, generation and retrieval seconds, and each
+    question's `said` column."""
     import polars as pl
 
     from pipeline.io.output import read_rows
@@ -81,6 +82,7 @@ def run_figures(run_dir: str, t_cmd: float, said: str = "prediction") -> dict[st
         "llm_calls": int(df["llm_calls"].sum()),
         "prompt_tokens": int(df["prompt_tokens"].sum()),
         "completion_tokens": int(df["completion_tokens"].sum()),
+        "longest_program_tokens": int(df["completion_tokens"].max() or 0),  # one question's: its steps in a row
         "retrievals": calls,
         "retrieval_cache_hit_rate": round(int(df["retrieval_cache_hits"].sum()) / calls, 3) if calls else None,
         "cached_prompt_tokens": int(df["cached_prompt_tokens"].sum()),
