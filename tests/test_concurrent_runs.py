@@ -5,6 +5,7 @@ repeated queries across runs and rounds with the same hits, and each row counts 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from fakes import MemoryRetriever
@@ -98,6 +99,26 @@ def test_concurrent_runs_write_the_rows_of_sequential_runs_and_of_each_run_alone
         assert rows(tmp_path / "together", r.label) == rows(tmp_path / f"alone-{r.label}", r.label)
     # one engine served them: a generate call held more prompts than one run's 6 questions ever make at once
     assert max(gen.calls) > 6
+
+
+class QuestionOrder(CountingBatches):
+    """Records, per generate call, the number of the question each prompt asks."""
+
+    def __init__(self):
+        super().__init__()
+        self.asked: list[list[int]] = []
+
+    def generate(self, prompts, samplings, chats):
+        self.asked.append([int(re.findall(r"(?:number|France) (\d+)\?", str(p))[-1]) for p in prompts])
+        return super().generate(prompts, samplings, chats)
+
+
+def test_concurrent_runs_are_admitted_question_by_question(tmp_path):
+    """Every run's first question, then every run's second: a question's runs are in flight together, whatever
+    order the runs' threads put their questions in (first in, first out admitted one run's six before the next's)."""
+    _, _, gen = answer(tmp_path, tmp_path / "together", generator=QuestionOrder)
+    first = gen.asked[0]
+    assert len(first) == 6 * len(RUNS) and first == sorted(first)  # each run's first prompt, by question
 
 
 def test_concurrent_runs_resume_each_run_on_its_own(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from jobs.bench.simulated import Cost, SimGenerator
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.engine.continuous import ContinuousEngine, Feed
+from pipeline.engine.continuous import NOTHING_YET, ContinuousEngine, Feed
 from pipeline.engine.core import Engine
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Answer, Generate, Question, SamplingSpec
@@ -109,6 +109,52 @@ def test_a_feeds_questions_are_admitted_while_earlier_ones_are_in_flight():
         assert done.wait(60) and got[-1] == "slow0" and len(got) == 6
     finally:
         engine.close()
+
+
+def test_a_feed_gives_its_sources_questions_in_turn_each_sources_in_order():
+    feed = Feed()
+    feed.put(questions(3, "a"), source="run a")
+    feed.put(questions(2, "b"), source="run b")
+    feed.put([], source="run c")  # nothing: no turn
+    feed.put(questions(1, "c"), source="run a")  # a source's later batch comes after its earlier one
+    feed.close()
+    assert [q.id for q in feed] == ["a0", "b0", "a1", "b1", "a2", "c0"]
+    again = Feed()
+    again.put(questions(3, "a"), source="run a")
+    again.put(questions(2, "b"), source="run b")
+    again.close()
+    assert [[q.id for q in g] for g in again.batches(3)] == [["a0", "b0", "a1"], ["b1", "a2"]]
+    one = Feed()  # one source (a replica's own run): first in, first out
+    one.put(questions(2, "a"))
+    one.put(questions(2, "b"))
+    one.close()
+    assert [q.id for q in one] == ["a0", "a1", "b0", "b1"]
+
+
+def test_a_feed_expecting_sources_holds_the_questions_until_they_came_or_the_wait_ended(monkeypatch):
+    import pipeline.engine.continuous as continuous_module
+
+    feed = Feed()
+    feed.expect(3)
+    feed.put(questions(2, "a"), source="run a")
+    feed.put(questions(2, "b"), source="run b")
+    taken = iter(feed)
+    assert next(taken) is NOTHING_YET  # run c's are awaited
+    feed.put(questions(2, "c"), source="run c")
+    assert [next(taken).id for _ in range(6)] == ["a0", "b0", "c0", "a1", "b1", "c1"]
+    withdrawn = Feed()
+    withdrawn.expect(2)
+    withdrawn.put(questions(1, "a"), source="run a")
+    assert next(iter(withdrawn)) is NOTHING_YET
+    withdrawn.withdraw()  # the other run ended without putting any (nothing to answer, or failed)
+    assert next(iter(withdrawn)).id == "a0"
+    monkeypatch.setattr(continuous_module, "GATHER_S", 0.05)
+    late = Feed()
+    late.expect(2)
+    late.put(questions(1, "a"), source="run a")
+    assert next(iter(late)) is NOTHING_YET
+    time.sleep(0.1)  # the wait is bounded: the sources that came go on
+    assert next(iter(late)).id == "a0"
 
 
 def test_the_first_sigterm_requests_the_drain_and_the_second_stops_at_once():

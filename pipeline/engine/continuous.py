@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, cast
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.2  # the coordinator's longest wait before it looks at a drain request again
 WAKE: tuple[None, list] = (None, [])  # an inbox event with no deliveries: a Feed has more questions
+GATHER_S = 2.0  # Feed.expect: the longest the first questions wait for the other sources' (the six runs of a
+# table put theirs within 15 ms of the first; a run that ends without putting any is withdrawn at once)
 NOTHING_YET = Question("", "")  # what iterating a Feed gives when no question is waiting and it is not closed
 
 
@@ -61,20 +63,57 @@ class Feed:
     """A replica's inbox (pipeline/runtime/replica.py): questions that arrive while a continuous engine runs,
     and messages for its coordinator (a drain, a stop). Any thread, or a signal handler, may `put` or `send`;
     only the coordinator consumes: `poll` hands it the messages (`on_message`, on its own thread) and
-    iterating gives it the questions. `close` when no more will come."""
+    iterating gives it the questions. `close` when no more will come.
+
+    Questions come out one source at a time in turn (`put(..., source=)`: an experiment's runs), each source's in
+    the order put. Runs over one dataset are so admitted question by question (every run's first question, then
+    every run's second), and the prompts a question's runs share (the standard template over the question's
+    passages) are computed once and found in the prefix cache, whatever order the runs' threads put their
+    batches in (first in, first out, a run put last found them evicted: docs/benchmarks.md, issue 62). With
+    `expect(n)`, no question comes out until n sources have put theirs (GATHER_S at most after the first put):
+    else the first run's whole batch is admitted before the others have put theirs."""
 
     def __init__(self, on_message: Callable[[Any], None] | None = None) -> None:
-        self._items: deque[Question] = deque()
+        self._sources: dict[Hashable, deque[Question]] = {}  # by source, only those with questions, in turn order
         self._messages: queue.SimpleQueue = queue.SimpleQueue()  # reentrant: safe from a signal handler
         self._closed = False
         self._lock = threading.Lock()
         self._arrived = threading.Event()  # for `batches`, which waits instead of being woken
         self.on_message = on_message or (lambda message: None)
         self.wake: Callable[[], None] = lambda: None  # set by the engine that reads the feed
+        self._expected = 1  # sources awaited before the first question comes out (`expect`)
+        self._seen: set[Hashable] = set()  # the sources that have put questions
+        self._first_put: float | None = None
 
-    def put(self, questions: Iterable[Question]) -> None:
+    def expect(self, sources: int) -> None:
+        """Hold the questions until `sources` sources have put theirs (GATHER_S at most after the first put)."""
         with self._lock:
-            self._items.extend(questions)
+            self._expected = sources
+
+    def withdraw(self) -> None:
+        """One source awaited will not come (its run failed before it put its questions)."""
+        with self._lock:
+            self._expected -= 1
+        self.wake()
+
+    def _gathering(self) -> bool:
+        """Whether the questions are held for sources still to come (under the lock)."""
+        if len(self._seen) >= self._expected or self._closed or self._first_put is None:
+            return False
+        if time.monotonic() - self._first_put < GATHER_S:
+            return True
+        self._expected = 0  # waited long enough: the sources that came go on without the others
+        log.info("feed: %d runs' questions came within %.0f s; the others' join later", len(self._seen), GATHER_S)
+        return False
+
+    def put(self, questions: Iterable[Question], source: Hashable = None) -> None:
+        with self._lock:
+            self._seen.add(source)
+            self._first_put = self._first_put or time.monotonic()
+            got = self._sources.setdefault(source, deque())
+            got.extend(questions)
+            if not got:
+                del self._sources[source]
         self._arrived.set()
         self.wake()
 
@@ -89,6 +128,16 @@ class Feed:
         self._arrived.set()
         self.wake()
 
+    def _take(self) -> Question:
+        """The next question (under the lock, some waiting): the first of the source whose turn it is, which then
+        goes to the back of the turn."""
+        source, items = next(iter(self._sources.items()))
+        item = items.popleft()
+        del self._sources[source]
+        if items:
+            self._sources[source] = items
+        return item
+
     def poll(self) -> None:
         """Hand every waiting message to `on_message` (the coordinator's thread: the one consumer)."""
         while True:
@@ -102,8 +151,10 @@ class Feed:
         """The questions as they come; NOTHING_YET whenever none is waiting; ends once closed and empty."""
         while True:
             with self._lock:
-                if self._items:
-                    item = self._items.popleft()
+                if self._gathering():
+                    item = NOTHING_YET
+                elif self._sources:
+                    item = self._take()
                 elif self._closed:
                     return
                 else:
@@ -116,7 +167,8 @@ class Feed:
         while True:
             self.poll()
             with self._lock:
-                group = [self._items.popleft() for _ in range(min(size, len(self._items)))]
+                held = self._gathering()
+                group = [] if held else [self._take() for _ in range(min(size, sum(map(len, self._sources.values()))))]
                 closed = self._closed
             if group:
                 yield group

@@ -232,10 +232,9 @@ def concurrent_runs(runs: list[MethodRun], one, cfg: DynragConfig, runner, backe
     def each(r: MethodRun) -> dict:
         try:
             return one(r, shared)
-        except BaseException:
-            if hasattr(shared, "withdraw"):  # Ray's runs start together: the others go without this one
+        finally:  # the runs start together: a run that ended (or had nothing to answer, or failed) is not awaited
+            if hasattr(shared, "withdraw"):
                 shared.withdraw(str(out / r.label))
-            raise
 
     pool = ThreadPoolExecutor(len(runs), thread_name_prefix="dynrag-run")
     try:

@@ -163,6 +163,11 @@ class Replica:
         elif self._loop is None:
             self._shutdown()
 
+    def withdraw(self, out: str) -> None:
+        """A shared replica's run (into `out`) ended, answered or failed: its questions are no longer awaited
+        (Feed.expect)."""
+        self.inbox.withdraw()
+
     # -- what its process does next ------------------------------------------------------------------
     @property
     def failed(self) -> bool:
@@ -244,7 +249,7 @@ class Replica:
             if self.state is not State.SERVING:  # drained: these questions are a rerun's
                 return []
             self._waiting.update((id(q), got) for q in questions)
-        self.inbox.put(questions)
+        self.inbox.put(questions, source=id(run))  # runs admitted in turn (Feed)
         return got.result()
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------

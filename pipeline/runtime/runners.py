@@ -145,7 +145,9 @@ class LocalRunner:
         for every run's questions)."""
         from pipeline.runtime.replica import Replica
 
-        return Replica(cfg, None, None, backends, None, {}, drain=drain).start()
+        replica = Replica(cfg, None, None, backends, None, {}, drain=drain).start()
+        replica.inbox.expect(runs)  # the runs admitted question by question from the first (Feed)
+        return replica
 
 
 class RayRunner:
@@ -229,7 +231,8 @@ class RayRuns:
         return self._reports(inbox)
 
     def withdraw(self, out: str) -> None:
-        """The run into `out` failed before it came (its checks): the others go without it."""
+        """The run into `out` ended; before it came (its checks failed, or it had nothing to answer), the others go
+        without it."""
         with self._lock:
             if any(j.out == out for j in self._jobs):
                 return  # it came: it ends with the job
