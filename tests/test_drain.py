@@ -111,30 +111,25 @@ def test_a_feeds_questions_are_admitted_while_earlier_ones_are_in_flight():
         engine.close()
 
 
-def test_a_feed_gives_its_sources_questions_in_turn_each_sources_in_order():
-    feed = Feed()
-    feed.put(questions(3, "a"), source="run a")
-    feed.put(questions(2, "b"), source="run b")
-    feed.put([], source="run c")  # nothing: no turn
-    feed.put(questions(1, "c"), source="run a")  # a source's later batch comes after its earlier one
-    feed.close()
-    assert [q.id for q in feed] == ["a0", "b0", "a1", "b1", "a2", "c0"]
-    again = Feed()
-    again.put(questions(3, "a"), source="run a")
-    again.put(questions(2, "b"), source="run b")
-    again.close()
-    assert [[q.id for q in g] for g in again.batches(3)] == [["a0", "b0", "a1"], ["b1", "a2"]]
-    one = Feed()  # one source (a replica's own run): first in, first out
-    one.put(questions(2, "a"))
-    one.put(questions(2, "b"))
-    one.close()
-    assert [q.id for q in one] == ["a0", "a1", "b0", "b1"]
+def test_a_feed_gives_its_questions_first_in_first_out_or_its_sources_in_turn():
+    def fill(feed: Feed) -> Feed:
+        feed.put(questions(3, "a"), source="run a")
+        feed.put(questions(2, "b"), source="run b")
+        feed.put([], source="run c")  # nothing: no turn
+        feed.put(questions(1, "c"), source="run a")  # a source's later batch comes after its earlier one
+        feed.close()
+        return feed
+
+    assert [q.id for q in fill(Feed())] == ["a0", "a1", "a2", "b0", "b1", "c0"]  # the default: as put
+    assert [q.id for q in fill(Feed(in_turn=True))] == ["a0", "b0", "a1", "b1", "a2", "c0"]
+    groups = [[q.id for q in g] for g in fill(Feed(in_turn=True)).batches(3)]
+    assert groups == [["a0", "b0", "a1"], ["b1", "a2", "c0"]]
 
 
 def test_a_feed_expecting_sources_holds_the_questions_until_they_came_or_the_wait_ended(monkeypatch):
     import pipeline.engine.continuous as continuous_module
 
-    feed = Feed()
+    feed = Feed(in_turn=True)
     feed.expect(3)
     feed.put(questions(2, "a"), source="run a")
     feed.put(questions(2, "b"), source="run b")
@@ -142,14 +137,14 @@ def test_a_feed_expecting_sources_holds_the_questions_until_they_came_or_the_wai
     assert next(taken) is NOTHING_YET  # run c's are awaited
     feed.put(questions(2, "c"), source="run c")
     assert [next(taken).id for _ in range(6)] == ["a0", "b0", "c0", "a1", "b1", "c1"]
-    withdrawn = Feed()
+    withdrawn = Feed(in_turn=True)
     withdrawn.expect(2)
     withdrawn.put(questions(1, "a"), source="run a")
     assert next(iter(withdrawn)) is NOTHING_YET
     withdrawn.withdraw()  # the other run ended without putting any (nothing to answer, or failed)
     assert next(iter(withdrawn)).id == "a0"
     monkeypatch.setattr(continuous_module, "GATHER_S", 0.05)
-    late = Feed()
+    late = Feed(in_turn=True)
     late.expect(2)
     late.put(questions(1, "a"), source="run a")
     assert next(iter(late)) is NOTHING_YET

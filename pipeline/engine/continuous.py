@@ -65,15 +65,17 @@ class Feed:
     only the coordinator consumes: `poll` hands it the messages (`on_message`, on its own thread) and
     iterating gives it the questions. `close` when no more will come.
 
-    Questions come out one source at a time in turn (`put(..., source=)`: an experiment's runs), each source's in
-    the order put. Runs over one dataset are so admitted question by question (every run's first question, then
-    every run's second), and the prompts a question's runs share (the standard template over the question's
-    passages) are computed once and found in the prefix cache, whatever order the runs' threads put their
-    batches in (first in, first out, a run put last found them evicted: docs/benchmarks.md, issue 62). With
-    `expect(n)`, no question comes out until n sources have put theirs (GATHER_S at most after the first put):
-    else the first run's whole batch is admitted before the others have put theirs."""
+    Questions come out first in, first out; `in_turn`: one source at a time in turn (`put(..., source=)`: an
+    experiment's runs, answer.admission_order=questions), each source's in the order put. Runs over one dataset
+    are so admitted question by question (every run's first question, then every run's second), and the prompts a
+    question's runs share (the standard template over the question's passages) are computed once and found in the
+    prefix cache, whatever order the runs' threads put their batches in (first in, first out, a run put last
+    found them evicted: docs/benchmarks.md, issue 62). With `expect(n)`, no question comes out until n sources
+    have put theirs (GATHER_S at most after the first put): else the first run's whole batch is admitted before
+    the others have put theirs."""
 
-    def __init__(self, on_message: Callable[[Any], None] | None = None) -> None:
+    def __init__(self, on_message: Callable[[Any], None] | None = None, in_turn: bool = False) -> None:
+        self.in_turn = in_turn
         self._sources: dict[Hashable, deque[Question]] = {}  # by source, only those with questions, in turn order
         self._messages: queue.SimpleQueue = queue.SimpleQueue()  # reentrant: safe from a signal handler
         self._closed = False
@@ -107,6 +109,7 @@ class Feed:
         return False
 
     def put(self, questions: Iterable[Question], source: Hashable = None) -> None:
+        source = source if self.in_turn else None
         with self._lock:
             self._seen.add(source)
             self._first_put = self._first_put or time.monotonic()

@@ -107,7 +107,7 @@ class Replica:
         self.on_ended = on_ended
         self.state = State.STARTING
         self.error: BaseException | None = None
-        self.inbox = Feed(self._on_message)
+        self.inbox = Feed(self._on_message, in_turn=cfg.answer.admission_order == "questions")
         self.engine: Any = None
         self._lock = threading.Lock()  # the state, the waiting batches, the calls
         self._waiting: dict[int, _Batch] = {}  # id(question) -> its batch
@@ -249,7 +249,7 @@ class Replica:
             if self.state is not State.SERVING:  # drained: these questions are a rerun's
                 return []
             self._waiting.update((id(q), got) for q in questions)
-        self.inbox.put(questions, source=id(run))  # runs admitted in turn (Feed)
+        self.inbox.put(questions, source=id(run))  # runs in turn with answer.admission_order=questions (Feed)
         return got.result()
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------
