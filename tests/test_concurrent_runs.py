@@ -116,10 +116,12 @@ class QuestionOrder(CountingBatches):
         return super().generate(prompts, samplings, chats)
 
 
-def test_concurrent_runs_are_admitted_question_by_question_with_admission_order_questions(tmp_path):
+def test_concurrent_runs_are_admitted_question_by_question_with_admission_order_questions(tmp_path, caplog):
     """Every run's first question, then every run's second: a question's runs are in flight together, whatever
     order the runs' threads put their questions in (first in, first out admitted one run's six before the next's)."""
-    _, _, gen = answer(tmp_path, tmp_path / "together", generator=QuestionOrder, admit="questions")
+    with caplog.at_level("INFO", logger="pipeline.engine.continuous"):
+        _, _, gen = answer(tmp_path, tmp_path / "together", generator=QuestionOrder, admit="questions")
+    assert "sources came within" not in caplog.text  # every run's questions came and were known: no wait ran out
     assert all(asked == sorted(asked) for asked in gen.asked)  # each call's prompts by their question's turn
     assert max(map(len, gen.asked)) > 6  # a call held several runs' prompts (first in, first out: run by run)
 

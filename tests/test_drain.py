@@ -111,8 +111,10 @@ def test_a_feeds_questions_are_admitted_while_earlier_ones_are_in_flight():
         engine.close()
 
 
-def test_a_feed_gives_its_questions_first_in_first_out_or_its_sources_in_turn():
-    def fill(feed: Feed) -> Feed:
+def test_a_feed_gives_its_questions_first_in_first_out_by_its_sources_rank_or_in_turn():
+    def fill(feed: Feed, rank: list[str] | None = None) -> Feed:
+        if rank:
+            feed.expect(rank)
         feed.put(questions(3, "a"), source="run a")
         feed.put(questions(2, "b"), source="run b")
         feed.put([], source="run c")  # nothing: no turn
@@ -120,8 +122,10 @@ def test_a_feed_gives_its_questions_first_in_first_out_or_its_sources_in_turn():
         feed.close()
         return feed
 
-    assert [q.id for q in fill(Feed())] == ["a0", "a1", "a2", "b0", "b1", "c0"]  # the default: as put
+    assert [q.id for q in fill(Feed())] == ["a0", "a1", "a2", "b0", "b1", "c0"]  # as put
+    assert [q.id for q in fill(Feed(), ["run b", "run a"])] == ["b0", "b1", "a0", "a1", "a2", "c0"]  # by rank
     assert [q.id for q in fill(Feed(in_turn=True))] == ["a0", "b0", "a1", "b1", "a2", "c0"]
+    assert [q.id for q in fill(Feed(in_turn=True), ["run b", "run a"])] == ["b0", "a0", "b1", "a1", "a2", "c0"]
     groups = [[q.id for q in g] for g in fill(Feed(in_turn=True)).batches(3)]
     assert groups == [["a0", "b0", "a1"], ["b1", "a2", "c0"]]
 
@@ -129,23 +133,23 @@ def test_a_feed_gives_its_questions_first_in_first_out_or_its_sources_in_turn():
 def test_a_feed_expecting_sources_holds_the_questions_until_they_came_or_the_wait_ended(monkeypatch):
     import pipeline.engine.continuous as continuous_module
 
-    feed = Feed(in_turn=True)
-    feed.expect(3)
-    feed.put(questions(2, "a"), source="run a")
+    feed = Feed()
+    feed.expect(["run a", "run b", "run c"])
+    feed.put(questions(2, "c"), source="run c")
     feed.put(questions(2, "b"), source="run b")
     taken = iter(feed)
-    assert next(taken) is NOTHING_YET  # run c's are awaited
-    feed.put(questions(2, "c"), source="run c")
-    assert [next(taken).id for _ in range(6)] == ["a0", "b0", "c0", "a1", "b1", "c1"]
-    withdrawn = Feed(in_turn=True)
-    withdrawn.expect(2)
-    withdrawn.put(questions(1, "a"), source="run a")
+    assert next(taken) is NOTHING_YET  # run a's are awaited
+    feed.put(questions(2, "a"), source="run a")
+    assert [next(taken).id for _ in range(6)] == ["a0", "a1", "b0", "b1", "c0", "c1"]  # the runs' order
+    withdrawn = Feed()
+    withdrawn.expect(["run a", "run b"])
+    withdrawn.put(questions(1, "b"), source="run b")
     assert next(iter(withdrawn)) is NOTHING_YET
-    withdrawn.withdraw()  # the other run ended without putting any (nothing to answer, or failed)
-    assert next(iter(withdrawn)).id == "a0"
+    withdrawn.withdraw("run a")  # it ended without putting any (nothing to answer, or failed)
+    assert next(iter(withdrawn)).id == "b0"
     monkeypatch.setattr(continuous_module, "GATHER_S", 0.05)
-    late = Feed(in_turn=True)
-    late.expect(2)
+    late = Feed()
+    late.expect(["run a", "run b"])
     late.put(questions(1, "a"), source="run a")
     assert next(iter(late)) is NOTHING_YET
     time.sleep(0.1)  # the wait is bounded: the sources that came go on

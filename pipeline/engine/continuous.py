@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 from pipeline.config import FORWARD_BATCH, DynragConfig
@@ -65,53 +65,59 @@ class Feed:
     only the coordinator consumes: `poll` hands it the messages (`on_message`, on its own thread) and
     iterating gives it the questions. `close` when no more will come.
 
-    Questions come out first in, first out; `in_turn`: one source at a time in turn (`put(..., source=)`: an
-    experiment's runs, answer.admission_order=questions), each source's in the order put. Runs over one dataset
-    are so admitted question by question (every run's first question, then every run's second), and the prompts a
-    question's runs share (the standard template over the question's passages) are computed once and found in the
-    prefix cache, whatever order the runs' threads put their batches in (first in, first out, a run put last
-    found them evicted: docs/benchmarks.md, issue 62). With `expect(n)`, no question comes out until n sources
-    have put theirs (GATHER_S at most after the first put): else the first run's whole batch is admitted before
-    the others have put theirs."""
+    Questions come out first in, first out. An experiment's shared replica names its runs' output folders as the
+    sources to `expect`: no question comes out until every one has put its questions (GATHER_S at most after the
+    first put; a run that ends is `withdraw`n), then the runs' questions come run by run in the experiment's order,
+    as `--sequential` starts them, whatever order their threads put them in (first in, first out admitted the runs
+    in that order, which varied from process to process: a run admitted last found the prompts it shares with
+    another evicted, docs/benchmarks.md, issue 62). `in_turn` (answer.admission_order=questions): the sources in
+    turn, every run's first question, then every run's second, so that a question's runs share their prompts (the
+    standard template over the question's passages) in the prefix cache."""
 
     def __init__(self, on_message: Callable[[Any], None] | None = None, in_turn: bool = False) -> None:
         self.in_turn = in_turn
-        self._sources: dict[Hashable, deque[Question]] = {}  # by source, only those with questions, in turn order
+        self._sources: dict[Hashable, deque[Question]] = {}  # by source, only those with questions waiting
         self._messages: queue.SimpleQueue = queue.SimpleQueue()  # reentrant: safe from a signal handler
         self._closed = False
         self._lock = threading.Lock()
         self._arrived = threading.Event()  # for `batches`, which waits instead of being woken
         self.on_message = on_message or (lambda message: None)
         self.wake: Callable[[], None] = lambda: None  # set by the engine that reads the feed
-        self._expected = 1  # sources awaited before the first question comes out (`expect`)
-        self._seen: set[Hashable] = set()  # the sources that have put questions
+        self._rank: dict[Hashable, int] = {}  # the expected sources, in their order
+        self._awaited: set[Hashable] = set()  # expected sources that have neither put questions nor withdrawn
+        self._taken: dict[Hashable, int] = {}  # questions given out, by source (in_turn's turns)
         self._first_put: float | None = None
 
-    def expect(self, sources: int) -> None:
-        """Hold the questions until `sources` sources have put theirs (GATHER_S at most after the first put)."""
+    def expect(self, sources: Sequence[Hashable]) -> None:
+        """Hold the questions until every one of `sources` has put its own (GATHER_S at most after the first put);
+        then give them source by source in this order (in turn, with `in_turn`)."""
         with self._lock:
-            self._expected = sources
+            self._rank = {src: i for i, src in enumerate(sources)}
+            self._awaited = set(sources) - set(self._taken) - set(self._sources)
 
-    def withdraw(self) -> None:
-        """One source awaited will not come (its run failed before it put its questions)."""
+    def withdraw(self, source: Hashable) -> None:
+        """`source` ended (answered, had nothing to answer, or failed): no longer awaited."""
         with self._lock:
-            self._expected -= 1
+            self._awaited.discard(source)
         self.wake()
 
     def _gathering(self) -> bool:
         """Whether the questions are held for sources still to come (under the lock)."""
-        if len(self._seen) >= self._expected or self._closed or self._first_put is None:
+        if not self._awaited or self._closed or self._first_put is None:
             return False
         if time.monotonic() - self._first_put < GATHER_S:
             return True
-        self._expected = 0  # waited long enough: the sources that came go on without the others
-        log.info("feed: %d runs' questions came within %.0f s; the others' join later", len(self._seen), GATHER_S)
+        log.info(
+            "feed: %d sources came within %.0f s; the others join later", len(self._rank) - len(self._awaited), GATHER_S
+        )
+        self._awaited.clear()  # waited long enough: the sources that came go on
         return False
 
     def put(self, questions: Iterable[Question], source: Hashable = None) -> None:
-        source = source if self.in_turn else None
         with self._lock:
-            self._seen.add(source)
+            if not self.in_turn and not self._rank:  # first in, first out: one queue
+                source = None
+            self._awaited.discard(source)
             self._first_put = self._first_put or time.monotonic()
             got = self._sources.setdefault(source, deque())
             got.extend(questions)
@@ -132,13 +138,18 @@ class Feed:
         self.wake()
 
     def _take(self) -> Question:
-        """The next question (under the lock, some waiting): the first of the source whose turn it is, which then
-        goes to the back of the turn."""
-        source, items = next(iter(self._sources.items()))
+        """The next question (under the lock, some waiting): the first source's by rank (unranked ones after, as
+        they came), or in turn: the source given out fewest so far, ties by rank."""
+        last = len(self._rank)
+        if self.in_turn:
+            source = min(self._sources, key=lambda s: (self._taken.get(s, 0), self._rank.get(s, last)))
+        else:
+            source = min(self._sources, key=lambda s: self._rank.get(s, last))
+        items = self._sources[source]
         item = items.popleft()
-        del self._sources[source]
-        if items:
-            self._sources[source] = items
+        self._taken[source] = self._taken.get(source, 0) + 1
+        if not items:
+            del self._sources[source]
         return item
 
     def poll(self) -> None:

@@ -227,7 +227,7 @@ def concurrent_runs(runs: list[MethodRun], one, cfg: DynragConfig, runner, backe
     from pipeline.runtime.signals import stop_on_sigterm
 
     drain = Drain(cfg.answer.drain_s)
-    shared = runner.shared(len(runs), cfg, backends, drain)
+    shared = runner.shared([str(out / r.label) for r in runs], cfg, backends, drain)
 
     def each(r: MethodRun) -> dict:
         try:

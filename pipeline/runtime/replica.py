@@ -166,7 +166,7 @@ class Replica:
     def withdraw(self, out: str) -> None:
         """A shared replica's run (into `out`) ended, answered or failed: its questions are no longer awaited
         (Feed.expect)."""
-        self.inbox.withdraw()
+        self.inbox.withdraw(out)
 
     # -- what its process does next ------------------------------------------------------------------
     @property
@@ -249,7 +249,7 @@ class Replica:
             if self.state is not State.SERVING:  # drained: these questions are a rerun's
                 return []
             self._waiting.update((id(q), got) for q in questions)
-        self.inbox.put(questions, source=id(run))  # runs in turn with answer.admission_order=questions (Feed)
+        self.inbox.put(questions, source=getattr(run.writer, "out", None))  # a run by its output folder (Feed)
         return got.result()
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------

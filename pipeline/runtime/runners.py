@@ -55,7 +55,7 @@ class Runner(Protocol):
 
     def answer(self, job: Batches, *, backends: Any, drain: Drain, replica: Any = None) -> Iterator[dict]: ...
 
-    def shared(self, runs: int, cfg: DynragConfig, backends: Any, drain: Drain) -> Any: ...
+    def shared(self, outs: list[str], cfg: DynragConfig, backends: Any, drain: Drain) -> Any: ...
 
 
 class LocalRunner:
@@ -140,14 +140,13 @@ class LocalRunner:
                 replica.close()  # on an interrupt, the batches in flight end with what finished
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def shared(self, runs: int, cfg: DynragConfig, backends: Any, drain: Drain) -> Any:
-        """What an experiment's runs share: one started Replica over `backends` (one engine and admission queue
-        for every run's questions)."""
+    def shared(self, outs: list[str], cfg: DynragConfig, backends: Any, drain: Drain) -> Any:
+        """What an experiment's runs (into `outs`, in their order) share: one started Replica over `backends` (one
+        engine and admission queue for every run's questions, admitted in the runs' order: Feed)."""
         from pipeline.runtime.replica import Replica
 
         replica = Replica(cfg, None, None, backends, None, {}, drain=drain).start()
-        if replica.inbox.in_turn:  # the runs admitted question by question from the first (Feed)
-            replica.inbox.expect(runs)
+        replica.inbox.expect(outs)
         return replica
 
 
@@ -201,9 +200,9 @@ class RayRunner:
             drain=drain,
         )
 
-    def shared(self, runs: int, cfg: DynragConfig, backends: Any, drain: Drain) -> RayRuns:
-        """What an experiment's `runs` runs share: one set of engine actors (`RayRuns`); `backends` unused."""
-        return RayRuns(runs, cfg, drain)
+    def shared(self, outs: list[str], cfg: DynragConfig, backends: Any, drain: Drain) -> RayRuns:
+        """What an experiment's runs (into `outs`) share: one set of engine actors (`RayRuns`); `backends` unused."""
+        return RayRuns(len(outs), cfg, drain)
 
 
 class RayRuns:
