@@ -174,6 +174,7 @@ class _Writer:
     """A PartWriter's interface, keeping the parts in memory."""
 
     def __init__(self):
+        self.out = "memory"  # a PartWriter's output folder: the replica's inbox names the run by it
         self.parts: list[tuple[list[dict], list[str] | None]] = []
 
     def write(self, rows, batch_ids=None):

@@ -249,7 +249,7 @@ class Replica:
             if self.state is not State.SERVING:  # drained: these questions are a rerun's
                 return []
             self._waiting.update((id(q), got) for q in questions)
-        self.inbox.put(questions, source=getattr(run.writer, "out", None))  # a run by its output folder (Feed)
+        self.inbox.put(questions, source=run.writer.out)  # a run by its output folder (Feed)
         return got.result()
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------
