@@ -45,14 +45,15 @@ def test_question_source_reads_like_in_process(data_dir, tmp_path):
     assert [q.id for q in every][2] == "dynrag:line-3" and every[-1].id.startswith("dynrag:dup2-")
     done = {every[0].id, every[3].id, every[5].id}  # the last one lies past a limit of 5
 
-    def read(limit, block_rows):
-        tables = list(QuestionSource(str(path), cfg, done, limit, block_rows).read_blocks())
-        rows = [r for t in tables for r in t.to_pylist()]
-        return [json.loads(r["q"])["id"] for r in rows if r["q"]], sum(r["skipped"] for r in rows)
+    def read(limit, batch):
+        rows = [r for t in QuestionSource(str(path), cfg, done, limit, batch).read_blocks() for r in t.to_pylist()]
+        assert all(len(r["qs"]) <= batch for r in rows)  # a row is a batch
+        assert all(len(r["qs"]) == batch for r in rows[:-1])  # every batch full but the last
+        return [json.loads(q)["id"] for r in rows for q in r["qs"]], sum(r["skipped"] for r in rows)
 
-    for block_rows in (1, 2, 50):
-        assert read(5, block_rows) == ([every[i].id for i in (1, 2, 4)], 2)
-        assert read(None, block_rows) == ([every[i].id for i in (1, 2, 4, 6, 7)], 3)
+    for batch in (1, 2, 50):
+        assert read(5, batch) == ([every[i].id for i in (1, 2, 4)], 2)
+        assert read(None, batch) == ([every[i].id for i in (1, 2, 4, 6, 7)], 3)
     assert read(1, 2) == ([], 1)  # only a skip: a row with no question carries it
 
 
@@ -183,7 +184,7 @@ def test_question_source_serves_several_runs_from_one_read(data_dir, tmp_path):
     rows = [r for t in QuestionSource(str(path), cfg, dones, 5, 2).read_blocks() for r in t.to_pylist()]
     for run, done in enumerate(dones):
         mine = [r for r in rows if r["run"] == run]
-        assert [json.loads(r["q"])["id"] for r in mine if r["q"]] == [q for q in every[:5] if q not in done]
+        assert [json.loads(q)["id"] for r in mine for q in r["qs"]] == [q for q in every[:5] if q not in done]
         assert sum(r["skipped"] for r in mine) == len(done)
 
 
@@ -206,6 +207,29 @@ def test_an_experiment_on_ray_answers_its_runs_at_once_as_in_process(data_dir, t
         assert _rows(tmp_path / "ray" / r.label) == _rows(tmp_path / "local" / r.label), r.label
         assert (their["errors"], their["new_rows"]) == (mine["errors"], mine["new_rows"])
         assert_each_question_once(tmp_path / "ray" / r.label, 8, errors=2)
-        done = pl.read_parquet(f"{tmp_path / 'ray' / r.label}/parts/*.parquet")["finished_at"]
-        spans.append((done.min(), done.max()))
-    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # answered at once, not one after the other
+        rows = pl.read_parquet(f"{tmp_path / 'ray' / r.label}/parts/*.parquet")  # a question's span: latency_s
+        spans.append(((rows["finished_at"] - rows["latency_s"]).min(), rows["finished_at"].max()))
+    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1]  # in flight at once, not one after the other
+
+
+def test_a_ray_jobs_blocks_grow_with_its_batches_not_its_questions(ray_cluster, tmp_path, caplog):
+    """Ray Data schedules, accounts and keeps stats per block, on the driver: a block is a batch of questions. At
+    a fixed batch size, N questions make N / batch blocks in the read and as many reports, for every N (one row a
+    block made 20 and 60)."""
+    import logging
+
+    cfg = DynragConfig()
+    cfg.generation.backend, cfg.answer.progress, cfg.answer.batch_questions = "none", False, 5
+    cfg.runtime.mode = "ray"
+    for n in (20, 60):
+        path = tmp_path / f"q{n}.jsonl"
+        path.write_text(
+            "".join(json.dumps({"id": f"q{i}", "question": f"q {i}?", "answers": ["a"]}) + "\n" for i in range(n))
+        )
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pipeline.runtime.ray_runner"):
+            summary = run_answer(str(path), str(tmp_path / f"out{n}"), method="no-retrieval", cfg=cfg)
+        line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("ray data blocks: "))
+        blocks = json.loads(line.removeprefix("ray data blocks: "))
+        assert summary["rows"] == n and len(part_files(str(tmp_path / f"out{n}"))) == n // 5
+        assert sorted(blocks.values()) == [n // 5, n // 5], blocks  # the read's blocks and the engine actors'

@@ -1,6 +1,6 @@
 """The questions of an answer job as a Ray Data dataset (`runtime.mode=ray`).
 
-    ds = question_dataset(dataset, cfg, done, limit, block_rows=64)
+    ds = question_dataset(dataset, cfg, done, limit, batch=256)
 
 The file streams through dynrag's own loader (`load_questions`: every format, fsspec URIs, `dpr:` sets)
 and `pending_questions`, exactly as an in-process run reads it: a bad line is the same error row with the
@@ -13,9 +13,13 @@ head node, where the driver runs, has none, as Ray's docs advise). Ray's
 every row), splits lines at other characters than the loader (U+2028, form feeds) and numbers none, and
 ids, duplicates and the format are decided in file order anyway, so a file is one sequential read.
 
-Rows: `q` (a Question as JSON), `skipped` (questions dropped as answered just before it) and `run` (which of the
-job's runs it is for: an experiment answers its runs over one file at once, each with its own answered ids).
-The skips after the last question come as a final row with no `q`, so the engine actors' reports add up to
+Rows: one row a batch, the unit of everything the driver does (DESIGN.md, "The unit of work on a cluster is a
+batch"): `qs` (up to `batch` Questions of one run, each as JSON), `skipped` (questions of that run dropped as
+answered since its previous batch) and `run` (which of the job's runs it is for: an experiment answers its
+runs over one file at once, each with its own answered ids). Each row is a block of its own, so Ray Data
+schedules, accounts and keeps stats per batch (10^6 questions in batches of 256: 3,907 blocks, not 10^6), an
+engine actor's call is exactly one batch, and its report leaves the actor as soon as the call returns. The
+skips after a run's last batch come as a final row with no questions, so the engine actors' reports add up to
 the in-process count. The read depends only on the file and `done`, so a retried read task yields the same
 rows.
 """
@@ -33,19 +37,19 @@ from pipeline.config import DynragConfig
 
 
 def question_dataset(
-    source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, block_rows: int
+    source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int
 ):
-    """The pending questions of `source` as a dataset of `q` / `skipped` / `run` rows (module docstring). `done`:
-    the ids answered under the output, or one such set per run (an experiment's runs over one file)."""
+    """The pending questions of `source` as a dataset of batches, `qs` / `skipped` / `run` rows (module docstring).
+    `done`: the ids answered under the output, or one such set per run (an experiment's runs over one file)."""
     import ray
 
-    src = QuestionSource(source, cfg, done, limit, block_rows)
+    src = QuestionSource(source, cfg, done, limit, batch)
     # no CPU asked: one light read that must never wait for CPUs the engine and pool actors hold (a job sized
     # to its cluster, the replicas and pools taking every CPU, deadlocked reading its questions from s3://)
-    # every row its own block, for this dataset only (its own copy of the context; Ray Data merges a task's
-    # output into blocks of up to 128 MiB): the engine actors' bundles are then exactly a batch, a call to each,
-    # and each call's report leaves its actor as a block of its own when the call returns, never held back by
-    # another batch of the same task (one a drained replica holds, to be answered elsewhere)
+    # every row (a batch) its own block, for this dataset only (its own copy of the context; Ray Data merges a
+    # task's output into blocks of up to 128 MiB): an engine actor's bundle is then exactly one batch, a call to
+    # each, and each call's report leaves its actor as a block of its own when the call returns, never held back
+    # by another batch of the same task (one a drained replica holds, to be answered elsewhere)
     ds = ray.data.read_datasource(src, num_cpus=0, override_num_blocks=1)
     ds.context.target_max_block_size = 1
     return ds
@@ -53,12 +57,13 @@ def question_dataset(
 
 class QuestionSource(Datasource):
     def __init__(
-        self, source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, block_rows: int
+        self, source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int
     ):
         super().__init__()
         self.source, self.cfg_json = source, cfg.model_dump(mode="json")
+        # (a resumed run's done ids travel to the read task once, as frozensets: not shipped per batch)
         self.done = [frozenset(d) for d in done] if isinstance(done, list) else [frozenset(done)]
-        self.limit, self.block_rows = limit, block_rows
+        self.limit, self.batch = limit, batch
 
     @property
     def supports_distributed_reads(self) -> bool:
@@ -77,14 +82,14 @@ class QuestionSource(Datasource):
         return [ReadTask(self.read_blocks, meta)]
 
     def read_blocks(self) -> Iterator[pa.Table]:
-        """The file read once; each question, for each run that has not answered it, one row of that run (its
-        skips carried by its next row, the rest by a final row with no `q`), in blocks of `block_rows` rows."""
+        """The file read once; each run's pending questions (those it has not answered) in batches of `batch`, a
+        row each with its skips since its previous batch, yielded as it fills; then each run's rest (its last
+        questions and skips) as a last row of that run."""
         from pipeline.io.datasets import load_questions, pending_questions
 
         counts: dict[str, int] = {}
         questions = load_questions(self.source, DynragConfig.model_validate(self.cfg_json))
-        skipped = [0] * len(self.done)
-        rows: dict[str, list] = {"q": [], "skipped": [], "run": []}
+        skipped, pending = [0] * len(self.done), [list[str]() for _ in self.done]
         try:
             for q in pending_questions(questions, frozenset(), self.limit, counts):
                 text = json.dumps(q.to_dict())
@@ -92,19 +97,23 @@ class QuestionSource(Datasource):
                     if q.id in done:
                         skipped[run] += 1
                         continue
-                    rows["q"].append(text)
-                    rows["skipped"].append(skipped[run])
-                    rows["run"].append(run)
-                    skipped[run] = 0
-                    if len(rows["q"]) == self.block_rows:  # a block is one batch of pending rows
-                        yield pa.table(rows)
-                        rows = {"q": [], "skipped": [], "run": []}
-            if rows["q"]:
-                yield pa.table(rows)
-            rest = [run for run, n in enumerate(skipped) if n]
-            if rest:
-                yield pa.table(
-                    {"q": pa.array([None] * len(rest), pa.string()), "skipped": [skipped[r] for r in rest], "run": rest}
-                )
+                    pending[run].append(text)
+                    if len(pending[run]) == self.batch:
+                        yield batch_row(pending[run], skipped[run], run)
+                        pending[run], skipped[run] = [], 0
+            for run, (qs, n) in enumerate(zip(pending, skipped)):
+                if qs or n:
+                    yield batch_row(qs, n, run)
         finally:
             questions.close()
+
+
+def batch_row(qs: list[str], skipped: int, run: int) -> pa.Table:
+    """One batch of a run as the one-row block the engine actors take (module docstring)."""
+    return pa.table(
+        {
+            "qs": pa.array([qs], pa.list_(pa.string())),
+            "skipped": pa.array([skipped], pa.int64()),
+            "run": pa.array([run], pa.int64()),
+        }
+    )

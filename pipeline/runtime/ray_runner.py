@@ -179,27 +179,24 @@ class EngineActor:
             )
         return HostedGenerator.start(self.groups[claimed], cfg, self.one_call, make_backends)
 
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
-        """One Ray Data batch: its rows of each run answered as one batch of that run (at once, each its part);
-        a part and a report (JSON) each."""
+    def __call__(self, batch: Any) -> dict[str, list]:
+        """One Ray Data batch: its rows (ray_questions.py: a batch of one run each; one row per call as the job maps
+        them) answered at once, each its own part; a part and a report (JSON) each."""
         from indexing.faults import fault_point
 
         fault_point("ray.engine_batch", until=lambda: self.replica.drain_flag.requested)
-        runs = batch["run"] if "run" in batch else [0] * len(batch["q"])
-        groups: dict[int, tuple[list[Question], int]] = {}
-        for text, skipped, run in zip(batch["q"], batch["skipped"], runs):
-            questions, n = groups.get(int(run), ([], 0))
-            if text is not None:
-                questions.append(Question.from_dict(json.loads(text)))
-            groups[int(run)] = (questions, n + int(skipped))
-        if len(groups) == 1:
-            ((run, (questions, skipped)),) = groups.items()
+        rows = [
+            ([Question.from_dict(json.loads(t)) for t in qs], int(skipped), int(run))
+            for qs, skipped, run in zip(*batch.select(["qs", "skipped", "run"]).to_pydict().values())
+        ]
+        if len(rows) == 1:
+            ((questions, skipped, run),) = rows
             reports = [self._answer(run, questions, skipped)]
-        else:  # rows of several runs in one Ray Data batch: answered side by side
+        else:  # several batches in one call (another mapping of the dataset): answered side by side
             import concurrent.futures as cf
 
-            with cf.ThreadPoolExecutor(len(groups), thread_name_prefix="dynrag-runs") as pool:
-                futures = [pool.submit(self._answer, run, qs, n) for run, (qs, n) in groups.items()]
+            with cf.ThreadPoolExecutor(len(rows), thread_name_prefix="dynrag-runs") as pool:
+                futures = [pool.submit(self._answer, run, qs, n) for qs, n, run in rows]
                 reports = [f.result() for f in futures]
         return {"part": [r.get("part", "") for r in reports], "report": [json.dumps(r) for r in reports]}
 
@@ -552,8 +549,8 @@ def answer_runs_with_ray(
                 make_backends,
                 groups,
             ),
-            batch_size=batch,
-            batch_format="numpy",
+            batch_size=1,  # a row is a batch of questions (ray_questions.py): one call, one batch
+            batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(
                 size=cfg.ray.actors,
                 max_concurrent_calls_per_actor=calls,  # each call in its own thread: the actor takes the next
@@ -580,6 +577,7 @@ def answer_runs_with_ray(
             raise
         for kind, actors in pools.items():  # the pools' share of the work, before they go
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
+        log.info("ray data blocks: %s", json.dumps(blocks_produced(ds.stats())))
     finally:
         # every actor the job made goes with it (on an error too: the engine actors Ray Data would leave
         # waiting, and with them the stream the supervisor's reader thread is blocked on)
@@ -597,6 +595,15 @@ def answer_runs_with_ray(
             shutdown_ray()
         if guard is not None:
             guard.close()
+
+
+def blocks_produced(stats: str) -> dict[str, int]:
+    """Blocks each operator of a Ray Data dataset produced, read off its `stats()` (one block a batch here,
+    ray_questions.py: a job's blocks grow with its batches, never with its questions)."""
+    import re
+
+    found = re.findall(r"^Operator \d+ (.+?): \d+ tasks executed, (\d+) blocks produced", stats, re.MULTILINE)
+    return {name: int(n) for name, n in found}
 
 
 def _tell_committed(control: Any, part: str) -> None:
