@@ -21,8 +21,10 @@ def test_summary_quantiles_and_tokens(tmp_path):
     fake_run(tmp_path, dataset="d", method="sr-rag", params={"k": 3}, f1s=[1.0] * 10, times=times)
     s = summarize(str(tmp_path))
     assert s["time_per_question_s"]["total"] == pytest.approx(0.55)
-    # latency quantiles by linear interpolation over 10 sorted values (0.3 .. 3.0): p50 at index 4.5, p95 at 8.55
-    assert s["latency_s"] == {"mean": pytest.approx(1.65), "p50": pytest.approx(1.65), "p95": pytest.approx(2.865)}
+    # latency quantiles by linear interpolation over 10 sorted values (0.3 .. 3.0): p50 at index 4.5, p95 at 8.55;
+    # each value read off its histogram bin (pipeline/io/tally.py: 40 a decade, within 3%)
+    assert s["latency_s"] == {"mean": pytest.approx(1.65), "p50": pytest.approx(1.65, rel=0.03),
+                              "p95": pytest.approx(2.865, rel=0.03)}  # fmt: skip
     assert s["tokens_per_question"] == 105  # 100 prompt + 5 completion tokens
 
 
@@ -33,13 +35,15 @@ def test_records_markdown_and_files(tmp_path):
     recs = records(runs)
     cfs4 = next(r for r in recs if (r["dataset"], r["run"]) == ("musique", "cfs-k4"))
     assert cfs4["k"] == 4 and cfs4["f1"] == 0.5 and cfs4["gold_doc_recall"] == pytest.approx(0.7)
-    assert cfs4["s_per_q"] == pytest.approx(0.6) and cfs4["latency_p95"] == pytest.approx(3 * (0.4 + 0.95 * 0.4))
+    assert cfs4["s_per_q"] == pytest.approx(0.6) and cfs4["latency_p95"] == pytest.approx(
+        3 * (0.4 + 0.95 * 0.4), rel=0.03
+    )
     assert cfs4["docs_in_prompt"] == 4 and cfs4["ra_ratio"] == 1.0
     text = markdown(recs)
     assert text.count("### ") == 2
     assert (
-        "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 | 1.800 | 2.340 |"
-        in text
+        "| cfs-k4 | cfs | 2 | 50.0 | 50.0 | 50.0 | 50.0 | 50.0 | 70.0 | 4.00 | 1.00 | 1.00 | 100.0 | 0.600 | "
+        f"{cfs4['latency_p50']:.3f} | {cfs4['latency_p95']:.3f} |" in text  # 1.800 and 2.340, within 3% (tally.py)
     )
     assert "latency p50 s | latency p95 s" in text
     assert "| no-retrieval | no-retrieval | 2 | 0.0 | 0.0 | 0.0 | 0.0 | 0.0 | - | 0.00 | 1.00 | 0.00 | 0.0 |" in text
@@ -173,4 +177,4 @@ def test_parts_written_before_latency_existed_still_summarize(tmp_path):
     pq.write_table(pq.read_table(old).drop_columns(["latency_s"]), old)  # an older run's part
     write_part(str(tmp_path), [fake_row(9, dataset="d", method="sr-rag", params={}, f1=1.0, total_s=2.0)])
     s = summarize(str(tmp_path))
-    assert s["rows"] == 2 and s["latency_s"]["p50"] == pytest.approx(6.0)  # from the new row only
+    assert s["rows"] == 2 and s["latency_s"]["p50"] == pytest.approx(6.0, rel=0.03)  # from the new row only

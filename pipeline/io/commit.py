@@ -13,7 +13,13 @@ once its new row is committed, the old one is removed from its part (`_supersede
         done = committer.open()                     # the ids a rerun skips
         for report in committer.each(runner):       # each report names its staged attempt; now its part
             ...
-    summarize(out, parts=committer.parts)           # close() removed this run's attempts left staged
+    committer.summary()                             # close() removed this run's attempts left staged
+
+The summary is folded as batches commit (tally.py: each report carries its batch's sums), onto the tally of the
+parts found at the start: the one the previous run left (`_tally.json`, covering the parts it names) plus the
+parts it does not name; a folder repaired at the start, a tally gone or naming a part that is gone, is counted
+again from its rows. The file is removed at the start and written at the close, so a run killed after
+rewriting a part leaves none, and the next run counts again. So the end of a run reads no part.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_parts, write_table
+from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_json, read_parts, write_json, write_table
 from pipeline.io.part_store import ATTEMPTS, attempt_key, with_retries
+from pipeline.io.tally import Tally
 
 log = logging.getLogger(__name__)
 
 _KEY = ["question_id", "finished_at", "error", "error_kind"]
+TALLY_FILE = "_tally.json"  # the summary's sums over the parts it names (a leading _: no reader of rows looks)
 
 
 class Committer:
@@ -42,6 +50,8 @@ class Committer:
         self.committed: dict[str, str] = {}  # batch key -> its part
         self._system_errors: dict[str, str] = {}  # question id -> the part holding its "system" error row
         self._emptied: set[str] = set()  # parts removed, every row of theirs superseded
+        self.tally: Tally | None = None  # the summary's sums over self.parts (None: count again from the rows)
+        self._rows_read: list[int] = []  # rows of each part the last deduplication read
 
     # -- the start ----------------------------------------------------------------------------------
     def open(self) -> set[str]:
@@ -49,9 +59,13 @@ class Committer:
         has one row, and return the ids a rerun skips: every row but a "system" error row (or an error row of a
         part older than error_kind), which is answered again."""
         self._remove_attempts("")
+        saved = read_json(self.out, TALLY_FILE)
+        if saved is not None:
+            self.fs.rm(f"{self.base}/{TALLY_FILE}")  # written again at the close (module docstring)
         listed = part_files(self.out)
         kept = self._deduplicate(listed)
         self.parts = [p for p in listed if p not in self._emptied]
+        self.tally = self._tally_at_start(saved, repaired=kept.num_rows < sum(self._rows_read))
         done = set()
         for q, err, kind, part in zip(
             *kept.select(["question_id", "error", "error_kind", "_part"]).to_pydict().values()
@@ -66,6 +80,7 @@ class Committer:
         """Keep one row a question over `parts` (`keep_one`): rewrite each part holding a row another part's row
         of its question supersedes, without it. Returns the rows kept (key columns, `_part`: index in `parts`)."""
         tables = [_numbered(read_parts(self.out, _KEY, [p]), i) for i, p in enumerate(parts)]
+        self._rows_read = [t.num_rows for t in tables]
         rows = (
             pa.concat_tables(tables, promote_options="default")
             if tables
@@ -84,6 +99,22 @@ class Committer:
         log.warning("repaired %s: %d rows of questions written twice removed", self.out, rows.num_rows - kept.num_rows)
         return kept
 
+    def _tally_at_start(self, saved: dict | None, repaired: bool) -> Tally:
+        """The sums over the parts found at the start (module docstring)."""
+        named = {p.rsplit("/", 1)[-1] for p in self.parts}
+        covered = set(saved["parts"]) if saved else set()
+        if saved is None or repaired or not covered <= named:
+            return Tally.of_table(keep_one(read_parts(self.out, None, self.parts)))
+        tally = Tally.from_json(saved["tally"])
+        rest = [p for p in self.parts if p.rsplit("/", 1)[-1] not in covered]  # committed by a run killed since
+        return tally.add(Tally.of_table(read_parts(self.out, None, rest))) if rest else tally
+
+    def summary(self) -> dict[str, Any]:
+        """The summary's figures over the output's parts (tally.py), without reading them where the tally holds."""
+        if self.tally is None:
+            return Tally.of_table(keep_one(read_parts(self.out, None, self.parts))).summary()
+        return self.tally.summary()
+
     # -- each batch ---------------------------------------------------------------------------------
     def commit(self, report: dict[str, Any]) -> dict[str, Any] | None:
         """Commit the staged attempt a batch's report names (its "part" becomes the committed part); None for an
@@ -99,6 +130,11 @@ class Committer:
         self._move(attempt, part)
         self.committed[key] = part
         self.parts.append(part)
+        if self.tally is not None:
+            if "tally" in report:
+                self.tally.add(Tally.from_json(report["tally"]))
+            else:  # a report without its sums (a writer of an older dynrag): the part's own rows
+                self.tally.add(Tally.of_table(read_parts(self.out, None, [part])))
         if self._system_errors:
             self._supersede(part)
         return {**report, "part": part}
@@ -107,7 +143,11 @@ class Committer:
         """`reports` committed one by one (`commit`), those of a batch already committed left out. Each is
         committed before the next is asked of `reports`, so a runner resuming after its yield knows it is."""
         for staged in reports:
-            report = self.commit(staged)
+            try:
+                report = self.commit(staged)
+            except BaseException:
+                self.tally = None  # stopped part way through a commit: the summary counts the rows again
+                raise
             if report is not None:
                 yield report
 
@@ -119,8 +159,11 @@ class Committer:
             if q in self._system_errors:
                 by_part.setdefault(self._system_errors.pop(q), set()).add(q)
         for old, qs in by_part.items():
-            table = read_parts(self.out, ["question_id"], [old])
+            table = read_parts(self.out, ["question_id", "error"], [old])
             positions = [i for i, q in enumerate(table["question_id"].to_pylist()) if q in qs]
+            if self.tally is not None:
+                errors = table["error"].to_pylist()
+                self.tally.remove_error_rows([errors[i] for i in positions])
             self._rewrite_without(old, positions)
 
     def _rewrite_without(self, part: str, positions: list[int]) -> None:
@@ -146,9 +189,16 @@ class Committer:
         if not _is_local(self.fs):
             try:
                 self.fs.invalidate_cache()
-                self._deduplicate(list(dict.fromkeys([*self.parts, *part_files(self.out)])))
+                listed = list(dict.fromkeys([*self.parts, *part_files(self.out)]))
+                if self._deduplicate(listed).num_rows < sum(self._rows_read) or len(listed) > len(self.parts):
+                    self.tally = None  # another job's rows or repairs: the summary counts the rows again
+                    self.parts = [p for p in listed if p not in self._emptied]
             except Exception as exc:  # the rerun's open repairs what this could not
                 log.warning("could not deduplicate %s (%s: %s); a rerun does", self.out, type(exc).__name__, exc)
+                self.tally = None
+        if self.tally is not None:
+            parts = [p.rsplit("/", 1)[-1] for p in self.parts]
+            write_json(self.out, TALLY_FILE, {"parts": parts, "tally": self.tally.to_json()})
 
     # -- storage ------------------------------------------------------------------------------------
     def _move(self, src: str, dst: str) -> None:

@@ -269,12 +269,16 @@ def batch_report(
     """What an answer job's driver learns of one written batch: its rows and error rows, the questions
     skipped as already answered since the previous report, the backend calls made (by kind) and, when
     rows were written, `part`: the path of their staged attempt (which the driver commits, commit.py)."""
+    from pipeline.io.tally import Tally
+
     report = {
         "rows": len(rows),
         "errors": sum(r["error"] is not None for r in rows),
         "skipped": skipped,
         "calls": calls,
     }
+    if rows:  # the batch's share of the run's summary, which the driver folds as it commits (commit.py)
+        report["tally"] = Tally.of_table(pa.Table.from_pylist(rows, schema=SCHEMA)).to_json()
     if part:
         report["part"] = part
     return report
@@ -357,81 +361,29 @@ def answered_ids(out: str, parts: list[str] | None = None) -> set[str]:
 def summarize(
     out: str, *, parts: list[str] | None = None, wall_time_s: float | None = None, new_rows: int | None = None
 ) -> dict[str, Any]:
-    """Means of the metrics, calls, tokens and per-stage times over the rows of `parts` (those a run's driver
-    knows of, commit.py), else of every part listed under `out` now; `duplicate_ids`: rows on disk beyond one
-    a question."""
-    import polars as pl
+    """The summary of the rows of `parts`, else of every part listed under `out` now, recounted from the rows
+    (a run's driver folds the same figures batch by batch instead, commit.py): `Tally.summary`'s figures and
+    `duplicate_ids`, rows on disk beyond one a question."""
+    from pipeline.io.tally import Tally
 
     raw = read_parts(out, parts=parts)
-    df = pl.from_arrow(keep_one(raw))
-    ok = df.filter(pl.col("error").is_null())
-
-    def mean(col: str, frame=ok):
-        v = frame.select(pl.col(col).mean()).item() if frame.height else None
-        return None if v is None else round(float(v), 4)
-
-    def quantile(col: str, q: float):
-        v = ok.select(pl.col(col).quantile(q, interpolation="linear")).item() if ok.height else None
-        return None if v is None else round(float(v), 4)
-
-    summary = {
-        "rows": df.height,
-        "answered": ok.height,
-        "errors": df.height - ok.height,
-        "duplicate_ids": raw.num_rows - df.height,  # rows on disk beyond one a question: 0 once committed
-        "error_examples": (
-            df.filter(pl.col("error").is_not_null())["error"].unique(maintain_order=True).head(3).to_list()
-            if df.height
-            else []
-        ),
-        "methods": sorted(set(df["method"].to_list())) if df.height else [],
-        "datasets": sorted(set(df["dataset"].to_list())) if df.height else [],
-        "em": mean("em"),
-        "f1": mean("f1"),
-        "acc": mean("acc"),
-        "precision": mean("precision"),
-        "recall": mean("recall"),
-        "support_recall": mean("support_recall"),
-        "support_recall_retrieved": mean("support_recall_retrieved"),
-        "docs_in_prompt_per_question": mean("docs_in_prompt"),
-        "passages_in_prompt_per_question": mean("passages_in_prompt"),
-        "llm_calls_per_question": mean("llm_calls"),
-        "retrieval_calls_per_question": mean("retrieval_calls"),
-        "retrieval_cache_hit_rate": _ratio(ok, "retrieval_cache_hits", "retrieval_calls"),
-        "classifier_calls_per_question": mean("classifier_calls"),
-        "retrieval_triggered_rate": mean("retrieval_triggered") if ok.height else None,
-        "prompt_tokens_per_question": mean("prompt_tokens"),
-        "prefix_cache_hit_rate": _ratio(ok, "cached_prompt_tokens", "prompt_tokens"),  # vLLM's; 0 for others
-        "completion_tokens_per_question": mean("completion_tokens"),
-        "time_per_question_s": {s: mean(f"time_{s}_s") for s in (*STAGES, "total")},
-        "latency_s": {"mean": mean("latency_s"), **{f"p{q}": quantile("latency_s", q / 100) for q in (50, 95)}},
-        # answered rows that a full context window shortened or ended (parts older than the column: none)
-        "window_full": int(ok.select(pl.col("window_full").fill_null(False).sum()).item())
-        if ok.height and "window_full" in ok.columns
-        else 0,
-        "tokens_per_question": mean(
-            "tokens", ok.with_columns(tokens=pl.col("prompt_tokens") + pl.col("completion_tokens"))
-        ),
+    kept = keep_one(raw)
+    return {
+        **Tally.of_table(kept).summary(),
+        "duplicate_ids": raw.num_rows - kept.num_rows,
+        **rate(wall_time_s, new_rows),
     }
-    if ok.height:
-        summary["retrieval_triggered_rate"] = round(
-            float(ok.select(pl.col("retrieval_triggered").cast(pl.Float64).mean()).item()), 4
-        )
-    if wall_time_s is not None:
-        summary["wall_time_s"] = round(wall_time_s, 2)
-        summary["new_rows"] = new_rows
-        if new_rows:
-            summary["questions_per_s"] = round(new_rows / wall_time_s, 3)
-            summary["wall_s_per_question"] = round(wall_time_s / new_rows, 4)
-    return summary
 
 
-def _ratio(df, part: str, whole: str) -> float | None:
-    """sum(part) / sum(whole) over `df`'s rows (None without the column, e.g. rows written before it, or a 0 whole)."""
-    if part not in df.columns or not df.height:
-        return None
-    total = df[whole].fill_null(0).sum()
-    return round(float(df[part].fill_null(0).sum()) / total, 4) if total else None
+def rate(wall_time_s: float | None, new_rows: int | None) -> dict[str, Any]:
+    """A run's own figures: its wall seconds, the rows it wrote, and its questions per second."""
+    if wall_time_s is None:
+        return {}
+    figures: dict[str, Any] = {"wall_time_s": round(wall_time_s, 2), "new_rows": new_rows}
+    if new_rows:
+        figures["questions_per_s"] = round(new_rows / wall_time_s, 3)
+        figures["wall_s_per_question"] = round(wall_time_s / new_rows, 4)
+    return figures
 
 
 def write_json(out: str, name: str, data: dict) -> str:

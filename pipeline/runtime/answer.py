@@ -29,7 +29,7 @@ from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.io.commit import Committer
 from pipeline.io.datasets import load_questions, pending_questions
-from pipeline.io.output import batch_report, read_json, summarize, write_json
+from pipeline.io.output import batch_report, rate, read_json, write_json
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError
@@ -288,7 +288,8 @@ def _run_answer(
         "runtime": runner.name,
         "skipped_already_answered": skipped,
         "backend_batch_calls": batch_calls,
-        **summarize(out, parts=committer.parts, wall_time_s=wall, new_rows=written),
+        **committer.summary(),  # folded batch by batch as they committed (commit.py): no part read here
+        **rate(wall, written),
     }
     write_json(out, "summary.json", summary)
     return summary

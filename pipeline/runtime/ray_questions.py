@@ -36,9 +36,7 @@ from ray.data.datasource import Datasource, ReadTask
 from pipeline.config import DynragConfig
 
 
-def question_dataset(
-    source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int
-):
+def question_dataset(source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int):
     """The pending questions of `source` as a dataset of batches, `qs` / `skipped` / `run` rows (module docstring).
     `done`: the ids answered under the output, or one such set per run (an experiment's runs over one file)."""
     import ray
@@ -56,9 +54,7 @@ def question_dataset(
 
 
 class QuestionSource(Datasource):
-    def __init__(
-        self, source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int
-    ):
+    def __init__(self, source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int):
         super().__init__()
         self.source, self.cfg_json = source, cfg.model_dump(mode="json")
         # (a resumed run's done ids travel to the read task once, as frozensets: not shipped per batch)
