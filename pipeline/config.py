@@ -333,7 +333,14 @@ class ScoringConfig(Section):
 
 class AnswerConfig(Section):
     batch_questions: int = Field(
-        256, ge=1, description="rows per Parquet part file, and questions per batch of the lockstep engine"
+        256, ge=1, description="questions per batch: each written as one staged file (and of the lockstep engine)"
+    )
+    part_mb: float = Field(
+        128.0,
+        gt=0,
+        description="size of the output's Parquet part files: committed batches are merged into parts/ files of at "
+        "least this many MB (a run's last part may be smaller), each question once in parts/ at every moment "
+        "(pipeline/io/merge.py; rows become visible there each quarter of it, and at the end of a run)",
     )
     engine: Literal["continuous", "lockstep"] = Field(
         "continuous",

@@ -35,3 +35,30 @@ def assert_each_question_once(out: str | Path, n: int, errors: int = 0) -> pa.Ta
     staged = fs.ls(f"{path.rstrip('/')}/_attempts", detail=False) if fs.exists(f"{path.rstrip('/')}/_attempts") else []
     assert not staged, f"attempts left staged: {staged[:3]}"
     return rows
+
+
+def committed_files(out: str | Path) -> list[str]:
+    """The files of rows the driver has committed: parts/ and the batches committed since the last merge
+    (`_committed/`, which no reader of parts/ sees; pipeline/io/merge.py merges them at the job's close, or the
+    next run does)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(str(out))
+    fs.invalidate_cache()
+    found = []
+    for folder in ("parts", "_committed"):
+        where = f"{path.rstrip('/')}/{folder}"
+        if fs.exists(where):
+            found += [p for p in fs.ls(where, detail=False) if p.endswith(".parquet") and "/." not in p]
+    return sorted(found)
+
+
+def committed_rows(out: str | Path, columns: tuple[str, ...] = ("question_id", "error")) -> pa.Table:
+    """Every row of `committed_files(out)` as pyarrow reads them (a job killed between a merge's write and its
+    removal of the merged batches shows those batches twice: parts/ alone is what readers count)."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    fs, _ = fsspec.core.url_to_fs(str(out))
+    tables = [pq.read_table(f, columns=list(columns), filesystem=fs) for f in committed_files(out)]
+    return pa.concat_tables(tables) if tables else pa.table({c: pa.array([], pa.string()) for c in columns})

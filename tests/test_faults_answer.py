@@ -13,13 +13,12 @@ import os
 import signal
 import time
 
+import fsspec
 import polars as pl
 import psutil
 import pytest
 from fault_tools import cli, env_for, kill_at, kill_group, run, run_until_paused, start
-from on_disk import assert_each_question_once
-
-from pipeline.io.output import part_files
+from on_disk import assert_each_question_once, committed_files, committed_rows, rows_on_disk
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
 
@@ -48,7 +47,8 @@ RAY = ["--set", "runtime.mode=ray", "--set", "ray.num_cpus=2", "--set", "ray.act
 
 
 def rows_of(out):
-    return pl.read_parquet(f"{out}/parts/*.parquet") if part_files(str(out)) else pl.DataFrame()
+    """The rows the driver committed: parts/ and the batches not merged yet (on_disk.committed_rows)."""
+    return pl.from_arrow(committed_rows(out))
 
 
 def assert_exactly_once(out, n):
@@ -72,15 +72,16 @@ def test_sigkill_at_several_points_under_load_then_resume(nq_dev, tmp_path):
         assert killed.returncode == -signal.SIGKILL
         after_first = rows_of(out).height
         assert 0 < after_first < n
-        for _ in range(2):  # by timing: as soon as one more part lands, mid-way through the next batch
+        for _ in range(2):  # by timing: as soon as one more batch is committed, mid-way through the next batch
             proc = start(answer_cmd(nq_dev, out, n, *ONE_BATCH), env_for())
-            before = len(part_files(str(out)))
-            while len(part_files(str(out))) == before and proc.poll() is None:
+            before = len(committed_files(out))
+            while len(committed_files(out)) == before and proc.poll() is None:
                 time.sleep(0.005)
             time.sleep(0.01)
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=60)
-        assert rows_of(out)["question_id"].n_unique() == rows_of(out).height  # never a duplicate, even mid-run
+        seen = rows_on_disk(out)["question_id"]  # as a reader of parts/ counts them
+        assert len(set(seen.to_pylist())) == len(seen)  # never a duplicate, even mid-run
     finally:
         for p in load:
             kill_group(p)
@@ -200,3 +201,41 @@ def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev,
     done = run(answer_cmd(nq_dev, out, n, *RAY))
     assert done.returncode == 0, done.stderr[-3000:]
     assert_exactly_once(out, n)
+
+
+@pytest.mark.parametrize("shape", ["default", "small parts"])
+def test_sigkill_during_a_merge_leaves_each_question_once_and_the_rerun_finishes(nq_dev, tmp_path, shape):
+    """Killed between writing a merged part and removing the batches it took (pipeline/io/merge.py): at the
+    close's merge (default part_mb), or at the third merge of a run of small parts. A reader of parts/ counts
+    each question at most once meanwhile; the rerun removes the merged batches, merges the rest and answers
+    what is left: each question once."""
+    n, out, pauses = 300, tmp_path / "run", tmp_path / "pauses"
+    small = ["--set", "answer.part_mb=0.01"] if shape == "small parts" else []
+    point = "commit.merged@3" if small else "commit.merged"
+    killed = kill_at(answer_cmd(nq_dev, out, n, *small), point, pauses)
+    assert killed.returncode == -signal.SIGKILL
+    seen = rows_on_disk(out)["question_id"].to_pylist()
+    assert 0 < len(seen) == len(set(seen)) <= n  # the merged part is there, its batches hidden in _committed/
+    assert (out / "_committed").is_dir() and list((out / "_committed").glob("*.parquet"))
+    done = run(answer_cmd(nq_dev, out, n, *small))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_exactly_once(out, n)
+    assert not list((out / "_committed").glob("*.parquet"))
+    assert "repaired" not in (out / "dynrag.log").read_text()  # the part's footer named them: no row read twice
+
+
+def test_parts_are_sized_for_their_readers(nq_dev, tmp_path):
+    """answer.part_mb: every part of a run but its last is at least that size, its footer names the batches it
+    holds, and nothing stays committed unmerged."""
+    from pipeline.io.merge import merged_keys
+
+    n, out = 600, tmp_path / "run"
+    done = run(answer_cmd(nq_dev, out, n, "--set", "answer.part_mb=0.02"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_exactly_once(out, n)
+    parts = sorted((out / "parts").glob("*.parquet"))
+    sizes = [p.stat().st_size for p in parts]
+    assert len(parts) >= 3 and min(sizes[:-1]) >= 0.02 * 2**20, sizes
+    keys = [k for p in parts for k in merged_keys(fsspec.filesystem("file"), str(p))]
+    assert len(keys) == len(set(keys)) == n // 25  # every batch of 25, in one part
+    assert not list((out / "_committed").glob("*.parquet"))

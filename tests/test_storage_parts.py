@@ -147,7 +147,7 @@ def test_a_batch_staged_twice_is_committed_once_and_the_other_attempt_removed(s3
     second = _attempt(out, [_row(q, 11.0) for q in batch], batch)
     assert rows_on_disk(out).num_rows == 0  # staged: no reader of parts/ sees an attempt
     committed = committer.commit(first)
-    assert committed["part"].endswith("/parts/part-r1-" + batch_key(batch) + ".parquet")
+    assert committed["part"].endswith("/_committed/part-r1-" + batch_key(batch) + ".parquet")  # merged at the close
     assert committer.commit(second) is None
     assert committer.commit(_attempt(out, [_row("q9", 1.0)], ["q9"]))["rows"] == 1
     committer.close()
@@ -164,12 +164,13 @@ def test_a_zombie_never_deletes_or_replaces_a_committed_part(s3):
     batch = ["q1", "q2", "q3"]
     committer = Committer(out, "r1")
     committer.open()
-    part = committer.commit(_attempt(out, [_row(q, 10.0) for q in batch], batch))["part"]
-    before = fs.cat(part.split("://", 1)[-1])
+    committer.commit(_attempt(out, [_row(q, 10.0) for q in batch], batch))
     assert committer.commit(_attempt(out, [_row("q1", 20.0, "EngineDead: engine died")], batch)) is None
     committer.close()
+    (part,) = output.part_files(out)  # the batch, merged
+    before = fs.cat(part)
     _attempt(out, [_row("q2", 30.0, "EngineDead: engine died")], batch)  # after the end: stays staged
-    assert fs.cat(part.split("://", 1)[-1]) == before
+    assert fs.cat(part) == before
     assert rows_on_disk(out)["error"].null_count == 3
     assert Committer(out, "r2").open() == set(batch)  # the rerun removes the zombie's attempt
     assert_each_question_once(out, 3)

@@ -1,9 +1,10 @@
 """The driver's commit of a run's batches: parts/ holds each question exactly once, as any Parquet reader counts it.
 
 Writers stage each attempt of a batch under `<out>/_attempts/` (`PartWriter`); the driver, the one committer,
-moves the first attempt it hears of per batch key to `parts/part-<run id>-<batch key>.parquet` and removes
-the others (a batch answered twice: an actor drained or lost after writing, before its result came back).
-Readers of parts/ never see an attempt. A rerun (`open`) first removes what an earlier run left staged,
+moves the first attempt it hears of per batch key to `_committed/part-<run id>-<batch key>.parquet` and removes
+the others (a batch answered twice: an actor drained or lost after writing, before its result came back); the
+committed batches are merged into parts/ files of `answer.part_mb` (merge.py). Readers of parts/ never see an
+attempt nor a committed batch before its merge. A rerun (`open`) first removes what an earlier run left staged,
 then repairs a folder that holds a question twice (written before this commit existed, or a driver killed
 between a commit and the removal of the row it superseded), so that after any end of a job and a rerun the
 folder reads each question once. A question whose row is a "system" error row is answered again by a rerun;
@@ -32,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from pipeline.io.merge import PartMerger
 from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_json, read_parts, write_json, write_table
 from pipeline.io.part_store import ATTEMPTS, attempt_key, with_retries
 from pipeline.io.tally import Tally
@@ -43,9 +45,10 @@ TALLY_FILE = "_tally.json"  # the summary's sums over the parts it names (a lead
 
 
 class Committer:
-    def __init__(self, out: str, run_id: str):
+    def __init__(self, out: str, run_id: str, part_mb: float = 128.0):
         self.out, self.run_id = out, run_id
         self.fs, self.base = _fs(out)
+        self.merger = PartMerger(self.fs, self.base, out, run_id, part_mb)
         self.parts: list[str] = []  # what the run's summary reads: the parts at its start and those it committed
         self.committed: dict[str, str] = {}  # batch key -> its part
         self._system_errors: dict[str, str] = {}  # question id -> the part holding its "system" error row
@@ -63,6 +66,7 @@ class Committer:
         if saved is not None:
             self.fs.rm(f"{self.base}/{TALLY_FILE}")  # written again at the close (module docstring)
         listed = part_files(self.out)
+        listed += self.merger.recover(listed)  # an earlier run's batches committed and not merged
         kept = self._deduplicate(listed)
         self.parts = [p for p in listed if p not in self._emptied]
         self.tally = self._tally_at_start(saved, repaired=kept.num_rows < sum(self._rows_read))
@@ -126,7 +130,7 @@ class Committer:
         if key in self.committed:
             self._remove(attempt)
             return None
-        part = f"{self.base}/parts/part-{key}.parquet"
+        part = self.merger.stage_path(key)
         self._move(attempt, part)
         self.committed[key] = part
         self.parts.append(part)
@@ -137,7 +141,19 @@ class Committer:
                 self.tally.add(Tally.of_table(read_parts(self.out, None, [part])))
         if self._system_errors:
             self._supersede(part)
+        if self.merger.add(part):
+            self._merge()
         return {**report, "part": part}
+
+    def _merge(self) -> None:
+        """The committed batches merged into the run's growing part (merge.py); the run's files renamed so."""
+        merged = self.merger.merge()
+        if merged is None:
+            return
+        inputs, target = merged
+        gone = set(inputs)
+        self.parts = [p for p in self.parts if p not in gone] + [target]
+        self._system_errors = {q: target if p in gone else p for q, p in self._system_errors.items()}
 
     def each(self, reports: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         """`reports` committed one by one (`commit`), those of a batch already committed left out. Each is
@@ -173,11 +189,12 @@ class Committer:
         mask = pa.array([i not in gone for i in range(table.num_rows)])
         rest = table.filter(mask)
         if rest.num_rows:
-            write_table(self.fs, part, rest)
+            write_table(self.fs, part, rest)  # (a merged part keeps its footer: the batches it holds)
         else:
             self._remove(part)
             self._emptied.add(part)
             self.parts = [p for p in self.parts if p != part]
+            self.merger.drop(part)
 
     # -- the end ------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -186,6 +203,11 @@ class Committer:
         object store, which no job can lock (output_lock.py), another job may have answered some of the same
         questions meanwhile: the parts are deduplicated again, the last job to end seeing every part."""
         self._remove_attempts(f"{self.run_id}-")
+        try:
+            self._merge()  # the last committed batches: the run's last part
+        except Exception as exc:  # left committed: the next run merges them (merge.py)
+            log.warning("could not merge the last batches of %s (%s: %s)", self.out, type(exc).__name__, exc)
+            self.tally = None
         if not _is_local(self.fs):
             try:
                 self.fs.invalidate_cache()

@@ -218,7 +218,9 @@ def _run_answer(
     show = cfg.answer.progress if progress is None else progress
 
     t0 = time.perf_counter()
-    committer = Committer(out, run_id)  # the summary counts the parts at the start and those committed, no listing
+    committer = Committer(
+        out, run_id, cfg.answer.part_mb
+    )  # the summary counts the parts at the start and those committed, no listing
     done = committer.open()
     row_args = dict(
         run_id=run_id, method=spec.name, params_json=params.model_dump_json(), chash=chash, model=cfg.generation.model

@@ -1,0 +1,116 @@
+"""Committed batches merged into part files sized for their readers (`answer.part_mb`, 128 MB by default), as
+Spark and Delta size theirs: a 10^6-question run is a few files, not one a batch.
+
+The driver commits a batch by moving its accepted attempt to `<out>/_committed/part-<run id>-<batch key>.parquet`
+(a leading _: no reader of parts/ looks there); once a quarter of `part_mb` has been committed (and at the
+close), `merge` writes them, with the rows of the run's part still growing, as that part under parts/: one
+file written whole over the old one (atomic rename, or one PUT), whose footer names every batch it holds
+(`dynrag.batches`). Then the merged batches are removed. So parts/ shows each question once at every moment,
+and a part is rewritten only while it is below `part_mb`: every part of a run but its last is at least that.
+
+A job killed after writing a part and before removing its batches leaves batches that the part holds: the next
+run's `recover` removes them (the footer says which), and merges the others (committed, never merged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from indexing.faults import fault_point
+from pipeline.io.output import read_parts, write_table
+
+log = logging.getLogger(__name__)
+
+COMMITTED = "_committed"
+BATCHES = b"dynrag.batches"  # a part's footer: the keys of the batches merged into it
+MERGE_SHARE = 4  # merge once part_mb / MERGE_SHARE is committed: rows visible every 32 MB at the default
+
+
+def batch_key_of(path: str) -> str:
+    """`<run id>-<batch key>` of a committed batch's file."""
+    return path.rsplit("/", 1)[-1].removeprefix("part-").removesuffix(".parquet")
+
+
+def merged_keys(fs: Any, part: str) -> list[str]:
+    """The batches a part's footer says it holds (none for a part written one batch a file)."""
+    with fs.open(part, "rb") as fh:
+        meta = pq.read_schema(fh).metadata or {}
+    return json.loads(meta[BATCHES]) if BATCHES in meta else []
+
+
+def with_keys(table: pa.Table, keys: list[str]) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), BATCHES: json.dumps(keys)})
+
+
+class PartMerger:
+    def __init__(self, fs: Any, base: str, out: str, run_id: str, part_mb: float):
+        self.fs, self.base, self.out, self.run_id = fs, base, out, run_id
+        self.part_bytes = max(1, int(part_mb * 2**20))
+        self.staged: list[str] = []  # committed batches not yet in a part
+        self.staged_bytes = 0
+        self.growing: str | None = None  # this run's part, below part_mb: the next merge writes over it
+        self.seq = 0
+
+    def stage_path(self, key: str) -> str:
+        return f"{self.base}/{COMMITTED}/part-{key}.parquet"
+
+    def recover(self, parts: list[str]) -> list[str]:
+        """At the start: an earlier run's committed batches still staged, less those a part holds already (removed
+        now); they are merged with this run's first merge."""
+        folder = f"{self.base}/{COMMITTED}"
+        self.fs.invalidate_cache(folder)
+        staged = sorted(self.fs.ls(folder, detail=False)) if self.fs.exists(folder) else []
+        staged = [p for p in staged if p.endswith(".parquet") and not p.rsplit("/", 1)[-1].startswith(".")]
+        if not staged:
+            return []
+        held = {k for p in parts for k in merged_keys(self.fs, p)}
+        for path in [p for p in staged if batch_key_of(p) in held]:
+            self.fs.rm(path)
+        self.staged = [p for p in staged if batch_key_of(p) not in held]
+        self.staged_bytes = sum(self.fs.size(p) for p in self.staged)
+        return self.staged
+
+    def add(self, path: str) -> bool:
+        """A batch committed to `path`; whether enough is staged for a merge."""
+        self.staged.append(path)
+        self.staged_bytes += self.fs.size(path)
+        return self.staged_bytes * MERGE_SHARE >= self.part_bytes
+
+    def drop(self, path: str) -> None:
+        """A file removed, every row of it superseded: no longer merged, nor merged into."""
+        if path in self.staged:
+            self.staged.remove(path)
+        if path == self.growing:
+            self.growing = None
+
+    def merge(self) -> tuple[list[str], str] | None:
+        """Merge the staged batches into the run's growing part (module docstring); returns (the files merged,
+        the part), or None when nothing is staged."""
+        if not self.staged:
+            return None
+        inputs = [*([self.growing] if self.growing else []), *self.staged]
+        keys = (merged_keys(self.fs, self.growing) if self.growing else []) + [batch_key_of(p) for p in self.staged]
+        target = self.growing or f"{self.base}/parts/part-{self.run_id}-{self.seq:05d}.parquet"
+        write_table(self.fs, target, with_keys(read_parts(self.out, None, inputs), keys))
+        fault_point("commit.merged")
+        for path in self.staged:
+            self._remove(path)
+        merged, self.staged, self.staged_bytes = inputs, [], 0
+        if self.fs.size(target) >= self.part_bytes:
+            self.growing, self.seq = None, self.seq + 1
+        else:
+            self.growing = target
+        return merged, target
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.fs.rm(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:  # left staged: the next run's recover removes it (the part's footer names it)
+            log.warning("could not remove %s (%s: %s)", path, type(exc).__name__, exc)
