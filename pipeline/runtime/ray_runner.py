@@ -204,7 +204,7 @@ class EngineActor:
         return {"part": [r.get("part", "") for r in reports], "report": [json.dumps(r) for r in reports]}
 
     def _answer(self, run_index: int, questions: list[Question], skipped: int) -> dict:
-        from pipeline.io.part_store import PartWriteError, batch_key
+        from pipeline.io.part_store import batch_key
 
         ids = [q.id for q in questions]
         run = self.runs[run_index]
@@ -221,12 +221,16 @@ class EngineActor:
                     if dead and self.control is not None and not self.replica.failed:
                         self.control.alone.remote(key, os.getpid())
                     report = self.replica.answer(questions, ids, skipped, run)
-        except PartWriteError as err:  # the store refuses the part after its retries: the job ends with this line
-            report = {"fatal": f"engine replica {self.actor_id[:8]}: {err}"}
-        except Exception:
-            if self.control is None:
-                raise
-            self._park()  # the engine failed: this process exits for a restart, or the driver ends the job
+        except Exception as err:
+            if self.replica.failed:  # the engine failed: this process exits for a restart, or the driver ends the job
+                if self.control is None:
+                    raise
+                self._park()
+            # what answer() raises with a sound engine ends the job with this line, never a park: the store refuses
+            # the part after its retries, or the error rows of a batch that failed (Replica._batch_failed) could not
+            # be written either
+            line = str(err) if isinstance(err, DynragError) else first_line(err)
+            report = {"fatal": f"engine replica {self.actor_id[:8]}: {line}"}
         if "fatal" not in report and not self.replica.keeps_batch(report):
             self._park()  # drained part way for its node: the batch goes to the restarted actor
         if self.control is not None:
