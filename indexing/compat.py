@@ -32,6 +32,15 @@ def in_ray_worker() -> bool:
         return bool(ray.get_runtime_context().get_actor_id())
 
 
+def actor_id(handle: Any) -> str:
+    """A Ray actor handle's actor id (hex), as the actor's own runtime context gives it (`get_actor_id`). Fallback:
+    "" (a line that names the actor then goes without its id)."""
+    try:
+        return str(handle._actor_id.hex())
+    except AttributeError:
+        return ""
+
+
 def draining_nodes() -> dict[str, float]:
     """Nodes Ray is draining (`ray drain-node`, autoscaler v2's spot pre-emption): node id (hex) -> time.time()
     of the drain deadline (math.inf: none given). Ray Data reads the same table. Fallback: {} (no drain seen:

@@ -454,7 +454,9 @@ class RayConfig(Section):
         900.0,
         gt=0,
         description="seconds the job waits with no engine replica running (GPUs gone, a placement group "
-        "that cannot be placed) before it stops with one line naming what the replicas ask for",
+        "that cannot be placed), for a retrieval or scorer pool's actors to be ready, or for a tensor-parallel "
+        "replica's generator host to load its model, before it stops with one line naming what was awaited, "
+        "where, and what it asks for",
     )
     stall_s: float = Field(
         900.0,

@@ -36,6 +36,7 @@ def test_the_private_paths_exist_in_the_locked_versions():
 
     assert callable(ray._private.state.state.get_draining_nodes)
     assert callable(ray._private.state.state.get_cluster_config)
+    assert isinstance(ray.actor.ActorHandle._actor_id, property)  # compat.actor_id
     assert compat.worker_output_dispatcher() is global_worker_stdstream_dispatcher
     from vllm.v1.engine.core_client import EngineCoreClient
 

@@ -120,6 +120,7 @@ def start_pool(
     RunControl, which counts each call's attempts."""
     import ray
 
+    from indexing.compat import actor_id
     from pipeline.runtime.ray_resources import pool_actor_options
 
     n, opts = pool_actor_options(cfg, kind)
@@ -127,9 +128,63 @@ def start_pool(
     actors = [
         cls.options(**opts).remote(cfg.model_dump(mode="json"), index_dir, make_backends, control) for _ in range(n)
     ]
-    ray.get([a.ready.remote("retriever" if kind == "retrieval" else None) for a in actors])
+    refs = [a.ready.remote("retriever" if kind == "retrieval" else None) for a in actors]
+    await_ready(kind, refs, [actor_id(a) for a in actors], opts, cfg.ray.replica_wait_s, control)
     log.info("%d %s actors ready (%s)", n, kind, opts)
     return actors
+
+
+POOL_LOOK_S = 1.0  # how often the driver looks at RunControl's line while a pool starts
+POOL_CALL_S = 10.0  # for one of those looks, and for the ready calls' results once all are ready
+
+
+def await_ready(kind: str, refs: list, ids: list[str], asked: dict, wait_s: float, control: Any = None) -> None:
+    """Wait until every actor of the `kind` pool is ready (`refs`: their `ready` calls; `ids`: their actor ids), at
+    most `wait_s` (ray.replica_wait_s); else end the job with one line naming the pool, each actor not ready and
+    its node (or that it has none: it cannot be placed), and what each asks for. Pool actors restart without end:
+    one that runs out of memory loading its index restarts for ever, so RunControl's line (a pool actor over its
+    failure budget) is looked at every POOL_LOOK_S and ends the wait at once. A ready call that failed raises its
+    error."""
+    import time
+
+    import ray
+
+    from pipeline.errors import DynragError
+
+    t0, pending = time.monotonic(), list(refs)
+    while pending:
+        left = wait_s - (time.monotonic() - t0)
+        if left <= 0:
+            raise DynragError(
+                _not_ready(kind, [ids[refs.index(r)] for r in pending], len(refs), asked, wait_s, control)
+            )
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(POOL_LOOK_S, left))
+        if control is not None:
+            line = ray.get(control.fatal.remote(), timeout=POOL_CALL_S)
+            if line:
+                raise DynragError(line)
+    ray.get(list(refs), timeout=POOL_CALL_S)  # all ready: a failed one's error
+
+
+def _not_ready(kind: str, ids: list[str], n: int, asked: dict, wait_s: float, control: Any) -> str:
+    import ray
+
+    def where(actor: str) -> str:
+        p = ray.get(control.pool_actor.remote(actor), timeout=POOL_CALL_S) if control is not None else None
+        if not p:
+            return f"{actor[:8]} has not started on any node"
+        return f"{actor[:8]} on node {str(p['node'])[:8]} (started {p['starts']} times)"
+
+    try:
+        actors = "; ".join(where(a) for a in ids)
+    except Exception as err:  # RunControl does not answer: the line goes without the nodes
+        actors = f"{', '.join(a[:8] for a in ids)} (their nodes unknown: {first_line(err)})"
+    gpus = f", {asked['num_gpus']:g} GPU" if asked.get("num_gpus") else ""
+    extra = "".join(f", {v:g} {k}" for k, v in asked.get("resources", {}).items())
+    return (
+        f"the {kind} pool is not ready after {wait_s:g} s (ray.replica_wait_s): {len(ids)} of its {n} actors are "
+        f"not: {actors}; each asks for {asked.get('num_cpus', 1):g} CPU{gpus}{extra}: stopping"
+    )
 
 
 class PoolClient:

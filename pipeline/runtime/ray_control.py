@@ -176,6 +176,10 @@ class RunControl:
                 f"{self.budget}), last on node {node[:8]}: stopping the job"
             )
 
+    def pool_actor(self, actor: str) -> dict | None:
+        """What is known of a pool actor's starts (kind, node, pid, starts, failures); None: it never started."""
+        return self.pools.get(actor)
+
     def pool_lost(self, actor: str, why: str) -> None:
         kind = self.pools.get(actor, {}).get("kind", "a")
         self.fatal_line = (

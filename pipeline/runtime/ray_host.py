@@ -73,6 +73,22 @@ def misplaced(node: str, group_nodes: set[str], in_group: bool) -> str | None:
     return None
 
 
+def group_nodes(group: Any) -> list[str]:
+    """The nodes a placement group's bundles were placed on."""
+    import ray
+
+    return sorted(set(ray.util.placement_group_table(group).get("bundles_to_node_id", {}).values()))
+
+
+def not_started(group: str, bundles: list[dict], nodes: list[str], wait_s: float) -> str:
+    """The line for a tensor-parallel generator host whose model did not load within `wait_s`."""
+    on = ", ".join(n[:8] for n in nodes) or "no node"
+    return (
+        f"its tensor-parallel generator host did not load its model within ray.replica_wait_s={wait_s:g} s "
+        f"(placement group {group[:8]} on node {on}, asking for {bundles})"
+    )
+
+
 class HostedGenerator:
     """The engine actor's side of a `GeneratorHost`: the generator protocol over the host's calls. The host's
     process gone (its node lost, vLLM's core killing it) is the engine's death (EngineDead): the replica fails
@@ -106,7 +122,11 @@ class HostedGenerator:
             .options(num_cpus=HOST_CPUS, num_gpus=0, scheduling_strategy=strategy, max_restarts=0, max_concurrency=1000)
             .remote(cfg.model_dump(mode="json"), one_call, make_backends)
         )
-        where = ray.get(host.where.remote())  # its constructor's error, if it failed to load
+        try:  # its constructor's error, if it failed to load; a start that hangs (vLLM, NCCL) ends at the limit
+            where = ray.get(host.where.remote(), timeout=wait_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(host, no_restart=True)
+            raise DynragError(not_started(group.id.hex(), group.bundle_specs, group_nodes(group), wait_s)) from None
         return (HostedStreamingGenerator if where["streams"] else cls)(host, where)
 
     def _call(self, ref) -> Any:

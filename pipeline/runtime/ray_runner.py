@@ -50,6 +50,11 @@ SUPERVISE_S = 1.0  # how often the driver's supervisor looks at the drain, the n
 # together): then that batch is answered again elsewhere, and its attempt here is dropped at the commit
 COMMIT_WAIT_S = 10.0
 CALL_TIMEOUT_S = 10.0  # for one of the supervisor's calls to RunControl
+# the supervisor's looks in a row that may fail before it ends the job: one call that times out can be transient
+# (RunControl busy with a burst of heartbeats and batch begins from many replicas, the GCS slow for a moment), so
+# one failure must not end a job of hours; three in a row (at least 3 s, at most ~33 s) is no longer a hiccup but a
+# driver whose watchdogs (a replica over its budget, none running, one stuck) are all blind
+CALL_FAILURES = 3
 READER_JOIN_S = 30.0  # for the stream's reader thread to end once the job's actors are gone
 DRAIN_GRACE_S = 60.0  # beyond answer.drain_s: for the actors to write their parts and the stream to end
 
@@ -201,7 +206,7 @@ class EngineActor:
         return {"part": [r.get("part", "") for r in reports], "report": [json.dumps(r) for r in reports]}
 
     def _answer(self, run_index: int, questions: list[Question], skipped: int) -> dict:
-        from pipeline.io.part_store import PartWriteError, batch_key
+        from pipeline.io.part_store import batch_key
 
         ids = [q.id for q in questions]
         run = self.runs[run_index]
@@ -218,12 +223,16 @@ class EngineActor:
                     if dead and self.control is not None and not self.replica.failed:
                         self.control.alone.remote(key, os.getpid())
                     report = self.replica.answer(questions, ids, skipped, run)
-        except PartWriteError as err:  # the store refuses the part after its retries: the job ends with this line
-            report = {"fatal": f"engine replica {self.actor_id[:8]}: {err}"}
-        except Exception:
-            if self.control is None:
-                raise
-            self._park()  # the engine failed: this process exits for a restart, or the driver ends the job
+        except Exception as err:
+            if self.replica.failed:  # the engine failed: this process exits for a restart, or the driver ends the job
+                if self.control is None:
+                    raise
+                self._park()
+            # what answer() raises with a sound engine ends the job with this line, never a park: the store refuses
+            # the part after its retries, or the error rows of a batch that failed (Replica._batch_failed) could not
+            # be written either
+            line = str(err) if isinstance(err, DynragError) else first_line(err)
+            report = {"fatal": f"engine replica {self.actor_id[:8]}: {line}"}
         if "fatal" not in report and not self.replica.keeps_batch(report):
             self._park()  # drained part way for its node: the batch goes to the restarted actor
         if self.control is not None:
@@ -628,13 +637,17 @@ class Supervisor:
     """The driver's one watcher thread, every SUPERVISE_S: passes the driver's drain (its SIGTERM) and the
     nodes Ray is draining to `RunControl`, and ends the job with one line (`watching` raises it) when a
     replica is over its failure budget, when no replica has run for `ray.replica_wait_s` (its GPUs never came
-    back, or its placement group cannot be placed: the line names what it asks for), or when the driver's
-    drain has not ended the stream by its deadline and a grace period."""
+    back, or its placement group cannot be placed: the line names what it asks for), when the driver's
+    drain has not ended the stream by its deadline and a grace period, or when its own looks keep failing
+    (CALL_FAILURES in a row: a job must not go on unwatched). When the cluster goes away under a job, the
+    stream's own error reaches the driver first (within a turn), and the driver stops this thread."""
 
     def __init__(self, cfg: DynragConfig, control: Any, drain: Drain | None, groups: list):
         self.cfg, self.control, self.drain, self.groups = cfg, control, drain, groups
         self.line: str | None = None
         self.reader: threading.Thread | None = None  # reads the stream (`watching`)
+        self._drained_at: float | None = None  # when this thread saw the driver's drain (monotonic)
+        self._asked = False  # whether RunControl was asked to drain the replicas
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dynrag-supervisor", daemon=True)
         self._thread.start()
@@ -684,41 +697,61 @@ class Supervisor:
                 no_implicit_ray_init()  # its next call into Ray fails instead of starting a Ray of its own
 
     def _run(self) -> None:
+        """Every SUPERVISE_S: a look at the job (`_look`), then the drain's deadline, whatever the look did. A look
+        that fails (a call to RunControl that times out, a node table Ray cannot give) is let go CALL_FAILURES - 1
+        times in a row; the next one ends the job with one line."""
+        t0, failures = time.time(), 0
+        while not self._done.wait(SUPERVISE_S):
+            line = None
+            if self.drain is not None and self.drain.requested and self._drained_at is None:
+                self._drained_at = time.monotonic()  # the deadline runs from here, whether or not RunControl hears
+            try:
+                line = self._look(t0)
+                failures = 0
+            except Exception as err:
+                failures += 1
+                log.warning("supervisor: its look at the job failed (%d in a row): %s", failures, first_line(err))
+                if failures >= CALL_FAILURES:
+                    line = (
+                        f"the driver's supervisor failed {failures} times in a row to ask RunControl about the job "
+                        f"(the last: {first_line(err)}): no watchdog can run; stopping"
+                    )
+            line = line or self._drain_overdue()
+            if line:
+                self.line = line
+                log.error("%s", line)
+                return
+
+    def _look(self, t0: float) -> str | None:
+        """One look at the job: the drain and the nodes passed to RunControl; the job's line, if it must end."""
         import ray
 
         from indexing.compat import draining_nodes
 
-        t0, asked = time.time(), False
-        while not self._done.wait(SUPERVISE_S):
-            try:
-                if self.drain is not None and self.drain.requested and not asked:
-                    asked, drained_at = True, time.monotonic()
-                    self.control.request.remote(self.drain.seconds)
-                draining = draining_nodes()
-                self.control.set_draining.remote(draining)
-                self.control.set_lost.remote([*draining, *(n["NodeID"] for n in ray.nodes() if not n["Alive"])])
-                control = self.control
-                line = (
-                    ray.get(control.fatal.remote(), timeout=CALL_TIMEOUT_S)
-                    or stalled(
-                        ray.get(control.last_seen.remote(), timeout=CALL_TIMEOUT_S),
-                        t0,
-                        time.time(),
-                        self.cfg.ray.replica_wait_s,
-                    )
-                    or ray.get(control.stuck.remote(time.time(), self.cfg.ray.stall_s), timeout=CALL_TIMEOUT_S)
-                )
-            except Exception as err:  # the cluster is going away: the stream's own error says why
-                log.debug("supervisor: %s", err)
-                continue
-            if line is None and asked and time.monotonic() - drained_at > self.drain.seconds + DRAIN_GRACE_S:  # type: ignore[union-attr]
-                line = f"drain: the engine actors did not finish within {self.drain.seconds + DRAIN_GRACE_S:.0f} s"  # type: ignore[union-attr]
-            if line:
-                if "no engine replica" in line:
-                    line += _asked_for(self.groups, self.cfg)
-                self.line = line
-                log.error("%s", line)
-                return
+        control = self.control
+        if self._drained_at is not None and not self._asked:
+            control.request.remote(self.drain.seconds)  # type: ignore[union-attr]
+            self._asked = True
+        draining = draining_nodes()
+        control.set_draining.remote(draining)
+        control.set_lost.remote([*draining, *(n["NodeID"] for n in ray.nodes() if not n["Alive"])])
+        line = ray.get(control.fatal.remote(), timeout=CALL_TIMEOUT_S)
+        if line:
+            return line
+        seen = ray.get(control.last_seen.remote(), timeout=CALL_TIMEOUT_S)
+        line = stalled(seen, t0, time.time(), self.cfg.ray.replica_wait_s)
+        if line:
+            return line + _asked_for(self.groups, self.cfg)
+        return ray.get(control.stuck.remote(time.time(), self.cfg.ray.stall_s), timeout=CALL_TIMEOUT_S)
+
+    def _drain_overdue(self) -> str | None:
+        """The job's line when the driver's drain has not ended the stream by its deadline and a grace period."""
+        if self._drained_at is None or self.drain is None:
+            return None
+        limit = self.drain.seconds + DRAIN_GRACE_S
+        if time.monotonic() - self._drained_at <= limit:
+            return None
+        return f"drain: the engine actors did not finish within {limit:.0f} s"
 
 
 def stalled(last_seen: float | None, started: float, now: float, wait_s: float) -> str | None:

@@ -41,7 +41,9 @@ from indexing.faults import fault_point
 from pipeline.engine.continuous import ContinuousEngine, Feed, make_engine
 from pipeline.engine.drain import CLOSING, Drain
 from pipeline.engine.requests import Question
+from pipeline.errors import DynragError, first_line
 from pipeline.io.output import batch_report, make_row
+from pipeline.io.part_store import PartWriteError
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +200,9 @@ class Replica:
         """Answer `questions` with `run` (default: the replica's own), write their rows as one part (keyed by
         `batch_ids`, else the rows' ids) and return the batch's report (`batch_report`, plus "part",
         "complete", "replica", "generator"). "complete" is False when a drain left some of them unanswered
-        (they are a rerun's); a FAILED replica raises the error its engine failed with."""
+        (they are a rerun's); a FAILED replica raises the error its engine failed with, and a store that refuses
+        the part its PartWriteError. Any other error is this batch's: its questions become error rows with the
+        cause (`_batch_failed`)."""
         run = run or self.run
         if run is None:
             raise ValueError("a shared replica's answer() names its run")
@@ -206,40 +210,73 @@ class Replica:
             self._calls += 1
             self._first_call = self._first_call or time.time()
         try:
-            outcomes = self._outcomes(questions, run) if questions else []
-            rows = [make_row(o, **run.row_args) for o in outcomes]
-            part = run.writer.write(rows, batch_ids)
-            if part:
-                fault_point("ray.part_written", until=lambda: self.drain_flag.requested)
-            with self._lock:
-                report = batch_report(rows, skipped, self.engine.new_calls() if self.engine else {})
-            report.update(
-                part=part or "",
-                complete=len(outcomes) == len(questions),
-                replica=self.where,
-                generator=self._generator_busy(),
-            )
-            return report
+            try:
+                outcomes = self._outcomes(questions, run) if questions else []
+                rows = [make_row(o, **run.row_args) for o in outcomes]
+                part = run.writer.write(rows, batch_ids)
+                if part:
+                    fault_point("ray.part_written", until=lambda: self.drain_flag.requested)
+                with self._lock:
+                    report = batch_report(rows, skipped, self.engine.new_calls() if self.engine else {})
+                report.update(
+                    part=part or "",
+                    complete=len(outcomes) == len(questions),
+                    replica=self.where,
+                    generator=self._generator_busy(),
+                )
+                return report
+            except PartWriteError:  # the store refuses after its retries: the job's end, with the store's line
+                raise
+            except Exception as err:
+                if self.failed:  # the engine failed: the replica's end (its process restarts), not the batch's
+                    raise
+                return self._batch_failed(questions, batch_ids, skipped, run, err)
         finally:
             with self._lock:
                 self._calls -= 1
             self._tell_if_ended()
 
     def give_up(
-        self, questions: list[Question], batch_ids: list[str], skipped: int, cause: str, run: ServedRun | None = None
+        self,
+        questions: list[Question],
+        batch_ids: list[str] | None,
+        skipped: int,
+        cause: str,
+        run: ServedRun | None = None,
     ) -> dict:
-        """A batch not to answer again (it has killed its replica's process before): its questions written as
-        error rows with `cause` (error_kind "system": a rerun tries them again), reported as `answer` does."""
+        """A batch not to answer again (it has killed its replica's process before, or failed in this call:
+        `_batch_failed`): its questions written as error rows with `cause` (error_kind "system": a rerun tries
+        them again), reported as `answer` does. Error rows that cannot be written either raise a DynragError
+        (one line): the job ends."""
         from pipeline.engine.core import Outcome, Trace
 
         run = run or self.run
         if run is None:
             raise ValueError("a shared replica's give_up() names its run")
         log.error("replica %s: %d questions not answered: %s", self.where.get("pid", ""), len(questions), cause)
-        rows = [make_row(Outcome(q, None, Trace(), cause, "system"), **run.row_args) for q in questions]
+        try:
+            rows = [make_row(Outcome(q, None, Trace(), cause, "system"), **run.row_args) for q in questions]
+            part = run.writer.write(rows, batch_ids)
+        except Exception as err:
+            raise DynragError(
+                f"the error rows of {len(questions)} questions could not be written ({first_line(err)}); "
+                f"they were not answered: {cause}"
+            ) from err
         report = batch_report(rows, skipped, {})
-        report.update(part=run.writer.write(rows, batch_ids) or "", complete=True, replica=self.where, generator=None)
+        report.update(part=part or "", complete=True, replica=self.where, generator=None)
         return report
+
+    def _batch_failed(
+        self, questions: list[Question], batch_ids: list[str] | None, skipped: int, run: ServedRun, err: Exception
+    ) -> dict:
+        """A batch whose rows could not be made, written or reported while its replica is sound (a row that Arrow
+        refuses, an error in make_row or in the report): that batch's failure, not the replica's. Its questions
+        become error rows with the cause (`give_up`), written and reported as any batch's, and the replica goes
+        on with the next batch, in-process and in a Ray engine actor alike."""
+        log.debug("replica %s: a batch failed", self.where.get("pid", ""), exc_info=err)
+        return self.give_up(
+            questions, batch_ids, skipped, f"this batch failed before its rows were written: {first_line(err)}", run
+        )
 
     def _outcomes(self, questions: list[Question], run: ServedRun) -> list:
         got = _Batch(questions, run)
