@@ -38,6 +38,7 @@ def check_run(r: dict, runtime: str, work: Path) -> None:
         assert r[key] > 0, key
     assert r["parquet_files"] >= 1 and r["other_files"] >= 1 and r["driver_rss_growth_bytes"] == 0
     assert 0 <= r["last_commit_to_return_s"] <= r["last_answer_to_return_s"] < r["wall_s"]
+    assert 0 < r["first_commit_s"] < r["wall_s"]
     # the figures are those of the output left in --work: pyarrow reads the same rows there
     import pyarrow.dataset as pads
 
@@ -56,7 +57,7 @@ def test_ray_processes_are_classified_by_title_and_rss_growth_is_from_the_smalle
     assert kind_of("ray::MapWorker(MapBatches(EngineActor))") == "engine"
     assert kind_of("ray::PoolActor.search") == "pool"
     assert kind_of("ray::IDLE") == kind_of("ray::ReadQuestionSource") == "ray_workers"
-    assert kind_of("/usr/bin/gcs_server --port 1") == "ray_services"
+    assert kind_of("/usr/bin/gcs_server --port 1") == kind_of("ray::DashboardAgent") == "ray_services"
     runs = [
         {"runtime": "local", "n": 10, "driver_peak_rss_bytes": 5},
         {"runtime": "local", "n": 1, "driver_peak_rss_bytes": 3},
