@@ -83,3 +83,18 @@ def test_bench_questions_ray(tmp_path):
     check_run(r, "ray", tmp_path)
     assert r["engine_processes"] == 2 and r["engine_cpu_s"] > 0 and r["pool_processes"] == 0
     assert r["ray_services_processes"] >= 2  # gcs_server and raylet at least
+
+
+def test_bad_options_are_refused_in_one_line(tmp_path, capsys):
+    from jobs.cli import main
+
+    for args, says in (
+        (["--sizes", "0"], "--sizes: each N must be at least 1"),
+        (["--sizes", "ten"], "--sizes takes comma-separated counts"),
+        (["--runtimes", "local,gpu"], "--runtimes takes local and ray"),
+        (["--ray-actors", "0"], "--ray-actors must be at least 1"),
+    ):
+        assert main(["bench", "questions", "--work", str(tmp_path / "w"), *args]) == 2
+        err = capsys.readouterr().err.strip()
+        assert says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "w").exists()  # refused before anything is written

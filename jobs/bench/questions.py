@@ -21,6 +21,9 @@ Ray processes (workers and services); the driver's peak RSS (ru_maxrss) and its 
 the same runtime; `tail s`: seconds from the last batch's commit (the newest part's ctime: the driver renames
 each batch's attempt into parts/) to run_answer returning; `resume s`: run_answer again on the finished output;
 files and bytes under the output (Parquet and other files apart); rows and error rows as pyarrow counts them.
+Ray runs its workers at nice 15 (Ray's default), the driver at 0: where the cores are busy, the driver's share
+of them (Ray Data's scheduling loop) comes first. Figures are of one run each, on a machine others may share: the
+header line gives its load average.
 """
 
 from __future__ import annotations
@@ -83,7 +86,13 @@ def register(bsub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="answer on the latency model (jobs/bench/simulated.py, time scale 1) instead of generation.backend=none",
     )
-    p.add_argument("--kv-tokens", type=int, default=GPU_KV_TOKENS, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=GPU_KV_TOKENS,
+        help=f"with --simulate-gpu: the simulated KV cache in tokens, with prefix caching (default {GPU_KV_TOKENS:,}, "
+        "as `bench pipeline --simulate-gpu`; 0: none)",
+    )
     p.add_argument("--ray-actors", type=int, default=2, help="ray.actors: engine actors (default 2)")
     p.add_argument(
         "--work", metavar="DIR", help="where the index, questions and outputs go (default: a temporary folder, removed)"
