@@ -76,12 +76,12 @@ def test_bench_questions_local(tmp_path):
     assert "engine_cpu_s" not in r  # in-process: the driver does everything
 
 
-@pytest.mark.own_process
-@pytest.mark.cluster
+@pytest.mark.cluster  # starts a local Ray (in the bench's child process)
 def test_bench_questions_ray(tmp_path):
     (r,) = bench(tmp_path, "ray", "--ray-actors", "2")["runs"]
     check_run(r, "ray", tmp_path)
     assert r["engine_processes"] == 2 and r["engine_cpu_s"] > 0 and r["pool_processes"] == 0
+    assert len(r["engine_cpu_s_each"]) == 2 and min(r["engine_cpu_s_each"]) > 0
     assert r["ray_services_processes"] >= 2  # gcs_server and raylet at least
 
 

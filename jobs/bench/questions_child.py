@@ -103,7 +103,8 @@ class RayCpu:
         for kind, seconds in self.seen.values():
             out[f"{kind}_cpu_s"] += seconds
             out[f"{kind}_processes"] += 1
-        return out | {"ray_titles": {k: sorted(v) for k, v in sorted(self.titles.items())}}
+        each = sorted(round(seconds, 2) for kind, seconds in self.seen.values() if kind == "engine")
+        return out | {"engine_cpu_s_each": each, "ray_titles": {k: sorted(v) for k, v in sorted(self.titles.items())}}
 
 
 def files_on_disk(out: str) -> dict[str, int]:
