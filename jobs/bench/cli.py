@@ -14,6 +14,7 @@ BENCH_MODULES = [
     "jobs.bench.flashrag.run",
     "jobs.bench.pipeline",
     "jobs.bench.experiment",
+    "jobs.bench.questions",
     "jobs.bench.all",
 ]
 

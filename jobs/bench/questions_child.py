@@ -1,0 +1,220 @@
+"""One measured run of `dynrag bench questions`, in a process of its own so that the driver's figures (its CPU
+time, its peak RSS) are that run's: `python -m jobs.bench.questions_child SPEC.json` writes its figures as
+JSON to the spec's `result` file.
+
+It calls `run_answer` on the spec's questions (as `dynrag answer` would: the index opened, with Ray the local
+Ray started, inside the timed call), reads what the run left on disk with pyarrow (never dynrag's reader),
+then calls `run_answer` again on the same output and times that resume (every question skipped).
+
+With Ray, the CPU time of the Ray processes (descendants of this one: gcs, raylet, workers) is sampled every
+0.5 s by pid, each pid's last value kept (a process killed at the end counts up to its last sample), and
+classified by its process title: `ray::...EngineActor...` (engine actors), `ray::PoolActor...` (retrieval and
+scorer pools), other `ray::` workers (idle workers, Ray Data's read tasks and coordinator, the run's control
+actor) and Ray's own services (gcs_server, raylet, dashboard, ...). The sampler's own CPU time is taken out
+of the driver's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import resource
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SAMPLE_S = 0.5
+KINDS = ("engine", "pool", "ray_workers", "ray_services")
+
+
+RAY_SERVICES = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")  # Ray's per-node agents, titled as workers are
+
+
+def kind_of(title: str) -> str:
+    """The kind of a Ray process from its title (Ray's workers set it: `ray::MapWorker(MapBatches(EngineActor))`,
+    `ray::PoolActor.search`, `ray::IDLE`)."""
+    if not title.startswith("ray::") or title.startswith(RAY_SERVICES):
+        return "ray_services"
+    if "EngineActor" in title:
+        return "engine"
+    if "PoolActor" in title:
+        return "pool"
+    return "ray_workers"
+
+
+def short_title(title: str) -> str:
+    """A process's name for the JSON: a Ray worker's title, else its program (a Python program's script)."""
+    words = [w.rsplit("/", 1)[-1] for w in title.split()] or [""]
+    if words[0].startswith("python") and len(words) > 1:
+        words = [w for w in words[1:] if not w.startswith("-")] or words
+    return words[0][:60]
+
+
+class RayCpu:
+    """CPU seconds (user + system) of this process's descendants, sampled from a thread until `stop()`."""
+
+    def __init__(self, interval: float = SAMPLE_S):
+        self.interval = interval
+        self.seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds at its last sample)
+        self.titles: dict[str, set[str]] = {}  # kind -> the process titles seen (their first word)
+        self.own_s = 0.0  # the sampling thread's own CPU time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-ray-cpu", daemon=True)
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            procs = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        for p in procs:
+            try:
+                with p.oneshot():
+                    title = " ".join(p.cmdline()) or p.name()
+                    t = p.cpu_times()
+            except psutil.Error:
+                continue
+            kind = kind_of(title)
+            old = self.seen.get(p.pid)
+            if old is not None and old[0] in ("engine", "pool"):
+                kind = old[0]  # an actor's worker keeps its kind (its title may change as it exits)
+            self.seen[p.pid] = (kind, t.user + t.system)
+            self.titles.setdefault(kind, set()).add(short_title(title))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+        self.sample()
+        self.own_s = time.thread_time()
+
+    def start(self) -> RayCpu:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        out: dict[str, Any] = {f"{k}_cpu_s": 0.0 for k in KINDS} | {f"{k}_processes": 0 for k in KINDS}
+        for kind, seconds in self.seen.values():
+            out[f"{kind}_cpu_s"] += seconds
+            out[f"{kind}_processes"] += 1
+        each = sorted(round(seconds, 2) for kind, seconds in self.seen.values() if kind == "engine")
+        return out | {"engine_cpu_s_each": each, "ray_titles": {k: sorted(v) for k, v in sorted(self.titles.items())}}
+
+
+def files_on_disk(out: str) -> dict[str, int]:
+    """Parquet files and every other file under `out`, each counted and their bytes summed."""
+    fig = {"parquet_files": 0, "parquet_bytes": 0, "other_files": 0, "other_bytes": 0}
+    for folder, _, names in os.walk(out):
+        for name in names:
+            kind = "parquet" if name.endswith(".parquet") else "other"
+            fig[f"{kind}_files"] += 1
+            fig[f"{kind}_bytes"] += os.path.getsize(os.path.join(folder, name))
+    return fig
+
+
+def rows_on_disk(out: str) -> dict[str, Any]:
+    """Rows and error rows of `out/parts` as pyarrow counts them; the newest row's `finished_at`, and the oldest
+    and newest part's ctime (set when the driver's commit renamed it into parts/)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    parts = Path(out) / "parts"
+    committed = [p.stat().st_ctime for p in parts.glob("*.parquet")]
+    ds = pads.dataset(str(parts), format="parquet")
+    last = pc.max(ds.to_table(columns=["finished_at"])["finished_at"]).as_py()
+    return {
+        "rows": ds.count_rows(),
+        "error_rows": ds.count_rows(filter=pc.field("error").is_valid()),
+        "last_finished_at": last,
+        "first_commit_at": min(committed),
+        "last_commit_at": max(committed),
+        "distinct_ids": pc.count_distinct(ds.to_table(columns=["question_id"])["question_id"]).as_py(),
+    }
+
+
+@contextlib.contextmanager
+def simulated_gpu(runtime: str, kv_tokens: int):
+    """Generation on the latency model (jobs/bench/simulated.py at time scale 1) instead of a model: in this
+    process (local) its generator replaces `make_generator`'s; with Ray, `answer_with_ray` is given a
+    `make_backends` (what `bench pipeline --runtime ray` passes) that puts it in each engine actor's backends."""
+    from unittest import mock
+
+    import pipeline.backends as backends_module
+    import pipeline.runtime.ray_runner as ray_runner
+    from jobs.bench.questions import SimulatedGpu
+
+    sim = SimulatedGpu(kv_tokens=kv_tokens)
+    patch: Any
+    if runtime == "ray":
+        patch = mock.patch.object(
+            ray_runner, "answer_with_ray", functools.partial(ray_runner.answer_with_ray, make_backends=sim)
+        )
+    else:
+        patch = mock.patch.object(backends_module, "make_generator", lambda cfg, one_call=False: sim.generator(cfg))
+    with patch:
+        yield
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(spec: dict) -> dict[str, Any]:
+    from pipeline.config import DynragConfig
+    from pipeline.runtime.answer import run_answer
+
+    cfg = DynragConfig.model_validate(spec["config"])
+    n, out, ray = spec["n"], spec["out"], spec["runtime"] == "ray"
+
+    def answer() -> dict:
+        return run_answer(spec["dataset"], out, index=spec["index"], cfg=cfg, dataset_format="qa", progress=False)
+
+    sim = simulated_gpu(spec["runtime"], spec["kv_tokens"]) if spec["simulate_gpu"] else contextlib.nullcontext()
+    with sim:
+        sampler = RayCpu().start() if ray else None
+        cpu0, started_at, t0 = _cpu_s(), time.time(), time.perf_counter()
+        summary = answer()
+        returned_at, wall = time.time(), time.perf_counter() - t0
+        cpu = _cpu_s() - cpu0
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        workers = sampler.stop() if sampler else {}
+        cpu -= sampler.own_s if sampler else 0.0
+        disk, rows = files_on_disk(out), rows_on_disk(out)
+        t1 = time.perf_counter()
+        resumed = answer()
+        resume_s = time.perf_counter() - t1
+    return {
+        "n": n,
+        "runtime": spec["runtime"],
+        "wall_s": round(wall, 3),
+        "questions_per_s": round(n / wall, 1),
+        "driver_cpu_s": round(cpu, 3),
+        **{k: round(v, 3) if isinstance(v, float) else v for k, v in workers.items()},
+        "driver_peak_rss_bytes": peak_kb * 1024,
+        "first_commit_s": round(rows.pop("first_commit_at") - started_at, 3),
+        "last_commit_to_return_s": round(returned_at - rows.pop("last_commit_at"), 3),
+        "last_answer_to_return_s": round(returned_at - rows.pop("last_finished_at"), 3),
+        "resume_s": round(resume_s, 3),
+        "resume_skipped": resumed["skipped_already_answered"],
+        "resume_rows_after": rows_on_disk(out)["rows"],
+        **disk,
+        **rows,
+        "summary_rows": summary["rows"],
+        "summary_errors": summary["errors"],
+        "summary_error_examples": summary["error_examples"],
+    }
+
+
+if __name__ == "__main__":
+    from jobs.cli import setup_logging
+
+    spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    setup_logging(spec.get("log_level", "WARNING"))
+    Path(spec["result"]).write_text(json.dumps(measure(spec)), encoding="utf-8")
