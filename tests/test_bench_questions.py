@@ -37,8 +37,7 @@ def check_run(r: dict, runtime: str, work: Path) -> None:
     for key in ("wall_s", "questions_per_s", "driver_cpu_s", "driver_peak_rss_bytes", "resume_s", "parquet_bytes"):
         assert r[key] > 0, key
     assert r["parquet_files"] >= 1 and r["other_files"] >= 1 and r["driver_rss_growth_bytes"] == 0
-    assert 0 <= r["last_commit_to_return_s"] <= r["last_answer_to_return_s"] < r["wall_s"]
-    assert 0 < r["first_commit_s"] < r["wall_s"]
+    assert 0 <= r["last_answer_to_return_s"] < r["wall_s"]
     # the figures are those of the output left in --work: pyarrow reads the same rows there
     import pyarrow.dataset as pads
 

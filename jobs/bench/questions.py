@@ -13,13 +13,12 @@ file. `--set` overrides any of these (after them).
 Each (N, runtime) runs in a fresh process (questions_child.py): `run_answer` on the file (local: in that
 process; ray: `runtime.mode=ray`, a local Ray started by the run, `ray.actors` engine actors (`--ray-actors`),
 the configured retrieval pool, `ray.retrieval_actors`, default none), then a resume of the finished run. Per
-row: questions/s (N / run_answer's wall seconds, Ray's start included); `1st part s`: seconds from the call to
-the first batch's commit (the index opened, Ray and its actors started); CPU ms per question of the driver
+row: questions/s (N / run_answer's wall seconds, Ray's start included); CPU ms per question of the driver
 (getrusage of its process around run_answer), of the engine actors and of the pool actors (Ray: psutil samples
 of the Ray processes, questions_child.py; `-` in local mode, where the driver does everything) and of the other
 Ray processes (workers and services); the driver's peak RSS (ru_maxrss) and its growth from the smallest N of
-the same runtime; `tail s`: seconds from the last batch's commit (the newest part's ctime: the driver renames
-each batch's attempt into parts/) to run_answer returning; `resume s`: run_answer again on the finished output;
+the same runtime; `tail s`: seconds from the last answer (the newest row's finished_at) to run_answer returning
+(the last commits, the last merge of parts, the close); `resume s`: run_answer again on the finished output;
 files and bytes under the output (Parquet and other files apart); rows and error rows as pyarrow counts them.
 Ray runs its workers at nice 15 (Ray's default), the driver at 0: where the cores are busy, the driver's share
 of them (Ray Data's scheduling loop) comes first. Figures are of one run each, on a machine others may share: the
@@ -233,7 +232,7 @@ def _ms(r: dict, kind: str) -> str:
 
 
 HEAD = (
-    f"{'N':>9} {'runtime':7} {'q/s':>8} {'1st part s':>10} {'driver':>7} {'engine':>7} {'pool':>6} {'Ray else':>8} "
+    f"{'N':>9} {'runtime':7} {'q/s':>8} {'driver':>7} {'engine':>7} {'pool':>6} {'Ray else':>8} "
     f"{'peak RSS':>8} {'growth':>7} {'tail s':>7} {'resume s':>8} {'parquet':>16} {'other files':>16} "
     f"{'rows':>9} {'errors':>6}"
 )
@@ -246,15 +245,15 @@ def text(w: dict, runs: list[dict]) -> str:
         f"{w['retrieval_cache']}; ray: {w['ray_actors']} engine actor(s), {w['ray_retrieval_actors']} retrieval "
         f"actor(s), num_cpus {w['ray_num_cpus'] or 'Ray default'}; {w['cpus']} CPUs, load {w['load_average']}",
         "CPU columns: ms per question (driver: getrusage around run_answer; Ray processes: psutil samples); "
-        "RSS: the driver's peak, MB; tail: the last commit to run_answer returning",
+        "RSS: the driver's peak, MB; tail: the last answer to run_answer returning",
         HEAD,
     ]
     for r in runs:
         lines.append(
-            f"{r['n']:>9,} {r['runtime']:7} {r['questions_per_s']:>8,.1f} {r['first_commit_s']:>10.2f} "
+            f"{r['n']:>9,} {r['runtime']:7} {r['questions_per_s']:>8,.1f} "
             f"{1000 * r['driver_cpu_s'] / r['n']:>7.2f} {_ms(r, 'engine'):>7} {_ms(r, 'pool'):>6} "
             f"{_ray_else(r):>8} {r['driver_peak_rss_bytes'] / MB:>8.0f} {r['driver_rss_growth_bytes'] / MB:>+7.0f} "
-            f"{r['last_commit_to_return_s']:>7.2f} {r['resume_s']:>8.2f} "
+            f"{r['last_answer_to_return_s']:>7.2f} {r['resume_s']:>8.2f} "
             f"{_files(r, 'parquet'):>16} {_files(r, 'other'):>16} {r['rows']:>9,} {r['error_rows']:>6,}"
         )
     lines.append(

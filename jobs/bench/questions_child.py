@@ -119,21 +119,16 @@ def files_on_disk(out: str) -> dict[str, int]:
 
 
 def rows_on_disk(out: str) -> dict[str, Any]:
-    """Rows and error rows of `out/parts` as pyarrow counts them; the newest row's `finished_at`, and the oldest
-    and newest part's ctime (set when the driver's commit renamed it into parts/)."""
+    """Rows and error rows of `out/parts` as pyarrow counts them, and the newest row's `finished_at`."""
     import pyarrow.compute as pc
     import pyarrow.dataset as pads
 
-    parts = Path(out) / "parts"
-    committed = [p.stat().st_ctime for p in parts.glob("*.parquet")]
-    ds = pads.dataset(str(parts), format="parquet")
+    ds = pads.dataset(str(Path(out) / "parts"), format="parquet")
     last = pc.max(ds.to_table(columns=["finished_at"])["finished_at"]).as_py()
     return {
         "rows": ds.count_rows(),
         "error_rows": ds.count_rows(filter=pc.field("error").is_valid()),
         "last_finished_at": last,
-        "first_commit_at": min(committed),
-        "last_commit_at": max(committed),
         "distinct_ids": pc.count_distinct(ds.to_table(columns=["question_id"])["question_id"]).as_py(),
     }
 
@@ -179,7 +174,7 @@ def measure(spec: dict) -> dict[str, Any]:
     sim = simulated_gpu(spec["runtime"], spec["kv_tokens"]) if spec["simulate_gpu"] else contextlib.nullcontext()
     with sim:
         sampler = RayCpu().start() if ray else None
-        cpu0, started_at, t0 = _cpu_s(), time.time(), time.perf_counter()
+        cpu0, t0 = _cpu_s(), time.perf_counter()
         summary = answer()
         returned_at, wall = time.time(), time.perf_counter() - t0
         cpu = _cpu_s() - cpu0
@@ -198,8 +193,6 @@ def measure(spec: dict) -> dict[str, Any]:
         "driver_cpu_s": round(cpu, 3),
         **{k: round(v, 3) if isinstance(v, float) else v for k, v in workers.items()},
         "driver_peak_rss_bytes": peak_kb * 1024,
-        "first_commit_s": round(rows.pop("first_commit_at") - started_at, 3),
-        "last_commit_to_return_s": round(returned_at - rows.pop("last_commit_at"), 3),
         "last_answer_to_return_s": round(returned_at - rows.pop("last_finished_at"), 3),
         "resume_s": round(resume_s, 3),
         "resume_skipped": resumed["skipped_already_answered"],
