@@ -48,7 +48,7 @@ class Committer:
     def __init__(self, out: str, run_id: str, part_mb: float = 128.0):
         self.out, self.run_id = out, run_id
         self.fs, self.base = _fs(out)
-        self.merger = PartMerger(self.fs, self.base, out, run_id, part_mb)
+        self.merger = PartMerger(self.fs, self.base, run_id, part_mb)
         self.parts: list[str] = []  # what the run's summary reads: the parts at its start and those it committed
         self.committed: dict[str, str] = {}  # batch key -> its part
         self._system_errors: dict[str, str] = {}  # question id -> the part holding its "system" error row

@@ -22,13 +22,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from indexing.faults import fault_point
-from pipeline.io.output import read_parts, write_table
+from pipeline.io.output import SCHEMA, write_file
 
 log = logging.getLogger(__name__)
 
 COMMITTED = "_committed"
 BATCHES = b"dynrag.batches"  # a part's footer: the keys of the batches merged into it
 MERGE_SHARE = 4  # merge once part_mb / MERGE_SHARE is committed: rows visible every 32 MB at the default
+ROW_GROUP_ROWS = 65_536  # rows a merged part's row group holds (a merge holds one in memory, not the part)
 
 
 def batch_key_of(path: str) -> str:
@@ -43,13 +44,38 @@ def merged_keys(fs: Any, part: str) -> list[str]:
     return json.loads(meta[BATCHES]) if BATCHES in meta else []
 
 
-def with_keys(table: pa.Table, keys: list[str]) -> pa.Table:
-    return table.replace_schema_metadata({**(table.schema.metadata or {}), BATCHES: json.dumps(keys)})
+def write_merged(fs: Any, target: str, inputs: list[str], keys: list[str]) -> None:
+    """`inputs` written as the one Parquet file `target` (whole or not at all), row group by row group: a merge
+    holds ROW_GROUP_ROWS rows in memory at most, whatever the part's size. Its footer names `keys`."""
+    schema = SCHEMA.with_metadata({BATCHES: json.dumps(keys)})
+
+    def write(sink: Any) -> None:
+        held: list[pa.Table] = []
+        with pq.ParquetWriter(sink, schema) as writer:
+            for path in inputs:
+                with fs.open(path, "rb") as fh:
+                    f = pq.ParquetFile(fh)
+                    for i in range(f.num_row_groups):
+                        held.append(_conform(f.read_row_group(i)))
+                        if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
+                            writer.write_table(pa.concat_tables(held), ROW_GROUP_ROWS)
+                            held = []
+            if held:
+                writer.write_table(pa.concat_tables(held), ROW_GROUP_ROWS)
+
+    write_file(fs, target, write)
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """A row group in SCHEMA's columns (a part of an older dynrag: its newer columns as null)."""
+    n = table.num_rows
+    columns = [table[f.name] if f.name in table.column_names else pa.nulls(n, f.type) for f in SCHEMA]
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
 class PartMerger:
-    def __init__(self, fs: Any, base: str, out: str, run_id: str, part_mb: float):
-        self.fs, self.base, self.out, self.run_id = fs, base, out, run_id
+    def __init__(self, fs: Any, base: str, run_id: str, part_mb: float):
+        self.fs, self.base, self.run_id = fs, base, run_id
         self.part_bytes = max(1, int(part_mb * 2**20))
         self.staged: list[str] = []  # committed batches not yet in a part
         self.staged_bytes = 0
@@ -96,7 +122,8 @@ class PartMerger:
         inputs = [*([self.growing] if self.growing else []), *self.staged]
         keys = (merged_keys(self.fs, self.growing) if self.growing else []) + [batch_key_of(p) for p in self.staged]
         target = self.growing or f"{self.base}/parts/part-{self.run_id}-{self.seq:05d}.parquet"
-        write_table(self.fs, target, with_keys(read_parts(self.out, None, inputs), keys))
+        fault_point("commit.merging")
+        write_merged(self.fs, target, inputs, keys)
         fault_point("commit.merged")
         for path in self.staged:
             self._remove(path)

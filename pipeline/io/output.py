@@ -198,7 +198,12 @@ def write_part(out: str, rows: list[dict[str, Any]], key: str | None = None) -> 
 
 
 def write_table(fs: Any, path: str, table: pa.Table) -> str:
-    """Write `table` as the Parquet file `path`, whole or not at all: local, a fresh temporary file fsynced and
+    """Write `table` as the Parquet file `path`, whole or not at all (`write_file`)."""
+    return write_file(fs, path, lambda sink: pq.write_table(table, sink))
+
+
+def write_file(fs: Any, path: str, write: Any) -> str:
+    """Write the file `path` with `write(sink)`, whole or not at all: local, a fresh temporary file fsynced and
     renamed into place; an object store, one PUT of the whole file (a failed streamed upload could leave part of
     it). A transient storage error is retried (`with_retries`); one that persists is a PartWriteError naming
     the store and the error."""
@@ -209,7 +214,7 @@ def write_table(fs: Any, path: str, table: pa.Table) -> str:
         if _is_local(fs):
             tmp = f"{folder}/.{path.rsplit('/', 1)[1]}.{uuid.uuid4().hex[:8]}.tmp"  # one per writer
             try:
-                pq.write_table(table, tmp)
+                write(tmp)
                 with open(tmp, "rb+") as fh:  # durable before it becomes visible
                     os.fsync(fh.fileno())
                 os.replace(tmp, path)
@@ -219,7 +224,7 @@ def write_table(fs: Any, path: str, table: pa.Table) -> str:
                 raise
         else:
             buf = pa.BufferOutputStream()
-            pq.write_table(table, buf)
+            write(buf)
             fs.pipe_file(path, buf.getvalue().to_pybytes())
 
     try:

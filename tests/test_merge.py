@@ -1,0 +1,66 @@
+"""Committed batches merged into reader-sized parts (pipeline/io/merge.py), without a run: the growing part is
+written over until it reaches part_mb, then the next starts; a merge holds one row group at a time; a batch of an
+older dynrag (fewer columns) merges with its new columns as null."""
+
+from __future__ import annotations
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from eval_fixtures import fake_row
+
+from pipeline.io import merge
+from pipeline.io.merge import PartMerger, merged_keys
+from pipeline.io.output import SCHEMA
+
+
+def _batch(fs, merger: PartMerger, key: str, ids: range, drop: str | None = None) -> str:
+    rows = [fake_row(i, dataset="d", method="m", params={}, f1=1.0, total_s=1.0) for i in ids]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    path = merger.stage_path(key)
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    pq.write_table(table.drop_columns([drop]) if drop else table, path)
+    return path
+
+
+def test_batches_merge_into_parts_of_part_mb(tmp_path, monkeypatch):
+    monkeypatch.setattr(merge, "ROW_GROUP_ROWS", 7)
+    fs = fsspec.filesystem("file")
+    merger = PartMerger(fs, str(tmp_path), "r1", part_mb=0.03)
+    written: list[str] = []
+    for b in range(12):
+        path = _batch(fs, merger, f"r1-b{b}", range(20 * b, 20 * b + 20), drop="latency_s" if b == 0 else None)
+        if merger.add(path):
+            written.append(merger.merge()[1])
+    last = merger.merge()  # the close's merge (None when the last add merged)
+    parts = sorted({*written, *([last[1]] if last else [])})
+    sizes = [fs.size(p) for p in parts]
+    assert len(parts) >= 2 and min(sizes[:-1]) >= 0.03 * 2**20, sizes  # every part but the last at least part_mb
+    keys = [k for p in parts for k in merged_keys(fs, p)]
+    assert keys == [f"r1-b{b}" for b in range(12)]  # each batch in exactly one part, in order
+    tables = [pq.read_table(p) for p in parts]
+    ids = [q for t in tables for q in t["question_id"].to_pylist()]
+    assert ids == [f"q{i}" for i in range(240)]
+    assert all(rg <= 7 for p in parts for rg in _row_groups(p))  # one row group in memory at a time
+    assert tables[0]["latency_s"][:20].null_count == 20  # the older batch's missing column
+    assert not list((tmp_path / "_committed").glob("*.parquet"))
+
+
+def _row_groups(path: str) -> list[int]:
+    f = pq.ParquetFile(path)
+    return [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)]
+
+
+def test_a_new_run_removes_the_batches_a_part_holds_and_keeps_the_others(tmp_path):
+    fs = fsspec.filesystem("file")
+    first = PartMerger(fs, str(tmp_path), "r1", part_mb=128)
+    for b in range(3):
+        first.add(_batch(fs, first, f"r1-b{b}", range(10 * b, 10 * b + 10)))
+    _, part = first.merge()
+    # killed before removing the merged batches: two are still there, and one committed after the merge
+    for b in (0, 1):
+        _batch(fs, first, f"r1-b{b}", range(10 * b, 10 * b + 10))
+    left = _batch(fs, first, "r1-b3", range(30, 40))
+    again = PartMerger(fs, str(tmp_path), "r2", part_mb=128)
+    assert again.recover([part]) == [left]
+    assert sorted(p.name for p in (tmp_path / "_committed").iterdir()) == ["part-r1-b3.parquet"]
