@@ -245,7 +245,8 @@ def text(w: dict, runs: list[dict]) -> str:
         f"{w['retrieval_cache']}; ray: {w['ray_actors']} engine actor(s), {w['ray_retrieval_actors']} retrieval "
         f"actor(s), num_cpus {w['ray_num_cpus'] or 'Ray default'}; {w['cpus']} CPUs, load {w['load_average']}",
         "CPU columns: ms per question (driver: getrusage around run_answer; Ray processes: psutil samples); "
-        "RSS: the driver's peak, MB; tail: the last answer to run_answer returning",
+        "RSS: the driver's peak, MB (local: its JVM's heap of 512 MB committed at start); tail: the last answer to "
+        "run_answer returning",
         HEAD,
     ]
     for r in runs:

@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import Any
 
 SAMPLE_S = 0.5
+# local mode: this process's JVM (BM25) gets a heap committed whole at its start (-Xms = -Xmx, pretouched), so that
+# the driver's RSS over N shows what the driver holds, not the JVM taking its default heap (a quarter of the RAM)
+# a little at a time; engine actors' JVMs (Ray) are their own processes
+JVM_HEAP_MB = 512
 KINDS = ("engine", "pool", "ray_workers", "ray_services")
 
 
@@ -167,6 +171,11 @@ def measure(spec: dict) -> dict[str, Any]:
 
     cfg = DynragConfig.model_validate(spec["config"])
     n, out, ray = spec["n"], spec["out"], spec["runtime"] == "ray"
+    if not ray:
+        from indexing.java import bound_jvm_memory, ensure_java
+
+        ensure_java()
+        bound_jvm_memory(JVM_HEAP_MB, c1_only=False)
 
     def answer() -> dict:
         return run_answer(spec["dataset"], out, index=spec["index"], cfg=cfg, dataset_format="qa", progress=False)
