@@ -34,7 +34,7 @@ import itertools
 import json
 import logging
 import re
-from collections.abc import Callable, Generator, Iterable, Iterator, Set
+from collections.abc import Callable, Container, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -377,7 +377,7 @@ def _generic(dc):
 
 
 def pending_questions(
-    questions: Iterable[Question], done: Set[str], limit: int | None, counts: dict[str, int]
+    questions: Iterable[Question], done: Container[str], limit: int | None, counts: dict[str, int]
 ) -> Iterator[Question]:
     """The first `limit` of `questions` (the dataset, streamed: never held in memory) whose id is not in
     `done` (the ids answered under the output); `counts["skipped"]` counts those that were."""

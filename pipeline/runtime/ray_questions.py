@@ -27,16 +27,19 @@ rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 import pyarrow as pa
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from pipeline.config import DynragConfig
+from pipeline.io.id_set import IdSet
 
 
-def question_dataset(source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int):
+def question_dataset(
+    source: str, cfg: DynragConfig, done: Container[str] | list[Container[str]], limit: int | None, batch: int
+):
     """The pending questions of `source` as a dataset of batches, `qs` / `skipped` / `run` rows (module docstring).
     `done`: the ids answered under the output, or one such set per run (an experiment's runs over one file)."""
     import ray
@@ -54,11 +57,13 @@ def question_dataset(source: str, cfg: DynragConfig, done: set[str] | list[set[s
 
 
 class QuestionSource(Datasource):
-    def __init__(self, source: str, cfg: DynragConfig, done: set[str] | list[set[str]], limit: int | None, batch: int):
+    def __init__(
+        self, source: str, cfg: DynragConfig, done: Container[str] | list[Container[str]], limit: int | None, batch: int
+    ):
         super().__init__()
         self.source, self.cfg_json = source, cfg.model_dump(mode="json")
-        # (a resumed run's done ids travel to the read task once, as frozensets: not shipped per batch)
-        self.done = [frozenset(d) for d in done] if isinstance(done, list) else [frozenset(done)]
+        # a resumed run's answered ids travel to the read task once, each run's as one buffer (IdSet)
+        self.done = [_ids(d) for d in done] if isinstance(done, list) else [_ids(done)]
         self.limit, self.batch = limit, batch
 
     @property
@@ -102,6 +107,10 @@ class QuestionSource(Datasource):
                     yield batch_row(qs, n, run)
         finally:
             questions.close()
+
+
+def _ids(done: Container[str]) -> IdSet:
+    return done if isinstance(done, IdSet) else IdSet(done)
 
 
 def batch_row(qs: list[str], skipped: int, run: int) -> pa.Table:

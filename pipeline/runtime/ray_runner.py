@@ -32,7 +32,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Container, Generator
 from dataclasses import dataclass
 from typing import Any, NoReturn, overload
 
@@ -447,7 +447,7 @@ class RayRun:
     method: str
     row_args: dict
     header: dict[str, str] | None
-    done: set[str]
+    done: Container[str]  # the ids answered under the output (IdSet)
     params: dict | None = None  # the method's parameters bound to the run (MethodParams.for_output)
 
     def for_actor(self) -> dict:
@@ -468,7 +468,7 @@ def answer_with_ray(
     row_args: dict,
     *,
     header: dict[str, str] | None,
-    done: set[str],
+    done: Container[str],
     limit: int | None,
     drain: Drain | None = None,
     make_backends: Callable[..., Any] | None = None,

@@ -14,7 +14,7 @@ driver commits (commit.py), so skips, progress, the ledger and the summary are c
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,7 +37,7 @@ class Batches:
     params: Any
     row_args: dict
     header: dict | None
-    done: set
+    done: Container[str]  # the ids answered under the output (IdSet)
     limit: int | None
 
 
