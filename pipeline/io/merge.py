@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 COMMITTED = "_committed"
 BATCHES = b"dynrag.batches"  # a part's footer: the keys of the batches merged into it
 MERGE_SHARE = 4  # merge once part_mb / MERGE_SHARE is committed: rows visible every 32 MB at the default
-ROW_GROUP_ROWS = 65_536  # rows a merged part's row group holds (a merge holds one in memory, not the part)
+ROW_GROUP_ROWS = 16_384  # a merged part's row group (~11 MB of sr-rag rows in Arrow): a merge holds one, not the part
 
 
 def batch_key_of(path: str) -> str:
