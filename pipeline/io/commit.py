@@ -219,7 +219,10 @@ class Committer:
                 self.tally = None
         if self.tally is not None:
             parts = [p.rsplit("/", 1)[-1] for p in self.parts]
-            write_json(self.out, TALLY_FILE, {"parts": parts, "tally": self.tally.to_json()})
+            try:
+                write_json(self.out, TALLY_FILE, {"parts": parts, "tally": self.tally.to_json()})
+            except Exception as exc:  # the next run counts the rows again; the job's own end stands
+                log.warning("could not save the tally of %s (%s: %s)", self.out, type(exc).__name__, exc)
 
     # -- storage ------------------------------------------------------------------------------------
     def _move(self, src: str, dst: str) -> None:
