@@ -54,11 +54,13 @@ def test_disk_full_during_a_run(nq_dev, tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
     # room for the batches a replica holds at once by default (21 parts of about 20 KB), not for all 120
-    done = in_tmpfs(str(mnt), "size=640k", answer(nq_dev, f"{mnt}/out", 3000), f"ls -a {mnt}/out/parts")
+    # (the batches committed before the disk filled stay committed, merged into parts/ by the rerun)
+    listing = f"ls -a {mnt}/out/parts {mnt}/out/_committed"
+    done = in_tmpfs(str(mnt), "size=640k", answer(nq_dev, f"{mnt}/out", 3000), listing)
     assert done.returncode == 2
     assert "No space left on device" in one_error_line(done.stderr)
     files = done.stdout.split()
-    assert any(f.startswith("part-") for f in files), files  # the parts written before stay
+    assert any(f.startswith("part-") for f in files), files  # the batches committed before stay
     assert not any(f.endswith(".tmp") for f in files), files
 
 

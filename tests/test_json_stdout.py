@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SLOW_ELSEWHERE = {  # --json commands whose run needs minutes and an install: their own slow tests parse stdout
     "bench flashrag": "tests/test_bench_plumbing.py::test_bench_flashrag_end_to_end",
     "bench scale": "tests/test_bench_scale.py::test_bench_scale_dpr_synthetic",
+    "bench questions": "tests/test_bench_questions.py::test_bench_questions_local",  # its stdout parsed as one JSON
 }
 # --json commands no test here can run: `conform` needs a checkout of the authors' code (GitHub, which CI cannot
 # reach) and installs its requirements; its document's parts are tested on scripted sides in tests/test_conform.py

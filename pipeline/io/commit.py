@@ -196,17 +196,17 @@ class Committer:
             self.merger.drop(part)
 
     # -- the end ------------------------------------------------------------------------------------
-    def close(self) -> None:
+    def close(self, failing: bool = False) -> None:
         """Remove this run's attempts still staged (a batch drained part way on a node that went, then answered
         whole elsewhere). A zombie's attempt written after this stays staged until the next run's `open`. On an
         object store, which no job can lock (output_lock.py), another job may have answered some of the same
         questions meanwhile: the parts are deduplicated again, the last job to end seeing every part."""
         self._remove_attempts(f"{self.run_id}-")
+        unmerged = None
         try:
             self._merge()  # the last committed batches: the run's last part
         except Exception as exc:  # left committed: the next run merges them (merge.py)
-            log.warning("could not merge the last batches of %s (%s: %s)", self.out, type(exc).__name__, exc)
-            self.tally = None
+            unmerged, self.tally = exc, None
         if not _is_local(self.fs):
             try:
                 self.fs.invalidate_cache()
@@ -217,12 +217,16 @@ class Committer:
             except Exception as exc:  # the rerun's open repairs what this could not
                 log.warning("could not deduplicate %s (%s: %s); a rerun does", self.out, type(exc).__name__, exc)
                 self.tally = None
-        if self.tally is not None:
+        if self.tally is not None and self.parts:  # (a job that wrote no row leaves no file)
             parts = [p.rsplit("/", 1)[-1] for p in self.parts]
             try:
                 write_json(self.out, TALLY_FILE, {"parts": parts, "tally": self.tally.to_json()})
             except Exception as exc:  # the next run counts the rows again; the job's own end stands
                 log.warning("could not save the tally of %s (%s: %s)", self.out, type(exc).__name__, exc)
+        if unmerged is not None:  # committed, not yet where readers look: the job's error, unless it has one
+            if not failing:
+                raise unmerged
+            log.debug("the last batches of %s stay committed, not merged: %s", self.out, unmerged)
 
     # -- storage ------------------------------------------------------------------------------------
     def _move(self, src: str, dst: str) -> None:

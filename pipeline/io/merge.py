@@ -119,8 +119,14 @@ class PartMerger:
         the part), or None when nothing is staged."""
         if not self.staged:
             return None
-        inputs = [*([self.growing] if self.growing else []), *self.staged]
-        keys = (merged_keys(self.fs, self.growing) if self.growing else []) + [batch_key_of(p) for p in self.staged]
+        # a batch another job on this object-store output merged already (it took it for an earlier run's) is
+        # gone: its rows are in that job's part
+        staged = [p for p in self.staged if self.fs.exists(p)]
+        inputs = [*([self.growing] if self.growing else []), *staged]
+        keys = (merged_keys(self.fs, self.growing) if self.growing else []) + [batch_key_of(p) for p in staged]
+        if not staged:
+            self.staged, self.staged_bytes = [], 0
+            return None
         target = self.growing or f"{self.base}/parts/part-{self.run_id}-{self.seq:05d}.parquet"
         fault_point("commit.merging")
         write_merged(self.fs, target, inputs, keys)

@@ -19,6 +19,7 @@ import contextlib
 import itertools
 import json
 import logging
+import sys
 import time
 import uuid
 from typing import Any
@@ -273,7 +274,7 @@ def _run_answer(
         )
         raise
     finally:
-        committer.close()
+        committer.close(failing=sys.exc_info()[0] is not None)  # a failing job's own error stands
         if bar is not None:
             bar.close()
     if skipped:
