@@ -75,7 +75,7 @@ def test_bench_questions_local(tmp_path):
     assert "engine_cpu_s" not in r  # in-process: the driver does everything
 
 
-@pytest.mark.cluster  # starts a local Ray (in the bench's child process)
+@pytest.mark.slow  # starts a local Ray in the bench's child (~30 s): `make test-slow`; CI runs the local one
 def test_bench_questions_ray(tmp_path):
     (r,) = bench(tmp_path, "ray", "--ray-actors", "2")["runs"]
     check_run(r, "ray", tmp_path)

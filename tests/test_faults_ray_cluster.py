@@ -103,7 +103,7 @@ def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
         reports: list[dict] = []
         on_report, state = lose_a_node(cluster, reports, how, after=4)
         # slow enough that the job outlasts the drain's notice (the supervisor's and the replica's polls)
-        run_job(cluster, tmp_path, N, JOB, on_report=on_report, scale=0.05 if how == "remove" else 0.4)
+        run_job(cluster, tmp_path, N, JOB, on_report=on_report, scale=0.05 if how == "remove" else 1.0)
         state["job_ended_s"] = time.monotonic() - state["at"]
         assert len(reports) > state["lost_after"]  # the job went on after the loss
         if how == "remove":
