@@ -102,15 +102,18 @@ def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
     with fake_gpu_cluster(workers=2, **NODE) as cluster:
         reports: list[dict] = []
         on_report, state = lose_a_node(cluster, reports, how, after=4)
-        # slow enough that the job outlasts the drain's notice (the supervisor's and the replica's polls)
-        run_job(cluster, tmp_path, N, JOB, on_report=on_report, scale=0.05 if how == "remove" else 1.0)
+        # slow enough that the job outlasts the drain's notice (the supervisor's and the replica's polls); drained,
+        # each replica holds 2 batches at a time, so that the job's reports come through it and not all at its end
+        # (a batch is one block now: every batch reaches the replicas at once, and held whole they all end together)
+        job, n = (JOB, N) if how == "remove" else ([*JOB, "ray.actor_batches=2"], 3 * N)
+        run_job(cluster, tmp_path, n, job, on_report=on_report, scale=0.05 if how == "remove" else 0.4)
         state["job_ended_s"] = time.monotonic() - state["at"]
         assert len(reports) > state["lost_after"]  # the job went on after the loss
         if how == "remove":
             assert state.get("replaced"), "the job ended before the node was replaced"
         else:  # exited on its own while the job went on (at the job's end the driver removes every replica)
             assert state.get("exited_s") is not None and state["exited_s"] < min(50, state["job_ended_s"]), state
-        assert_each_question_once(tmp_path / "out", N)
+        assert_each_question_once(tmp_path / "out", n)
 
 
 @pytest.mark.slow  # see the note below: `make test-slow`
