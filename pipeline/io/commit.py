@@ -107,16 +107,17 @@ class Committer:
         named = {p.rsplit("/", 1)[-1] for p in self.parts}
         covered = set(saved["parts"]) if saved else set()
         if saved is None or repaired or not covered <= named:
-            return Tally.of_table(keep_one(read_parts(self.out, None, self.parts)))
+            return self._recount()
         tally = Tally.from_json(saved["tally"])
         rest = [p for p in self.parts if p.rsplit("/", 1)[-1] not in covered]  # committed by a run killed since
         return tally.add(Tally.of_table(read_parts(self.out, None, rest))) if rest else tally
 
     def summary(self) -> dict[str, Any]:
         """The summary's figures over the output's parts (tally.py), without reading them where the tally holds."""
-        if self.tally is None:
-            return Tally.of_table(keep_one(read_parts(self.out, None, self.parts))).summary()
-        return self.tally.summary()
+        return (self.tally or self._recount()).summary()
+
+    def _recount(self) -> Tally:
+        return Tally.of_table(keep_one(read_parts(self.out, None, self.parts)))
 
     # -- each batch ---------------------------------------------------------------------------------
     def commit(self, report: dict[str, Any]) -> dict[str, Any] | None:
@@ -133,11 +134,8 @@ class Committer:
         self._move(attempt, part)
         self.committed[key] = part
         self.parts.append(part)
-        if self.tally is not None:
-            if "tally" in report:
-                self.tally.add(Tally.from_json(report["tally"]))
-            else:  # a report without its sums (a writer of an older dynrag): the part's own rows
-                self.tally.add(Tally.of_table(read_parts(self.out, None, [part])))
+        if self.tally is not None:  # (every report of rows carries its sums: batch_report)
+            self.tally.add(Tally.from_json(report["tally"]))
         if self._system_errors:
             self._supersede(part)
         if self.merger.add(part):
