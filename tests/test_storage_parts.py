@@ -16,7 +16,7 @@ from pipeline.config import DynragConfig
 from pipeline.io import output, part_store
 from pipeline.io.commit import Committer
 from pipeline.io.output import PartWriter, batch_report, read_rows, summarize, write_part
-from pipeline.io.part_store import PartWriteError, batch_key
+from pipeline.io.part_store import ATTEMPTS, PartWriteError, batch_key
 from pipeline.runtime.answer import run_answer
 
 
@@ -153,6 +153,23 @@ def test_a_batch_staged_twice_is_committed_once_and_the_other_attempt_removed(s3
     committer.close()
     assert_each_question_once(out, 4)
     assert summarize(out, parts=committer.parts)["duplicate_ids"] == 0
+
+
+def test_the_close_removes_an_attempt_whose_writer_died_mid_write(tmp_path):
+    """A node removed while its writer was writing leaves the writer's temporary file (`.<attempt>.<hex>.tmp`) in
+    `_attempts/`: the run's close removes it with the run's other attempts; another run's stays for its own."""
+    out = str(tmp_path / "out")
+    committer = Committer(out, "r1")
+    committer.open()
+    batch = ["q1"]
+    committer.commit(_attempt(out, [_row("q1", 1.0)], batch))
+    staged = tmp_path / "out" / ATTEMPTS
+    (staged / f".r1-{batch_key(batch)}-0123abcd.parquet.89ab4567.tmp").write_bytes(b"PAR1 cut short")
+    (staged / ".r2-other-0123abcd.parquet.89ab4567.tmp").write_bytes(b"PAR1 cut short")
+    committer.close()
+    assert sorted(p.name for p in staged.iterdir()) == [".r2-other-0123abcd.parquet.89ab4567.tmp"]
+    assert Committer(out, "r3").open() == {"q1"}
+    assert_each_question_once(out, 1)
 
 
 def test_a_zombie_never_deletes_or_replaces_a_committed_part(s3):

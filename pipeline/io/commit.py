@@ -250,8 +250,8 @@ class Committer:
             found = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
         except FileNotFoundError:
             return
-        for path in found:
-            if path.rsplit("/", 1)[-1].startswith(prefix):
+        for path in found:  # an attempt, or a writer's temporary file of one (`.<attempt>.<hex>.tmp`) whose node went
+            if path.rsplit("/", 1)[-1].lstrip(".").startswith(prefix):
                 self._remove(path)
 
 
