@@ -12,6 +12,7 @@ from eval_fixtures import fake_row
 from pipeline.io import merge
 from pipeline.io.merge import PartMerger, merged_keys
 from pipeline.io.output import SCHEMA
+from pipeline.io.part_store import PartWriteError
 
 
 def _batch(fs, merger: PartMerger, key: str, ids: range, drop: str | None = None) -> str:
@@ -64,3 +65,40 @@ def test_a_new_run_removes_the_batches_a_part_holds_and_keeps_the_others(tmp_pat
     again = PartMerger(fs, str(tmp_path), "r2", part_mb=128)
     assert again.recover([part]) == [left]
     assert sorted(p.name for p in (tmp_path / "_committed").iterdir()) == ["part-r1-b3.parquet"]
+
+
+def test_a_merge_reads_ahead_in_order_and_fails_on_a_read_that_fails_or_hangs(tmp_path, monkeypatch):
+    """The merge reads the next row group while it writes this one: the rows come in order, a read's error fails
+    the merge (no part written), and a read stuck past READ_S fails it with one line instead of waiting."""
+    import threading
+
+    import pytest
+
+    tables = [pa.table({"i": [i]}) for i in range(5)]
+    assert [t["i"][0].as_py() for t in merge._read_ahead(iter(tables))] == [0, 1, 2, 3, 4]
+
+    def failing():
+        yield tables[0]
+        raise OSError("the store said no")
+
+    with pytest.raises(OSError, match="the store said no"):
+        list(merge._read_ahead(failing()))
+
+    stuck = threading.Event()
+
+    def hanging():
+        yield tables[0]
+        stuck.wait(30)
+
+    monkeypatch.setattr(merge, "READ_S", 0.2)
+    with pytest.raises(OSError, match=r"the merge waited over 0 s for a row group"):
+        list(merge._read_ahead(hanging()))
+    stuck.set()
+
+    fs = fsspec.filesystem("file")
+    merger = PartMerger(fs, str(tmp_path), "r1", part_mb=1.0)
+    merger.add(_batch(fs, merger, "r1-b0", range(10)))
+    monkeypatch.setattr(merge, "_conform", lambda table: (_ for _ in ()).throw(ValueError("a bad batch")))
+    with pytest.raises(PartWriteError, match="a bad batch"):
+        merger.merge()
+    assert not fs.exists(f"{tmp_path}/parts") or not fs.ls(f"{tmp_path}/parts")

@@ -14,8 +14,10 @@ run's `recover` removes them (the footer says which), and merges the others (com
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 COMMITTED = "_committed"
 BATCHES = b"dynrag.batches"  # a part's footer: the keys of the batches merged into it
 MERGE_SHARE = 4  # merge once part_mb / MERGE_SHARE is committed: rows visible every 32 MB at the default
+READ_S = 300.0  # the longest a merge waits for one row group of its inputs (a stuck store fails the merge)
 ROW_GROUP_ROWS = 16_384  # a merged part's row group (~11 MB of sr-rag rows in Arrow): a merge holds one, not the part
 
 
@@ -52,18 +55,46 @@ def write_merged(fs: Any, target: str, inputs: list[str], keys: list[str]) -> No
     def write(sink: Any) -> None:
         held: list[pa.Table] = []
         with pq.ParquetWriter(sink, schema) as writer:
-            for path in inputs:
-                with fs.open(path, "rb") as fh:
-                    f = pq.ParquetFile(fh)
-                    for i in range(f.num_row_groups):
-                        held.append(_conform(f.read_row_group(i)))
-                        if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
-                            writer.write_table(pa.concat_tables(held), ROW_GROUP_ROWS)
-                            held = []
+            for table in _read_ahead(_row_groups(fs, inputs)):
+                held.append(table)
+                if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(held), ROW_GROUP_ROWS)
+                    held = []
             if held:
                 writer.write_table(pa.concat_tables(held), ROW_GROUP_ROWS)
 
     write_file(fs, target, write)
+
+
+def _row_groups(fs: Any, inputs: list[str]) -> Iterator[pa.Table]:
+    """Each row group of each input, in SCHEMA's columns."""
+    for path in inputs:
+        with fs.open(path, "rb") as fh:
+            f = pq.ParquetFile(fh)
+            for i in range(f.num_row_groups):
+                yield _conform(f.read_row_group(i, use_threads=False))  # Arrow's threads: 1.5x slower on 2 cores
+
+
+def _read_ahead(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """`tables`, the next one read in a thread while the caller encodes this one (pyarrow leaves the GIL to both):
+    a merge of a 114 MB part took 2.9 s instead of 4.6 on 2 idle cores. One table is read ahead, no more; a read
+    that takes over READ_S fails the merge (merged again by the next run, `recover`)."""
+    reader = cf.ThreadPoolExecutor(1, thread_name_prefix="dynrag-merge-read")
+    try:
+        coming = reader.submit(next, tables, None)
+        while True:
+            try:
+                table = coming.result(timeout=READ_S)  # (a read's own error is raised here)
+            except cf.TimeoutError:
+                raise OSError(
+                    f"the merge waited over {READ_S:.0f} s for a row group of its committed batches"
+                ) from None
+            if table is None:
+                return
+            coming = reader.submit(next, tables, None)
+            yield table
+    finally:
+        reader.shutdown(wait=False, cancel_futures=True)  # a read still running ends on its own
 
 
 def _conform(table: pa.Table) -> pa.Table:

@@ -218,7 +218,7 @@ def write_file(fs: Any, path: str, write: Any) -> str:
                 with open(tmp, "rb+") as fh:  # durable before it becomes visible
                     os.fsync(fh.fileno())
                 os.replace(tmp, path)
-            except OSError:  # e.g. a full disk: no partial file left behind
+            except BaseException:  # a full disk, a bad row, an interrupt: no partial file left behind
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
