@@ -34,3 +34,33 @@ def test_a_million_ids_take_a_buffer_not_a_million_objects():
     tracemalloc.stop()
     assert held < 0.25 * held_plain, (held, held_plain)
     assert "question-0999999" in compact and "question-1000000" not in compact and len(compact) == len(plain)
+
+
+def test_seen_ids_grow_one_at_a_time_exactly_and_compactly(monkeypatch):
+    """The ids a dataset's reader has seen (to tell a repeat): exact membership across the pending set and the
+    merged sorted arrays (ids of different lengths, a NUL inside), far smaller than a Python set of them."""
+    import tracemalloc
+
+    from pipeline.io.id_set import SeenIds
+
+    monkeypatch.setattr(SeenIds, "PENDING", 7)
+    seen = SeenIds()
+    ids = [f"q{i}" + "x" * (i % 5) for i in range(200)] + ["a\0b", "ü-ñ"]
+    for i, q in enumerate(ids):
+        assert q not in seen
+        seen.add(q)
+        assert q in seen and ids[i // 2] in seen and len(seen) == i + 1
+    assert 2 <= len(seen.sorted) <= 8  # merged as they grow: O(log n) arrays
+    assert all(q in seen for q in ids)
+    for other in ("q1xx", "q", "a", "a\0", "ü", "", None, 3):
+        assert other not in seen
+
+    monkeypatch.setattr(SeenIds, "PENDING", 65_536)
+    tracemalloc.start()
+    big = SeenIds()
+    for i in range(300_000):
+        big.add(f"5a8c7595554299585d9e{i:06d}")
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    assert held < 16 * 2**20, held  # a Python set of these: ~30 MB (a 26-byte id is a ~75-byte object)
+    assert "5a8c7595554299585d9e299999" in big and "5a8c7595554299585d9e300000" not in big

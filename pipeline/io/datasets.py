@@ -43,6 +43,7 @@ from indexing.readers import join_sentences
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Question
 from pipeline.errors import DynragError, first_line
+from pipeline.io.id_set import SeenIds
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +308,8 @@ def load_questions(
 
 
 def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Question]:
-    seen: dict[str, int] = {}
+    seen = SeenIds()  # every id so far: ~its length in memory, not a Python object an id (id_set.py)
+    repeats: dict[str, int] = {}  # an id seen more than once -> how many times
     parser: Callable[[dict], tuple] | None = None
     lineno = 0
     for lineno, rec, err in _records(source, f):
@@ -352,12 +354,12 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
         elif "\x00" in q.question:
             q.error = "question contains NUL bytes"
         if qid in seen:
-            seen[qid] += 1
-            q.id, q.error = f"{MADE}dup{seen[qid]}-{qid}", f"duplicate question id {qid!r} (line {lineno})"
+            repeats[qid] = repeats.get(qid, 1) + 1
+            q.id, q.error = f"{MADE}dup{repeats[qid]}-{qid}", f"duplicate question id {qid!r} (line {lineno})"
         else:
-            seen[qid] = 1
+            seen.add(qid)
         yield q
-    if parser is None and not seen and lineno == 0:
+    if parser is None and not len(seen) and lineno == 0:
         raise DatasetError(f"dataset {source} holds no questions (the file is empty)")
 
 

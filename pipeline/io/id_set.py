@@ -1,6 +1,7 @@
 """A set of question ids held as one sorted array of fixed-width bytes: exact membership in O(log n), about
 the ids' own length in memory (a Python set of 10^6 ids takes ~100 MB), and shipped to a Ray read task as one
-buffer, not a pickled set of objects. What a resumed run skips (commit.py) travels as one."""
+buffer, not a pickled set of objects. What a resumed run skips (commit.py) travels as one. `SeenIds` grows one
+id at a time (the ids a dataset's reader has seen, to tell a repeated one) in the same form."""
 
 from __future__ import annotations
 
@@ -19,13 +20,7 @@ class IdSet:
         self.ids = np.unique(raw.astype(bytes)) if len(raw) else np.array([], dtype="S1")
 
     def __contains__(self, qid: object) -> bool:
-        if not isinstance(qid, str) or not len(self.ids):
-            return False
-        key = qid.encode()
-        if len(key) > self.ids.dtype.itemsize or key.endswith(b"\0"):
-            return False
-        i = int(np.searchsorted(self.ids, key))
-        return i < len(self.ids) and self.ids[i] == key
+        return isinstance(qid, str) and _holds(self.ids, qid.encode())
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -41,3 +36,46 @@ class IdSet:
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _holds(ids: np.ndarray, key: bytes) -> bool:
+    """`key` is in the sorted fixed-width array `ids` (whose entries numpy holds without their trailing NULs)."""
+    if not len(ids) or len(key) > ids.dtype.itemsize or key.endswith(b"\0"):
+        return False
+    i = int(np.searchsorted(ids, key))
+    return i < len(ids) and ids[i] == key
+
+
+class SeenIds:
+    """A set of ids added one at a time, about their own length in memory: the newest PENDING in a Python set,
+    the others in sorted arrays, each about twice the next one's size (merged as they grow), so a lookup is one
+    set lookup and O(log n) binary searches. An id holding NUL bytes (not held exactly by a fixed-width array)
+    stays in the Python set."""
+
+    PENDING = 65_536
+
+    def __init__(self) -> None:
+        self.pending: set[str] = set()
+        self.odd: set[str] = set()
+        self.sorted: list[np.ndarray] = []
+
+    def add(self, qid: str) -> None:
+        (self.odd if "\0" in qid else self.pending).add(qid)
+        if len(self.pending) >= self.PENDING:
+            self.sorted.append(np.sort(np.array([q.encode() for q in self.pending], dtype=bytes)))
+            self.pending = set()
+            while len(self.sorted) > 1 and len(self.sorted[-2]) <= 2 * len(self.sorted[-1]):
+                newer, older = self.sorted.pop(), self.sorted.pop()
+                width = max(newer.dtype.itemsize, older.dtype.itemsize)
+                self.sorted.append(np.sort(np.concatenate([older.astype(f"S{width}"), newer.astype(f"S{width}")])))
+
+    def __contains__(self, qid: object) -> bool:
+        if not isinstance(qid, str):
+            return False
+        if qid in self.pending or qid in self.odd:
+            return True
+        key = qid.encode()
+        return any(_holds(ids, key) for ids in self.sorted)
+
+    def __len__(self) -> int:
+        return len(self.pending) + len(self.odd) + sum(len(ids) for ids in self.sorted)
