@@ -25,6 +25,7 @@ import uuid
 from typing import Any
 
 from indexing.faults import fault_point
+from indexing.raytools import await_ray_shutdown
 from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml, run_params, with_values
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
@@ -275,6 +276,7 @@ def _run_answer(
         raise
     finally:
         committer.close(failing=sys.exc_info()[0] is not None)  # a failing job's own error stands
+        await_ray_shutdown()  # a local Ray the job started went down meanwhile (ray_runner.py)
         if bar is not None:
             bar.close()
     if skipped:

@@ -600,9 +600,9 @@ def answer_runs_with_ray(
         if control is not None:
             ray.kill(control)
         _remove_groups(groups)
-        if started:
-            shutdown_ray()
-        if guard is not None:
+        if started:  # in the background, joined once the caller's last merge is done (answer.py); the guard
+            shutdown_ray(wait=False, then=guard.close if guard is not None else None)  # kept until Ray is down
+        elif guard is not None:
             guard.close()
 
 
