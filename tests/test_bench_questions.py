@@ -77,11 +77,17 @@ def test_bench_questions_local(tmp_path):
 
 @pytest.mark.slow  # starts a local Ray in the bench's child (~30 s): `make test-slow`; CI runs the local one
 def test_bench_questions_ray(tmp_path):
-    (r,) = bench(tmp_path, "ray", "--ray-actors", "2")["runs"]
+    """Through Ray with a retrieval pool: the engine actors and the pool actor each measured, and the same searches
+    measured in one process alone, for the pool's CPU a query to be read against."""
+    extra = ("--ray-actors", "2", "--set", "ray.retrieval_actors=1", "--set", "ray.num_cpus=4")
+    out = bench(tmp_path, "ray", *extra)
+    (r,) = out["runs"]
     check_run(r, "ray", tmp_path)
-    assert r["engine_processes"] == 2 and r["engine_cpu_s"] > 0 and r["pool_processes"] == 0
+    assert r["engine_processes"] == 2 and r["engine_cpu_s"] > 0 and r["pool_processes"] == 1 and r["pool_cpu_s"] > 0
     assert len(r["engine_cpu_s_each"]) == 2 and min(r["engine_cpu_s_each"]) > 0
     assert r["ray_services_processes"] >= 2  # gcs_server and raylet at least
+    alone = out["workload"]["search_alone"]
+    assert alone["n"] == N and alone["search_cpu_s"] > 0
 
 
 def test_bad_options_are_refused_in_one_line(tmp_path, capsys):

@@ -162,7 +162,9 @@ def measure(cfg, args: argparse.Namespace, work: Path, n: int, runtime: str, ind
     out = work / f"out-{n}-{runtime}"
     shutil.rmtree(out, ignore_errors=True)
     spec = {
-        "config": with_values(cfg, {"runtime.mode": runtime}).model_dump(mode="json"),
+        "config": with_values(cfg, {"runtime.mode": runtime if runtime in RUNTIMES else "local"}).model_dump(
+            mode="json"
+        ),
         "dataset": str(work / f"questions-{n}.jsonl"),
         "out": str(out),
         "index": index,
@@ -205,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
             "load_average": [round(x, 2) for x in os.getloadavg()],
         }
         runs = [measure(cfg, args, work, n, rt, workload["index"]) for rt in runtimes for n in sizes]
+        if cfg.ray.retrieval_actors and "ray" in runtimes:  # the pool's CPU a query, against the same search here
+            workload["search_alone"] = measure(cfg, args, work, max(sizes), "search", workload["index"])
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -256,6 +260,12 @@ def text(w: dict, runs: list[dict]) -> str:
             f"{_ray_else(r):>8} {r['driver_peak_rss_bytes'] / MB:>8.0f} {r['driver_rss_growth_bytes'] / MB:>+7.0f} "
             f"{r['last_answer_to_return_s']:>7.2f} {r['resume_s']:>8.2f} "
             f"{_files(r, 'parquet'):>16} {_files(r, 'other'):>16} {r['rows']:>9,} {r['error_rows']:>6,}"
+        )
+    if "search_alone" in w:
+        s = w["search_alone"]
+        lines.append(
+            f"the same searches in one process alone (Backends.search, {s['call']} queries a call, N={s['n']:,}): "
+            f"{1000 * s['search_cpu_s'] / s['n']:.2f} ms of CPU a query"
         )
     lines.append(
         "resume: "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import resource
@@ -32,6 +33,8 @@ SAMPLE_S = 0.5
 # the driver's RSS over N shows what the driver holds, not the JVM taking its default heap (a quarter of the RAM)
 # a little at a time; engine actors' JVMs (Ray) are their own processes
 JVM_HEAP_MB = 512
+SEARCH_LIMIT = 50_000  # questions `measure_search` searches, at most
+SEARCH_CALL = 128  # queries a call in `measure_search` (a pool call of the bench serves ~130: 2 engine actors' batches)
 KINDS = ("engine", "pool", "ray_workers", "ray_services")
 
 
@@ -214,9 +217,34 @@ def measure(spec: dict) -> dict[str, Any]:
     }
 
 
+def measure_search(spec: dict) -> dict[str, Any]:
+    """The same searches in this process alone (Backends.search of the first SEARCH_LIMIT questions, in calls of SEARCH_CALL
+    queries, after one call to warm up), for the retrieval pool's CPU per query to be read against."""
+    from indexing.java import bound_jvm_memory, ensure_java
+    from pipeline.backends import Backends
+    from pipeline.config import DynragConfig
+
+    cfg = DynragConfig.model_validate(spec["config"])
+    ensure_java()
+    bound_jvm_memory(JVM_HEAP_MB, c1_only=False)
+    with open(spec["dataset"], encoding="utf-8") as f:
+        queries = [json.loads(line)["question"] for line in itertools.islice(f, SEARCH_LIMIT)]
+    backends = Backends(cfg, spec["index"])
+    try:
+        k, retriever = cfg.retrieval.k, cfg.retrieval.retriever
+        backends.search(queries[:SEARCH_CALL], k, retriever)
+        cpu0 = _cpu_s()
+        for i in range(0, len(queries), SEARCH_CALL):
+            backends.search(queries[i : i + SEARCH_CALL], k, retriever)
+        return {"n": len(queries), "search_cpu_s": round(_cpu_s() - cpu0, 3), "call": SEARCH_CALL}
+    finally:
+        backends.close()
+
+
 if __name__ == "__main__":
     from jobs.cli import setup_logging
 
     spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     setup_logging(spec.get("log_level", "WARNING"))
-    Path(spec["result"]).write_text(json.dumps(measure(spec)), encoding="utf-8")
+    result = measure_search(spec) if spec["runtime"] == "search" else measure(spec)
+    Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
