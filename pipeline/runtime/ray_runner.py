@@ -660,13 +660,24 @@ class Supervisor:
         items: queue.Queue = queue.Queue(maxsize=1)
         end = object()
 
+        def hand(got: tuple) -> bool:
+            """Hand `got` to the driver; False once the driver has stopped reading (`stop`: a drain, a line)."""
+            while not self._done.is_set():
+                try:
+                    items.put(got, timeout=SUPERVISE_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
         def read() -> None:
             try:
                 for item in stream:
-                    items.put((item, None))
-                items.put((end, None))
+                    if not hand((item, None)):
+                        return  # nothing more is read from Ray: the thread ends before Ray's shutdown
+                hand((end, None))
             except BaseException as err:  # the stream's own error, raised on the driver's thread
-                items.put((end, err))
+                hand((end, err))
 
         self.reader = threading.Thread(target=read, name="dynrag-stream", daemon=True)
         self.reader.start()
