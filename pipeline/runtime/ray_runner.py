@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Container, Generator
@@ -494,6 +495,7 @@ def answer_runs_with_ray(
     limit: int | None,
     drain: Drain | None = None,
     make_backends: Callable[..., Any] | None = None,
+    settle: Callable[[], None] | None = None,
 ) -> Generator[tuple[int, dict[str, Any], Callable[[], None]], None, None]:
     """Answer the pending questions of `dataset` for each of `runs` (an experiment's runs at once, through one
     set of engine actors) into parts under each run's output; yield (run index, report, committed) for each
@@ -503,7 +505,8 @@ def answer_runs_with_ray(
     `drain` (set by SIGTERM) is passed on to the engine actors (through `RunControl`): they admit no more
     questions, finish those in flight within `answer.drain_s`, write them and say so; once every replica
     has, the driver stops feeding. `make_backends` replaces `Backends` in the engine and pool actors (the
-    latency-model bench)."""
+    latency-model bench). `settle`, at the stream's end, returns once the caller has committed what it was given
+    (callers that commit on threads of their own); a `committed()` after the job's end tells no one."""
     import ray
 
     from indexing.raytools import init_ray, ray_address, shutdown_ray
@@ -527,7 +530,7 @@ def answer_runs_with_ray(
         sigterm_drains(drain)  # Ray's own SIGTERM handler exits at once
     pools: dict[str, list] = {}
     groups: list = []  # the tensor-parallel replicas' placement groups (claimed by their engine actors)
-    control, supervisor = None, None
+    control, supervisor, teller = None, None, None
     try:
         gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
         groups.extend(replica_groups(cfg, gpus))
@@ -544,6 +547,7 @@ def answer_runs_with_ray(
         if cfg.ray.scorer_actors:
             pools["scorer"] = start_pool(cfg, "scorer", None, make_backends, control)
         supervisor = Supervisor(cfg, control, drain, groups)
+        teller = CommitTeller(control)
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = question_dataset(_for_workers(dataset), cfg, [run.done for run in runs], limit, batch)
         calls = batches_held(cfg, batch)
@@ -575,7 +579,7 @@ def answer_runs_with_ray(
                     report = json.loads(text)
                     if "fatal" in report:
                         raise DynragError(report["fatal"])
-                    yield report.pop("run"), report, functools.partial(_tell_committed, control, part)
+                    yield report.pop("run"), report, functools.partial(teller.tell, part)
                 if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
                     log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
                     break
@@ -588,6 +592,10 @@ def answer_runs_with_ray(
             log.info("%s pool served (op: [calls, items]): %s", kind, pool_stats(actors))
         log.info("ray data blocks: %s", json.dumps(blocks_produced(ds.stats())))
     finally:
+        if teller is not None:
+            if sys.exc_info()[0] is None and settle is not None:
+                settle()  # an experiment's runs: the batches handed to them committed first (runners.RayRuns)
+            teller.close()
         # every actor the job made goes with it (on an error too: the engine actors Ray Data would leave
         # waiting, and with them the stream the supervisor's reader thread is blocked on)
         for actor in [a for actors in pools.values() for a in actors] + _replica_handles(control):
@@ -615,12 +623,25 @@ def blocks_produced(stats: str) -> dict[str, int]:
     return {name: int(n) for name, n in found}
 
 
-def _tell_committed(control: Any, part: str) -> None:
-    """Tell the replicas that the driver has committed the batch of staged attempt `part` ("": no rows)."""
-    from pipeline.io.part_store import attempt_key
+class CommitTeller:
+    """Tells the replicas (through RunControl) that the driver has committed a batch, until the job's end: once
+    `close`d (before its actors go and Ray shuts down), a commit is not told (the replicas are gone), so that no
+    run's thread calls into Ray after the shutdown (an experiment's runs commit on threads of their own)."""
 
-    if part:
-        control.committed.remote(attempt_key(part))
+    def __init__(self, control: Any):
+        self.control, self.closed, self._lock = control, False, threading.Lock()
+
+    def tell(self, part: str) -> None:
+        """The batch of staged attempt `part` ("": no rows) is committed."""
+        from pipeline.io.part_store import attempt_key
+
+        with self._lock:
+            if part and not self.closed:
+                self.control.committed.remote(attempt_key(part))
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
 
 
 def _replica_handles(control: Any) -> list:

@@ -14,6 +14,8 @@ driver commits (commit.py), so skips, progress, the ledger and the summary are c
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +23,10 @@ from typing import Any, Protocol
 from pipeline.config import DynragConfig
 from pipeline.engine.core import batched
 from pipeline.engine.drain import Drain
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 60.0  # the longest an experiment's Ray job waits, at its end, for its runs to commit what they were handed
 
 
 @dataclass(frozen=True)
@@ -212,23 +218,27 @@ class RayRuns:
     and each run's reports reach its own thread, which commits them. `drain_flag`: the runs' one drain."""
 
     def __init__(self, runs: int, cfg: DynragConfig, drain: Drain | None = None):
-        import threading
-
         self.expected, self.cfg = runs, cfg
         self.drain_flag = drain or Drain(cfg.answer.drain_s)
         self._lock = threading.Lock()
         self._jobs: list[Batches] = []
         self._queues: list[Any] = []
+        self._handed: list[int] = []  # per run: reports handed to its thread and not yet committed
+        self._gone: list[bool] = []  # per run: its thread has stopped taking reports
+        self._settled = threading.Condition()
 
     def answer(self, job: Batches) -> Iterator[dict]:
         import queue
 
         inbox: queue.Queue = queue.Queue()
         with self._lock:
+            run = len(self._jobs)
             self._jobs.append(job)
             self._queues.append(inbox)
+            self._handed.append(0)
+            self._gone.append(False)
             self._start_when_all_came()
-        return self._reports(inbox)
+        return self._reports(run, inbox)
 
     def withdraw(self, out: str) -> None:
         """The run into `out` ended; before it came (its checks failed, or it had nothing to answer), the others go
@@ -243,22 +253,39 @@ class RayRuns:
         """Nothing to release: the job's actors went with it."""
 
     def _start_when_all_came(self) -> None:
-        import threading
-
         if self._jobs and len(self._jobs) == self.expected:
             threading.Thread(target=self._serve, name="dynrag-ray-runs", daemon=True).start()
 
-    @staticmethod
-    def _reports(inbox) -> Iterator[dict]:
-        while True:
-            item = inbox.get()
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            report, committed = item
-            yield report
-            committed()  # the caller has committed it: the replicas may count it so
+    def _reports(self, run: int, inbox) -> Iterator[dict]:
+        try:
+            while True:
+                item = inbox.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                report, committed = item
+                yield report
+                committed()  # the caller has committed it: the replicas may count it so
+                self._settle_one(run, handed=-1)
+        finally:
+            with self._settled:
+                self._gone[run] = True
+                self._settled.notify_all()
+
+    def _settle_one(self, run: int, handed: int) -> None:
+        with self._settled:
+            self._handed[run] += handed
+            self._settled.notify_all()
+
+    def _all_committed(self) -> None:
+        """Wait, at most SETTLE_S, until each run's thread has committed what it was handed (or stopped taking
+        reports): the job's actors and Ray go only after (answer_runs_with_ray's `settle`)."""
+        with self._settled:
+            if not self._settled.wait_for(
+                lambda: all(gone or not handed for handed, gone in zip(self._handed, self._gone)), SETTLE_S
+            ):
+                log.warning("the runs have not committed every batch after %.0f s: their actors go now", SETTLE_S)
 
     def _serve(self) -> None:
         from indexing import pin_index
@@ -272,8 +299,15 @@ class RayRuns:
         index = pin_index(first.index) if first.index else None  # one version for every replica and run
         try:
             for i, report, committed in answer_runs_with_ray(
-                first.dataset, first.cfg, index, runs, limit=first.limit, drain=self.drain_flag
+                first.dataset,
+                first.cfg,
+                index,
+                runs,
+                limit=first.limit,
+                drain=self.drain_flag,
+                settle=self._all_committed,
             ):
+                self._settle_one(i, handed=1)
                 self._queues[i].put((report, committed))
         except BaseException as err:  # every run ends with the job's error
             for q in self._queues:
