@@ -10,8 +10,8 @@ deselected. "Longest" is read from the per-file table in docs/operations.md ("Te
 A process's output is printed when it ends (its tail, with its slowest tests), so that processes running at once
 do not interleave. An own-process file that ends without pytest's summary (a native exit: Ray's core worker
 ends its driver with exit 1 when it loses its raylet or GCS) shows its last lines and Ray's newest driver log,
-is run once more, and is named at the end as crashed once. The run ends with the failing test ids, the table of
-seconds per file (`DYNRAG_TEST_TIMES`, tests/conftest.py), each process's wall seconds and the summed line
+and fails the run as crashed (not run again: a crash is a bug to fix). The run ends with the failing test ids,
+the table of seconds per file (`DYNRAG_TEST_TIMES`, tests/conftest.py), each process's wall seconds and the summed line
 "N passed, N failed, N skipped". Arguments after `--` go to every pytest."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Unit:
     """One pytest process over `files`."""
 
     files: list[str]
-    own: bool  # an own-process file: named test by test (-v), run once more if it crashes
+    own: bool  # an own-process file: named test by test (-v)
     estimate_s: float
     wall_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
@@ -140,9 +140,7 @@ class Runner:
         if unit.own and rc != 0 and not summary:
             unit.crashed = True
             notes = "\n".join(out.splitlines()[-15:]) + driver_log_tail()
-            notes += f"\nCRASHED {unit.name} (pytest exit {rc}, no summary): ran it once more\n"
-            rc, out = self.pytest(unit, 1)
-            summary = [line for line in out.splitlines() if SUMMARY.match(line)]
+            notes += f"\nCRASHED {unit.name} (pytest exit {rc}, no summary)\n"
         unit.wall_s = time.monotonic() - started
         line = summary[-1] if summary else ""
         unit.counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error)", line)}
@@ -209,7 +207,7 @@ def report(units: list[Unit], times: Path, wall_s: float) -> int:
         print("\nfailures:\n" + "\n".join(failures))
     crashed = [u.name for u in units if u.crashed]
     if crashed:
-        print("\ncrashed once, then run again (see above):\n" + "\n".join(crashed))
+        print("\ncrashed (see above):\n" + "\n".join(crashed))
     total = {k: sum(u.counts.get(k, 0) for u in units) for k in ("passed", "failed", "error", "skipped")}
     failed = (
         total["failed"]
