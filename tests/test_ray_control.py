@@ -130,6 +130,16 @@ def test_only_a_batch_that_died_alone_is_poison_and_a_lost_nodes_deaths_are_forg
     assert control.begin("d", "a1", 13) == []
 
 
+def test_a_node_whose_drain_was_cancelled_is_no_longer_lost():
+    control = RunControl()
+    control.register("a1", "n1", 10)
+    control.set_lost(["n1"])  # draining
+    control.set_lost([])  # the drain was cancelled: n1 stays in the cluster
+    control.begin("b", "a1", 10)  # its process dies with the batch: the batch's doing
+    control.register("a1", "n1", 11)
+    assert [d["pid"] for d in control.begin("b", "a1", 11)] == [10]
+
+
 def test_a_busy_replica_or_a_pool_call_without_progress_is_named():
     control = RunControl()
     control.register("a1", "n1", 10)

@@ -137,8 +137,9 @@ class RunControl:
         return all(k in self.committed_keys for k in keys)
 
     def set_lost(self, nodes: list[str]) -> None:
-        """Nodes Ray has lost or is draining (fed by the driver's supervisor)."""
-        self.lost_nodes.update(nodes)
+        """The nodes Ray has lost or is draining now (fed by the driver's supervisor every turn): a node whose
+        drain was cancelled is no longer one, so a death of its processes counts again."""
+        self.lost_nodes = set(nodes)
 
     def _node(self, actor: str) -> str:
         return self.replicas.get(actor, {}).get("node", "?")
