@@ -51,8 +51,9 @@ def slow_start_backends(scale: float, seconds: float, markers: Path):
     return SlowStart(scale)
 
 
-def failing_start_backends(scale: float, markers: Path):
-    """SimBackends whose construction always fails (a model that cannot load on this node), counted by markers."""
+def failing_start_backends(scale: float, markers: Path, times: int | None = None):
+    """SimBackends whose construction fails (a model that cannot load on this node) always, or its first `times`
+    times (an index pull cut short), counted by markers."""
     from dataclasses import dataclass
 
     from jobs.bench.simulated import SimBackends
@@ -61,7 +62,9 @@ def failing_start_backends(scale: float, markers: Path):
     class FailingStart(SimBackends):
         def __call__(self, cfg, index_dir=None, **kw):
             (markers / f"start-{os.getpid()}-{time.monotonic_ns()}").write_text("")
-            raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+            if times is None or len(list(markers.glob("start-*"))) <= times:
+                raise RuntimeError("CUDA error: no kernel image is available for execution on the device")
+            return super().__call__(cfg, index_dir, **kw)
 
     markers.mkdir(parents=True, exist_ok=True)
     return FailingStart(scale)
@@ -173,6 +176,16 @@ def test_a_constructor_that_always_fails_counts_in_the_replica_budget(cluster, t
     ):
         run_job(cluster, tmp_path, 20, job, scale=0.02, make_backends=failing_start_backends(0.02, markers))
     assert 1 <= len(list(markers.glob("start-*"))) <= 3  # bounded by the budget, not restarted forever
+
+
+def test_a_constructor_that_fails_once_is_replaced_within_the_budget(cluster, tmp_path):
+    """An engine actor whose first start fails (issue 78, item 7): Ray Data starts another in its place, as
+    ray.replica_failures allows, and the job answers every question once."""
+    markers = tmp_path / "markers"
+    job = [*JOB, "ray.replica_failures=2"]
+    run_job(cluster, tmp_path, 20, job, scale=0.02, make_backends=failing_start_backends(0.02, markers, times=1))
+    assert len(list(markers.glob("start-*"))) >= 2
+    assert_each_question_once(tmp_path / "out", 20)
 
 
 def test_an_engine_call_that_never_returns_ends_the_job_naming_the_replica(cluster, tmp_path):

@@ -521,6 +521,9 @@ def answer_runs_with_ray(
     local = not ray.is_initialized() and ray_address(cfg.runtime.ray_address, os.environ) == "local"
     guard = OrphanGuard() if local else None  # a local Ray's processes die with this job, even by SIGKILL
     started = init_ray(cfg.runtime.ray_address, cfg.ray.num_cpus, log_to_driver=True)
+    # an engine actor whose constructor fails (an index pull cut by a pre-emption) is replaced by Ray Data up to
+    # ray.replica_failures times in a row (its default, 0, ended the job at the first)
+    ray.data.DataContext.get_current().max_consecutive_actor_init_deaths = cfg.ray.replica_failures
     if started:
         ray.data.DataContext.get_current().enable_progress_bars = False
         route_ray_worker_output()  # workers' library output to the run's log file, their dynrag lines shown
