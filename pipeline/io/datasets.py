@@ -85,7 +85,7 @@ def _as_list(value: Any) -> list:
 
 
 def _answers(*values: Any) -> list[str]:
-    out: list[str] = []
+    out: dict[str, None] = {}  # each answer once, in order (TriviaQA's alias lists: ~40 a question)
     for v in values:
         for a in _as_list(v):
             if isinstance(a, bool):
@@ -93,9 +93,9 @@ def _answers(*values: Any) -> list[str]:
             if a is None:
                 continue
             a = str(a).strip().strip('"').strip()
-            if a and a not in out:
-                out.append(a)
-    return out
+            if a:
+                out[a] = None
+    return list(out)
 
 
 def _from_facts(facts: Any, context: Any) -> list[tuple[str, str]]:
