@@ -18,11 +18,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 from indexing.settings import IndexSettings
 
 if TYPE_CHECKING:
-    from indexing.index import Index
+    from indexing.search.index import Index
 
 
 def build_index(
@@ -34,18 +34,18 @@ def build_index(
     """Build or incrementally refresh the index at `index_dir` (a folder, or an s3://, gs://, az:// URI) from
     `sources` (files, URIs or globs); return a report. In-process, a remote index is built locally and uploaded
     (remote.py); with `cfg.ray.enabled`, Ray workers build and write the shards (cluster_build.py). `options`:
-    fmt, fields, on_bad_line, vectors, normalize_vectors (see indexing.build.build_local_index; on a cluster
+    fmt, fields, on_bad_line, vectors, normalize_vectors (see indexing.builder.local.build_local_index; on a cluster
     the vectors file is read by the workers, at the same path on every node)."""
-    from indexing.remote import is_remote
+    from indexing.versions.remote import is_remote
 
     names = [str(sources)] if isinstance(sources, (str, os.PathLike)) else [str(s) for s in sources]
     if cfg.ray.enabled:  # reading, splitting, embedding and shard indexes on the Ray workers (cluster_build.py)
-        from indexing.cluster_build import build_cluster_index, build_remote_cluster_index
+        from indexing.builder.cluster import build_cluster_index, build_remote_cluster_index
 
         if is_remote(index_dir):
             return build_remote_cluster_index(names, str(index_dir), cfg, **options)
         return build_cluster_index(names, index_dir, cfg, **options)
-    from indexing.build import build_local_index, build_remote_index
+    from indexing.builder.local import build_local_index, build_remote_index
 
     if is_remote(index_dir):
         return build_remote_index(names, str(index_dir), cfg, **options)
@@ -59,9 +59,9 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
     (remote.py)."""
     from pathlib import Path
 
-    from indexing.index import open_local_index
-    from indexing.pinning import resolve_version
-    from indexing.remote import is_remote, pull_searchable
+    from indexing.search.index import open_local_index
+    from indexing.versions.pinning import resolve_version
+    from indexing.versions.remote import is_remote, pull_searchable
 
     index_dir, version = resolve_version(index_dir, version)
     if is_remote(index_dir):  # its search files pulled into the local cache, opened there
@@ -72,7 +72,7 @@ def open_index(index_dir: str | os.PathLike, cfg: IndexSettings, version: str | 
 def pin_index(index_dir: str | os.PathLike) -> str:
     """`index_dir` pinned to the version its CURRENT names now, e.g. "s3://b/idx@v000003" (remote.pin_index):
     hand it to every replica, and each opens that version whatever is published meanwhile."""
-    from indexing.remote import pin_index as pin
+    from indexing.versions.remote import pin_index as pin
 
     return pin(index_dir)
 

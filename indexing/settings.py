@@ -45,7 +45,7 @@ class IndexConfig(Section):
         description="FAISS index factory string: Flat (exact; small corpora), HNSW32, or an IVF index for large "
         "ones, e.g. IVF4096,PQ64 or IVF4096,SQ8, whose quantizer and codebooks are trained once and shared by all "
         "shards. On CPUs IVF4096,PQ128x4np (4-bit codes, 64 bytes as PQ64's) builds ~4x faster and is searched in "
-        "faiss's fast-scan layout (indexing/dense.py)",
+        "faiss's fast-scan layout (indexing/shards/dense.py)",
     )
     faiss_train_size: int = Field(
         100_000,
@@ -57,7 +57,7 @@ class IndexConfig(Section):
         256 * 2**20,
         ge=0,
         description="an uncompressed JSONL, TSV or Parquet file larger than this is read as several work units "
-        "of about this many bytes, cut between lines (indexing/readers.py): shards restart at each unit, and a "
+        "of about this many bytes, cut between lines (indexing/corpus/readers.py): shards restart at each unit, and a "
         "cluster build runs one task per unit. 0: one unit per file (e.g. a TSV whose quoted fields span lines)",
     )
     build_workers: int = Field(
@@ -120,7 +120,7 @@ class IndexConfig(Section):
         None,
         ge=4,
         description="bound on an index build's working memory beyond the loaded model, JVM and libraries: "
-        "shards are capped at the passages that fit in it (indexing/shards.py); None: shard_size alone decides",
+        "shards are capped at the passages that fit in it (indexing/shards/chunking.py); None: shard_size alone decides",
     )
     verify: Literal["size", "none"] = Field(
         "size",

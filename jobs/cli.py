@@ -9,9 +9,10 @@ import logging
 import os
 import sys
 
-from indexing.errors import IndexingError
+from indexing import IndexingError
 from pipeline.config import DynragConfig, load_config
 from pipeline.errors import DynragError
+from platform_shims import DeviceError
 
 log = logging.getLogger("dynrag")
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         # stdout holds the one JSON document only; the CLI's own process (argv None) keeps fd 1 on stderr to exit
         with json_stdout(restore=argv is not None):
             return int(args.func(args) or 0)
-    except (DynragError, IndexingError) as exc:
+    except (DynragError, IndexingError, DeviceError) as exc:
         print(f"dynrag: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `dynrag methods | head`: the reader left; nothing more to say

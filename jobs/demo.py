@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     stages = Stages()
     # on a terminal the index build shows progress bars: its per-stage lines, and those of fetching and preparing
     # packaged data and models (one summary line below instead), go to the log file only
-    chatty = ("indexing", "pipeline.assets") if sys.stderr.isatty() else ()
+    chatty = ("indexing", "platform_shims", "pipeline.assets") if sys.stderr.isatty() else ()
     with divert_logs(out / "dynrag.log", getattr(args, "log_level", "INFO"), chatty=chatty):
         summaries = answer_both(args, cfg, out, stages)
     print(comparison(summaries, cfg))

@@ -21,7 +21,7 @@ FORMATS = (
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from indexing.retrievers import retriever_names
+    from indexing.search.retrievers import retriever_names
     from jobs.cli import add_config_args
 
     p = sub.add_parser(
@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="both",
         choices=["both", *retriever_names()],
         help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false); "
-        "or one registered retriever (indexing/retrievers.py), e.g. rrf: BM25 and dense fused by reciprocal rank",
+        "or one registered retriever (indexing/search/retrievers.py), e.g. rrf: BM25 and dense fused by reciprocal rank",
     )
     s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
     s.add_argument(
@@ -191,7 +191,7 @@ def _search(args: argparse.Namespace) -> int:
 def bm25_settings(cfg, manifest: dict) -> dict:
     """What BM25 scores with: k1 and b from the configuration (Anserini's defaults 0.9, 0.4), and the analyzer
     the index was built with (index.bm25_stemmer, index.bm25_stopwords at build time)."""
-    from indexing.sparse import index_analyzer
+    from indexing.shards.sparse import index_analyzer
 
     return {"k1": cfg.index.bm25_k1, "b": cfg.index.bm25_b, **index_analyzer(manifest["settings"])}
 
@@ -199,8 +199,8 @@ def bm25_settings(cfg, manifest: dict) -> dict:
 def _info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from indexing.manifest import read_manifest
-    from indexing.remote import is_remote, remote_manifest
+    from indexing.versions.manifest import read_manifest
+    from indexing.versions.remote import is_remote, remote_manifest
     from jobs.cli import config_from_args
 
     m = remote_manifest(args.index) if is_remote(args.index) else read_manifest(Path(args.index))  # pinned too
@@ -237,14 +237,14 @@ def _info(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from indexing.manifest import read_manifest, verify_version
-    from indexing.remote import is_remote, pull_version
+    from indexing.versions.manifest import read_manifest, verify_version
+    from indexing.versions.remote import is_remote, pull_version
     from jobs.cli import config_from_args
 
     if is_remote(args.index):
         root, manifest = pull_version(args.index, config_from_args(args).index_settings())
     else:  # a folder, or a version of it (`DIR@v000003`)
-        from indexing.pinning import split_pin
+        from indexing.versions.pinning import split_pin
 
         root = Path(split_pin(args.index)[0])
         manifest = read_manifest(Path(args.index))

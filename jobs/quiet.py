@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-OWN = ("dynrag", "jobs", "pipeline", "indexing", "__main__")
+OWN = ("dynrag", "jobs", "pipeline", "indexing", "platform_shims", "__main__")
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -56,7 +56,7 @@ def divert_to_output(out: str, level: str = "INFO") -> Iterator[None]:
     refused job must leave nothing): the block logs to a temporary file, appended to OUT/dynrag.log at the
     end if OUT exists then, else dropped; the path is printed when the block succeeds (a failed job's terminal
     shows its one error line). A remote OUT (s3://...) is not diverted."""
-    from indexing.remote import is_remote
+    from indexing.versions.remote import is_remote
 
     if level == "DEBUG" or is_remote(out):
         yield

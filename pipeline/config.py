@@ -175,13 +175,15 @@ class GenerationConfig(Section):
 
 
 class RetrievalConfig(Section):
-    retriever: str = Field("bm25", description="a registered retriever (indexing/retrievers.py): bm25, dense, rrf")
+    retriever: str = Field(
+        "bm25", description="a registered retriever (indexing/search/retrievers.py): bm25, dense, rrf"
+    )
     k: int = Field(5, ge=1, le=1000)
 
     @field_validator("retriever")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from indexing.retrievers import retriever_names
+        from indexing.search.retrievers import retriever_names
 
         if name not in retriever_names():
             raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(retriever_names())}")

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from indexing.errors import IndexingError
+from platform_shims.errors import DeviceError
 
 GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia/version", "/dev/dxg", "/dev/kfd")
 
@@ -47,7 +47,7 @@ def ray_assigned_gpus() -> list[str] | None:
 
     if not ray.is_initialized():
         return None
-    from indexing.compat import in_ray_worker
+    from platform_shims.compat import in_ray_worker
 
     if not in_ray_worker():
         return None
@@ -64,7 +64,7 @@ def own_cuda() -> bool:
 
 
 def check_explicit_device(device: str, assigned: list[str] | None, visible: str | None) -> str:
-    """An explicit `cuda` / `cuda:N` device, refused (IndexingError, one line) where this process owns no GPU:
+    """An explicit `cuda` / `cuda:N` device, refused (DeviceError, one line) where this process owns no GPU:
     a Ray worker that Ray assigned no GPU (`assigned` == []; it still sees the node's GPUs, so `cuda` would be
     another process's GPU 0), or CUDA_VISIBLE_DEVICES set empty (`visible` == ""); or N past the GPUs Ray
     assigned it. Any other device is returned as it is."""
@@ -81,7 +81,7 @@ def check_explicit_device(device: str, assigned: list[str] | None, visible: str 
     if where is None and assigned and n.isdigit() and int(n) >= len(assigned):
         where = f"this Ray worker was assigned {len(assigned)} GPU(s) by Ray"
     if where:
-        raise IndexingError(
+        raise DeviceError(
             f"device {device!r} is set explicitly, but {where}: it would run on a GPU another process owns; "
             "use device 'auto' (or 'cpu'), or give the actor its GPUs (num_gpus)"
         )

@@ -6,10 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +33,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, log_to_driver: bo
     where = ray_address(address, os.environ)
     log.info("Ray: %s", "starting a local instance" if where == "local" else f"joining {where}")
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback-only listeners on one machine
-    from indexing.java import jvm_signals_kept
+    from platform_shims.java import jvm_signals_kept
 
     with jvm_signals_kept():  # Ray replaces the signal handlers a running JVM (BM25 in this process) relies on
         ray.init(
@@ -79,7 +75,7 @@ def await_ray_shutdown(timeout_s: float = SHUTDOWN_WAIT_S) -> None:
 def _shutdown(then: Callable[[], None] | None) -> None:
     import ray
 
-    from indexing.java import jvm_signals_kept
+    from platform_shims.java import jvm_signals_kept
 
     try:
         with jvm_signals_kept():
@@ -97,11 +93,3 @@ def gpus_or_fallback(gpus: float, fallback: bool, what: str) -> float:
         log.warning("%s asks for %g GPU but the Ray cluster has none: running on CPU (ray.gpu_fallback)", what, gpus)
         return 0.0
     return gpus
-
-
-def embed_actor_gpus(cfg: IndexSettings, driver_device: str) -> float:
-    """GPUs per build task that embeds: `cfg.ray.embed_actor_num_gpus`, else 1 when the driver itself sees CUDA."""
-    want = cfg.ray.embed_actor_num_gpus
-    if want is None:
-        want = 1.0 if driver_device.startswith("cuda") else 0.0
-    return gpus_or_fallback(want, cfg.ray.gpu_fallback, "each build task that embeds")

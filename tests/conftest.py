@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the tests' local Ray instances run without token auth whatever ~/.ray holds (dynrag itself leaves auth to Ray)
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # every JVM of the tests (this process's, its CLI children's, Ray workers') compiles with C1 only: the tests' Lucene
-# work is short, and C2's compiles cost ~2 CPU-s per JVM (indexing/java.py)
+# work is short, and C2's compiles cost ~2 CPU-s per JVM (platform_shims/java.py)
 os.environ.setdefault("DYNRAG_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
 # vLLM's engine runs in the process that starts it (its EngineCore and worker processes each import torch and vLLM
 # again: a tiny engine started in 34 s here, 7 s in-process); the streaming AsyncLLM keeps its engine core process,

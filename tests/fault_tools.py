@@ -1,5 +1,5 @@
 """Helpers of the fault-injection tests: run the real `dynrag` CLI in a subprocess, let it pause at a
-named point (indexing/faults.py), send it a real signal there, and poll an index as a reader would."""
+named point (platform_shims/faults.py), send it a real signal there, and poll an index as a reader would."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from indexing.errors import IndexingError
-from indexing.manifest import read_manifest, verify_version
+from indexing.versions.manifest import read_manifest, verify_version
 
 ROOT = Path(__file__).resolve().parent.parent
 # vLLM's default process layout (an EngineCore process, its worker in another), for the tests whose point it is: the

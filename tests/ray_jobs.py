@@ -12,8 +12,8 @@ from pathlib import Path
 
 from on_disk import assert_each_question_once  # noqa: F401  (the Ray tests' exactly-once check, on disk)
 
-from indexing.raytools import shutdown_ray
 from pipeline.config import load_config
+from platform_shims.raytools import shutdown_ray
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 from pipeline.methods.ais import (
     ais_score,
     answers_agree,

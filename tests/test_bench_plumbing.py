@@ -13,7 +13,7 @@ import psutil
 import pytest
 from bench_fixtures import fake_sides, run_driver_with, save_weights
 
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 from jobs.bench.flashrag.driver import flashrag_config, read_result
 from jobs.bench.flashrag.prepare import driver_config, flashrag_prompt
 from jobs.bench.flashrag.run import agreement

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from indexing.readers import ReadStats, read_corpus
+from indexing.corpus.readers import ReadStats, read_corpus
 from jobs.bench import dpr_synthetic, memory_cap
 from jobs.bench.scale import disk_needed, faiss_bytes_per_passage, ivf_factory
 

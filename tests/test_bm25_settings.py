@@ -115,7 +115,7 @@ def test_a_run_records_the_analyzer_its_index_was_built_with(indexes, tmp_path):
 def test_the_searcher_ranks_and_scores_as_pyserinis_lucene_searcher(data_dir, tmp_path):
     """sparse.LuceneShard drives Anserini's SimpleSearcher itself (importing pyserini.search.lucene loads torch):
     the same hits and scores as pyserini's LuceneSearcher over the same Lucene index, analyzer and k1, b."""
-    from indexing.sparse import DEFAULT_ANALYZER, LuceneShard, build_lucene
+    from indexing.shards.sparse import DEFAULT_ANALYZER, LuceneShard, build_lucene
 
     lines = (data_dir / "wikipedia/psgs_w100_sample_1000.jsonl").read_text(encoding="utf-8").splitlines()[:300]
     docs = [(r["id"], r["contents"]) for r in map(json.loads, lines)]

@@ -1,4 +1,4 @@
-"""The cluster build (indexing/cluster_build.py) on a local multi-node Ray cluster: a head without CPUs (the
+"""The cluster build (indexing/builder/cluster.py) on a local multi-node Ray cluster: a head without CPUs (the
 driver's node) and two workers with one CPU each, all on this machine (`ray.cluster_utils.Cluster`).
 
 The corpus is four JSONL files of real HotpotQA paragraphs (ids h0, h1, ...; the last file repeats two
@@ -20,9 +20,9 @@ import pytest
 
 from indexing import build_index, open_index
 from indexing.errors import IndexingError
-from indexing.manifest import read_manifest, verify_version
-from indexing.raytools import shutdown_ray
+from indexing.versions.manifest import read_manifest, verify_version
 from pipeline.config import load_config
+from platform_shims.raytools import shutdown_ray
 
 pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
@@ -124,14 +124,14 @@ def passages(root, cfg, ids):
 @pytest.fixture
 def driver_without_corpus(monkeypatch):
     """From here on, this process (the driver) cannot read a corpus nor split passages: workers must."""
-    import indexing.passages
-    import indexing.readers
+    import indexing.corpus.passages
+    import indexing.corpus.readers
 
     def refuse(*a, **k):
         raise AssertionError("the driver read the corpus")
 
-    monkeypatch.setattr(indexing.readers, "read_corpus", refuse)
-    monkeypatch.setattr(indexing.passages, "passages_of", refuse)
+    monkeypatch.setattr(indexing.corpus.readers, "read_corpus", refuse)
+    monkeypatch.setattr(indexing.corpus.passages, "passages_of", refuse)
 
 
 def test_cluster_build_spreads_over_nodes_and_searches_as_in_process(cluster, rows, tmp_path, request):

@@ -226,7 +226,7 @@ def test_a_job_joins_the_cluster_it_runs_in_else_starts_its_own_ray(monkeypatch)
     plain ray.init() would join any `ray start` cluster of the machine, and refuse num_cpus there)."""
     import ray
 
-    from indexing.raytools import init_ray, ray_address
+    from platform_shims.raytools import init_ray, ray_address
 
     assert ray_address("ray://head:10001", {"RAY_ADDRESS": "10.0.0.1:6379"}) == "ray://head:10001"
     assert ray_address(None, {"RAY_ADDRESS": "10.0.0.1:6379"}) == "10.0.0.1:6379"

@@ -141,7 +141,7 @@ def _submit(address: str, tmp_path: Path, *command: str, overrides: list[str]) -
 @pytest.mark.slow  # a Ray cluster start and two jobs: a few minutes on 2 shared cores
 def test_submit_index_and_answer_jobs(ray_head, data_dir, tmp_path, tmp_path_factory):
     from indexing import open_index
-    from indexing.manifest import read_manifest
+    from indexing.versions.manifest import read_manifest
     from pipeline.config import load_config
     from pipeline.io.output import read_rows
 

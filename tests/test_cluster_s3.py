@@ -139,7 +139,7 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path, capsys):
         s3.rm(marker)  # a full pull writes each shard's checksums.json from the manifest: not one GET a shard
     assert dynrag(["index", "verify", "--index", uri, "--config", conf]) == 0  # pulls the rest, hashes all
     assert (shard / "vectors.npy").is_file()
-    from indexing.remote import remote_manifest
+    from indexing.versions.remote import remote_manifest
 
     files = next(s["files"] for s in remote_manifest(uri)["shards"] if s["key"] == shard.name)
     assert json.loads((shard / "checksums.json").read_text()) == files
@@ -154,7 +154,7 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path, capsys):
     assert f"{store} is corrupt" in capsys.readouterr().err
 
     # a damaged object on the store is refused when pulled, and nothing of it lands in the cache
-    from indexing.remote import cache_root
+    from indexing.versions.remote import cache_root
 
     other = f"s3://{BUCKET}/other"
     build_index([f"s3://{BUCKET}/c.jsonl"], other, cfg.index_settings(), fmt="hotpotqa")
@@ -167,14 +167,14 @@ def test_cached_version_is_reused(s3, data_dir, tmp_path, capsys):
 
 def test_remote_garbage_includes_unused_templates(s3, data_dir, tmp_path, monkeypatch):
     """An IVF template no kept version uses is removed from the store, as shards are (and as locally)."""
-    import indexing.manifest
+    import indexing.versions.manifest
     from indexing import build_index
-    from indexing.manifest import used_by
-    from indexing.remote import remote_manifest
+    from indexing.versions.manifest import used_by
+    from indexing.versions.remote import remote_manifest
     from pipeline.config import load_config
 
     s3, BUCKET = s3
-    monkeypatch.setattr(indexing.manifest, "RETIRED_GRACE_S", 0)  # superseded versions go at once
+    monkeypatch.setattr(indexing.versions.manifest, "RETIRED_GRACE_S", 0)  # superseded versions go at once
     lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()
     s3.pipe(f"{BUCKET}/c.jsonl", ("\n".join(lines[:3]) + "\n").encode())
     settings = load_config(_config_file(tmp_path)).index_settings()

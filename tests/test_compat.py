@@ -1,4 +1,4 @@
-"""indexing/compat.py, the one home of Ray's and vLLM's private or deprecated APIs: each private path exists
+"""platform_shims/compat.py, the one home of Ray's and vLLM's private or deprecated APIs: each private path exists
 in the locked versions (an upgrade that moves one fails here instead of silently taking the fallback), and
 each fallback holds where the path is gone."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from indexing import compat
+from platform_shims import compat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_the_drain_table_and_the_worker_check_through_a_real_ray():
     """One tiny local Ray, in a process of its own: no node drains, the driver is no worker, a task is. A Ray of its
     own (address "local"): a plain ray.init() joins the newest Ray another test process started on the machine."""
     code = (
-        "import ray; from indexing import compat; ray.init(address='local', num_cpus=1, include_dashboard=False);"
+        "import ray; from platform_shims import compat; ray.init(address='local', num_cpus=1, include_dashboard=False);"
         "assert compat.draining_nodes() == {}, compat.draining_nodes();"
         "assert not compat.in_ray_worker();"
         "assert ray.get(ray.remote(compat.in_ray_worker).remote());"
@@ -114,7 +114,14 @@ def test_a_drain_deadline_of_zero_means_none(monkeypatch):
     assert compat.draining_nodes() == {"n1": math.inf, "n2": 5.0}
 
 
-SCANNED = ("pipeline", "jobs", "indexing", "scripts", "cluster")  # every .py of dynrag's own but its tests
+SCANNED = (
+    "pipeline",
+    "jobs",
+    "indexing",
+    "platform_shims",
+    "scripts",
+    "cluster",
+)  # every .py of dynrag's own but its tests
 LIBRARIES = ("ray", "vllm")
 INTERNAL_ATTRIBUTES = ("engine_core", "output_handler")  # vLLM engine internals reached as attributes
 
@@ -170,18 +177,18 @@ def private_uses(source: str) -> dict[int, str]:
 
 
 def test_no_private_use_outside_the_compat_module():
-    """Every private Ray or vLLM use lives in indexing/compat.py (the rule: `private_uses`); any other file
+    """Every private Ray or vLLM use lives in platform_shims/compat.py (the rule: `private_uses`); any other file
     with one fails here, each use named file:line."""
     files = [f for d in SCANNED for f in sorted((ROOT / d).rglob("*.py"))]
-    assert len(files) > 100 and (ROOT / "indexing" / "compat.py") in files
+    assert len(files) > 100 and (ROOT / "platform_shims" / "compat.py") in files
     hits = [
         f"{f.relative_to(ROOT)}:{line}: {path}"
         for f in files
-        if f != ROOT / "indexing" / "compat.py"
+        if f != ROOT / "platform_shims" / "compat.py"
         for line, path in sorted(private_uses(f.read_text(encoding="utf-8")).items())
     ]
-    assert not hits, "private Ray/vLLM uses outside indexing/compat.py (move each there):\n" + "\n".join(hits)
-    assert private_uses((ROOT / "indexing" / "compat.py").read_text(encoding="utf-8"))  # the rule sees them
+    assert not hits, "private Ray/vLLM uses outside platform_shims/compat.py (move each there):\n" + "\n".join(hits)
+    assert private_uses((ROOT / "platform_shims" / "compat.py").read_text(encoding="utf-8"))  # the rule sees them
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""DigestSet (indexing/digests.py) answers like a dict of 64-bit keys to 32-bit values, across flushes
+"""DigestSet (indexing/corpus/digests.py) answers like a dict of 64-bit keys to 32-bit values, across flushes
 and log-structured merges of its sorted runs."""
 
 import random
 
 import numpy as np
 
-from indexing.digests import DigestSet
+from indexing.corpus.digests import DigestSet
 
 
 def test_digest_set_answers_like_a_dict_across_runs_and_merges():

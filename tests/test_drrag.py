@@ -3,7 +3,7 @@
 import pytest
 from fakes import RecordingGenerator
 
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine

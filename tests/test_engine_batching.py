@@ -133,7 +133,7 @@ def test_sentence_embedder_takes_the_index_test_encoder():
     same vectors as the index's HashEncoder, not a model lookup that fails."""
     import numpy as np
 
-    from indexing.embed import HashEncoder
+    from indexing.shards.embed import HashEncoder
     from pipeline.backends.embedding import SentenceEmbedder
 
     cfg = DynragConfig()

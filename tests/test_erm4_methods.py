@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from fakes import MemoryRetriever, RecordingGenerator
 
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine

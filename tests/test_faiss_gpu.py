@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from test_indexing_dense import faiss_shard_set, ivf_shards, unit
 
-from indexing.dense import DenseIndexError, ShardSet, build_faiss, load_faiss
-from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape, gpu_index_bytes, place_index
+from indexing.shards.dense import DenseIndexError, ShardSet, build_faiss, load_faiss
+from indexing.shards.faiss_gpu import GiB, IndexPlacement, IndexShape, gpu_index_bytes, place_index
 
 DPR = 21_015_324  # passages of the DPR Wikipedia dump
 

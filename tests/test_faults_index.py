@@ -15,7 +15,7 @@ import pytest
 from fault_tools import IndexReader, cli, kill_at, run
 
 from indexing import open_index
-from indexing.manifest import RETIRED_GRACE_S, collect_garbage, read_manifest, verify_version
+from indexing.versions.manifest import RETIRED_GRACE_S, collect_garbage, read_manifest, verify_version
 from jobs.cli import main
 from pipeline.config import load_config
 
@@ -33,7 +33,7 @@ FIRST_BUILD = [
     "publish.after_current",
 ]
 REFRESH = ["build.shard_embedded", "publish.before_current"]
-# the test encoder (indexing/embed.py's HashEncoder): what is killed is the build's staging and publishing (FAISS and
+# the test encoder (indexing/shards/embed.py's HashEncoder): what is killed is the build's staging and publishing (FAISS and
 # Lucene are real); a language model would only add its 6 s import to each of the 15 builds
 HASH = "embedding.model=hash"
 SETTINGS = ["--set", "runtime.mode=local", "--set", "index.shard_size=30", "--set", HASH]

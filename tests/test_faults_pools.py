@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from indexing.raytools import shutdown_ray
 from pipeline.config import DynragConfig
+from platform_shims.raytools import shutdown_ray
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process]  # starts Ray in-process (scripts/run_tests.py)
 
@@ -15,9 +15,9 @@ ray = pytest.importorskip("ray")
 
 
 def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
-    from indexing.raytools import init_ray
     from jobs.bench.simulated import SimBackends
     from pipeline.runtime.pools import PoolClient, start_pool
+    from platform_shims.raytools import init_ray
 
     cfg = DynragConfig()
     cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 2, 0.5
@@ -71,9 +71,9 @@ def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills
     import threading
     import time
 
-    from indexing.raytools import init_ray
     from pipeline.runtime.pools import PoolClient, start_pool
     from pipeline.runtime.ray_control import RunControl
+    from platform_shims.raytools import init_ray
 
     cfg = DynragConfig()
     cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 1, 0.5

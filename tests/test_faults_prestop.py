@@ -55,7 +55,7 @@ def alive_nodes() -> set[str]:
 
 @pytest.mark.skipif(not shutil.which("unshare") or not shutil.which("nsenter"), reason="needs util-linux")
 def test_the_shipped_prestop_drains_its_own_node_and_no_other(tmp_path):
-    from indexing.compat import draining_nodes
+    from platform_shims.compat import draining_nodes
 
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "HOSTNAME": "dynrag-worker-0"}
     with fake_gpu_cluster(workers=1, num_cpus=1) as cluster:

@@ -23,7 +23,7 @@ from pipeline.config import DynragConfig
 pytestmark = pytest.mark.faults
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = sorted(p for d in ("pipeline", "indexing", "jobs") for p in (ROOT / d).rglob("*.py"))
+SOURCES = sorted(p for d in ("pipeline", "indexing", "platform_shims", "jobs") for p in (ROOT / d).rglob("*.py"))
 UNSAFE_MODULES = {"pickle", "cPickle", "dill", "marshal", "shelve", "cloudpickle", "joblib"}
 
 

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from indexing.device import owns_gpu
 from pipeline.config import load_config, replica_share, resolve_dtype, vllm_utilization
 from pipeline.errors import DynragError
 from pipeline.runtime import ray_resources
@@ -23,6 +22,7 @@ from pipeline.runtime.ray_resources import (
     replica_gpus,
     replica_groups,
 )
+from platform_shims.device import owns_gpu
 
 CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape
+from indexing.shards.faiss_gpu import GiB, IndexPlacement, IndexShape
 from pipeline.config import DynragConfig
 from pipeline.runtime import gpu_plan
 from pipeline.runtime.gpu_plan import (
@@ -135,7 +135,7 @@ def test_the_index_is_opened_once_and_gets_the_plans_placement_before_its_first_
 
     import indexing
     import pipeline.runtime.answer as answer
-    from indexing.retrievers import Resources
+    from indexing.search.retrievers import Resources
 
     shape = IndexShape.from_factory("IVF4096,PQ64", 768, DPR)
     events = []

@@ -1,4 +1,4 @@
-"""A version's BM25 index updated from the previous version's (build.py `_bm25_update`, sparse.update_lucene):
+"""A version's BM25 index updated from the previous version's (indexing/builder/local.py `_bm25_update`, sparse.update_lucene):
 the dropped shards' documents deleted, the new shards' segments added, nothing copied; within its bounds,
 otherwise merged again from every shard. Real HotpotQA paragraphs (the fixture kit's, or the whole kit's)."""
 
@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexing import build, build_index, open_index
-from indexing.manifest import read_manifest, version_name
-from indexing.passages import parent_id
+from indexing import build_index, open_index
+from indexing.builder import local as build
+from indexing.corpus.passages import parent_id
 from indexing.settings import IndexSettings
+from indexing.versions.manifest import read_manifest, version_name
 
 
 def settings() -> IndexSettings:

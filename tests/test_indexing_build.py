@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from indexing import build_index, open_index
+from indexing.corpus.passages import paragraph_id, parent_id
 from indexing.errors import CorruptIndexError
-from indexing.manifest import read_manifest
-from indexing.passages import paragraph_id, parent_id
+from indexing.versions.manifest import read_manifest
 from pipeline.config import load_config
 
 N_QUESTIONS = 60
@@ -213,7 +213,7 @@ def test_cli_search_info_and_bad_input(built, tmp_path, capsys):
 def test_a_bm25_only_index_skips_embedding_and_gains_vectors_later(built, hotpot, tmp_path):
     """index.dense=false: no embedding stage, no vectors or FAISS files; BM25 hits equal the full index's; dense
     search is refused in one clear line; a later build with dense on over the same folder adds the dense side."""
-    from indexing.index import SearchError
+    from indexing.search.index import SearchError
     from jobs.cli import main
 
     path, questions = hotpot

@@ -13,7 +13,7 @@ import faiss
 import numpy as np
 import pytest
 
-from indexing.dense import (
+from indexing.shards.dense import (
     DenseIndexError,
     ShardSet,
     build_faiss,
@@ -126,7 +126,7 @@ def test_ivf_shards_probing_some_lists_equal_one_index(tmp_path, factory):
 def test_build_faiss_reads_the_template_once_and_leaves_it_unchanged(tmp_path, monkeypatch):
     """A build fills many shards from one template: it is read from disk once per process, each shard gets
     a copy (the shared one stays empty), and a retrained template (new file) is read again."""
-    import indexing.dense as dense
+    import indexing.shards.dense as dense
 
     rng = np.random.default_rng(5)
     vecs = unit(rng, 1200)
@@ -192,7 +192,7 @@ THREADS_SCRIPT = textwrap.dedent(
     import os, sys, threading
     from pathlib import Path
     import numpy as np
-    from indexing.dense import build_faiss, load_shards, load_template_quantizer, train_template
+    from indexing.shards.dense import build_faiss, load_shards, load_template_quantizer, train_template
 
     tmp, factory = Path(sys.argv[1]), sys.argv[2]
     tmp.mkdir(exist_ok=True)

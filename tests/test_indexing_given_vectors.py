@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from indexing import build_index, open_index
-from indexing.embed import HashEncoder
-from indexing.manifest import read_manifest
+from indexing.shards.embed import HashEncoder
+from indexing.versions.manifest import read_manifest
 from jobs.cli import main
 from pipeline.config import load_config
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from indexing import build_index, open_index
-from indexing.manifest import read_manifest
-from indexing.passages import parent_id, record_passages
-from indexing.raytools import shutdown_ray
-from indexing.readers import Record
+from indexing.corpus.passages import parent_id, record_passages
+from indexing.corpus.readers import Record
+from indexing.versions.manifest import read_manifest
 from pipeline.config import load_config
+from platform_shims.raytools import shutdown_ray
 
 pytestmark = pytest.mark.own_process  # starts Ray in-process (scripts/run_tests.py)
 
@@ -109,7 +109,7 @@ def test_incremental_equals_full_build(scenario, full_build):
     assert {parent_id(p.id) for p in fresh} == {r["id"] for r in scenario["final_rows"][74:]} | {scenario["changed_id"]}
     m2 = read_manifest(root)
     fresh_ids = {p.id for p in fresh}
-    from indexing.store import read_table
+    from indexing.shards.store import read_table
 
     holding = sum(
         bool(fresh_ids & set(read_table(root / "shards" / s["key"]).column("id").to_pylist())) for s in m2["shards"]

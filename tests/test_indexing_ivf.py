@@ -10,10 +10,10 @@ import faiss
 import numpy as np
 import pytest
 
-import indexing.unit_work
+import indexing.builder.unit_work
 from indexing import IndexSettings, build_index, open_index
-from indexing.manifest import read_manifest, verify_version
-from indexing.store import read_table
+from indexing.shards.store import read_table
+from indexing.versions.manifest import read_manifest, verify_version
 
 
 def write(path, rows):
@@ -109,7 +109,7 @@ def interrupt_after_shards(monkeypatch, n):
             if len(calls) > n:
                 raise Interrupted(name)
 
-    monkeypatch.setattr(indexing.unit_work, "fault_point", point)
+    monkeypatch.setattr(indexing.builder.unit_work, "fault_point", point)
 
 
 @pytest.mark.parametrize("marker_lost", [False, True])
@@ -150,7 +150,7 @@ def test_four_bit_pq_is_searched_in_fast_scan_layout(data_dir, tmp_path):
     """IVF-PQ with 4-bit codes: shards stored plain (faiss cannot merge fast-scan lists), the merged index
     converted to fast-scan at load; its top-k agree with the plain index's (fast-scan's lookup tables are
     quantised to 8 bits, so scores agree closely, not exactly)."""
-    from indexing.dense import fast_scan
+    from indexing.shards.dense import fast_scan
 
     rows = synthetic(data_dir, 1200, seed=11)
     cfg = IndexSettings(

@@ -10,9 +10,9 @@ import random
 import numpy as np
 import pytest
 
-import indexing.shard_storage
+import indexing.builder.shard_storage
 from indexing import IndexSettings, build_index, open_index
-from indexing.manifest import read_manifest, verify_version
+from indexing.versions.manifest import read_manifest, verify_version
 
 
 def rows(n: int, seed: int = 3) -> list[dict]:
@@ -82,12 +82,12 @@ def test_resume_after_vectors_deleted(tmp_path, monkeypatch):
             if len(calls) == 2:
                 raise Killed(name)
 
-    monkeypatch.setattr(indexing.shard_storage, "fault_point", point)
+    monkeypatch.setattr(indexing.builder.shard_storage, "fault_point", point)
     with pytest.raises(Killed):
         build_index([corpus], tmp_path / "idx", settings(False))
     staged = [d for d in (tmp_path / "idx" / "staging").iterdir() if (d / "faiss.index").is_file()]
     assert staged and not (staged[0] / "vectors.npy").exists()
-    monkeypatch.setattr(indexing.shard_storage, "fault_point", lambda name: None)
+    monkeypatch.setattr(indexing.builder.shard_storage, "fault_point", lambda name: None)
     build_index([corpus], tmp_path / "idx", settings(False))
     build_index([corpus], tmp_path / "ref", settings(True))
     queries = [r["text"] for r in rows(500)[::25]]

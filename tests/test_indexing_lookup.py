@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import indexing.store as store_module
+import indexing.shards.store as store_module
 from indexing import IndexSettings, build_index, open_index
-from indexing.manifest import read_manifest
-from indexing.passages import Passage, id_hash
-from indexing.store import PassageStore, read_table, write_id_shards, write_store
+from indexing.corpus.passages import Passage, id_hash
+from indexing.shards.store import PassageStore, read_table, write_id_shards, write_store
+from indexing.versions.manifest import read_manifest
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 SETTINGS = IndexSettings(embedding={"model": "hash"}, index={"shard_size": 40, "dense": False})
@@ -124,7 +124,7 @@ def test_a_large_lookup_reads_on_several_threads_and_answers_in_order(built, mon
     the ids' order (repeats, misses and all), as the same ids looked up one at a time."""
     import threading
 
-    import indexing.index as index_module
+    import indexing.search.index as index_module
 
     root, records = built
     text = {r["id"]: r["text"] for r in records}
@@ -210,7 +210,7 @@ def test_a_version_without_an_id_map_searches_every_shard_until_rebuilt(built, t
     path.write_text(json.dumps(manifest))
     shutil.rmtree(work / "versions/v000001/id_shards")
     where = shard_of(work)
-    with caplog.at_level(logging.WARNING, logger="indexing.index"), open_index(work, SETTINGS) as index:
+    with caplog.at_level(logging.WARNING, logger="indexing.search.index"), open_index(work, SETTINGS) as index:
         assert "has no id map" in caplog.text
         finds.clear()
         assert [h.text for h in index.passages(["p399", "p0"])] == [records[399]["text"], records[0]["text"]]

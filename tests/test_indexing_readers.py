@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from indexing.passages import PassageStats, paragraph_id, parent_id, passages_of, record_passages, split_words
-from indexing.readers import CorpusError, ReadStats, Record, detect_format, read_corpus
+from indexing.corpus.passages import PassageStats, paragraph_id, parent_id, passages_of, record_passages, split_words
+from indexing.corpus.readers import CorpusError, ReadStats, Record, detect_format, read_corpus
 
 
 def first(it, n):

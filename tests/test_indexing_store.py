@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 
 from indexing import IndexSettings, build_index, open_index
-from indexing.embed import HashEncoder
-from indexing.passages import Passage, id_hash
-from indexing.store import PassageStore, read_table, write_store
+from indexing.corpus.passages import Passage, id_hash
+from indexing.shards.embed import HashEncoder
+from indexing.shards.store import PassageStore, read_table, write_store
 
 N = 3000
 

@@ -1,4 +1,4 @@
-"""Work units (indexing/readers.py plan_units): large files read as line-aligned byte ranges, and the
+"""Work units (indexing/corpus/readers.py plan_units): large files read as line-aligned byte ranges, and the
 in-process build over them (shards restart at each unit; duplicates across units merged as in one read)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from indexing import build_index, open_index
-from indexing.manifest import read_manifest
-from indexing.readers import ReadStats, Unit, plan_units, read_corpus
+from indexing.corpus.readers import ReadStats, Unit, plan_units, read_corpus
 from indexing.settings import IndexSettings
+from indexing.versions.manifest import read_manifest
 
 WORDS = ["alpha", "beta", "gamma", "delta", "épée", "naïve", "北京", "😀", "straße", "x"]
 
@@ -195,7 +195,7 @@ def test_cluster_dedup_drops_ids_an_earlier_unit_holds():
     digest of the first occurrence (the build task compares its own), whatever the order units arrive in."""
     import numpy as np
 
-    from indexing.unit_work import UNREAD_DIGEST, dedup_range
+    from indexing.builder.unit_work import UNREAD_DIGEST, dedup_range
 
     def pairs(*rows):
         return np.array(rows, dtype=np.uint64).reshape(-1, 2)
@@ -235,10 +235,10 @@ def test_unchanged_units_are_taken_unread(tmp_path):
     appended = rebuild_and_compare("fresh-append")
     assert appended["units_reused"] == first["units"] - 1
     # new reading or splitting rules (RULES_VERSION raised): no unit is taken with passages cut by the old ones
-    import indexing.build
+    import indexing.builder.local
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(indexing.build, "RULES_VERSION", indexing.build.RULES_VERSION + 1)
+        mp.setattr(indexing.builder.local, "RULES_VERSION", indexing.builder.local.RULES_VERSION + 1)
         upgraded = build_index([path], tmp_path / "index", settings(4000))
     assert "units_reused" not in upgraded and upgraded["passages"] == appended["passages"]
 
@@ -268,7 +268,7 @@ def test_a_unit_task_names_its_host_while_another_thread_is_still_importing_ray(
     import socket
     import types
 
-    from indexing.unit_work import node
+    from indexing.builder.unit_work import node
 
     monkeypatch.setitem(sys.modules, "ray", types.ModuleType("ray"))  # as sys.modules holds it mid-import
     assert node() == socket.gethostname()

@@ -12,7 +12,7 @@ import pytest
 
 PROBE = textwrap.dedent("""
     import ctypes
-    from indexing.java import ensure_java
+    from platform_shims.java import ensure_java
 
     class Action(ctypes.Structure):
         _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
@@ -41,7 +41,7 @@ def test_the_jvm_keeps_its_segv_handler_when_vllm_loads_after_it():
 
 RAY_PROBE = textwrap.dedent("""
     import ctypes
-    from indexing.java import ensure_java, _SigAction
+    from platform_shims.java import ensure_java, _SigAction
 
     def handlers():
         out = []
@@ -55,13 +55,13 @@ RAY_PROBE = textwrap.dedent("""
     import jnius
     jnius.autoclass("java.lang.String")
     jvm = handlers()
-    from indexing.raytools import init_ray
+    from platform_shims.raytools import init_ray
     from pipeline.config import DynragConfig
     cfg = DynragConfig()
     cfg.ray.num_cpus = 1
     init_ray(None, 1)
     kept = handlers() == jvm
-    from indexing.raytools import shutdown_ray
+    from platform_shims.raytools import shutdown_ray
     shutdown_ray()
     print("same" if kept and handlers() == jvm else "replaced")
 """)
@@ -120,7 +120,7 @@ def test_dynrag_jvm_options_reach_the_processes_jvm():
     import os
 
     probe = (
-        "from indexing.java import ensure_java; ensure_java(); import jnius; "
+        "from platform_shims.java import ensure_java; ensure_java(); import jnius; "
         "S = jnius.autoclass('java.lang.System'); print(S.getProperty('dynrag.probe'))"
     )
     env = {**os.environ, "DYNRAG_JVM_OPTIONS": "-Ddynrag.probe=42 -XX:TieredStopAtLevel=1"}

@@ -1,8 +1,9 @@
 """The tree's rules, checked on the real import graph (grimp parses every module; imports inside functions and
-`if TYPE_CHECKING:` imports count too): `indexing` is a library below `pipeline` and `jobs`, `pipeline/` is a
-stack of layers (`LAYERS`) that import only downward, and no two modules of the project import each other in
-a cycle, not even to name a type (a module that needs the type of one importing it names a Protocol of its
-own, as retrievers.py's `IndexVersion`). A failure names each offending import by file and line."""
+`if TYPE_CHECKING:` imports count too): `platform_shims` is below everything, `indexing` is a library below
+`pipeline` and `jobs`, `indexing/` and `pipeline/` are stacks of rooms (`INDEXING_ROOMS`, `LAYERS`) that import
+only downward, and no two modules of the project import each other in a cycle, not even to name a type (a module
+that needs the type of one importing it names a Protocol of its own, as retrievers.py's `IndexVersion`). A failure
+names each offending import by file and line."""
 
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import grimp
 import networkx as nx
 import pytest
 
-PACKAGES = ("indexing", "pipeline", "jobs")
+PACKAGES = ("platform_shims", "indexing", "pipeline", "jobs")
 ROOT = Path(__file__).resolve().parent.parent
 
 # pipeline/'s layers, lowest first (README "Layout" lists them top down): a module of one may import its own
@@ -28,6 +29,10 @@ LAYERS = (
     "runtime",
     "evaluation",
 )
+
+# indexing/'s rooms, lowest first, the same rule (README "Layout" lists them top down): a subpackage, or
+# settings.py or errors.py; indexing/__init__.py, the library's front door, stands above them all
+INDEXING_ROOMS = ("errors", "settings", "corpus", "versions", "shards", "search", "builder")
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +53,25 @@ def where(graph, importer: str, imported: str) -> str:
     return ", ".join(f"{file}:{n}" for n in lines) or str(file)
 
 
-def layer(module: str) -> str | None:
-    """The pipeline layer of `module`: `pipeline.<layer>[...]`; None outside pipeline/ (and its __init__)."""
+def layer(module: str, package: str = "pipeline") -> str | None:
+    """The room of `module` in `package`: `<package>.<room>[...]`; None outside it (and for its __init__)."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "pipeline" and len(parts) > 1 else None
+    return parts[1] if parts[0] == package and len(parts) > 1 else None
+
+
+def upward_imports(graph, package: str, rooms: tuple[str, ...]) -> list[str]:
+    """Each import of one of `package`'s rooms from a higher one (`rooms` lowest first), as `file:line: ...`;
+    a room that `rooms` does not name fails the check."""
+    unknown, upward = set(), []
+    for m, dep in edges(graph):
+        a, b = layer(m, package), layer(dep, package)
+        if a is None or b is None or a == b:
+            continue
+        unknown |= {x for x in (a, b) if x not in rooms}
+        if a in rooms and b in rooms and rooms.index(b) > rooms.index(a):
+            upward.append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
+    assert not unknown, f"rooms of {package}/ not in test_layout (place them there): {sorted(unknown)}"
+    return sorted(upward)
 
 
 def test_indexing_imports_neither_pipeline_nor_jobs(graph):
@@ -69,16 +89,22 @@ def test_pipeline_does_not_import_jobs(graph):
 
 
 def test_pipeline_imports_only_downward_between_its_layers(graph):
-    unknown, upward = set(), []
-    for m, dep in edges(graph):
-        a, b = layer(m), layer(dep)
-        if a is None or b is None or a == b:
-            continue
-        unknown |= {x for x in (a, b) if x not in LAYERS}
-        if a in LAYERS and b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
-            upward.append(f"{where(graph, m, dep)}: {a} imports {dep} ({b})")
-    assert not unknown, f"not in test_layout.LAYERS (place them there): {sorted(unknown)}"
-    assert not upward, "imports from a higher layer of pipeline/:\n" + "\n".join(sorted(upward))
+    upward = upward_imports(graph, "pipeline", LAYERS)
+    assert not upward, "imports from a higher layer of pipeline/:\n" + "\n".join(upward)
+
+
+def test_indexing_imports_only_downward_between_its_rooms(graph):
+    upward = upward_imports(graph, "indexing", INDEXING_ROOMS)
+    assert not upward, "imports from a higher room of indexing/:\n" + "\n".join(upward)
+
+
+def test_platform_shims_import_nothing_of_the_project(graph):
+    bad = [
+        f"{where(graph, m, dep)} imports {dep}"
+        for m, dep in edges(graph)
+        if m.split(".")[0] == "platform_shims" and dep.split(".")[0] != "platform_shims"
+    ]
+    assert not bad, "platform_shims must import nothing of indexing, pipeline or jobs:\n" + "\n".join(sorted(bad))
 
 
 def test_the_readme_lists_pipelines_layers_top_down():

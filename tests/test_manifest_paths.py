@@ -11,9 +11,9 @@ import pytest
 
 from indexing import open_index
 from indexing.errors import IndexingError
-from indexing.manifest import FORMAT_VERSION, check_manifest_paths
-from indexing.remote import cache_root
 from indexing.settings import IndexSettings
+from indexing.versions.manifest import FORMAT_VERSION, check_manifest_paths
+from indexing.versions.remote import cache_root
 
 FILE = {"sha256": "0" * 64, "bytes": 4}
 GOOD = {

@@ -2,7 +2,7 @@
 
 import pytest
 
-from indexing.passages import paragraph_id
+from indexing.corpus.passages import paragraph_id
 from pipeline.text.metrics import (
     accuracy,
     answer_metrics,
@@ -101,7 +101,7 @@ def test_supporting_paragraphs_from_a_question_file_carry_their_ids(tmp_path):
 def test_a_row_counts_documents_by_source_and_passages_apart():
     """Two passages cut from one paragraph are one document in the prompt (the papers count documents), two
     passages in all; gold recall finds the paragraph through either."""
-    from indexing.hits import Hit
+    from indexing.search.hits import Hit
     from pipeline.engine.core import Outcome, Trace
     from pipeline.engine.requests import Answer, Question
     from pipeline.io.output import make_row

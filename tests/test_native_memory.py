@@ -1,4 +1,4 @@
-"""The settings behind `index.memory_budget_mb` (indexing/native_memory.py), each checked in a fresh
+"""The settings behind `index.memory_budget_mb` (indexing/shards/native_memory.py), each checked in a fresh
 interpreter: they only work when applied before pyarrow's first import or the JVM's start. The
 bounded-memory build itself is measured in tests/test_faults_memory.py."""
 
@@ -27,7 +27,7 @@ def test_a_user_choice_of_arrow_pool_is_kept():
 
 def test_the_budget_fixes_the_jvm_heap_and_its_jit_before_the_jvm_starts():
     code = (
-        "import jnius_config; from indexing.native_memory import bound_native_memory; bound_native_memory(256); "
+        "import jnius_config; from indexing.shards.native_memory import bound_native_memory; bound_native_memory(256); "
         "print(' '.join(jnius_config.options))"
     )
     opts = run(code).split()
@@ -38,7 +38,7 @@ def test_a_process_that_measures_search_keeps_the_c2_jit():
     """`dynrag bench scale`'s search probe fixes the heap but not the JIT: BM25 ran 1.7-2.0x slower on C1 alone."""
     code = (
         "import os; os.environ.pop('DYNRAG_JVM_OPTIONS', None); import jnius_config; "
-        "from indexing.java import bound_jvm_memory; bound_jvm_memory(256, c1_only=False); "
+        "from platform_shims.java import bound_jvm_memory; bound_jvm_memory(256, c1_only=False); "
         "print(' '.join(jnius_config.options))"
     )
     opts = run(code).split()
@@ -48,7 +48,7 @@ def test_a_process_that_measures_search_keeps_the_c2_jit():
 
 def test_a_memory_budget_caps_shards_and_the_embedding_batch():
     """The largest shard gets 3/4 of index.memory_budget_mb, one embedding batch the rest (worked numbers)."""
-    from indexing.shards import effective_embed_batch, effective_shard_size
+    from indexing.shards.chunking import effective_embed_batch, effective_shard_size
     from pipeline.config import load_config
 
     minilm = {"hidden_size": 384, "intermediate_size": 1536, "num_attention_heads": 12}

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from fakes import RecordingGenerator
 
-from indexing.embed import embed_input
-from indexing.hits import Hit
+from indexing.search.hits import Hit
+from indexing.shards.embed import embed_input
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.core import Engine

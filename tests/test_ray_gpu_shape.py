@@ -1,6 +1,6 @@
 """A GPU cluster's shape without GPUs: `ray.cluster_utils.Cluster` nodes that declare 4 GPUs each get GPU
 ids and CUDA_VISIBLE_DEVICES from Ray exactly as real ones. Each engine replica owns only what Ray gave it
-(indexing/device.py): a whole-GPU replica its id, two half-GPU replicas one id between them, and the engine
+(platform_shims/device.py): a whole-GPU replica its id, two half-GPU replicas one id between them, and the engine
 actor of a tensor-parallel replica (no GPU of its own: its placement group's GPUs are its vLLM workers')
 none, although it sees every GPU of its node; its own models then stay on the CPU."""
 
@@ -30,7 +30,7 @@ class Replica:
     def what_i_own(self) -> dict:
         import os
 
-        from indexing.device import owns_gpu, ray_assigned_gpus
+        from platform_shims.device import owns_gpu, ray_assigned_gpus
 
         assigned = ray_assigned_gpus()
         node = ray.get_runtime_context().get_node_id()

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from indexing.raytools import shutdown_ray
 from jobs.quiet import divert_logs
 from pipeline.runtime.ray_logs import MARK, route_worker_logs
+from platform_shims.raytools import shutdown_ray
 
 pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 
@@ -59,8 +59,8 @@ class Chatty:
 def test_worker_output_through_a_real_ray_splits_between_terminal_and_log_file(tmp_path, capfd, caplog):
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    from indexing.raytools import init_ray
     from pipeline.runtime.ray_logs import route_ray_worker_output
+    from platform_shims.raytools import init_ray
 
     started = init_ray(None, 1, log_to_driver=True)
     route_ray_worker_output()

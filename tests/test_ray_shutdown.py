@@ -1,4 +1,4 @@
-"""A job's own local Ray goes down in the background while the job's last merge runs (indexing/raytools.py):
+"""A job's own local Ray goes down in the background while the job's last merge runs (platform_shims/raytools.py):
 `shutdown_ray(wait=False)` returns at once, the guard's `then` runs only once Ray is down, and whoever comes next
 (the job's end, the next `init_ray`) waits for it. Ray's shutdown is replaced by a slow stand-in: no Ray starts."""
 
@@ -9,7 +9,7 @@ import time
 
 import ray
 
-from indexing import raytools
+from platform_shims import raytools
 
 
 def test_a_shutdown_in_the_background_is_awaited_before_ray_starts_again(monkeypatch):

@@ -11,13 +11,13 @@ import pytest
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
 from on_disk import rows_on_disk
 
-from indexing.raytools import init_ray, shutdown_ray
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
 from pipeline.io import datasets, output
 from pipeline.io.output import PartWriter, batch_report, part_files
 from pipeline.io.part_store import attempt_key
 from pipeline.runtime.answer import run_answer
+from platform_shims.raytools import init_ray, shutdown_ray
 
 pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 

@@ -1,4 +1,4 @@
-"""The retriever interface (indexing/retrievers.py): BM25 and dense behind one `search`, the stated resources,
+"""The retriever interface (indexing/search/retrievers.py): BM25 and dense behind one `search`, the stated resources,
 their reciprocal-rank fusion `rrf`, and a retriever added as one class with one registration."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import pytest
 
 from indexing import IndexSettings, build_index, open_index
-from indexing.hits import Hit
-from indexing.retrievers import RETRIEVERS, Resources, SearchError, fuse, register, retriever_names
+from indexing.search.hits import Hit
+from indexing.search.retrievers import RETRIEVERS, Resources, SearchError, fuse, register, retriever_names
 
 
 def rows(n: int, seed: int = 5) -> list[dict]:
@@ -77,7 +77,7 @@ def test_a_retriever_is_one_class_and_one_registration(index_dir, monkeypatch):
     """A registered retriever is searched by name through the index, and the run's configuration accepts it."""
     from pipeline.config import DynragConfig
 
-    monkeypatch.setattr("indexing.retrievers.RETRIEVERS", dict(RETRIEVERS))  # as it was, after the test
+    monkeypatch.setattr("indexing.search.retrievers.RETRIEVERS", dict(RETRIEVERS))  # as it was, after the test
 
     @register("reversed-bm25")
     class Reversed:

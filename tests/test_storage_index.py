@@ -11,9 +11,9 @@ import pytest
 from engine_fixtures import HOTPOT
 
 from indexing import build_index, open_index, pin_index
-from indexing.manifest import SEARCH_FILES
-from indexing.pinning import split_pin
-from indexing.remote import index_manifest, pull_version, remote_manifest
+from indexing.versions.manifest import SEARCH_FILES
+from indexing.versions.pinning import split_pin
+from indexing.versions.remote import index_manifest, pull_version, remote_manifest
 from pipeline.config import DynragConfig
 
 

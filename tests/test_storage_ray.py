@@ -9,9 +9,9 @@ import pytest
 from engine_fixtures import HOTPOT
 from on_disk import assert_each_question_once
 
-from indexing.raytools import shutdown_ray
 from pipeline.config import DynragConfig
 from pipeline.runtime.answer import run_answer
+from platform_shims.raytools import shutdown_ray
 
 pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 

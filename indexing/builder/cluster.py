@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from indexing.build import _Builder, build_local_index
-from indexing.embed import HASH_ENCODER, EncoderSpec
+from indexing.builder.executors import Executor, UnitProgress
+from indexing.builder.local import _Builder, build_local_index
+from indexing.builder.shard_storage import ShardStorage
 from indexing.errors import IndexingError
-from indexing.executors import Executor, UnitProgress
-from indexing.shard_storage import ShardStorage
+from indexing.shards.embed import HASH_ENCODER, EncoderSpec
 
 if TYPE_CHECKING:
     from indexing.settings import IndexSettings
@@ -41,6 +41,16 @@ def build_cluster_index(sources: list[str], index_dir: str | os.PathLike, cfg: I
     return build_local_index(sources, index_dir, cfg, builder=_ClusterBuilder, **options)
 
 
+def embed_actor_gpus(cfg: IndexSettings, driver_device: str) -> float:
+    """GPUs per build task that embeds: `cfg.ray.embed_actor_num_gpus`, else 1 when the driver itself sees CUDA."""
+    from platform_shims.raytools import gpus_or_fallback
+
+    want = cfg.ray.embed_actor_num_gpus
+    if want is None:
+        want = 1.0 if driver_device.startswith("cuda") else 0.0
+    return gpus_or_fallback(want, cfg.ray.gpu_fallback, "each build task that embeds")
+
+
 class RayExecutor:
     """Unit tasks as Ray tasks (executors.py's interface)."""
 
@@ -49,8 +59,8 @@ class RayExecutor:
     def __init__(self, cfg: IndexSettings, dense: bool):
         import ray
 
-        from indexing.embed import resolve_device
-        from indexing.raytools import embed_actor_gpus, init_ray
+        from indexing.shards.embed import resolve_device
+        from platform_shims.raytools import init_ray
 
         init_ray(cfg.ray.address, cfg.ray.num_cpus)
         spec = EncoderSpec.from_config(cfg, build=True)
@@ -119,7 +129,7 @@ def build_remote_cluster_index(
     import shutil
     import tempfile
 
-    from indexing.remote import cache_root
+    from indexing.versions.remote import cache_root
 
     cache = cache_root(uri, cfg)
     scratch = cache.with_name("builds")
@@ -146,7 +156,7 @@ class _RemoteClusterBuilder(_ClusterBuilder):
     uri: str
 
     def _previous(self) -> dict | None:
-        from indexing.remote import _store, remote_manifest
+        from indexing.versions.remote import _store, remote_manifest
 
         fs, base = _store(self.uri)
         return remote_manifest(self.uri) if fs.exists(f"{base}/CURRENT") else None
@@ -156,7 +166,7 @@ class _RemoteClusterBuilder(_ClusterBuilder):
         return t if t and t.get("settings_hash") == self.settings_hash else None  # tasks check it when they pull it
 
     def _publish(self, manifest: dict, metas: list[dict]) -> None:
-        from indexing.remote import _pull_files, _store, collect_remote_garbage, upload_version
+        from indexing.versions.remote import _pull_files, _store, collect_remote_garbage, upload_version
 
         fs, base = _store(self.uri)
         t = time.perf_counter()

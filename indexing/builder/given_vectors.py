@@ -41,9 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
+from indexing.corpus.passages import Passage, parent_id
+from indexing.corpus.readers import ReadStats, Record
 from indexing.errors import IndexingError
-from indexing.passages import Passage, parent_id
-from indexing.readers import ReadStats, Record
 
 READ_BYTES = 64 << 20  # the largest span of rows read at once
 FAISS_FLAT = (b"IxFI", b"IxF2", b"IxFl")  # the fourcc of IndexFlatIP, IndexFlatL2, IndexFlat (other metrics)
@@ -224,7 +224,7 @@ class GivenVectors:
 
     def save(self, group: list[RowPassage], raw: np.ndarray, stage: Path) -> None:
         """Write a staged shard's `vectors.npy`: in its store's row order (id-hash order, store.py)."""
-        from indexing.store import id_hashes, save_array
+        from indexing.shards.store import id_hashes, save_array
 
         save_array(
             stage / "vectors.npy", self.as_stored(raw[np.argsort(id_hashes([p.id for p in group]), kind="stable")])

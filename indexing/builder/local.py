@@ -45,13 +45,28 @@ from typing import Any, cast
 
 import numpy as np
 
-from indexing.dense import is_ivf
-from indexing.embed import EncoderSpec
+from indexing.builder.executors import Executor
+from indexing.builder.given_vectors import GivenVectors, VectorFile
+from indexing.builder.shard_storage import ShardStorage
+from indexing.builder.unit_reuse import add_counts, previous_units, unit_entry_of
+from indexing.builder.unit_work import (
+    PreviousUnit,
+    UnitJob,
+    build_unit,
+    dedup_task,
+    scan_unit,
+    short_hash,
+    train_unit_template,
+)
+from indexing.corpus.passages import RULES_VERSION, PassageStats
+from indexing.corpus.readers import CorpusError, ReadStats, Unit, plan_units
 from indexing.errors import IndexingError
-from indexing.executors import Executor
-from indexing.faults import fault_point
-from indexing.given_vectors import GivenVectors, VectorFile
-from indexing.manifest import (
+from indexing.settings import IndexSettings
+from indexing.shards.chunking import effective_shard_size, shard_key
+from indexing.shards.dense import is_ivf
+from indexing.shards.embed import EncoderSpec
+from indexing.shards.store import read_table, write_id_shards
+from indexing.versions.manifest import (
     FORMAT_VERSION,
     ShardFiles,
     build_lock,
@@ -62,22 +77,7 @@ from indexing.manifest import (
     version_name,
     write_checksums,
 )
-from indexing.passages import RULES_VERSION, PassageStats
-from indexing.readers import CorpusError, ReadStats, Unit, plan_units
-from indexing.settings import IndexSettings
-from indexing.shard_storage import ShardStorage
-from indexing.shards import effective_shard_size, shard_key
-from indexing.store import read_table, write_id_shards
-from indexing.unit_reuse import add_counts, previous_units, unit_entry_of
-from indexing.unit_work import (
-    PreviousUnit,
-    UnitJob,
-    build_unit,
-    dedup_task,
-    scan_unit,
-    short_hash,
-    train_unit_template,
-)
+from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ _hash = short_hash
 
 def _settings(cfg: IndexSettings, given: dict | None = None) -> dict:
     """The settings a version records; `given`: its vectors came from a file (given_vectors.py)."""
-    from indexing.sparse import configured_analyzer
+    from indexing.shards.sparse import configured_analyzer
 
     e, i = cfg.embedding, cfg.index
     embedding = {"model": e.model, "dtype": e.dtype, "max_seq_length": e.max_seq_length, "input": "title\\ntext"}
@@ -139,7 +139,7 @@ def build_local_index(
         raise BuildError("no corpus sources given")
     root = Path(index_dir)
     if cfg.index.memory_budget_mb:
-        from indexing.native_memory import bound_native_memory
+        from indexing.shards.native_memory import bound_native_memory
 
         bound_native_memory(max(JVM_HEAP_MB, cfg.index.memory_budget_mb))
     with build_lock(root):
@@ -216,7 +216,7 @@ class _Builder:
             return
         if not self.dense:
             raise BuildError("--vectors with index.dense=false: a BM25-only index has no vectors to take")
-        from indexing.embed import get_encoder
+        from indexing.shards.embed import get_encoder
 
         model = self.cfg.embedding.model
         dim = get_encoder(EncoderSpec.from_config(self.cfg)).encode(["the query model's dimension"]).shape[1]
@@ -230,7 +230,7 @@ class _Builder:
         """Who runs the unit tasks: a pool of `index.build_workers` processes (0: one per `index.threads` CPUs,
         the threads each unit's Lucene and FAISS work already uses), never more than the units; one worker
         runs them in this process (cluster_build.py: Ray)."""
-        from indexing.executors import LocalExecutor
+        from indexing.builder.executors import LocalExecutor
 
         workers = self.cfg.index.build_workers or max(1, (os.cpu_count() or 1) // self.cfg.index.threads)
         return LocalExecutor(min(workers, units))
@@ -362,7 +362,7 @@ class _Builder:
         """Round 3: an IVF factory's template, trained on the corpus's `index.faiss_train_size` passages of
         smallest id hash (the scans kept each unit's candidates); recorded in staging/.template.json, so a
         rerun reuses it (and the shards filled from it)."""
-        from indexing.manifest import atomic_write
+        from indexing.versions.manifest import atomic_write
 
         t = time.perf_counter()
         bases = [j.row_base for j in jobs]
@@ -425,7 +425,7 @@ class _Builder:
         """Before stage 1: the template this build's shards are filled from if it exists already: the
         previous version's when trained with this build's settings (its `settings_hash`), else the one an
         interrupted attempt of this build trained (`staging/.template.json`), if its file is intact."""
-        from indexing.manifest import check_file
+        from indexing.versions.manifest import check_file
 
         if not self.ivf:
             return None
@@ -452,7 +452,7 @@ class _Builder:
     def _merge_bm25(self, metas: list[dict]) -> tuple[Path, dict]:
         """The version's BM25 index (in staging) and its stats: updated from the previous version's when that
         keeps it within BM25_MAX_DELETED and BM25_EXTRA_SEGMENTS (`_bm25_update`), else merged from every shard."""
-        from indexing.sparse import merge_lucene
+        from indexing.shards.sparse import merge_lucene
 
         t = time.perf_counter()
         out = self.staging / ".bm25"
@@ -470,7 +470,7 @@ class _Builder:
         none here to start from, or the result would hold more than `BM25_MAX_DELETED` deleted documents
         (they count in BM25's statistics until merged away) or more than `BM25_EXTRA_SEGMENTS` segments
         beyond `index.bm25_segments` (each costs every query a little)."""
-        from indexing.sparse import update_lucene
+        from indexing.shards.sparse import update_lucene
 
         prev = self.previous
         if not prev or not prev.get("bm25") or prev["settings"]["lucene"] != self.settings["lucene"]:
@@ -508,7 +508,7 @@ class _Builder:
             m.setdefault("files", ShardFiles(self.shards_dir / m["key"]))
         if not self.dense or self.dim is not None:
             return self.dim
-        from indexing.dense import faiss_dim
+        from indexing.shards.dense import faiss_dim
 
         with open(self.shards_dir / metas[0]["key"] / "faiss.index", "rb") as f:
             return faiss_dim(f)
@@ -656,8 +656,8 @@ def _place(jobs: list[UnitJob], summaries: list[dict]) -> list[int]:
 
 def build_remote_index(sources: list[str], uri: str, cfg: IndexSettings, **kwargs: Any) -> dict:
     """`build_index` for a remote index directory: build locally, then upload (remote.py's module doc)."""
-    from indexing.manifest import read_manifest
-    from indexing.remote import cache_root, collect_remote_garbage, seed_build, upload_version
+    from indexing.versions.manifest import read_manifest
+    from indexing.versions.remote import cache_root, collect_remote_garbage, seed_build, upload_version
 
     scratch = cache_root(uri, cfg).with_name("builds")
     scratch.mkdir(parents=True, exist_ok=True)

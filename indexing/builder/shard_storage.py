@@ -13,10 +13,10 @@ from typing import Any, cast
 
 import numpy as np
 
-from indexing.embed import embed_input
-from indexing.faults import fault_point
-from indexing.manifest import write_checksums
-from indexing.store import read_table
+from indexing.shards.embed import embed_input
+from indexing.shards.store import read_table
+from indexing.versions.manifest import write_checksums
+from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +28,13 @@ class ShardStorage:
     `shards/<key>/` with its `checksums.json` last (the marker of a complete shard, as remote.py uploads)."""
 
     def __init__(self, root: str, scratch: str | None = None):
-        from indexing.remote import is_remote
+        from indexing.versions.remote import is_remote
 
         self.root, self.remote = root, is_remote(root)
         self.local = Path(cast(str, scratch) if self.remote else root)  # a remote root always comes with a scratch
 
     def _fs(self) -> tuple[Any, str]:
-        from indexing.remote import _store
+        from indexing.versions.remote import _store
 
         return _store(self.root)
 
@@ -55,7 +55,7 @@ class ShardStorage:
         """The vectors' dimension of a complete shard, from the header of its faiss.index."""
         import fsspec
 
-        from indexing.dense import faiss_dim
+        from indexing.shards.dense import faiss_dim
 
         path = (
             f"{self.root}/shards/{key}/faiss.index" if self.remote else str(self.local / "shards" / key / "faiss.index")
@@ -72,7 +72,7 @@ class ShardStorage:
         """A local copy of the index file `rel` (a remote one pulled once into the scratch, checked)."""
         if not self.remote:
             return self.local / rel
-        from indexing.remote import _pull_files
+        from indexing.versions.remote import _pull_files
 
         fs, base = self._fs()
         local = self.local / "pulled" / rel
@@ -98,7 +98,7 @@ class ShardStorage:
 
     def upload_finished(self, key: str) -> bool:
         """Remote: upload a shard finished in the scratch (checksums.json last) and drop it; False if none."""
-        from indexing.remote import _upload_dir
+        from indexing.versions.remote import _upload_dir
 
         done = self.local / "uploading" / key
         if not self.remote or not (done / "checksums.json").is_file():
@@ -121,8 +121,8 @@ def finalize_shard(
     """Build one shard's FAISS (unless `factory` is None: a BM25-only index) and Lucene indexes in staging,
     checksum, and move it into place; returns the seconds of each step. Without `keep_vectors` the staged
     `vectors.npy` is deleted once FAISS has them (a crash after that re-embeds the shard on rerun)."""
-    from indexing.dense import build_faiss
-    from indexing.sparse import build_lucene
+    from indexing.shards.dense import build_faiss
+    from indexing.shards.sparse import build_lucene
 
     src, dst = Path(staging_dir), Path(final_dir)
     if (dst / "checksums.json").is_file():

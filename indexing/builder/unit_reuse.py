@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from indexing.passages import PassageStats
-from indexing.readers import ReadStats
-from indexing.unit_work import PreviousUnit
+from indexing.builder.unit_work import PreviousUnit
+from indexing.corpus.passages import PassageStats
+from indexing.corpus.readers import ReadStats
 
 # what a unit entry counts, and where each count lives during a build
 READ_COUNTS = ("records", "bad_lines")

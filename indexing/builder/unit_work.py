@@ -39,14 +39,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from indexing.embed import EncoderSpec, embed_input, get_encoder
-from indexing.faults import fault_point
-from indexing.given_vectors import GivenVectors, RowPassage, VectorFile
-from indexing.passages import Passage, PassageStats, id_hash, passages_of
-from indexing.readers import ReadStats, Unit, read_corpus, unit_digest
-from indexing.shard_storage import ShardStorage
-from indexing.shards import content_hash, shard_key, shard_stream
-from indexing.store import read_table, save_array, write_store
+from indexing.builder.given_vectors import GivenVectors, RowPassage, VectorFile
+from indexing.builder.shard_storage import ShardStorage
+from indexing.corpus.passages import Passage, PassageStats, id_hash, passages_of
+from indexing.corpus.readers import ReadStats, Unit, read_corpus, unit_digest
+from indexing.shards.chunking import content_hash, shard_key, shard_stream
+from indexing.shards.embed import EncoderSpec, embed_input, get_encoder
+from indexing.shards.store import read_table, save_array, write_store
+from platform_shims.faults import fault_point
 
 
 def short_hash(obj: Any) -> str:
@@ -221,8 +221,8 @@ def train_unit_template(
     """Train the IVF template on the corpus's `size` passages of smallest id hash (a uniform sample that any
     executor draws alike) out of the units' scan samples, embedded or read from the given vectors (a unit's
     rows from `bases[unit]`); write `trained/<sha>.index`; return its manifest entry."""
-    from indexing.dense import train_template
-    from indexing.manifest import sha256_file
+    from indexing.shards.dense import train_template
+    from indexing.versions.manifest import sha256_file
 
     t = time.perf_counter()
     merged = heapq.nsmallest(size, ((h, u, x) for u, sample in enumerate(samples) for h, x in sample))
@@ -252,7 +252,7 @@ def train_unit_template(
 def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
     """Cut the unit's shards (without the passages of its drop lists: ids earlier units hold, round 2)
     and build those not yet built."""
-    from indexing.native_memory import release_free_memory
+    from indexing.shards.native_memory import release_free_memory
 
     t0 = time.perf_counter()
     drops = np.concatenate(drop_lists) if drop_lists else np.zeros((0, 2), np.uint64)

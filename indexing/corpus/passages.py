@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from indexing.digests import UNKNOWN, DigestSet
-from indexing.readers import Record
+from indexing.corpus.digests import UNKNOWN, DigestSet
+from indexing.corpus.readers import Record
 
 # The version of the rules that turn a unit's bytes into passages (the readers, the splitting and id scheme
 # above). It is part of each work unit's digest, so a refresh after a change of these rules reads every unit

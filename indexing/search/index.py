@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from indexing.hits import Hit
-from indexing.java import cap_jvm_heap
-from indexing.manifest import read_version_manifest, verify_version
-from indexing.retrievers import Resources, Retriever, SearchError, make_retriever
+from indexing.search.hits import Hit
+from indexing.search.retrievers import Resources, Retriever, SearchError, make_retriever
+from indexing.versions.manifest import read_version_manifest, verify_version
+from platform_shims.java import cap_jvm_heap
 
 if TYPE_CHECKING:
-    from indexing.embed import Encoder, HashEncoder
-    from indexing.faiss_gpu import IndexPlacement
     from indexing.settings import IndexSettings
-    from indexing.store import EveryShard, IdShards
+    from indexing.shards.embed import Encoder, HashEncoder
+    from indexing.shards.faiss_gpu import IndexPlacement
+    from indexing.shards.store import EveryShard, IdShards
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ __all__ = ["Index", "SearchError", "open_local_index"]
 
 class Index:
     def __init__(self, root: Path, cfg: IndexSettings, manifest: dict):
-        from indexing.sparse import configured_analyzer, index_analyzer
-        from indexing.store import EveryShard, IdShards, PassageStore
+        from indexing.shards.sparse import configured_analyzer, index_analyzer
+        from indexing.shards.store import EveryShard, IdShards, PassageStore
 
         self.root, self.cfg, self.manifest = root, cfg, manifest
         self.version = manifest["version"]
@@ -115,7 +115,7 @@ class Index:
         """Hits for passage ids (None where this version has none): the id map names each id hash's shard
         (its candidates, in shard order, when ids share a hash), whose store is asked for the row, one call
         per shard for the batch; a candidate row counts once its stored id matches."""
-        from indexing.store import id_hashes
+        from indexing.shards.store import id_hashes
 
         out: list[Hit | None] = [None] * len(ids)
         hashes = id_hashes(ids)
@@ -163,7 +163,7 @@ class Index:
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         with self._lock:
             if self._encoder is None:
-                from indexing.embed import EncoderSpec, get_encoder
+                from indexing.shards.embed import EncoderSpec, get_encoder
 
                 spec = EncoderSpec.from_config(self.cfg)
                 want = self.manifest["settings"]["embedding"]

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from indexing.errors import IndexingError
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from indexing.dense import ShardSet
-    from indexing.faiss_gpu import IndexPlacement, IndexShape
     from indexing.settings import IndexSettings
+    from indexing.shards.dense import ShardSet
+    from indexing.shards.faiss_gpu import IndexPlacement, IndexShape
 
 
 class SearchError(IndexingError, ValueError):
@@ -114,7 +114,7 @@ class BM25:
     hit's passage is found by its id (the id map names its shard)."""
 
     def __init__(self, index: IndexVersion):
-        from indexing.sparse import LuceneShard
+        from indexing.shards.sparse import LuceneShard
 
         self.index = index
         cfg = index.cfg.index
@@ -123,7 +123,7 @@ class BM25:
         )
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        from indexing.sparse import batch_search
+        from indexing.shards.sparse import batch_search
 
         results = batch_search(self.lucene, queries, k, self.index.cfg.index.threads)
         flat = [h for hits in results for h in hits]
@@ -170,7 +170,7 @@ class Dense:
     def _shards(self) -> ShardSet:
         with self._lock:
             if self._faiss is None:
-                from indexing.dense import load_shards, load_template_quantizer
+                from indexing.shards.dense import load_shards, load_template_quantizer
 
                 i, m = self.index.cfg.index, self.index.manifest
                 template = m.get("faiss_template")
@@ -185,7 +185,7 @@ class Dense:
         return self._faiss
 
     def resources(self) -> Resources:
-        from indexing.faiss_gpu import IndexShape
+        from indexing.shards.faiss_gpu import IndexShape
 
         m = self.index.manifest
         shape = IndexShape.from_factory(m["settings"]["faiss_factory"], int(m["dim"]), int(m["passages"]))

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from indexing.passages import Passage, id_hash
+from indexing.corpus.passages import Passage, id_hash
 
 if TYPE_CHECKING:
     from indexing.settings import IndexSettings

@@ -15,7 +15,7 @@ OpenMP threads; its top-k is that of one IVF index over all vectors built from t
 Flat and HNSW shards are searched one after another (a non-threaded `faiss.IndexShards`, each search
 using FAISS's threads; a batch's per-shard top-k lists, n x k each, are held until merged); Flat gives
 exactly the top-k of one index over all vectors. On a GPU (a
-replica's plan placed it there, `indexing.faiss_gpu`) the merged index is cloned once (Flat shards are
+replica's plan placed it there, `indexing.shards.faiss_gpu`) the merged index is cloned once (Flat shards are
 merged into one flat index first); without a plan nothing goes to a GPU.
 """
 
@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from indexing.errors import IndexingError
-from indexing.faiss_gpu import FaissGpuMover, GpuMover, IndexPlacement
+from indexing.shards.faiss_gpu import FaissGpuMover, GpuMover, IndexPlacement
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class ShardSet:
             merged = merged_ivf(sized(itertools.chain([first], shards)), list_sizes)
             first = None  # the merged index itself (merged_ivf fills the first shard): `merged` is its one holder
             if not on_gpu:
-                from indexing.native_memory import release_free_memory
+                from indexing.shards.native_memory import release_free_memory
 
                 merged = fast_scan(merged)
                 release_free_memory()  # the plain lists' pages, freed as `merged` moved on

@@ -41,7 +41,7 @@ class EncoderSpec:
         path = cfg.model_path(e.model)
         batch = e.batch_size
         if build and e.model != HASH_ENCODER:
-            from indexing.shards import effective_embed_batch
+            from indexing.shards.chunking import effective_embed_batch
 
             batch = effective_embed_batch(cfg, _model_config(path))
         return cls(
@@ -65,7 +65,7 @@ def _model_config(path: str) -> dict:
 
 
 def resolve_device(device: str) -> str:
-    from indexing.device import own_device
+    from platform_shims.device import own_device
 
     return own_device(device)
 

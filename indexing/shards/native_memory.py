@@ -36,7 +36,7 @@ _LIBC = _glibc()  # None off glibc (macOS, musl): nothing to tune there
 def bound_native_memory(jvm_heap_mb: int) -> None:
     import pyarrow as pa
 
-    from indexing.java import bound_jvm_memory
+    from platform_shims.java import bound_jvm_memory
 
     bound_jvm_memory(jvm_heap_mb)
     if _LIBC is not None:

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from indexing.java import ensure_java, quiet_java_logs
+from platform_shims.java import ensure_java, quiet_java_logs
 
 if TYPE_CHECKING:
     from indexing.settings import IndexConfig

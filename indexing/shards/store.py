@@ -33,8 +33,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from indexing.corpus.passages import id_hash
 from indexing.errors import IndexingError
-from indexing.passages import id_hash
 
 ROWS_PER_BATCH = 64
 ID_MAP_BUCKET = 1 << 20  # passages merged at a time into the version's id map: ~40 MiB of numpy work

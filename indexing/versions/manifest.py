@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from indexing.errors import CorruptIndexError, IndexingError
-from indexing.faults import fault_point
+from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def current_version(root: Path) -> str | None:
 def read_manifest(root: Path, version: str | None = None) -> dict:
     """The manifest of the published version of the local index `root` (or of `version`, or of the version
     `root` is pinned to: `idx@v000003`, pinning.py)."""
-    from indexing.pinning import resolve_version
+    from indexing.versions.pinning import resolve_version
 
     base, version = resolve_version(root, version)
     return read_version_manifest(Path(base), version)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
-from indexing.manifest import (
+from indexing.versions.manifest import (
     SHARED_FOLDERS,
     atomic_write,
     check_file,
@@ -51,7 +51,7 @@ from indexing.manifest import (
     version_name,
     versions_to_keep,
 )
-from indexing.pinning import resolve_version, split_pin
+from indexing.versions.pinning import resolve_version, split_pin
 
 if TYPE_CHECKING:
     from indexing.settings import IndexSettings
@@ -77,7 +77,7 @@ def _store(uri: str) -> tuple[Any, str]:
 def current_name(spec: str) -> str | None:
     """What CURRENT of the index `spec` (a local folder or a URI) names now, None where there is none."""
     if not is_remote(spec):
-        from indexing.manifest import current_version
+        from indexing.versions.manifest import current_version
 
         return current_version(Path(spec))
     fs, root = _store(spec)
@@ -243,7 +243,7 @@ def index_manifest(spec: str | os.PathLike, version: str | None = None, check_si
     """The manifest `open_index(spec)` would open (a local folder or a URI, pinned or not), read from the
     index's storage alone: nothing is pulled. `check_sizes`: a local folder's files that search reads are
     checked at their recorded sizes (no byte read), as opening it checks them."""
-    from indexing.manifest import read_manifest, verify_version
+    from indexing.versions.manifest import read_manifest, verify_version
 
     base, version = resolve_version(spec, version)
     if is_remote(base):

@@ -71,11 +71,11 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
     import itertools
 
     from indexing import build_index, open_index
-    from indexing.embed import embed_input
-    from indexing.java import ensure_java
-    from indexing.passages import passages_of
-    from indexing.readers import read_corpus
-    from indexing.sparse import build_lucene
+    from indexing.corpus.passages import passages_of
+    from indexing.corpus.readers import read_corpus
+    from indexing.shards.embed import embed_input
+    from indexing.shards.sparse import build_lucene
+    from platform_shims.java import ensure_java
 
     # corpus: the first N passages, as generic JSONL (99% and 100%)
     records = itertools.chain.from_iterable(read_corpus(s) for s in sources)

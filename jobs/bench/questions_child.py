@@ -175,7 +175,7 @@ def measure(spec: dict) -> dict[str, Any]:
     cfg = DynragConfig.model_validate(spec["config"])
     n, out, ray = spec["n"], spec["out"], spec["runtime"] == "ray"
     if not ray:
-        from indexing.java import bound_jvm_memory, ensure_java
+        from platform_shims.java import bound_jvm_memory, ensure_java
 
         ensure_java()
         bound_jvm_memory(JVM_HEAP_MB, c1_only=False)
@@ -220,9 +220,9 @@ def measure(spec: dict) -> dict[str, Any]:
 def measure_search(spec: dict) -> dict[str, Any]:
     """The same searches in this process alone (Backends.search of the first SEARCH_LIMIT questions, in calls of SEARCH_CALL
     queries, after one call to warm up), for the retrieval pool's CPU per query to be read against."""
-    from indexing.java import bound_jvm_memory, ensure_java
     from pipeline.backends import Backends
     from pipeline.config import DynragConfig
+    from platform_shims.java import bound_jvm_memory, ensure_java
 
     cfg = DynragConfig.model_validate(spec["config"])
     ensure_java()

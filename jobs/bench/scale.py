@@ -28,14 +28,14 @@ no figure:
    are page cache the kernel reclaims; the cap shows what the holder needs.
 4. incremental: 1% new passages appended to the corpus (truncated back afterwards) and the index
    rebuilt in place: that build's wall time / the full build's, with the work units it took unread
-   (indexing/unit_reuse.py) and whether it updated the previous BM25 index or merged every shard again.
+   (indexing/builder/unit_reuse.py) and whether it updated the previous BM25 index or merged every shard again.
 
 `--search-only` runs steps 3 (and 3b) alone, on the index an earlier `--keep` run left in `--corpus-dir`,
 with the first `--queries` of its queries.
 
 After each step the figures so far are in `DIR/scale-N.partial.json` (removed when the run ends well).
 
-`--encoder hash` (indexing.embed.HashEncoder) is a deterministic feature-hashing test encoder, not a
+`--encoder hash` (indexing.shards.embed.HashEncoder) is a deterministic feature-hashing test encoder, not a
 language model: it measures everything but embedding at sizes a CPU cannot embed; the default is the
 configured `embedding.model` (MiniLM).
 """
@@ -249,7 +249,7 @@ class Bench:
 
     def _kept(self) -> dict:
         """--search-only: the index, warm-up index and queries an earlier --keep run left; N is the index's."""
-        from indexing.manifest import current_version, read_manifest
+        from indexing.versions.manifest import current_version, read_manifest
         from pipeline.errors import DynragError
 
         for path in (self.index, self.warm_index):
@@ -364,7 +364,7 @@ class Bench:
 
     def _disk(self) -> dict:
         """Bytes of the published version by kind of file (what `index.keep_versions=1` would keep)."""
-        from indexing.manifest import read_manifest, version_files
+        from indexing.versions.manifest import read_manifest, version_files
 
         by_kind: dict[str, int] = {}
         for rel, files in version_files(read_manifest(self.index)):
@@ -452,7 +452,7 @@ def _by_stage(report: dict) -> dict[str, float]:
 
 def _dim(settings) -> int:
     """The embedding dimension, for the disk estimate: the model's hidden size where its folder says (1,024 if not)."""
-    from indexing.embed import HASH_ENCODER, HashEncoder, _model_config
+    from indexing.shards.embed import HASH_ENCODER, HashEncoder, _model_config
 
     name = settings.embedding.model
     if name == HASH_ENCODER:

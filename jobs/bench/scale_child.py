@@ -38,7 +38,7 @@ def build(spec: dict) -> list[dict]:
     settings = _settings(spec)
     warm = _settings(spec, faiss_factory="Flat")  # an IVF factory cannot train on the warm-up's few passages
     if not spec.get("warm_first"):  # no warm-up build: the JVM starts before the timed one, as it would there
-        from indexing.sparse import start_lucene
+        from indexing.shards.sparse import start_lucene
 
         start_lucene()
     return [
@@ -65,8 +65,8 @@ def _search_all(index, queries: list[str], batch: int, retriever: str) -> float:
 
 def probe(spec: dict) -> dict:
     from indexing import open_index
-    from indexing.java import bound_jvm_memory, ensure_java
-    from indexing.native_memory import release_free_memory
+    from indexing.shards.native_memory import release_free_memory
+    from platform_shims.java import bound_jvm_memory, ensure_java
 
     ensure_java()
     bound_jvm_memory(JVM_HEAP_MB, c1_only=False)  # search on the JIT a user's process has (C2: BM25 ~1.8x faster)

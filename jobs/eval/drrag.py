@@ -248,7 +248,7 @@ def _require_labels(file: Path, cfg, fmt: str | None, sample: int = 20) -> None:
 
 def _sources(cfg, args, datasets: list[str], indexes: Path) -> list[tuple[str, Path, str]]:
     """(name, dev file, index) per dataset: the kit's dev sets, or --dataset FILE over its own paragraphs."""
-    from indexing.readers import FORMATS
+    from indexing.corpus.readers import FORMATS
     from pipeline.evaluation.devsets import data_path, ensure_index
 
     if args.dataset is None:

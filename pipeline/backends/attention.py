@@ -95,9 +95,9 @@ class AttentionPass:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from indexing.device import own_cuda
         from pipeline.assets.models import resolve_model
         from pipeline.backends import rind_pass
+        from platform_shims.device import own_cuda
 
         rind_pass.register()
         self.max_attention_bytes = max_attention_bytes or cfg.generation.attention_batch_mib * 2**20

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from indexing.embed import HASH_ENCODER, HashEncoder
+from indexing.shards.embed import HASH_ENCODER, HashEncoder
 from pipeline.assets.models import resolve_model
 from pipeline.config import DynragConfig
 
@@ -22,7 +22,7 @@ class SentenceEmbedder:
         if name not in self._models:
             from sentence_transformers import SentenceTransformer
 
-            from indexing.device import own_device
+            from platform_shims.device import own_device
 
             e = self.cfg.embedding
             # this process's own device: "auto" is its own GPU, never another replica's GPU 0; an explicit CUDA

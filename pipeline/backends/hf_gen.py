@@ -32,8 +32,8 @@ class HfGenerator:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from indexing.device import own_cuda
         from pipeline.backends import rind_pass
+        from platform_shims.device import own_cuda
 
         rind_pass.register()
         g = self.cfg = cfg.generation

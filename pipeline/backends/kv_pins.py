@@ -213,7 +213,7 @@ class PinningScheduler:
     where it can), else its synchronous one. Constructed by vLLM's engine core from `scheduler_cls`."""
 
     def __new__(cls, *args, vllm_config, **kwargs):
-        from indexing.compat import vllm_scheduler
+        from platform_shims.compat import vllm_scheduler
 
         base = vllm_scheduler(bool(vllm_config.scheduler_config.async_scheduling))
         if base is None:  # another vLLM than the locked one (0.32), whose scheduler classes moved

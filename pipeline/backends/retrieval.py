@@ -1,5 +1,5 @@
 """Retrieval over an index built by `dynrag index`: the index version opened once, searched by name through
-its retrievers (indexing/retrievers.py: bm25, dense, rrf, ...)."""
+its retrievers (indexing/search/retrievers.py: bm25, dense, rrf, ...)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import DynragConfig
 
 if TYPE_CHECKING:
-    from indexing.faiss_gpu import IndexPlacement
-    from indexing.index import Index
-    from indexing.retrievers import Resources
+    from indexing.search.index import Index
+    from indexing.search.retrievers import Resources
+    from indexing.shards.faiss_gpu import IndexPlacement
 
 log = logging.getLogger(__name__)
 

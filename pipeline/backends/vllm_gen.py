@@ -19,7 +19,6 @@ import os
 import time
 from typing import Any, cast
 
-from indexing.device import cuda_available
 from pipeline.assets.models import resolve_model
 from pipeline.backends import kv_pins
 from pipeline.backends.chat import encode, window_check
@@ -27,6 +26,7 @@ from pipeline.backends.detok import clip, detokenize
 from pipeline.config import DynragConfig, GenerationConfig, resolve_dtype, vllm_utilization
 from pipeline.engine.requests import Completion, SamplingSpec, TokenLogprob
 from pipeline.errors import EngineDead
+from platform_shims.device import cuda_available
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ class VllmGenerator:
         if not gpu:
             configure_cpu_env(g.kv_cache_gib)
         t0 = time.perf_counter()
-        from indexing.compat import in_ray_worker
         from pipeline.backends.orphan_guard import OrphanGuard
+        from platform_shims.compat import in_ray_worker
 
         self._guard = OrphanGuard()  # the engine's processes die with this one, from their start
         try:
@@ -253,7 +253,7 @@ class VllmGenerator:
             self._guard.close()
 
     def _shutdown(self, llm) -> None:
-        from indexing.compat import shutdown_vllm
+        from platform_shims.compat import shutdown_vllm
 
         shutdown_vllm(llm, SHUTDOWN_TIMEOUT_S)
 
@@ -261,7 +261,7 @@ class VllmGenerator:
 def as_engine_dead(err: Exception) -> Exception:
     """vLLM's EngineDeadError (its engine core died: "Unrecoverable") as dynrag's EngineDead; any other error
     as it is (one prompt's or one call's)."""
-    from indexing.compat import is_engine_dead
+    from platform_shims.compat import is_engine_dead
 
     if is_engine_dead(err):
         return EngineDead(f"vLLM's engine core died ({err})")

@@ -15,12 +15,12 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from indexing.compat import abort_in_engine
 from pipeline.backends.kv_pins import end_id, request_id
 from pipeline.backends.vllm_gen import SHUTDOWN_TIMEOUT_S, VllmGenerator, as_engine_dead
 from pipeline.engine.requests import Completion, SamplingSpec
 from pipeline.engine.streaming import InFlight, StreamingGenerator, resolved
 from pipeline.errors import BackendError
+from platform_shims.compat import abort_in_engine
 
 
 class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
@@ -29,7 +29,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
     def _engine(self, kwargs: dict[str, Any]):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        from indexing.compat import async_vllm_engine
+        from platform_shims.compat import async_vllm_engine
 
         self.flight, self._ids = InFlight(), itertools.count()
         self._submitting = threading.Lock()  # a submit schedules its prompt, or sees the engine closed
@@ -86,7 +86,7 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         return result, cost_s
 
     def _shutdown(self, llm) -> None:
-        from indexing.compat import stop_output_handler
+        from platform_shims.compat import stop_output_handler
 
         async def finish_tasks():  # the client's socket tasks, cancelled by shutdown: let them end before the loop
             await asyncio.sleep(0)

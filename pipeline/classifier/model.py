@@ -163,7 +163,7 @@ def CrossEncoder(encoder, pooling: str = "mean"):
 
 
 def pick_device(name: str = "auto") -> str:
-    from indexing.device import own_device
+    from platform_shims.device import own_device
 
     return own_device(name)
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, TypeVar, cast
 
-from indexing.faults import fault_point
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import (
     WINDOW,
@@ -40,6 +39,7 @@ from pipeline.engine.requests import (
     Score,
 )
 from pipeline.errors import EngineDead, QuestionError
+from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

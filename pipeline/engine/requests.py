@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from indexing.hits import Hit
+from indexing.search.hits import Hit
 
 # A prompt is a plain user message (str, the chat template is applied) or a list of chat messages.
 Prompt = str | list[dict[str, str]]
@@ -165,7 +165,7 @@ class Question:
     answers: list[str] = field(default_factory=list)
     dataset: str = ""
     supporting_titles: list[str] = field(default_factory=list)
-    # each gold paragraph's content id (indexing.passages.paragraph_id), "" where only its title is known
+    # each gold paragraph's content id (indexing.corpus.passages.paragraph_id), "" where only its title is known
     supporting_ids: list[str] = field(default_factory=list)
     error: str | None = None  # set by a loader for a row that cannot be answered
 

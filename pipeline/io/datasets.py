@@ -38,8 +38,8 @@ from collections.abc import Callable, Container, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
-from indexing.passages import paragraph_id
-from indexing.readers import join_sentences
+from indexing.corpus.passages import paragraph_id
+from indexing.corpus.readers import join_sentences
 from pipeline.config import DynragConfig
 from pipeline.engine.requests import Question
 from pipeline.errors import DynragError, first_line

@@ -23,8 +23,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from indexing.faults import fault_point
 from pipeline.io.output import SCHEMA, write_file
+from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from indexing.passages import parent_id
+from indexing.corpus.passages import parent_id
 from pipeline.engine.core import STAGES, Outcome, Trace
 from pipeline.errors import first_line
 from pipeline.io.part_store import (  # noqa: F401  (transient: part of this module's API)

@@ -24,8 +24,6 @@ import time
 import uuid
 from typing import Any
 
-from indexing.faults import fault_point
-from indexing.raytools import await_ray_shutdown
 from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml, run_params, with_values
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
@@ -37,6 +35,8 @@ from pipeline.methods.registry import config_hash, get_method
 from pipeline.runtime.gpu_plan import GpuPlanError
 from pipeline.runtime.runners import Batches, make_runner
 from pipeline.runtime.signals import Interrupted, stop_on_sigterm
+from platform_shims.faults import fault_point
+from platform_shims.raytools import await_ray_shutdown
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def preflight(
     run's configuration is `cfg` with the index's BM25 analyzer, so that its resolved config holds what search
     used (`cfg` itself is left as it is). `generator`: one already started (the demo starts it while the index
     builds), closed with the backends."""
-    from indexing.sparse import index_analyzer
+    from indexing.shards.sparse import index_analyzer
 
     runner = make_runner(cfg)
     try:

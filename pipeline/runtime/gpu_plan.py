@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from indexing.faiss_gpu import GiB, IndexPlacement, IndexShape, place_index
+from indexing.shards.faiss_gpu import GiB, IndexPlacement, IndexShape, place_index
 from pipeline.config import DynragConfig, replica_share, vllm_utilization
 from pipeline.errors import DynragError
 
 if TYPE_CHECKING:
-    from indexing.retrievers import Resources
+    from indexing.search.retrievers import Resources
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,8 @@ def replica_gpu_plan(
     engine actor, whose GPUs are its vLLM workers': its models and index stay on the CPU). `retriever`: the
     replica's open index (None: none, or searched by a retrieval pool), whose stated resources name the FAISS
     index to place; the caller hands the plan's placement back to it."""
-    from indexing.compat import in_ray_worker
-    from indexing.device import own_cuda
+    from platform_shims.compat import in_ray_worker
+    from platform_shims.device import own_cuda
 
     if not own_cuda():
         return None

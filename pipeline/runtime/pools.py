@@ -120,8 +120,8 @@ def start_pool(
     RunControl, which counts each call's attempts."""
     import ray
 
-    from indexing.compat import actor_id
     from pipeline.runtime.ray_resources import pool_actor_options
+    from platform_shims.compat import actor_id
 
     n, opts = pool_actor_options(cfg, kind)
     cls = ray.remote(PoolActor)

@@ -16,7 +16,7 @@ import sys
 
 log = logging.getLogger(__name__)
 
-OWN = ("pipeline", "indexing", "jobs")  # the loggers whose records are dynrag's own
+OWN = ("pipeline", "indexing", "platform_shims", "jobs")  # the loggers whose records are dynrag's own
 MARK = "dynrag|"  # starts each line a worker's own record writes
 _OWN_LINE = re.compile(rf"^{re.escape(MARK)}(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
 OWN_HANDLER = "dynrag_worker_logs"
@@ -45,7 +45,7 @@ def route_worker_logs(data: dict) -> None:
     where = f"({who + ' ' if who else ''}pid={data.get('pid')}, {data.get('ip')})"
     library = logging.getLogger("ray_workers")
     if data.get("pid") == "autoscaler":  # its status dumps are not shown, its events (nodes added) are
-        from indexing.compat import autoscaler_events
+        from platform_shims.compat import autoscaler_events
 
         for event in autoscaler_events(data.get("lines", [])):
             log.info("autoscaler: %s", event)
@@ -62,6 +62,6 @@ def route_worker_logs(data: dict) -> None:
 def route_ray_worker_output() -> bool:
     """On the driver, after ray.init: send the workers' lines through `route_worker_logs` instead of Ray's
     printing. False (Ray's printing left as it is) where this Ray has no such hook."""
-    from indexing.compat import route_worker_output
+    from platform_shims.compat import route_worker_output
 
     return route_worker_output(OWN_HANDLER, route_worker_logs)  # replaces the one an earlier ray.init added

@@ -69,7 +69,7 @@ class QuestionSource(Datasource):
     @property
     def supports_distributed_reads(self) -> bool:
         """False for a local file (or `dpr:` set): Ray then reads it on the driver's node, where it was found."""
-        from indexing.remote import is_remote
+        from indexing.versions.remote import is_remote
 
         return is_remote(self.source)
 

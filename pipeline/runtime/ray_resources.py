@@ -21,8 +21,8 @@ import logging
 import math
 from collections.abc import Sequence
 
-from indexing.raytools import gpus_or_fallback
 from pipeline.errors import DynragError
+from platform_shims.raytools import gpus_or_fallback
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
     worker group), else the nodes alive now."""
     import ray
 
-    from indexing.compat import autoscaler_node_groups
+    from platform_shims.compat import autoscaler_node_groups
 
     now = float(ray.cluster_resources().get("GPU", 0))
     groups = [

@@ -124,11 +124,11 @@ class EngineActor:
     def _start(self, cfg, index_dir, pools, node, make_backends) -> Any:
         """The replica, started: its index (unless a pool serves it), placed per the GPU plan, and its engine."""
 
-        from indexing.device import own_cuda
         from pipeline.backends import Backends
         from pipeline.runtime.gpu_plan import replica_gpu_plan
         from pipeline.runtime.pools import PoolClient
         from pipeline.runtime.replica import Replica
+        from platform_shims.device import own_cuda
 
         remote = {kind: PoolClient(actors, self.control) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
@@ -188,7 +188,7 @@ class EngineActor:
     def __call__(self, batch: Any) -> dict[str, list]:
         """One Ray Data batch: its rows (ray_questions.py: a batch of one run each; one row per call as the job maps
         them) answered at once, each its own part; a part and a report (JSON) each."""
-        from indexing.faults import fault_point
+        from platform_shims.faults import fault_point
 
         fault_point("ray.engine_batch", until=lambda: self.replica.drain_flag.requested)
         rows = [
@@ -509,7 +509,6 @@ def answer_runs_with_ray(
     (callers that commit on threads of their own); a `committed()` after the job's end tells no one."""
     import ray
 
-    from indexing.raytools import init_ray, ray_address, shutdown_ray
     from pipeline.backends.orphan_guard import OrphanGuard
     from pipeline.runtime.pools import pool_stats, start_pool
     from pipeline.runtime.ray_control import RunControl
@@ -517,6 +516,7 @@ def answer_runs_with_ray(
     from pipeline.runtime.ray_questions import question_dataset
     from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus, replica_groups
     from pipeline.runtime.replica import batches_held
+    from platform_shims.raytools import init_ray, ray_address, shutdown_ray
 
     local = not ray.is_initialized() and ray_address(cfg.runtime.ray_address, os.environ) == "local"
     guard = OrphanGuard() if local else None  # a local Ray's processes die with this job, even by SIGKILL
@@ -727,7 +727,7 @@ class Supervisor:
         if self.reader is not None:
             self.reader.join(READER_JOIN_S if self.line is None else 5.0)
             if self.reader.is_alive():  # blocked on actors that never started (the job's line said so)
-                from indexing.compat import no_implicit_ray_init
+                from platform_shims.compat import no_implicit_ray_init
 
                 no_implicit_ray_init()  # its next call into Ray fails instead of starting a Ray of its own
 
@@ -761,7 +761,7 @@ class Supervisor:
         """One look at the job: the drain and the nodes passed to RunControl; the job's line, if it must end."""
         import ray
 
-        from indexing.compat import draining_nodes
+        from platform_shims.compat import draining_nodes
 
         control = self.control
         if self._drained_at is not None and not self._asked:

@@ -37,13 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from indexing.faults import fault_point
 from pipeline.engine.continuous import ContinuousEngine, Feed, make_engine
 from pipeline.engine.drain import CLOSING, Drain
 from pipeline.engine.requests import Question
 from pipeline.errors import DynragError, first_line
 from pipeline.io.output import batch_report, make_row
 from pipeline.io.part_store import PartWriteError
+from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ class LocalRunner:
     in_process = True
 
     def generator_on_gpu(self, cfg: DynragConfig) -> bool:
-        from indexing.device import cuda_available
+        from platform_shims.device import cuda_available
 
         return cuda_available()
 
@@ -170,7 +170,7 @@ class RayRunner:
     def open_index(self, index: str, cfg: DynragConfig, stack: contextlib.ExitStack) -> tuple[dict, Any]:
         """The manifest only (and, for a local folder, its files' sizes under index.verify=size): nothing of the
         index is pulled onto the driver, often a head node with no disk to spare."""
-        from indexing.remote import index_manifest
+        from indexing.versions.remote import index_manifest
 
         return index_manifest(index, check_sizes=cfg.index.verify == "size"), None
 

@@ -12,7 +12,7 @@ import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from indexing.passages import parent_id
+from indexing.corpus.passages import parent_id
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCT = set(string.punctuation)
@@ -80,7 +80,7 @@ def support_recall(
 ) -> float | None:
     """Share of the gold supporting paragraphs among the retrieved passages (id, title); None without labels.
 
-    A gold paragraph with a content id (`indexing.passages.paragraph_id`, carried from the question file) is
+    A gold paragraph with a content id (`indexing.corpus.passages.paragraph_id`, carried from the question file) is
     found when a passage cut from it was retrieved (its id up to the `#i` chunk suffix): paragraphs sharing a
     title (MuSiQue) count apart. A gold known by title alone (files that give only titles) matches by title.
     """

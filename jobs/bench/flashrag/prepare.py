@@ -13,7 +13,7 @@ from jobs.bench.flashrag.methods import bench_method
 def flashrag_prompt() -> tuple[str, str, str]:
     """dynrag's sr-rag prompt as FlashRAG's (system, user) template with {reference} and {question}, and
     the format of one document in {reference} (documents joined by newlines, {i} counting from 1)."""
-    from indexing.hits import Hit
+    from indexing.search.hits import Hit
     from pipeline.methods.prompts import format_docs, rag_prompt
 
     mark = [Hit(id="", title="{title}", text="{text}", score=0.0)]
@@ -27,8 +27,8 @@ def prepare(cfg, dataset: str, limit: int, warmup: int, work: Path) -> dict:
     import itertools
 
     from indexing import build_index
-    from indexing.passages import passages_of
-    from indexing.readers import read_corpus
+    from indexing.corpus.passages import passages_of
+    from indexing.corpus.readers import read_corpus
     from pipeline.io.datasets import load_questions
 
     qs = list(itertools.islice((q for q in load_questions(dataset, cfg) if not q.error), limit + warmup))

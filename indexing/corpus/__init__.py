@@ -1,0 +1,2 @@
+"""The corpus read: readers of its formats cut into work units (readers), 100-word passages with stable ids
+(passages), and the compact id -> digest tables a build keeps of what it read (digests)."""
