@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from indexing.errors import IndexingError
-from indexing.search.hits import Hit
+from indexing.search import Hit
 from indexing.settings import IndexSettings
 
 if TYPE_CHECKING:
@@ -77,4 +77,18 @@ def pin_index(index_dir: str | os.PathLike) -> str:
     return pin(index_dir)
 
 
-__all__ = ["Hit", "IndexSettings", "IndexingError", "build_index", "open_index", "pin_index"]
+# the library's names, and the rooms that code outside indexing/ may enter (each by its own __all__); builder/ is
+# entered only through build_index
+__all__ = [
+    "Hit",
+    "IndexSettings",
+    "IndexingError",
+    "build_index",
+    "open_index",
+    "pin_index",
+    "corpus",
+    "search",
+    "settings",
+    "shards",
+    "versions",
+]

@@ -5,6 +5,7 @@ only downward, and no two modules of the project import each other in a cycle, n
 that needs the type of one importing it names a Protocol of its own, as retrievers.py's `IndexVersion`). A failure
 names each offending import by file and line."""
 
+import ast
 from pathlib import Path
 
 import grimp
@@ -125,6 +126,86 @@ def test_no_import_cycle_between_modules(graph):
     assert not cycles, "import cycles:\n" + "\n".join(shown)
 
 
+# the packages whose rooms are entered by their front doors: a room (a package) is entered from outside it only
+# through what its __init__ lists in `__all__`: the names it exports, and the modules it names public
+FRONT_DOORS = ("platform_shims", "indexing", "pipeline")
+# rooms edited elsewhere while issue 79 landed: their `__all__` comes with that work; until then every module of
+# theirs is a door (no other room may be without an `__all__`)
+DOORS_NOT_YET_NAMED = {"pipeline.io", "pipeline.runtime"}
+
+
+def doors(package: str) -> set[str] | None:
+    """What `package`'s __init__ lists in `__all__` (a literal list or tuple); None where it has none."""
+    init = ROOT.joinpath(*package.split("."), "__init__.py")
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def past_front_doors(graph) -> list[str]:
+    """Each import that enters a room of FRONT_DOORS' packages from outside it other than by a door, as
+    `file:line: ...`. An import of a.b.c.d from a.x enters a.b (whose __all__ must list c), then a.b.c (whose
+    __all__ must list d); a room's own modules import each other freely."""
+    bad = []
+    for m, dep in edges(graph):
+        a, b = m.split("."), dep.split(".")
+        if b[0] not in FRONT_DOORS:
+            continue
+        shared = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        for depth in range(shared + 1, len(b)):  # the rooms entered on the way, outermost first
+            room = ".".join(b[:depth])
+            if room in DOORS_NOT_YET_NAMED:
+                break
+            named = doors(room)
+            if named is None or b[depth] not in named:
+                bad.append(f"{where(graph, m, dep)}: {m} imports {dep}, past {room}'s front door ({room}.__all__)")
+                break
+    return sorted(bad)
+
+
+def test_rooms_are_entered_by_their_front_doors(graph):
+    bad = past_front_doors(graph)
+    assert not bad, (
+        "imports past a room's front door (import what it exports, or name the module in its __all__):\n"
+        + "\n".join(bad)
+    )
+
+
+def room_of(module: str, is_package: bool) -> str:
+    """The room a module stands in: the package that holds it (a package's __init__: that package)."""
+    return module if is_package else module.rpartition(".")[0]
+
+
+def underscore_imports(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """Each `from X import _name` in the packages' code where X stands in another room than the importer (a
+    room's underscore names are its own), as `file:line: ...`."""
+    bad = []
+    for path in sorted(p for package in packages for p in (root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module):
+                continue
+            if node.module.split(".")[0] not in packages:
+                continue
+            private = [n.name for n in node.names if n.name.startswith("_") and not n.name.startswith("__")]
+            theirs = room_of(node.module, root.joinpath(*node.module.split("."), "__init__.py").is_file())
+            if private and theirs != room_of(module, is_package):
+                bad.append(
+                    f"{path.relative_to(root)}:{node.lineno}: {module} takes {', '.join(private)} of {node.module}"
+                )
+    return bad
+
+
+def test_no_module_takes_another_rooms_underscore_names():
+    bad = underscore_imports()
+    assert not bad, "underscore names taken from another room (make them public names, or move them):\n" + "\n".join(
+        bad
+    )
+
+
 # a subpackage of jobs/ -> the one module of it that code outside its parent may import
 SEAMS = {"jobs.bench.flashrag": "jobs.bench.flashrag.locked_venv"}
 
@@ -144,7 +225,7 @@ def test_only_configuration_and_errors_directly_under_pipeline(graph):
     assert loose <= {"pipeline.config", "pipeline.errors"}, loose
 
 
-def test_the_checks_see_a_cycle_and_a_forbidden_import():
+def test_the_checks_see_a_cycle_and_a_forbidden_import(tmp_path):
     """The checks above would fail on a bad graph (so a broken check cannot pass silently)."""
     bad = grimp.ImportGraph()
     for m in ("indexing", "indexing.a", "pipeline", "pipeline.b", "pipeline.c"):
@@ -183,3 +264,26 @@ def test_the_checks_see_a_cycle_and_a_forbidden_import():
     past.add_import(importer="jobs.conform.env", imported="jobs.bench.flashrag.env", line_number=3, line_contents="")
     with pytest.raises(AssertionError, match=r"jobs/conform/env.py:3 imports jobs.bench.flashrag.env"):
         test_outside_code_imports_a_jobs_subpackage_through_its_seam_only(past)
+    door = grimp.ImportGraph()
+    for m in (
+        "pipeline",
+        "pipeline.methods",
+        "pipeline.methods.x",
+        "indexing",
+        "indexing.builder",
+        "indexing.builder.y",
+    ):
+        door.add_module(m)
+    door.add_import(importer="pipeline.methods.x", imported="indexing.builder.y", line_number=5, line_contents="")
+    with pytest.raises(AssertionError, match=r"pipeline/methods/x\S*:5: .* past indexing's front door"):
+        test_rooms_are_entered_by_their_front_doors(door)
+    for name, text in {
+        "a/__init__.py": "",
+        "a/x.py": "def _hidden(): ...\n",
+        "a/z.py": "from a.x import _hidden\n",  # the same room: its own underscore names
+        "b/__init__.py": "",
+        "b/y.py": "import os\nfrom a.x import _hidden\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert underscore_imports(tmp_path, ("a", "b")) == ["b/y.py:2: b.y takes _hidden of a.x"]

@@ -2,3 +2,5 @@
 unread (unit_reuse), who runs the tasks (executors: in-process or a pool; cluster: Ray tasks), the driver that
 plans, runs and publishes (local), where a task writes its shard (shard_storage), and vectors given with the
 corpus (given_vectors)."""
+
+__all__ = ["cluster", "local"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from indexing.builder.executors import Executor, UnitProgress
-from indexing.builder.local import _Builder, build_local_index
+from indexing.builder.local import Builder, build_local_index
 from indexing.builder.shard_storage import ShardStorage
 from indexing.errors import IndexingError
 from indexing.shards.embed import HASH_ENCODER, EncoderSpec
@@ -107,8 +107,8 @@ class RayExecutor:
         """Ray stays up for the process (init_ray joins once)."""
 
 
-class _ClusterBuilder(_Builder):
-    """build._Builder whose unit tasks run on Ray."""
+class _ClusterBuilder(Builder):
+    """local.Builder whose unit tasks run on Ray."""
 
     def _executor(self, units: int) -> Executor:
         return RayExecutor(self.cfg, self.dense)
@@ -156,9 +156,9 @@ class _RemoteClusterBuilder(_ClusterBuilder):
     uri: str
 
     def _previous(self) -> dict | None:
-        from indexing.versions.remote import _store, remote_manifest
+        from indexing.versions.remote import filesystem_of, remote_manifest
 
-        fs, base = _store(self.uri)
+        fs, base = filesystem_of(self.uri)
         return remote_manifest(self.uri) if fs.exists(f"{base}/CURRENT") else None
 
     def _known_template(self, prev: dict | None) -> dict | None:
@@ -166,11 +166,11 @@ class _RemoteClusterBuilder(_ClusterBuilder):
         return t if t and t.get("settings_hash") == self.settings_hash else None  # tasks check it when they pull it
 
     def _publish(self, manifest: dict, metas: list[dict]) -> None:
-        from indexing.versions.remote import _pull_files, _store, collect_remote_garbage, upload_version
+        from indexing.versions.remote import collect_remote_garbage, filesystem_of, pull_files, upload_version
 
-        fs, base = _store(self.uri)
+        fs, base = filesystem_of(self.uri)
         t = time.perf_counter()
-        _pull_files(
+        pull_files(
             fs,
             [
                 (f"{base}/shards/{m['key']}/{rel}", self.shards_dir / m["key"] / rel, want)

@@ -145,14 +145,14 @@ def build_local_index(
     with build_lock(root):
         try:
             given = (vectors, normalize_vectors) if vectors is not None else None
-            return (builder or _Builder)(sources, root, cfg, fmt, fields, on_bad_line, given).run()
+            return (builder or Builder)(sources, root, cfg, fmt, fields, on_bad_line, given).run()
         finally:
             for folder in (root / "staging", root / "shards"):  # removed if empty: staged work stays for a rerun
                 with contextlib.suppress(OSError):
                     folder.rmdir()
 
 
-class _Builder:
+class Builder:
     def __init__(
         self,
         sources: list[str],

@@ -34,9 +34,9 @@ class ShardStorage:
         self.local = Path(cast(str, scratch) if self.remote else root)  # a remote root always comes with a scratch
 
     def _fs(self) -> tuple[Any, str]:
-        from indexing.versions.remote import _store
+        from indexing.versions.remote import filesystem_of
 
-        return _store(self.root)
+        return filesystem_of(self.root)
 
     def has(self, key: str) -> bool:
         if not self.remote:
@@ -72,11 +72,11 @@ class ShardStorage:
         """A local copy of the index file `rel` (a remote one pulled once into the scratch, checked)."""
         if not self.remote:
             return self.local / rel
-        from indexing.versions.remote import _pull_files
+        from indexing.versions.remote import pull_files
 
         fs, base = self._fs()
         local = self.local / "pulled" / rel
-        _pull_files(fs, [(f"{base}/{rel}", local, want)])
+        pull_files(fs, [(f"{base}/{rel}", local, want)])
         return local
 
     def put(self, path: Path, rel: str) -> None:
@@ -98,13 +98,13 @@ class ShardStorage:
 
     def upload_finished(self, key: str) -> bool:
         """Remote: upload a shard finished in the scratch (checksums.json last) and drop it; False if none."""
-        from indexing.versions.remote import _upload_dir
+        from indexing.versions.remote import upload_dir
 
         done = self.local / "uploading" / key
         if not self.remote or not (done / "checksums.json").is_file():
             return False
         fs, base = self._fs()
-        _upload_dir(fs, done, f"{base}/shards/{key}", "checksums.json")
+        upload_dir(fs, done, f"{base}/shards/{key}", "checksums.json")
         shutil.rmtree(done, ignore_errors=True)
         return True
 

@@ -43,7 +43,7 @@ class EncoderSpec:
         if build and e.model != HASH_ENCODER:
             from indexing.shards.chunking import effective_embed_batch
 
-            batch = effective_embed_batch(cfg, _model_config(path))
+            batch = effective_embed_batch(cfg, read_model_config(path))
         return cls(
             model_path=path,
             model_name=e.model,
@@ -54,7 +54,7 @@ class EncoderSpec:
         )
 
 
-def _model_config(path: str) -> dict:
+def read_model_config(path: str) -> dict:
     """The transformer's config.json in a sentence-transformers folder ({} when there is none)."""
     import json
 

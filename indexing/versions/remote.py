@@ -67,7 +67,8 @@ def is_remote(path: str | os.PathLike) -> bool:
     return text.split("://", 1)[0].lower() not in ("file", "local")
 
 
-def _store(uri: str) -> tuple[Any, str]:
+def filesystem_of(uri: str) -> tuple[Any, str]:
+    """The fsspec file system of `uri` and the path of `uri` in it, without a trailing slash."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(uri)
@@ -80,7 +81,7 @@ def current_name(spec: str) -> str | None:
         from indexing.versions.manifest import current_version
 
         return current_version(Path(spec))
-    fs, root = _store(spec)
+    fs, root = filesystem_of(spec)
     try:
         return fs.cat_file(f"{root}/CURRENT").decode().strip() or None
     except FileNotFoundError:
@@ -110,7 +111,7 @@ def remote_manifest(uri: str, version: str | None = None) -> dict:
 
 def _read_manifest(uri: str, version: str | None) -> dict:
     """`remote_manifest` of an unpinned `uri`."""
-    fs, root = _store(uri)
+    fs, root = filesystem_of(uri)
     if version is None:
         try:
             version = fs.cat_file(f"{root}/CURRENT").decode().strip()
@@ -139,7 +140,7 @@ def _cache_dir(uri: str, cfg: IndexSettings) -> Path:
     return Path(base).expanduser() / key
 
 
-def _pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int:
+def pull_files(fs: Any, wanted: Sequence[tuple[str, Path, dict | None]]) -> int:
     """Download the files `(remote path, local path, {sha256, bytes} or None)` not yet cached, in one
     batched `fs.get` (concurrent on object stores), each under a temporary name, checked, then renamed
     into place. Returns how many were pulled."""
@@ -199,7 +200,7 @@ def pull_version(
 
 def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) -> tuple[Path, dict]:
     """`pull_version` of an unpinned `uri`."""
-    fs, root = _store(uri)
+    fs, root = filesystem_of(uri)
     manifest = _read_manifest(uri, version)
     check_format(manifest, uri)
     files, name = version_files(manifest, search_only), version_name(manifest["version"])
@@ -215,8 +216,8 @@ def _pull(uri: str, cfg: IndexSettings, version: str | None, search_only: bool) 
             shutil.rmtree(stale, ignore_errors=True)
         t = time.perf_counter()
         wanted = [(f"{root}/{rel}/{f}", local / rel / f, want) for rel, folder in files for f, want in folder.items()]
-        pulled = _pull_files(fs, wanted)
-        _pull_files(
+        pulled = pull_files(fs, wanted)
+        pull_files(
             fs, [(f"{root}/versions/{name}/manifest.json", vdir / "manifest.json", None)]
         )  # last: marks the version
         (local / "SOURCE").write_text(uri + "\n", encoding="utf-8")
@@ -265,7 +266,7 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def seed_build(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
     """Copy the remote's published version into `work` (from the cache) so the build is incremental."""
-    fs, root = _store(uri)
+    fs, root = filesystem_of(uri)
     if not fs.exists(f"{root}/CURRENT"):
         return None
     local, manifest = pull_version(uri, cfg)
@@ -281,7 +282,7 @@ def seed_build(uri: str, cfg: IndexSettings, work: Path) -> dict | None:
     return manifest
 
 
-def _upload_dir(fs: Any, local_dir: Path, remote_dir: str, last: str) -> None:
+def upload_dir(fs: Any, local_dir: Path, remote_dir: str, last: str) -> None:
     """Upload every file under `local_dir`, the file named `last` after all others."""
     files = sorted(p for p in local_dir.rglob("*") if p.is_file())
     for p in sorted(files, key=lambda p: p.name == last):
@@ -291,19 +292,19 @@ def _upload_dir(fs: Any, local_dir: Path, remote_dir: str, last: str) -> None:
 def upload_version(work: Path, uri: str, manifest: dict) -> int:
     """Upload a version published in `work`: new shards, then the version, then CURRENT. Returns the
     number of shards uploaded."""
-    fs, root = _store(uri)
+    fs, root = filesystem_of(uri)
     uploaded = 0
     for s in manifest["shards"]:
         remote = f"{root}/shards/{s['key']}"
         if fs.exists(f"{remote}/checksums.json"):
             continue  # content-addressed: an identical shard is already there
-        _upload_dir(fs, work / "shards" / s["key"], remote, "checksums.json")
+        upload_dir(fs, work / "shards" / s["key"], remote, "checksums.json")
         uploaded += 1
     template = (manifest.get("faiss_template") or {}).get("path")
     if template and not fs.exists(f"{root}/{template}"):
         fs.put_file(str(work / template), f"{root}/{template}")
     name = version_name(manifest["version"])
-    _upload_dir(fs, work / "versions" / name, f"{root}/versions/{name}", "manifest.json")
+    upload_dir(fs, work / "versions" / name, f"{root}/versions/{name}", "manifest.json")
     fs.pipe_file(f"{root}/CURRENT", (name + "\n").encode())
     log.info("uploaded %s to %s (%d new shards of %d)", name, uri, uploaded, len(manifest["shards"]))
     return uploaded
@@ -312,7 +313,7 @@ def upload_version(work: Path, uri: str, manifest: dict) -> int:
 def collect_remote_garbage(uri: str, keep_versions: int) -> None:
     """Drop the remote versions `versions_to_keep` does not keep, and shards and templates no kept
     version uses (manifest.used_by, as `collect_garbage` does locally)."""
-    fs, root = _store(uri)
+    fs, root = filesystem_of(uri)
     current = fs.cat_file(f"{root}/CURRENT").decode().strip()
     versions = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(f"{root}/versions", detail=False))
     versions = [v for v in versions if v.startswith("v")]

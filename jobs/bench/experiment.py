@@ -68,7 +68,7 @@ def bench_mode(
     """The runs of `methods` over `n` synthetic questions through `run_methods` with answer.runs=`mode`, on a
     fresh set of latency-model backends; the mode's figures, with each run's predictions (`per_run`)."""
     from jobs.bench.flashrag.table import run_figures
-    from jobs.bench.pipeline import _questions, sim_model
+    from jobs.bench.pipeline import numbered_questions, sim_model
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
     cfg = cfg.model_copy(deep=True)
@@ -77,7 +77,9 @@ def bench_mode(
     work.mkdir(parents=True, exist_ok=True)
     if not questions.exists():
         questions.write_text(
-            "".join(json.dumps({"id": str(i), "question": q, "answers": ["Paris"]}) + "\n" for i, q in _questions(n))
+            "".join(
+                json.dumps({"id": str(i), "question": q, "answers": ["Paris"]}) + "\n" for i, q in numbered_questions(n)
+            )
         )
     out = work / mode
     runs = [MethodRun(m, m, {}) for m in methods]

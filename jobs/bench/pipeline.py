@@ -106,7 +106,7 @@ def bench_one(
             Path(clf, META).write_text('{"kind": "simulated"}')
             cfg.method.params = {"classifier": clf, **cfg.method.params}
         params = spec.params({**PARAMS.get(method, {}), **cfg.method.params}, cfg)
-    questions = [Question(str(i), q) for i, q in _questions(n)]
+    questions = [Question(str(i), q) for i, q in numbered_questions(n)]
     eng = make_engine(cfg, backends)
     t0 = time.perf_counter()
     try:
@@ -155,7 +155,7 @@ def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = No
     make = sim_model(cfg, scale, kv_tokens, search_ms)
     with tempfile.TemporaryDirectory(prefix="dynrag-bench-ray-") as tmp:
         dataset, out = Path(tmp) / "questions.jsonl", str(Path(tmp) / "out")
-        dataset.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n" for i, q in _questions(n)))
+        dataset.write_text("".join(json.dumps({"id": str(i), "question": q}) + "\n" for i, q in numbered_questions(n)))
         row_args = dict(run_id="bench", method=method, params_json="{}", chash="bench", model="simulated")
         t0 = time.perf_counter()
         rows = errors = 0
@@ -183,7 +183,7 @@ def bench_ray(cfg, method: str, n: int, scale: float, kv_tokens: int | None = No
     }
 
 
-def _questions(n: int) -> list[tuple[int, str]]:
+def numbered_questions(n: int) -> list[tuple[int, str]]:
     return [(i, f"Who directed the film number {i} that was shot in {simulated.WORDS[i % 9]}?") for i in range(n)]
 
 

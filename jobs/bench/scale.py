@@ -452,12 +452,12 @@ def _by_stage(report: dict) -> dict[str, float]:
 
 def _dim(settings) -> int:
     """The embedding dimension, for the disk estimate: the model's hidden size where its folder says (1,024 if not)."""
-    from indexing.shards.embed import HASH_ENCODER, HashEncoder, _model_config
+    from indexing.shards.embed import HASH_ENCODER, HashEncoder, read_model_config
 
     name = settings.embedding.model
     if name == HASH_ENCODER:
         return HashEncoder.dim
-    return int(_model_config(settings.model_path(name)).get("hidden_size", 1024))
+    return int(read_model_config(settings.model_path(name)).get("hidden_size", 1024))
 
 
 def _remove(path: Path) -> None:

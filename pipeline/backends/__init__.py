@@ -238,3 +238,23 @@ def make_generator(cfg: DynragConfig, one_call: bool = False):
     from pipeline.backends.hf_gen import HfGenerator
 
     return HfGenerator(cfg)
+
+
+# its names, and the modules code outside backends/ may import
+__all__ = [
+    "BackendError",
+    "Backends",
+    "NoGenerator",
+    "make_generator",
+    "register_backend",
+    "streams",
+    "attention",
+    "authors_attention",
+    "chat",
+    "dragin_math",
+    "kv_pins",
+    "orphan_guard",
+    "retrieval",
+    "scoring",
+    "vllm_gen",
+]

@@ -11,4 +11,5 @@
 from pipeline.classifier.data import format_document
 from pipeline.classifier.model import Classifier, ClassifierMeta
 
-__all__ = ["Classifier", "ClassifierMeta", "format_document"]
+# its names, and the modules code outside classifier/ may import
+__all__ = ["Classifier", "ClassifierMeta", "format_document", "complexity", "data", "meta", "model", "train"]

@@ -144,7 +144,7 @@ def train_complexity(
     from sklearn.linear_model import LogisticRegression
 
     from pipeline.assets.models import resolve_model
-    from pipeline.classifier.train import _write_atomically
+    from pipeline.classifier.train import write_atomically
 
     cc, out = cfg.classifier, Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -191,7 +191,7 @@ def train_complexity(
         (folder / "metrics.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
         save_resolved(cfg, folder)
 
-    _write_atomically(out, overwrite, write)
+    write_atomically(out, overwrite, write)
     return result
 
 

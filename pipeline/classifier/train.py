@@ -315,7 +315,7 @@ def train_classifier(cfg: DynragConfig, out_dir: str | Path, *, overwrite: bool 
     }
     clf.meta.metrics = metrics
 
-    _write_atomically(out, overwrite, lambda tmp: _write_outputs(tmp, clf, result, cfg, out))
+    write_atomically(out, overwrite, lambda tmp: _write_outputs(tmp, clf, result, cfg, out))
     log.info("classifier written to %s", out)
     return result
 
@@ -328,7 +328,7 @@ def _write_outputs(
     save_resolved(with_values(cfg, {"classifier.path": str(final.resolve())}), folder)
 
 
-def _write_atomically(out: Path, overwrite: bool, write) -> None:
+def write_atomically(out: Path, overwrite: bool, write) -> None:
     """Write into a temporary sibling folder, then rename it to `out` (replacing it only if allowed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -10,7 +10,7 @@ call left (`record`) or, while it has a call waiting or running, by that call's 
 (`expect`: its prompts' characters / `CHARS_PER_TOKEN`, and their max_tokens times the share of max_tokens the
 run's returned calls wrote, all of it before one has returned; the call's prompt extends the last one, and its
 blocks are taken before the call returns with its count). What a question's first call found in the prefix cache
-(`_State.shared_head`: other questions' blocks, a method's instruction and few-shot head) is not counted as its
+(`ProgramState.shared_head`: other questions' blocks, a method's instruction and few-shot head) is not counted as its
 own: the head is held once, by all of them (a Self-Ask question's 1,006 prompt tokens find 587 in the cache;
 counted whole, a table's concurrent run admitted too few questions to fill vLLM's steps: docs/benchmarks.md). It admits while their sum, plus an
 estimate for each live question not counted yet and for the new one, stays within `answer.kv_fill` (default

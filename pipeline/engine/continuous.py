@@ -39,11 +39,11 @@ from pipeline.engine.core import (
     Engine,
     Outcome,
     Program,
-    _kind,
-    _prompts,
-    _size,
-    _State,
+    ProgramState,
+    generate_prompts,
     program_priority,
+    request_kind,
+    request_size,
 )
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Batched, Call, Generate, Question
@@ -201,7 +201,7 @@ LANE_JOIN_TIMEOUT_S = 60.0
 
 
 def lane(req: Batched) -> str:
-    return f"call:{req.backend}" if isinstance(req, Call) else _kind(req).lower()
+    return f"call:{req.backend}" if isinstance(req, Call) else request_kind(req).lower()
 
 
 class ContinuousEngine(BaseEngine):
@@ -236,7 +236,7 @@ class ContinuousEngine(BaseEngine):
     # ---- the coordinator ---------------------------------------------------------------------
     def _outcomes(self, questions: Iterable[Question], program: Program, params: Any) -> Iterator[tuple[int, Outcome]]:
         inbox: queue.Queue = queue.Queue()  # (lane, deliveries) from the workers, for this run only
-        waiting: dict[str, deque[tuple[float, _State]]] = {}  # lane -> (queued at, program), oldest first
+        waiting: dict[str, deque[tuple[float, ProgramState]]] = {}  # lane -> (queued at, program), oldest first
         busy: dict[str, int] = {}  # lane -> batches (or streamed requests) in flight
         done: list[tuple[int, Outcome]] = []
         todo = iter(enumerate(questions))
@@ -251,7 +251,7 @@ class ContinuousEngine(BaseEngine):
                 streamed.append(self.backends.streams)
             return streamed[0]
 
-        def settle(st: _State) -> None:
+        def settle(st: ProgramState) -> None:
             nonlocal live
             while True:
                 for search in self._look_aheads(st):
@@ -325,11 +325,11 @@ class ContinuousEngine(BaseEngine):
                     self._advance(st, value, exc)
                     settle(st)
 
-    def _moot(self, search: _State) -> bool:
-        owner = cast(_State, search.owner)
+    def _moot(self, search: ProgramState) -> bool:
+        owner = cast(ProgramState, search.owner)
         return owner.pending is None or self._cached(search) is not None
 
-    def _batch_order(self, item: tuple[float, _State]) -> tuple[bool, int]:
+    def _batch_order(self, item: tuple[float, ProgramState]) -> tuple[bool, int]:
         st = item[1]
         return st.owner is not None, program_priority(st) if self.by_program else 0
 
@@ -355,7 +355,7 @@ class ContinuousEngine(BaseEngine):
                 if not items:
                     continue
             cap = self.caps.get(name, self.batch_items)
-            full = sum(_size(st.pending) for _, st in items) >= cap
+            full = sum(request_size(st.pending) for _, st in items) >= cap
             oldest = min(t for t, _ in items) if self.by_program else items[0][0]  # (fcfs: the deque's order)
             left = self.batch_wait_s - (now - oldest)
             if full or not busy or left <= 0:
@@ -363,27 +363,27 @@ class ContinuousEngine(BaseEngine):
                 waiting[name] = items = deque(sorted(items, key=self._batch_order))  # (stable: fcfs keeps its order)
                 ahead = items[0][1].owner is not None  # only look-aheads wait: a small batch of them
                 room = min(cap, LOOK_AHEAD_BATCH) if ahead else cap
-                batch: list[_State] = []
+                batch: list[ProgramState] = []
                 n = 0
                 while (
                     items
                     and (items[0][1].owner is not None) == ahead
-                    and (not batch or n + _size(items[0][1].pending) <= room)
+                    and (not batch or n + request_size(items[0][1].pending) <= room)
                 ):
                     st = items.popleft()[1]
                     batch.append(st)
-                    n += _size(st.pending)
+                    n += request_size(st.pending)
                     if st.owner is not None:
-                        st.owner.trace.look_ahead_searches += _size(st.pending)
+                        st.owner.trace.look_ahead_searches += request_size(st.pending)
                 self._worker(name).put((batch, inbox))
                 busy[name] = 1
             else:
                 due = left if due is None else min(due, left)
         return due
 
-    def _stream(self, st: _State, inbox: queue.Queue) -> None:
+    def _stream(self, st: ProgramState, inbox: queue.Queue) -> None:
         """Submit `st`'s prompts to the streaming generator; its delivery reaches `inbox` when all are done."""
-        prompts, samplings, chats, owner = _prompts([st], self.by_program)
+        prompts, samplings, chats, owner = generate_prompts([st], self.by_program)
 
         def finish(outs: list, costs: list[float]) -> None:
             with self._stats_lock:

@@ -86,7 +86,9 @@ class Outcome:
 
 
 @dataclass
-class _State:
+class ProgramState:
+    """One question's method program as the engine holds it: its generator, trace, pending request and outcome."""
+
     index: int
     gen: Generator[Request, Any, Any]
     question: Question
@@ -102,7 +104,9 @@ class _State:
     shared_head: int | None = None
     ahead: list[Retrieve] = field(default_factory=list)  # its LookAheads the engine has not started yet
     ahead_keys: set[tuple[str, str]] = field(default_factory=set)  # (retriever, query) its look-aheads searched
-    owner: _State | None = None  # set on a look-ahead's search: the program it searches for (it has none of its own)
+    owner: ProgramState | None = (
+        None  # set on a look-ahead's search: the program it searches for (it has none of its own)
+    )
 
 
 def _no_program() -> Generator[Request, Any, Any]:
@@ -111,16 +115,17 @@ def _no_program() -> Generator[Request, Any, Any]:
     yield
 
 
-def _kind(req: Batched) -> str:
+def request_kind(req: Batched) -> str:
+    """The request's kind, its class name: Generate, Retrieve, Score, ..."""
     return type(req).__name__
 
 
-def _pending(st: _State) -> Batched:
+def _pending(st: ProgramState) -> Batched:
     """The request `st` waits on: every state handed to a server has one."""
     return cast(Batched, st.pending)
 
 
-Delivery = tuple[_State, Any, "BaseException | None"]  # a program, the value sent to it, or the error thrown in
+Delivery = tuple[ProgramState, Any, "BaseException | None"]  # a program, the value sent to it, or the error thrown in
 # A method program: started with a question and its parameters, it yields requests and returns its answer
 # (an Answer, or a value whose str() is the prediction).
 Program = Callable[[Question, Any], Generator[Request, Any, Any]]
@@ -191,18 +196,18 @@ class BaseEngine:
         raise NotImplementedError
 
     # ---- stepping a program ---------------------------------------------------------------
-    def _start(self, i: int, q: Question, program: Program, params: Any) -> _State | Outcome:
+    def _start(self, i: int, q: Question, program: Program, params: Any) -> ProgramState | Outcome:
         """A started program, advanced to its first request, or the question's outcome when it has none."""
         if q.error:
             return Outcome(q, None, Trace(), q.error, "input")
         try:
-            st = _State(i, program(q, params), q)
+            st = ProgramState(i, program(q, params), q)
         except Exception as exc:  # a program that fails before its first yield
             return Outcome(q, None, Trace(), _describe(exc), _error_kind(exc))
         self._advance(st, None)
         return st if st.pending is not None else self._outcome(st)
 
-    def _ended(self, st: _State) -> None:
+    def _ended(self, st: ProgramState) -> None:
         """`st`'s program made its last call: under program scheduling, the generator may give back the KV blocks
         it held for the program between calls (answer.kv_pin_s, pipeline/backends/kv_pins.py)."""
         ended = getattr(self.backends, "program_ended", None) if self.by_program else None
@@ -210,10 +215,10 @@ class BaseEngine:
             ended(st.index)
 
     @staticmethod
-    def _outcome(st: _State) -> Outcome:
+    def _outcome(st: ProgramState) -> Outcome:
         return Outcome(st.question, st.answer, st.trace, st.error, st.error_kind)
 
-    def _advance(self, st: _State, value: Any, exc: BaseException | None = None) -> None:
+    def _advance(self, st: ProgramState, value: Any, exc: BaseException | None = None) -> None:
         if isinstance(exc, EngineDead):  # not this question's failure: nothing more can be answered
             raise exc
         t0 = self.clock()
@@ -230,8 +235,8 @@ class BaseEngine:
                 req = st.gen.send(None)
             if not isinstance(req, (Generate, Retrieve, Score, Embed, Call)):
                 raise TypeError(f"a method yielded {type(req).__name__}, not a request")
-            if not _size(req):
-                raise ValueError(f"a method yielded an empty {_kind(req)} request")
+            if not request_size(req):
+                raise ValueError(f"a method yielded an empty {request_kind(req)} request")
             if isinstance(req, Call) and req.stage not in STAGES:
                 raise ValueError(f"Call stage {req.stage!r} is not one of {', '.join(STAGES)}")
             st.pending = req
@@ -248,7 +253,7 @@ class BaseEngine:
             if st.pending is None:
                 st.trace.finished = t1
 
-    def _cached(self, st: _State) -> dict[str, list] | None:
+    def _cached(self, st: ProgramState) -> dict[str, list] | None:
         """The hits of each query of the search `st` waits on, where the retrieval cache answers it whole (a
         look-ahead's, a repeated query's): served where it is, from these very hits (another lane may evict
         the entries meanwhile), with no backend call to wait for. None otherwise."""
@@ -265,24 +270,24 @@ class BaseEngine:
             hits[q] = found
         return hits
 
-    def _look_aheads(self, st: _State) -> list[_State]:
+    def _look_aheads(self, st: ProgramState) -> list[ProgramState]:
         """Searches for `st`'s LookAheads not started yet: states with no program (`owner`: `st`), whose
         delivery puts their hits in the retrieval cache and nothing else."""
         out = []
         for req in st.ahead if st.pending is not None else ():  # a finished program will not ask
             retriever = self.backends.defaults(req)[1]
             st.ahead_keys.update((retriever, q) for q in req.queries)
-            search = _State(st.index, _no_program(), st.question, pending=req, owner=st)
+            search = ProgramState(st.index, _no_program(), st.question, pending=req, owner=st)
             search.trace.started = self.clock()
             out.append(search)
         st.ahead.clear()
         return out
 
     # ---- serving one batch of pending requests of one kind ---------------------------------
-    def serve(self, states: list[_State]) -> list[Delivery]:
+    def serve(self, states: list[ProgramState]) -> list[Delivery]:
         """One batched backend call per group of `states` (all pending the same kind), with the accounting;
         returns what to send each program. Does not advance them (the caller does)."""
-        return getattr(self, f"_serve_{_kind(_pending(states[0])).lower()}")(states)
+        return getattr(self, f"_serve_{request_kind(_pending(states[0])).lower()}")(states)
 
     def _call(self, kind: str, fn: Callable[[], Any], expected: int) -> tuple[Any, float]:
         t0 = self.clock()
@@ -295,8 +300,8 @@ class BaseEngine:
             raise RuntimeError(f"the {kind} backend returned {len(out)} results for {expected} inputs")
         return out, secs
 
-    def _serve_generate(self, states: list[_State]) -> list[Delivery]:
-        prompts, samplings, chats, owner = _prompts(states, self.by_program)
+    def _serve_generate(self, states: list[ProgramState]) -> list[Delivery]:
+        prompts, samplings, chats, owner = generate_prompts(states, self.by_program)
         try:
             outs, dt = self._call("generate", lambda: self.backends.generate(prompts, samplings, chats), len(prompts))
         except Exception as err:
@@ -306,7 +311,9 @@ class BaseEngine:
         return self._generated(states, owner, outs, [dt * (w / total if total else 1 / len(outs)) for w in weights])
 
     @staticmethod
-    def _generated(states: list[_State], owner: list[_State], outs: list, costs: list[float]) -> list[Delivery]:
+    def _generated(
+        states: list[ProgramState], owner: list[ProgramState], outs: list, costs: list[float]
+    ) -> list[Delivery]:
         """Account each prompt's output (`costs`: its share of generation time) to its program; what to send each."""
         results: dict[int, list[Any]] = defaultdict(list)
         kv: dict[int, int] = defaultdict(int)
@@ -342,9 +349,9 @@ class BaseEngine:
             deliveries.append((st, None if failed else res, failed))
         return deliveries
 
-    def _serve_retrieve(self, states: list[_State], known: dict[str, list] | None = None) -> list[Delivery]:
+    def _serve_retrieve(self, states: list[ProgramState], known: dict[str, list] | None = None) -> list[Delivery]:
         """`known`: hits already taken from the retrieval cache (`_cached`), used as the cache's."""
-        groups: dict[str, list[_State]] = defaultdict(list)
+        groups: dict[str, list[ProgramState]] = defaultdict(list)
         resolved: dict[int, tuple[int, str]] = {}
         for st in states:
             k, retriever = self.backends.defaults(_pending(st))
@@ -422,16 +429,16 @@ class BaseEngine:
 
     def _serve_grouped(
         self,
-        states: list[_State],
+        states: list[ProgramState],
         key: Callable[[Any], Any],
         items: Callable[[Any], list[Any]],
         kind: Callable[[Any], str],
         fn: Callable[[Any, list[Any]], Any],
-        account: Callable[[_State, int, float], None],
+        account: Callable[[ProgramState, int, float], None],
     ) -> list[Delivery]:
         """Score, Embed and Call: one backend call per group (same `key`), results split by item counts.
         `key` and `items` take a request of the states' one kind (Score, Embed or Call)."""
-        groups: dict[Any, list[_State]] = defaultdict(list)
+        groups: dict[Any, list[ProgramState]] = defaultdict(list)
         for st in states:
             groups[key(_pending(st))].append(st)
         deliveries: list[Delivery] = []
@@ -450,8 +457,8 @@ class BaseEngine:
                 pos += n
         return deliveries
 
-    def _serve_score(self, states: list[_State]) -> list[Delivery]:
-        def account(st: _State, n: int, secs: float) -> None:
+    def _serve_score(self, states: list[ProgramState]) -> list[Delivery]:
+        def account(st: ProgramState, n: int, secs: float) -> None:
             st.trace.classifier_calls += n
             st.trace.time["classification"] += secs
 
@@ -464,8 +471,8 @@ class BaseEngine:
             account,
         )
 
-    def _serve_embed(self, states: list[_State]) -> list[Delivery]:
-        def account(st: _State, n: int, secs: float) -> None:
+    def _serve_embed(self, states: list[ProgramState]) -> list[Delivery]:
+        def account(st: ProgramState, n: int, secs: float) -> None:
             st.trace.embedding_calls += n
             st.trace.time["embedding"] += secs
 
@@ -478,8 +485,8 @@ class BaseEngine:
             account,
         )
 
-    def _serve_call(self, states: list[_State]) -> list[Delivery]:
-        def account(st: _State, n: int, secs: float) -> None:
+    def _serve_call(self, states: list[ProgramState]) -> list[Delivery]:
+        def account(st: ProgramState, n: int, secs: float) -> None:
             req = cast(Call, st.pending)
             name = f"{req.backend}.{req.op}"
             st.trace.backend_calls[name] = st.trace.backend_calls.get(name, 0) + n
@@ -497,7 +504,7 @@ class BaseEngine:
         )
 
     def _per_question(
-        self, states: list[_State], serve: Callable[[list[_State]], list[Delivery]], err: BaseException
+        self, states: list[ProgramState], serve: Callable[[list[ProgramState]], list[Delivery]], err: BaseException
     ) -> list[Delivery]:
         """A batched call failed: alone, the error is this question's; else retry each question alone (not
         when the backend is dead: `_advance` ends the run with it)."""
@@ -505,7 +512,7 @@ class BaseEngine:
             return [(st, None, err) for st in states]
         log.warning(
             "a batched %s call over %d questions failed (%s); retrying per question",
-            _kind(_pending(states[0])),
+            request_kind(_pending(states[0])),
             len(states),
             err,
         )
@@ -544,7 +551,7 @@ class Engine(BaseEngine):
     def _lockstep(
         self, batch: list[tuple[int, Question]], program: Program, params: Any
     ) -> Iterator[tuple[int, Outcome]]:
-        states: list[_State] = []
+        states: list[ProgramState] = []
         for i, q in batch:
             st = self._start(i, q, program, params)
             if isinstance(st, Outcome):
@@ -552,13 +559,13 @@ class Engine(BaseEngine):
             else:
                 states.append(st)
         while True:
-            waiting: dict[str, list[_State]] = defaultdict(list)
+            waiting: dict[str, list[ProgramState]] = defaultdict(list)
             for st in states:
                 if st.pending is not None:
-                    waiting[_kind(st.pending)].append(st)
+                    waiting[request_kind(st.pending)].append(st)
             if not waiting or self.drain.expired():
                 break
-            kind = max(waiting, key=lambda k: sum(_size(st.pending) for st in waiting[k]))
+            kind = max(waiting, key=lambda k: sum(request_size(st.pending) for st in waiting[k]))
             for st, value, exc in self.serve(waiting[kind]):
                 self._advance(st, value, exc)
                 if st.pending is None:
@@ -575,7 +582,8 @@ def batched(items: Iterable[T], n: int | None) -> Iterator[list[T]]:
         yield batch
 
 
-def _size(req: Batched | None) -> int:
+def request_size(req: Batched | None) -> int:
+    """How many items the request asks for (prompts, queries, pairs, ...); 0 for none."""
     if req is None:
         return 0
     if isinstance(req, Generate):
@@ -587,7 +595,7 @@ def _size(req: Batched | None) -> int:
     return len(req.texts)
 
 
-def program_priority(st: _State) -> int:
+def program_priority(st: ProgramState) -> int:
     """A model call's rank under answer.scheduling=program (lower is served first): its question's admission
     order. So a question's next round goes before every round of the questions admitted after it, while its
     previous prompt's KV blocks are likely still in the prefix cache (SearchAgent-X's observation: multi-round
@@ -595,15 +603,15 @@ def program_priority(st: _State) -> int:
     return st.index
 
 
-def _prompts(
-    states: list[_State], by_program: bool = False
-) -> tuple[list[Prompt], list[SamplingSpec], list[bool], list[_State]]:
+def generate_prompts(
+    states: list[ProgramState], by_program: bool = False
+) -> tuple[list[Prompt], list[SamplingSpec], list[bool], list[ProgramState]]:
     """The prompts of `states`' Generate requests, flat, with each one's sampling (with `by_program`, carrying its
     program_priority), chat flag and program."""
     prompts: list[Prompt] = []
     samplings: list[SamplingSpec] = []
     chats: list[bool] = []
-    owner: list[_State] = []
+    owner: list[ProgramState] = []
     for st in states:
         req = cast(Generate, st.pending)
         sampling = replace(req.sampling, priority=program_priority(st)) if by_program else req.sampling

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from indexing.search.hits import Hit
+from indexing import Hit
 
 # A prompt is a plain user message (str, the chat template is applied) or a list of chat messages.
 Prompt = str | list[dict[str, str]]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.text.metrics import normalize_answer
 
 ALPHA_SLOPE, ALPHA_INTERCEPT = 0.058, 0.455  # Eq. (8), fitted on 5,000 HotpotQA train queries

@@ -47,7 +47,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 import pipeline.backends.attention  # noqa: F401  registers the "attention" backend
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.backends.dragin_math import (
     Candidate,
     ends_sentence,

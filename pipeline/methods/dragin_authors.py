@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.backends.authors_attention import word_means
 from pipeline.backends.dragin_math import sentence_spans
 from pipeline.engine.requests import Answer, Call, Completion, Generate, Question, Request, Retrieve, SamplingSpec

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.classifier.data import format_document
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, Score
 from pipeline.methods.prompts import extract_answer

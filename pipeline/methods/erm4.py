@@ -65,7 +65,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.backends import make_generator, register_backend
 from pipeline.classifier.data import format_document
 from pipeline.config import with_values

@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.backends.dragin_math import sentence_spans
 from pipeline.engine.requests import (
     Answer,

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 import numpy as np
 from pydantic import Field, model_validator
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from indexing.shards.embed import embed_input
 from pipeline.classifier.data import format_document
 from pipeline.engine.requests import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from indexing.search.hits import Hit
+from indexing import Hit
 
 SHORT = "Only give me the answer and do not output any other words."
 

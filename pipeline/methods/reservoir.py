@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.backends import register_backend
 from pipeline.errors import DynragError
 

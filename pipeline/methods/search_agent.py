@@ -47,7 +47,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.engine.requests import Answer, Generate, Question, Request, Retrieve, SamplingSpec
 from pipeline.methods.prompts import extract_answer, format_docs
 from pipeline.methods.registry import MethodParams

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.engine.requests import Answer, Question, Request, SamplingSpec
 from pipeline.methods.registry import register_method
 from pipeline.methods.search_agent import Rollout, SearchAgentParams, Tags, rollout

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.engine.requests import (
     Answer,
     Generate,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from indexing.search.hits import Hit
+from indexing import Hit
 from pipeline.engine.requests import Prompt
 
 

@@ -13,7 +13,7 @@ from jobs.bench.flashrag.methods import bench_method
 def flashrag_prompt() -> tuple[str, str, str]:
     """dynrag's sr-rag prompt as FlashRAG's (system, user) template with {reference} and {question}, and
     the format of one document in {reference} (documents joined by newlines, {i} counting from 1)."""
-    from indexing.search.hits import Hit
+    from indexing import Hit
     from pipeline.methods.prompts import format_docs, rag_prompt
 
     mark = [Hit(id="", title="{title}", text="{text}", score=0.0)]
