@@ -6,6 +6,7 @@ that needs the type of one importing it names a Protocol of its own, as retrieve
 names each offending import by file and line."""
 
 import ast
+import subprocess
 from pathlib import Path
 
 import grimp
@@ -108,13 +109,38 @@ def test_platform_shims_import_nothing_of_the_project(graph):
     assert not bad, "platform_shims must import nothing of indexing, pipeline or jobs:\n" + "\n".join(sorted(bad))
 
 
-def test_the_readme_lists_pipelines_layers_top_down():
-    """README "Layout" names each layer on its own row, in LAYERS' order from the top, so a reader sees the rule."""
-    rows = [
-        line.split("`")[1] for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `pipeline/")
-    ]
-    named = [r.removeprefix("pipeline/").removesuffix("/").removesuffix(".py") for r in rows]
-    assert [n for n in named if n in LAYERS] == list(reversed(LAYERS)), named
+def layout_rows() -> list[str]:
+    """The place each row of README "Layout"'s table names (its first cell), in the table's order."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## Layout\n") :].split("\n## ", 2)[1]
+    return [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+
+
+@pytest.mark.parametrize(("package", "rooms"), [("pipeline", LAYERS), ("indexing", INDEXING_ROOMS)])
+def test_the_readme_lists_the_rooms_top_down(package, rooms):
+    """README "Layout" names each room on its own row, in the rooms' order from the top, so a reader sees the rule."""
+    rows = [r for r in layout_rows() if r.startswith(package + "/")]
+    named = [r.removeprefix(package + "/").removesuffix("/").removesuffix(".py") for r in rows]
+    assert [n for n in named if n in rooms] == list(reversed(rooms)), named
+
+
+def tree_places() -> set[str]:
+    """What README "Layout" has a row for: each top-level folder of the repository's files, each subpackage of
+    indexing/, pipeline/ and jobs/, and each module directly under indexing/ and pipeline/."""
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    places = {f.split("/")[0] + "/" for f in files if "/" in f}
+    for package in ("indexing", "pipeline", "jobs"):
+        places |= {f"{package}/{p.parent.name}/" for p in (ROOT / package).glob("*/__init__.py")}
+    for package in ("indexing", "pipeline"):
+        places |= {f"{package}/{p.name}" for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"}
+    return places
+
+
+def test_the_readme_layout_rows_match_the_tree():
+    rows, places = layout_rows(), tree_places()
+    assert len(rows) == len(set(rows)), f"a place with two rows: {sorted(r for r in rows if rows.count(r) > 1)}"
+    missing, gone = sorted(places - set(rows)), sorted(set(rows) - places)
+    assert not missing and not gone, f"README Layout: rows to add {missing}; rows for no such place {gone}"
 
 
 def test_no_import_cycle_between_modules(graph):
