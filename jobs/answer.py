@@ -10,7 +10,7 @@ log = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = sub.add_parser(
         "answer",
@@ -22,11 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "method and configuration: a rerun with other settings is refused.",
     )
     io = p.add_argument_group("input / output")
-    io.add_argument(
-        "--dataset",
-        required=True,
-        metavar="FILE_OR_URI",
-        help="question file (JSONL/JSON/Parquet, local or fsspec URI) or dpr:<set>, e.g. dpr:nq-test",
+    add_job_options(
+        io,
+        dataset={
+            "required": True,
+            "metavar": "FILE_OR_URI",
+            "help": "question file (JSONL/JSON/Parquet, local or fsspec URI) or dpr:<set>, e.g. dpr:nq-test",
+        },
     )
     io.add_argument(
         "--dataset-format",
@@ -34,11 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FORMAT",
         help="auto (default), hotpotqa, hotpotqa-ircot, 2wiki, musique, qa, triviaqa, strategyqa, dpr-topics, generic",
     )
-    io.add_argument(
-        "--index", metavar="DIR", help="index folder built by `dynrag index` (needed by methods that retrieve)"
+    add_job_options(
+        io, index={"help": "index folder built by `dynrag index` (needed by methods that retrieve)", "required": False}
     )
     io.add_argument("--out", required=True, metavar="DIR", help="output folder (local path or fsspec URI)")
-    io.add_argument("--limit", type=int, metavar="N", help="answer only the first N questions of the dataset")
+    add_job_options(io, limit={"metavar": "N", "help": "answer only the first N questions of the dataset"})
     p.add_argument("--method", metavar="NAME", help="method name (dynrag methods); default: method.name of the config")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_config_args(p)

@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 from indexing import IndexingError
 from pipeline.config import DynragConfig, load_config
@@ -49,6 +50,23 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override one value, e.g. --set generation.max_new_tokens=64 (repeatable)",
     )
+
+
+# the options many jobs declare, as most declare them; a job gives its own default and help where they differ
+JOB_OPTIONS: dict[str, dict[str, Any]] = {
+    "index": {"required": True, "metavar": "DIR"},
+    "dataset": {"metavar": "FILE", "help": "default: hotpotqa/dev_400.jsonl of paths.data_dir"},
+    "limit": {"type": int},
+    "repeats": {"type": int, "default": 1},
+    "json": {"action": "store_true", "help": "print the figures as JSON"},
+}
+
+
+def add_job_options(parser: argparse._ActionsContainer, **options: dict[str, Any]) -> None:
+    """Declare some of `JOB_OPTIONS` (--index, --dataset, --limit, --repeats, --json) in the order given, each with
+    the job's own settings over the shared ones: `add_job_options(p, index={}, limit={"default": 20})`."""
+    for name, own in options.items():
+        parser.add_argument(f"--{name}", **{**JOB_OPTIONS[name], **own})
 
 
 def add_sequential_arg(parser: argparse.ArgumentParser) -> None:

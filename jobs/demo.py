@@ -57,7 +57,7 @@ DEMO_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
     from pipeline.assets.embedded import DPR_QUESTION_SETS
     from pipeline.io.demo_questions import RULE
 
@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=sorted(DPR_QUESTION_SETS),
         help="packaged DPR question set; default: %(default)s",
     )
-    p.add_argument("--limit", type=int, default=50, help="number of questions (N of the rule); default: %(default)s")
+    add_job_options(p, limit={"default": 50, "help": "number of questions (N of the rule); default: %(default)s"})
     p.add_argument("--method", default="sr-rag", help=f"method compared with {BASELINE}; default: %(default)s")
     add_config_args(p)
     p.set_defaults(func=run)

@@ -22,7 +22,7 @@ FORMATS = (
 
 def register(sub: argparse._SubParsersAction) -> None:
     from indexing.search.retrievers import retriever_names
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = sub.add_parser(
         "index",
@@ -70,13 +70,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="L2-normalise the --vectors (default: kept as given, so inner product is the model's own score)",
     )
     o = b.add_argument_group("output")
-    o.add_argument("--index", required=True, metavar="DIR", help="index directory (created, or refreshed)")
+    add_job_options(o, index={"help": "index directory (created, or refreshed)"})
     add_config_args(b)
     b.set_defaults(func=_build)
 
     s = isub.add_parser("search", help="top-k passages for queries, with scores")
     s.add_argument("queries", nargs="+", metavar="QUERY")
-    s.add_argument("--index", required=True, metavar="DIR")
+    add_job_options(s, index={})
     s.add_argument(
         "--retriever",
         default="both",
@@ -85,18 +85,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "or one registered retriever (indexing/search/retrievers.py), e.g. rrf: BM25 and dense fused by reciprocal rank",
     )
     s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
-    s.add_argument(
-        "--json", action="store_true", help="print one JSON list of {query, retriever, hits} instead of text"
-    )
+    add_job_options(s, json={"help": "print one JSON list of {query, retriever, hits} instead of text"})
     add_config_args(s)
     s.set_defaults(func=_search)
 
     i = isub.add_parser("info", help="describe the published version of an index")
-    i.add_argument("--index", required=True, metavar="DIR")
-    i.add_argument(
-        "--json",
-        action="store_true",
-        help="print the manifest as JSON, with the search-time BM25 settings under bm25_search",
+    add_job_options(
+        i, index={}, json={"help": "print the manifest as JSON, with the search-time BM25 settings under bm25_search"}
     )
     add_config_args(i)
     i.set_defaults(func=_info)
@@ -107,7 +102,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="The full check that opening skips: sha256 and size of every file of the published "
         "version (a remote index is pulled into the local cache first). Exit 2 names the first bad file.",
     )
-    v.add_argument("--index", required=True, metavar="DIR")
+    add_job_options(v, index={})
     add_config_args(v)
     v.set_defaults(func=_verify)
 

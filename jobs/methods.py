@@ -42,6 +42,8 @@ WIDTH = 140  # a listing line is cut here; `dynrag methods NAME` has the whole d
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from jobs.cli import add_job_options
+
     p = sub.add_parser(
         "methods",
         help="list the RAG methods (one line each); NAME: its parameters, defaults and sources",
@@ -49,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--set method.params.KEY=VALUE.",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="show these methods' parameters")
-    p.add_argument("--json", action="store_true", help="print every (or each NAME's) method with its parameters")
+    add_job_options(p, json={"help": "print every (or each NAME's) method with its parameters"})
     p.set_defaults(func=run)
 
 

@@ -24,19 +24,21 @@ log = logging.getLogger(__name__)
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = bsub.add_parser(
         "answer",
         help="sr-rag pipeline tokens/s vs bare vLLM generate on the same prompts",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    p.add_argument("--index", required=True, metavar="DIR", help="index over the dataset's paragraphs")
-    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
+    add_job_options(p, index={"help": "index over the dataset's paragraphs"}, dataset={})
     p.add_argument("--method", default="sr-rag")
-    p.add_argument("--limit", type=int, default=200, help="questions (default 200)")
-    p.add_argument("--repeats", type=int, default=1, help="alternating bare/pipeline pairs (default 1)")
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_job_options(
+        p,
+        limit={"default": 200, "help": "questions (default 200)"},
+        repeats={"help": "alternating bare/pipeline pairs (default 1)"},
+        json={},
+    )
     add_config_args(p)
     p.set_defaults(func=run)
 

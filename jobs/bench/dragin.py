@@ -18,27 +18,29 @@ from pathlib import Path
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = bsub.add_parser(
         "dragin", help="batched dragin questions/s vs one question at a time", description=__doc__.split("\n\n")[0]
     )
-    p.add_argument(
-        "--index",
-        metavar="DIR",
-        help="index over the dataset's paragraphs (default: the HotpotQA dev "
-        "set's, built under runs/indexes on first use)",
+    add_job_options(
+        p,
+        index={
+            "help": "index over the dataset's paragraphs (default: the HotpotQA dev "
+            "set's, built under runs/indexes on first use)",
+            "required": False,
+        },
     )
-    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
+    add_job_options(p, dataset={})
     p.add_argument("--method", default="dragin")
-    p.add_argument("--limit", type=int, default=32, help="questions (default 32)")
+    add_job_options(p, limit={"default": 32, "help": "questions (default 32)"})
     p.add_argument(
         "--reference",
         action="store_true",
         help="also run the questions one at a time through the official implementation's pass (all layers "
         "eager, whole sequence, no skip bound) and compare",
     )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_job_options(p, json={})
     add_config_args(p)
     p.set_defaults(func=run)
 

@@ -70,7 +70,7 @@ IVF_MAX_LISTS = 4096  # trained on 40 x 4096 vectors of 384-d in a few minutes o
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = bsub.add_parser(
         "scale",
@@ -113,7 +113,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="measure only the search (and --memory-cap) of the index an earlier --keep run left in --corpus-dir",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_job_options(p, json={"help": "print one JSON object"})
     add_config_args(p)
     p.set_defaults(func=run)
 

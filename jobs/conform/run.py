@@ -37,7 +37,7 @@ DRIVER = Path(__file__).with_name("dragin_driver.py")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = sub.add_parser(
         "conform",
@@ -59,9 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="DRAGIN: the folder of the reference's configs, inside the checkout (default: %(default)s)",
     )
-    p.add_argument("--index", metavar="DIR", help="default: the HotpotQA dev set's (built on first use)")
-    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
-    p.add_argument("--limit", type=int, default=20, help="questions (default 20)")
+    add_job_options(
+        p,
+        index={"help": "default: the HotpotQA dev set's (built on first use)", "required": False},
+        dataset={},
+        limit={"default": 20, "help": "questions (default 20)"},
+    )
     p.add_argument(
         "--model-dtype",
         choices=("float32", "checkpoint"),
@@ -81,7 +84,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="erm4: every LLM call, on both sides, is decoded under the JSON format its prompt states (their code "
         "json.loads each answer, as the API model it was written for gave it; a small model does not)",
     )
-    p.add_argument("--json", action="store_true", help="print the result as one JSON document")
+    add_job_options(p, json={"help": "print the result as one JSON document"})
     add_config_args(p)
     p.set_defaults(func=run)
 

@@ -126,7 +126,7 @@ def intervals(rows: list[dict]) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args, add_sequential_arg
+    from jobs.cli import add_config_args, add_job_options, add_sequential_arg
 
     p = sub.add_parser(
         "eval-dragin",
@@ -135,7 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--datasets", default="2wiki,hotpotqa", help="comma-separated: " + ", ".join(DEV_SETS))
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
-    p.add_argument("--limit", type=int, default=50, help="first N questions of each dev set (default 50)")
+    add_job_options(p, limit={"default": 50, "help": "first N questions of each dev set (default 50)"})
     p.add_argument("--out", default="runs/dragin-tables", metavar="DIR", help="rows and the tables go here")
     p.add_argument(
         "--indexes",

@@ -16,7 +16,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from jobs.cli import add_config_args, add_sequential_arg, config_from_args, csv_choice
+from jobs.cli import add_config_args, add_job_options, add_sequential_arg, config_from_args, csv_choice
 from pipeline.errors import DynragError
 from pipeline.evaluation.devsets import DEV_SETS, dev_file, dev_index
 
@@ -42,11 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--classifier", metavar="DIR", help="trained classifier folder (dynrag train-classifier); needed by cis, cfs"
     )
     p.add_argument("--datasets", default="hotpotqa,musique,2wiki", help="comma-separated: " + ", ".join(DEV_SETS))
-    p.add_argument(
-        "--dataset",
-        metavar="FILE",
-        help="instead of --datasets: any dev file whose questions carry "
-        "supporting paragraphs; its paragraphs become the corpus",
+    add_job_options(
+        p,
+        dataset={
+            "help": "instead of --datasets: any dev file whose questions carry "
+            "supporting paragraphs; its paragraphs become the corpus"
+        },
     )
     p.add_argument(
         "--dataset-format",
@@ -55,7 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--k", default="3,4,6", help="comma-separated document budgets (default 3,4,6 as the paper)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ", ".join(METHODS))
-    p.add_argument("--limit", type=int, metavar="N", help="first N questions of each dev set")
+    add_job_options(p, limit={"metavar": "N", "help": "first N questions of each dev set"})
     p.add_argument("--out", default="runs/drrag-table5", metavar="DIR", help="rows and the table go here")
     p.add_argument(
         "--indexes",

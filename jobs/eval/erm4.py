@@ -65,24 +65,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    from jobs.cli import add_config_args, add_sequential_arg
+    from jobs.cli import add_config_args, add_job_options, add_sequential_arg
 
-    p.add_argument(
-        "--dataset", default=None, metavar="FILE", help="questions (default: paths.data_dir/hotpotqa/dev_400.jsonl)"
+    add_job_options(
+        p,
+        dataset={"default": None, "help": "questions (default: paths.data_dir/hotpotqa/dev_400.jsonl)"},
+        index={"help": "index over the dataset's corpus"},
     )
-    p.add_argument("--index", required=True, metavar="DIR", help="index over the dataset's corpus")
     p.add_argument("--out", default="runs/erm4", metavar="DIR")
     p.add_argument("--tables", default="1,2", help="which tables: 1, 2 or 1,2")
-    p.add_argument("--limit", type=int, default=40, help="Table 1: first N questions")
+    add_job_options(p, limit={"default": 40, "help": "Table 1: first N questions"})
     p.add_argument("--first", type=int, default=30, help="Table 2: first-set questions (the second set has as many)")
     p.add_argument("--taus", default="0.2,0.4,0.6,0.8,1.0", help="Table 2: tau values")
     p.add_argument("--theta", type=int, default=3, help="Table 2: popularity threshold (3 in Sec. 6)")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        help="Table 2: passes over the taus after a discarded warm-up "
-        "run, every other one in reverse order; the saving is printed with its spread (default 2)",
+    add_job_options(
+        p,
+        repeats={
+            "default": 2,
+            "help": "Table 2: passes over the taus after a discarded warm-up "
+            "run, every other one in reverse order; the saving is printed with its spread (default 2)",
+        },
     )
     add_sequential_arg(p)
     add_config_args(p)

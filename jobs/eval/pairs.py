@@ -49,14 +49,19 @@ RERANKED = {"rerank", "dpr-ais-rerank"}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", required=True, help="question file (any format `dynrag answer` reads)")
-    p.add_argument("--index", required=True, metavar="DIR", help="index over the corpus (dynrag index)")
+    from jobs.cli import add_job_options
+
+    add_job_options(
+        p,
+        dataset={"required": True, "help": "question file (any format `dynrag answer` reads)", "metavar": None},
+        index={"help": "index over the corpus (dynrag index)"},
+    )
     p.add_argument(
         "--reranker",
         metavar="DIR",
         help="(q, d) reranker folder for rerank / dpr-ais-rerank (dynrag train-classifier --set classifier.task=pair)",
     )
-    p.add_argument("--limit", type=int, default=100, help="first N questions (default %(default)s)")
+    add_job_options(p, limit={"default": 100, "help": "first N questions (default %(default)s)"})
     p.add_argument(
         "--methods", default="main", help="main, ablation, all, or comma-separated labels: " + ", ".join(RUNS)
     )

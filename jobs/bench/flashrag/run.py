@@ -41,7 +41,7 @@ from jobs.bench.flashrag.methods import METHODS, bench_method
 
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.bench.flashrag.table import WAYS
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = bsub.add_parser(
         "flashrag",
@@ -72,15 +72,14 @@ def register(bsub: argparse._SubParsersAction) -> None:
         help="--table: the ways to run, of " + ", ".join(WAYS) + " (default all; dynrag_concurrent always runs, "
         "and a ratio or same_as_alone pair whose way did not run is null or absent)",
     )
-    p.add_argument("--dataset", metavar="FILE", help="default: hotpotqa/dev_400.jsonl of paths.data_dir")
-    p.add_argument("--limit", type=int, default=100, help="questions (default 100)")
+    add_job_options(p, dataset={}, limit={"default": 100, "help": "questions (default 100)"})
     p.add_argument("-k", type=int, default=3, help="passages per question (default 3)")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        help="runs of each side, alternating which goes first; --table: rounds of its ways, every other round in "
-        "reverse order, each ratio the median of the rounds' (default 1)",
+    add_job_options(
+        p,
+        repeats={
+            "help": "runs of each side, alternating which goes first; --table: rounds of its ways, every other round in "
+            "reverse order, each ratio the median of the rounds' (default 1)"
+        },
     )
     p.add_argument(
         "--warmup",
@@ -116,7 +115,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
         help="where corpus, indexes and outputs go, with each side's result per repeat (SIDE-repeatN.json: its "
         "predictions and retrieved ids per question) (default: a temporary directory)",
     )
-    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_job_options(p, json={})
     add_config_args(p)
     p.set_defaults(func=run)
 
