@@ -31,6 +31,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     isub = p.add_subparsers(dest="index_command", required=True, metavar="ACTION")
 
+    _register_build(isub)
+
+    s = isub.add_parser("search", help="top-k passages for queries, with scores")
+    s.add_argument("queries", nargs="+", metavar="QUERY")
+    add_job_options(s, index={})
+    s.add_argument(
+        "--retriever",
+        default="both",
+        choices=["both", *retriever_names()],
+        help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false); "
+        "or one registered retriever (indexing/search/retrievers.py), e.g. rrf: BM25 and dense fused by reciprocal rank",
+    )
+    s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
+    add_job_options(s, json={"help": "print one JSON list of {query, retriever, hits} instead of text"})
+    add_config_args(s)
+    s.set_defaults(func=_search)
+
+    i = isub.add_parser("info", help="describe the published version of an index")
+    add_job_options(
+        i, index={}, json={"help": "print the manifest as JSON, with the search-time BM25 settings under bm25_search"}
+    )
+    add_config_args(i)
+    i.set_defaults(func=_info)
+
+    v = isub.add_parser(
+        "verify",
+        help="check every file of the published version against its sha256",
+        description="The full check that opening skips: sha256 and size of every file of the published "
+        "version (a remote index is pulled into the local cache first). Exit 2 names the first bad file.",
+    )
+    add_job_options(v, index={})
+    add_config_args(v)
+    v.set_defaults(func=_verify)
+
+
+def _register_build(isub: argparse._SubParsersAction) -> None:
+    """`dynrag index build` and its options."""
+    from jobs.cli import add_config_args, add_job_options
+
     b = isub.add_parser(
         "build",
         help="build an index, or refresh it incrementally when --index already holds one",
@@ -73,38 +112,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_job_options(o, index={"help": "index directory (created, or refreshed)"})
     add_config_args(b)
     b.set_defaults(func=_build)
-
-    s = isub.add_parser("search", help="top-k passages for queries, with scores")
-    s.add_argument("queries", nargs="+", metavar="QUERY")
-    add_job_options(s, index={})
-    s.add_argument(
-        "--retriever",
-        default="both",
-        choices=["both", *retriever_names()],
-        help="both (default): BM25, and dense where the index has vectors (not one built with index.dense=false); "
-        "or one registered retriever (indexing/search/retrievers.py), e.g. rrf: BM25 and dense fused by reciprocal rank",
-    )
-    s.add_argument("-k", type=int, default=5, help="hits per query (default 5)")
-    add_job_options(s, json={"help": "print one JSON list of {query, retriever, hits} instead of text"})
-    add_config_args(s)
-    s.set_defaults(func=_search)
-
-    i = isub.add_parser("info", help="describe the published version of an index")
-    add_job_options(
-        i, index={}, json={"help": "print the manifest as JSON, with the search-time BM25 settings under bm25_search"}
-    )
-    add_config_args(i)
-    i.set_defaults(func=_info)
-
-    v = isub.add_parser(
-        "verify",
-        help="check every file of the published version against its sha256",
-        description="The full check that opening skips: sha256 and size of every file of the published "
-        "version (a remote index is pulled into the local cache first). Exit 2 names the first bad file.",
-    )
-    add_job_options(v, index={})
-    add_config_args(v)
-    v.set_defaults(func=_verify)
 
 
 def _quiet() -> None:

@@ -313,3 +313,14 @@ def test_the_checks_see_a_cycle_and_a_forbidden_import(tmp_path):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     assert underscore_imports(tmp_path, ("a", "b")) == ["b/y.py:2: b.y takes _hidden of a.x"]
+
+
+def test_no_function_in_jobs_runs_over_80_lines():
+    """A job's function reads in one screen: a longer one is split into steps with names."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((ROOT / "jobs").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert not long, "functions over 80 lines in jobs/:\n" + "\n".join(long)

@@ -79,9 +79,8 @@ def bare_generate(gen, calls) -> tuple[int, float]:
 
 def run(args: argparse.Namespace) -> int:
     from jobs.cli import config_from_args
-    from pipeline.backends import Backends
     from pipeline.backends.vllm_gen import VllmGenerator
-    from pipeline.runtime.answer import generation_dtype, run_answer
+    from pipeline.runtime.answer import generation_dtype
 
     cfg = config_from_args(args)
     cfg.generation.backend = "vllm"
@@ -93,70 +92,11 @@ def run(args: argparse.Namespace) -> int:
     startup = time.perf_counter() - t0
     results = []
     prev_calls: list = []
-    bare_first = (0, 1.0)
     mem = TreeRss().start()  # peak RSS of this process and vLLM's engine core, per phase
     try:
         for rep in range(args.repeats):
-            rec = _Recorder(gen)
-            backends = Backends(cfg, args.index, generator=rec)
-            with tempfile.TemporaryDirectory(prefix="dynrag-bench-") as out:
-                if rep == 0:  # warm the index and the engine once, on batches of the timed run's size (not timed):
-                    # warmed on 4 questions, the first timed 64-prompt batch ran 2.4x slower than the next ones
-                    run_answer(
-                        dataset,
-                        f"{out}/warm",
-                        index=args.index,
-                        method=args.method,
-                        limit=args.limit,
-                        cfg=cfg,
-                        backends=backends,
-                    )
-                    rec.calls.clear()
-                rec.seconds = 0.0
-                if rep % 2:  # odd repeats time bare vLLM first (on the previous repeat's prompts)
-                    mem.phase = "bare"
-                    bare_first = bare_generate(gen, prev_calls)
-                mem.phase = "pipeline"
-                t1 = time.perf_counter()
-                summary = run_answer(
-                    dataset,
-                    f"{out}/run",
-                    index=args.index,
-                    method=args.method,
-                    limit=args.limit,
-                    cfg=cfg,
-                    backends=backends,
-                )
-                pipe_s = time.perf_counter() - t1
-            if not summary["answered"]:
-                from pipeline.errors import DynragError
-
-                raise DynragError(f"no question was answered; e.g. {summary['error_examples'][:1]}")
-            pipe_tokens = round(summary["completion_tokens_per_question"] * summary["answered"])
-            mem.phase = "bare"
-            bare_tokens, bare_s = bare_first if rep % 2 else bare_generate(gen, rec.calls)
-            mem.phase = None
-            prev_calls = rec.calls
-            results.append(
-                {
-                    "pipeline_tokens": pipe_tokens,
-                    "pipeline_s": round(pipe_s, 2),
-                    "bare_tokens": bare_tokens,
-                    "bare_s": round(bare_s, 2),
-                    "pipeline_tok_s": round(pipe_tokens / pipe_s, 2),
-                    "bare_tok_s": round(bare_tokens / bare_s, 2),
-                    "ratio": round((pipe_tokens / pipe_s) / (bare_tokens / bare_s), 3),
-                    # the share of the pipeline's wall time spent inside the backend's generate: the
-                    # ratio this machine would show if vLLM ran at the same speed in both runs
-                    "generate_share_of_pipeline": round(rec.seconds / pipe_s, 4),
-                    "time_per_question_s": summary["time_per_question_s"],
-                    "em": summary["em"],
-                    "f1": summary["f1"],
-                    "prompts": sum(len(c[0]) for c in rec.calls),
-                    "generate_calls": len(rec.calls),
-                }
-            )
-            backends.close()
+            result, prev_calls = timed_repeat(rep, args, cfg, dataset, gen, mem, prev_calls)
+            results.append(result)
             log.warning(
                 "repeat %d: %s",
                 rep + 1,
@@ -182,20 +122,77 @@ def run(args: argparse.Namespace) -> int:
 
         emit(figures, indent=2)
     else:
-        print(
-            f"{args.method} over {args.limit} questions, {cfg.generation.model} ({cfg.generation.dtype}), "
-            f"{cfg.generation.max_new_tokens} new tokens, vLLM startup {startup:.1f} s (not timed)"
-        )
-        for i, r in enumerate(results, 1):
-            print(
-                f"  repeat {i}: pipeline {r['pipeline_tokens']} tok in {r['pipeline_s']} s = {r['pipeline_tok_s']} tok/s; "
-                f"bare vLLM {r['bare_tokens']} tok in {r['bare_s']} s = {r['bare_tok_s']} tok/s; "
-                f"ratio {r['ratio']} ({r['generate_calls']} generate call(s), {r['prompts']} prompts); "
-                f"generate share of pipeline time {r['generate_share_of_pipeline']}"
-            )
-        print(f"pipeline / bare generated tokens/s: {figures['ratio_median']} (median of {len(results)}; goal >= 0.85)")
-        print(
-            f"peak RSS of the process tree (this process + vLLM engine core, one engine shared by both sides): "
-            f"pipeline phases {rss.get('pipeline')} GiB, bare phases {rss.get('bare')} GiB"
-        )
+        print_figures(figures)
     return 0
+
+
+def timed_repeat(rep: int, args: argparse.Namespace, cfg, dataset: str, gen, mem: TreeRss, prev_calls: list):
+    """One repeat: the pipeline timed, and bare vLLM on its prompts (odd repeats: bare vLLM first, on the previous
+    repeat's prompts); its figures and the prompts the pipeline sent."""
+    from pipeline.backends import Backends
+    from pipeline.runtime.answer import run_answer
+
+    rec = _Recorder(gen)
+    backends = Backends(cfg, args.index, generator=rec)
+    answer = {"index": args.index, "method": args.method, "limit": args.limit, "cfg": cfg, "backends": backends}
+    with tempfile.TemporaryDirectory(prefix="dynrag-bench-") as out:
+        if rep == 0:  # warm the index and the engine once, on batches of the timed run's size (not timed):
+            # warmed on 4 questions, the first timed 64-prompt batch ran 2.4x slower than the next ones
+            run_answer(dataset, f"{out}/warm", **answer)
+            rec.calls.clear()
+        rec.seconds = 0.0
+        if rep % 2:  # odd repeats time bare vLLM first (on the previous repeat's prompts)
+            mem.phase = "bare"
+            bare_first = bare_generate(gen, prev_calls)
+        mem.phase = "pipeline"
+        t1 = time.perf_counter()
+        summary = run_answer(dataset, f"{out}/run", **answer)
+        pipe_s = time.perf_counter() - t1
+    if not summary["answered"]:
+        from pipeline.errors import DynragError
+
+        raise DynragError(f"no question was answered; e.g. {summary['error_examples'][:1]}")
+    pipe_tokens = round(summary["completion_tokens_per_question"] * summary["answered"])
+    mem.phase = "bare"
+    bare_tokens, bare_s = bare_first if rep % 2 else bare_generate(gen, rec.calls)
+    mem.phase = None
+    result = {
+        "pipeline_tokens": pipe_tokens,
+        "pipeline_s": round(pipe_s, 2),
+        "bare_tokens": bare_tokens,
+        "bare_s": round(bare_s, 2),
+        "pipeline_tok_s": round(pipe_tokens / pipe_s, 2),
+        "bare_tok_s": round(bare_tokens / bare_s, 2),
+        "ratio": round((pipe_tokens / pipe_s) / (bare_tokens / bare_s), 3),
+        # the share of the pipeline's wall time spent inside the backend's generate: the
+        # ratio this machine would show if vLLM ran at the same speed in both runs
+        "generate_share_of_pipeline": round(rec.seconds / pipe_s, 4),
+        "time_per_question_s": summary["time_per_question_s"],
+        "em": summary["em"],
+        "f1": summary["f1"],
+        "prompts": sum(len(c[0]) for c in rec.calls),
+        "generate_calls": len(rec.calls),
+    }
+    backends.close()
+    return result, rec.calls
+
+
+def print_figures(figures: dict) -> None:
+    f = figures
+    print(
+        f"{f['method']} over {f['questions']} questions, {f['model']} ({f['dtype']}), "
+        f"{f['max_new_tokens']} new tokens, vLLM startup {f['engine_startup_s']:.1f} s (not timed)"
+    )
+    for i, r in enumerate(f["repeats"], 1):
+        print(
+            f"  repeat {i}: pipeline {r['pipeline_tokens']} tok in {r['pipeline_s']} s = {r['pipeline_tok_s']} tok/s; "
+            f"bare vLLM {r['bare_tokens']} tok in {r['bare_s']} s = {r['bare_tok_s']} tok/s; "
+            f"ratio {r['ratio']} ({r['generate_calls']} generate call(s), {r['prompts']} prompts); "
+            f"generate share of pipeline time {r['generate_share_of_pipeline']}"
+        )
+    print(f"pipeline / bare generated tokens/s: {f['ratio_median']} (median of {len(f['repeats'])}; goal >= 0.85)")
+    rss = f["peak_rss_gib"]
+    print(
+        f"peak RSS of the process tree (this process + vLLM engine core, one engine shared by both sides): "
+        f"pipeline phases {rss.get('pipeline')} GiB, bare phases {rss.get('bare')} GiB"
+    )

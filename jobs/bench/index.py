@@ -46,80 +46,15 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _queries(cfg, n: int) -> list[str]:
-    path = Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl"
-    qs = [json.loads(line)["question_text"] for line in path.read_text(encoding="utf-8").splitlines()]
-    return (qs * (n // len(qs) + 1))[:n]
+def _bm25_rates(args, cfg, work: Path, passages: list, index_dir: Path, mem: TreeRss):
+    """Queries a second of each repeat: Index.search, pyserini over one Lucene index of the same passages, and
+    pyserini reading its hits."""
+    from pyserini.search.lucene import LuceneSearcher
 
-
-def run(args: argparse.Namespace) -> int:
-    from jobs.cli import config_from_args
-
-    cfg = config_from_args(args)
-    cfg.index.shard_size = args.shard_size
-    for name in ("faiss", "faiss.loader", "sentence_transformers"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    sources = args.sources or [str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")]
-    if args.workdir:
-        Path(args.workdir).mkdir(parents=True, exist_ok=True)
-        return _run(args, cfg, sources, Path(args.workdir))
-    with tempfile.TemporaryDirectory(prefix="dynrag-bench-index-") as tmp:
-        return _run(args, cfg, sources, Path(tmp))
-
-
-def _run(args, cfg, sources: list[str], work: Path) -> int:
-    import itertools
-
-    from indexing import build_index, open_index
-    from indexing.corpus.passages import passages_of
-    from indexing.corpus.readers import read_corpus
+    from indexing import open_index
     from indexing.shards.embed import embed_input
     from indexing.shards.sparse import build_lucene
-    from platform_shims.java import ensure_java
 
-    # corpus: the first N passages, as generic JSONL (99% and 100%)
-    records = itertools.chain.from_iterable(read_corpus(s) for s in sources)
-    passages = list(itertools.islice(passages_of(records, cfg.index.passage_words), args.passages))
-    n, n99 = len(passages), int(round(len(passages) * 0.99))
-    rows = [{"id": p.id, "title": p.title, "text": p.text} for p in passages]
-    for name, part in (("corpus_99.jsonl", rows[:n99]), ("corpus_100.jsonl", rows)):
-        (work / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
-    print(
-        f"corpus: {n} passages from {', '.join(sources)}; mode={cfg.runtime.mode}, model={cfg.embedding.model}, "
-        f"dtype={cfg.embedding.dtype}, batch={cfg.embedding.batch_size}, shard_size={cfg.index.shard_size}, "
-        f"threads={cfg.index.threads}",
-        flush=True,
-    )
-
-    mem = TreeRss().start()  # peak RSS of this process tree per phase (one process: later phases include earlier)
-
-    # 1. full build (99%) then incremental (+1%)
-    ensure_java()
-    from pyserini.search.lucene import LuceneSearcher  # start the JVM before timing either build
-
-    index_dir = work / "index"
-    t = time.perf_counter()
-    full = build_index([str(work / "corpus_99.jsonl")], str(index_dir), cfg.index_settings())
-    t_full = time.perf_counter() - t
-    t = time.perf_counter()
-    inc = build_index([str(work / "corpus_100.jsonl")], str(index_dir), cfg.index_settings())
-    t_inc = time.perf_counter() - t
-    print(
-        f"  full build ({n99} passages, {full['shards']} shards): {t_full:.1f}s; incremental (+{n - n99} passages): "
-        f"{t_inc:.2f}s, {inc['shards_reused']}/{inc['shards']} shards reused, {inc['shards_reembedded']} re-embedded, "
-        f"{inc['passages_embedded']} passages embedded",
-        flush=True,
-    )
-    stages = ("passages_s", "embed_s", "embed_and_index_s", "bm25_merge_s")
-    print(
-        "    full stages: "
-        + ", ".join(f"{k} {full.get(k, 0):.2f}" for k in stages)
-        + "; incremental stages: "
-        + ", ".join(f"{k} {inc.get(k, 0):.2f}" for k in stages),
-        flush=True,
-    )
-
-    # 2. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
     queries = _queries(cfg, args.queries)
     single = work / "lucene_single"
     build_lucene(((p.id, embed_input(p.title, p.text)) for p in passages), single, cfg.index.threads)
@@ -149,6 +84,82 @@ def _run(args, cfg, sources: list[str], work: Path) -> int:
                 flush=True,
             )
     searcher.close()
+    return ours_rates, theirs_rates, read_rates
+
+
+def _queries(cfg, n: int) -> list[str]:
+    path = Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl"
+    qs = [json.loads(line)["question_text"] for line in path.read_text(encoding="utf-8").splitlines()]
+    return (qs * (n // len(qs) + 1))[:n]
+
+
+def run(args: argparse.Namespace) -> int:
+    from jobs.cli import config_from_args
+
+    cfg = config_from_args(args)
+    cfg.index.shard_size = args.shard_size
+    for name in ("faiss", "faiss.loader", "sentence_transformers"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    sources = args.sources or [str(Path(cfg.paths.data_dir) / "hotpotqa" / "dev_400.jsonl")]
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        return _run(args, cfg, sources, Path(args.workdir))
+    with tempfile.TemporaryDirectory(prefix="dynrag-bench-index-") as tmp:
+        return _run(args, cfg, sources, Path(tmp))
+
+
+def _run(args, cfg, sources: list[str], work: Path) -> int:
+    import itertools
+
+    from indexing import build_index
+    from indexing.corpus.passages import passages_of
+    from indexing.corpus.readers import read_corpus
+    from platform_shims.java import ensure_java
+
+    # corpus: the first N passages, as generic JSONL (99% and 100%)
+    records = itertools.chain.from_iterable(read_corpus(s) for s in sources)
+    passages = list(itertools.islice(passages_of(records, cfg.index.passage_words), args.passages))
+    n, n99 = len(passages), int(round(len(passages) * 0.99))
+    rows = [{"id": p.id, "title": p.title, "text": p.text} for p in passages]
+    for name, part in (("corpus_99.jsonl", rows[:n99]), ("corpus_100.jsonl", rows)):
+        (work / name).write_text("".join(json.dumps(r) + "\n" for r in part), encoding="utf-8")
+    print(
+        f"corpus: {n} passages from {', '.join(sources)}; mode={cfg.runtime.mode}, model={cfg.embedding.model}, "
+        f"dtype={cfg.embedding.dtype}, batch={cfg.embedding.batch_size}, shard_size={cfg.index.shard_size}, "
+        f"threads={cfg.index.threads}",
+        flush=True,
+    )
+
+    mem = TreeRss().start()  # peak RSS of this process tree per phase (one process: later phases include earlier)
+
+    # 1. full build (99%) then incremental (+1%)
+    ensure_java()
+    from pyserini.search.lucene import LuceneSearcher  # noqa: F401  (starts the JVM before timing either build)
+
+    index_dir = work / "index"
+    t = time.perf_counter()
+    full = build_index([str(work / "corpus_99.jsonl")], str(index_dir), cfg.index_settings())
+    t_full = time.perf_counter() - t
+    t = time.perf_counter()
+    inc = build_index([str(work / "corpus_100.jsonl")], str(index_dir), cfg.index_settings())
+    t_inc = time.perf_counter() - t
+    print(
+        f"  full build ({n99} passages, {full['shards']} shards): {t_full:.1f}s; incremental (+{n - n99} passages): "
+        f"{t_inc:.2f}s, {inc['shards_reused']}/{inc['shards']} shards reused, {inc['shards_reembedded']} re-embedded, "
+        f"{inc['passages_embedded']} passages embedded",
+        flush=True,
+    )
+    stages = ("passages_s", "embed_s", "embed_and_index_s", "bm25_merge_s")
+    print(
+        "    full stages: "
+        + ", ".join(f"{k} {full.get(k, 0):.2f}" for k in stages)
+        + "; incremental stages: "
+        + ", ".join(f"{k} {inc.get(k, 0):.2f}" for k in stages),
+        flush=True,
+    )
+
+    # 2. BM25 batch search: Index.search vs pyserini over one Lucene index of the same passages
+    ours_rates, theirs_rates, read_rates = _bm25_rates(args, cfg, work, passages, index_dir, mem)
     mem.stop()
     rss = {k: f"{v / GIB:.2f}" for k, v in mem.peaks.items()}
     bm25_ratio = statistics.median(ours_rates) / statistics.median(theirs_rates)

@@ -98,6 +98,31 @@ def checkout_of(source: str) -> dict[str, str]:
     return git_info(path)
 
 
+def reference_job(
+    cfg, ref: dict, model: str, questions: list, use_filter: bool, max_tokens: int, unfence: bool, schemas: dict
+) -> dict:
+    """The reference run's job (run_reference): the authors' command line and settings, all in its cache key; the
+    caller adds the endpoints it serves and the output file."""
+    argv = ["--question_rewritter_prompt", str(Path(ref["path"]) / PROMPTS["rewriter"])]
+    argv += ["--knowledge_filter_prompt", str(Path(ref["path"]) / PROMPTS["filter"])]
+    argv += ["--reader_prompt", str(Path(ref["path"]) / PROMPTS["reader"]), "--dataset", "hotpot"]
+    argv += ["--page_num", str(PAGE_NUM), "--model_name", Path(model).name]
+    job = {
+        "source": ref["path"],
+        "commit": ref["commit"],
+        "cache": str(Path(cfg.paths.cache_dir) / "conform" / "runs"),
+        "argv": argv,
+        "filter": use_filter,
+        "max_tokens": max_tokens,
+        "unfence": unfence,
+        "model": model,
+        "questions": [{"id": q.id, "question": q.question} for q in questions],
+    }
+    if schemas:  # in the reference's cache key (run_reference), as every setting is
+        job["json_schemas"] = schemas
+    return job
+
+
 def conform_erm4(
     cfg,
     method: str,
@@ -136,28 +161,12 @@ def conform_erm4(
     backends = Backends(same, index)
     formats = {texts[k]: schema for k, schema in schemas.items()}
     retrieval, llm = serve_retrieval(backends), serve_llm(backends, max_tokens, unfence, formats)
-    argv = ["--question_rewritter_prompt", str(Path(ref["path"]) / PROMPTS["rewriter"])]
-    argv += ["--knowledge_filter_prompt", str(Path(ref["path"]) / PROMPTS["filter"])]
-    argv += ["--reader_prompt", str(Path(ref["path"]) / PROMPTS["reader"]), "--dataset", "hotpot"]
-    argv += ["--page_num", str(PAGE_NUM), "--model_name", Path(model).name]
     try:
         with tempfile.TemporaryDirectory(prefix="dynrag-conform-") as tmp:
-            job = {
-                "source": ref["path"],
-                "commit": ref["commit"],
-                "cache": str(Path(cfg.paths.cache_dir) / "conform" / "runs"),
-                "argv": argv,
-                "filter": use_filter,
-                "max_tokens": max_tokens,
-                "unfence": unfence,
-                "model": model,
-                "questions": [{"id": q.id, "question": q.question} for q in questions],
-                "retrieval_url": f"http://127.0.0.1:{retrieval.server_address[1]}/",
-                "llm_url": f"http://127.0.0.1:{llm.server_address[1]}/v1",
-                "out": str(Path(tmp) / "reference.jsonl"),
-            }
-            if schemas:  # in the reference's cache key (run_reference), as every setting is
-                job["json_schemas"] = schemas
+            job = reference_job(cfg, ref, model, questions, use_filter, max_tokens, unfence, schemas)
+            job["retrieval_url"] = f"http://127.0.0.1:{retrieval.server_address[1]}/"
+            job["llm_url"] = f"http://127.0.0.1:{llm.server_address[1]}/v1"
+            job["out"] = str(Path(tmp) / "reference.jsonl")
             t0 = time.perf_counter()
             _, ref_rows = run_reference(py, job, Path(tmp), log, DRIVER)
             log(f"reference: {time.perf_counter() - t0:.0f} s")

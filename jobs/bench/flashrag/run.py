@@ -179,10 +179,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args, cfg, dataset: str, work: Path) -> int:
     from jobs.bench.flashrag.env import ensure_flashrag
-    from jobs.bench.flashrag.launch import dump_templates, run_driver, run_side, side_commands, side_env
+    from jobs.bench.flashrag.launch import dump_templates, run_driver, side_commands, side_env
     from jobs.bench.flashrag.methods import dynrag_params
     from jobs.bench.flashrag.prepare import driver_config, prepare
-    from jobs.bench.flashrag.report import print_figures, ratio_median, score_repeat
+    from jobs.bench.flashrag.report import print_figures, ratio_median
     from jobs.bench.roofline import matmul_gflops
     from pipeline.assets.models import resolve_model
     from pipeline.errors import DynragError
@@ -222,29 +222,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     (work / "dynrag_params.json").write_text(json.dumps(params, indent=1))
     golds = {q["id"]: q["answers"] for q in map(json.loads, (work / "questions.jsonl").read_text().splitlines())}
     sides = side_commands(args, py, work, warm)
-    reps, vllm_failed = [], None
-    for rep in range(args.repeats):
-        order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
-        got: dict[str, Any] = {}
-        for side in order:
-            print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
-            load_before = round(os.getloadavg()[0], 1)
-            r, failed = run_side(side, sides[side], work / "flashrag.json", env, args.method)
-            got[side], vllm_failed = r, vllm_failed or failed
-            (work / f"{side}-repeat{rep + 1}.json").write_text(json.dumps(r, indent=1))  # predictions, per question
-            # this machine is shared: say how busy it was
-            r.update(load_average_1min_before=load_before, load_average_1min_after=round(os.getloadavg()[0], 1))
-            print(
-                f"repeat {rep + 1}: {side} ({r['framework']}, {r['threads']} threads) {r['questions_per_s']:.3f} q/s, "
-                f"{r['answered']}/{r['questions']} answered, startup {r['startup_s']} s, peak RSS "
-                f"{r['peak_rss_gib']} GiB, load average {load_before} -> {r['load_average_1min_after']}",
-                file=sys.stderr,
-                flush=True,
-            )
-        got["agreement"] = agreement(
-            got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag", no_answer=spec.flashrag_no_answer
-        )
-        reps.append(score_repeat(got, golds, model_path, peak, allow_errors=args.allow_errors))
+    reps, vllm_failed = _run_repeats(args, sides, work, env, spec, golds, model_path, peak)
     figures = {
         "method": args.method,
         "flashrag_pipeline": spec.pipeline,
@@ -273,3 +251,35 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     else:
         print_figures(figures, args.repeats)
     return 0
+
+
+def _run_repeats(args, sides: dict, work: Path, env: dict, spec, golds: dict, model_path: str, peak: float):
+    """Each repeat runs both sides, alternating which goes first; each repeat's scored figures, and the reason
+    FlashRAG's vLLM generator failed (None where it did not)."""
+    from jobs.bench.flashrag.launch import run_side
+    from jobs.bench.flashrag.report import score_repeat
+
+    reps, vllm_failed = [], None
+    for rep in range(args.repeats):
+        order = ["dynrag", "flashrag"] if rep % 2 == 0 else ["flashrag", "dynrag"]
+        got: dict[str, Any] = {}
+        for side in order:
+            print(f"repeat {rep + 1}: running {side} ...", file=sys.stderr, flush=True)
+            load_before = round(os.getloadavg()[0], 1)
+            r, failed = run_side(side, sides[side], work / "flashrag.json", env, args.method)
+            got[side], vllm_failed = r, vllm_failed or failed
+            (work / f"{side}-repeat{rep + 1}.json").write_text(json.dumps(r, indent=1))  # predictions, per question
+            # this machine is shared: say how busy it was
+            r.update(load_average_1min_before=load_before, load_average_1min_after=round(os.getloadavg()[0], 1))
+            print(
+                f"repeat {rep + 1}: {side} ({r['framework']}, {r['threads']} threads) {r['questions_per_s']:.3f} q/s, "
+                f"{r['answered']}/{r['questions']} answered, startup {r['startup_s']} s, peak RSS "
+                f"{r['peak_rss_gib']} GiB, load average {load_before} -> {r['load_average_1min_after']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        got["agreement"] = agreement(
+            got["dynrag"], got["flashrag"], normalized=args.method != "sr-rag", no_answer=spec.flashrag_no_answer
+        )
+        reps.append(score_repeat(got, golds, model_path, peak, allow_errors=args.allow_errors))
+    return reps, vllm_failed

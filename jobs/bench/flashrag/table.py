@@ -239,18 +239,13 @@ def same(a: dict, b: dict) -> dict[str, str]:
     return out
 
 
-def run_table(args, cfg, dataset: str, work: Path) -> int:
-    from jobs.bench.flashrag.env import ensure_flashrag
-    from jobs.bench.flashrag.launch import dump_templates, flashrag_command, run_driver, side_env
+def table_commands(args, cfg, work: Path, methods: list[str], py, model_path) -> dict[str, Any]:
+    """Each way's command: FlashRAG per method and in one process (their configs and templates written to `work`,
+    the BM25 index built once), dynrag concurrent and sequential (one experiment file each)."""
+    from jobs.bench.flashrag.launch import dump_templates, flashrag_command, run_driver
     from jobs.bench.flashrag.methods import dynrag_params
-    from jobs.bench.flashrag.prepare import driver_config, prepare
-    from pipeline.assets.models import resolve_model
+    from jobs.bench.flashrag.prepare import driver_config
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    env = side_env(cfg, args.threads)
-    py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
-    sizes = prepare(cfg, dataset, args.limit, 0, work)
-    model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
     configs, params = [], {}
     for meth in methods:
         dcfg = driver_config(
@@ -269,6 +264,21 @@ def run_table(args, cfg, dataset: str, work: Path) -> int:
     }
     for way, seq in (("dynrag_concurrent", False), ("dynrag_sequential", True)):
         commands[way] = dynrag_command(args, experiment_file(work, methods, params, work / way), seq)
+    return commands
+
+
+def run_table(args, cfg, dataset: str, work: Path) -> int:
+    from jobs.bench.flashrag.env import ensure_flashrag
+    from jobs.bench.flashrag.launch import side_env
+    from jobs.bench.flashrag.prepare import prepare
+    from pipeline.assets.models import resolve_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    env = side_env(cfg, args.threads)
+    py = ensure_flashrag(cfg.paths.cache_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+    sizes = prepare(cfg, dataset, args.limit, 0, work)
+    model_path = resolve_model(cfg.generation.model, cfg.paths.cache_dir)
+    commands = table_commands(args, cfg, work, methods, py, model_path)
     warm_disk_caches([str(py), sys.executable], model_path, env)
     rounds = run_rounds(chosen_ways(args.ways), args.repeats, commands, env, work, methods)
     ways = rounds[0]  # the first round's figures in full; every round's seconds and ratios beside them
