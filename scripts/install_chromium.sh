@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Headless Chromium for the HTML report test (tests/test_report_html.py): Debian's `chromium` package.
+# Headless Chromium for the HTML report test (tests/pipeline/evaluation/test_report_html.py): Debian's `chromium` package.
 # Idempotent; non-interactive (CI has no stdin). Needs root or passwordless sudo. Prints the binary's path.
 set -euo pipefail
 for b in chromium chromium-browser google-chrome; do

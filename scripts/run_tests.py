@@ -54,8 +54,8 @@ class Unit:
 
 
 def seconds_per_file() -> dict[str, tuple[float, int]]:
-    """docs/operations.md's table rows `| tests/test_x.py | seconds | tests | ...`: each file's (seconds, tests)."""
-    row = re.compile(r"^\|\s*`?(tests/test_\w+\.py)`?\s*\|\s*([\d.]+)\s*\|\s*(\d+)")
+    """docs/operations.md's table rows `| tests/.../test_x.py | seconds | tests | ...`: each file's (seconds, tests)."""
+    row = re.compile(r"^\|\s*`?(tests/(?:\w+/)*test_\w+\.py)`?\s*\|\s*([\d.]+)\s*\|\s*(\d+)")
     found = (row.match(line) for line in TABLE.read_text(encoding="utf-8").splitlines()) if TABLE.is_file() else ()
     return {m[1]: (float(m[2]), int(m[3])) for m in found if m}
 
@@ -221,7 +221,7 @@ def report(units: list[Unit], times: Path, wall_s: float) -> int:
 def main(argv: list[str]) -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", nargs="*", help="test files (default tests/test_*.py)")
+    parser.add_argument("files", nargs="*", help="test files (default tests/**/test_*.py)")
     parser.add_argument("-m", dest="marks", help="pytest's marker expression, for every process")
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", 0)) or os.cpu_count() or 1)
     parser.add_argument("--table", type=Path, help="print a DYNRAG_TEST_TIMES file as docs/operations.md's rows")
@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(f"| {f} | {s:.1f} | {n} | {cpu:.1f} |" for f, s, n, cpu in read_times(args.table)))
         return 0
     os.chdir(ROOT)
-    files = args.files or sorted(glob.glob("tests/test_*.py"))
+    files = args.files or sorted(glob.glob("tests/**/test_*.py", recursive=True))
     extra = (["-m", args.marks] if args.marks else []) + extra
     py = os.environ.get("PYTHON") or str(ROOT / ".venv" / "bin" / "python")
     times = Path(os.environ.setdefault("DYNRAG_TEST_TIMES", tempfile.mktemp(prefix="dynrag-test-times-")))

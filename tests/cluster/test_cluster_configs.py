@@ -13,7 +13,7 @@ import yaml
 
 from pipeline.config import load_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "cluster"
 
 
@@ -158,7 +158,7 @@ def test_guide_commands_parse_and_match_the_tests():
         if args.command == "submit":
             inner = [a for a in args.job if a != "--"]
             parser.parse_args([*inner, "--config", "x.yaml"])  # what jobs.submit runs on the cluster
-    # the one-machine section: the same `ray start` flags and `dynrag submit` form as tests/test_cluster_ray.py
+    # the one-machine section: the same `ray start` flags and `dynrag submit` form as tests/cluster/test_cluster_ray.py
     ray_start = next(c for c in commands if c.startswith("ray start"))
     assert set(RAY_START) <= set(ray_start.split())
     export = next(c for c in commands if c.startswith("export RAY_"))

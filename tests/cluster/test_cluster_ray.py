@@ -22,7 +22,7 @@ import pytest
 from engine_fixtures import HOTPOT, hotpot_subset, tiny_model_path
 from on_disk import assert_each_question_once
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # the flags of the guide's `ray start` (ports and temp dir are added per test)
 RAY_START = [

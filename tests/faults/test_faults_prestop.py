@@ -23,7 +23,7 @@ from ray_jobs import fake_gpu_cluster
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(300)]
 
 ray = pytest.importorskip("ray")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

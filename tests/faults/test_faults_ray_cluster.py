@@ -19,7 +19,7 @@ import pytest
 from on_disk import rows_on_disk
 from ray_jobs import assert_each_question_once, dying_backends, fake_gpu_cluster, run_job
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from rayjob_local import drain_node  # noqa: E402  (the RayJob script's: `ray drain-node`, the command)
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(600)]

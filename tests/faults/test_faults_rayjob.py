@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = [pytest.mark.faults, pytest.mark.own_process, pytest.mark.timeout(900)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 

@@ -1,5 +1,5 @@
 """Safety: nothing a user supplies is unpickled or evaluated, model repos' code never runs unless
-generation.trust_remote_code is set, and ids cannot steer output paths (tests/test_faults_inputs.py).
+generation.trust_remote_code is set, and ids cannot steer output paths (tests/faults/test_faults_inputs.py).
 
 A static check walks the product's source (pipeline/, indexing/, jobs/) for the calls that execute
 data; a dynamic one points the CLI at a model folder whose config asks for its own code and at one
@@ -22,7 +22,7 @@ from pipeline.config import DynragConfig
 
 pytestmark = pytest.mark.faults
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted(p for d in ("pipeline", "indexing", "platform_shims", "jobs") for p in (ROOT / d).rglob("*.py"))
 UNSAFE_MODULES = {"pickle", "cPickle", "dill", "marshal", "shelve", "cloudpickle", "joblib"}
 

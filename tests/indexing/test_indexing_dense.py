@@ -237,7 +237,7 @@ def test_search_threads_do_not_grow_with_the_shard_count(tmp_path, factory):
     a fresh process after one search of its own (which starts the thread pools that OpenMP and BLAS start on
     first use, at times only under the second set when one process searched both): the same count (faiss's
     threaded shard sets ran a thread per shard)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     peaks = {}
     for n in (2, 12):

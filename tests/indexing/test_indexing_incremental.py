@@ -153,7 +153,7 @@ def test_resume_after_kill(scenario, full_build):
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
     deadline = time.time() + 240
     staging = root / "staging"

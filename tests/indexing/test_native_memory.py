@@ -1,6 +1,6 @@
 """The settings behind `index.memory_budget_mb` (indexing/shards/native_memory.py), each checked in a fresh
 interpreter: they only work when applied before pyarrow's first import or the JVM's start. The
-bounded-memory build itself is measured in tests/test_faults_memory.py."""
+bounded-memory build itself is measured in tests/faults/test_faults_memory.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import pytest
 from jobs.bench.questions import add_growth, write_questions
 from jobs.bench.questions_child import kind_of
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 N = 300
 
 

@@ -16,7 +16,7 @@ from indexing.corpus.readers import ReadStats, read_corpus
 from jobs.bench import dpr_synthetic, memory_cap
 from jobs.bench.scale import disk_needed, faiss_bytes_per_passage, ivf_factory
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def dynrag(*args: str) -> subprocess.CompletedProcess:

@@ -204,7 +204,7 @@ def test_sigterm_to_dynrag_conform_ends_its_reference_process_and_the_reference_
     argv = ["conform", "--method", "sr-rag", "--reference-source", str(src), "--dataset", str(dataset)]
     argv += ["--index", str(tmp_path / "index"), "--model-dtype", "checkpoint"]
     argv += ["--set", f"paths.cache_dir={tmp_path / 'cache'}"]
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     cmd = [sys.executable, str(tmp_path / "conform.py"), str(python), *argv]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

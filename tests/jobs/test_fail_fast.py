@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fault_tools import one_error_line
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # the CLI, with every expensive start made fatal: reaching one of them is a failure of this test
 GUARDED_CLI = """
 import sys

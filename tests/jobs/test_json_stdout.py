@@ -16,14 +16,14 @@ from fault_tools import VLLM_PROCESSES
 
 from jobs.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SLOW_ELSEWHERE = {  # --json commands whose run needs minutes and an install: their own slow tests parse stdout
-    "bench flashrag": "tests/test_bench_plumbing.py::test_bench_flashrag_end_to_end",
-    "bench scale": "tests/test_bench_scale.py::test_bench_scale_dpr_synthetic",
-    "bench questions": "tests/test_bench_questions.py::test_bench_questions_local",  # its stdout parsed as one JSON
+    "bench flashrag": "tests/jobs/test_bench_plumbing.py::test_bench_flashrag_end_to_end",
+    "bench scale": "tests/jobs/test_bench_scale.py::test_bench_scale_dpr_synthetic",
+    "bench questions": "tests/jobs/test_bench_questions.py::test_bench_questions_local",  # its stdout parsed as one JSON
 }
 # --json commands no test here can run: `conform` needs a checkout of the authors' code (GitHub, which CI cannot
-# reach) and installs its requirements; its document's parts are tested on scripted sides in tests/test_conform.py
+# reach) and installs its requirements; its document's parts are tested on scripted sides in tests/jobs/test_conform.py
 NEEDS_AUTHORS_CODE = {"conform"}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from jobs.methods import FAMILIES
 from pipeline.methods.registry import all_methods
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def dynrag(*args: str) -> str:

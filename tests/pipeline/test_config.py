@@ -15,7 +15,7 @@ import yaml
 
 from pipeline.config import ConfigError, DynragConfig, load_config, parse_override, save_resolved, with_values
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_valid_and_deterministic():

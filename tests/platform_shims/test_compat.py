@@ -16,7 +16,7 @@ import pytest
 
 from platform_shims import compat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _locked(name: str) -> str:

@@ -1,5 +1,5 @@
 """OrphanGuard (pipeline/backends/orphan_guard.py): processes it guards die when their owner is SIGKILLed, and
-survive a normal `close()`. With a real vLLM engine: tests/test_faults_orphans.py."""
+survive a normal `close()`. With a real vLLM engine: tests/faults/test_faults_orphans.py."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from jobs.cli import main
 from pipeline.config import load_config
 
 # Enough to beat the majority on 2 shared cores: about 280 training examples, short inputs, 2 epochs (86 s here).
-LEARNS = [  # the cross-encoder (the default is the feature model: tests/test_classifier_features.py)
+LEARNS = [  # the cross-encoder (the default is the feature model: tests/pipeline/classifier/test_classifier_features.py)
     "classifier.model=cross-encoder",
     "classifier.max_examples=400",
     "classifier.dev_fraction=0.3",

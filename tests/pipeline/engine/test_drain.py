@@ -2,7 +2,7 @@
 drop the rest; a Feed's questions arrive while the continuous engine runs (a Ray engine actor's batches,
 taken while the previous batch's last questions finish); the replica's lifecycle (serving, a drain message,
 a failed engine, a poison batch). No Ray here: the replica is called from threads as Ray Data's concurrent
-calls to its engine actor are (tests/test_engine_ray.py runs it through Ray)."""
+calls to its engine actor are (tests/pipeline/runtime/test_engine_ray.py runs it through Ray)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from eval_fixtures import drrag_like_runs, fake_run
 from pipeline.evaluation.report import render, write_report
 from pipeline.evaluation.runs import load_runs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 # appended to a copy of the report: measures every chart and its series after layout, writes JSON into the DOM
 PROBE = """<script>

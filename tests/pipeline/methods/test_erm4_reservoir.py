@@ -19,7 +19,7 @@ from pipeline.methods.reservoir import (
     within_boundary,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def unit_with_first(c: float, dim: int = 4) -> np.ndarray:

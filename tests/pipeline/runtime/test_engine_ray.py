@@ -34,7 +34,7 @@ def _predictions(out) -> dict[str, str]:
     return dict(zip(df["question_id"], df["prediction"]))
 
 
-# slow on both backends (70 s and more): tests/test_ray_stream.py checks the same (sr-rag rows through Ray Data
+# slow on both backends (70 s and more): tests/pipeline/runtime/test_ray_stream.py checks the same (sr-rag rows through Ray Data
 # equal the in-process rows, transformers backend) on every run; the pools test below keeps one Ray run here
 @pytest.mark.parametrize(
     "backend", [pytest.param("transformers", marks=pytest.mark.slow), pytest.param("vllm", marks=pytest.mark.slow)]

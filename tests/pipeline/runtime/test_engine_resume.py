@@ -51,7 +51,7 @@ def test_sigkill_then_resume(data_dir, tmp_path_factory, tmp_path):
     dataset = at_least(data_dir, HOTPOT, N, tmp_path)  # the fixture kit's 15 questions repeat, ids suffixed
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     proc = subprocess.Popen(
         _command(dataset, model, out), cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

@@ -24,7 +24,7 @@ from pipeline.runtime.ray_resources import (
 )
 from platform_shims.device import owns_gpu
 
-CLUSTER = Path(__file__).resolve().parents[1] / "cluster"
+CLUSTER = Path(__file__).resolve().parents[3] / "cluster"
 
 
 def _no_cuda(monkeypatch, cuda: bool) -> None:

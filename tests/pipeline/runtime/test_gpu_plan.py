@@ -110,7 +110,7 @@ def test_replica_models_read_parameter_counts_from_the_model_folders(tmp_path):
 def test_embedding_and_attention_users_are_the_ones_the_plan_counts():
     """The plan counts the embedder for the methods whose programs yield Embed and the attention model for
     dragin: the method sources must agree, or a new method's model goes unbudgeted."""
-    methods = Path(__file__).resolve().parent.parent / "pipeline" / "methods"
+    methods = Path(__file__).resolve().parents[3] / "pipeline" / "methods"
     embeds = {p.stem for p in methods.glob("*.py") if "yield Embed(" in p.read_text()}
     assert embeds == set(EMBEDDING_METHOD_MODULES)
     attention = [p.stem for p in methods.glob("*.py") if re.search(r'Call\(\s*"attention"', p.read_text())]
