@@ -324,3 +324,27 @@ def test_no_function_in_jobs_runs_over_80_lines():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80
     ]
     assert not long, "functions over 80 lines in jobs/:\n" + "\n".join(long)
+
+
+# tests/'s folders beside those that mirror a package: the fault-injection suite and the runs on Ray clusters
+TEST_SUITES = {"faults", "cluster"}
+TREE_CHECKS = {"test_layout.py", "test_readme.py", "test_locks.py"}  # the tests of the whole tree, at tests/'s top
+
+
+def test_the_tests_stand_in_folders_that_mirror_the_packages():
+    """A module's tests are found from its path: tests/pipeline/engine/ holds pipeline/engine/'s (README "Layout")."""
+
+    def placed(folder: Path, name: str) -> bool:
+        if folder == Path("."):
+            return name in TREE_CHECKS
+        return str(folder) in TEST_SUITES or (folder.parts[0] in PACKAGES and (ROOT / folder).is_dir())
+
+    tests = ROOT / "tests"
+    misplaced = [
+        str(p.relative_to(ROOT))
+        for p in sorted(tests.rglob("test_*.py"))
+        if not placed(p.parent.relative_to(tests), p.name)
+    ]
+    assert not misplaced, "test files outside a folder that mirrors a package (or faults/, cluster/):\n" + "\n".join(
+        misplaced
+    )
