@@ -227,6 +227,7 @@ def add_growth(runs: list[dict]) -> None:
     for r in runs:
         base = min((x for x in runs if x["runtime"] == r["runtime"]), key=lambda x: x["n"])
         r["driver_rss_growth_bytes"] = r["driver_peak_rss_bytes"] - base["driver_peak_rss_bytes"]
+        r["driver_private_growth_bytes"] = r["driver_peak_private_bytes"] - base["driver_peak_private_bytes"]
 
 
 def _ms(r: dict, kind: str) -> str:
@@ -237,7 +238,7 @@ def _ms(r: dict, kind: str) -> str:
 
 HEAD = (
     f"{'N':>9} {'runtime':7} {'q/s':>8} {'driver':>7} {'engine':>7} {'pool':>6} {'Ray else':>8} "
-    f"{'peak RSS':>8} {'growth':>7} {'tail s':>7} {'resume s':>8} {'parquet':>16} {'other files':>16} "
+    f"{'peak RSS':>8} {'growth':>7} {'private':>7} {'growth':>7} {'tail s':>7} {'resume s':>8} {'parquet':>16} {'other files':>16} "
     f"{'rows':>9} {'errors':>6}"
 )
 
@@ -249,7 +250,8 @@ def text(w: dict, runs: list[dict]) -> str:
         f"{w['retrieval_cache']}; ray: {w['ray_actors']} engine actor(s), {w['ray_retrieval_actors']} retrieval "
         f"actor(s), num_cpus {w['ray_num_cpus'] or 'Ray default'}; {w['cpus']} CPUs, load {w['load_average']}",
         "CPU columns: ms per question (driver: getrusage around run_answer; Ray processes: psutil samples); "
-        "RSS: the driver's peak, MB (local: its JVM's heap of 512 MB committed at start); tail: the last answer to "
+        "RSS: the driver's peak, MB (local: its JVM's heap of 512 MB committed at start); private: its RSS less its "
+        "shared pages (Ray's object store read by the driver), the peak of samples; tail: the last answer to "
         "run_answer returning",
         HEAD,
     ]
@@ -258,6 +260,7 @@ def text(w: dict, runs: list[dict]) -> str:
             f"{r['n']:>9,} {r['runtime']:7} {r['questions_per_s']:>8,.1f} "
             f"{1000 * r['driver_cpu_s'] / r['n']:>7.2f} {_ms(r, 'engine'):>7} {_ms(r, 'pool'):>6} "
             f"{_ray_else(r):>8} {r['driver_peak_rss_bytes'] / MB:>8.0f} {r['driver_rss_growth_bytes'] / MB:>+7.0f} "
+            f"{r['driver_peak_private_bytes'] / MB:>7.0f} {r['driver_private_growth_bytes'] / MB:>+7.0f} "
             f"{r['last_answer_to_return_s']:>7.2f} {r['resume_s']:>8.2f} "
             f"{_files(r, 'parquet'):>16} {_files(r, 'other'):>16} {r['rows']:>9,} {r['error_rows']:>6,}"
         )

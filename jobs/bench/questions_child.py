@@ -62,19 +62,24 @@ def short_title(title: str) -> str:
 
 
 class RayCpu:
-    """CPU seconds (user + system) of this process's descendants, sampled from a thread until `stop()`."""
+    """CPU seconds (user + system) of this process's descendants, sampled from a thread until `stop()`, and this
+    process's peak private memory (RSS less its shared pages: through Ray, the object store's pages the driver
+    has read count in its RSS, shared with Ray's processes)."""
 
     def __init__(self, interval: float = SAMPLE_S):
         self.interval = interval
         self.seen: dict[int, tuple[str, float]] = {}  # pid -> (kind, CPU seconds at its last sample)
         self.titles: dict[str, set[str]] = {}  # kind -> the process titles seen (their first word)
         self.own_s = 0.0  # the sampling thread's own CPU time
+        self.private_peak = 0  # bytes: this process's RSS less its shared pages, the highest sampled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-ray-cpu", daemon=True)
 
     def sample(self) -> None:
         import psutil
 
+        me = psutil.Process().memory_info()
+        self.private_peak = max(self.private_peak, me.rss - me.shared)
         try:
             procs = psutil.Process().children(recursive=True)
         except psutil.Error:
@@ -111,7 +116,8 @@ class RayCpu:
             out[f"{kind}_cpu_s"] += seconds
             out[f"{kind}_processes"] += 1
         each = sorted(round(seconds, 2) for kind, seconds in self.seen.values() if kind == "engine")
-        return out | {"engine_cpu_s_each": each, "ray_titles": {k: sorted(v) for k, v in sorted(self.titles.items())}}
+        titles = {k: sorted(v) for k, v in sorted(self.titles.items())}
+        return out | {"engine_cpu_s_each": each, "ray_titles": titles, "driver_peak_private_bytes": self.private_peak}
 
 
 def files_on_disk(out: str) -> dict[str, int]:
@@ -185,14 +191,16 @@ def measure(spec: dict) -> dict[str, Any]:
 
     sim = simulated_gpu(spec["runtime"], spec["kv_tokens"]) if spec["simulate_gpu"] else contextlib.nullcontext()
     with sim:
-        sampler = RayCpu().start() if ray else None
+        sampler = RayCpu().start()  # (in-process: no Ray processes, the driver's private memory only)
         cpu0, t0 = _cpu_s(), time.perf_counter()
         summary = answer()
         returned_at, wall = time.time(), time.perf_counter() - t0
         cpu = _cpu_s() - cpu0
         peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        workers = sampler.stop() if sampler else {}
-        cpu -= sampler.own_s if sampler else 0.0
+        workers = sampler.stop()
+        cpu -= sampler.own_s
+        if not ray:  # its figures are the driver's own
+            workers = {"driver_peak_private_bytes": workers["driver_peak_private_bytes"]}
         disk, rows = files_on_disk(out), rows_on_disk(out)
         t1 = time.perf_counter()
         resumed = answer()

@@ -34,9 +34,18 @@ def check_run(r: dict, runtime: str, work: Path) -> None:
     assert (r["n"], r["runtime"]) == (N, runtime)
     assert r["rows"] == r["distinct_ids"] == r["summary_rows"] == N and r["error_rows"] == r["summary_errors"] == 0
     assert r["resume_skipped"] == N and r["resume_rows_after"] == N  # the resume answered nothing again
-    for key in ("wall_s", "questions_per_s", "driver_cpu_s", "driver_peak_rss_bytes", "resume_s", "parquet_bytes"):
+    for key in (
+        "wall_s",
+        "questions_per_s",
+        "driver_cpu_s",
+        "driver_peak_rss_bytes",
+        "resume_s",
+        "parquet_bytes",
+        "driver_peak_private_bytes",
+    ):
         assert r[key] > 0, key
     assert r["parquet_files"] >= 1 and r["other_files"] >= 1 and r["driver_rss_growth_bytes"] == 0
+    assert r["driver_peak_private_bytes"] <= r["driver_peak_rss_bytes"]
     assert 0 <= r["last_answer_to_return_s"] < r["wall_s"]
     # the figures are those of the output left in --work: pyarrow reads the same rows there
     import pyarrow.dataset as pads
@@ -58,11 +67,12 @@ def test_ray_processes_are_classified_by_title_and_rss_growth_is_from_the_smalle
     assert kind_of("ray::IDLE") == kind_of("ray::ReadQuestionSource") == "ray_workers"
     assert kind_of("/usr/bin/gcs_server --port 1") == kind_of("ray::DashboardAgent") == "ray_services"
     runs = [
-        {"runtime": "local", "n": 10, "driver_peak_rss_bytes": 5},
-        {"runtime": "local", "n": 1, "driver_peak_rss_bytes": 3},
+        {"runtime": "local", "n": 10, "driver_peak_rss_bytes": 5, "driver_peak_private_bytes": 4},
+        {"runtime": "local", "n": 1, "driver_peak_rss_bytes": 3, "driver_peak_private_bytes": 1},
     ]
     add_growth(runs)
     assert [r["driver_rss_growth_bytes"] for r in runs] == [2, 0]
+    assert [r["driver_private_growth_bytes"] for r in runs] == [3, 0]
 
 
 def test_bench_questions_local(tmp_path):
