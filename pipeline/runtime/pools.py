@@ -55,7 +55,14 @@ class PoolActor:
             ctx = ray.get_runtime_context()
             self.actor_id = ctx.get_actor_id() or ""
             kind = "retrieval" if index_dir else "scorer"
-            ray.get(control.register_pool.remote(self.actor_id, kind, ctx.get_node_id(), os.getpid()))
+            from pipeline.runtime.waits import bounded_get
+
+            bounded_get(
+                control.register_pool.remote(self.actor_id, kind, ctx.get_node_id(), os.getpid()),
+                "RunControl.register_pool (the driver's run control)",
+                cfg.ray.stall_s,
+                f"ray.stall_s={cfg.ray.stall_s:g}",
+            )
         self.backends = (make_backends or Backends)(cfg, index_dir)
         self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 
@@ -96,11 +103,17 @@ class PoolCallFailed(RuntimeError):
 
 
 def pool_stats(actors: list) -> dict[str, list[int]]:
-    """What a pool's actors have served together: op -> [calls, items]."""
+    """What a pool's actors have served together: op -> [calls, items] (for the job's log: {} if they do not say
+    within POOL_CALL_S)."""
     import ray
 
     total: dict[str, list[int]] = {}
-    for served in ray.get([a.stats.remote() for a in actors]):
+    try:
+        each = ray.get([a.stats.remote() for a in actors], timeout=POOL_CALL_S)
+    except ray.exceptions.GetTimeoutError:
+        log.warning("the pool's actors did not say what they served within %g s", POOL_CALL_S)
+        return total
+    for served in each:
         for op, (calls, items) in served.items():
             t = total.setdefault(op, [0, 0])
             t[0] += calls

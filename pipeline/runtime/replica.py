@@ -44,6 +44,7 @@ from pipeline.engine.requests import Question
 from pipeline.errors import DynragError, first_line
 from pipeline.io.output import batch_report, make_row
 from pipeline.io.part_store import PartWriteError
+from pipeline.runtime.waits import WaitExpired, until_stalled
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,9 @@ class Replica:
         """Answer `questions` with `run` (default: the replica's own), write their rows as one part (keyed by
         `batch_ids`, else the rows' ids) and return the batch's report (`batch_report`, plus "part",
         "complete", "replica", "generator"). "complete" is False when a drain left some of them unanswered
-        (they are a rerun's); a FAILED replica raises the error its engine failed with, and a store that refuses
-        the part its PartWriteError. Any other error is this batch's: its questions become error rows with the
+        (they are a rerun's); a FAILED replica raises the error its engine failed with, a store that refuses
+        the part its PartWriteError, and an engine that makes no progress for ray.stall_s while the batch waits
+        WaitExpired (waits.py). Any other error is this batch's: its questions become error rows with the
         cause (`_batch_failed`)."""
         run = run or self.run
         if run is None:
@@ -225,8 +227,8 @@ class Replica:
                     generator=self._generator_busy(),
                 )
                 return report
-            except PartWriteError:  # the store refuses after its retries: the job's end, with the store's line
-                raise
+            except (PartWriteError, WaitExpired):  # the store refuses after its retries, or the engine is stuck:
+                raise  # the job's end, with its line
             except Exception as err:
                 if self.failed:  # the engine failed: the replica's end (its process restarts), not the batch's
                     raise
@@ -287,7 +289,9 @@ class Replica:
                 return []
             self._waiting.update((id(q), got) for q in questions)
         self.inbox.put(questions, source=run.writer.out)  # a run by its output folder (Feed)
-        return got.result()
+        stall_s = self.cfg.ray.stall_s  # as the driver's watchdog judges a Ray replica: no row, no engine call
+        what = f"the answers of a batch of {len(questions)} questions from this replica's engine"
+        return until_stalled(got.future, self.progress, stall_s, what, f"ray.stall_s={stall_s:g}")
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------
     def _run(self) -> None:
@@ -427,6 +431,3 @@ class _Batch:
     def fail(self, err: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(err)
-
-    def result(self) -> list:
-        return self.future.result()
