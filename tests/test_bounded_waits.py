@@ -230,7 +230,7 @@ def test_an_in_process_engine_that_never_answers_ends_the_job_with_one_line():
         list(LocalRunner().answer(job, backends=backends, drain=Drain(30)))
     line = str(ended.value)
     assert re.fullmatch(
-        r"pid \d+ on \S+: waited \d+ s for the answers of a batch of 3 questions from this replica's engine with no "
+        r"pid \d+ on \S+: waited [\d.]+ s for the answers of a batch of 3 questions from this replica's engine with no "
         r"progress \(ray\.stall_s=2\); stopping",
         line,
     ), line
@@ -254,7 +254,7 @@ def test_a_batch_waiting_for_its_turn_behind_a_stuck_batch_ends_with_one_line():
     threading.Thread(target=stuck, daemon=True).start()
     assert inside.wait(30)
     try:
-        with pytest.raises(WaitExpired, match=r"waited \d+ s for a batch's turn to answer behind a batch answering "
+        with pytest.raises(WaitExpired, match=r"waited [\d.]+ s for a batch's turn to answer behind a batch answering "
                            r"alone with no progress \(ray\.stall_s=1\); stopping"):  # fmt: skip
             with turns.shared():
                 pass

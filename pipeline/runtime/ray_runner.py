@@ -135,7 +135,8 @@ class EngineActor:
         from pipeline.runtime.pools import PoolClient
         from pipeline.runtime.replica import Replica
 
-        remote = {kind: PoolClient(actors, self.control) for kind, actors in (pools or {}).items()}
+        call_s = 2 * cfg.ray.stall_s  # (PoolClient: the driver's watchdog ends a stuck pool call at ray.stall_s)
+        remote = {kind: PoolClient(actors, self.control, call_s) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
         local = None  # this replica's own index, opened once (unless a retrieval pool searches)
         if index_dir and "retrieval" not in remote and own_cuda():

@@ -42,7 +42,7 @@ def here() -> str:
 
 def expired(what: str, waited_s: float, limit: str, how: str = "with no answer") -> str:
     """The job's line for a wait past its limit: where, what was awaited, how long, and the setting that limits it."""
-    return f"{here()}: waited {waited_s:.0f} s for {what} {how} ({limit}); stopping"
+    return f"{here()}: waited {round(waited_s, 1):g} s for {what} {how} ({limit}); stopping"
 
 
 def bounded_get(refs: Any, what: str, timeout_s: float, limit: str) -> Any:
