@@ -336,3 +336,58 @@ def test_a_runs_reports_end_with_one_line_when_the_ray_jobs_thread_ended_without
     runs._thread.join()
     with pytest.raises(DynragError, match="the experiment's Ray job ended without a word for this run"):
         list(runs._reports(queue.Queue()))
+
+
+@pytest.mark.timeout(120)  # without its limit the call waits for ever
+def test_an_engine_actor_whose_run_control_does_not_answer_ends_the_job_with_one_line(monkeypatch):
+    """An engine actor (built without Ray over an in-process RunControl, as tests/test_batch_failure.py does)
+    whose call to RunControl.begin never answers (the driver gone or wedged): the call waits ray.stall_s, then the
+    batch's report is the job's fatal line (answer_runs_with_ray raises it) naming the call, where and how long."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from jobs.bench.simulated import Cost, SimGenerator
+    from pipeline.backends import Backends
+    from pipeline.config import DynragConfig
+    from pipeline.engine.requests import Question
+    from pipeline.runtime.ray_control import RunControl
+    from pipeline.runtime.ray_runner import EngineActor
+
+    class NoAnswer:
+        """The ref of a call that never answers."""
+
+    def get(value, timeout=None):  # ray.get over in-process values; a NoAnswer blocks as Ray's would
+        if isinstance(value, NoAnswer):
+            if timeout is None:
+                threading.Event().wait()
+            raise ray.exceptions.GetTimeoutError("Get timed out")
+        return value
+
+    monkeypatch.setattr(ray, "get", get)
+    control = RunControl()
+
+    class Handle:  # RunControl's handle: every call answered in-process but begin
+        def __getattr__(self, name: str):
+            call = (lambda *args: NoAnswer()) if name == "begin" else getattr(control, name)
+            return SimpleNamespace(remote=call)
+
+    cfg = DynragConfig()
+    cfg.method.name, cfg.ray.stall_s = "no-retrieval", 7.0
+    row_args = dict(run_id="r1", method="no-retrieval", params_json="{}", chash="h", model="m")
+    run = {"out": "memory://bounded-actor", "method": "no-retrieval", "row_args": row_args, "header": None}
+
+    def backends(cfg, index_dir=None, **kw):
+        return Backends(cfg, index_dir, generator=SimGenerator(Cost(0.02)), **kw)
+
+    engine = EngineActor(cfg.model_dump(mode="json"), None, [run], None, Handle(), make_backends=backends)
+    try:
+        report = engine._answer(0, [Question("q1", "question one")], 0)
+    finally:
+        engine._ended.set()
+        engine.replica.close()
+    assert re.fullmatch(
+        r"engine replica \w*: pid \d+ on \S+: waited 7 s for RunControl\.begin \(the driver's run control\) with no "
+        r"answer \(ray\.stall_s=7\); stopping",
+        report.get("fatal", ""),
+    ), report
