@@ -206,3 +206,40 @@ def test_a_job_whose_lease_was_taken_over_stops_at_its_next_commit(s3, monkeypat
         assert msg.startswith(f"{out} is no longer this job's: its lease was taken over by pid 4242 on host elsewhere")
         assert "\n" not in msg
     assert json.loads(fs.cat_file(lease))["token"] == "x"  # the other job's lease stays
+
+
+def test_a_job_submitted_through_rays_jobs_api_is_named_by_its_submission_id(tmp_path, monkeypatch):
+    """Under Ray's Jobs API the driver's holder line carries the job's submission id (from the job config Ray's
+    job supervisor hands its driver), so a refused job names the Ray job to look at or stop."""
+    meta = {"runtime_env": {}, "metadata": {"job_submission_id": "raysubmit_AbC123"}}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(meta))
+    out = str(tmp_path / "run")
+    with output_lock(out):
+        with pytest.raises(lock_mod.OutputBusyError) as refused:
+            with output_lock(out):
+                pass
+    assert f"(pid {os.getpid()} on host {socket.gethostname()}, started " in str(refused.value)
+    assert str(refused.value).split("started ", 1)[1].split(")")[0].endswith(", Ray job raysubmit_AbC123")
+
+
+def test_a_store_that_refuses_the_lease_ends_the_job_with_one_line(monkeypatch):
+    """An object store that refuses writes (no permission): the job ends at its lease, before any row, with one
+    line naming the store's object and the error."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Refusing(MemoryFileSystem):
+        protocol = "refusinglease"
+        store: dict = {}
+        pseudo_dirs = [""]
+
+        def pipe_file(self, path, value, *args, **kwargs):
+            raise PermissionError(13, "Access Denied", path)
+
+    fsspec.register_implementation("refusinglease", Refusing, clobber=True)
+    with pytest.raises(DynragError) as refused:
+        with output_lock("refusinglease://bucket/run"):
+            pass
+    msg = str(refused.value)
+    assert msg.startswith("cannot write refusinglease://bucket/run/_lease.json: PermissionError: [Errno 13] Access")
+    assert "\n" not in msg

@@ -92,7 +92,12 @@ def output_lock(out: str):
     on it is refused with OutputBusyError, one line naming the holder."""
     if "://" in out and not out.startswith("file://"):
         lease = _Lease(out, LEASE_S)
-        lease.acquire()
+        try:
+            lease.acquire()
+        except OutputBusyError:
+            raise
+        except Exception as exc:  # a store that refuses the write (no permission, no bucket): the job's one line
+            raise DynragError(f"cannot write {lease.path_uri}: {type(exc).__name__}: {exc}") from exc
         _leases[_key(out)] = lease
         try:
             yield
@@ -218,6 +223,7 @@ class _Lease:
         self.out, self.ttl_s = out, ttl_s
         self.fs, base = _fs(out)
         self.path = f"{base}/{LEASE_NAME}"
+        self.path_uri = f"{out.rstrip('/')}/{LEASE_NAME}"
         self.s3 = "s3" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         self.token = uuid.uuid4().hex
         self.record = {"holder": _holder(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "ttl_s": ttl_s}

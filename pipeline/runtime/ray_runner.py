@@ -106,7 +106,12 @@ class EngineActor:
         ) > (cfg.ray.replica_failures):
             raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
-        self.turns = Turns(lambda: self.replica.progress() if self.replica is not None else 0, cfg.ray.stall_s)
+        # a batch's turn waits at most 2 x ray.stall_s without progress: the driver's watchdog names a stuck replica first
+        self.turns = Turns(
+            lambda: self.replica.progress() if self.replica is not None else 0,
+            2 * cfg.ray.stall_s,
+            f"2 x ray.stall_s = {2 * cfg.ray.stall_s:g}",
+        )
         self.replica: Any = None  # once built
         self.one_call = all_one_call([run["method"] for run in runs])  # what a hosted generator needs to know
         self.groups = groups or []
@@ -173,6 +178,7 @@ class EngineActor:
                 **({"group": hosted.where["group"], "group_node": hosted.where["node"]} if hosted else {"group": None}),
             },
             on_ended=self._on_ended,
+            answer_wait_s=2 * cfg.ray.stall_s,  # the driver's watchdog (RunControl.stuck) names a stuck replica first
         ).start()
 
     def _host(self, cfg: DynragConfig, make_backends: Callable[..., Any] | None) -> Any:
@@ -371,11 +377,14 @@ class Turns:
     batch whose earlier attempt died with its process: run with nothing beside it, so that a death then is its
     own). `returned`: the keys of the batches whose results this process returned."""
 
-    def __init__(self, progress: Callable[[], int] | None = None, stall_s: float = 900.0) -> None:
+    def __init__(
+        self, progress: Callable[[], int] | None = None, stall_s: float = 1800.0, limit: str | None = None
+    ) -> None:
         """`progress`: the replica's progress count; a batch waiting for its turn while it stays the same for
-        `stall_s` (ray.stall_s) ends with WaitExpired (the batches ahead of it are stuck)."""
+        `stall_s` ends with WaitExpired (the batches ahead of it are stuck), naming the setting `limit`."""
         self._progress = progress or (lambda: 0)
         self._stall_s = stall_s
+        self._limit = limit or f"ray.stall_s={stall_s:g}"
         self._cond = threading.Condition()
         self._sharing = 0  # batches answering, shared
         self._alone = False  # one batch answering alone
@@ -404,8 +413,7 @@ class Turns:
                 last, since = seen, now
             elif now - since > self._stall_s:
                 ahead = "a batch answering alone" if self._alone else f"{self._sharing} batches answering"
-                limit = f"ray.stall_s={self._stall_s:g}"
-                raise WaitExpired(expired(f"{turn} behind {ahead}", now - since, limit, "with no progress"))
+                raise WaitExpired(expired(f"{turn} behind {ahead}", now - since, self._limit, "with no progress"))
 
     @contextlib.contextmanager
     def shared(self):

@@ -84,7 +84,9 @@ class ServedRun:
 class Replica:
     """See the module docstring. `backends`: a Backends, kept open (its owner closes it); else
     `make_backends()` builds one at `start` and the replica closes it. `where`: what each report says of where it runs.
-    `on_ended(state)`: called once the replica has ended and no call is in flight (its parts are written)."""
+    `on_ended(state)`: called once the replica has ended and no call is in flight (its parts are written).
+    `answer_wait_s`: how long a batch waits for its answers with no progress of the engine (None: ray.stall_s; a
+    Ray engine actor's is twice that, so that the driver's watchdog, which names the replica, speaks first)."""
 
     def __init__(
         self,
@@ -99,8 +101,10 @@ class Replica:
         drain: Drain | None = None,
         where: dict | None = None,
         on_ended: Callable[[State], None] | None = None,
+        answer_wait_s: float | None = None,
     ):
         self.cfg, self.spec, self.params = cfg, spec, params
+        self.answer_wait_s = answer_wait_s if answer_wait_s is not None else cfg.ray.stall_s
         self.backends, self._make_backends = backends, make_backends
         self.writer, self.row_args = writer, row_args
         # the run of `answer` calls that name none (None: a shared replica, whose every call names its run)
@@ -289,9 +293,10 @@ class Replica:
                 return []
             self._waiting.update((id(q), got) for q in questions)
         self.inbox.put(questions, source=run.writer.out)  # a run by its output folder (Feed)
-        stall_s = self.cfg.ray.stall_s  # as the driver's watchdog judges a Ray replica: no row, no engine call
+        wait_s, stall_s = self.answer_wait_s, self.cfg.ray.stall_s  # no progress: no row, no engine call
+        limit = f"ray.stall_s={stall_s:g}" if wait_s == stall_s else f"{wait_s / stall_s:g} x ray.stall_s = {wait_s:g}"
         what = f"the answers of a batch of {len(questions)} questions from this replica's engine"
-        return until_stalled(got.future, self.progress, stall_s, what, f"ray.stall_s={stall_s:g}")
+        return until_stalled(got.future, self.progress, wait_s, what, limit)
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------
     def _run(self) -> None:
