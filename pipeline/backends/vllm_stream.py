@@ -40,9 +40,10 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         async def start():  # AsyncLLM starts its output handler on the running loop
             return async_vllm_engine(AsyncEngineArgs(**kwargs))
 
-        started = asyncio.run_coroutine_threadsafe(start(), self._loop)
-        try:  # a start that hangs (vLLM, NCCL) ends the job at ray.replica_wait_s, as a Ray replica's start does
-            return started.result(timeout=self.start_s)
+        # a start that hangs (vLLM, NCCL) ends the job at ray.replica_wait_s, as a Ray replica's start does. No name
+        # for the future: one in this frame kept the engine alive to the interpreter's exit (its __del__ then fails)
+        try:
+            return asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=self.start_s)
         except concurrent.futures.TimeoutError:
             raise BackendError(
                 f"the streaming vLLM engine did not start within {self.start_s:g} s (ray.replica_wait_s)"
