@@ -25,7 +25,7 @@ from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
 from pipeline.io import output_lock as lock_mod
 from pipeline.io.commit import Committer
-from pipeline.io.output import PartWriter, read_rows, write_part
+from pipeline.io.output import PartWriter, batch_report, read_rows, write_part
 from pipeline.io.output_lock import LEASE_NAME, output_lock
 from pipeline.io.part_store import ATTEMPTS
 from pipeline.runtime.answer import run_answer
@@ -193,6 +193,8 @@ def test_a_job_whose_lease_was_taken_over_stops_at_its_next_commit(s3, monkeypat
     with output_lock(out):
         committer = Committer(out, "r1")
         committer.open()
+        first = PartWriter(out, "r1").write([_row("q0", 1.0)], ["q0"])
+        assert committer.commit(batch_report([_row("q0", 1.0)], 0, {}, first)) is not None  # while it holds it
         fs.pipe_file(lease, other.encode())  # the other job's takeover (as after this job's long pause)
         held = lock_mod._leases[out]
         deadline = time.monotonic() + 60
@@ -205,6 +207,8 @@ def test_a_job_whose_lease_was_taken_over_stops_at_its_next_commit(s3, monkeypat
         msg = str(stopped.value)
         assert msg.startswith(f"{out} is no longer this job's: its lease was taken over by pid 4242 on host elsewhere")
         assert "\n" not in msg
+        committer.close(failing=True)  # leaves the output to the other job: no tally of its parts written
+        assert not fs.exists(f"{bucket}/run/_tally.json")
     assert json.loads(fs.cat_file(lease))["token"] == "x"  # the other job's lease stays
 
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 from pipeline.io.id_set import IdSet
 from pipeline.io.merge import PartMerger
 from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_json, read_parts, write_json, write_table
-from pipeline.io.output_lock import check_held
+from pipeline.io.output_lock import OutputBusyError, check_held
 from pipeline.io.part_store import ATTEMPTS, attempt_key, with_retries
 from pipeline.io.tally import Tally
 
@@ -215,13 +215,22 @@ class Committer:
         """Remove this run's attempts still staged (a batch drained part way on a node that went, then answered
         whole elsewhere). A zombie's attempt written after this stays staged until the next run's `open`. On an
         object store the parts are deduplicated again: the lease (output_lock.py) keeps other jobs out, but a job
-        that lost its lease (not renewed for its time to live) may have shared the output for a while."""
+        that lost its lease (not renewed for its time to live) may have shared the output for a while. A job whose
+        lease another job holds now does neither this nor the tally: the output is the other's."""
         self._remove_attempts(f"{self.run_id}-")
         unmerged = None
         try:
             self._merge()  # the last committed batches: the run's last part
         except Exception as exc:  # left committed: the next run merges them (merge.py)
             unmerged, self.tally = exc, None
+        try:
+            check_held(self.out)
+        except OutputBusyError as lost:  # another job holds the output now: its parts and tally are its own
+            log.warning("%s", lost)
+            self.tally = None
+            if unmerged is not None and not failing:
+                raise unmerged from None
+            return
         if not _is_local(self.fs):
             try:
                 self.fs.invalidate_cache()
