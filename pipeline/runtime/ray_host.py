@@ -95,8 +95,9 @@ class HostedGenerator:
     and its actor restarts within its budget, claiming its group again."""
 
     def __init__(self, host: Any, where: dict, stall_s: float = 900.0):
-        """`stall_s` (ray.stall_s): the longest a call to the host may take (a generate call is an engine call: a
-        replica with none ending for that long is stuck, as the driver's watchdog judges it too)."""
+        """`stall_s` (ray.stall_s): a call to the host waits at most twice that (a generate call is an engine call:
+        the driver's watchdog names a replica with none ending for ray.stall_s first; this is the limit where it
+        cannot)."""
         self.host, self.where, self.stall_s = host, where, stall_s
         self.flight = InFlight()  # the replica's generator busy fraction, as a local generator keeps it
         self._keys = iter(range(1 << 62))
@@ -138,7 +139,7 @@ class HostedGenerator:
 
         try:
             what = f"the generator host's call (placement group {str(self.where.get('group'))[:8]})"
-            return bounded_get(ref, what, self.stall_s, f"ray.stall_s={self.stall_s:g}")
+            return bounded_get(ref, what, 2 * self.stall_s, f"2 x ray.stall_s = {2 * self.stall_s:g}")
         except ray.exceptions.RayActorError as err:
             raise EngineDead(f"the generator host died: {err}") from err
 
