@@ -464,8 +464,8 @@ class RayConfig(Section):
         900.0,
         gt=0,
         description="seconds an engine replica holding batches may go without progress (no row, no engine "
-        "call), or a retrieval or scorer pool call may run, before the job stops with one line naming it "
-        "(a hung vLLM, JVM or storage call)",
+        "call; in-process too), or a retrieval or scorer pool call may run, before the job stops with one line "
+        "naming it (a hung vLLM, JVM or storage call); also the limit of an engine actor's calls to the driver",
     )
     actor_resources: dict[str, float] = Field(
         default_factory=dict,

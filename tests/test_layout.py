@@ -328,7 +328,12 @@ def test_no_function_in_jobs_runs_over_80_lines():
 
 # tests/'s folders beside those that mirror a package: the fault-injection suite and the runs on Ray clusters
 TEST_SUITES = {"faults", "cluster"}
-TREE_CHECKS = {"test_layout.py", "test_readme.py", "test_locks.py"}  # the tests of the whole tree, at tests/'s top
+TREE_CHECKS = {
+    "test_layout.py",
+    "test_readme.py",
+    "test_locks.py",
+    "test_bounded_waits.py",
+}  # the tests of the whole tree, at tests/'s top
 
 
 def test_the_tests_stand_in_folders_that_mirror_the_packages():

@@ -106,6 +106,7 @@ class VllmGenerator:
     by_priority = False  # vLLM's priority scheduling (answer.scheduling=program): set at start
     pins_programs = False  # a streaming generator names each request's program, so vLLM can hold its blocks
     pin_s = 0.0  # answer.kv_pin_s where the generator pins (program scheduling): set at start
+    start_s = 900.0  # ray.replica_wait_s: the longest the engine's start is awaited (vllm_stream; set at start)
 
     def __init__(self, cfg: DynragConfig, model_path: str | None = None):
         """In a tensor-parallel Ray replica this runs in the replica's generator host, inside its placement group
@@ -126,6 +127,7 @@ class VllmGenerator:
             in_ray = in_ray_worker()  # a Ray engine replica: its tensor-parallel workers are Ray actors in its group
             self.by_priority = cfg.answer.scheduling == "program"  # each request's SamplingSpec.priority reaches vLLM
             self.pin_s = kv_pins.pin_seconds(cfg) if self.pins_programs else 0.0
+            self.start_s = cfg.ray.replica_wait_s  # the longest an engine's start may be awaited (vllm_stream)
             kwargs = llm_kwargs(g, str(path), gpu, in_ray, vllm_utilization(cfg, in_ray), self.by_priority, self.pin_s)
             self.llm = self._engine(kwargs)
         except BaseException:

@@ -10,6 +10,7 @@ cancels its future, which resolves its waiters, and a prompt submitted after `cl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
 from concurrent.futures import Future
@@ -39,7 +40,14 @@ class VllmStreamingGenerator(StreamingGenerator, VllmGenerator):
         async def start():  # AsyncLLM starts its output handler on the running loop
             return async_vllm_engine(AsyncEngineArgs(**kwargs))
 
-        return asyncio.run_coroutine_threadsafe(start(), self._loop).result()
+        # a start that hangs (vLLM, NCCL) ends the job at ray.replica_wait_s, as a Ray replica's start does. No name
+        # for the future: one in this frame kept the engine alive to the interpreter's exit (its __del__ then fails)
+        try:
+            return asyncio.run_coroutine_threadsafe(start(), self._loop).result(timeout=self.start_s)
+        except concurrent.futures.TimeoutError:
+            raise BackendError(
+                f"the streaming vLLM engine did not start within {self.start_s:g} s (ray.replica_wait_s)"
+            ) from None
 
     def submit(self, prompt, sampling, chat) -> Future:
         from vllm.inputs import TokensPrompt

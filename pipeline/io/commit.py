@@ -4,11 +4,14 @@ Writers stage each attempt of a batch under `<out>/_attempts/` (`PartWriter`); t
 moves the first attempt it hears of per batch key to `_committed/part-<run id>-<batch key>.parquet` and removes
 the others (a batch answered twice: an actor drained or lost after writing, before its result came back); the
 committed batches are merged into parts/ files of `answer.part_mb` (merge.py). Readers of parts/ never see an
-attempt nor a committed batch before its merge. A rerun (`open`) first removes what an earlier run left staged,
-then repairs a folder that holds a question twice (written before this commit existed, or a driver killed
+attempt nor a committed batch before its merge. A rerun (`open`) first removes what an earlier run left staged
+(every attempt there: the job holds the output, output_lock.py, so no other live job stages any; a dead job's are
+never committed), then repairs a folder that holds a question twice (written before this commit existed, or a driver killed
 between a commit and the removal of the row it superseded), so that after any end of a job and a rerun the
 folder reads each question once. A question whose row is a "system" error row is answered again by a rerun;
-once its new row is committed, the old one is removed from its part (`_supersede`).
+once its new row is committed, the old one is removed from its part (`_supersede`). A part is rewritten by question
+id (`_rewrite_without`, which reads the part again): the rows of the questions named go, any other row stays, so a
+rewrite never drops a question's only row on the strength of positions read earlier.
 
     with committing(out, run_id) as committer:
         done = committer.open()                     # the ids a rerun skips
@@ -36,6 +39,7 @@ import pyarrow as pa
 from pipeline.io.id_set import IdSet
 from pipeline.io.merge import PartMerger
 from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_json, read_parts, write_json, write_table
+from pipeline.io.output_lock import OutputBusyError, check_held
 from pipeline.io.part_store import ATTEMPTS, attempt_key, with_retries
 from pipeline.io.tally import Tally
 
@@ -93,12 +97,16 @@ class Committer:
         if kept.num_rows == rows.num_rows:
             return kept
         keep = set(zip(kept["_part"].to_pylist(), kept["_row"].to_pylist()))
-        drop: dict[int, list[int]] = {}
-        for p, r in zip(rows["_part"].to_pylist(), rows["_row"].to_pylist()):
+        where = {  # each question's kept row: its part, and what names it there (when it finished, its error)
+            q: (p, (at, error))
+            for q, p, at, error in zip(*(kept[c].to_pylist() for c in ("question_id", "_part", "finished_at", "error")))
+        }
+        drop: dict[int, set[str]] = {}
+        for q, p, r in zip(rows["question_id"].to_pylist(), rows["_part"].to_pylist(), rows["_row"].to_pylist()):
             if (p, r) not in keep:
-                drop.setdefault(p, []).append(r)
-        for p, positions in drop.items():
-            self._rewrite_without(parts[p], positions)
+                drop.setdefault(p, set()).add(q)
+        for p, ids in drop.items():  # by id: a question's row kept in this part stays
+            self._rewrite_without(parts[p], ids, {q: where[q][1] for q in ids if where[q][0] == p})
         log.warning("repaired %s: %d rows of questions written twice removed", self.out, rows.num_rows - kept.num_rows)
         return kept
 
@@ -126,6 +134,7 @@ class Committer:
         attempt = report.get("part")
         if not attempt:
             return report
+        check_held(self.out)  # an output whose lease this job lost (output_lock.py) is another job's now
         key = attempt_key(attempt)
         if key in self.committed:
             self._remove(attempt)
@@ -172,19 +181,26 @@ class Committer:
             if q in self._system_errors:
                 by_part.setdefault(self._system_errors.pop(q), set()).add(q)
         for old, qs in by_part.items():
-            table = read_parts(self.out, ["question_id", "error"], [old])
-            positions = [i for i, q in enumerate(table["question_id"].to_pylist()) if q in qs]
+            errors = self._rewrite_without(old, qs)
             if self.tally is not None:
-                errors = table["error"].to_pylist()
-                self.tally.remove_error_rows([errors[i] for i in positions])
-            self._rewrite_without(old, positions)
+                self.tally.remove_error_rows([e for e in errors if e is not None])  # (each a "system" error row)
 
-    def _rewrite_without(self, part: str, positions: list[int]) -> None:
-        """Rewrite `part` without its rows at `positions` (removed when none is left); atomic per file."""
+    def _rewrite_without(self, part: str, ids: set[str], keep: dict[str, tuple] | None = None) -> list[str | None]:
+        """Rewrite `part`, read again now, without the rows of the questions `ids`, but for the one row of a question
+        in `keep` whose (finished_at, error) it names (the row kept of a question written twice in this part); rows of
+        other questions stay whatever their position. Removed when no row is left; atomic per file. Returns the
+        "error" of each row removed."""
         table = read_parts(self.out, None, [part])
-        gone = set(positions)
-        mask = pa.array([i not in gone for i in range(table.num_rows)])
-        rest = table.filter(mask)
+        keep = dict(keep or {})
+        mask, errors = [], []
+        for q, at, error in zip(*(table[c].to_pylist() for c in ("question_id", "finished_at", "error"))):
+            kept = q not in ids or (q in keep and keep[q] == (at, error))
+            if kept and q in keep:
+                del keep[q]  # one row a question
+            mask.append(kept)
+            if not kept:
+                errors.append(error)
+        rest = table.filter(pa.array(mask, pa.bool_()))
         if rest.num_rows:
             write_table(self.fs, part, rest)  # (a merged part keeps its footer: the batches it holds)
         else:
@@ -192,19 +208,29 @@ class Committer:
             self._emptied.add(part)
             self.parts = [p for p in self.parts if p != part]
             self.merger.drop(part)
+        return errors
 
     # -- the end ------------------------------------------------------------------------------------
     def close(self, failing: bool = False) -> None:
         """Remove this run's attempts still staged (a batch drained part way on a node that went, then answered
         whole elsewhere). A zombie's attempt written after this stays staged until the next run's `open`. On an
-        object store, which no job can lock (output_lock.py), another job may have answered some of the same
-        questions meanwhile: the parts are deduplicated again, the last job to end seeing every part."""
+        object store the parts are deduplicated again: the lease (output_lock.py) keeps other jobs out, but a job
+        that lost its lease (not renewed for its time to live) may have shared the output for a while. A job whose
+        lease another job holds now does neither this nor the tally: the output is the other's."""
         self._remove_attempts(f"{self.run_id}-")
         unmerged = None
         try:
             self._merge()  # the last committed batches: the run's last part
         except Exception as exc:  # left committed: the next run merges them (merge.py)
             unmerged, self.tally = exc, None
+        try:
+            check_held(self.out)
+        except OutputBusyError as lost:  # another job holds the output now: its parts and tally are its own
+            log.warning("%s", lost)
+            self.tally = None
+            if unmerged is not None and not failing:
+                raise unmerged from None
+            return
         if not _is_local(self.fs):
             try:
                 self.fs.invalidate_cache()

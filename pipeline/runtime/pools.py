@@ -6,8 +6,8 @@
   CPU or a share of a GPU (`ray.scorer_actor_num_gpus`); models load on first use, by name.
 
 With a pool, the engine actors do not build that part: every Retrieve, Score or Embed batch an engine
-gathers is cut into contiguous chunks served in parallel by the pool's actors (`PoolClient`, over
-`ray.util.ActorPool`), results in input order. Each pool actor holds a `Backends` of the run's
+gathers is cut into contiguous chunks served in parallel by the pool's actors (`PoolClient`, one chunk an
+actor, at most 2 x `ray.stall_s`), results in input order. Each pool actor holds a `Backends` of the run's
 configuration, so it serves exactly what the in-process backends would. The driver starts the pools and owns them.
 """
 
@@ -46,6 +46,7 @@ class PoolActor:
         own_worker_logging()
         cfg = DynragConfig.model_validate(cfg_json)
         self.control, self.deaths = control, cfg.ray.batch_deaths
+        self.call_s, self.limit = cfg.ray.stall_s, f"ray.stall_s={cfg.ray.stall_s:g}"  # its waits for RunControl
         self.actor_id = ""
         if control is not None:  # its restarts count against the budget (RunControl.register_pool)
             import os
@@ -55,7 +56,14 @@ class PoolActor:
             ctx = ray.get_runtime_context()
             self.actor_id = ctx.get_actor_id() or ""
             kind = "retrieval" if index_dir else "scorer"
-            ray.get(control.register_pool.remote(self.actor_id, kind, ctx.get_node_id(), os.getpid()))
+            from pipeline.runtime.waits import bounded_get
+
+            bounded_get(
+                control.register_pool.remote(self.actor_id, kind, ctx.get_node_id(), os.getpid()),
+                "RunControl.register_pool (the driver's run control)",
+                cfg.ray.stall_s,
+                f"ray.stall_s={cfg.ray.stall_s:g}",
+            )
         self.backends = (make_backends or Backends)(cfg, index_dir)
         self.served: dict[str, list[int]] = {}  # op -> [calls, items] served so far
 
@@ -73,9 +81,10 @@ class PoolActor:
             return getattr(self.backends, op)(items, *args)
         import os
 
-        import ray
+        from pipeline.runtime.waits import bounded_get
 
-        dead = ray.get(self.control.begin.remote(call, self.actor_id, os.getpid()))
+        begun = self.control.begin.remote(call, self.actor_id, os.getpid())
+        dead = bounded_get(begun, "RunControl.begin (the driver's run control)", self.call_s, self.limit)
         if len(dead) >= self.deaths:
             self.control.end.remote(call)
             raise PoolCallFailed(
@@ -96,11 +105,17 @@ class PoolCallFailed(RuntimeError):
 
 
 def pool_stats(actors: list) -> dict[str, list[int]]:
-    """What a pool's actors have served together: op -> [calls, items]."""
+    """What a pool's actors have served together: op -> [calls, items] (for the job's log: {} if they do not say
+    within POOL_CALL_S)."""
     import ray
 
     total: dict[str, list[int]] = {}
-    for served in ray.get([a.stats.remote() for a in actors]):
+    try:
+        each = ray.get([a.stats.remote() for a in actors], timeout=POOL_CALL_S)
+    except ray.exceptions.GetTimeoutError:
+        log.warning("the pool's actors did not say what they served within %g s", POOL_CALL_S)
+        return total
+    for served in each:
         for op, (calls, items) in served.items():
             t = total.setdefault(op, [0, 0])
             t[0] += calls
@@ -190,23 +205,23 @@ def _not_ready(kind: str, ids: list[str], n: int, asked: dict, wait_s: float, co
 class PoolClient:
     """The `search`, `score` and `embed` of `Backends`, served by a pool of actors.
 
-    A call cuts its items into contiguous chunks, at most one per actor, and maps them over the actors with
-    `ray.util.ActorPool.map` (results in input order). Each call builds its own ActorPool over the actors it
-    uses: an ActorPool is not thread-safe and keeps the tasks a failed call left behind, while several
-    engine-actor threads may call one client at once; a pool is a list and two dicts, so one per call costs
-    nothing next to the remote calls. Consecutive calls start at the next actor (`_next`, under a lock), so
-    the engine actors' small batches spread over the pool; ActorPool hands out its idle actors last first,
-    so a call's actors are given to it in reverse, and chunk j goes to the j-th actor from the start.
+    A call cuts its items into contiguous chunks, at most one per actor, sends chunk j to the j-th actor from
+    the call's first one, and gathers the results in input order, waiting at most `call_s` (2 x ray.stall_s:
+    the driver's watchdog ends a job whose pool call has run ray.stall_s first, naming the pool actor; this is
+    the limit where it cannot, WaitExpired). Nothing is shared between calls but the rotation, so several
+    engine-actor threads may call one client at once. Consecutive calls start at the next actor (`_next`, under
+    a lock), so the engine actors' small batches spread over the pool.
     """
 
-    def __init__(self, actors: list, control: Any = None):
-        self.actors, self.control = list(actors), control
+    def __init__(self, actors: list, control: Any = None, call_s: float = 2 * 900.0):
+        self.actors, self.control, self.call_s = list(actors), control, call_s
         self._next = 0  # the first actor of the next call
         self._lock = threading.Lock()
 
     def _map(self, op: str, items, *args) -> list:
         from ray.exceptions import RayActorError
-        from ray.util import ActorPool
+
+        from pipeline.runtime.waits import bounded_get
 
         items = list(items)
         if not items:
@@ -217,12 +232,11 @@ class PoolClient:
         with self._lock:
             start, self._next = self._next, (self._next + len(chunks)) % len(self.actors)
         used = [self.actors[(start + j) % len(self.actors)] for j in range(len(chunks))]
-        pool = ActorPool(used[::-1])
         call = uuid.uuid4().hex  # each chunk's call id: the same in Ray's retries of it
+        refs = [a.run.remote(f"{call}-{j}", op, chunk, *args) for j, (a, chunk) in enumerate(zip(used, chunks))]
         try:
-            return list(
-                pool.map(lambda a, jc: a.run.remote(f"{call}-{jc[0]}", op, jc[1], *args), list(enumerate(chunks)))
-            )
+            what = f"a {op} call of {len(items)} items to {len(chunks)} pool actors"
+            return bounded_get(refs, what, self.call_s, f"2 x ray.stall_s = {self.call_s:g}")
         except RayActorError as err:  # restarted by Ray without end, so this one cannot come back: the job ends
             if self.control is not None:
                 self.control.pool_lost.remote(getattr(err, "actor_id", None) or "?", first_line(err))

@@ -94,8 +94,11 @@ class HostedGenerator:
     process gone (its node lost, vLLM's core killing it) is the engine's death (EngineDead): the replica fails
     and its actor restarts within its budget, claiming its group again."""
 
-    def __init__(self, host: Any, where: dict):
-        self.host, self.where = host, where
+    def __init__(self, host: Any, where: dict, stall_s: float = 900.0):
+        """`stall_s` (ray.stall_s): a call to the host waits at most twice that (a generate call is an engine call:
+        the driver's watchdog names a replica with none ending for ray.stall_s first; this is the limit where it
+        cannot)."""
+        self.host, self.where, self.stall_s = host, where, stall_s
         self.flight = InFlight()  # the replica's generator busy fraction, as a local generator keeps it
         self._keys = iter(range(1 << 62))
         self._lock = threading.Lock()
@@ -127,13 +130,16 @@ class HostedGenerator:
         except ray.exceptions.GetTimeoutError:
             ray.kill(host, no_restart=True)
             raise DynragError(not_started(group.id.hex(), group.bundle_specs, group_nodes(group), wait_s)) from None
-        return (HostedStreamingGenerator if where["streams"] else cls)(host, where)
+        return (HostedStreamingGenerator if where["streams"] else cls)(host, where, cfg.ray.stall_s)
 
     def _call(self, ref) -> Any:
         import ray
 
+        from pipeline.runtime.waits import bounded_get
+
         try:
-            return ray.get(ref)
+            what = f"the generator host's call (placement group {str(self.where.get('group'))[:8]})"
+            return bounded_get(ref, what, 2 * self.stall_s, f"2 x ray.stall_s = {2 * self.stall_s:g}")
         except ray.exceptions.RayActorError as err:
             raise EngineDead(f"the generator host died: {err}") from err
 
@@ -171,7 +177,7 @@ class HostedStreamingGenerator(HostedGenerator):
         def done(ref_future: Future) -> None:
             self.flight.finish(key)
             try:
-                out.set_result(ref_future.result())
+                out.set_result(ref_future.result(timeout=0))  # (done: its callback)
             except ray.exceptions.RayActorError as err:  # a dead engine is a value, as vLLM's own (vllm_stream)
                 out.set_result((EngineDead(f"the generator host died: {err}"), 0.0))
             except BaseException as err:  # noqa: BLE001 - the prompt's own error, as the protocol passes it

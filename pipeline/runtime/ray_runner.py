@@ -41,6 +41,7 @@ from pipeline.config import DynragConfig
 from pipeline.engine.drain import Drain
 from pipeline.engine.requests import Question
 from pipeline.errors import DynragError, first_line
+from pipeline.runtime.waits import WaitExpired, bounded_get, expired
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,20 @@ class EngineActor:
         self.actor_id: str = (ctx.get_actor_id() or "") if ctx else ""
         node: str = ctx.get_node_id() if ctx else ""
         self.control = control
+        # every call to the driver's RunControl waits at most ray.stall_s (waits.py): a driver that long silent is gone
+        self.call_s, self.limit = cfg.ray.stall_s, f"ray.stall_s={cfg.ray.stall_s:g}"
         me = ctx.current_actor if ctx and self.actor_id else None  # so that the driver can end it
-        if control is not None and ray.get(control.register.remote(self.actor_id, node, os.getpid(), me)) > (
-            cfg.ray.replica_failures
-        ):
+        if control is not None and self._ask(
+            control.register.remote(self.actor_id, node, os.getpid(), me), "register"
+        ) > (cfg.ray.replica_failures):
             raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
-        self.turns = Turns()
+        # a batch's turn waits at most 2 x ray.stall_s without progress: the driver's watchdog names a stuck replica first
+        self.turns = Turns(
+            lambda: self.replica.progress() if self.replica is not None else 0,
+            2 * cfg.ray.stall_s,
+            f"2 x ray.stall_s = {2 * cfg.ray.stall_s:g}",
+        )
         self.replica: Any = None  # once built
         self.one_call = all_one_call([run["method"] for run in runs])  # what a hosted generator needs to know
         self.groups = groups or []
@@ -116,7 +124,10 @@ class EngineActor:
         except BaseException as err:
             self._ended.set()
             if control is not None:  # a constructor that fails counts in the replica's failure budget
-                ray.get(control.start_failed.remote(self.actor_id, node, first_line(err)))
+                try:
+                    self._ask(control.start_failed.remote(self.actor_id, node, first_line(err)), "start_failed")
+                except WaitExpired as silent:  # the start's own error is the one to raise
+                    log.error("%s", silent)
             raise
         if threading.current_thread() is threading.main_thread():  # where Ray runs an actor's constructor
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -130,7 +141,8 @@ class EngineActor:
         from pipeline.runtime.replica import Replica
         from platform_shims.device import own_cuda
 
-        remote = {kind: PoolClient(actors, self.control) for kind, actors in (pools or {}).items()}
+        call_s = 2 * cfg.ray.stall_s  # (PoolClient: the driver's watchdog ends a stuck pool call at ray.stall_s)
+        remote = {kind: PoolClient(actors, self.control, call_s) for kind, actors in (pools or {}).items()}
         scorer = remote.get("scorer")
         local = None  # this replica's own index, opened once (unless a retrieval pool searches)
         if index_dir and "retrieval" not in remote and own_cuda():
@@ -167,6 +179,7 @@ class EngineActor:
                 **({"group": hosted.where["group"], "group_node": hosted.where["node"]} if hosted else {"group": None}),
             },
             on_ended=self._on_ended,
+            answer_wait_s=2 * cfg.ray.stall_s,  # the driver's watchdog (RunControl.stuck) names a stuck replica first
         ).start()
 
     def _host(self, cfg: DynragConfig, make_backends: Callable[..., Any] | None) -> Any:
@@ -174,11 +187,9 @@ class EngineActor:
         None for a replica of one GPU or none (its generator is its own)."""
         if not self.groups:
             return None
-        import ray
-
         from pipeline.runtime.ray_host import HostedGenerator
 
-        claimed = ray.get(self.control.claim_group.remote(self.actor_id, len(self.groups)))
+        claimed = self._ask(self.control.claim_group.remote(self.actor_id, len(self.groups)), "claim_group")
         if claimed is None:
             raise DynragError(
                 f"every one of the {len(self.groups)} replicas' placement groups is held by another actor"
@@ -250,12 +261,14 @@ class EngineActor:
         raise AssertionError("unreachable")
 
     def _begin(self, key: str) -> list[dict]:
-        import ray
-
         if self.control is None:
             return []
         self.begun.add(key)
-        return ray.get(self.control.begin.remote(key, self.actor_id, os.getpid()))
+        return self._ask(self.control.begin.remote(key, self.actor_id, os.getpid()), "begin")
+
+    def _ask(self, ref: Any, call: str) -> Any:
+        """The answer of `call` to the driver's RunControl, at most ray.stall_s (else WaitExpired, naming it)."""
+        return bounded_get(ref, f"RunControl.{call} (the driver's run control)", self.call_s, self.limit)
 
     def _on_sigterm(self, signum, frame) -> None:
         """SIGTERM to this process (a pre-empted node's processes all get it): drain, then exit (`_on_ended`)."""
@@ -264,12 +277,16 @@ class EngineActor:
     def _watch(self) -> None:
         """Ask the driver what to do, every WATCH_S, from the constructor's start until the replica has ended:
         the heartbeat, with its progress; drain when the driver says so."""
-        import ray
-
         while not self._ended.is_set():
             replica = self.replica
             progress = replica.progress() if replica is not None else 0
-            got = ray.get(self.control.instructions.remote(self.actor_id, progress, self.turns.busy))
+            try:
+                got = self._ask(
+                    self.control.instructions.remote(self.actor_id, progress, self.turns.busy), "instructions"
+                )
+            except WaitExpired as silent:  # no heartbeat reached the driver: its watchdogs see that; asked again
+                log.error("%s", silent)
+                continue
             if got is not None and replica is not None and replica.state.value in ("starting", "serving"):
                 seconds, why = got
                 replica.drain(seconds, why)
@@ -280,26 +297,31 @@ class EngineActor:
         (`Replica.after_end`): exit once its returned batches are committed (drained for its node, or its engine
         failed within the failure budget: Ray restarts the actor and Ray Data re-runs the batches it held), or
         stay (the driver's own drain, or an engine failed past its budget: its batches fail, the job ends)."""
-        import ray
-
         from pipeline.runtime.replica import Next
 
         self._ended.set()
         then = self.replica.after_end()
         if self.control is None:
             return
-        if then is Next.RESTART:
-            if not ray.get(self.control.engine_failed.remote(self.actor_id, repr(self.replica.error))):
+        try:
+            if then is Next.RESTART:
+                if not self._ask(
+                    self.control.engine_failed.remote(self.actor_id, repr(self.replica.error)), "engine_failed"
+                ):
+                    return
+                log.error("engine actor %d: the engine failed, restarting the actor", os.getpid())
+            elif then is Next.STAY:
+                self.control.drained.remote(self.actor_id)
                 return
-            log.error("engine actor %d: the engine failed, restarting the actor", os.getpid())
-        elif then is Next.STAY:
-            self.control.drained.remote(self.actor_id)
-            return
-        else:
-            # the batches it leaves were drained, not killed: their next attempt counts no death
-            ray.get([self.control.end.remote(key) for key in list(self.begun)])
-            ray.get(self.control.drained.remote(self.actor_id))
-            log.warning("engine actor %d: drained (%s) and written; exiting", os.getpid(), self.replica.drain_flag.why)
+            else:
+                # the batches it leaves were drained, not killed: their next attempt counts no death
+                self._ask([self.control.end.remote(key) for key in list(self.begun)], "end")
+                self._ask(self.control.drained.remote(self.actor_id), "drained")
+                log.warning(
+                    "engine actor %d: drained (%s) and written; exiting", os.getpid(), self.replica.drain_flag.why
+                )
+        except WaitExpired as silent:  # the driver is gone or stuck: this process exits all the same
+            log.error("%s", silent)
         threading.Thread(target=self._exit_once_committed, name="dynrag-exit", daemon=True).start()
 
     def _exit_once_committed(self) -> None:
@@ -356,7 +378,14 @@ class Turns:
     batch whose earlier attempt died with its process: run with nothing beside it, so that a death then is its
     own). `returned`: the keys of the batches whose results this process returned."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, progress: Callable[[], int] | None = None, stall_s: float = 1800.0, limit: str | None = None
+    ) -> None:
+        """`progress`: the replica's progress count; a batch waiting for its turn while it stays the same for
+        `stall_s` ends with WaitExpired (the batches ahead of it are stuck), naming the setting `limit`."""
+        self._progress = progress or (lambda: 0)
+        self._stall_s = stall_s
+        self._limit = limit or f"ray.stall_s={stall_s:g}"
         self._cond = threading.Condition()
         self._sharing = 0  # batches answering, shared
         self._alone = False  # one batch answering alone
@@ -375,10 +404,22 @@ class Turns:
                 self.returned.add(returned)
             self._cond.notify_all()
 
+    def _wait_turn(self, ready: Callable[[], bool], turn: str) -> None:
+        """Under the condition: wait until `ready()`, for as long as the replica makes progress (at most
+        `stall_s` without any), else WaitExpired naming the batches ahead."""
+        last, since = self._progress(), time.monotonic()
+        while not self._cond.wait_for(ready, timeout=WATCH_S):
+            now, seen = time.monotonic(), self._progress()
+            if seen != last:
+                last, since = seen, now
+            elif now - since > self._stall_s:
+                ahead = "a batch answering alone" if self._alone else f"{self._sharing} batches answering"
+                raise WaitExpired(expired(f"{turn} behind {ahead}", now - since, self._limit, "with no progress"))
+
     @contextlib.contextmanager
     def shared(self):
         with self._cond:
-            self._cond.wait_for(lambda: not self._alone and not self._queued_alone)
+            self._wait_turn(lambda: not self._alone and not self._queued_alone, "a batch's turn to answer")
             self._sharing += 1
         try:
             yield
@@ -391,8 +432,10 @@ class Turns:
     def alone(self):
         with self._cond:
             self._queued_alone += 1
-            self._cond.wait_for(lambda: not self._alone and not self._sharing)
-            self._queued_alone -= 1
+            try:
+                self._wait_turn(lambda: not self._alone and not self._sharing, "a batch's turn to answer alone")
+            finally:
+                self._queued_alone -= 1
             self._alone = True
         try:
             yield
@@ -583,11 +626,15 @@ def answer_runs_with_ray(
                     if "fatal" in report:
                         raise DynragError(report["fatal"])
                     yield report.pop("run"), report, functools.partial(teller.tell, part)
-                if drain is not None and drain.requested and ray.get(control.drained_count.remote()) >= cfg.ray.actors:
+                if drain is not None and drain.requested and _drained(control) >= cfg.ray.actors:
                     log.warning("drain: every engine actor has drained; the rest of the questions are left for a rerun")
                     break
         except ray.exceptions.RayError as err:  # Ray Data's own end of the job: a replica that could not start
-            started_not = ray.get(control.start_failure.remote())
+            try:
+                started_not = bounded_get(control.start_failure.remote(), *_DRIVER_CALL)
+            except WaitExpired as silent:  # Ray Data's error stands
+                log.error("%s", silent)
+                raise err from None
             if started_not:
                 raise DynragError(started_not) from err
             raise
@@ -624,6 +671,20 @@ def blocks_produced(stats: str) -> dict[str, int]:
 
     found = re.findall(r"^Operator \d+ (.+?): \d+ tasks executed, (\d+) blocks produced", stats, re.MULTILINE)
     return {name: int(n) for name, n in found}
+
+
+# a driver's call to RunControl outside the supervisor: as long as the supervisor lets its own calls fail before it
+# ends the job (CALL_FAILURES x CALL_TIMEOUT_S)
+_DRIVER_CALL = (
+    "RunControl (the driver's run control)",
+    CALL_FAILURES * CALL_TIMEOUT_S,
+    f"CALL_FAILURES x CALL_TIMEOUT_S = {CALL_FAILURES * CALL_TIMEOUT_S:g}",
+)
+
+
+def _drained(control: Any) -> int:
+    """How many engine actors have drained (RunControl.drained_count), at most _DRIVER_CALL's limit."""
+    return bounded_get(control.drained_count.remote(), *_DRIVER_CALL)
 
 
 class CommitTeller:
@@ -685,7 +746,8 @@ class Supervisor:
         end = object()
 
         def hand(got: tuple) -> bool:
-            """Hand `got` to the driver; False once the driver has stopped reading (`stop`: a drain, a line)."""
+            """Hand `got` to the driver's thread, waiting while it has not taken the last one; False once the
+            driver has stopped watching (a drain, a fatal report: it reads no more, and this thread must end)."""
             while not self._done.is_set():
                 try:
                     items.put(got, timeout=SUPERVISE_S)

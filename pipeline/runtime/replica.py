@@ -43,6 +43,7 @@ from pipeline.engine.requests import Question
 from pipeline.errors import DynragError, first_line
 from pipeline.io.output import batch_report, make_row
 from pipeline.io.part_store import PartWriteError
+from pipeline.runtime.waits import WaitExpired, until_stalled
 from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,9 @@ class ServedRun:
 class Replica:
     """See the module docstring. `backends`: a Backends, kept open (its owner closes it); else
     `make_backends()` builds one at `start` and the replica closes it. `where`: what each report says of where it runs.
-    `on_ended(state)`: called once the replica has ended and no call is in flight (its parts are written)."""
+    `on_ended(state)`: called once the replica has ended and no call is in flight (its parts are written).
+    `answer_wait_s`: how long a batch waits for its answers with no progress of the engine (None: ray.stall_s; a
+    Ray engine actor's is twice that, so that the driver's watchdog, which names the replica, speaks first)."""
 
     def __init__(
         self,
@@ -98,8 +101,10 @@ class Replica:
         drain: Drain | None = None,
         where: dict | None = None,
         on_ended: Callable[[State], None] | None = None,
+        answer_wait_s: float | None = None,
     ):
         self.cfg, self.spec, self.params = cfg, spec, params
+        self.answer_wait_s = answer_wait_s if answer_wait_s is not None else cfg.ray.stall_s
         self.backends, self._make_backends = backends, make_backends
         self.writer, self.row_args = writer, row_args
         # the run of `answer` calls that name none (None: a shared replica, whose every call names its run)
@@ -200,8 +205,9 @@ class Replica:
         """Answer `questions` with `run` (default: the replica's own), write their rows as one part (keyed by
         `batch_ids`, else the rows' ids) and return the batch's report (`batch_report`, plus "part",
         "complete", "replica", "generator"). "complete" is False when a drain left some of them unanswered
-        (they are a rerun's); a FAILED replica raises the error its engine failed with, and a store that refuses
-        the part its PartWriteError. Any other error is this batch's: its questions become error rows with the
+        (they are a rerun's); a FAILED replica raises the error its engine failed with, a store that refuses
+        the part its PartWriteError, and an engine that makes no progress for ray.stall_s while the batch waits
+        WaitExpired (waits.py). Any other error is this batch's: its questions become error rows with the
         cause (`_batch_failed`)."""
         run = run or self.run
         if run is None:
@@ -225,8 +231,8 @@ class Replica:
                     generator=self._generator_busy(),
                 )
                 return report
-            except PartWriteError:  # the store refuses after its retries: the job's end, with the store's line
-                raise
+            except (PartWriteError, WaitExpired):  # the store refuses after its retries, or the engine is stuck:
+                raise  # the job's end, with its line
             except Exception as err:
                 if self.failed:  # the engine failed: the replica's end (its process restarts), not the batch's
                     raise
@@ -287,7 +293,10 @@ class Replica:
                 return []
             self._waiting.update((id(q), got) for q in questions)
         self.inbox.put(questions, source=run.writer.out)  # a run by its output folder (Feed)
-        return got.result()
+        wait_s, stall_s = self.answer_wait_s, self.cfg.ray.stall_s  # no progress: no row, no engine call
+        limit = f"ray.stall_s={stall_s:g}" if wait_s == stall_s else f"{wait_s / stall_s:g} x ray.stall_s = {wait_s:g}"
+        what = f"the answers of a batch of {len(questions)} questions from this replica's engine"
+        return until_stalled(got.future, self.progress, wait_s, what, limit)
 
     # -- the loop (the inbox's one consumer) ------------------------------------------------------------
     def _run(self) -> None:
@@ -427,6 +436,3 @@ class _Batch:
     def fail(self, err: BaseException) -> None:
         if not self.future.done():
             self.future.set_exception(err)
-
-    def result(self) -> list:
-        return self.future.result()

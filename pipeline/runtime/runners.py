@@ -23,9 +23,11 @@ from typing import Any, Protocol
 from pipeline.config import DynragConfig
 from pipeline.engine.core import batched
 from pipeline.engine.drain import Drain
+from pipeline.errors import DynragError
 
 log = logging.getLogger(__name__)
 
+WAIT_LOOK_S = 1.0  # how often a runner's wait for its next report looks whether it can still come
 SETTLE_S = 60.0  # the longest an experiment's Ray job waits, at its end, for its runs to commit what they were handed
 
 
@@ -131,14 +133,16 @@ class LocalRunner:
                     pending.add(pool.submit(answer, batch))
                 if not pending:
                     break
-                done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-                failed = [f for f in done if f.exception() is not None]
+                # each batch's own wait is bounded (Replica._outcomes: ray.stall_s without progress ends it), so
+                # this loop ends; it looks every second
+                done, pending = cf.wait(pending, timeout=WAIT_LOOK_S, return_when=cf.FIRST_COMPLETED)
+                failed = [f for f in done if f.exception(timeout=0) is not None]  # (done: no wait)
                 for future in done - set(failed):  # the batches written are committed before a failure ends the run
-                    report = future.result()
+                    report = future.result(timeout=0)
                     report["skipped"], reported = counts["skipped"] - reported, counts["skipped"]
                     yield report
                 if failed:
-                    failed[0].result()
+                    failed[0].result(timeout=0)
             if counts.get("skipped", 0) > reported:
                 yield batch_report([], counts["skipped"] - reported, {})
         finally:
@@ -226,6 +230,7 @@ class RayRuns:
         self._handed: list[int] = []  # per run: reports handed to its thread and not yet committed
         self._gone: list[bool] = []  # per run: its thread has stopped taking reports
         self._settled = threading.Condition()
+        self._thread: Any = None  # the one Ray job's thread (`_serve`), once every run has come
 
     def answer(self, job: Batches) -> Iterator[dict]:
         import queue
@@ -254,12 +259,23 @@ class RayRuns:
 
     def _start_when_all_came(self) -> None:
         if self._jobs and len(self._jobs) == self.expected:
-            threading.Thread(target=self._serve, name="dynrag-ray-runs", daemon=True).start()
+            self._thread = threading.Thread(target=self._serve, name="dynrag-ray-runs", daemon=True)
+            self._thread.start()
 
     def _reports(self, run: int, inbox) -> Iterator[dict]:
+        """The run's reports as the Ray job's thread hands them (its own waits are bounded: ray_runner.py), until
+        its None; a thread that ended without one (it always sends its last word) ends the run with one line."""
+        import queue
+
         try:
             while True:
-                item = inbox.get()
+                try:
+                    item = inbox.get(timeout=WAIT_LOOK_S)
+                except queue.Empty:
+                    thread = self._thread
+                    if thread is not None and not thread.is_alive() and inbox.empty():
+                        raise DynragError("the experiment's Ray job ended without a word for this run") from None
+                    continue
                 if item is None:
                     return
                 if isinstance(item, BaseException):

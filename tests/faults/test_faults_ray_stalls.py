@@ -120,7 +120,8 @@ def dying_pool_backends(scale: float, markers: Path):
 
 def refusing_store(scale: float):
     """SimBackends that first register the fsspec protocol `refusing://` in their process: a store that lists and
-    reads, but refuses every write (PermissionError: no retry helps), as a bucket without write access does."""
+    reads, but refuses every write of rows (PermissionError: no retry helps), as a bucket without write access does
+    (the driver's lease of the output passes: the parts' writes are the point here)."""
     from dataclasses import dataclass
 
     from jobs.bench.simulated import SimBackends
@@ -135,6 +136,8 @@ def refusing_store(scale: float):
             pseudo_dirs = [""]
 
             def pipe_file(self, path, value, *args, **kwargs):
+                if path.endswith("/_lease.json"):  # the driver's lease of the output (output_lock.py) is let through
+                    return super().pipe_file(path, value, *args, **kwargs)
                 raise PermissionError(13, "Access Denied", path)
 
         fsspec.register_implementation("refusing", RefusingFS, clobber=True)

@@ -1,60 +1,69 @@
-"""Two real answer jobs at once on one s3:// output (a moto S3 server on loopback): remote outputs
-cannot be flock'ed, so both run and both commit parts, some of the same questions; the last job to end
-deduplicates the parts (commit.py), so that any Parquet reader then counts each question once."""
+"""Two real `dynrag answer` jobs on one output (issue 78, item 6), on the session's S3 server (moto on loopback)
+and on a local folder: the first is paused with a batch staged (`ray.part_written`: written as an attempt, not yet
+committed); the second is refused with one `dynrag: error:` line naming the first (pid, host, since when), through
+the output's lease (S3) or lock (local), and leaves the first's attempt alone; the first, resumed, commits that
+attempt and ends with every question once. (Before issue 78 an s3:// output had no lease: both jobs ran, and the
+second's start removed the first's staged attempts.)"""
 
 from __future__ import annotations
 
-import json
-import re
-import time
+import socket
 
+import fsspec
 import pytest
-from fault_tools import cli, env_for, start
+from fault_tools import cli, kill_group, one_error_line, run, run_until_paused
 from on_disk import assert_each_question_once
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(600)]
+from pipeline.io.part_store import ATTEMPTS
 
-N = 40
+pytestmark = pytest.mark.faults
 
 
-def test_two_jobs_on_one_s3_output_yield_each_question_once(s3, nq_dev, tmp_path):  # noqa: F811
-    fs, bucket = s3
-    out = f"s3://{bucket}/runs/both"
-    cmd = cli(
+def answer_cmd(dataset, out, n):
+    return cli(
         "answer",
         "--dataset",
-        str(nq_dev),
+        str(dataset),
         "--method",
         "no-retrieval",
         "--out",
         out,
         "--limit",
-        str(N),
+        str(n),
         "--no-progress",
         "--set",
         "generation.backend=none",
         "--set",
-        "answer.batch_questions=5",
-        "--set",
-        "ray.actor_batches=1",  # one batch at a time: the paused driver holds its job while the second runs
+        "answer.batch_questions=25",
     )
-    # the first job pauses after its first part until the second one has ended (at most 120 s)
-    pauses = tmp_path / "pauses"
-    first = start(cmd, {**env_for("answer.part_written", pauses), "DYNRAG_PAUSE_SECONDS": "120"})
+
+
+def staged(out: str) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(out)
+    fs.invalidate_cache()
+    folder = f"{path.rstrip('/')}/{ATTEMPTS}"
+    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)) if fs.exists(folder) else []
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_second_job_is_refused_naming_the_first_and_never_removes_its_staged_batch(nq_dev, tmp_path, request, store):
+    n, pauses = 100, tmp_path / "pauses"
+    out = str(tmp_path / "run") if store == "local" else f"s3://{request.getfixturevalue('s3')[1]}/run"
+    first = run_until_paused(answer_cmd(nq_dev, out, n), "ray.part_written", pauses)
     try:
-        while not (pauses / "answer.part_written").exists():
-            assert first.poll() is None, first.communicate()[1][-3000:]
-            time.sleep(0.05)
-        second = start(cmd, env_for())
-        out2, err2 = second.communicate(timeout=300)
-        (pauses / "answer.part_written.resume").touch()
-        out1, err1 = first.communicate(timeout=300)
+        attempts = staged(out)
+        assert attempts, "the first job has a batch staged"
+        second = run(answer_cmd(nq_dev, out, n), timeout=600)
+        assert second.returncode == 2, second.stderr[-2000:]
+        line = one_error_line(second.stderr)
+        assert (
+            f"{out} is in use by another answer job (pid {first.pid} on host {socket.gethostname()}, started " in line
+        )
+        assert set(attempts) <= set(staged(out))  # the first job's staged batch is still there
+        (pauses / "ray.part_written.resume").touch()
+        stdout, stderr = first.communicate(timeout=600)
     finally:
-        first.kill()
-    assert first.returncode == 0 and second.returncode == 0, (err1[-2000:], err2[-2000:])
-    answered = [int(re.search(r"new (\d+)", o).group(1)) for o in (out1, out2)]
-    assert sum(answered) > N, (out1, out2)  # both jobs answered some of the same questions
-    assert_each_question_once(out, N)  # as pyarrow counts parts/
-    assert f"rows {N} (answered {N}" in out1
-    summary = json.loads(fs.cat(f"{bucket}/runs/both/summary.json"))
-    assert summary["rows"] == N
+        kill_group(first)
+    assert first.returncode == 0, stderr[-3000:]
+    assert f"rows {n} (answered {n}" in stdout
+    assert_each_question_once(out, n)

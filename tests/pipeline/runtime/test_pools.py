@@ -28,7 +28,13 @@ class Ref:
             self.ready.set()
 
 
-def fake_get(ref: Ref):
+def fake_get(ref: Ref | list[Ref], timeout: float | None = None):
+    import ray
+
+    if isinstance(ref, list):
+        return [fake_get(r, timeout) for r in ref]
+    if timeout is not None and timeout < 10 and not ref.ready.wait(timeout):
+        raise ray.exceptions.GetTimeoutError("Get timed out")
     assert ref.ready.wait(10), "a result never came"
     return ref.value
 
@@ -92,7 +98,7 @@ def test_engine_actor_sends_retrieval_and_scoring_to_its_pools():
 
 def test_one_client_called_from_several_threads_gives_each_its_results_in_order():
     """The first chunk of each call is the slowest, so chunks finish out of order; four threads share the
-    client (a shared ActorPool, which is not thread-safe, mixes up their tasks)."""
+    client (one shared ActorPool, which is not thread-safe, would mix up their tasks)."""
     actors = [InlineActor(delay=lambda items: 0.002 * len(items)) for _ in range(3)]
     client = PoolClient(actors)
     expect = SimRetriever()
@@ -111,3 +117,22 @@ def test_one_client_called_from_several_threads_gives_each_its_results_in_order(
         th.join(60)
     assert not any(th.is_alive() for th in threads) and not wrong
     assert sum(len(a.calls) for a in actors) >= 60  # every call reached the pool
+
+
+def test_a_pool_call_that_never_returns_ends_with_one_line_at_its_limit():
+    """A pool actor that never answers (a hung JVM or FAISS call): the engine's call to the pool waits at most
+    its limit (2 x ray.stall_s; the driver's watchdog names the actor at ray.stall_s first), then ends with one
+    line naming the call and the limit."""
+    from pipeline.runtime.waits import WaitExpired
+
+    def never(*args):
+        ref = Ref.__new__(Ref)
+        ref.value, ref.ready = None, threading.Event()  # never set
+        return ref
+
+    client = PoolClient([InlineActor(), SimpleNamespace(run=SimpleNamespace(remote=never))], call_s=0.5)
+    with pytest.raises(WaitExpired) as ended:
+        client.search(["q1", "q2", "q3"], 2, "bm25")
+    line = str(ended.value)
+    assert "waited 0.5 s for a search call of 3 items to 2 pool actors with no answer (2 x ray.stall_s = 0.5)" in line
+    assert "\n" not in line
