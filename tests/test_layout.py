@@ -155,9 +155,8 @@ def test_no_import_cycle_between_modules(graph):
 # the packages whose rooms are entered by their front doors: a room (a package) is entered from outside it only
 # through what its __init__ lists in `__all__`: the names it exports, and the modules it names public
 FRONT_DOORS = ("platform_shims", "indexing", "pipeline")
-# rooms edited elsewhere while issue 79 landed: their `__all__` comes with that work; until then every module of
-# theirs is a door (no other room may be without an `__all__`)
-DOORS_NOT_YET_NAMED = {"pipeline.io", "pipeline.runtime"}
+# rooms whose every module is a door (none: each room names its doors in `__all__`)
+DOORS_NOT_YET_NAMED: set[str] = set()
 
 
 def doors(package: str) -> set[str] | None:
