@@ -70,7 +70,7 @@ class SimulatedGpu:
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
-    from jobs.cli import add_config_args
+    from jobs.cli import add_config_args, add_job_options
 
     p = bsub.add_parser(
         "questions",
@@ -96,7 +96,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--work", metavar="DIR", help="where the index, questions and outputs go (default: a temporary folder, removed)"
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object: {workload, runs: [...]}")
+    add_job_options(p, json={"help": "print one JSON object: {workload, runs: [...]}"})
     add_config_args(p)
     p.set_defaults(func=run)
 
