@@ -7,7 +7,7 @@ FAISS index takes what is left, if it fits (`indexing.faiss_gpu.place_index`: on
 needed, HNSW on the CPU), else it stays on the CPU; `index.faiss_gpu=gpu` refuses instead, `cpu` never moves it.
 
 `replica_gpu_plan` makes the plan at the start of a replica (the Ray engine actor, an in-process run) when CUDA
-is visible, from the replica's open index's stated resources (indexing/retrievers.py: the index is opened once
+is visible, from the replica's open index's stated resources (indexing/search/retrievers.py: the index is opened once
 and handed over, never read again here); without CUDA it returns None and nothing changes.
 """
 

@@ -6,7 +6,7 @@ OUT/dynrag.log (jobs/quiet.py).
 Ray streams each worker's stdout and stderr to the driver (`log_to_driver`), whose handler prints the lines
 on the terminal. `own_worker_logging` (in each actor) marks dynrag's records; `route_worker_logs` replaces
 Ray's handler on the driver (Ray 2.60's `global_worker_stdstream_dispatcher`, the hook Ray's own printing
-uses, reached through indexing/compat.py; where it is missing, Ray's printing stays)."""
+uses, reached through platform_shims/compat.py; where it is missing, Ray's printing stays)."""
 
 from __future__ import annotations
 

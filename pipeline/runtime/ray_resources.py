@@ -6,7 +6,7 @@
   `generation.engine_kwargs.tensor_parallel_size` = N > 1 a placement group of N one-GPU bundles on one
   node per replica, made once by the driver (ray_control.py): the actor itself holds no GPU, claims its
   replica's group, and vLLM's Ray executor starts one worker on each bundle's GPU (vllm_gen.py);
-- an index build's tasks that embed (indexing/cluster_build.py): `ray.embed_actor_num_gpus` GPUs each;
+- an index build's tasks that embed (indexing/builder/cluster.py): `ray.embed_actor_num_gpus` GPUs each;
 - the retrieval and scorer pools (pipeline/runtime/pools.py): `ray.retrieval_actor_*`, `ray.scorer_actor_*`.
 
 Whether the replicas fit the cluster is decided before any actor starts (`replica_gpus`). With
