@@ -50,16 +50,21 @@ class SeenIds:
     """A set of ids added one at a time, about their own length in memory: the newest PENDING in a Python set,
     the others in sorted arrays, each about twice the next one's size (merged as they grow), so a lookup is one
     set lookup and O(log n) binary searches. An id holding NUL bytes (not held exactly by a fixed-width array)
-    stays in the Python set."""
+    stays in the Python set. A bit per hash (BITS of them, 2 MB) answers most lookups of a new id at once: without
+    it, 10^6 checks and adds took 7.0 s of CPU against a dict's 0.8."""
 
     PENDING = 65_536
+    BITS = 1 << 24  # the new ids' fast "no": with 10^6 ids held, 6% of new ids go on to the binary searches
 
     def __init__(self) -> None:
         self.pending: set[str] = set()
         self.odd: set[str] = set()
         self.sorted: list[np.ndarray] = []
+        self.bits = bytearray(self.BITS // 8)
 
     def add(self, qid: str) -> None:
+        h = hash(qid) & (self.BITS - 1)
+        self.bits[h >> 3] |= 1 << (h & 7)
         (self.odd if "\0" in qid else self.pending).add(qid)
         if len(self.pending) >= self.PENDING:
             self.sorted.append(np.sort(np.array([q.encode() for q in self.pending], dtype=bytes)))
@@ -72,6 +77,9 @@ class SeenIds:
     def __contains__(self, qid: object) -> bool:
         if not isinstance(qid, str):
             return False
+        h = hash(qid) & (self.BITS - 1)
+        if not self.bits[h >> 3] & (1 << (h & 7)):
+            return False  # never added
         if qid in self.pending or qid in self.odd:
             return True
         key = qid.encode()

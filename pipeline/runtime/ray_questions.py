@@ -93,11 +93,12 @@ class QuestionSource(Datasource):
         skipped, pending = [0] * len(self.done), [list[str]() for _ in self.done]
         try:
             for q in pending_questions(questions, frozenset(), self.limit, counts):
-                text = json.dumps(q.to_dict())
+                text = None  # serialized once some run has it to answer (a resume skips most questions)
                 for run, done in enumerate(self.done):
                     if q.id in done:
                         skipped[run] += 1
                         continue
+                    text = text or json.dumps(q.to_dict())
                     pending[run].append(text)
                     if len(pending[run]) == self.batch:
                         yield batch_row(pending[run], skipped[run], run)
