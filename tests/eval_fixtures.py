@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.config import DynragConfig
 from pipeline.engine.core import STAGES
 from pipeline.io.output import SCHEMA, write_part
 
@@ -91,3 +92,18 @@ def drrag_like_runs(root: Path) -> list[Path]:
             )
         )
     return out
+
+
+def no_model_cfg() -> DynragConfig:
+    """A run's configuration with the model's cost taken out (generation.backend=none), in batches of 2."""
+    cfg = DynragConfig()
+    cfg.generation.backend = "none"
+    cfg.answer.progress = False
+    cfg.answer.batch_questions = 2
+    return cfg
+
+
+def part_row(qid: str, finished_at: float, error: str | None = None) -> dict:
+    """A row as a staged part holds it: its key columns, a prediction naming it, and a few required fields."""
+    row = {"question_id": qid, "finished_at": finished_at, "error": error, "prediction": f"p-{qid}-{finished_at}"}
+    return row | {"retrieval_triggered": False, "method": "m", "dataset": "d"}

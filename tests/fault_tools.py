@@ -24,6 +24,27 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", *args]
 
 
+def no_model_answer(dataset, out: str, n: int) -> list[str]:
+    """`dynrag answer` of the first `n` questions of `dataset` into `out`, the model's cost taken out
+    (no-retrieval, generation.backend=none), in batches of 25."""
+    return cli(
+        "answer",
+        "--dataset",
+        str(dataset),
+        "--method",
+        "no-retrieval",
+        "--out",
+        out,
+        "--limit",
+        str(n),
+        "--no-progress",
+        "--set",
+        "generation.backend=none",
+        "--set",
+        "answer.batch_questions=25",
+    )
+
+
 def env_for(pause_at: str | None = None, pause_dir: Path | None = None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     env.pop("DYNRAG_PAUSE_AT", None)

@@ -11,31 +11,12 @@ import socket
 
 import fsspec
 import pytest
-from fault_tools import cli, kill_group, one_error_line, run, run_until_paused
+from fault_tools import kill_group, no_model_answer, one_error_line, run, run_until_paused
 from on_disk import assert_each_question_once
 
 from pipeline.io.part_store import ATTEMPTS, attempt_key
 
 pytestmark = pytest.mark.faults
-
-
-def answer_cmd(dataset, out, n):
-    return cli(
-        "answer",
-        "--dataset",
-        str(dataset),
-        "--method",
-        "no-retrieval",
-        "--out",
-        out,
-        "--limit",
-        str(n),
-        "--no-progress",
-        "--set",
-        "generation.backend=none",
-        "--set",
-        "answer.batch_questions=25",
-    )
 
 
 def staged(out: str) -> list[str]:
@@ -65,11 +46,11 @@ def committed_keys(out: str) -> list[str]:
 def test_a_second_job_is_refused_naming_the_first_and_never_removes_its_staged_batch(nq_dev, tmp_path, request, store):
     n, pauses = 100, tmp_path / "pauses"
     out = str(tmp_path / "run") if store == "local" else f"s3://{request.getfixturevalue('s3')[1]}/run"
-    first = run_until_paused(answer_cmd(nq_dev, out, n), "ray.part_written", pauses)
+    first = run_until_paused(no_model_answer(nq_dev, out, n), "ray.part_written", pauses)
     try:
         attempts = staged(out)
         assert attempts, "the first job has a batch staged"
-        second = run(answer_cmd(nq_dev, out, n), timeout=600)
+        second = run(no_model_answer(nq_dev, out, n), timeout=600)
         assert second.returncode == 2, second.stderr[-2000:]
         line = one_error_line(second.stderr)
         assert (

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 
 import pytest
-from fault_tools import cli, damage_faiss_header, env_for, one_error_line, run
+from fault_tools import cli, damage_faiss_header, env_for, no_model_answer, one_error_line, run
 
 pytestmark = pytest.mark.faults
 
@@ -23,29 +23,10 @@ def in_tmpfs(mount: str, options: str, cmd: list[str], after: str) -> subprocess
     return run(["unshare", "-rm", "sh", "-c", script], env_for(), timeout=600)
 
 
-def answer(nq_dev, out, n):
-    return cli(
-        "answer",
-        "--dataset",
-        str(nq_dev),
-        "--method",
-        "no-retrieval",
-        "--out",
-        out,
-        "--limit",
-        str(n),
-        "--no-progress",
-        "--set",
-        "generation.backend=none",
-        "--set",
-        "answer.batch_questions=25",
-    )
-
-
 def test_output_on_a_read_only_filesystem(nq_dev, tmp_path):
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    done = in_tmpfs(str(mnt), "ro", answer(nq_dev, f"{mnt}/out", 5), "true")
+    done = in_tmpfs(str(mnt), "ro", no_model_answer(nq_dev, f"{mnt}/out", 5), "true")
     assert done.returncode == 2
     assert "Read-only file system" in one_error_line(done.stderr)
 
@@ -56,7 +37,7 @@ def test_disk_full_during_a_run(nq_dev, tmp_path):
     # room for the batches a replica holds at once by default (21 parts of about 20 KB), not for all 120
     # (the batches committed before the disk filled stay committed, merged into parts/ by the rerun)
     listing = f"ls -a {mnt}/out/parts {mnt}/out/_committed"
-    done = in_tmpfs(str(mnt), "size=640k", answer(nq_dev, f"{mnt}/out", 3000), listing)
+    done = in_tmpfs(str(mnt), "size=640k", no_model_answer(nq_dev, f"{mnt}/out", 3000), listing)
     assert done.returncode == 2
     assert "No space left on device" in one_error_line(done.stderr)
     files = done.stdout.split()

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 from engine_fixtures import HOTPOT
+from eval_fixtures import no_model_cfg, part_row
 from on_disk import assert_each_question_once
 
-from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
 from pipeline.io import output_lock as lock_mod
 from pipeline.io.commit import Committer
@@ -31,19 +31,6 @@ from pipeline.io.part_store import ATTEMPTS
 from pipeline.runtime.answer import run_answer
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _cfg() -> DynragConfig:
-    cfg = DynragConfig()
-    cfg.generation.backend = "none"
-    cfg.answer.progress = False
-    cfg.answer.batch_questions = 2
-    return cfg
-
-
-def _row(qid: str, finished_at: float, error: str | None = None) -> dict:
-    row = {"question_id": qid, "finished_at": finished_at, "error": error, "prediction": f"p-{qid}-{finished_at}"}
-    return row | {"retrieval_triggered": False, "method": "m", "dataset": "d"}
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -73,10 +60,10 @@ def test_a_second_job_on_an_output_in_use_is_refused_naming_the_first_and_leaves
     first's attempt (the first would then die committing a missing file)."""
     dataset, out, fs = output
     with output_lock(out):
-        attempt = PartWriter(out, "first-run").write([_row("q1", 1.0)], ["q1"])
+        attempt = PartWriter(out, "first-run").write([part_row("q1", 1.0)], ["q1"])
         assert attempt and _staged(fs, out)
         with pytest.raises(DynragError) as refused:
-            run_answer(dataset, out, method="no-retrieval", limit=4, cfg=_cfg())
+            run_answer(dataset, out, method="no-retrieval", limit=4, cfg=no_model_cfg())
         msg = str(refused.value)
         assert msg.startswith(
             f"{out} is in use by another answer job (pid {os.getpid()} on host {socket.gethostname()}"
@@ -85,7 +72,7 @@ def test_a_second_job_on_an_output_in_use_is_refused_naming_the_first_and_leaves
         if out.startswith("s3://"):
             assert "its lease renewed" in msg
         assert _staged(fs, out) == [attempt.rsplit("/", 1)[-1]]  # the first job's attempt is left alone
-    done = run_answer(dataset, out, method="no-retrieval", limit=4, cfg=_cfg())  # once the first has ended
+    done = run_answer(dataset, out, method="no-retrieval", limit=4, cfg=no_model_cfg())  # once the first has ended
     assert done["rows"] == 4
     assert_each_question_once(out, 4)  # (its open removed the attempt the first left, uncommitted)
 
@@ -147,7 +134,7 @@ def test_a_dead_jobs_lease_expires_and_the_next_job_takes_the_output_over(s3, s3
     assert fs.exists(f"{bucket}/run/{LEASE_NAME}") and _staged(fs, out)
     time.sleep(ttl + 2.5)  # past its time to live as the store's clock counts (whole seconds)
     with caplog.at_level(logging.WARNING, logger="pipeline.io.output_lock"):
-        done = run_answer(str(dataset), out, method="no-retrieval", limit=4, cfg=_cfg())
+        done = run_answer(str(dataset), out, method="no-retrieval", limit=4, cfg=no_model_cfg())
     assert done["rows"] == 4
     taken = [r.getMessage() for r in caplog.records if "taking over the expired lease" in r.getMessage()]
     assert len(taken) == 1 and f"{out}: pid {pid} on host {socket.gethostname()}" in taken[0], caplog.text
@@ -160,15 +147,17 @@ def test_a_rewrite_removes_rows_by_question_id_not_by_positions_read_before(tmp_
     part changed between the read and the rewrite (rows in another order, one more), the rewrite still removes q1's
     superseded row only: q2's and q3's only rows stay."""
     out = str(tmp_path / "run")
-    a = write_part(out, [_row("q1", 1.0, "EngineDead: died"), _row("q2", 1.0)], "old-a")
-    write_part(out, [_row("q1", 2.0)], "old-b")
+    a = write_part(out, [part_row("q1", 1.0, "EngineDead: died"), part_row("q2", 1.0)], "old-a")
+    write_part(out, [part_row("q1", 2.0)], "old-b")
     assert a is not None
     committer = Committer(out, "r2")
     rewrite = committer._rewrite_without
 
     def changed_meanwhile(part, *args, **kwargs):
         if part == a:  # the part as another writer left it after the repair read it
-            write_part(out, [_row("q2", 1.0), _row("q3", 1.0), _row("q1", 1.0, "EngineDead: died")], "old-a")
+            write_part(
+                out, [part_row("q2", 1.0), part_row("q3", 1.0), part_row("q1", 1.0, "EngineDead: died")], "old-a"
+            )
         return rewrite(part, *args, **kwargs)
 
     monkeypatch.setattr(committer, "_rewrite_without", changed_meanwhile)
@@ -193,15 +182,15 @@ def test_a_job_whose_lease_was_taken_over_stops_at_its_next_commit(s3, monkeypat
     with output_lock(out):
         committer = Committer(out, "r1")
         committer.open()
-        first = PartWriter(out, "r1").write([_row("q0", 1.0)], ["q0"])
-        assert committer.commit(batch_report([_row("q0", 1.0)], 0, {}, first)) is not None  # while it holds it
+        first = PartWriter(out, "r1").write([part_row("q0", 1.0)], ["q0"])
+        assert committer.commit(batch_report([part_row("q0", 1.0)], 0, {}, first)) is not None  # while it holds it
         fs.pipe_file(lease, other.encode())  # the other job's takeover (as after this job's long pause)
         held = lock_mod._leases[out]
         deadline = time.monotonic() + 60
         while not held.lost:
             assert time.monotonic() < deadline, "the renewal did not notice"
             time.sleep(0.1)
-        attempt = PartWriter(out, "r1").write([_row("q1", 1.0)], ["q1"])
+        attempt = PartWriter(out, "r1").write([part_row("q1", 1.0)], ["q1"])
         with pytest.raises(lock_mod.OutputBusyError) as stopped:
             committer.commit({"part": attempt, "rows": 1})
         msg = str(stopped.value)

@@ -9,28 +9,15 @@ import errno
 import fsspec
 import pytest
 from engine_fixtures import HOTPOT
+from eval_fixtures import no_model_cfg, part_row
 from fsspec.implementations.memory import MemoryFileSystem
 from on_disk import assert_each_question_once, rows_on_disk
 
-from pipeline.config import DynragConfig
 from pipeline.io import output, part_store
 from pipeline.io.commit import Committer
 from pipeline.io.output import PartWriter, batch_report, read_rows, summarize, write_part
 from pipeline.io.part_store import ATTEMPTS, PartWriteError, batch_key
 from pipeline.runtime.answer import run_answer
-
-
-def _cfg() -> DynragConfig:
-    cfg = DynragConfig()
-    cfg.generation.backend = "none"
-    cfg.answer.progress = False
-    cfg.answer.batch_questions = 2
-    return cfg
-
-
-def _row(qid: str, finished_at: float, error: str | None = None) -> dict:
-    row = {"question_id": qid, "finished_at": finished_at, "error": error, "prediction": f"p-{qid}-{finished_at}"}
-    return row | {"retrieval_triggered": False, "method": "m", "dataset": "d"}
 
 
 def test_resumed_run_on_s3_counts_every_row(s3, s3_server, data_dir, monkeypatch):
@@ -41,7 +28,7 @@ def test_resumed_run_on_s3_counts_every_row(s3, s3_server, data_dir, monkeypatch
     lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:8]
     fs.pipe(f"{bucket}/q.jsonl", ("\n".join(lines) + "\n").encode())
     dataset, out = f"s3://{bucket}/q.jsonl", f"s3://{bucket}/run"
-    first = run_answer(dataset, out, method="no-retrieval", limit=4, cfg=_cfg())
+    first = run_answer(dataset, out, method="no-retrieval", limit=4, cfg=no_model_cfg())
     assert first["rows"] == 4
 
     import threading
@@ -61,7 +48,7 @@ def test_resumed_run_on_s3_counts_every_row(s3, s3_server, data_dir, monkeypatch
 
     monkeypatch.setattr(output, "_fs", routed_fs)
     monkeypatch.setattr(output, "write_part", write_elsewhere)
-    second = run_answer(dataset, out, method="no-retrieval", limit=8, cfg=_cfg())
+    second = run_answer(dataset, out, method="no-retrieval", limit=8, cfg=no_model_cfg())
     assert (second["skipped_already_answered"], second["new_rows"]) == (4, 4)
     assert second["rows"] == 8
     assert_each_question_once(out, 8)  # as pyarrow counts parts/
@@ -100,7 +87,7 @@ def flaky(monkeypatch):
 
 def test_part_write_retried_on_transient_errors(flaky):
     flaky.failures = part_store.PART_WRITE_ATTEMPTS - 1
-    part = PartWriter(flaky.url, "r1").write([_row("q1", 1.0)])
+    part = PartWriter(flaky.url, "r1").write([part_row("q1", 1.0)])
     assert flaky.tries == part_store.PART_WRITE_ATTEMPTS
     assert read_rows(flaky.url, ["question_id"], parts=[part]).to_pylist() == [{"question_id": "q1"}]
 
@@ -108,7 +95,7 @@ def test_part_write_retried_on_transient_errors(flaky):
 def test_part_write_gives_up_after_bounded_attempts(flaky):
     flaky.failures = 100
     with pytest.raises(PartWriteError, match=rf"cannot write {flaky.protocol}://run/_attempts/r1-.*ConnectionReset"):
-        PartWriter(flaky.url, "r1").write([_row("q1", 1.0)])
+        PartWriter(flaky.url, "r1").write([part_row("q1", 1.0)])
     assert flaky.tries == part_store.PART_WRITE_ATTEMPTS
 
 
@@ -143,13 +130,13 @@ def test_a_batch_staged_twice_is_committed_once_and_the_other_attempt_removed(s3
     committer = Committer(out, "r1")
     assert committer.open() == set()
     batch = ["q1", "q2", "q3"]
-    first = _attempt(out, [_row(q, 10.0) for q in batch], batch)
-    second = _attempt(out, [_row(q, 11.0) for q in batch], batch)
+    first = _attempt(out, [part_row(q, 10.0) for q in batch], batch)
+    second = _attempt(out, [part_row(q, 11.0) for q in batch], batch)
     assert rows_on_disk(out).num_rows == 0  # staged: no reader of parts/ sees an attempt
     committed = committer.commit(first)
     assert committed["part"].endswith("/_committed/part-r1-" + batch_key(batch) + ".parquet")  # merged at the close
     assert committer.commit(second) is None
-    assert committer.commit(_attempt(out, [_row("q9", 1.0)], ["q9"]))["rows"] == 1
+    assert committer.commit(_attempt(out, [part_row("q9", 1.0)], ["q9"]))["rows"] == 1
     committer.close()
     assert_each_question_once(out, 4)
     assert summarize(out, parts=committer.parts)["duplicate_ids"] == 0
@@ -162,7 +149,7 @@ def test_the_close_removes_an_attempt_whose_writer_died_mid_write(tmp_path):
     committer = Committer(out, "r1")
     committer.open()
     batch = ["q1"]
-    committer.commit(_attempt(out, [_row("q1", 1.0)], batch))
+    committer.commit(_attempt(out, [part_row("q1", 1.0)], batch))
     staged = tmp_path / "out" / ATTEMPTS
     (staged / f".r1-{batch_key(batch)}-0123abcd.parquet.89ab4567.tmp").write_bytes(b"PAR1 cut short")
     (staged / ".r2-other-0123abcd.parquet.89ab4567.tmp").write_bytes(b"PAR1 cut short")
@@ -181,12 +168,12 @@ def test_a_zombie_never_deletes_or_replaces_a_committed_part(s3):
     batch = ["q1", "q2", "q3"]
     committer = Committer(out, "r1")
     committer.open()
-    committer.commit(_attempt(out, [_row(q, 10.0) for q in batch], batch))
-    assert committer.commit(_attempt(out, [_row("q1", 20.0, "EngineDead: engine died")], batch)) is None
+    committer.commit(_attempt(out, [part_row(q, 10.0) for q in batch], batch))
+    assert committer.commit(_attempt(out, [part_row("q1", 20.0, "EngineDead: engine died")], batch)) is None
     committer.close()
     (part,) = output.part_files(out)  # the batch, merged
     before = fs.cat(part)
-    _attempt(out, [_row("q2", 30.0, "EngineDead: engine died")], batch)  # after the end: stays staged
+    _attempt(out, [part_row("q2", 30.0, "EngineDead: engine died")], batch)  # after the end: stays staged
     assert fs.cat(part) == before
     assert rows_on_disk(out)["error"].null_count == 3
     assert Committer(out, "r2").open() == set(batch)  # the rerun removes the zombie's attempt
@@ -198,9 +185,9 @@ def test_a_rerun_repairs_a_folder_holding_a_question_twice(tmp_path):
     removal of the row it superseded): the rerun keeps one row a question (an answer over an error row, then the
     last finished) and rewrites the other parts without theirs; summarize counted the duplicates before."""
     out = str(tmp_path / "run")
-    write_part(out, [_row("q1", 1.0, "EngineDead: died"), _row("q2", 1.0)], "old-a")
-    write_part(out, [_row("q1", 2.0), _row("q2", 3.0)], "old-b")
-    write_part(out, [_row("q3", 1.0)], "old-c")
+    write_part(out, [part_row("q1", 1.0, "EngineDead: died"), part_row("q2", 1.0)], "old-a")
+    write_part(out, [part_row("q1", 2.0), part_row("q2", 3.0)], "old-b")
+    write_part(out, [part_row("q3", 1.0)], "old-c")
     assert summarize(out)["duplicate_ids"] == 2
     assert Committer(out, "r2").open() == {"q1", "q2", "q3"}
     rows = assert_each_question_once(out, 3)
@@ -214,10 +201,10 @@ def test_a_system_error_row_answered_again_is_replaced_on_disk(tmp_path):
     """A rerun answers a question whose row was a system error again: once its new row is committed, the old row
     is removed from its part (the part's other rows stay)."""
     out = str(tmp_path / "run")
-    write_part(out, [_row("q1", 1.0, "EngineDead: died") | {"error_kind": "system"}, _row("q2", 1.0)], "r1-a")
+    write_part(out, [part_row("q1", 1.0, "EngineDead: died") | {"error_kind": "system"}, part_row("q2", 1.0)], "r1-a")
     committer = Committer(out, "r2")
     assert committer.open() == {"q2"}
-    committer.commit(_attempt(out, [_row("q1", 5.0)], ["q1"], "r2"))
+    committer.commit(_attempt(out, [part_row("q1", 5.0)], ["q1"], "r2"))
     committer.close()
     assert_each_question_once(out, 2)
     assert summarize(out, parts=committer.parts)["rows"] == 2
