@@ -296,10 +296,11 @@ def test_the_stream_reader_ends_once_the_driver_stops_reading():
 
     sup = Supervisor.__new__(Supervisor)  # its watching() alone: no supervisor thread, no RunControl
     sup.line, sup.reader, sup._done = None, None, threading.Event()
-    second = threading.Event()
+    second, read = threading.Event(), []
 
     def stream():
         for i in range(1000):
+            read.append(i)
             if i == 2:
                 second.set()  # item 1 is handed over (in the queue): item 2 cannot be, until the driver reads
             yield i
@@ -314,6 +315,7 @@ def test_the_stream_reader_ends_once_the_driver_stops_reading():
     sup._done.set()  # what stop() does first
     sup.reader.join(30)
     assert not sup.reader.is_alive(), "the stream's reader is still blocked on the hand-off queue"
+    assert len(read) <= 4  # nothing more read from the stream: the item taken, the one held, the one it was handing
 
 
 @pytest.mark.timeout(60)

@@ -107,23 +107,3 @@ def test_the_drain_deadline_is_checked_every_turn_even_while_run_control_does_no
         assert line is not None and line.startswith("drain: the engine actors did not finish within")
     finally:
         supervisor.stop()
-
-
-def test_the_stream_reader_ends_when_the_driver_stops_reading(monkeypatch):
-    """The driver stops reading mid-stream (every replica drained, a fatal report): the reader thread, blocked
-    handing the next item over, ends at `stop`, and reads nothing more from the stream, before Ray shuts down."""
-    monkeypatch.setattr(ray_runner, "READER_JOIN_S", 3.0)
-    supervisor = Supervisor(DynragConfig(), FlakyHandle(RunControl(), failing=lambda look: False), None, [])
-    read = []
-
-    def stream():  # a stream with more to give than the driver takes
-        for i in range(1000):
-            read.append(i)
-            yield i
-
-    items = supervisor.watching(stream())
-    assert [next(items), next(items)] == [0, 1]
-    items.close()  # the driver's loop left (a drain, a line)
-    supervisor.stop()
-    assert not supervisor.reader.is_alive()  # ended, not left blocked on the hand-over for ever
-    assert len(read) <= 4  # the items taken, the one held and the one it was handing over
