@@ -16,10 +16,11 @@ the configured retrieval pool, `ray.retrieval_actors`, default none), then a res
 row: questions/s (N / run_answer's wall seconds, Ray's start included); CPU ms per question of the driver
 (getrusage of its process around run_answer), of the engine actors and of the pool actors (Ray: psutil samples
 of the Ray processes, questions_child.py; `-` in local mode, where the driver does everything) and of the other
-Ray processes (workers and services); the driver's peak RSS (ru_maxrss) and its growth from the smallest N of
-the same runtime; `tail s`: seconds from the last answer (the newest row's finished_at) to run_answer returning
-(the last commits, the last merge of parts, the close); `resume s`: run_answer again on the finished output;
+Ray processes (workers and services); the driver's peak RSS (ru_maxrss) and its peak private memory (RSS less
+shared pages, sampled), each with its growth from the smallest N of the same runtime; `tail s`: seconds from
+the last answer (the newest row's finished_at) to run_answer returning (the last commits, the last merge of parts, the close); `resume s`: run_answer again on the finished output;
 files and bytes under the output (Parquet and other files apart); rows and error rows as pyarrow counts them.
+With a retrieval pool, the same searches are also measured in one process alone (a line under the table).
 Ray runs its workers at nice 15 (Ray's default), the driver at 0: where the cores are busy, the driver's share
 of them (Ray Data's scheduling loop) comes first. Figures are of one run each, on a machine others may share: the
 header line gives its load average.
