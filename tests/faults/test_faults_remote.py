@@ -20,10 +20,12 @@ pytestmark = pytest.mark.faults
 
 
 def staged(out: str) -> list[str]:
+    """The attempts staged in full; a local write in progress is a dot-file, renamed once whole."""
     fs, path = fsspec.core.url_to_fs(out)
     fs.invalidate_cache()
     folder = f"{path.rstrip('/')}/{ATTEMPTS}"
-    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)) if fs.exists(folder) else []
+    names = [p.rsplit("/", 1)[-1] for p in fs.ls(folder, detail=False)] if fs.exists(folder) else []
+    return sorted(n for n in names if not n.startswith("."))
 
 
 def committed_keys(out: str) -> list[str]:
