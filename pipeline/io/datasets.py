@@ -128,10 +128,33 @@ def _supporting(paragraphs: Any) -> list[tuple[str, str]]:
     return out
 
 
+# Each format's id: its first field that is set (a record's own id; None: one is made from its line)
+ID_FIELDS = {
+    "hotpotqa": ("_id", "id"),
+    "2wiki": ("_id", "id"),
+    "hotpotqa-ircot": ("question_id",),
+    "musique": ("id",),
+    "qa": ("id", "qid", "question_id"),
+    "dpr-topics": ("id", "qid", "question_id"),
+    "triviaqa": ("qid", "id"),
+    "strategyqa": ("qid",),
+    "flashrag": ("id",),
+}
+
+
+def record_id(r: dict, fields: tuple[str, ...]) -> Any:
+    """`r.get(fields[0]) or r.get(fields[1]) or ...`: the first id field that is set."""
+    value = None
+    for field in fields:
+        if value := r.get(field):
+            break
+    return value
+
+
 # Each parser: record -> (id, question, answers, supporting paragraphs as (title, text; "" if unknown))
 def _hotpotqa(r: dict):
     return (
-        r.get("_id") or r.get("id"),
+        record_id(r, ID_FIELDS["hotpotqa"]),
         r.get("question"),
         _answers(r.get("answer")),
         _from_facts(r.get("supporting_facts"), r.get("context")),
@@ -142,12 +165,17 @@ def _ircot(r: dict):
     spans = [
         s for obj in _as_list(r.get("answers_objects")) if isinstance(obj, dict) for s in _as_list(obj.get("spans"))
     ]
-    return r.get("question_id"), r.get("question_text"), _answers(spans), _supporting(r.get("contexts"))
+    return (
+        record_id(r, ID_FIELDS["hotpotqa-ircot"]),
+        r.get("question_text"),
+        _answers(spans),
+        _supporting(r.get("contexts")),
+    )
 
 
 def _musique(r: dict):
     return (
-        r.get("id"),
+        record_id(r, ID_FIELDS["musique"]),
         r.get("question"),
         _answers(r.get("answer"), r.get("answer_aliases")),
         _supporting(r.get("paragraphs")),
@@ -156,7 +184,7 @@ def _musique(r: dict):
 
 def _qa(r: dict):
     return (
-        r.get("id") or r.get("qid") or r.get("question_id"),
+        record_id(r, ID_FIELDS["qa"]),
         r.get("question"),
         _answers(r.get("answer", r.get("answers"))),
         [],
@@ -164,15 +192,15 @@ def _qa(r: dict):
 
 
 def _triviaqa(r: dict):
-    return r.get("qid") or r.get("id"), r.get("question"), _answers(r.get("gold_answer"), r.get("aliases")), []
+    return record_id(r, ID_FIELDS["triviaqa"]), r.get("question"), _answers(r.get("gold_answer"), r.get("aliases")), []
 
 
 def _flashrag(r: dict):
-    return r.get("id"), r.get("question"), _answers(r.get("golden_answers")), []
+    return record_id(r, ID_FIELDS["flashrag"]), r.get("question"), _answers(r.get("golden_answers")), []
 
 
 def _strategyqa(r: dict):
-    return r.get("qid"), r.get("question"), _answers(r.get("answer")), []
+    return record_id(r, ID_FIELDS["strategyqa"]), r.get("question"), _answers(r.get("answer")), []
 
 
 PARSERS = {
@@ -288,9 +316,10 @@ def _records(source: str, f) -> Iterator[tuple[int, dict | None, str | None]]:
 
 
 def load_questions(
-    source: str, cfg: DynragConfig | None = None, *, fmt: str | None = None
+    source: str, cfg: DynragConfig | None = None, *, fmt: str | None = None, answered: Container[str] = frozenset()
 ) -> Generator[Question, None, None]:
-    """Yield the questions of a file or URI (or `dpr:<set>`), bad records as error Questions."""
+    """Yield the questions of a file or URI (or `dpr:<set>`), bad records as error Questions. A record whose own
+    id is in `answered` (a resumed run's) comes as ANSWERED, its record read no further than its id."""
     cfg = cfg or DynragConfig()
     dc = cfg.dataset
     fmt = fmt or dc.format
@@ -304,13 +333,17 @@ def load_questions(
     else:
         default_name = None
     with _open_binary(source) as f:
-        yield from _questions(source, f, dc, fmt, dc.name or default_name)
+        yield from _questions(source, f, dc, fmt, dc.name or default_name, answered)
 
 
-def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Question]:
+ANSWERED = Question(id="", question="")  # a question of the file already answered (load_questions' `answered`)
+
+
+def _questions(source: str, f, dc, fmt: str, name: str | None, answered: Container[str]) -> Iterator[Question]:
     seen = SeenIds()  # every id so far: ~its length in memory, not a Python object an id (id_set.py)
     repeats: dict[str, int] = {}  # an id seen more than once -> how many times
     parser: Callable[[dict], tuple] | None = None
+    id_fields: tuple[str, ...] = ()
     lineno = 0
     for lineno, rec, err in _records(source, f):
         if parser is None and rec is not None:
@@ -319,10 +352,19 @@ def _questions(source: str, f, dc, fmt: str, name: str | None) -> Iterator[Quest
             if fmt != "generic" and fmt not in PARSERS:
                 raise DatasetError(f"unknown dataset format {fmt!r}")
             parser = _generic(dc) if fmt == "generic" else PARSERS[fmt]
+            id_fields = (dc.id_field,) if fmt == "generic" else ID_FIELDS[fmt]
             name = name or _NAMES.get(fmt) or Path(source).parent.name or fmt
         if rec is None:
             yield Question(id=f"{MADE}line-{lineno}", question="", dataset=name or "", error=err)
             continue
+        if answered:  # a resume: most records are answered, and their id is all it needs of them
+            own = record_id(rec, id_fields)
+            made = own in (None, "")  # its id is made from its line (below)
+            key = f"{MADE}line-{lineno}" if made else str(own)
+            if (made or not key.startswith(MADE)) and key in answered and key not in seen:
+                seen.add(key)
+                yield ANSWERED
+                continue
         try:
             qid, text, answers, support = cast(Callable[[dict], tuple], parser)(rec)  # set at the first record
         except Exception as exc:  # a malformed record of a known format
@@ -369,7 +411,7 @@ def _generic(dc):
             raise KeyError(f"no field {dc.question_field!r}")
         support = _as_list(r.get(dc.supporting_field)) if dc.supporting_field else []
         return (
-            r.get(dc.id_field),
+            record_id(r, (dc.id_field,)),
             r.get(dc.question_field),
             _answers(r.get(dc.answers_field)),
             [(str(s), "") for s in support],
@@ -385,7 +427,7 @@ def pending_questions(
     `done` (the ids answered under the output); `counts["skipped"]` counts those that were."""
     counts["skipped"] = 0
     for q in itertools.islice(questions, limit):
-        if q.id in done:
+        if q is ANSWERED or q.id in done:
             counts["skipped"] += 1
         else:
             yield q

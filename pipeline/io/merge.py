@@ -3,10 +3,11 @@ Spark and Delta size theirs: a 10^6-question run is a few files, not one a batch
 
 The driver commits a batch by moving its accepted attempt to `<out>/_committed/part-<run id>-<batch key>.parquet`
 (a leading _: no reader of parts/ looks there); once a quarter of `part_mb` has been committed (and at the
-close), `merge` writes them, with the rows of the run's part still growing, as that part under parts/: one
+close), `merge` writes them, after the rows of the run's part still growing, as that part under parts/: one
 file written whole over the old one (atomic rename, or one PUT), whose footer names every batch it holds
-(`dynrag.batches`). Then the merged batches are removed. So parts/ shows each question once at every moment,
-and a part is rewritten only while it is below `part_mb`: every part of a run but its last is at least that.
+(`dynrag.batches`). The growing part's pages are copied as bytes, not decoded (parquet_append.py): a merge
+costs the rows it adds. Then the merged batches are removed. So parts/ shows each question once at every
+moment, and a part grows only while it is below `part_mb`: every part of a run but its last is at least that.
 
 A job killed after writing a part and before removing its batches leaves batches that the part holds: the next
 run's `recover` removes them (the footer says which), and merges the others (committed, never merged).
@@ -15,6 +16,7 @@ run's `recover` removes them (the footer says which), and merges the others (com
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import json
 import logging
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ import pyarrow.parquet as pq
 
 from indexing.shards.native_memory import release_free_memory
 from pipeline.io.output import SCHEMA, write_file
+from pipeline.io.parquet_append import appended
 from platform_shims.faults import fault_point
 
 log = logging.getLogger(__name__)
@@ -48,12 +51,14 @@ def merged_keys(fs: Any, part: str) -> list[str]:
     return json.loads(meta[BATCHES]) if BATCHES in meta else []
 
 
-def write_merged(fs: Any, target: str, inputs: list[str], keys: list[str]) -> None:
+def write_merged(fs: Any, target: str, inputs: list[str], keys: list[str], base: str | None = None) -> None:
     """`inputs` written as the one Parquet file `target` (whole or not at all), row group by row group: a merge
-    holds ROW_GROUP_ROWS rows in memory at most, whatever the part's size. Its footer names `keys`."""
+    holds ROW_GROUP_ROWS rows in memory at most, whatever the part's size. Its footer names `keys`. With
+    `base` (a part this run wrote), the file is `base`'s pages as they are, then the rows of `inputs`
+    (parquet_append: `base` is not decoded, so a merge costs the rows it adds, not the part)."""
     schema = SCHEMA.with_metadata({BATCHES: json.dumps(keys)})
 
-    def write(sink: Any) -> None:
+    def encode(sink: Any) -> None:
         held: list[pa.Table] = []
         with pq.ParquetWriter(sink, schema) as writer:
             for table in _read_ahead(_row_groups(fs, inputs)):
@@ -64,7 +69,28 @@ def write_merged(fs: Any, target: str, inputs: list[str], keys: list[str]) -> No
             if held:
                 writer.write_table(pa.concat_tables(held), ROW_GROUP_ROWS)
 
+    if base is None:
+        write_file(fs, target, encode)
+        return
+    added = pa.BufferOutputStream()
+    encode(added)
+    rows = added.getvalue()
+
+    def write(sink: Any) -> None:
+        with fs.open(base, "rb") as old, _binary(sink) as out:
+            appended(old, fs.size(base), memoryview(rows), out)
+
     write_file(fs, target, write)
+
+
+@contextlib.contextmanager
+def _binary(sink: Any) -> Iterator[Any]:
+    """write_file's sink as a binary stream: a local temporary file's path, or a pyarrow stream (kept open)."""
+    if isinstance(sink, str):
+        with open(sink, "wb") as fh:
+            yield fh
+    else:
+        yield sink
 
 
 def _row_groups(fs: Any, inputs: list[str]) -> Iterator[pa.Table]:
@@ -161,7 +187,7 @@ class PartMerger:
             return None
         target = self.growing or f"{self.base}/parts/part-{self.run_id}-{self.seq:05d}.parquet"
         fault_point("commit.merging")
-        write_merged(self.fs, target, inputs, keys)
+        write_merged(self.fs, target, staged, keys, base=self.growing)
         release_free_memory()  # the merge's buffers (~100 MB for a 114 MB part) back to the system, not kept free
         fault_point("commit.merged")
         for path in self.staged:

@@ -16,6 +16,7 @@ showing progress; then writes the summary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -122,11 +123,10 @@ def run_answer(
     bound = params.for_output(out)  # what the program runs with: the run's own state (ERM4's reservoir)
     runner = make_runner(cfg)
     with contextlib.ExitStack() as stack:
-        questions = load_questions(dataset, cfg)
-        stack.callback(questions.close)
-        first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
-        if not runner.in_process:  # its actors read the dataset themselves (ray_questions.py)
-            questions.close()
+        with contextlib.closing(load_questions(dataset, cfg)) as questions:
+            next(questions, None)  # a missing, empty or unreadable dataset fails here
+        # read again by the run once it knows the answered ids (or by its actors: ray_questions.py)
+        reread = functools.partial(load_questions, dataset, cfg)
         if backends is None:
             cfg, backends = preflight(cfg, index, stack)
         settings = run_settings(cfg, params)
@@ -137,12 +137,11 @@ def run_answer(
         for path in bound.state_files():
             stack.enter_context(state_lock(path))
         stack.enter_context(stop_on_sigterm(drain))
-        todo = itertools.chain(first, questions) if runner.in_process else None
         return _run_answer(
             runner,
             dataset,
             out,
-            todo,
+            reread if runner.in_process else None,
             index=index,
             spec=spec,
             params=params,
@@ -242,14 +241,17 @@ def _run_answer(
         bar = tqdm(total=limit, unit="q", desc=f"{spec.name}", dynamic_ncols=True)
     written = skipped = 0
     batch_calls: dict[str, int] = {}
+    # streamed by this driver (a runner that reads no dataset itself), an answered question's record read no further
+    # than its id
+    source = questions(answered=done) if questions is not None else None
     try:
         counts: dict[str, int] = {}
         pending = None
-        if questions is not None:  # streamed by this driver (a runner that reads no dataset itself)
-            todo = pending_questions(questions, done, limit, counts)
+        if source is not None:
+            todo = pending_questions(source, done, limit, counts)
             head = list(itertools.islice(todo, 1))
             pending = itertools.chain(head, todo) if head else None
-        if questions is not None and pending is None:  # nothing to answer: no engine (nor model) starts
+        if source is not None and pending is None:  # nothing to answer: no engine (nor model) starts
             reports: Any = (r for r in [batch_report([], counts["skipped"], {})])
         else:
             job = Batches(dataset, out, index, pending, counts, cfg, spec, bound, row_args, header, done, limit)
@@ -277,6 +279,8 @@ def _run_answer(
     finally:
         committer.close(failing=sys.exc_info()[0] is not None)  # a failing job's own error stands
         await_ray_shutdown()  # a local Ray the job started went down meanwhile (ray_runner.py)
+        if source is not None:
+            source.close()
         if bar is not None:
             bar.close()
     if skipped:

@@ -86,16 +86,17 @@ class QuestionSource(Datasource):
         """The file read once; each run's pending questions (those it has not answered) in batches of `batch`, a
         row each with its skips since its previous batch, yielded as it fills; then each run's rest (its last
         questions and skips) as a last row of that run."""
-        from pipeline.io.datasets import load_questions, pending_questions
+        from pipeline.io.datasets import ANSWERED, load_questions, pending_questions
 
         counts: dict[str, int] = {}
-        questions = load_questions(self.source, DynragConfig.model_validate(self.cfg_json))
+        cfg = DynragConfig.model_validate(self.cfg_json)
+        questions = load_questions(self.source, cfg, answered=AnsweredByAll(self.done))
         skipped, pending = [0] * len(self.done), [list[str]() for _ in self.done]
         try:
             for q in pending_questions(questions, frozenset(), self.limit, counts):
                 text = None  # serialized once some run has it to answer (a resume skips most questions)
                 for run, done in enumerate(self.done):
-                    if q.id in done:
+                    if q is ANSWERED or q.id in done:
                         skipped[run] += 1
                         continue
                     text = text or json.dumps(q.to_dict())
@@ -108,6 +109,19 @@ class QuestionSource(Datasource):
                     yield batch_row(qs, n, run)
         finally:
             questions.close()
+
+
+class AnsweredByAll:
+    """The ids every run has answered: their records need no more reading than their id (load_questions)."""
+
+    def __init__(self, done: list[IdSet]):
+        self.done = done
+
+    def __len__(self) -> int:
+        return min(len(d) for d in self.done)
+
+    def __contains__(self, qid: object) -> bool:
+        return all(qid in d for d in self.done)
 
 
 def _ids(done: Container[str]) -> IdSet:

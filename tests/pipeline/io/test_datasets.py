@@ -10,7 +10,9 @@ from fakes import RecordingGenerator
 
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
-from pipeline.io.datasets import DatasetError, load_questions
+from pipeline.io import datasets
+from pipeline.io.datasets import DatasetError, load_questions, pending_questions
+from pipeline.io.id_set import IdSet
 from pipeline.runtime.answer import run_answer
 
 FILES = {
@@ -36,6 +38,39 @@ def test_real_files_load(data_dir, kit_records, name):
     assert all(q.question and q.answers for q in qs)
     assert len({q.id for q in qs}) == n
     assert all(q.supporting_titles for q in qs) == multihop
+
+
+@pytest.mark.parametrize("name", sorted(FILES))
+def test_a_resume_reads_an_answered_record_no_further_than_its_id(data_dir, name, monkeypatch):
+    """`answered`: a record whose own id a resumed run has is not parsed, and the run's pending questions and
+    skips are those of a full read (each format's id fields are those its parser reads)."""
+    path = str(data_dir / name)
+    qs = list(load_questions(path))
+    done = IdSet(q.id for q in qs[::2])
+    parsed: list[int] = []
+    for fmt, parse in list(datasets.PARSERS.items()):
+        monkeypatch.setitem(datasets.PARSERS, fmt, lambda r, parse=parse: parsed.append(1) or parse(r))
+    counts: dict[str, int] = {}
+    resumed = list(pending_questions(load_questions(path, answered=done), done, None, counts))
+    assert len(parsed) == len(qs) - len(done)
+    assert [q.to_dict() for q in resumed] == [q.to_dict() for q in qs[1::2]]
+    assert counts == {"skipped": len(done)}
+
+
+def test_a_resume_keeps_duplicates_bad_lines_and_the_limit_of_a_full_read(tmp_path):
+    rows = [{"id": i, "question": f"q {i}?", "answer": ["x"]} for i in ("a", "b", "a", "dynrag:x", "c", "b", "d")]
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(3, "{not json")
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    done = IdSet(["a", "b", "dynrag:dup2-a", "dynrag:line-4", "c"])
+    for limit in (2, 4, 6, None):
+        full: dict[str, int] = {}
+        fast: dict[str, int] = {}
+        want = [q.to_dict() for q in pending_questions(load_questions(str(f)), done, limit, full)]
+        got = [q.to_dict() for q in pending_questions(load_questions(str(f), answered=done), done, limit, fast)]
+        assert got == want and fast == full, limit
+    assert [q["id"] for q in want] == ["dynrag:line-5", "dynrag:dup2-b", "d"]  # a kept prefix's id: line 5
 
 
 def test_known_record_fields(data_dir):

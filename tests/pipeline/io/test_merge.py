@@ -102,3 +102,25 @@ def test_a_merge_reads_ahead_in_order_and_fails_on_a_read_that_fails_or_hangs(tm
     with pytest.raises(PartWriteError, match="a bad batch"):
         merger.merge()
     assert not fs.exists(f"{tmp_path}/parts") or not fs.ls(f"{tmp_path}/parts")
+
+
+def test_a_later_merge_adds_its_batches_to_the_growing_part_without_decoding_it(tmp_path, monkeypatch):
+    """The growing part's pages are copied as bytes (parquet_append), not read and written again: a merge costs
+    the rows it adds, not the part (a 130 MB part's re-encoding was most of a 10^6-question run's tail)."""
+    from pipeline.io.parquet_append import footer_of
+
+    fs = fsspec.filesystem("file")
+    merger = PartMerger(fs, str(tmp_path), "r1", part_mb=128)
+    merger.add(_batch(fs, merger, "r1-b0", range(10)))
+    _, part = merger.merge()
+    before = open(part, "rb").read()
+    decoded: list[str] = []
+    real = merge._row_groups
+    monkeypatch.setattr(merge, "_row_groups", lambda fs, inputs: (decoded.extend(inputs), real(fs, inputs))[1])
+    merger.add(_batch(fs, merger, "r1-b1", range(10, 25)))
+    merged, again = merger.merge()
+    assert again == part and decoded == [merger.stage_path("r1-b1")]  # the part itself not decoded
+    pages_end = footer_of(lambda at, n: before[at : at + n], len(before))[0]
+    assert open(part, "rb").read()[:pages_end] == before[:pages_end]
+    assert pq.read_table(part)["question_id"].to_pylist() == [f"q{i}" for i in range(25)]
+    assert merged_keys(fs, part) == ["r1-b0", "r1-b1"]
