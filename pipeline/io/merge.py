@@ -16,9 +16,9 @@ run's `recover` removes them (the footer says which), and merges the others (com
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import json
 import logging
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,25 +72,15 @@ def write_merged(fs: Any, target: str, inputs: list[str], keys: list[str], base:
     if base is None:
         write_file(fs, target, encode)
         return
-    added = pa.BufferOutputStream()
-    encode(added)
-    rows = added.getvalue()
+    with tempfile.TemporaryFile(prefix="dynrag-merge-") as added:  # on local disk, not held in memory
+        encode(added)
+        size = added.tell()
 
-    def write(sink: Any) -> None:
-        with fs.open(base, "rb") as old, _binary(sink) as out:
-            appended(old, fs.size(base), memoryview(rows), out)
+        def write(sink: Any) -> None:
+            with fs.open(base, "rb") as old, open(sink, "wb") as out:
+                appended(old, fs.size(base), added, size, out)
 
-    write_file(fs, target, write)
-
-
-@contextlib.contextmanager
-def _binary(sink: Any) -> Iterator[Any]:
-    """write_file's sink as a binary stream: a local temporary file's path, or a pyarrow stream (kept open)."""
-    if isinstance(sink, str):
-        with open(sink, "wb") as fh:
-            yield fh
-    else:
-        yield sink
+        write_file(fs, target, write)
 
 
 def _row_groups(fs: Any, inputs: list[str]) -> Iterator[pa.Table]:

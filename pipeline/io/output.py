@@ -18,6 +18,7 @@ import functools
 import json
 import logging
 import os
+import tempfile
 import time
 import uuid
 from typing import Any
@@ -203,10 +204,11 @@ def write_table(fs: Any, path: str, table: pa.Table) -> str:
 
 
 def write_file(fs: Any, path: str, write: Any) -> str:
-    """Write the file `path` with `write(sink)`, whole or not at all: local, a fresh temporary file fsynced and
-    renamed into place; an object store, one PUT of the whole file (a failed streamed upload could leave part of
-    it). A transient storage error is retried (`with_retries`); one that persists is a PartWriteError naming
-    the store and the error."""
+    """Write the file `path` with `write(sink)` (`sink`: a local path), whole or not at all: local, a fresh
+    temporary file fsynced and renamed into place; an object store, a local temporary file uploaded whole once
+    written (one PUT, or a multipart upload that shows nothing until complete; a failed streamed upload could
+    leave part of it; nothing held in memory: a 128 MB part in a buffer took twice that). A transient storage
+    error is retried (`with_retries`); one that persists is a PartWriteError naming the store and the error."""
     folder = path.rsplit("/", 1)[0]
 
     def attempt() -> None:
@@ -223,9 +225,10 @@ def write_file(fs: Any, path: str, write: Any) -> str:
                     os.unlink(tmp)
                 raise
         else:
-            buf = pa.BufferOutputStream()
-            write(buf)
-            fs.pipe_file(path, buf.getvalue().to_pybytes())
+            with tempfile.TemporaryDirectory(prefix="dynrag-upload-") as spool:
+                local = f"{spool}/{path.rsplit('/', 1)[1]}"
+                write(local)
+                fs.put_file(local, path)
 
     try:
         with_retries(f"writing {path}", attempt)

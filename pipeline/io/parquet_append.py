@@ -194,17 +194,12 @@ def footer_of(read_at: Callable[[int, int], bytes], size: int) -> tuple[int, byt
     return size - 8 - n, read_at(size - 8 - n, n)
 
 
-def appended(old: BinaryIO, old_size: int, new: bytes, sink: Any) -> None:
-    """Write to `sink` (a binary file or pyarrow stream) the Parquet file `old` (`old_size` bytes, read from its
-    start) followed by the rows of the whole Parquet file `new`, whose schema must be `old`'s. The footer is
-    `new`'s (its key-value metadata, hence its schema's metadata, win) with `old`'s row groups first."""
-
-    def read_at(at: int, n: int) -> bytes:
-        old.seek(at)
-        return old.read(n)
-
-    old_end, old_footer = footer_of(read_at, old_size)
-    new_end, new_footer = footer_of(lambda at, n: bytes(new[at : at + n]), len(new))
+def appended(old: BinaryIO, old_size: int, new: BinaryIO, new_size: int, sink: Any) -> None:
+    """Write to `sink` (a binary file or pyarrow stream) the Parquet file `old` (`old_size` bytes) followed by the
+    rows of the Parquet file `new`, whose schema must be `old`'s; both are read from the start, in chunks. The
+    footer is `new`'s (its key-value metadata, hence its schema's metadata, win) with `old`'s row groups first."""
+    old_end, old_footer = footer_of(_reader(old), old_size)
+    new_end, new_footer = footer_of(_reader(new), new_size)
     head, tail = decode_footer(old_footer), decode_footer(new_footer)
     if _field(head, 2) != _field(tail, 2):  # the schema's elements
         raise ValueError("the rows to append have another schema than the file")
@@ -213,22 +208,34 @@ def appended(old: BinaryIO, old_size: int, new: bytes, sink: Any) -> None:
     added = new_groups[2][1] if new_groups else []
     for i, group in enumerate(added):  # new's pages start after its PAR1; here after old's pages
         _shift_row_group(group, old_end - len(MAGIC), len(kept) + i)
-    rows = _field(tail, FILE_NUM_ROWS)
-    assert rows is not None and _field(head, FILE_NUM_ROWS) is not None
-    rows[2] += _field(head, FILE_NUM_ROWS)[2]  # type: ignore[index]
+    rows, old_rows = _field(tail, FILE_NUM_ROWS), _field(head, FILE_NUM_ROWS)
+    assert rows is not None and old_rows is not None
+    rows[2] += old_rows[2]
     if new_groups:
         new_groups[2][1] = kept + added
     else:
         tail.append([FILE_ROW_GROUPS, LIST, [STRUCT, kept]])
         tail.sort(key=lambda f: f[0])
     footer = encode_footer(tail)
-    old.seek(0)
-    left = old_end
+    _copy(old, 0, old_end, sink)
+    _copy(new, len(MAGIC), new_end, sink)
+    sink.write(footer + struct.pack("<I", len(footer)) + MAGIC)
+
+
+def _reader(f: BinaryIO) -> Callable[[int, int], bytes]:
+    def read_at(at: int, n: int) -> bytes:
+        f.seek(at)
+        return f.read(n)
+
+    return read_at
+
+
+def _copy(f: BinaryIO, start: int, end: int, sink: Any) -> None:
+    f.seek(start)
+    left = end - start
     while left:
-        chunk = old.read(min(COPY_CHUNK, left))
+        chunk = f.read(min(COPY_CHUNK, left))
         if not chunk:
             raise ValueError("the Parquet file ended before its footer said")
         sink.write(chunk)
         left -= len(chunk)
-    sink.write(memoryview(new)[len(MAGIC) : new_end])
-    sink.write(footer + struct.pack("<I", len(footer)) + MAGIC)

@@ -53,7 +53,8 @@ def test_appended_rows_read_as_both_tables_in_order_with_pyarrow_and_polars(tmp_
     old_bytes = _file(old, **kw)
     out = tmp_path / "both.parquet"
     with out.open("wb") as sink:
-        appended(io.BytesIO(old_bytes), len(old_bytes), _file(new, **kw), sink)
+        added = _file(new, **kw)
+        appended(io.BytesIO(old_bytes), len(old_bytes), io.BytesIO(added), len(added), sink)
 
     whole = out.read_bytes()
     old_end = footer_of(lambda at, n: old_bytes[at : at + n], len(old_bytes))[0]
@@ -80,9 +81,9 @@ def test_rows_of_another_schema_are_refused(tmp_path):
     other = io.BytesIO()
     pq.write_table(pa.table({"qid": ["x"]}), other)
     with pytest.raises(ValueError, match="another schema"):
-        appended(io.BytesIO(old_bytes), len(old_bytes), other.getvalue(), io.BytesIO())
+        appended(io.BytesIO(old_bytes), len(old_bytes), other, len(other.getvalue()), io.BytesIO())
     indexed = _file(_table(0, 10, {}), write_page_index=True)  # a page index holds offsets this does not move
     with pytest.raises(ValueError, match="page index"):
-        appended(io.BytesIO(old_bytes), len(old_bytes), indexed, io.BytesIO())
+        appended(io.BytesIO(old_bytes), len(old_bytes), io.BytesIO(indexed), len(indexed), io.BytesIO())
     with pytest.raises(ValueError, match="not a Parquet file"):
-        appended(io.BytesIO(b"x" * 20), 20, other.getvalue(), io.BytesIO())
+        appended(io.BytesIO(b"x" * 20), 20, other, len(other.getvalue()), io.BytesIO())

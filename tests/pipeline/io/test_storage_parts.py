@@ -62,12 +62,19 @@ class FlakyFS(MemoryFileSystem):
     tries = 0
     match = ".parquet"
 
-    def pipe_file(self, path, value, *args, **kwargs):
+    def _upload(self, path):
         if self.match in path:
             type(self).tries += 1
             if type(self).tries <= type(self).failures:
                 raise ConnectionResetError(errno.ECONNRESET, "connection reset by peer")
+
+    def pipe_file(self, path, value, *args, **kwargs):  # a small file's one PUT
+        self._upload(path)
         return super().pipe_file(path, value, *args, **kwargs)
+
+    def put_file(self, lpath, rpath, *args, **kwargs):  # a part, written locally first
+        self._upload(rpath)
+        return super().put_file(lpath, rpath, *args, **kwargs)
 
 
 @pytest.fixture
