@@ -212,11 +212,13 @@ class Committer:
 
     # -- the end ------------------------------------------------------------------------------------
     def close(self, failing: bool = False) -> None:
-        """Remove this run's attempts still staged (a batch drained part way on a node that went, then answered
-        whole elsewhere). A zombie's attempt written after this stays staged until the next run's `open`. On an
+        """Commit this run's attempts of batches the driver never heard of (`_adopt_attempts`), then remove its
+        attempts still staged (a batch drained part way on a node that went, then answered whole elsewhere). A
+        zombie's attempt written after this stays staged until the next run's `open`. On an
         object store the parts are deduplicated again: the lease (output_lock.py) keeps other jobs out, but a job
         that lost its lease (not renewed for its time to live) may have shared the output for a while. A job whose
         lease another job holds now does neither this nor the tally: the output is the other's."""
+        self._adopt_attempts()
         self._remove_attempts(f"{self.run_id}-")
         unmerged = None
         try:
@@ -269,16 +271,46 @@ class Committer:
         except Exception as exc:  # an attempt left staged is never read; the next run's open removes it
             log.warning("could not remove %s (%s: %s)", path, type(exc).__name__, exc)
 
-    def _remove_attempts(self, prefix: str) -> None:
+    def _adopt_attempts(self) -> None:
+        """Commit this run's attempts of batches it has not committed: written whole by an engine actor that
+        drained (for its node, or the driver's SIGTERM) after the driver stopped reading reports, they hold
+        finished answers. One a batch, the one with the most rows (a batch drained part way, then answered whole
+        elsewhere); batches hold different questions (a batch key is a digest of its ids), so each question
+        stays once. An attempt that cannot be read or committed is left to the removal (a rerun answers it)."""
+        fullest: dict[str, dict[str, Any]] = {}  # batch key -> the report its attempt would have had
+        for path in self._staged(f"{self.run_id}-"):
+            key = attempt_key(path)
+            if path.rsplit("/", 1)[-1].startswith(".") or key in self.committed:
+                continue
+            try:
+                table = read_parts(self.out, None, [path])
+            except Exception as exc:
+                log.warning("could not read %s (%s: %s)", path, type(exc).__name__, exc)
+                continue
+            if table.num_rows > fullest.get(key, {"rows": -1})["rows"]:
+                fullest[key] = {"part": path, "rows": table.num_rows, "tally": Tally.of_table(table).to_json()}
+        for _, report in sorted(fullest.items()):
+            try:
+                self.commit(report)
+            except Exception as exc:
+                log.warning("could not commit %s (%s: %s)", report["part"], type(exc).__name__, exc)
+                return
+        if fullest:
+            log.info("%d batches written after the driver stopped reading (a drain) committed", len(fullest))
+
+    def _staged(self, prefix: str) -> list[str]:
+        """`_attempts/`'s files of `prefix` (attempts, and a writer's temporary file of one whose node went)."""
         folder = f"{self.base}/{ATTEMPTS}"
         try:
             self.fs.invalidate_cache(folder)
             found = self.fs.ls(folder, detail=False) if self.fs.exists(folder) else []
         except FileNotFoundError:
-            return
-        for path in found:  # an attempt, or a writer's temporary file of one (`.<attempt>.<hex>.tmp`) whose node went
-            if path.rsplit("/", 1)[-1].lstrip(".").startswith(prefix):
-                self._remove(path)
+            return []
+        return [p for p in found if p.rsplit("/", 1)[-1].lstrip(".").startswith(prefix)]
+
+    def _remove_attempts(self, prefix: str) -> None:
+        for path in self._staged(prefix):  # an attempt, or a temporary file of one (`.<attempt>.<hex>.tmp`)
+            self._remove(path)
 
 
 def _numbered(table: pa.Table, part: int) -> pa.Table:

@@ -215,3 +215,32 @@ def test_a_system_error_row_answered_again_is_replaced_on_disk(tmp_path):
     committer.close()
     assert_each_question_once(out, 2)
     assert summarize(out, parts=committer.parts)["rows"] == 2
+
+
+def test_the_close_commits_the_fullest_attempt_of_each_batch_the_driver_never_heard_of(tmp_path):
+    """Engine actors drained after the driver stopped reading their reports (issue 78, item 7): their attempts
+    are whole and hold finished answers, so the close commits one a batch (the one with the most rows: a batch
+    drained part way, then answered whole elsewhere), not removes them; a batch committed already keeps its
+    part, and another run's attempt is left alone. Each question once as pyarrow counts; the summary is a
+    recount's."""
+    out = str(tmp_path / "run")
+    committer = Committer(out, "r1")
+    committer.open()
+    heard = ["q1", "q2"]
+    committer.commit(_attempt(out, [part_row(q, 1.0) for q in heard], heard))
+    _attempt(out, [part_row("q1", 2.0)], heard)  # a second attempt of a committed batch: removed
+    unheard = ["q3", "q4", "q5"]
+    _attempt(out, [part_row("q3", 3.0)], unheard)  # drained part way
+    _attempt(out, [part_row(q, 4.0) for q in unheard], unheard)  # answered whole elsewhere
+    _attempt(out, [part_row("q6", 5.0)], ["q6"])
+    _attempt(out, [part_row("q7", 6.0)], ["q7"], run_id="r0")  # another run's: not this close's
+    committer.close()
+    (other,) = (tmp_path / "run" / ATTEMPTS).iterdir()
+    assert other.name.startswith("r0-")
+    other.unlink()  # (as r0's own close or the next open would)
+    assert_each_question_once(out, 6)
+    rows = rows_on_disk(out, ("question_id", "prediction"))
+    kept = dict(zip(rows["question_id"].to_pylist(), rows["prediction"].to_pylist()))
+    assert kept == {q: f"p-{q}-{at}" for q, at in [("q1", 1.0), ("q2", 1.0), *((q, 4.0) for q in unheard), ("q6", 5.0)]}
+    folded = committer.summary()
+    assert {**folded, "duplicate_ids": 0} == summarize(out) and folded["rows"] == 6  # summarize counts again
