@@ -62,6 +62,11 @@ class RunControl:
             )
         return r["failures"]
 
+    def group_node(self, actor: str, node: str) -> None:
+        """Tensor-parallel replica `actor`'s GPUs are on `node` (its placement group's, where its generator host
+        runs), which may not be its own process's: a drain or loss of either node is the replica's."""
+        self.replicas.setdefault(actor, {"starts": 1, "failures": 0, "drained": False})["group_node"] = node
+
     def claim_group(self, actor: str, groups: int) -> int | None:
         """The placement group (of `groups`) that tensor-parallel replica `actor` uses: the one it claimed before
         (a restarted actor keeps its id, and its group), else one no other actor holds; None: every group is
@@ -79,8 +84,10 @@ class RunControl:
         """A replica's engine failed (an exception, its process still alive); True: restart it, False: over
         its budget (the job is fatal). The restart itself is not counted again."""
         r = self.replicas.setdefault(actor, {"starts": 1, "failures": 0, "drained": False})
+        r["drained"] = True  # the coming restart is this failure, counted here (or none's: below)
+        if _nodes(r) & self.lost_nodes:
+            return True  # its node or its GPUs' node went: not the replica's fault
         r["failures"] += 1
-        r["drained"] = True  # the coming restart is this failure, counted here
         if r["failures"] > self.budget:
             self.fatal_line = self.fatal_line or (
                 f"engine replica {actor[:8]} failed {r['failures']} times (budget {self.budget}): {why}"
@@ -116,9 +123,13 @@ class RunControl:
     def begin(self, key: str, actor: str, pid: int) -> list[dict]:
         """An attempt of batch `key` starts; returns the earlier attempts that died (never ended), less those
         whose node was lost or drained meanwhile (forgotten: the node's loss is not the batch's fault)."""
-        dead = [a for a in self.attempts.get(key, []) if a["node"] not in self.lost_nodes]
+        dead = [a for a in self.attempts.get(key, []) if not set(a["nodes"]) & self.lost_nodes]
         node = self.pools[actor]["node"] if actor in self.pools else self._node(actor)
-        self.attempts[key] = [*dead, {"actor": actor, "pid": pid, "node": node, "alone": False, "at": time.time()}]
+        nodes = sorted({node, *_nodes(self.replicas.get(actor, {}))})
+        self.attempts[key] = [
+            *dead,
+            {"actor": actor, "pid": pid, "node": node, "nodes": nodes, "alone": False, "at": time.time()},
+        ]
         return dead
 
     def alone(self, key: str, pid: int) -> None:
@@ -149,7 +160,7 @@ class RunControl:
         """The job's line when a replica holding batches has made no progress (no row, no engine call) for
         `stall_s`, or a pool call has run that long (a hung JVM, vLLM or store call); else None."""
         for actor, r in self.replicas.items():
-            if r.get("busy") and r["node"] not in self.lost_nodes and now - r.get("moved", now) > stall_s:
+            if r.get("busy") and not _nodes(r) & self.lost_nodes and now - r.get("moved", now) > stall_s:
                 return (
                     f"engine replica {actor[:8]} (pid {r['pid']}, node {str(r['node'])[:8]}) holds batches but has "
                     f"made no progress for {now - r['moved']:.0f} s (ray.stall_s={stall_s:g}): stopping the job"
@@ -207,12 +218,16 @@ class RunControl:
         now = time.time()
         if self.deadline is not None:
             return max(0.0, self.deadline - now), JOB_STOPPING
-        node = r.get("node") if r else None
-        if node in self.draining_nodes:
-            left = self.draining_nodes[node] - now - DRAIN_MARGIN_S
-            return max(0.0, left), "its node is being drained"
+        draining = [self.draining_nodes[n] for n in _nodes(r or {}) if n in self.draining_nodes]
+        if draining:  # its own node, or its GPUs' (a tensor-parallel replica's group)
+            return max(0.0, min(draining) - now - DRAIN_MARGIN_S), "its node is being drained"
         return None
 
     # -- the end ----------------------------------------------------------------------------------------
     def fatal(self) -> str | None:
         return self.fatal_line
+
+
+def _nodes(replica: dict) -> set[str]:
+    """A replica's nodes: its process's, and its GPUs' where a placement group holds them elsewhere."""
+    return {n for n in (replica.get("node"), replica.get("group_node")) if n}

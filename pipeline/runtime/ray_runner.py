@@ -194,7 +194,11 @@ class EngineActor:
             raise DynragError(
                 f"every one of the {len(self.groups)} replicas' placement groups is held by another actor"
             )
-        return HostedGenerator.start(self.groups[claimed], cfg, self.one_call, make_backends)
+        hosted = HostedGenerator.start(self.groups[claimed], cfg, self.one_call, make_backends)
+        # its GPUs' node, maybe not this actor's (Ray Data places the actor itself): a drain or loss of either is
+        # the replica's (RunControl.group_node)
+        self._ask(self.control.group_node.remote(self.actor_id, hosted.where["node"]), "group_node")
+        return hosted
 
     def __call__(self, batch: Any) -> dict[str, list]:
         """One Ray Data batch: its rows (ray_questions.py: a batch of one run each; one row per call as the job maps

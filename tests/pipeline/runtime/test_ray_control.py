@@ -209,3 +209,25 @@ def test_turns_run_a_suspect_batch_alone():
     for t in (first, suspect, late):
         t.join(5)
     assert log == ["+a", "-a", "+alone", "-alone", "+b", "-b"]
+
+
+def test_a_tensor_parallel_replica_is_drained_and_forgiven_by_its_gpus_node_too():
+    """Ray Data places a tensor-parallel engine actor itself (node A); its GPUs are its placement group's (node
+    B, where its generator host runs). B's drain drains the replica, and a death or engine failure while B is lost
+    is B's, not the batch's nor the replica's (issue 78, item 7)."""
+    control = RunControl(budget=0)
+    control.register("a1", "A", 10)
+    control.group_node("a1", "B")
+    control.register("a2", "C", 20)
+    control.set_draining({"B": time.time() + 60})
+    seconds, why = control.instructions("a1")
+    assert seconds > 0 and "node" in why
+    assert control.instructions("a2") is None
+    control.begin("k1", "a1", 10)
+    control.set_lost(["B"])
+    assert control.begin("k1", "a1", 11) == []  # the attempt that died with B's GPUs: no batch death
+    control.instructions("a1", progress=1, busy=True)
+    assert control.stuck(time.time() + 10_000, stall_s=60) is None  # B lost: not a stall of the replica
+    assert control.engine_failed("a1", "EngineDead('host gone')") is True and control.fatal() is None
+    control.set_lost([])
+    assert control.engine_failed("a1", "EngineDead('core died')") is False  # now its own: budget 0
