@@ -68,6 +68,14 @@ class IndexConfig(Section):
         "work already uses both, and two workers measured slower there); never more than the units; 1: in the "
         "building process",
     )
+    build_stall_s: float = Field(
+        1800.0,
+        gt=0,
+        description="seconds an index build with a pool of processes (index.build_workers) or on Ray waits for its "
+        "tasks with no progress (no task ended, no running task finished an embedding step or a shard) before it "
+        "stops with one line naming the tasks awaited (a hung worker, a task Ray cannot place); nothing is published "
+        "and the previous version stays. A long build that makes progress is never stopped",
+    )
     keep_vectors: bool = Field(
         True,
         description="keep each shard's vectors.npy (4 x dim bytes a passage) beside its FAISS index, so that an "

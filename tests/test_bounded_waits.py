@@ -60,23 +60,6 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("pipeline/backends/orphan_guard.py", "OrphanGuard.close", ".wait()"): (
         "reaps the watchdog process just sent SIGKILL (kill() then wait(): it cannot outlive the signal)"
     ),
-    # -- not bounded yet (issue 78): each names what is left --------------------------------------------------
-    ("indexing/builder/cluster.py", "RayExecutor.gather", "ray.wait"): (
-        "NOT BOUNDED YET: an index build's Ray tasks, each as long as its shard's work (a task that is never "
-        "placed waits for ever)"
-    ),
-    ("indexing/builder/cluster.py", "RayExecutor.gather", "ray.get"): "a ref ray.wait returned as ready: no wait",
-    ("indexing/builder/executors.py", "_Handle.result", ".result()"): (
-        "NOT BOUNDED YET: a local build process's task (a dead process breaks the pool, which raises; a hung one waits)"
-    ),
-    ("indexing/builder/executors.py", "_value", ".result()"): "a _Handle's result (see _Handle.result)",
-    ("indexing/builder/executors.py", "LocalExecutor.gather", ".result()"): (
-        "in-process tasks run in this thread (_Deferred), or futures as_completed has returned: done"
-    ),
-    ("indexing/builder/executors.py", "LocalExecutor.gather", ".exception()"): "futures as_completed returned: done",
-    ("indexing/builder/executors.py", "LocalExecutor.gather", "as_completed"): (
-        "NOT BOUNDED YET: a local build's process pool tasks (as _Handle.result)"
-    ),
 }
 
 

@@ -13,6 +13,10 @@ Resume: a task that fails (or whose worker dies; Ray retries it) leaves the shar
 waits for every task before it raises the first error, so no task writes after the build lock is released.
 The index directory must be the same path on every node (one machine, or a shared file system); an fsspec
 index (s3://, ...) is written by the tasks through `ShardStorage`.
+
+No wait without a limit (issue 78): the driver waits for its tasks for as long as they make progress (a task
+ends, or a running one ticks: executors.tick, counted by a small `_Beats` actor); none for `index.build_stall_s`
+(a task never placed, a hung worker) ends the build with one line naming the tasks awaited, and cancels them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from indexing.builder.executors import Executor, UnitProgress
+from indexing.builder import executors
+from indexing.builder.executors import Executor, UnitProgress, stalled, task_name
 from indexing.builder.local import Builder, build_local_index
 from indexing.builder.shard_storage import ShardStorage
 from indexing.errors import IndexingError
@@ -34,6 +39,37 @@ if TYPE_CHECKING:
     from indexing.settings import IndexSettings
 
 log = logging.getLogger(__name__)
+
+TICK_EVERY_S = 1.0  # a Ray task sends at most one tick a second (its steps may be far shorter)
+
+
+class _Beats:
+    """The build's tick count (a Ray actor of no CPU): running tasks add to it, the driver reads it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def tick(self) -> None:
+        self.count += 1
+
+    def seen(self) -> int:
+        return self.count
+
+
+def _ticking(beats: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """A build task on a Ray worker: `fn(*args)`, its executors.tick() sent to `beats` (fire and forget)."""
+    last = [0.0]
+
+    def send() -> None:
+        if time.monotonic() - last[0] >= TICK_EVERY_S:
+            last[0] = time.monotonic()
+            beats.tick.remote()
+
+    executors._tick = send
+    try:
+        return fn(*args)
+    finally:
+        executors._tick = None
 
 
 def build_cluster_index(sources: list[str], index_dir: str | os.PathLike, cfg: IndexSettings, **options: Any) -> dict:
@@ -70,13 +106,42 @@ class RayExecutor:
             False: ray.remote(num_cpus=1, scheduling_strategy="SPREAD"),
             True: ray.remote(num_cpus=1, num_gpus=gpus, scheduling_strategy="SPREAD"),
         }
-        self.remotes: dict[tuple[Callable, bool], Any] = {}
+        self.remotes: dict[bool, Any] = {}
+        self.stall_s = cfg.index.build_stall_s
+        self.where = f"on Ray ({cfg.ray.address or 'a local instance'})"
+        self.beats = ray.remote(num_cpus=0)(_Beats).remote()
+        self.names: dict[Any, str] = {}  # each ref's task, for the stall line
 
     def submit(self, fn: Callable[..., Any], *args: Any, returns: int = 1, embeds: bool = False) -> list[Any]:
-        if (fn, embeds) not in self.remotes:
-            self.remotes[fn, embeds] = self.options[embeds](fn)
-        refs = self.remotes[fn, embeds].options(num_returns=returns).remote(*args)
-        return list(refs) if returns > 1 else [refs]
+        if embeds not in self.remotes:
+            self.remotes[embeds] = self.options[embeds](_ticking)
+        name = task_name(fn, args)
+        refs = self.remotes[embeds].options(num_returns=returns, name=name).remote(self.beats, fn, *args)
+        refs = list(refs) if returns > 1 else [refs]
+        self.names.update((r, name) for r in refs)
+        return refs
+
+    def _ticks(self) -> int:
+        """The tasks' ticks so far; -1 where the actor does not answer in time (no progress seen)."""
+        import ray
+
+        try:
+            return int(ray.get(self.beats.seen.remote(), timeout=min(10.0, self.stall_s)))
+        except Exception:  # noqa: BLE001 - the count is only a sign of progress
+            return -1
+
+    def _stalled(self, pending: list[Any], waited_s: float) -> None:
+        """No progress for stall_s: the pending tasks are cancelled (none writes after the build lock is
+        released) and the build ends with one line."""
+        import ray
+
+        for ref in pending:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - a task already ended, or a return value of a cancelled one
+                pass
+        names = {self.names.get(r, "a task") for r in pending}
+        raise stalled(names, self.where, waited_s, self.stall_s)
 
     def gather(self, handles: Sequence[Any], stage: str | None = None) -> list[Any]:
         """Every task's result, in order; after all have ended, the first failure is raised (its own
@@ -86,10 +151,19 @@ class RayExecutor:
 
         results, error, pending = {}, None, list(handles)
         progress = UnitProgress(stage, len(handles)) if stage else None
+        last, since = self._ticks(), time.monotonic()
         while pending:
-            done, pending = ray.wait(pending, num_returns=1)
+            done, pending = ray.wait(pending, num_returns=1, timeout=executors.LOOK_S)
+            if not done:
+                now, seen = time.monotonic(), self._ticks()
+                if seen != last and seen != -1:
+                    last, since = seen, now
+                elif now - since > self.stall_s:
+                    self._stalled(pending, now - since)
+                continue
+            since = time.monotonic()
             try:
-                results[done[0]] = ray.get(done[0])
+                results[done[0]] = ray.get(done[0], timeout=self.stall_s)  # ready and local (ray.wait's fetch_local)
             except Exception as exc:  # noqa: BLE001 (re-raised below, once every task has ended)
                 error = error or exc
             if progress:

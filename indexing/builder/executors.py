@@ -9,18 +9,67 @@ raised (an `IndexingError` as the task raised it), and with a `stage` name the t
 `LocalExecutor(1)` runs a task when its value is first asked for, in this process; with more workers, a
 pool of processes (spawned: a parent may hold a JVM) runs the units side by side, so one unit's reading and
 splitting overlap another's embedding and Lucene indexing.
+
+No wait without a limit (issue 78): a build of a large corpus runs for hours, so what is bounded is a wait with
+no progress. Progress is a task ending, or a running task's `tick()` (unit_work.py ticks at each embedding step
+and each shard, so one long unit is progress too). Waiting for tasks (gather, or a task's argument) with none
+for `index.build_stall_s` ends the build with `BuildStalled`, one line naming the tasks awaited, the executor,
+and how long; their processes are ended, and nothing is published (publishing follows the last round).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import multiprocessing
+import os
+import socket
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, Protocol, cast
+
+from indexing.errors import BuildStalled
 
 log = logging.getLogger(__name__)
+
+LOOK_S = 1.0  # how often a wait for tasks looks at their progress
+_tick: Callable[[], None] | None = None  # a task process's progress report (set by its executor), else nothing
+
+
+def tick() -> None:
+    """A running task's step of progress (an embedding step, a shard): a long task is not taken for a hung one."""
+    if _tick is not None:
+        _tick()
+
+
+def _count_into(counter: Any) -> None:
+    """A pool process's initializer: its ticks add to the executor's shared counter (no lock: a lost increment
+    among several still moves it, and a process killed mid-tick cannot leave the driver waiting on a lock)."""
+    global _tick
+
+    def bump() -> None:
+        counter.value += 1
+
+    _tick = bump
+    bump()  # a process started (spawning one and importing may take seconds on a busy machine)
+
+
+def task_name(fn: Callable[..., Any], args: tuple) -> str:
+    """A task as the stall line names it: its function and, for a unit's task, the unit."""
+    unit = getattr(args[0], "unit", None) if args else None
+    return f"{fn.__name__}({unit})" if unit is not None else fn.__name__
+
+
+def stalled(tasks: Iterable[str], where: str, waited_s: float, stall_s: float) -> BuildStalled:
+    """The build's line for tasks with no progress for `stall_s`: where the driver is, what it awaited, how long."""
+    names = sorted(tasks)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return BuildStalled(
+        f"index build (pid {os.getpid()} on {socket.gethostname()}): waited {round(waited_s, 1):g} s for "
+        f"{len(names)} task{'s' if len(names) != 1 else ''} {where} ({shown}) with no progress (no task ended, "
+        f"none reported a step; index.build_stall_s={stall_s:g}); stopping, nothing published"
+    )
 
 
 class Executor(Protocol):
@@ -67,8 +116,13 @@ class _Handle:
     def __init__(self, future: Future | _Deferred, index: int | None):
         self.future, self.index = future, index
 
-    def result(self) -> Any:
-        value = self.future.result()
+    def value(self) -> Any:
+        """The task's value: run here (in-process), or a pool task's, which the executor has awaited (its bounded
+        wait) before anyone asks; an unfinished one raises rather than waits."""
+        if isinstance(self.future, _Deferred):
+            value = self.future.run()
+        else:
+            value = self.future.result(timeout=0)
         return value if self.index is None else value[self.index]
 
 
@@ -78,7 +132,7 @@ class _Deferred:
     def __init__(self, fn: Callable[..., Any], args: tuple):
         self.fn, self.args, self.done, self.value = fn, args, False, None
 
-    def result(self) -> Any:
+    def run(self) -> Any:
         if not self.done:
             self.value, self.done = self.fn(*(_value(a) for a in self.args)), True
             self.args = ()
@@ -86,24 +140,72 @@ class _Deferred:
 
 
 def _value(arg: Any) -> Any:
-    return arg.result() if isinstance(arg, _Handle) else arg
+    return arg.value() if isinstance(arg, _Handle) else arg
 
 
 class LocalExecutor:
+    """`workers` 1: in this process; more: a pool of spawned processes, whose waits stop after `stall_s` (the
+    build's `index.build_stall_s`) with no progress."""
+
     records_nodes = False
 
-    def __init__(self, workers: int = 1):
-        self.pool = None
+    def __init__(self, workers: int = 1, stall_s: float = 1800.0):
+        self.pool: ProcessPoolExecutor | None = None
+        self.stall_s = stall_s
+        self.names: dict[Future, str] = {}  # a pool task's name, for the stall line
+        self.ticks: Any = None  # the pool processes' ticks (shared memory)
+        self.where = "in this process"
         if workers > 1:
-            self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            ctx = multiprocessing.get_context("spawn")
+            self.ticks = ctx.RawValue("Q", 0)
+            self.pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_count_into, initargs=(self.ticks,))
+            self.where = f"on a pool of {workers} build processes"
 
     def submit(self, fn: Callable[..., Any], *args: Any, returns: int = 1, embeds: bool = False) -> list[_Handle]:
         task: Future | _Deferred
         if self.pool is None:
             task = _Deferred(fn, args)
         else:
+            self._await([a.future for a in args if isinstance(a, _Handle) and isinstance(a.future, Future)])
             task = self.pool.submit(fn, *(_value(a) for a in args))
+            self.names[task] = task_name(fn, args)
         return [_Handle(task, i if returns > 1 else None) for i in range(returns)]
+
+    def _await(self, futures: Iterable[Future], each: Callable[[Future], None] | None = None) -> None:
+        """Wait until every one of `futures` is done (`each` called as each ends), for as long as the pool makes
+        progress; `stall_s` without any ends the build (BuildStalled), its processes ended."""
+        futures = list(futures)
+        pending = {f for f in futures if not f.done()}
+        for f in futures:
+            if f in pending:
+                continue
+            if each:
+                each(f)
+        last, since = self._progress(), time.monotonic()
+        while pending:
+            done, pending = cf.wait(pending, timeout=LOOK_S, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                if each:
+                    each(f)
+            now, seen = time.monotonic(), self._progress()
+            if done or seen != last:
+                last, since = seen, now
+            elif now - since > self.stall_s:
+                error = stalled((self.names.get(f, "a task") for f in pending), self.where, now - since, self.stall_s)
+                self._end_processes()
+                raise error
+
+    def _progress(self) -> int:
+        return int(self.ticks.value) if self.ticks is not None else 0
+
+    def _end_processes(self) -> None:
+        """A stalled pool's processes are killed (a hung task would keep `close` waiting for ever)."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        for p in list((getattr(pool, "_processes", None) or {}).values()):  # no public way before Python 3.14
+            p.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
 
     def gather(self, handles: Sequence[_Handle], stage: str | None = None) -> list[Any]:
         progress = UnitProgress(stage, len(handles)) if stage else None
@@ -111,20 +213,23 @@ class LocalExecutor:
             if self.pool is None:  # in order; the first failure ends the round (nothing else is running)
                 results = []
                 for h in handles:
-                    results.append(h.result())
+                    results.append(h.value())
                     if progress:
                         progress.done()
                 return results
-            error: BaseException | None = None
-            futures = {id(h.future): h.future for h in handles if isinstance(h.future, Future)}
-            for f in as_completed(futures.values()):
-                if f.exception() is not None and error is None:
-                    error = f.exception()
+            errors: list[BaseException] = []
+
+            def ended(f: Future) -> None:
+                if f.exception(timeout=0) is not None:
+                    errors.append(cast(BaseException, f.exception(timeout=0)))
                 if progress:
                     progress.done()
-            if error is not None:
-                raise error
-            return [h.result() for h in handles]
+
+            futures = {id(h.future): h.future for h in handles if isinstance(h.future, Future)}
+            self._await(futures.values(), ended)
+            if errors:
+                raise errors[0]
+            return [h.value() for h in handles]
         finally:
             if progress:
                 progress.close()

@@ -233,7 +233,7 @@ class Builder:
         from indexing.builder.executors import LocalExecutor
 
         workers = self.cfg.index.build_workers or max(1, (os.cpu_count() or 1) // self.cfg.index.threads)
-        return LocalExecutor(min(workers, units))
+        return LocalExecutor(min(workers, units), self.cfg.index.build_stall_s)
 
     def _job(self, unit: Unit, previous: PreviousUnit | None) -> UnitJob:
         cfg, prev = self.cfg, self.previous

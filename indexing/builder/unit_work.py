@@ -39,6 +39,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from indexing.builder.executors import tick
 from indexing.builder.given_vectors import GivenVectors, RowPassage, VectorFile
 from indexing.builder.shard_storage import ShardStorage
 from indexing.corpus.passages import Passage, PassageStats, id_hash, passages_of
@@ -298,6 +299,7 @@ def build_unit(job: UnitJob, *drop_lists: np.ndarray) -> dict:
         if job.store.remote:  # a local shard's files are read from its checksums.json when the manifest is
             meta["files"] = job.store.files(meta["key"])  # written (build.ShardFiles): parsed, 643 held 3.6 MiB
         out["shards"].append(meta)
+        tick()
         if "dim" not in out:
             out["dim"] = job.store.dim(meta["key"]) if job.dense else None
         read_s = time.perf_counter()
@@ -407,4 +409,8 @@ def _encode_in_steps(job: UnitJob, texts: list[str]) -> list[np.ndarray]:
     """`texts` embedded a few batches at a time: one call over a whole training sample (163,840 passages) held
     the hash encoder's per-byte arrays for all of them at once (GBs of a 1M build's peak)."""
     encoder, step = get_encoder(job.spec), job.spec.batch_size * 4
-    return [encoder.encode(texts[i : i + step]) for i in range(0, len(texts), step)]
+    out = []
+    for i in range(0, len(texts), step):
+        out.append(encoder.encode(texts[i : i + step]))
+        tick()  # progress: a long unit's embedding is not a hung task (executors.py)
+    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -472,3 +473,28 @@ def test_an_answer_jobs_questions_are_read_with_a_head_without_cpus(cluster, dat
     local = QuestionSource(path, cfg, {"5a8c7595554299585d9e36b6"}, 12, 5).read_blocks()
     want = [([json.loads(q)["id"] for q in r["qs"]], r["skipped"]) for t in local for r in t.to_pylist()]
     assert got == want and [len(g[0]) for g in got] == [5, 5, 1] and sum(g[1] for g in got) == 1
+
+
+@pytest.mark.timeout(120)  # without the limit, gather waits for the hung task (600 s)
+def test_build_tasks_that_make_no_progress_stop_the_build_with_one_line(cluster):
+    """RayExecutor.gather waits while tasks end (six of 1.5 s on the two worker CPUs: longer than the 3 s limit),
+    and stops with one line once none has ended nor ticked for index.build_stall_s; the hung task is cancelled."""
+    from indexing.builder.cluster import RayExecutor
+    from indexing.errors import BuildStalled
+
+    ex = RayExecutor(settings(cluster), dense=False)
+    assert ex.gather([ex.submit(time.sleep, 0)[0] for _ in range(2)]) == [None, None]  # workers started
+    ex.stall_s = 3.0
+    t = time.monotonic()
+    assert ex.gather([ex.submit(time.sleep, 1.5)[0] for _ in range(6)], "build") == [None] * 6
+    assert time.monotonic() - t > 3.0
+    hung = ex.submit(time.sleep, 600)[0]
+    with pytest.raises(BuildStalled) as ended:
+        ex.gather([hung, ex.submit(time.sleep, 0)[0]], "build")
+    assert re.fullmatch(
+        r"index build \(pid \d+ on \S+\): waited [\d.]+ s for 1 task on Ray \(\S+\) \(sleep\) with no progress \(no "
+        r"task ended, none reported a step; index\.build_stall_s=3\); stopping, nothing published",
+        str(ended.value),
+    ), str(ended.value)
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(hung, timeout=60)
