@@ -26,6 +26,7 @@ rows.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Container, Iterator
 
@@ -86,14 +87,13 @@ class QuestionSource(Datasource):
         """The file read once; each run's pending questions (those it has not answered) in batches of `batch`, a
         row each with its skips since its previous batch, yielded as it fills; then each run's rest (its last
         questions and skips) as a last row of that run."""
-        from pipeline.io.datasets import ANSWERED, load_questions, pending_questions
+        from pipeline.io.datasets import ANSWERED, load_questions
 
-        counts: dict[str, int] = {}
         cfg = DynragConfig.model_validate(self.cfg_json)
         questions = load_questions(self.source, cfg, answered=AnsweredByAll(self.done))
         skipped, pending = [0] * len(self.done), [list[str]() for _ in self.done]
         try:
-            for q in pending_questions(questions, frozenset(), self.limit, counts):
+            for q in itertools.islice(questions, self.limit):  # (pending_questions' limit; each run's skips below)
                 text = None  # serialized once some run has it to answer (a resume skips most questions)
                 for run, done in enumerate(self.done):
                     if q is ANSWERED or q.id in done:
