@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from indexing import Hit
-from jobs.bench.kv_model import Held, PrefixCache
+from jobs.bench.rig.kv_model import Held, PrefixCache
 from pipeline.backends.chat import cut_at_stop
 from pipeline.backends.dragin_math import candidates_for
 from pipeline.backends.kv_pins import pin_seconds

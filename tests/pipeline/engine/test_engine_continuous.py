@@ -10,7 +10,7 @@ from concurrent.futures import Future
 import pytest
 from fakes import FakeAttention, MemoryRetriever
 
-from jobs.bench.simulated import SimGenerator, SimScorer
+from jobs.bench.rig.simulated import SimGenerator, SimScorer
 from pipeline.backends import Backends, register_backend
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine

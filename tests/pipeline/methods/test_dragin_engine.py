@@ -9,7 +9,7 @@ import pytest
 from engine_fixtures import captured_ids, tiny_model_path
 from fakes import PIECE, FakeAttention, MemoryRetriever
 
-from jobs.bench.simulated import tokenized
+from jobs.bench.rig.simulated import tokenized
 from pipeline.backends import Backends
 from pipeline.backends.dragin_math import word_spans
 from pipeline.config import DynragConfig
