@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jobs.bench.cli import add_simulated_parser
 from jobs.bench.rig import simulated
 
 METHODS = ("sr-rag", "iter-retgen", "flare", "self-ask", "ircot", "sure")
@@ -36,7 +37,7 @@ MODES = ("concurrent", "sequential")
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = simulated.add_simulated_parser(
+    p = add_simulated_parser(
         bsub,
         "experiment",
         help="an experiment's runs concurrent vs sequential on latency-model backends",

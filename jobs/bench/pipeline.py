@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from jobs.bench.cli import add_simulated_parser
 from jobs.bench.rig import simulated
 
 METHODS = ("sr-rag", "cfs", "pairs", "dragin")
@@ -45,7 +46,7 @@ RAY_DEFAULTS = [
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = simulated.add_simulated_parser(
+    p = add_simulated_parser(
         bsub,
         "pipeline",
         help="lockstep vs continuous engine on latency-model backends",

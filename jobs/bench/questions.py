@@ -37,7 +37,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,26 +47,6 @@ RUNTIMES = ("local", "ray")
 DEFAULTS = ["method.name=sr-rag", "index.dense=false", "answer.retrieval_cache=0", "answer.progress=false"]
 POOL_LIMIT = 100_000  # demo questions taken from each packaged set: all it has that the corpus can answer
 MB = 1e6
-
-
-@dataclass(frozen=True)
-class SimulatedGpu:
-    """`make_backends` for `--simulate-gpu`: dynrag's Backends (the real BM25 index) with the latency model's
-    generator (simulated.SimGenerator at time scale 1). Picklable: each Ray engine actor builds its own."""
-
-    kv_tokens: int = GPU_KV_TOKENS
-
-    def generator(self, cfg):
-        from jobs.bench.rig.simulated import Cost, SimGenerator
-        from pipeline.backends.kv_pins import pin_seconds
-
-        max_seqs = cfg.generation.engine_kwargs.max_num_seqs or 256
-        return SimGenerator(Cost(1.0), max_seqs, self.kv_tokens or None, pin_seconds(cfg) > 0)
-
-    def __call__(self, cfg, index_dir=None, *, generator=None, **kw):
-        from pipeline.backends import Backends
-
-        return Backends(cfg, index_dir, generator=generator or self.generator(cfg), **kw)
 
 
 def register(bsub: argparse._SubParsersAction) -> None:

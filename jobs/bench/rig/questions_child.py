@@ -155,7 +155,7 @@ def simulated_gpu(runtime: str, kv_tokens: int):
 
     import pipeline.backends as backends_module
     import pipeline.runtime.ray_runner as ray_runner
-    from jobs.bench.questions import SimulatedGpu
+    from jobs.bench.rig.simulated import SimulatedGpu
 
     sim = SimulatedGpu(kv_tokens=kv_tokens)
     patch: Any
