@@ -7,8 +7,9 @@ import json
 import threading
 
 import pytest
+from engine_fixtures import PASSAGES
 from fakes import MemoryRetriever
-from test_engine_continuous import PASSAGES, _rows
+from test_engine_continuous import _rows
 
 from jobs.bench.rig.simulated import SimBackends, SimGenerator
 from pipeline.backends import Backends

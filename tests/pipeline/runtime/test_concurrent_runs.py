@@ -8,9 +8,9 @@ import json
 import re
 
 import pytest
+from engine_fixtures import PASSAGES, BatchGenerator
 from fakes import MemoryRetriever
 from on_disk import assert_each_question_once
-from test_engine_continuous import PASSAGES, BatchGenerator
 
 from jobs.bench.rig.simulated import SimGenerator
 from pipeline.backends import Backends
