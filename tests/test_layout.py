@@ -378,3 +378,36 @@ def test_the_tests_stand_in_folders_that_mirror_the_packages():
     assert not misplaced, "test files outside a folder that mirrors a package (or faults/, cluster/):\n" + "\n".join(
         misplaced
     )
+
+
+def cross_folder_test_imports(tests: Path = ROOT / "tests") -> list[str]:
+    """Each import of a test module (test_*.py) by a module of tests/ in another folder, as `file:line: ...`."""
+    folder_of = {path.stem: path.parent for path in tests.rglob("test_*.py")}
+    bad = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            where_from = path.relative_to(tests.parent)
+            bad += [
+                f"{where_from}:{node.lineno}: imports {name} of {folder_of[name].relative_to(tests.parent)}/"
+                for name in names
+                if name in folder_of and folder_of[name] != path.parent
+            ]
+    return bad
+
+
+def test_no_test_imports_a_test_module_of_another_folder(tmp_path):
+    """A helper two folders' tests share lives at tests/'s top (fakes.py, fault_tools.py, ...), not in a test file."""
+    bad = cross_folder_test_imports()
+    assert not bad, "test modules imported from another folder (move the helper to tests/'s top):\n" + "\n".join(bad)
+    for name, text in {
+        "a/test_x.py": "from test_y import helper\n",
+        "a/test_z.py": "import test_x\n",
+        "b/test_y.py": "",
+    }.items():
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / name).write_text(text)
+    assert cross_folder_test_imports(tmp_path / "tests") == ["tests/a/test_x.py:1: imports test_y of tests/b/"]
