@@ -23,7 +23,7 @@ class Script:
 
 
 def save_weights(folder, shapes: dict):
-    """A model folder holding only zero weights of these shapes (what roofline.py reads)."""
+    """A model folder holding only zero weights of these shapes (what jobs/bench/rig/roofline.py reads)."""
     import torch
     from safetensors.torch import save_file
 
@@ -63,13 +63,13 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script
     import jobs.bench.flashrag.env
     import jobs.bench.flashrag.launch as launch
     import jobs.bench.flashrag.prepare as setup
-    import jobs.bench.roofline
+    import jobs.bench.rig.roofline
     import pipeline.assets.models
     import pipeline.backends.embedding
     import pipeline.backends.hf_gen
     import pipeline.backends.vllm_gen  # noqa: F401  bound resolve_model before it is patched below, not after
     from jobs.bench.flashrag.driver import VLLM_FAILED
-    from jobs.bench.rss import Measured
+    from jobs.bench.rig.rss import Measured
 
     script = script or Script()
 
@@ -100,7 +100,7 @@ def fake_sides(monkeypatch, tmp_path, dumped: dict | None = None, script: Script
     monkeypatch.setattr(setup, "prepare", prepare)
     monkeypatch.setattr(launch, "dump_templates", lambda *a: dumped)
     monkeypatch.setattr(launch, "run_driver", lambda python, config, *mode: script.driver_modes.append(mode))
-    monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype: 1e-3)
+    monkeypatch.setattr(jobs.bench.rig.roofline, "matmul_gflops", lambda dtype: 1e-3)
     monkeypatch.setattr(launch, "run_measured", fake)
     return script.order, script.commands, model, script
 

@@ -28,8 +28,8 @@ os.environ.setdefault("DYNRAG_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
 # fd 1) run vLLM's default: fault_tools.VLLM_PROCESSES.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-# a few test files import another's helpers by its module name (test_*.py names are unique across tests/, as
-# pytest's default import mode requires), also from another folder: every folder of test files is importable
+# a few test files import helpers of another test file in their own folder by its module name (test_*.py names are
+# unique across tests/, as pytest's default import mode requires); helpers shared across folders live at tests/'s top
 sys.path[1:1] = [str(d) for d in sorted(Path(__file__).resolve().parent.rglob("*/")) if any(d.glob("test_*.py"))]
 
 FIXTURE_KIT = Path(__file__).resolve().parent / "fixtures" / "kit"

@@ -1,5 +1,6 @@
-"""Helpers shared by the engine tests: the tiny model (built once per session) and a small index
-over the context paragraphs of the first HotpotQA dev questions."""
+"""Helpers shared by the engine tests: the tiny model (built once per session), a small index over the
+context paragraphs of the first HotpotQA dev questions, and the continuous engine's passages and batch-only
+generator."""
 
 from __future__ import annotations
 
@@ -8,7 +9,26 @@ from pathlib import Path
 
 from tiny_model import build_tiny_model
 
+from jobs.bench.rig.simulated import SimGenerator
+
 HOTPOT = "hotpotqa/dev_400.jsonl"
+PASSAGES = [
+    ("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
+    ("p2", "Paris", "Paris is the capital of France."),
+    ("p3", "Rome", "Rome is the capital of Italy."),
+    ("p4", "Steven Spielberg", "Steven Spielberg is an American film director born in Cincinnati."),
+    ("p5", "Berlin", "Berlin is the capital of Germany."),
+]
+
+
+class BatchGenerator:
+    """The simulated generator behind a batch-only interface (no `submit`): the continuous engine's generate lane."""
+
+    def __init__(self):
+        self.sim = SimGenerator()
+
+    def generate(self, prompts, samplings, chats):
+        return self.sim.generate(prompts, samplings, chats)
 
 
 def tiny_model_path(tmp_path_factory) -> Path:

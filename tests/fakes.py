@@ -10,8 +10,8 @@ from collections import Counter
 from concurrent.futures import Future
 
 from indexing.search.hits import Hit
-from jobs.bench.simulated import PIECE, SimGenerator  # noqa: F401  (PIECE re-exported for tests)
-from jobs.bench.simulated import WordAttention as FakeAttention  # noqa: F401  (re-exported for tests)
+from jobs.bench.rig.simulated import PIECE, SimGenerator  # noqa: F401  (PIECE re-exported for tests)
+from jobs.bench.rig.simulated import WordAttention as FakeAttention  # noqa: F401  (re-exported for tests)
 from pipeline.engine.requests import Completion
 
 

@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
+
 from indexing.errors import IndexingError
 from indexing.versions.manifest import read_manifest, verify_version
 
@@ -18,6 +20,24 @@ ROOT = Path(__file__).resolve().parent.parent
 # vLLM's default process layout (an EngineCore process, its worker in another), for the tests whose point it is: the
 # other tests run the engine in-process (tests/conftest.py)
 VLLM_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie counts: it holds nothing but its entry)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, seconds: float = 20) -> bool:
+    """Whether process `pid` ends within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def cli(*args: str) -> list[str]:

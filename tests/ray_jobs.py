@@ -1,4 +1,4 @@
-"""Whole `answer_with_ray` jobs on a `ray.cluster_utils.Cluster` (latency-model backends, jobs/bench/simulated.py):
+"""Whole `answer_with_ray` jobs on a `ray.cluster_utils.Cluster` (latency-model backends, jobs/bench/rig/simulated.py):
 what the Ray tests of cluster shapes and lost nodes share."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def run_job(
     commits; each batch's report (also given to `on_report`)."""
     import json
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
     from pipeline.io.commit import committing
     from pipeline.io.output_lock import output_lock
     from pipeline.runtime.ray_runner import answer_with_ray
@@ -124,7 +124,7 @@ def dying_backends(scale: float, markers: Path, deaths: int):
     from concurrent.futures import Future
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
     from pipeline.errors import EngineDead
 
     @dataclass(frozen=True)

@@ -172,7 +172,7 @@ class _NeverAnswers:
     def __new__(cls):
         from concurrent.futures import Future
 
-        from jobs.bench.simulated import SimGenerator
+        from jobs.bench.rig.simulated import SimGenerator
 
         class Hung(SimGenerator):
             def submit(self, prompt, sampling, chat) -> Future:
@@ -327,7 +327,7 @@ def test_an_engine_actor_whose_run_control_does_not_answer_ends_the_job_with_one
 
     import ray
 
-    from jobs.bench.simulated import Cost, SimGenerator
+    from jobs.bench.rig.simulated import Cost, SimGenerator
     from pipeline.backends import Backends
     from pipeline.config import DynragConfig
     from pipeline.engine.requests import Question

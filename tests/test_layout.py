@@ -245,6 +245,25 @@ def test_outside_code_imports_a_jobs_subpackage_through_its_seam_only(graph):
     assert not bad, "imports past a seam:\n" + "\n".join(sorted(bad))
 
 
+def rig_imports_of_commands(graph) -> list[str]:
+    """Each import of jobs/bench/'s commands (or another of its subpackages) by jobs/bench/rig/, as `file:line: ...`."""
+
+    def in_rig(module: str) -> bool:
+        return module.split(".")[:3] == ["jobs", "bench", "rig"]
+
+    return sorted(
+        f"{where(graph, m, dep)} imports {dep}"
+        for m, dep in edges(graph)
+        if in_rig(m) and dep.split(".")[:2] == ["jobs", "bench"] and not in_rig(dep)
+    )
+
+
+def test_the_bench_rig_imports_none_of_the_bench_commands(graph):
+    """jobs/bench/rig/ (what the benchmarks measure with and run on) stands below the `dynrag bench` commands."""
+    bad = rig_imports_of_commands(graph)
+    assert not bad, "jobs/bench/rig/ imports a bench command (move what it needs into the rig):\n" + "\n".join(bad)
+
+
 def test_only_configuration_and_errors_directly_under_pipeline(graph):
     loose = {m for m in graph.modules if m.count(".") == 1 and m.startswith("pipeline.") and not graph.find_children(m)}
     assert loose <= {"pipeline.config", "pipeline.errors"}, loose
@@ -289,6 +308,13 @@ def test_the_checks_see_a_cycle_and_a_forbidden_import(tmp_path):
     past.add_import(importer="jobs.conform.env", imported="jobs.bench.flashrag.env", line_number=3, line_contents="")
     with pytest.raises(AssertionError, match=r"jobs/conform/env.py:3 imports jobs.bench.flashrag.env"):
         test_outside_code_imports_a_jobs_subpackage_through_its_seam_only(past)
+    for m in ("jobs.bench.rig", "jobs.bench.rig.questions_child", "jobs.bench.questions"):
+        past.add_module(m)
+    past.add_import(
+        importer="jobs.bench.rig.questions_child", imported="jobs.bench.questions", line_number=9, line_contents=""
+    )
+    with pytest.raises(AssertionError, match=r"jobs/bench/rig/questions_child.py:9 imports jobs.bench.questions"):
+        test_the_bench_rig_imports_none_of_the_bench_commands(past)
     door = grimp.ImportGraph()
     for m in (
         "pipeline",
@@ -352,3 +378,36 @@ def test_the_tests_stand_in_folders_that_mirror_the_packages():
     assert not misplaced, "test files outside a folder that mirrors a package (or faults/, cluster/):\n" + "\n".join(
         misplaced
     )
+
+
+def cross_folder_test_imports(tests: Path = ROOT / "tests") -> list[str]:
+    """Each import of a test module (test_*.py) by a module of tests/ in another folder, as `file:line: ...`."""
+    folder_of = {path.stem: path.parent for path in tests.rglob("test_*.py")}
+    bad = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module]
+            else:
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            where_from = path.relative_to(tests.parent)
+            bad += [
+                f"{where_from}:{node.lineno}: imports {name} of {folder_of[name].relative_to(tests.parent)}/"
+                for name in names
+                if name in folder_of and folder_of[name] != path.parent
+            ]
+    return bad
+
+
+def test_no_test_imports_a_test_module_of_another_folder(tmp_path):
+    """A helper two folders' tests share lives at tests/'s top (fakes.py, fault_tools.py, ...), not in a test file."""
+    bad = cross_folder_test_imports()
+    assert not bad, "test modules imported from another folder (move the helper to tests/'s top):\n" + "\n".join(bad)
+    for name, text in {
+        "a/test_x.py": "from test_y import helper\n",
+        "a/test_z.py": "import test_x\n",
+        "b/test_y.py": "",
+    }.items():
+        (tmp_path / "tests" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / name).write_text(text)
+    assert cross_folder_test_imports(tmp_path / "tests") == ["tests/a/test_x.py:1: imports test_y of tests/b/"]

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from jobs.bench.rss import GIB, run_measured
+from jobs.bench.rig.rss import GIB, run_measured
 
 # name -> extra arguments; {index} is replaced by the index folder. --quick uses the second list.
 BENCHES = {

@@ -34,3 +34,32 @@ def register(sub: argparse._SubParsersAction) -> None:
                 raise
             continue
         module.register(bsub)
+
+
+def add_simulated_parser(bsub, name: str, help: str, description: str):
+    """A `dynrag bench NAME --simulate-gpu` parser: the latency model (rig/simulated.py) as its epilog, the flag
+    required."""
+    from jobs.bench.rig import simulated
+
+    p = bsub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=simulated.__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--simulate-gpu",
+        action="store_true",
+        required=True,
+        help="use the latency-model backends (the only mode for now)",
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=simulated.GPU_KV_TOKENS,
+        help=f"the simulated KV cache, in tokens, with vLLM's prefix caching over it (default {simulated.GPU_KV_TOKENS:,}: "
+        "an 8B model's KV at 128 KiB a token in the 52 GB an 80 GB GPU leaves it at 0.9 utilization; 0: no "
+        "prefix cache, every prompt token computed)",
+    )
+    return p

@@ -3,7 +3,7 @@ latency-model backends.
 
 Several methods over the same synthetic questions, answered by the experiment's own runner (`run_methods` of
 pipeline/evaluation/experiment.py, as `dynrag experiment` runs a dataset) twice, each time on a fresh set of
-`jobs/bench/simulated.py`'s backends handed to it as `dynrag experiment`'s real ones are: concurrent
+`jobs/bench/rig/simulated.py`'s backends handed to it as `dynrag experiment`'s real ones are: concurrent
 (answer.runs=concurrent: every run's questions in one engine's admission queue) and sequential (`--sequential`: one
 run after another, each with the engine to itself). Both modes first answer 2 questions unslept (imports and first
 calls out of the timing). Per mode: seconds from the first question to the last row (no process or engine startup:
@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.bench import simulated
+from jobs.bench.cli import add_simulated_parser
+from jobs.bench.rig import simulated
 
 METHODS = ("sr-rag", "iter-retgen", "flare", "self-ask", "ircot", "sure")
 MODES = ("concurrent", "sequential")
@@ -36,7 +37,7 @@ MODES = ("concurrent", "sequential")
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = simulated.add_simulated_parser(
+    p = add_simulated_parser(
         bsub,
         "experiment",
         help="an experiment's runs concurrent vs sequential on latency-model backends",

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.bench.rss import GIB, TreeRss
+from jobs.bench.rig.rss import GIB, TreeRss
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`dynrag bench pipeline --simulate-gpu`: the lockstep and the continuous engine on latency-model backends.
 
-Runs each method's real program over synthetic questions against `jobs/bench/simulated.py`'s backends,
+Runs each method's real program over synthetic questions against `jobs/bench/rig/simulated.py`'s backends,
 whose calls sleep for a GPU-like generator's batch time and stated CPU costs for retrieval, scoring
 and embedding (the model is in that module's docstring and printed), and prints per method and engine:
 questions/s, generator busy fraction (time with a generate batch in flight / wall time) and mean latency
@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.bench import simulated
+from jobs.bench.cli import add_simulated_parser
+from jobs.bench.rig import simulated
 
 METHODS = ("sr-rag", "cfs", "pairs", "dragin")
 # also benchmarked when named with --method: the reasoning search methods, Adaptive-RAG's router, DPR-AIS
@@ -45,7 +46,7 @@ RAY_DEFAULTS = [
 def register(bsub: argparse._SubParsersAction) -> None:
     from jobs.cli import add_config_args
 
-    p = simulated.add_simulated_parser(
+    p = add_simulated_parser(
         bsub,
         "pipeline",
         help="lockstep vs continuous engine on latency-model backends",
@@ -134,7 +135,7 @@ def bench_one(
 
 
 def sim_model(cfg, scale: float, kv_tokens: int | None = None, search_ms: float = 1.0) -> simulated.SimBackends:
-    """The latency model (simulated.py) at `scale`: the generator runs at most generation.engine_kwargs.max_num_seqs
+    """The latency model (rig/simulated.py) at `scale`: the generator runs at most generation.engine_kwargs.max_num_seqs
     sequences (default 256) over a KV cache of `kv_tokens` (None or 0: none), a query's search takes `search_ms`."""
     max_seqs = cfg.generation.engine_kwargs.max_num_seqs or 256
     return simulated.SimBackends(scale, max_seqs, kv_tokens, search_ms / 1000)

@@ -4,18 +4,18 @@
 
 Workload: sr-rag over the demo's BM25 index (`dynrag demo`'s: the 10,033 packaged Wikipedia lead sections,
 built in the work folder as the demo builds it, no ../shared nor model hub), `generation.backend=none` (every
-prompt gets an empty answer; `--simulate-gpu`: the latency model of jobs/bench/simulated.py at its own speed,
+prompt gets an empty answer; `--simulate-gpu`: the latency model of jobs/bench/rig/simulated.py at its own speed,
 time scale 1, as `bench pipeline --simulate-gpu` models a GPU), `answer.retrieval_cache=0` (every question is
 searched, as N distinct questions would be). The questions are the demo's (jobs/demo.py: the packaged DPR sets'
 questions the corpus can answer, all sets, 2,067 distinct), cycled to N with unique ids (`<id>-<i>`), one JSONL
 file. `--set` overrides any of these (after them).
 
-Each (N, runtime) runs in a fresh process (questions_child.py): `run_answer` on the file (local: in that
+Each (N, runtime) runs in a fresh process (rig/questions_child.py): `run_answer` on the file (local: in that
 process; ray: `runtime.mode=ray`, a local Ray started by the run, `ray.actors` engine actors (`--ray-actors`),
 the configured retrieval pool, `ray.retrieval_actors`, default none), then a resume of the finished run. Per
 row: questions/s (N / run_answer's wall seconds, Ray's start included); CPU ms per question of the driver
 (getrusage of its process around run_answer), of the engine actors and of the pool actors (Ray: psutil samples
-of the Ray processes, questions_child.py; `-` in local mode, where the driver does everything) and of the other
+of the Ray processes, rig/questions_child.py; `-` in local mode, where the driver does everything) and of the other
 Ray processes (workers and services); the driver's peak RSS (ru_maxrss) and its peak private memory (RSS less
 shared pages, sampled), each with its growth from the smallest N of the same runtime; `tail s`: seconds from
 the last answer (the newest row's finished_at) to run_answer returning (the last commits, the last merge of parts, the close); `resume s`: run_answer again on the finished output;
@@ -37,37 +37,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.bench.simulated import GPU_KV_TOKENS
+from jobs.bench.rig.simulated import GPU_KV_TOKENS
 
 RUNTIMES = ("local", "ray")
 # before the user's --set: the workload above
 DEFAULTS = ["method.name=sr-rag", "index.dense=false", "answer.retrieval_cache=0", "answer.progress=false"]
 POOL_LIMIT = 100_000  # demo questions taken from each packaged set: all it has that the corpus can answer
 MB = 1e6
-
-
-@dataclass(frozen=True)
-class SimulatedGpu:
-    """`make_backends` for `--simulate-gpu`: dynrag's Backends (the real BM25 index) with the latency model's
-    generator (simulated.SimGenerator at time scale 1). Picklable: each Ray engine actor builds its own."""
-
-    kv_tokens: int = GPU_KV_TOKENS
-
-    def generator(self, cfg):
-        from jobs.bench.simulated import Cost, SimGenerator
-        from pipeline.backends.kv_pins import pin_seconds
-
-        max_seqs = cfg.generation.engine_kwargs.max_num_seqs or 256
-        return SimGenerator(Cost(1.0), max_seqs, self.kv_tokens or None, pin_seconds(cfg) > 0)
-
-    def __call__(self, cfg, index_dir=None, *, generator=None, **kw):
-        from pipeline.backends import Backends
-
-        return Backends(cfg, index_dir, generator=generator or self.generator(cfg), **kw)
 
 
 def register(bsub: argparse._SubParsersAction) -> None:
@@ -84,7 +63,7 @@ def register(bsub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--simulate-gpu",
         action="store_true",
-        help="answer on the latency model (jobs/bench/simulated.py, time scale 1) instead of generation.backend=none",
+        help="answer on the latency model (jobs/bench/rig/simulated.py, time scale 1) instead of generation.backend=none",
     )
     p.add_argument(
         "--kv-tokens",
@@ -156,7 +135,7 @@ def write_questions(path: Path, n: int, pool: list[dict]) -> None:
 
 
 def measure(cfg, args: argparse.Namespace, work: Path, n: int, runtime: str, index: str) -> dict[str, Any]:
-    """One (N, runtime) in a fresh process (questions_child.py); its output folder starts empty."""
+    """One (N, runtime) in a fresh process (rig/questions_child.py); its output folder starts empty."""
     from pipeline.config import with_values
     from pipeline.errors import DynragError
 
@@ -179,7 +158,7 @@ def measure(cfg, args: argparse.Namespace, work: Path, n: int, runtime: str, ind
     path = work / f".spec-{n}-{runtime}.json"
     path.write_text(json.dumps(spec), encoding="utf-8")
     t = time.perf_counter()
-    code = subprocess.run([sys.executable, "-m", "jobs.bench.questions_child", str(path)]).returncode
+    code = subprocess.run([sys.executable, "-m", "jobs.bench.rig.questions_child", str(path)]).returncode
     if code != 0:
         raise DynragError(f"the bench's run of N={n} ({runtime}) failed (exit {code}; its errors are above)")
     result = json.loads(Path(spec["result"]).read_text(encoding="utf-8"))

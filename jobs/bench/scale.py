@@ -5,24 +5,24 @@ Corpora (`--corpus`):
 - `lead-sections` (default): N passages of 100 words drawn (seeded) from the words of one of the 10,033
   packaged lead sections (pipeline/assets/embedded.py), titled by that article; one JSONL file.
 - `dpr-synthetic`: one DPR-shaped TSV (id, text, title; 100 words a passage over a Zipf vocabulary:
-  jobs/bench/dpr_synthetic.py), reused from `--corpus-dir` when present with the same parameters. It
+  jobs/bench/rig/dpr_synthetic.py), reused from `--corpus-dir` when present with the same parameters. It
   comes with the settings of a full-size run: FAISS `ivf_factory(N)` (below) and `index.keep_vectors=false`
   (the vectors of 21M passages at 384-d would take 32 GB of disk); `--set` and `--factory` override them.
 
-Steps, each but the first in a process of its own (scale_child.py), so that the bench's own memory is in
+Steps, each but the first in a process of its own (rig/scale_child.py), so that the bench's own memory is in
 no figure:
 
 1. corpus: written to `--corpus-dir` (default: a temporary directory), with the queries (`--queries`,
    12 words each from random passages) and a 1,000-passage warm-up corpus. Before anything, the disk
    space the run needs is estimated (`disk_needed`) and a run that does not fit is refused.
 2. build: a warm-up index (loads the encoder and the JVM), then the index, from scratch; wall time per
-   stage from the build's own report, the process tree's peak RSS sampled every 0.5 s (rss.py).
+   stage from the build's own report, the process tree's peak RSS sampled every 0.5 s (rig/rss.py).
 3. search: a fresh index holder opens the index (timed), answers every query in batches of `--batch`
    (k = 10) with BM25 and then dense, and reports its resident memory grown since before the open
-   (scale_child.py): beyond what FAISS loaded (its files: the shards' and the template's), anonymous
+   (rig/scale_child.py): beyond what FAISS loaded (its files: the shards' and the template's), anonymous
    memory and file-backed pages (mapped Lucene and `ids.npy`), against the goal 256 MiB + 16 B x N.
 3b. with `--memory-cap` (Linux, root): the search again, its process in a memory cgroup capped at what the
-   goal allows a holder (its memory before the open + FAISS's files + the goal; memory_cap.py), the page
+   goal allows a holder (its memory before the open + FAISS's files + the goal; rig/memory_cap.py), the page
    cache dropped first so that the index files it reads are charged to it: whether it finished (or was
    killed for memory), its queries/s and the cgroup's peak. RSS counts the mapped index files' pages, which
    are page cache the kernel reclaims; the cap shows what the holder needs.
@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.bench import dpr_synthetic
+from jobs.bench.rig import dpr_synthetic
 
 WARM_PASSAGES = 1000
 MIB = 1 << 20
@@ -309,17 +309,17 @@ class Bench:
 
     # ---- 2. build ----
     def _child(self, what: str, spec: dict, measured: bool, cap: int | None = None) -> tuple[Any, float, int | None]:
-        """Run scale_child.py; its stderr (progress bars, logs) goes to ours. Returns its result, wall
-        time and, when `measured`, its process tree's peak RSS; with a memory `cap` (memory_cap.py), the
+        """Run rig/scale_child.py; its stderr (progress bars, logs) goes to ours. Returns its result, wall
+        time and, when `measured`, its process tree's peak RSS; with a memory `cap` (rig/memory_cap.py), the
         cgroup's peak, and no result when the kernel killed it for memory."""
-        from jobs.bench.memory_cap import run_capped
-        from jobs.bench.rss import run_measured
+        from jobs.bench.rig.memory_cap import run_capped
+        from jobs.bench.rig.rss import run_measured
         from pipeline.errors import DynragError
 
         spec = {"config": self.cfg.model_dump(mode="json"), "log_level": _log_level(), **spec}
         path = self.work / f".{what}.json"
         path.write_text(json.dumps(spec), encoding="utf-8")
-        cmd = [sys.executable, "-m", "jobs.bench.scale_child", what, str(path)]
+        cmd = [sys.executable, "-m", "jobs.bench.rig.scale_child", what, str(path)]
         peak: int | None
         try:
             if measured:

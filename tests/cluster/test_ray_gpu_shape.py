@@ -12,7 +12,7 @@ import sys
 import pytest
 from ray_jobs import assert_each_question_once, fake_gpu_cluster, live_groups, run_job
 
-from jobs.bench.simulated import SimBackends
+from jobs.bench.rig.simulated import SimBackends
 
 pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-process (scripts/run_tests.py)
 

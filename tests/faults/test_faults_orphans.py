@@ -14,8 +14,7 @@ import time
 
 import psutil
 import pytest
-from fault_tools import ROOT, VLLM_PROCESSES
-from test_orphan_guard import wait_gone
+from fault_tools import ROOT, VLLM_PROCESSES, wait_gone
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(900)]
 

@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 
 
 def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
     from pipeline.runtime.pools import PoolClient, start_pool
     from platform_shims.raytools import init_ray
 
@@ -42,7 +42,7 @@ def _slow_or_crashing_backends():
     import time
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     @dataclass(frozen=True)
     class Backends(SimBackends):

@@ -6,7 +6,7 @@ machine dies) or pre-empted (Ray's drain notice with a deadline; removed once it
 deadline); a replacement node joins then. Ray restarts the lost actors (on it, or beside the survivor) (Ray Data's engine actors; the pool's through its
 max_restarts), Ray Data re-runs the batches the lost replica held, the surviving replica's searches that were
 with the lost pool actor are sent again, and every question ends with exactly one row and no error.
-Latency-model backends (jobs/bench/simulated.py): the faults are in the cluster, not the model."""
+Latency-model backends (jobs/bench/rig/simulated.py): the faults are in the cluster, not the model."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def poison_backends(scale: float, markers: Path):
     prompt that holds "poison"; each death leaves a marker file. Defined here so Ray pickles it by value."""
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     @dataclass(frozen=True)
     class PoisonBackends(SimBackends):

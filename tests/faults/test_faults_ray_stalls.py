@@ -1,7 +1,7 @@
 """Fault injection, Ray: what would hang a job or kill it for nothing ends it with one line, or not at all.
 
 One cluster for the file (a head with no CPUs, one worker with a fake GPU), the default batches per replica
-(`ray.actor_batches` unset) and latency-model backends (jobs/bench/simulated.py) with one fault each:
+(`ray.actor_batches` unset) and latency-model backends (jobs/bench/rig/simulated.py) with one fault each:
 - a part write the store keeps refusing ends the job with one line naming the store and the error;
 - a replica that takes longer to start than `ray.replica_wait_s` is not taken for one that never started:
   its heartbeat runs from its constructor's start;
@@ -38,7 +38,7 @@ def slow_start_backends(scale: float, seconds: float, markers: Path):
     """SimBackends that take `seconds` to build (a large index pulled, a model loaded), in the engine actor."""
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     @dataclass(frozen=True)
     class SlowStart(SimBackends):
@@ -56,7 +56,7 @@ def failing_start_backends(scale: float, markers: Path, times: int | None = None
     times (an index pull cut short), counted by markers."""
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     @dataclass(frozen=True)
     class FailingStart(SimBackends):
@@ -75,7 +75,7 @@ def hanging_backends(scale: float, after: int):
     from concurrent.futures import Future
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     @dataclass(frozen=True)
     class Hanging(SimBackends):
@@ -99,7 +99,7 @@ def dying_pool_backends(scale: float, markers: Path):
     """SimBackends whose retriever kills its process (a JVM crash) on every search: in a retrieval pool actor."""
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     @dataclass(frozen=True)
     class DyingPool(SimBackends):
@@ -124,7 +124,7 @@ def refusing_store(scale: float):
     (the driver's lease of the output passes: the parts' writes are the point here)."""
     from dataclasses import dataclass
 
-    from jobs.bench.simulated import SimBackends
+    from jobs.bench.rig.simulated import SimBackends
 
     def register() -> None:  # the class made here, in the process that registers it (no lock to pickle)
         import fsspec

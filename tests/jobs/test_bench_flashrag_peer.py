@@ -322,11 +322,11 @@ def test_counts_read_tokens_from_flashrags_vllm_outputs():
 def test_a_ratio_above_the_arithmetic_bound_is_put_down_to_the_prefix_cache(monkeypatch, capsys, tmp_path):
     """The bound counts every prompt token as computed; a measured ratio above it (ircot: 2.53x against a bound
     of 1.5x) is said to come from prompts vLLM's prefix cache served, not printed as impossible."""
-    import jobs.bench.roofline
+    import jobs.bench.rig.roofline
 
     for peak, above in ((1e-6, True), (1e9, False)):  # GFLOP/s of the matrix product: tiny, then huge
         fake_sides(monkeypatch, tmp_path)
-        monkeypatch.setattr(jobs.bench.roofline, "matmul_gflops", lambda dtype, peak=peak: peak)
+        monkeypatch.setattr(jobs.bench.rig.roofline, "matmul_gflops", lambda dtype, peak=peak: peak)
         args = build_parser().parse_args(["bench", "flashrag", "--limit", "2", "--workdir", str(tmp_path)])
         assert args.func(args) == 0
         out = capsys.readouterr().out
@@ -467,7 +467,7 @@ def test_table_repeats_alternate_the_ways_order_and_take_the_median_of_the_round
 
 def test_a_tables_dynrag_way_starts_from_an_empty_output_folder_not_a_resumed_one(monkeypatch, tmp_path):
     import jobs.bench.flashrag.table as table
-    import jobs.bench.rss as rss
+    import jobs.bench.rig.rss as rss
 
     done = tmp_path / "dynrag_concurrent" / "bench" / "sr-rag"
     done.mkdir(parents=True)  # an earlier table's rows in the same --workdir: `dynrag experiment` would skip them

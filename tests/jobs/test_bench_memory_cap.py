@@ -1,4 +1,4 @@
-"""jobs/bench/memory_cap.py: a command in a memory cgroup is killed when its own (anonymous) memory passes the
+"""jobs/bench/rig/memory_cap.py: a command in a memory cgroup is killed when its own (anonymous) memory passes the
 cap, and finishes when what passes the cap is page cache of a file it maps. Skipped where cgroups cannot be
 made (not root, no memory controller)."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs.bench import memory_cap
+from jobs.bench.rig import memory_cap
 
 MIB = 1 << 20
 CAP = 200 * MIB

@@ -17,7 +17,7 @@ from indexing.search.hits import Hit
 from jobs.bench.flashrag.driver import flashrag_config, read_result
 from jobs.bench.flashrag.prepare import driver_config, flashrag_prompt
 from jobs.bench.flashrag.run import agreement
-from jobs.bench.rss import TreeRss, run_measured
+from jobs.bench.rig.rss import TreeRss, run_measured
 from pipeline.config import load_config
 from pipeline.methods.prompts import rag_prompt
 
@@ -158,7 +158,7 @@ def test_bench_flashrag_end_to_end(data_dir, tmp_path):
 
 def test_bench_all_runs_each_benchmark_in_its_own_process(monkeypatch, capsys, tmp_path):
     import jobs.bench.all as bench_all
-    from jobs.bench.rss import Measured
+    from jobs.bench.rig.rss import Measured
     from jobs.cli import build_parser
 
     seen = []
@@ -220,7 +220,7 @@ def test_bench_flashrag_alternates_sides_and_reports_ratios(monkeypatch, capsys,
 
 
 def test_flops_per_token_counts_every_matrix_and_the_head_only_for_generated_tokens(tmp_path):
-    from jobs.bench.roofline import achieved_gflops, flops_per_token
+    from jobs.bench.rig.roofline import achieved_gflops, flops_per_token
 
     hidden, vocab, inter = 8, 50, 12
     layer = {"q": (hidden, hidden), "k": (4, hidden), "up": (inter, hidden), "down": (hidden, inter)}
@@ -239,7 +239,7 @@ def test_flops_per_token_counts_every_matrix_and_the_head_only_for_generated_tok
 
 
 def test_matmul_gflops_is_a_positive_rate():
-    from jobs.bench.roofline import matmul_gflops
+    from jobs.bench.rig.roofline import matmul_gflops
 
     assert 0.1 < matmul_gflops(n=128, seconds=0.2) < 1e5
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from jobs.bench.questions import add_growth, write_questions
-from jobs.bench.questions_child import kind_of
+from jobs.bench.rig.questions_child import kind_of
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 300

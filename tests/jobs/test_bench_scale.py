@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from indexing.corpus.readers import ReadStats, read_corpus
-from jobs.bench import dpr_synthetic, memory_cap
+from jobs.bench.rig import dpr_synthetic, memory_cap
 from jobs.bench.scale import disk_needed, faiss_bytes_per_passage, ivf_factory
 
 ROOT = Path(__file__).resolve().parents[2]

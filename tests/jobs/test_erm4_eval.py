@@ -87,8 +87,8 @@ def test_tau_sweep_gives_no_saving_from_run_order_alone():
 def test_table2_second_set_reads_the_first_sets_own_reservoir(tmp_path):
     """Table 2 end to end with fakes: the first set fills its run's own reservoir; each tau run answers the
     second set reading it (named as reservoir_path, never updated), through run_methods on the given backends."""
+    from erm4_fakes import PASSAGES, WordEmbedder, reply
     from fakes import MemoryRetriever, RecordingGenerator
-    from test_erm4_methods import PASSAGES, WordEmbedder, reply
 
     from jobs.eval.erm4 import table2
     from pipeline.backends import Backends

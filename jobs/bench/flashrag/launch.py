@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from jobs.bench.rss import GIB, run_measured
+from jobs.bench.rig.rss import GIB, run_measured
 
 DRIVER = Path(__file__).with_name("driver.py")
 

@@ -1,7 +1,7 @@
 """Figures of one repeat of `dynrag bench flashrag`, and their printout: per side framework and threads, answered
 questions/s, error rows, whole-process seconds, startup (dynrag's by stage), EM/F1, LLM calls, retrievals, prompt
 and generated tokens per question, seconds per LLM call and tokens/s, model GFLOP/s; the share of identical
-predictions; the arithmetic bound on the ratio (jobs/bench/roofline.py) from each side's own tokens. A ratio is
+predictions; the arithmetic bound on the ratio (jobs/bench/rig/roofline.py) from each side's own tokens. A ratio is
 refused (None, with the reason) where either side has error rows, unless errors are allowed."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def score_repeat(
 ) -> dict:
     """Ratios (None where refused), EM/F1, the work-normalised rates and the model arithmetic of one repeat (each
     side's rows counted its own calls and tokens); the predictions and retrieved ids are dropped."""
-    from jobs.bench.roofline import flops_per_token
+    from jobs.bench.rig.roofline import flops_per_token
 
     per_prompt, per_generated = flops_per_token(model_path)
     dyn, fr = got["dynrag"], got["flashrag"]

@@ -21,7 +21,7 @@ printed per side: framework, threads, answered and error rows, seconds per LLM c
 generated) a second, startup seconds (dynrag's by stage), whole-process wall time, peak RSS of each process tree (vLLM's engine core
 included), EM/F1, LLM calls, retrievals, prompt and generated tokens per question (FlashRAG's counted by
 wrapping its generator and retriever), model GFLOP/s against a matrix product measured here
-(`jobs/bench/roofline.py`: what bounds the ratio on a CPU); and how many predictions agree.
+(`jobs/bench/rig/roofline.py`: what bounds the ratio on a CPU); and how many predictions agree.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def _run(args, cfg, dataset: str, work: Path) -> int:
     from jobs.bench.flashrag.methods import dynrag_params
     from jobs.bench.flashrag.prepare import driver_config, prepare
     from jobs.bench.flashrag.report import print_figures, ratio_median
-    from jobs.bench.roofline import matmul_gflops
+    from jobs.bench.rig.roofline import matmul_gflops
     from pipeline.assets.models import resolve_model
     from pipeline.errors import DynragError
 

@@ -131,7 +131,7 @@ def flashrag_result(r: dict, t_cmd: float) -> dict[str, Any]:
 
 def run_way(way: str, commands: dict, env: dict, work: Path, methods: list[str]) -> dict[str, Any]:
     from jobs.bench.flashrag.launch import parse_failure
-    from jobs.bench.rss import GIB, run_measured
+    from jobs.bench.rig.rss import GIB, run_measured
 
     load_before = round(os.getloadavg()[0], 1)
     print(f"table: running {way} ...", file=sys.stderr, flush=True)

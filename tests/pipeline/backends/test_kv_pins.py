@@ -209,7 +209,7 @@ def test_the_latency_models_cache_holds_a_programs_blocks_until_it_ends_and_shed
     """Blocks of 2 tokens, a cache of 8: program 1's finished sequence (3 blocks) survives two later sequences of 5
     blocks of other tokens only where it is pinned; when the cache is short, the last-ranked program's pin gives
     way first; an ended program's blocks are cached and free again."""
-    from jobs.bench.kv_model import PrefixCache
+    from jobs.bench.rig.kv_model import PrefixCache
 
     def run(cache, ids, program):
         held, hit = cache.admit(ids, 0)
@@ -243,7 +243,7 @@ def test_the_latency_models_pins_take_programs_ends_while_its_scheduler_releases
     import sys
     import threading
 
-    from jobs.bench.simulated import SimGenerator
+    from jobs.bench.rig.simulated import SimGenerator
 
     gen = SimGenerator(kv_tokens=200_000, pins=True)
     words = " ".join(f"w{i}" for i in range(100))

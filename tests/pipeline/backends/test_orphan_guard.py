@@ -10,8 +10,7 @@ import sys
 import textwrap
 import time
 
-import psutil
-from fault_tools import ROOT
+from fault_tools import ROOT, gone, wait_gone
 
 OWNER = textwrap.dedent("""
     import subprocess, sys, time
@@ -23,22 +22,6 @@ OWNER = textwrap.dedent("""
     print(child.pid, flush=True)
     time.sleep(600)
 """)
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(pid: int, seconds: float = 20) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if gone(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def start_owner(mode: str) -> tuple[subprocess.Popen, int]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dragin_fakes import PASSAGES, VllmLike, attention_item
 from engine_fixtures import captured_ids, tiny_model_path
 from fakes import MemoryRetriever
-from test_dragin_engine import PASSAGES, VllmLike, attention_item
 
 from pipeline.backends.dragin_math import (
     cannot_trigger,

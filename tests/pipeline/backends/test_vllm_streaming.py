@@ -104,10 +104,10 @@ def test_streamed_vllm_matches_batched_vllm(stream_cfg, tiny_vllm):
 
 
 def test_the_latency_models_prefix_cache_follows_vllms(tiny_vllm):
-    """The same requests replayed through the latency model's KV cache (jobs/bench/kv_model.py, vLLM's block size
+    """The same requests replayed through the latency model's KV cache (jobs/bench/rig/kv_model.py, vLLM's block size
     and block count) find the prefix-cache hits vLLM reported, within 10%: prompts sharing a head in one call,
     then each prompt extended by its output (a question's next round), then prompts sharing nothing."""
-    from jobs.bench.kv_model import PrefixCache
+    from jobs.bench.rig.kv_model import PrefixCache
 
     cache_config = tiny_vllm.llm.llm_engine.vllm_config.cache_config
     kv = PrefixCache(cache_config.num_gpu_blocks, cache_config.block_size)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from jobs.bench.simulated import Cost, SimGenerator
+from jobs.bench.rig.simulated import Cost, SimGenerator
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import NOTHING_YET, ContinuousEngine, Feed

@@ -8,9 +8,10 @@ import time
 from concurrent.futures import Future
 
 import pytest
+from engine_fixtures import PASSAGES, BatchGenerator
 from fakes import FakeAttention, MemoryRetriever
 
-from jobs.bench.simulated import SimGenerator, SimScorer
+from jobs.bench.rig.simulated import SimGenerator, SimScorer
 from pipeline.backends import Backends, register_backend
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine
@@ -20,13 +21,6 @@ from pipeline.engine.streaming import InFlight, StreamingGenerator
 from pipeline.io.output import make_row
 from pipeline.methods.registry import get_method
 
-PASSAGES = [
-    ("p1", "Jaws (film)", "Jaws is a 1975 film directed by Steven Spielberg."),
-    ("p2", "Paris", "Paris is the capital of France."),
-    ("p3", "Rome", "Rome is the capital of Italy."),
-    ("p4", "Steven Spielberg", "Steven Spielberg is an American film director born in Cincinnati."),
-    ("p5", "Berlin", "Berlin is the capital of Germany."),
-]
 # one or two rounds, several rounds with logprobs, scoring, embedding and a named backend (attention)
 MIXED = {
     "no-retrieval": {},
@@ -46,16 +40,6 @@ def mixed(q: Question, params):
     name = q.id.rsplit("-", 1)[0]
     spec = get_method(name)
     return (yield from spec.program(q, spec.params(MIXED[name])))
-
-
-class BatchGenerator:
-    """The simulated generator behind a batch-only interface (no `submit`): the continuous engine's generate lane."""
-
-    def __init__(self):
-        self.sim = SimGenerator()
-
-    def generate(self, prompts, samplings, chats):
-        return self.sim.generate(prompts, samplings, chats)
 
 
 def _backends(generator=None):

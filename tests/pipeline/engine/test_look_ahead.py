@@ -7,10 +7,11 @@ import json
 import threading
 
 import pytest
+from engine_fixtures import PASSAGES
 from fakes import MemoryRetriever
-from test_engine_continuous import PASSAGES, _rows
+from test_engine_continuous import _rows
 
-from jobs.bench.simulated import SimBackends, SimGenerator
+from jobs.bench.rig.simulated import SimBackends, SimGenerator
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.continuous import ContinuousEngine, make_engine

@@ -1,5 +1,5 @@
 """answer.scheduling=program (issue 62): each model call ranked by its question's admission order, in the engine's
-batches and in the generator's queue; and the latency model's KV cache (jobs/bench/kv_model.py), checked on worked
+batches and in the generator's queue; and the latency model's KV cache (jobs/bench/rig/kv_model.py), checked on worked
 examples. vLLM's own priority scheduling runs in test_vllm_streaming."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from jobs.bench.kv_model import PrefixCache
-from jobs.bench.simulated import SimGenerator
+from jobs.bench.rig.kv_model import PrefixCache
+from jobs.bench.rig.simulated import SimGenerator
 from pipeline.backends import Backends
 from pipeline.backends.vllm_gen import llm_kwargs
 from pipeline.config import DynragConfig

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 from fakes import CancellingGenerator
 
-from jobs.bench.simulated import SimGenerator
+from jobs.bench.rig.simulated import SimGenerator
 from pipeline.engine.requests import Completion, SamplingSpec
 from pipeline.engine.streaming import InFlight, generate_all
 

@@ -3,8 +3,8 @@
 
 import re
 
-import numpy as np
 import pytest
+from erm4_fakes import PASSAGES, WordEmbedder, reply
 from fakes import MemoryRetriever, RecordingGenerator
 
 from indexing.search.hits import Hit
@@ -83,43 +83,6 @@ def test_mixed_order_interleaves_drops_repeats_and_caps():
 
 
 # -- the programs on the engine ----------------------------------------------------------------------------
-
-PASSAGES = [
-    ("p1", "Titanic (1997 film)", "Titanic won Best Picture at the 1998 Academy Awards."),
-    ("p2", "James Cameron", "James Cameron directed Titanic."),
-    ("p3", "Rome", "Rome is the capital of Italy."),
-    ("p4", "Academy Awards", "The Academy Awards honour films."),
-]
-
-
-class WordEmbedder:
-    """Bag-of-words vectors over a fixed vocabulary: titles sharing words with a query are similar."""
-
-    VOCAB = ["titanic", "film", "cameron", "james", "rome", "academy", "awards", "picture", "director", "1998"]
-
-    def __init__(self):
-        self.calls = []
-
-    def embed(self, texts, model=None):
-        self.calls.append(len(texts))
-        out = np.zeros((len(texts), len(self.VOCAB) + 1), dtype=np.float32)
-        for i, t in enumerate(texts):
-            words = re.findall(r"\w+", t.lower())
-            for j, w in enumerate(self.VOCAB):
-                out[i, j] = words.count(w)
-            out[i, -1] = 0.1  # never a zero vector
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-
-def reply(prompt):
-    text = str(prompt)
-    if "search-friendly Queries" in text:
-        return "Who directed Titanic, the 1998 Best Picture?**Titanic film**James Cameron director**Academy Awards 1998"
-    if "one short search query" in text:
-        return "Titanic director"
-    if "NLI problem" in text:
-        return "entailment" if "Cameron" in text.split("[Knowledge]:")[-1] else "neutral"
-    return "Answer: James Cameron"
 
 
 def engine_for(tmp_path, generate=reply):

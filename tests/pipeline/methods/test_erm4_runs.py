@@ -10,8 +10,8 @@ import re
 import numpy as np
 import pytest
 import yaml
+from erm4_fakes import PASSAGES, WordEmbedder, reply
 from fakes import MemoryRetriever, RecordingGenerator
-from test_erm4_methods import PASSAGES, WordEmbedder, reply
 
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig

@@ -284,7 +284,7 @@ def test_bad_params_are_refused(method, params, match):
 
 @pytest.mark.parametrize("method", ["search-r1", "search-o1"])
 def test_the_simulated_generator_plans_uneven_rollouts(method):
-    from jobs.bench.simulated import PLANNED_SEARCHES, SimGenerator, SimRetriever
+    from jobs.bench.rig.simulated import PLANNED_SEARCHES, SimGenerator, SimRetriever
 
     engine = Engine(Backends(DynragConfig(), generator=SimGenerator(), retriever=SimRetriever()))
     spec = get_method(method)

@@ -15,7 +15,7 @@ import fsspec
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.bench.simulated import Cost, SimGenerator
+from jobs.bench.rig.simulated import Cost, SimGenerator
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.drain import Drain

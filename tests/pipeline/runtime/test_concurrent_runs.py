@@ -8,11 +8,11 @@ import json
 import re
 
 import pytest
+from engine_fixtures import PASSAGES, BatchGenerator
 from fakes import MemoryRetriever
 from on_disk import assert_each_question_once
-from test_engine_continuous import PASSAGES, BatchGenerator
 
-from jobs.bench.simulated import SimGenerator
+from jobs.bench.rig.simulated import SimGenerator
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.engine.search_cache import SearchCache
@@ -243,7 +243,7 @@ def test_bench_experiment_answers_the_runs_together_with_the_predictions_of_one_
     questions (impossible one run after another) in fewer decode steps."""
     from jobs.bench.experiment import METHODS, bench_experiment
     from jobs.bench.pipeline import DEFAULTS
-    from jobs.bench.simulated import PREFILL_PER_S, RUNNING_S, STEP_S
+    from jobs.bench.rig.simulated import PREFILL_PER_S, RUNNING_S, STEP_S
     from pipeline.config import load_config
 
     n = 6

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from jobs.bench.simulated import SimRetriever, SimScorer
+from jobs.bench.rig.simulated import SimRetriever, SimScorer
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.runtime.pools import PoolActor, PoolClient

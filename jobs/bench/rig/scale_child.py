@@ -1,5 +1,5 @@
 """The processes `dynrag bench scale` measures, each started fresh so that only its own work is in its
-figures: `python -m jobs.bench.scale_child build|probe SPEC.json` prints one JSON line (its result).
+figures: `python -m jobs.bench.rig.scale_child build|probe SPEC.json` prints one JSON line (its result).
 
 - build: builds each (sources, index) of the spec in turn (the first, a small warm-up index, loads the
   encoder and the JVM; without one, as for the incremental build, the JVM is started first) and prints the

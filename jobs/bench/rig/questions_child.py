@@ -1,5 +1,5 @@
 """One measured run of `dynrag bench questions`, in a process of its own so that the driver's figures (its CPU
-time, its peak RSS) are that run's: `python -m jobs.bench.questions_child SPEC.json` writes its figures as
+time, its peak RSS) are that run's: `python -m jobs.bench.rig.questions_child SPEC.json` writes its figures as
 JSON to the spec's `result` file.
 
 It calls `run_answer` on the spec's questions (as `dynrag answer` would: the index opened, with Ray the local
@@ -148,14 +148,14 @@ def rows_on_disk(out: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def simulated_gpu(runtime: str, kv_tokens: int):
-    """Generation on the latency model (jobs/bench/simulated.py at time scale 1) instead of a model: in this
+    """Generation on the latency model (jobs/bench/rig/simulated.py at time scale 1) instead of a model: in this
     process (local) its generator replaces `make_generator`'s; with Ray, `answer_with_ray` is given a
     `make_backends` (what `bench pipeline --runtime ray` passes) that puts it in each engine actor's backends."""
     from unittest import mock
 
     import pipeline.backends as backends_module
     import pipeline.runtime.ray_runner as ray_runner
-    from jobs.bench.questions import SimulatedGpu
+    from jobs.bench.rig.simulated import SimulatedGpu
 
     sim = SimulatedGpu(kv_tokens=kv_tokens)
     patch: Any

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from indexing import Hit
-from jobs.bench.kv_model import Held, PrefixCache
+from jobs.bench.rig.kv_model import Held, PrefixCache
 from pipeline.backends.chat import cut_at_stop
 from pipeline.backends.dragin_math import candidates_for
 from pipeline.backends.kv_pins import pin_seconds
@@ -374,29 +374,18 @@ class SimBackends:
         )
 
 
-def add_simulated_parser(bsub, name: str, help: str, description: str):
-    """A `dynrag bench NAME --simulate-gpu` parser: the latency model above as its epilog, the flag required."""
-    import argparse
+@dataclass(frozen=True)
+class SimulatedGpu:
+    """`make_backends` for `--simulate-gpu`: dynrag's Backends (the real BM25 index) with the latency model's
+    generator (SimGenerator at time scale 1). Picklable: each Ray engine actor builds its own."""
 
-    p = bsub.add_parser(
-        name,
-        help=help,
-        description=description,
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--simulate-gpu",
-        action="store_true",
-        required=True,
-        help="use the latency-model backends (the only mode for now)",
-    )
-    p.add_argument(
-        "--kv-tokens",
-        type=int,
-        default=GPU_KV_TOKENS,
-        help=f"the simulated KV cache, in tokens, with vLLM's prefix caching over it (default {GPU_KV_TOKENS:,}: "
-        "an 8B model's KV at 128 KiB a token in the 52 GB an 80 GB GPU leaves it at 0.9 utilization; 0: no "
-        "prefix cache, every prompt token computed)",
-    )
-    return p
+    kv_tokens: int = GPU_KV_TOKENS
+
+    def generator(self, cfg):
+        max_seqs = cfg.generation.engine_kwargs.max_num_seqs or 256
+        return SimGenerator(Cost(1.0), max_seqs, self.kv_tokens or None, pin_seconds(cfg) > 0)
+
+    def __call__(self, cfg, index_dir=None, *, generator=None, **kw):
+        from pipeline.backends import Backends
+
+        return Backends(cfg, index_dir, generator=generator or self.generator(cfg), **kw)
