@@ -88,11 +88,15 @@ def test_an_actor_refuses_an_output_folder_it_cannot_see(tmp_path):
     check_shared("s3://bucket/run")
 
 
-@pytest.fixture
-def ray_cluster(tmp_path_factory):
-    """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running). Per test: Ray's
-    workers take the environment of when it starts, and the s3 test's AWS_* are set for that test only."""
-    init_ray(None, 4)
+@pytest.fixture(scope="module")
+def ray_cluster(s3_server):
+    """One local Ray for the file's runs (run_answer leaves a Ray it did not start running): a start and a
+    shutdown per test cost ~5 s each. Ray's workers take the environment of when it starts: the session's S3
+    server's AWS_* are set while it starts (the s3 test's `s3` sets them in this process for that test only)."""
+    with pytest.MonkeyPatch.context() as m:
+        for k, v in s3_server.env.items():
+            m.setenv(k, v)
+        init_ray(None, 4)
     yield
     shutdown_ray()
 
