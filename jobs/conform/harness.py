@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -129,9 +128,13 @@ def _drive(py: Path, job: dict, workdir: Path, log, driver: Path) -> tuple[dict,
             start_new_session=True,  # its own process group, which it and its children leave to us to end
         )
         try:
-            total = len(job["questions"])
-            while proc.poll() is None:
-                time.sleep(5)
+            total, ended = len(job["questions"]), False
+            while not ended:  # its progress every 5 s, and once more at its end, which is not waited past
+                try:
+                    proc.wait(timeout=5)
+                    ended = True
+                except subprocess.TimeoutExpired:
+                    pass
                 done = max(0, len(out.read_text().splitlines()) - 1) if out.is_file() else 0
                 log(f"reference: {done}/{total} questions")
         finally:  # dynrag stopped (Ctrl-C, SIGTERM: run.py) or the driver ended: nothing of the reference is left

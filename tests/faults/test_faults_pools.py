@@ -14,16 +14,25 @@ pytestmark = [pytest.mark.faults, pytest.mark.own_process]  # starts Ray in-proc
 ray = pytest.importorskip("ray")
 
 
-def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 logical CPUs) for the file's pools: a start and a shutdown per test cost ~5 s each.
+    Each test kills the actors it started, so that the next one has the CPUs."""
+    from platform_shims.raytools import init_ray
+
+    init_ray(None, 2)
+    yield
+    shutdown_ray()
+
+
+def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried(local_ray):
     from jobs.bench.rig.simulated import SimBackends
     from pipeline.runtime.pools import PoolClient, start_pool
-    from platform_shims.raytools import init_ray
 
     cfg = DynragConfig()
     cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 2, 0.5
-    init_ray(None, cfg.ray.num_cpus)
+    actors = start_pool(cfg, "retrieval", None, SimBackends())
     try:
-        actors = start_pool(cfg, "retrieval", None, SimBackends())
         client = PoolClient(actors)
         queries = [f"question {i}" for i in range(40)]
         want = [[h.id for h in hits] for hits in client.search(queries, 3, "bm25")]
@@ -32,7 +41,8 @@ def test_a_lost_pool_actor_is_restarted_and_its_calls_are_retried():
             got = [[h.id for h in hits] for hits in client.search(queries, 3, "bm25")]
             assert got == want
     finally:
-        shutdown_ray()
+        for actor in actors:
+            ray.kill(actor, no_restart=True)
 
 
 def _slow_or_crashing_backends():
@@ -63,7 +73,7 @@ def _slow_or_crashing_backends():
     return Backends()
 
 
-def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills_every_time_fails():
+def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills_every_time_fails(local_ray):
     """The actor dies while serving the call (not between calls): Ray restarts it and sends the call again,
     whose result is what it would have been. A call that kills its actor every time is given up after
     ray.batch_deaths deaths (counted by the run's RunControl): it fails, and with it its questions, instead
@@ -73,14 +83,12 @@ def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills
 
     from pipeline.runtime.pools import PoolClient, start_pool
     from pipeline.runtime.ray_control import RunControl
-    from platform_shims.raytools import init_ray
 
     cfg = DynragConfig()
     cfg.ray.num_cpus, cfg.ray.retrieval_actors, cfg.ray.retrieval_actor_num_cpus = 2, 1, 0.5
-    init_ray(None, cfg.ray.num_cpus)
+    control = ray.remote(RunControl).options(num_cpus=0).remote()
+    (actor,) = start_pool(cfg, "retrieval", None, _slow_or_crashing_backends(), control)
     try:
-        control = ray.remote(RunControl).options(num_cpus=0).remote()
-        (actor,) = start_pool(cfg, "retrieval", None, _slow_or_crashing_backends(), control)
         client = PoolClient([actor])
         queries = ["slow question 1", "question 2"]
         pid_before = ray.get(actor.__ray_call__.remote(lambda self: __import__("os").getpid()))
@@ -96,4 +104,5 @@ def test_a_search_in_flight_when_its_actor_dies_is_sent_again_and_one_that_kills
             client.search(["crash"], 3, "bm25")
         assert client.search(queries, 3, "bm25") == got["hits"]  # the pool serves on
     finally:
-        shutdown_ray()
+        ray.kill(actor, no_restart=True)
+        ray.kill(control)

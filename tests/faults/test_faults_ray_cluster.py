@@ -38,10 +38,12 @@ JOB = [
 
 
 @pytest.fixture(scope="module")
-def one_node():
-    """One worker node (NODE) for the tests that lose no node: the cluster outlives each test's job."""
-    with fake_gpu_cluster(workers=1, **NODE) as cluster:
-        yield cluster
+def cluster():
+    """The file's cluster, two worker nodes (NODE): it outlives each test's job (a cluster's start and shutdown
+    cost ~10 s each). A test that loses a node leaves two workers again (the lost one replaced); the tests that
+    lose one come last, drained before removed (a drained node is never chosen again while it goes)."""
+    with fake_gpu_cluster(workers=2, **NODE) as c:
+        yield c
 
 
 def worker_with_a_replica(cluster, reports: list[dict]):
@@ -94,28 +96,6 @@ def lose_a_node(cluster, reports: list[dict], how: str, after: int, deadline_s: 
     return on_report, state
 
 
-@pytest.mark.parametrize("how", ["remove", "drain"])
-def test_a_lost_worker_node_costs_nothing_but_time(tmp_path, how):
-    """Either way every question ends with one row and no error. Drained, the node's replica finishes what it
-    holds, writes it and exits on its own well before the deadline (without the drain it would run on until
-    the node is removed at the deadline, and this test fails)."""
-    with fake_gpu_cluster(workers=2, **NODE) as cluster:
-        reports: list[dict] = []
-        on_report, state = lose_a_node(cluster, reports, how, after=4)
-        # slow enough that the job outlasts the drain's notice (the supervisor's and the replica's polls); drained,
-        # each replica holds 2 batches at a time, so that the job's reports come through it and not all at its end
-        # (a batch is one block now: every batch reaches the replicas at once, and held whole they all end together)
-        job, n = (JOB, N) if how == "remove" else ([*JOB, "ray.actor_batches=2"], 3 * N)
-        run_job(cluster, tmp_path, n, job, on_report=on_report, scale=0.05 if how == "remove" else 0.4)
-        state["job_ended_s"] = time.monotonic() - state["at"]
-        assert len(reports) > state["lost_after"]  # the job went on after the loss
-        if how == "remove":
-            assert state.get("replaced"), "the job ended before the node was replaced"
-        else:  # exited on its own while the job went on (at the job's end the driver removes every replica)
-            assert state.get("exited_s") is not None and state["exited_s"] < min(50, state["job_ended_s"]), state
-        assert_each_question_once(tmp_path / "out", n)
-
-
 @pytest.mark.slow  # see the note below: `make test-slow`
 @pytest.mark.parametrize("tp", [1, 2])
 def test_a_job_whose_replicas_can_never_start_ends_with_one_line(tmp_path, tp):
@@ -141,26 +121,25 @@ def test_a_job_whose_replicas_can_never_start_ends_with_one_line(tmp_path, tp):
         assert time.monotonic() - t0 < 60
 
 
-# the tests on one_node last: the module's cluster is up from the first of them to the end of the module
-def test_an_engine_actor_whose_engine_died_exits_and_its_restart_answers_its_questions(one_node, tmp_path):
+def test_an_engine_actor_whose_engine_died_exits_and_its_restart_answers_its_questions(cluster, tmp_path):
     """The engine dies (EngineDead) in the first replica process: the actor closes and exits, Ray starts it
     again, Ray Data sends its batches to the new process, and every question has one row, none an error."""
     markers = tmp_path / "markers"
     job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
-    reports = run_job(one_node, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 1))
+    reports = run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 1))
     assert len(list(markers.glob("death-*"))) == 1
     (died,) = [int(m.name.split("-")[1]) for m in markers.glob("death-*")]
     assert died not in {r["replica"]["pid"] for r in reports}  # the dead process answered nothing
     assert_each_question_once(tmp_path / "out", 60)
 
 
-def test_an_engine_that_dies_again_and_again_stops_the_job_with_its_error(one_node, tmp_path):
+def test_an_engine_that_dies_again_and_again_stops_the_job_with_its_error(cluster, tmp_path):
     """After ray.replica_failures failures of one replica the fault is taken to come back: the job fails with
     it (not an endless loop of restarts), and what was written stays for a rerun."""
     markers = tmp_path / "markers"
     job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1", "ray.replica_failures=2"]
     with pytest.raises(Exception, match="engine core died"):
-        run_job(one_node, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 99))
+        run_job(cluster, tmp_path, 60, job, scale=0.02, make_backends=dying_backends(0.02, markers, 99))
     assert len(list(markers.glob("death-*"))) == 2 + 1
 
 
@@ -190,7 +169,7 @@ def poison_backends(scale: float, markers: Path):
     return PoisonBackends(scale)
 
 
-def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_deaths(one_node, tmp_path):
+def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_deaths(cluster, tmp_path):
     """One question kills its replica's process whenever it is answered, while the replica holds every batch
     (the default ray.actor_batches). Ray restarts the actor and Ray Data sends the batches again; each batch
     that died runs alone in the new process, so the innocent ones are answered and only the poison batch dies
@@ -207,7 +186,7 @@ def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_death
     job = ["ray.actors=1", "ray.actor_num_gpus=1", "ray.actor_num_cpus=1"]
     dataset = tmp_path / "questions.jsonl"
     dataset.write_text("".join(json.dumps(q) + "\n" for q in questions))
-    run_job(one_node, tmp_path, n, job, scale=0.02, make_backends=poison_backends(0.02, markers), dataset=dataset)
+    run_job(cluster, tmp_path, n, job, scale=0.02, make_backends=poison_backends(0.02, markers), dataset=dataset)
     assert len(list(markers.glob("death-*"))) == 2  # then given up, not a third death
     assert_each_question_once(tmp_path / "out", n, errors=10)
     rows = pl.from_arrow(rows_on_disk(tmp_path / "out", ("question_id", "error", "error_kind")))
@@ -215,3 +194,28 @@ def test_a_batch_that_kills_its_replica_becomes_error_rows_after_ray_batch_death
     assert "q7" in failed["question_id"].to_list() and failed.height == 10  # its batch (answer.batch_questions)
     assert set(failed["error_kind"]) == {"system"}
     assert "died 2 times while answering it" in failed["error"][0]
+
+
+# last: they take a node away (and put another in its place)
+@pytest.mark.parametrize("how", ["drain", "remove"])
+def test_a_lost_worker_node_costs_nothing_but_time(cluster, tmp_path, how):
+    """Either way every question ends with one row and no error. Drained, the node's replica finishes what it
+    holds, writes it and exits on its own well before the deadline (without the drain it would run on until
+    the node is removed at the deadline, and this test fails)."""
+    reports: list[dict] = []
+    on_report, state = lose_a_node(cluster, reports, how, after=4)
+    # slow enough that the job outlasts the drain's notice (the supervisor's and the replica's polls); drained,
+    # each replica holds 2 batches at a time, so that the job's reports come through it and not all at its end
+    # (a batch is one block now: every batch reaches the replicas at once, and held whole they all end together)
+    job, n = (JOB, N) if how == "remove" else ([*JOB, "ray.actor_batches=2"], 3 * N)
+    run_job(cluster, tmp_path, n, job, on_report=on_report, scale=0.05 if how == "remove" else 0.4)
+    state["job_ended_s"] = time.monotonic() - state["at"]
+    assert len(reports) > state["lost_after"]  # the job went on after the loss
+    if how == "remove":
+        assert state.get("replaced"), "the job ended before the node was replaced"
+    else:  # exited on its own while the job went on (at the job's end the driver removes every replica)
+        assert state.get("exited_s") is not None and state["exited_s"] < min(50, state["job_ended_s"]), state
+    assert_each_question_once(tmp_path / "out", n)
+    if "replaced" not in state:  # the job ended before the drained node was replaced: two workers for the next
+        cluster.remove_node(state["node"], allow_graceful=False)
+        cluster.add_node(**NODE)

@@ -88,7 +88,7 @@ def test_the_lockstep_engine_drains_at_its_batch_boundary():
 
 def test_a_feeds_questions_are_admitted_while_earlier_ones_are_in_flight():
     feed, started, got = Feed(), [], []
-    engine = continuous(Drain(), max_in_flight=16, cost=Cost(0.2))
+    engine = continuous(Drain(), max_in_flight=16, cost=Cost(0.08))  # the long one: 4.8 s, the short ones 12 ms
     feed.put([Question("slow0", "a long one"), *questions(2, "a")])
     done = threading.Event()
 

@@ -14,6 +14,17 @@ pytestmark = [pytest.mark.own_process, pytest.mark.cluster]  # starts Ray in-pro
 N = 8
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (4 logical CPUs, as the jobs below ask: `ray.num_cpus=4`) for the file's Ray jobs: a job
+    joins a Ray already up and leaves it running, and a start and a shutdown per job cost ~5 s each."""
+    from platform_shims.raytools import init_ray, shutdown_ray
+
+    init_ray(None, 4)
+    yield
+    shutdown_ray()
+
+
 def _cfg(tmp_path_factory, backend: str) -> DynragConfig:
     cfg = DynragConfig()
     cfg.generation.model = str(tiny_model_path(tmp_path_factory))
@@ -39,7 +50,7 @@ def _predictions(out) -> dict[str, str]:
 @pytest.mark.parametrize(
     "backend", [pytest.param("transformers", marks=pytest.mark.slow), pytest.param("vllm", marks=pytest.mark.slow)]
 )
-def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
+def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path, local_ray):
     index = build_hotpot_index(data_dir, tmp_path_factory, 20)
     cfg = _cfg(tmp_path_factory, backend)
     dataset = str(data_dir / HOTPOT)
@@ -51,7 +62,9 @@ def test_ray_matches_in_process(backend, data_dir, tmp_path_factory, tmp_path):
     assert remote["retrieval_calls_per_question"] == local["retrieval_calls_per_question"] == 1
 
 
-def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, tmp_path_factory, tmp_path, caplog):
+def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(
+    data_dir, tmp_path_factory, tmp_path, caplog, local_ray
+):
     """PAIRS (retrieval on two paths, AIS embeddings, generation) with the index in a retrieval pool and
     the embedder in a scorer pool: the engine actor holds only the generator. The test encoder
     (`embedding.model=hash`): what is checked is where each call runs, and loading MiniLM in the three pool
@@ -95,7 +108,7 @@ def test_separate_retrieval_and_scorer_pools_give_the_in_process_rows(data_dir, 
     assert served["scorer"]["embed"][1] == rows["ray"]["embedding_calls"].sum()
 
 
-def test_the_simulated_gpu_bench_runs_the_ray_path_with_pools():
+def test_the_simulated_gpu_bench_runs_the_ray_path_with_pools(local_ray):
     """`dynrag bench pipeline --simulate-gpu --runtime ray`'s run: several batches through one engine actor
     (two at once) and the retrieval and scorer pools, every question answered, the generator's busy time reported."""
     from jobs.bench.pipeline import DEFAULTS, RAY_DEFAULTS, bench_ray

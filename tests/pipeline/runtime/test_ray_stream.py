@@ -1,6 +1,7 @@
 """Ray mode streams: the dataset is read through Ray Data on a worker (dynrag's own loader, so bad lines are
 the same error rows), the engine actors write the parts, and the driver only sums their reports. The
-rows, `--limit` and resume equal the in-process run's."""
+rows, `--limit` and resume equal the in-process run's; a resumed run on s3:// counts every row, and the
+replicas get the index version the driver read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import polars as pl
 import pytest
 from engine_fixtures import HOTPOT, build_hotpot_index, tiny_model_path
-from on_disk import rows_on_disk
+from on_disk import assert_each_question_once, rows_on_disk
 
 from pipeline.config import DynragConfig
 from pipeline.errors import DynragError
@@ -88,11 +89,15 @@ def test_an_actor_refuses_an_output_folder_it_cannot_see(tmp_path):
     check_shared("s3://bucket/run")
 
 
-@pytest.fixture
-def ray_cluster(tmp_path_factory):
-    """One local Ray for the runs of a test (run_answer leaves a Ray it did not start running). Per test: Ray's
-    workers take the environment of when it starts, and the s3 test's AWS_* are set for that test only."""
-    init_ray(None, 4)
+@pytest.fixture(scope="module")
+def ray_cluster(s3_server):
+    """One local Ray for the file's runs (run_answer leaves a Ray it did not start running): a start and a
+    shutdown per test cost ~5 s each. Ray's workers take the environment of when it starts: the session's S3
+    server's AWS_* are set while it starts (the s3 test's `s3` sets them in this process for that test only)."""
+    with pytest.MonkeyPatch.context() as m:
+        for k, v in s3_server.env.items():
+            m.setenv(k, v)
+        init_ray(None, 4)
     yield
     shutdown_ray()
 
@@ -194,8 +199,6 @@ def test_question_source_serves_several_runs_from_one_read(data_dir, tmp_path):
 def test_an_experiment_on_ray_answers_its_runs_at_once_as_in_process(data_dir, tmp_path_factory, tmp_path, ray_cluster):
     """Two methods through one set of engine actors (one Ray job, their batches side by side): the same rows per
     run as in-process, each run's parts in its own folder, each question once on disk, the runs overlapping."""
-    from on_disk import assert_each_question_once
-
     from pipeline.evaluation.experiment import MethodRun, run_methods
 
     index, dataset, cfg = _tiny_job(data_dir, tmp_path_factory, tmp_path)
@@ -236,3 +239,49 @@ def test_a_ray_jobs_blocks_grow_with_its_batches_not_its_questions(ray_cluster, 
         blocks = json.loads(line.removeprefix("ray data blocks: "))
         assert summary["rows"] == n and rows_on_disk(tmp_path / f"out{n}").num_rows == n
         assert sorted(blocks.values()) == [n // 5, n // 5], blocks  # the read's blocks and the engine actors'
+
+
+def test_resumed_ray_run_on_s3_counts_every_row(s3, ray_cluster, data_dir):
+    """The driver's ledger with Ray (issue 47, item 5): a resumed run on s3:// counts every row in its summary.
+    The engine actors write the parts from their own processes, so the driver's s3fs listing of parts/, cached
+    when the run started, never shows them: the summary must count the parts listed at start and those the
+    actors report (`batch_report(..., part)`), not a listing."""
+    fs, bucket = s3
+    lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:8]
+    fs.pipe(f"{bucket}/q.jsonl", ("\n".join(lines) + "\n").encode())
+    cfg = DynragConfig()
+    cfg.runtime.mode = "ray"
+    cfg.generation.backend = "none"
+    cfg.answer.progress = False
+    cfg.answer.batch_questions = 2
+    cfg.ray.batch_questions = 2
+    dataset, out = f"s3://{bucket}/q.jsonl", f"s3://{bucket}/run"
+    assert run_answer(dataset, out, method="no-retrieval", limit=4, cfg=cfg)["rows"] == 4
+    second = run_answer(dataset, out, method="no-retrieval", limit=8, cfg=cfg)
+    assert (second["skipped_already_answered"], second["new_rows"]) == (4, 4)
+    assert second["rows"] == 8
+    assert_each_question_once(out, 8)  # as pyarrow counts parts/
+
+
+def test_a_ray_run_pins_the_index_version_for_every_replica(data_dir, tmp_path_factory, tmp_path, monkeypatch):
+    """The driver reads the index's CURRENT once and hands `<index>@vN` to the replicas (and the pools), so a
+    version published mid-run is not mixed in; the run's rows and summary are the runner's as usual."""
+    from engine_fixtures import build_hotpot_index
+
+    from pipeline.runtime import ray_runner
+
+    index = build_hotpot_index(data_dir, tmp_path_factory, n=5, encoder="hash")  # which encoder is not the point
+    seen: list = []
+
+    def runner(dataset, out, cfg, index_dir, row_args, **kw):
+        seen.append(index_dir)
+        yield from ()
+
+    monkeypatch.setattr(ray_runner, "answer_with_ray", runner)
+    cfg = DynragConfig()
+    cfg.runtime.mode, cfg.generation.backend, cfg.answer.progress = "ray", "none", False
+    cfg.embedding.model = "hash"
+    lines = (data_dir / HOTPOT).read_text(encoding="utf-8").splitlines()[:2]
+    (tmp_path / "q.jsonl").write_text("\n".join(lines) + "\n")
+    run_answer(str(tmp_path / "q.jsonl"), str(tmp_path / "out"), index=str(index), method="sr-rag", cfg=cfg)
+    assert seen == [f"{index}@v000001"]
