@@ -39,7 +39,7 @@ import pyarrow as pa
 from pipeline.io.id_set import IdSet
 from pipeline.io.merge import PartMerger
 from pipeline.io.output import _fs, _is_local, keep_one, part_files, read_json, read_parts, write_json, write_table
-from pipeline.io.output_lock import OutputBusyError, check_held
+from pipeline.io.output_lock import OutputBusyError, check_held, held_throughout
 from pipeline.io.part_store import ATTEMPTS, attempt_key, with_retries
 from pipeline.io.tally import Tally
 
@@ -215,8 +215,9 @@ class Committer:
         """Commit this run's attempts of batches the driver never heard of (`_adopt_attempts`), then remove its
         attempts still staged (a batch drained part way on a node that went, then answered whole elsewhere). A
         zombie's attempt written after this stays staged until the next run's `open`. On an
-        object store the parts are deduplicated again: the lease (output_lock.py) keeps other jobs out, but a job
-        that lost its lease (not renewed for its time to live) may have shared the output for a while. A job whose
+        object store the parts are deduplicated again unless the job held its lease throughout (output_lock.py
+        keeps other jobs out, but a job whose lease went unrenewed for its time to live may have shared the output
+        for a while): so the close of a job that held it reads no part it did not write. A job whose
         lease another job holds now does neither this nor the tally: the output is the other's."""
         self._adopt_attempts()
         self._remove_attempts(f"{self.run_id}-")
@@ -233,7 +234,7 @@ class Committer:
             if unmerged is not None and not failing:
                 raise unmerged from None
             return
-        if not _is_local(self.fs):
+        if not _is_local(self.fs) and not held_throughout(self.out):  # (held: no other job wrote here meanwhile)
             try:
                 self.fs.invalidate_cache()
                 listed = list(dict.fromkeys([*self.parts, *part_files(self.out)]))

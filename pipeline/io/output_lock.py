@@ -204,6 +204,14 @@ def _key(out: str) -> str:
     return out.rstrip("/")
 
 
+def held_throughout(out: str) -> bool:
+    """Whether this process has held `out`'s lease since it took it with no gap of its time to live, so that no
+    other job can have written there meanwhile (a local folder's flock: always). False for an output this
+    process holds no lease of."""
+    lease = _leases.get(_key(out))
+    return lease is not None and lease.held_throughout()
+
+
 def check_held(out: str) -> None:
     """Raise OutputBusyError if this process held `out`'s lease and has lost it (not renewed for its time to live,
     then taken over by another job): the job must stop writing there. A no-op for a local folder (a flock is not
@@ -229,6 +237,8 @@ class _Lease:
         self.record = {"holder": _holder(), "since": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "ttl_s": ttl_s}
         self.etag = ""  # S3: the ETag of this job's last write of the lease (the condition of its next one)
         self.lost = ""  # why the lease is no longer this job's ('' while it is)
+        self.renewed_at = 0.0  # time.monotonic() of its last write
+        self.lapsed = False  # once not renewed for its time to live: another job may have taken it meanwhile
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -261,8 +271,12 @@ class _Lease:
                 break
         else:
             raise OutputBusyError(_busy(self.out).replace("{holder}", "its lease changes hands too often to take"))
+        self.renewed_at = time.monotonic()
         self._thread = threading.Thread(target=self._renew_loop, name="dynrag-output-lease", daemon=True)
         self._thread.start()
+
+    def held_throughout(self) -> bool:
+        return not (self.lost or self.lapsed or time.monotonic() - self.renewed_at > self.ttl_s)
 
     def check(self) -> None:
         if self.lost:
@@ -294,6 +308,9 @@ class _Lease:
             try:
                 if not self._renew():
                     return
+                now = time.monotonic()
+                self.lapsed = self.lapsed or now - self.renewed_at > self.ttl_s
+                self.renewed_at = now
             except Exception as exc:  # tried again at the next turn; a lease not renewed for its ttl may go
                 log.warning("could not renew the lease of %s (%s: %s)", self.out, type(exc).__name__, exc)
 

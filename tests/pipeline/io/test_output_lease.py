@@ -236,3 +236,28 @@ def test_a_store_that_refuses_the_lease_ends_the_job_with_one_line(monkeypatch):
     msg = str(refused.value)
     assert msg.startswith("cannot write refusinglease://bucket/run/_lease.json: PermissionError: [Errno 13] Access")
     assert "\n" not in msg
+
+
+def test_a_close_on_s3_reads_no_other_part_while_its_lease_was_held_throughout(s3, monkeypatch):
+    """The close deduplicates an object-store output again only where another job can have written there: when
+    the lease went unrenewed for its time to live once. Held throughout, the end of the run reads no part it did
+    not write (issue 77, item 4)."""
+    fs, bucket = s3
+    out = f"s3://{bucket}/run"
+    write_part(out, [part_row("q0", 1.0)], "old-a")
+    deduplicated: list[list[str]] = []
+    real = Committer._deduplicate
+    monkeypatch.setattr(Committer, "_deduplicate", lambda self, parts: deduplicated.append(parts) or real(self, parts))
+    for lapsed in (False, True):
+        with output_lock(out):
+            committer = Committer(out, f"r{int(lapsed)}")
+            committer.open()
+            deduplicated.clear()
+            if lapsed:  # its renewals failed for longer than its time to live, once
+                lock_mod._leases[lock_mod._key(out)].lapsed = True
+            qid = f"q{1 + lapsed}"
+            rows = [part_row(qid, 2.0)]
+            committer.commit(batch_report(rows, 0, {}, PartWriter(out, committer.run_id).write(rows, [qid])))
+            committer.close()
+        assert bool(deduplicated) == lapsed, lapsed
+    assert_each_question_once(out, 3)
