@@ -339,6 +339,20 @@ def load_questions(
 ANSWERED = Question(id="", question="")  # a question of the file already answered (load_questions' `answered`)
 
 
+class AnsweredIds:
+    """load_questions' `answered` where the ids are known only once the read has begun (a run peeks at its
+    dataset's first record before it opens its output): empty until `ids` is set."""
+
+    def __init__(self) -> None:
+        self.ids: Container[str] = frozenset()
+
+    def __len__(self) -> int:
+        return len(self.ids)  # type: ignore[arg-type]
+
+    def __contains__(self, qid: object) -> bool:
+        return qid in self.ids
+
+
 def _questions(source: str, f, dc, fmt: str, name: str | None, answered: Container[str]) -> Iterator[Question]:
     seen = SeenIds()  # every id so far: ~its length in memory, not a Python object an id (id_set.py)
     repeats: dict[str, int] = {}  # an id seen more than once -> how many times

@@ -16,7 +16,6 @@ showing progress; then writes the summary.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import json
 import logging
@@ -29,7 +28,7 @@ from pipeline.config import Dtype, DynragConfig, resolve_dtype, resolved_yaml, r
 from pipeline.engine.drain import Drain
 from pipeline.errors import DynragError, first_line
 from pipeline.io.commit import Committer
-from pipeline.io.datasets import load_questions, pending_questions
+from pipeline.io.datasets import AnsweredIds, load_questions, pending_questions
 from pipeline.io.output import batch_report, rate, read_json, write_json
 from pipeline.io.output_lock import output_lock, state_lock
 from pipeline.methods.registry import config_hash, get_method
@@ -123,10 +122,12 @@ def run_answer(
     bound = params.for_output(out)  # what the program runs with: the run's own state (ERM4's reservoir)
     runner = make_runner(cfg)
     with contextlib.ExitStack() as stack:
-        with contextlib.closing(load_questions(dataset, cfg)) as questions:
-            next(questions, None)  # a missing, empty or unreadable dataset fails here
-        # read again by the run once it knows the answered ids (or by its actors: ray_questions.py)
-        reread = functools.partial(load_questions, dataset, cfg)
+        answered = AnsweredIds()  # the run's answered ids, once its output is open: their records are not parsed
+        questions = load_questions(dataset, cfg, answered=answered)
+        stack.callback(questions.close)
+        first = list(itertools.islice(questions, 1))  # a missing, empty or unreadable dataset fails here
+        if not runner.in_process:  # its actors read the dataset themselves (ray_questions.py)
+            questions.close()
         if backends is None:
             cfg, backends = preflight(cfg, index, stack)
         settings = run_settings(cfg, params)
@@ -137,11 +138,13 @@ def run_answer(
         for path in bound.state_files():
             stack.enter_context(state_lock(path))
         stack.enter_context(stop_on_sigterm(drain))
+        todo = itertools.chain(first, questions) if runner.in_process else None
         return _run_answer(
             runner,
             dataset,
             out,
-            reread if runner.in_process else None,
+            todo,
+            answered,
             index=index,
             spec=spec,
             params=params,
@@ -200,6 +203,7 @@ def _run_answer(
     dataset,
     out,
     questions,
+    answered,
     *,
     index,
     spec,
@@ -241,17 +245,15 @@ def _run_answer(
         bar = tqdm(total=limit, unit="q", desc=f"{spec.name}", dynamic_ncols=True)
     written = skipped = 0
     batch_calls: dict[str, int] = {}
-    # streamed by this driver (a runner that reads no dataset itself), an answered question's record read no further
-    # than its id
-    source = questions(answered=done) if questions is not None else None
+    answered.ids = done  # the dataset's reader parses no answered record from now on
     try:
         counts: dict[str, int] = {}
         pending = None
-        if source is not None:
-            todo = pending_questions(source, done, limit, counts)
+        if questions is not None:  # streamed by this driver (a runner that reads no dataset itself)
+            todo = pending_questions(questions, done, limit, counts)
             head = list(itertools.islice(todo, 1))
             pending = itertools.chain(head, todo) if head else None
-        if source is not None and pending is None:  # nothing to answer: no engine (nor model) starts
+        if questions is not None and pending is None:  # nothing to answer: no engine (nor model) starts
             reports: Any = (r for r in [batch_report([], counts["skipped"], {})])
         else:
             job = Batches(dataset, out, index, pending, counts, cfg, spec, bound, row_args, header, done, limit)
@@ -279,8 +281,6 @@ def _run_answer(
     finally:
         committer.close(failing=sys.exc_info()[0] is not None)  # a failing job's own error stands
         await_ray_shutdown()  # a local Ray the job started went down meanwhile (ray_runner.py)
-        if source is not None:
-            source.close()
         if bar is not None:
             bar.close()
     if skipped:

@@ -140,6 +140,9 @@ def refusing_store(scale: float):
                     return super().pipe_file(path, value, *args, **kwargs)
                 raise PermissionError(13, "Access Denied", path)
 
+            def put_file(self, lpath, rpath, *args, **kwargs):  # a part: written locally, then uploaded
+                raise PermissionError(13, "Access Denied", rpath)
+
         fsspec.register_implementation("refusing", RefusingFS, clobber=True)
 
     @dataclass(frozen=True)
