@@ -147,3 +147,26 @@ def test_bad_rows_become_error_rows_and_others_are_answered(tmp_path):
     assert "UTF-8" in errors["dynrag:line-6"] and "JSON" in errors["dynrag:line-7"]
     assert gen.calls == [3]  # only the good rows reached the model
     assert summary["answered"] == 3 and summary["errors"] == 5
+
+
+def test_a_resumed_run_parses_no_answered_record_past_its_first(tmp_path, monkeypatch):
+    """run_answer hands its answered ids to the dataset's reader once its output is open (AnsweredIds): only the
+    first record (read before, to fail fast on a bad file) and the unanswered ones are parsed."""
+    f = tmp_path / "q.jsonl"
+    f.write_text(
+        "".join(json.dumps({"id": f"g{i}", "question": f"question {i}?", "answer": ["x"]}) + "\n" for i in range(6))
+    )
+    cfg = DynragConfig()
+    cfg.answer.progress = False
+
+    def answer(limit=None):
+        backends = Backends(cfg, generator=RecordingGenerator())
+        return run_answer(str(f), str(tmp_path / "out"), method="no-retrieval", cfg=cfg, backends=backends, limit=limit)
+
+    answer(limit=4)
+    parsed: list[str] = []
+    parse = datasets.PARSERS["qa"]
+    monkeypatch.setitem(datasets.PARSERS, "qa", lambda r: parsed.append(r["id"]) or parse(r))
+    summary = answer()
+    assert parsed == ["g0", "g4", "g5"]
+    assert summary["skipped_already_answered"] == 4 and summary["rows"] == 6
