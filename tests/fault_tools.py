@@ -44,9 +44,9 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "jobs.cli", "--log-level", "WARNING", *args]
 
 
-def no_model_answer(dataset, out: str, n: int) -> list[str]:
+def no_model_answer(dataset, out, n: int, *extra: str) -> list[str]:
     """`dynrag answer` of the first `n` questions of `dataset` into `out`, the model's cost taken out
-    (no-retrieval, generation.backend=none), in batches of 25."""
+    (no-retrieval, generation.backend=none), in batches of 25; `extra`: more arguments (`--set` ...)."""
     return cli(
         "answer",
         "--dataset",
@@ -54,7 +54,7 @@ def no_model_answer(dataset, out: str, n: int) -> list[str]:
         "--method",
         "no-retrieval",
         "--out",
-        out,
+        str(out),
         "--limit",
         str(n),
         "--no-progress",
@@ -62,6 +62,7 @@ def no_model_answer(dataset, out: str, n: int) -> list[str]:
         "generation.backend=none",
         "--set",
         "answer.batch_questions=25",
+        *extra,
     )
 
 

@@ -17,30 +17,10 @@ import fsspec
 import polars as pl
 import psutil
 import pytest
-from fault_tools import cli, env_for, kill_at, kill_group, run, run_until_paused, start
+from fault_tools import env_for, kill_at, kill_group, no_model_answer, run, run_until_paused, start
 from on_disk import assert_each_question_once, committed_files, committed_rows, rows_on_disk
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(1800)]
-
-
-def answer_cmd(dataset, out, n, *extra):
-    return cli(
-        "answer",
-        "--dataset",
-        str(dataset),
-        "--method",
-        "no-retrieval",
-        "--out",
-        str(out),
-        "--limit",
-        str(n),
-        "--no-progress",
-        "--set",
-        "generation.backend=none",
-        "--set",
-        "answer.batch_questions=25",
-        *extra,
-    )
 
 
 RAY = ["--set", "runtime.mode=ray", "--set", "ray.num_cpus=2", "--set", "ray.actors=1"]
@@ -66,14 +46,14 @@ ONE_BATCH = ["--set", "ray.actor_batches=1"]
 
 def test_sigkill_at_several_points_under_load_then_resume(nq_dev, tmp_path):
     n, out, pauses = 600, tmp_path / "run", tmp_path / "pauses"
-    load = [start(answer_cmd(nq_dev, tmp_path / f"load{i}", 3610), env_for()) for i in range(2)]
+    load = [start(no_model_answer(nq_dev, tmp_path / f"load{i}", 3610), env_for()) for i in range(2)]
     try:
-        killed = kill_at(answer_cmd(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses)  # after a part
+        killed = kill_at(no_model_answer(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses)  # after a part
         assert killed.returncode == -signal.SIGKILL
         after_first = rows_of(out).height
         assert 0 < after_first < n
         for _ in range(2):  # by timing: as soon as one more batch is committed, mid-way through the next batch
-            proc = start(answer_cmd(nq_dev, out, n, *ONE_BATCH), env_for())
+            proc = start(no_model_answer(nq_dev, out, n, *ONE_BATCH), env_for())
             before = len(committed_files(out))
             while len(committed_files(out)) == before and proc.poll() is None:
                 time.sleep(0.005)
@@ -85,7 +65,7 @@ def test_sigkill_at_several_points_under_load_then_resume(nq_dev, tmp_path):
     finally:
         for p in load:
             kill_group(p)
-    done = run(answer_cmd(nq_dev, out, n))
+    done = run(no_model_answer(nq_dev, out, n))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed past" in done.stdout
     assert_exactly_once(out, n)
@@ -100,10 +80,10 @@ def assert_stopped_cleanly(stopped, out):
 
 def test_ctrl_c_stops_at_once_after_the_finished_rows(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    stopped = kill_at(answer_cmd(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses, signal.SIGINT)
+    stopped = kill_at(no_model_answer(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses, signal.SIGINT)
     assert_stopped_cleanly(stopped, out)
     assert rows_of(out).height == 25  # the finished batch was flushed, nothing more
-    done = run(answer_cmd(nq_dev, out, n))
+    done = run(no_model_answer(nq_dev, out, n))
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(out, n)
 
@@ -114,20 +94,20 @@ def test_sigterm_drains_writes_every_finished_answer_and_the_rerun_answers_the_r
     then (at least 10) and those in flight (answer.max_in_flight bounds them) are written by the drain."""
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
     big = ["--set", "answer.batch_questions=1000", "--set", "answer.max_in_flight=16"]
-    cmd = answer_cmd(nq_dev, out, n, *big, *(RAY if mode == "ray" else []))
+    cmd = no_model_answer(nq_dev, out, n, *big, *(RAY if mode == "ray" else []))
     stopped = kill_at(cmd, "engine.question_done@10", pauses, signal.SIGTERM)  # in the engine actor with Ray
     assert_stopped_cleanly(stopped, out)
     assert 10 <= rows_of(out).height < n, rows_of(out).height
-    done = run(answer_cmd(nq_dev, out, n, *big))
+    done = run(no_model_answer(nq_dev, out, n, *big))
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(out, n)
 
 
 def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    first = run_until_paused(answer_cmd(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses)
+    first = run_until_paused(no_model_answer(nq_dev, out, n, *ONE_BATCH), "answer.part_written", pauses)
     try:
-        second = run(answer_cmd(nq_dev, out, n))
+        second = run(no_model_answer(nq_dev, out, n))
         assert second.returncode == 2
         assert f"in use by another answer job (pid {first.pid} on host" in second.stderr
         assert len(second.stderr.strip().splitlines()) == 1, second.stderr
@@ -136,14 +116,14 @@ def test_two_jobs_on_one_output_are_refused_and_a_dead_jobs_lock_is_taken_over(n
     finally:
         kill_group(first)
     assert rows_of(out).height == 25  # the refused job wrote nothing
-    third = run(answer_cmd(nq_dev, out, n), timeout=600)
+    third = run(no_model_answer(nq_dev, out, n), timeout=600)
     assert third.returncode == 0, third.stderr[-2000:]
     assert_exactly_once(out, n)
 
 
 def test_ray_engine_actor_killed_is_retried_and_the_job_completes(nq_dev, tmp_path):
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    proc = run_until_paused(answer_cmd(nq_dev, out, n, *RAY), "ray.engine_batch", pauses)
+    proc = run_until_paused(no_model_answer(nq_dev, out, n, *RAY), "ray.engine_batch", pauses)
     try:
         actor = int((pauses / "ray.engine_batch").read_text())
         assert actor != proc.pid  # the pause is inside the Ray actor's process
@@ -162,7 +142,7 @@ def test_ray_engine_actor_sigterm_drains_then_its_batches_run_again_and_the_job_
     Ray restarts it and Ray Data re-runs the batches it left, and the driver commits one attempt per batch.
     The job ends with every question once on disk, no error row."""
     n, out, pauses = 200, tmp_path / "run", tmp_path / "pauses"
-    cmd = answer_cmd(nq_dev, out, n, *RAY, "--set", "answer.max_in_flight=16")
+    cmd = no_model_answer(nq_dev, out, n, *RAY, "--set", "answer.max_in_flight=16")
     proc = start(cmd, env_for("engine.question_done@10,ray.part_written", pauses))
     try:
         marker, deadline = pauses / "engine.question_done@10", time.time() + 600
@@ -187,7 +167,7 @@ def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev,
     # paused in the driver right after it committed its first part (the actors go on staging attempts, which
     # the driver never commits: the rerun removes them and answers their questions again)
     proc = run_until_paused(
-        answer_cmd(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "answer.part_written", pauses
+        no_model_answer(nq_dev, out, n, *RAY, "--set", "ray.batch_questions=25"), "answer.part_written", pauses
     )
     try:
         ray_processes = psutil.Process(proc.pid).children(recursive=True)
@@ -198,7 +178,7 @@ def test_ray_driver_sigkilled_leaves_no_ray_process_and_resumes_on_rerun(nq_dev,
     finally:
         kill_group(proc)
     assert 0 < rows_of(out).height < n
-    done = run(answer_cmd(nq_dev, out, n, *RAY))
+    done = run(no_model_answer(nq_dev, out, n, *RAY))
     assert done.returncode == 0, done.stderr[-3000:]
     assert_exactly_once(out, n)
 
@@ -212,13 +192,13 @@ def test_sigkill_during_a_merge_leaves_each_question_once_and_the_rerun_finishes
     merges the rest and answers what is left: each question once."""
     n, out, pauses = 300, tmp_path / "run", tmp_path / "pauses"
     small = ["--set", "answer.part_mb=0.01"] if shape == "small parts" else []
-    killed = kill_at(answer_cmd(nq_dev, out, n, *small), f"{step}@3" if small else step, pauses)
+    killed = kill_at(no_model_answer(nq_dev, out, n, *small), f"{step}@3" if small else step, pauses)
     assert killed.returncode == -signal.SIGKILL
     seen = rows_on_disk(out)["question_id"].to_pylist()
     assert len(seen) == len(set(seen)) <= n  # each at most once; the batches merging hidden in _committed/
     assert (len(seen) > 0) == (step == "commit.merged" or bool(small))
     assert (out / "_committed").is_dir() and list((out / "_committed").glob("*.parquet"))
-    done = run(answer_cmd(nq_dev, out, n, *small))
+    done = run(no_model_answer(nq_dev, out, n, *small))
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(out, n)
     assert not list((out / "_committed").glob("*.parquet"))
@@ -231,7 +211,7 @@ def test_parts_are_sized_for_their_readers(nq_dev, tmp_path):
     from pipeline.io.merge import merged_keys
 
     n, out = 600, tmp_path / "run"
-    done = run(answer_cmd(nq_dev, out, n, "--set", "answer.part_mb=0.02"))
+    done = run(no_model_answer(nq_dev, out, n, "--set", "answer.part_mb=0.02"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once(out, n)
     parts = sorted((out / "parts").glob("*.parquet"))
