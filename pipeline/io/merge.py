@@ -178,7 +178,7 @@ class PartMerger:
         target = self.growing or f"{self.base}/parts/part-{self.run_id}-{self.seq:05d}.parquet"
         fault_point("commit.merging")
         write_merged(self.fs, target, staged, keys, base=self.growing)
-        release_free_memory()  # the merge's buffers (~100 MB for a 114 MB part) back to the system, not kept free
+        release_free_memory()  # the merge's row groups and encoder buffers back to the system, not kept free
         fault_point("commit.merged")
         for path in self.staged:
             self._remove(path)
