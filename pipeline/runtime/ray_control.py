@@ -44,6 +44,7 @@ class RunControl:
         self.committed_keys: set[str] = set()  # batch keys the driver has committed
         self.pools: dict[str, dict] = {}  # pool actor id -> kind, node, pid, starts, failures
         self.group_of: dict[str, int] = {}  # engine actor id -> the placement group it claimed (its index)
+        self.dealt: set[int] = set()  # groups a starting engine actor was placed in, not yet claimed
 
     # -- replicas ---------------------------------------------------------------------------------
     def register(self, actor: str, node: str, pid: int, handle: Any = None) -> int:
@@ -67,18 +68,36 @@ class RunControl:
         runs), which may not be its own process's: a drain or loss of either node is the replica's."""
         self.replicas.setdefault(actor, {"starts": 1, "failures": 0, "drained": False})["group_node"] = node
 
-    def claim_group(self, actor: str, groups: int) -> int | None:
+    def deal_group(self, groups: int) -> int | None:
+        """The placement group (of `groups`) a new engine actor is started in (`GroupDealer`): one that no
+        actor holds and none was dealt that has not claimed yet; None: none is free (the actor starts anywhere,
+        and its claim fails)."""
+        free = self._free_groups(groups)
+        if not free:
+            return None
+        self.dealt.add(free[0])
+        return free[0]
+
+    def claim_group(self, actor: str, groups: int, placed: int | None = None) -> int | None:
         """The placement group (of `groups`) that tensor-parallel replica `actor` uses: the one it claimed before
-        (a restarted actor keeps its id, and its group), else one no other actor holds; None: every group is
-        held (the actor cannot start: a failure of its budget, never a wait in another's group)."""
+        (a restarted actor keeps its id, and its group), else `placed` (the group Ray started it in), else one no
+        other actor holds; None: every group is held (the actor cannot start: a failure of its budget, never a
+        wait in another's group)."""
         if actor in self.group_of:
             return self.group_of[actor]
-        held = set(self.group_of.values())
-        free = [i for i in range(groups) if i not in held]
+        if placed is not None:
+            self.dealt.discard(placed)
+            self.group_of[actor] = placed
+            return placed
+        free = self._free_groups(groups)
         if not free:
             return None
         self.group_of[actor] = free[0]
         return free[0]
+
+    def _free_groups(self, groups: int) -> list[int]:
+        held = set(self.group_of.values()) | self.dealt
+        return [i for i in range(groups) if i not in held]
 
     def engine_failed(self, actor: str, why: str) -> bool:
         """A replica's engine failed (an exception, its process still alive); True: restart it, False: over
@@ -99,6 +118,7 @@ class RunControl:
         """A replica's constructor failed (its index or model would not load): a failure of its budget, and the
         line the job ends with when Ray Data gives up on the replica (`start_failure`)."""
         self.engine_failed(actor, why)
+        self.group_of.pop(actor, None)  # Ray Data replaces the actor (a new id): its group is the new one's
         self.start_line = f"engine replica {actor[:8]} could not start on node {node[:8]}: {why}"
 
     def start_failure(self) -> str | None:

@@ -1,13 +1,15 @@
 """A tensor-parallel replica's generator, hosted by a child actor inside the replica's placement group.
 
-Ray Data starts an engine actor with plain options (its CPUs; no GPU, no placement: `ray_remote_args_fn`,
-which placed it in a group, goes away in Ray 2.64). The actor claims a group of its own from the driver's
-`RunControl` (`claim_group`: by actor id, so a restarted actor gets its group back and a new actor never an
-occupied one), then starts a `GeneratorHost` in the group's first bundle with child tasks captured. The host
-builds the generator there: vLLM's Ray executor finds the group (`ray.util.get_current_placement_group()`) and
-puts its tensor-parallel workers on the group's GPUs, one a bundle, all on one node (STRICT_PACK). The engine
-actor calls it through `HostedGenerator`, which keeps the generator's protocol (`generate`; `submit` -> Future
-where the hosted one streams), so the engine, retrieval and the part writer stay in the engine actor.
+Ray Data starts each engine actor in the first bundle of a group no other actor holds (`GroupDealer`, through
+`ray_remote_args_fn`), so that the actor, its host and its GPUs share a node; a Ray Data without that argument
+(Ray 2.64 removes it) starts the actor with plain options (its CPUs) wherever it fits. The actor claims its group
+from the driver's `RunControl` (`claim_group`: the one it was started in, else a free one; by actor id, so a
+restarted actor gets its group back and a new actor never an occupied one), then starts a `GeneratorHost` in the
+group's first bundle with child tasks captured. The host builds the generator there: vLLM's Ray executor finds
+the group (`ray.util.get_current_placement_group()`) and puts its tensor-parallel workers on the group's GPUs,
+one a bundle, all on one node (STRICT_PACK). The engine actor calls it through `HostedGenerator`, which keeps
+the generator's protocol (`generate`; `submit` -> Future where the hosted one streams), so the engine, retrieval
+and the part writer stay in the engine actor.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
   any custom `ray.actor_resources` (placement on a node group that advertises them, see cluster/). GPUs:
   `ray.actor_num_gpus` (1, or a share, per vLLM replica that fits one GPU), or with
   `generation.engine_kwargs.tensor_parallel_size` = N > 1 a placement group of N one-GPU bundles on one
-  node per replica, made once by the driver (ray_control.py): the actor itself holds no GPU, claims its
-  replica's group, and vLLM's Ray executor starts one worker on each bundle's GPU (vllm_gen.py);
+  node per replica, made once by the driver: the actor itself holds no GPU, is started in its replica's
+  group where Ray Data allows (`GroupDealer`), claims it, and vLLM's Ray executor starts one worker on each
+  bundle's GPU (vllm_gen.py);
 - an index build's tasks that embed (indexing/builder/cluster.py): `ray.embed_actor_num_gpus` GPUs each;
 - the retrieval and scorer pools (pipeline/runtime/pools.py): `ray.retrieval_actor_*`, `ray.scorer_actor_*`.
 
@@ -121,34 +122,71 @@ def cluster_gpu_nodes() -> tuple[list[tuple[float, float]], float]:
     return [(g, 1.0) for g in alive if g], now
 
 
-def replica_bundles(tp: int, resources: dict | None = None) -> list[dict[str, float]]:
+def replica_bundles(tp: int, resources: dict | None = None, actor_cpus: float = 0.0) -> list[dict[str, float]]:
     """The placement group of a tensor-parallel replica: one bundle per GPU, each taken by one of vLLM's
-    workers; the first also holds the generator host's CPU and the replica's custom resources (ray_host.py)."""
+    workers; the first also holds the generator host's CPU, the replica's custom resources (ray_host.py) and,
+    where Ray places the engine actor in it (`places_actors_in_groups`), the actor's `actor_cpus`."""
     from pipeline.runtime.ray_host import HOST_CPUS
 
-    return [{"CPU": HOST_CPUS, "GPU": 1.0, **(resources or {})}] + [{"GPU": 1.0} for _ in range(tp - 1)]
+    first = {"CPU": HOST_CPUS + actor_cpus, "GPU": 1.0, **(resources or {})}
+    return [first] + [{"GPU": 1.0} for _ in range(tp - 1)]
 
 
-def replica_groups(cfg, gpus: float) -> list:
+def places_actors_in_groups() -> bool:
+    """Whether this Ray Data can start each engine actor in a placement group of its own: its `map_batches`
+    takes `ray_remote_args_fn` (options asked for at each actor's start; deprecated, gone in Ray 2.64). Without
+    it an actor runs where Ray Data puts it and only its generator host is in its group (ray_host.py)."""
+    import inspect
+
+    import ray.data
+
+    return "ray_remote_args_fn" in inspect.signature(ray.data.Dataset.map_batches).parameters
+
+
+def replica_groups(cfg, gpus: float, placed: bool = False) -> list:
     """The tensor-parallel replicas' placement groups, one per replica (STRICT_PACK: tensor-parallel workers
     exchange activations every layer, one node), made by the driver and claimed by the engine actors
-    (`RunControl.claim_group`); [] for replicas of one GPU or none."""
+    (`RunControl.claim_group`); `placed`: each actor is started in its group's first bundle (`GroupDealer`), which
+    holds its CPUs too; [] for replicas of one GPU or none."""
     if not (gpus and tensor_parallel_size(cfg) > 1):
         return []
     from ray.util import placement_group
 
-    bundles = replica_bundles(tensor_parallel_size(cfg), dict(cfg.ray.actor_resources or {}))
-    return [placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{i}") for i in range(cfg.ray.actors)]
+    r = cfg.ray
+    bundles = replica_bundles(tensor_parallel_size(cfg), dict(r.actor_resources or {}), r.actor_num_cpus * placed)
+    return [placement_group(bundles, strategy="STRICT_PACK", name=f"dynrag-replica-{i}") for i in range(r.actors)]
 
 
-def engine_actor_options(cfg, gpus: float) -> dict:
+class GroupDealer:
+    """Ray Data's `ray_remote_args_fn` for tensor-parallel engine actors: called on the driver as each actor
+    starts, it places the actor in the first bundle of a group no other actor holds (`RunControl.deal_group`),
+    so that its node is its GPUs' node and its calls to its generator host stay on that node. A start when no
+    group is free (none should be: a failed start frees its group) gets no placement, and its claim fails."""
+
+    def __init__(self, control, groups: list, what: str, timeout_s: float, limit: str):
+        self.control, self.groups, self.wait = control, groups, (what, timeout_s, limit)
+
+    def __call__(self) -> dict:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from pipeline.runtime.waits import bounded_get
+
+        dealt = bounded_get(self.control.deal_group.remote(len(self.groups)), *self.wait)
+        if dealt is None:
+            log.warning("no tensor-parallel placement group is free for a starting engine actor")
+            return {}
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.groups[dealt], 0)}
+
+
+def engine_actor_options(cfg, gpus: float, dealer: GroupDealer | None = None) -> dict:
     """Keyword arguments for `map_batches` of the engine actors whose replicas have `gpus` GPUs
     (replica_gpus). A tensor-parallel replica's actor asks for its CPUs only: its GPUs and custom resources are
-    in the placement group it claims, where its generator host runs (ray_host.py)."""
+    in the placement group it claims, where its generator host runs (ray_host.py), and where `dealer` starts
+    the actor itself."""
     r = cfg.ray
     opts: dict = {"num_cpus": r.actor_num_cpus}
     if gpus and tensor_parallel_size(cfg) > 1:
-        return opts
+        return {**opts, "ray_remote_args_fn": dealer} if dealer is not None else opts
     if gpus:
         opts["num_gpus"] = gpus
     if r.actor_resources:

@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Container, Generator
 from dataclasses import dataclass
 from typing import Any, NoReturn, overload
@@ -102,9 +103,12 @@ class EngineActor:
         # every call to the driver's RunControl waits at most ray.stall_s (waits.py): a driver that long silent is gone
         self.call_s, self.limit = cfg.ray.stall_s, f"ray.stall_s={cfg.ray.stall_s:g}"
         me = ctx.current_actor if ctx and self.actor_id else None  # so that the driver can end it
-        if control is not None and self._ask(
-            control.register.remote(self.actor_id, node, os.getpid(), me), "register"
-        ) > (cfg.ray.replica_failures):
+        failures = (
+            self._ask(control.register.remote(self.actor_id, node, os.getpid(), me), "register") if control else 0
+        )
+        self.groups = groups or []
+        self.claimed = self._claim() if control is not None and self.groups else None  # before anything can fail
+        if failures > cfg.ray.replica_failures:
             raise DynragError(f"engine replica {self.actor_id[:8]} is over its failure budget")
         self.begun: set[str] = set()  # keys of the batches begun and not ended (RunControl.begin)
         # a batch's turn waits at most 2 x ray.stall_s without progress: the driver's watchdog names a stuck replica first
@@ -115,7 +119,6 @@ class EngineActor:
         )
         self.replica: Any = None  # once built
         self.one_call = all_one_call([run["method"] for run in runs])  # what a hosted generator needs to know
-        self.groups = groups or []
         self._ended = threading.Event()
         if control is not None:  # the heartbeat starts now: pulling the index and loading the model take a while
             threading.Thread(target=self._watch, name="dynrag-watch", daemon=True).start()
@@ -182,21 +185,29 @@ class EngineActor:
             answer_wait_s=2 * cfg.ray.stall_s,  # the driver's watchdog (RunControl.stuck) names a stuck replica first
         ).start()
 
+    def _claim(self) -> int | None:
+        """The placement group this tensor-parallel replica uses (RunControl.claim_group): the one Ray started it
+        in (GroupDealer), else a free one."""
+        import ray
+
+        here = ray.util.get_current_placement_group()
+        placed = next((i for i, g in enumerate(self.groups) if here is not None and g.id == here.id), None)
+        return self._ask(self.control.claim_group.remote(self.actor_id, len(self.groups), placed), "claim_group")
+
     def _host(self, cfg: DynragConfig, make_backends: Callable[..., Any] | None) -> Any:
-        """A tensor-parallel replica's generator host (ray_host.py), in the placement group this actor claims;
+        """A tensor-parallel replica's generator host (ray_host.py), in the placement group this actor claimed;
         None for a replica of one GPU or none (its generator is its own)."""
         if not self.groups:
             return None
         from pipeline.runtime.ray_host import HostedGenerator
 
-        claimed = self._ask(self.control.claim_group.remote(self.actor_id, len(self.groups)), "claim_group")
-        if claimed is None:
+        if self.claimed is None:
             raise DynragError(
                 f"every one of the {len(self.groups)} replicas' placement groups is held by another actor"
             )
-        hosted = HostedGenerator.start(self.groups[claimed], cfg, self.one_call, make_backends)
-        # its GPUs' node, maybe not this actor's (Ray Data places the actor itself): a drain or loss of either is
-        # the replica's (RunControl.group_node)
+        hosted = HostedGenerator.start(self.groups[self.claimed], cfg, self.one_call, make_backends)
+        # its GPUs' node: this actor's where Ray Data started it in its group (GroupDealer), else maybe not; a
+        # drain or loss of either is the replica's (RunControl.group_node)
         self._ask(self.control.group_node.remote(self.actor_id, hosted.where["node"]), "group_node")
         return hosted
 
@@ -561,7 +572,14 @@ def answer_runs_with_ray(
     from pipeline.runtime.ray_control import RunControl
     from pipeline.runtime.ray_logs import route_ray_worker_output
     from pipeline.runtime.ray_questions import question_dataset
-    from pipeline.runtime.ray_resources import cluster_gpu_nodes, engine_actor_options, replica_gpus, replica_groups
+    from pipeline.runtime.ray_resources import (
+        GroupDealer,
+        cluster_gpu_nodes,
+        engine_actor_options,
+        places_actors_in_groups,
+        replica_gpus,
+        replica_groups,
+    )
     from pipeline.runtime.replica import batches_held
     from platform_shims.raytools import init_ray, ray_address, shutdown_ray
 
@@ -583,7 +601,8 @@ def answer_runs_with_ray(
     control, supervisor, teller = None, None, None
     try:
         gpus = replica_gpus(cfg, *cluster_gpu_nodes())  # replicas that cannot fit stop the job here
-        groups.extend(replica_groups(cfg, gpus))
+        placed = places_actors_in_groups()
+        groups.extend(replica_groups(cfg, gpus, placed))
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -601,27 +620,31 @@ def answer_runs_with_ray(
         batch = cfg.ray.batch_questions or cfg.answer.batch_questions
         ds = question_dataset(_for_workers(dataset), cfg, [run.done for run in runs], limit, batch)
         calls = batches_held(cfg, batch)
-        ds = ds.map_batches(
-            EngineActor,
-            fn_constructor_args=(
-                cfg.model_dump(mode="json"),
-                _for_workers(index_dir),
-                [run.for_actor() for run in runs],
-                pools,
-                control,
-                make_backends,
-                groups,
-            ),
-            batch_size=1,  # a row is a batch of questions (ray_questions.py): one call, one batch
-            batch_format="pyarrow",
-            compute=ray.data.ActorPoolStrategy(
-                size=cfg.ray.actors,
-                max_concurrent_calls_per_actor=calls,  # each call in its own thread: the actor takes the next
-                enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
-                max_tasks_in_flight_per_actor=calls + 1,
-            ),
-            **engine_actor_options(cfg, gpus),
-        )
+        with warnings.catch_warnings():  # its deprecation is known: places_actors_in_groups
+            warnings.filterwarnings("ignore", message=".*ray_remote_args_fn.* is deprecated")
+            ds = ds.map_batches(
+                EngineActor,
+                fn_constructor_args=(
+                    cfg.model_dump(mode="json"),
+                    _for_workers(index_dir),
+                    [run.for_actor() for run in runs],
+                    pools,
+                    control,
+                    make_backends,
+                    groups,
+                ),
+                batch_size=1,  # a row is a batch of questions (ray_questions.py): one call, one batch
+                batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(
+                    size=cfg.ray.actors,
+                    max_concurrent_calls_per_actor=calls,  # each call in its own thread: the actor takes the next
+                    enable_true_multi_threading=calls > 1,  # batch while the previous one's questions finish
+                    max_tasks_in_flight_per_actor=calls + 1,
+                ),
+                **engine_actor_options(
+                    cfg, gpus, GroupDealer(control, groups, *_DRIVER_CALL) if groups and placed else None
+                ),
+            )
         stream = ds.iter_batches(batch_size=None, batch_format="numpy")
         try:
             for got in supervisor.watching(stream):
@@ -866,9 +889,12 @@ def stalled(last_seen: float | None, started: float, now: float, wait_s: float) 
 
 def _asked_for(groups: list, cfg: DynragConfig) -> str:
     """What the replicas ask of the cluster, for the stalled line."""
-    from pipeline.runtime.ray_resources import replica_bundles, tensor_parallel_size
+    from pipeline.runtime.ray_resources import places_actors_in_groups, replica_bundles, tensor_parallel_size
 
     tp = tensor_parallel_size(cfg)
+    if tp > 1 and places_actors_in_groups():
+        bundles = replica_bundles(tp, dict(cfg.ray.actor_resources), cfg.ray.actor_num_cpus)
+        return f"; each replica asks for a placement group of {bundles} on one node (its actor in the first bundle)"
     if tp > 1:
         bundles = replica_bundles(tp, dict(cfg.ray.actor_resources))
         return f"; each replica asks for {cfg.ray.actor_num_cpus:g} CPU and a placement group of {bundles} on one node"

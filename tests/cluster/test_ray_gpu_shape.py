@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import pytest
 from ray_jobs import assert_each_question_once, fake_gpu_cluster, live_groups, run_job
@@ -82,7 +83,8 @@ def test_replicas_own_only_the_gpus_ray_gave_them(gpu_cluster):
 class ProbingBackends(SimBackends):
     """Latency-model backends whose generator, built in a tensor-parallel replica's generator host, first starts
     what vLLM's Ray executor would start there: one worker actor of one GPU (no CPU) per bundle, captured into
-    the host's group; each worker's node and GPU ids go to `probes` (a folder), one file per host."""
+    the host's group; each worker's node and GPU ids go to `probes` (a folder), one file per host. Built in an
+    engine actor, it writes the placement group the actor runs in to `engines` beside `probes`."""
 
     probes: str = ""
 
@@ -104,28 +106,34 @@ class ProbingBackends(SimBackends):
                 time.sleep(0.2)
             for w in workers:
                 ray.kill(w)
+        elif kw.get("generator") is not None:  # in the engine actor: the group Ray started it in, if any
+            engine = {"pid": os.getpid(), "group": group.id.hex() if group is not None else None}
+            Path(self.probes).with_name("engines").joinpath(f"{os.getpid()}.json").write_text(json.dumps(engine))
         return super().__call__(cfg, index_dir, **kw)
 
 
-def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_claim_without_per_actor_options(
-    gpu_cluster, tmp_path, monkeypatch
+@pytest.mark.parametrize("ray_data", ["with_ray_remote_args_fn", "like_ray_2_64"])
+def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_claim(
+    gpu_cluster, tmp_path, monkeypatch, ray_data
 ):
-    """Two TP-2 replicas on Ray Data without `ray_remote_args_fn` (refused here, as Ray 2.64 has none): exactly
-    two STRICT_PACK groups exist during the run; each engine actor claims one (by its id) and starts its
-    generator host in it; the host's vLLM-like workers get the group's two GPUs, on the group's one node, and no
-    two replicas share a GPU; every question is answered once; no group is left."""
+    """Two TP-2 replicas: exactly two STRICT_PACK groups exist during the run; each engine actor claims one (by
+    its id) and starts its generator host in it; the host's vLLM-like workers get the group's two GPUs, on the
+    group's one node, and no two replicas share a GPU; every question is answered once; no group is left. Where
+    Ray Data has `ray_remote_args_fn` (GroupDealer), each engine actor runs on its GPUs' node too; without it
+    (refused here, as Ray 2.64 has none) the actor runs where Ray Data puts it."""
     import json
 
     from ray.util import placement_group_table
 
-    map_batches = ray.data.Dataset.map_batches
+    if ray_data == "like_ray_2_64":
+        map_batches = ray.data.Dataset.map_batches
 
-    def like_ray_2_64(self, fn, *args, **kwargs):
-        if "ray_remote_args_fn" in kwargs:
-            raise TypeError("map_batches() got an unexpected keyword argument 'ray_remote_args_fn'")
-        return map_batches(self, fn, *args, **kwargs)
+        def like_ray_2_64(self, fn, *args, **kwargs):
+            if "ray_remote_args_fn" in kwargs:
+                raise TypeError("map_batches() got an unexpected keyword argument 'ray_remote_args_fn'")
+            return map_batches(self, fn, *args, **kwargs)
 
-    monkeypatch.setattr(ray.data.Dataset, "map_batches", like_ray_2_64)
+        monkeypatch.setattr(ray.data.Dataset, "map_batches", like_ray_2_64)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import this file
     seen_during: list[int] = []
     nodes: dict[str, set] = {}
@@ -137,6 +145,7 @@ def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_clai
 
     probes = tmp_path / "probes"
     probes.mkdir()
+    (tmp_path / "engines").mkdir()
     tp = ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2", "ray.actors=2"]
     backends = ProbingBackends(scale=0.02, probes=str(probes))
     reports = run_job(gpu_cluster, tmp_path, 60, [*tp, "ray.actor_num_cpus=1"], on_report, make_backends=backends)
@@ -145,6 +154,11 @@ def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_clai
     assert None not in held.values() and len(set(held.values())) == len(held)  # each its own group
     for r in reports:  # its host on the one node of its group
         assert nodes[r["replica"]["group"]] == {r["replica"]["group_node"]}
+        if ray_data == "with_ray_remote_args_fn":  # and the engine actor itself: its calls stay on the node
+            assert r["replica"]["node"] == r["replica"]["group_node"]
+    engines = {e["pid"]: e["group"] for e in map(json.loads, map(Path.read_text, (tmp_path / "engines").iterdir()))}
+    placed = ray_data == "with_ray_remote_args_fn"  # each engine actor in the group it claimed, or in none
+    assert all(engines[pid] == (group if placed else None) for pid, group in held.items())
     got = [json.loads(p.read_text()) for p in probes.iterdir()]
     assert len({g["group"] for g in got}) == len(got) == 2 and set(held.values()) <= {g["group"] for g in got}
     gpus = [(w["node"], w["ids"][0]) for g in got for w in g["workers"]]

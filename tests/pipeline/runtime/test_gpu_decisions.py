@@ -16,6 +16,7 @@ from pipeline.errors import DynragError
 from pipeline.runtime import ray_resources
 from pipeline.runtime.gpu_plan import plan_gpu
 from pipeline.runtime.ray_resources import (
+    GroupDealer,
     check_replicas,
     engine_actor_options,
     replica_bundles,
@@ -200,8 +201,8 @@ def test_the_shipped_cluster_config_fits_its_gpu_group_and_a_tensor_parallel_var
 
 
 def test_engine_actor_options_of_single_gpu_and_tensor_parallel_replicas(monkeypatch):
-    """A tensor-parallel replica's actor asks for its CPUs only (no GPU, no placement, no per-actor options
-    function: Ray 2.64 has none); its group, one per replica, made once by the driver, holds the generator host's
+    """A tensor-parallel replica's actor asks for its CPUs only (no GPU; a per-actor options function that
+    places it in its group only where Ray Data has one: Ray 2.64 has none); its group, one per replica, made once by the driver, holds the generator host's
     CPU and custom resources and one GPU in its first bundle, then one GPU a bundle. No Ray starts here."""
     import ray.util
 
@@ -220,6 +221,13 @@ def test_engine_actor_options_of_single_gpu_and_tensor_parallel_replicas(monkeyp
     bundles = [{"CPU": 1.0, "GPU": 1.0, "generation": 1}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
     assert made == [(bundles, "STRICT_PACK")] * 2
     assert replica_groups(cfg, 0.0) == []  # no GPUs (the fallback): no group
+    # where Ray Data starts each actor in its group's first bundle (GroupDealer), that bundle holds its CPUs too
+    made.clear()
+    assert replica_groups(cfg, 4.0, placed=True) == ["dynrag-replica-0", "dynrag-replica-1"]
+    assert made == [([{**bundles[0], "CPU": 5.0}, *bundles[1:]], "STRICT_PACK")] * 2
+    dealer = GroupDealer(None, ["g0", "g1"], "RunControl", 1.0, "limit")
+    assert engine_actor_options(cfg, 4.0, dealer) == {"num_cpus": 4, "ray_remote_args_fn": dealer}
+    assert "ray_remote_args_fn" not in engine_actor_options(cfg, 0.0, dealer)  # no GPUs (the fallback): none
     assert replica_bundles(2) == [{"CPU": 1.0, "GPU": 1.0}, {"GPU": 1.0}]
     assert not ray.is_initialized()  # a Ray beside the shared test process's JVM crashed it
 

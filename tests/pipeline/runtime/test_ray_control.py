@@ -106,6 +106,20 @@ def test_an_engine_actor_claims_a_free_group_keeps_it_across_restarts_and_never_
     assert control.claim_group("c", 2) is None  # never the group another actor holds
 
 
+def test_groups_are_dealt_to_starting_actors_claimed_where_placed_and_freed_by_a_failed_start():
+    """Ray Data asks for a new engine actor's options (`GroupDealer`): each start gets a group that no actor
+    holds and none was dealt; the actor claims the group Ray placed it in; a constructor that fails frees its
+    group for the replacement Ray Data starts (a new actor id), which a restart of a live actor never does."""
+    control = RunControl(budget=3)
+    assert [control.deal_group(2), control.deal_group(2), control.deal_group(2)] == [0, 1, None]
+    assert control.claim_group("b", 2, placed=1) == 1 and control.claim_group("a", 2, placed=0) == 0
+    assert control.deal_group(2) is None and control.claim_group("c", 2) is None  # both held
+    control.register("a", "n1", 10)
+    control.start_failed("a", "n1", "the index pull was cut")
+    assert control.deal_group(2) == 0  # the replacement goes where the failed actor was
+    assert control.claim_group("a2", 2, placed=0) == 0 and control.claim_group("b", 2) == 1
+
+
 def test_only_a_batch_that_died_alone_is_poison_and_a_lost_nodes_deaths_are_forgotten():
     """Three batches held by one process that a poison batch kills: each is charged a death, none is poison yet;
     each runs alone next; the poison one dies alone and is given up at its next attempt, the others are not.
