@@ -44,7 +44,7 @@ class RunControl:
         self.committed_keys: set[str] = set()  # batch keys the driver has committed
         self.pools: dict[str, dict] = {}  # pool actor id -> kind, node, pid, starts, failures
         self.group_of: dict[str, int] = {}  # engine actor id -> the placement group it claimed (its index)
-        self.dealt: set[int] = set()  # groups a starting engine actor was placed in, not yet claimed
+        self.dealt: dict[int, int] = {}  # group -> when it was last dealt to a starting engine actor (a sequence)
 
     # -- replicas ---------------------------------------------------------------------------------
     def register(self, actor: str, node: str, pid: int, handle: Any = None) -> int:
@@ -68,36 +68,31 @@ class RunControl:
         runs), which may not be its own process's: a drain or loss of either node is the replica's."""
         self.replicas.setdefault(actor, {"starts": 1, "failures": 0, "drained": False})["group_node"] = node
 
-    def deal_group(self, groups: int) -> int | None:
-        """The placement group (of `groups`) a new engine actor is started in (`GroupDealer`): one that no
-        actor holds and none was dealt that has not claimed yet; None: none is free (the actor starts anywhere,
-        and its claim fails)."""
-        free = self._free_groups(groups)
-        if not free:
-            return None
-        self.dealt.add(free[0])
-        return free[0]
+    def deal_group(self, groups: int) -> int:
+        """The placement group (of `groups`) a new engine actor is started in (`GroupDealer`): one that no actor
+        holds where there is one, of those the one dealt longest ago. Not a reservation: Ray Data also asks for an
+        actor's options without starting one (its memory detector); an actor holds its group once it claims it,
+        which it does first thing."""
+        held = [0] * groups
+        for g in self.group_of.values():
+            held[g] += 1
+        pick = min(range(groups), key=lambda i: (held[i], self.dealt.get(i, -1)))
+        self.dealt[pick] = len(self.dealt) and max(self.dealt.values()) + 1
+        return pick
 
     def claim_group(self, actor: str, groups: int, placed: int | None = None) -> int | None:
         """The placement group (of `groups`) that tensor-parallel replica `actor` uses: the one it claimed before
         (a restarted actor keeps its id, and its group), else `placed` (the group Ray started it in), else one no
-        other actor holds; None: every group is held (the actor cannot start: a failure of its budget, never a
-        wait in another's group)."""
+        other actor holds; None: that group, or every group, is held (the actor cannot start: a failure of its
+        budget, never a wait in another's group)."""
         if actor in self.group_of:
             return self.group_of[actor]
-        if placed is not None:
-            self.dealt.discard(placed)
-            self.group_of[actor] = placed
-            return placed
-        free = self._free_groups(groups)
+        held = set(self.group_of.values())
+        free = [i for i in range(groups) if i not in held] if placed is None else [placed] * (placed not in held)
         if not free:
             return None
         self.group_of[actor] = free[0]
         return free[0]
-
-    def _free_groups(self, groups: int) -> list[int]:
-        held = set(self.group_of.values()) | self.dealt
-        return [i for i in range(groups) if i not in held]
 
     def engine_failed(self, actor: str, why: str) -> bool:
         """A replica's engine failed (an exception, its process still alive); True: restart it, False: over

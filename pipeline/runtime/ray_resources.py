@@ -159,9 +159,9 @@ def replica_groups(cfg, gpus: float, placed: bool = False) -> list:
 
 class GroupDealer:
     """Ray Data's `ray_remote_args_fn` for tensor-parallel engine actors: called on the driver as each actor
-    starts, it places the actor in the first bundle of a group no other actor holds (`RunControl.deal_group`),
-    so that its node is its GPUs' node and its calls to its generator host stay on that node. A start when no
-    group is free (none should be: a failed start frees its group) gets no placement, and its claim fails."""
+    starts, it places the actor in the first bundle of the group fewest other actors hold
+    (`RunControl.deal_group`), so that its node is its GPUs' node and its calls to its generator host stay on that
+    node; the actor claims that group (`RunControl.claim_group`)."""
 
     def __init__(self, control, groups: list, what: str, timeout_s: float, limit: str):
         self.control, self.groups, self.wait = control, groups, (what, timeout_s, limit)
@@ -172,9 +172,6 @@ class GroupDealer:
         from pipeline.runtime.waits import bounded_get
 
         dealt = bounded_get(self.control.deal_group.remote(len(self.groups)), *self.wait)
-        if dealt is None:
-            log.warning("no tensor-parallel placement group is free for a starting engine actor")
-            return {}
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self.groups[dealt], 0)}
 
 

@@ -167,3 +167,57 @@ def test_tensor_parallel_replicas_each_host_their_generator_in_a_group_they_clai
     assert sum(r["rows"] for r in reports) == 60
     assert live_groups() == []
     assert_each_question_once(tmp_path / "out", 60)
+
+
+@dataclasses.dataclass(frozen=True)
+class FailingOnceBackends(SimBackends):
+    """Latency-model backends built in an engine actor (beside its generator host): the first build raises, as an
+    index pull cut by a pre-emption does (that actor's start fails); each build writes the placement group its
+    actor runs in to `engines` (a folder; `failed` for the one that raised), and a build that succeeds waits for
+    `ray.actors` of them, so that every replica has started before any answers."""
+
+    engines: str = ""
+
+    def __call__(self, cfg, index_dir=None, **kw):
+        import json
+        import os
+        import time
+
+        if kw.get("generator") is None:
+            return super().__call__(cfg, index_dir, **kw)
+        group = ray.util.get_current_placement_group()
+        mine = json.dumps({"pid": os.getpid(), "group": group.id.hex() if group is not None else None})
+        try:
+            fd = os.open(Path(self.engines, "failed"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            Path(self.engines, f"{os.getpid()}.json").write_text(mine)
+            deadline = time.monotonic() + 60
+            while len(list(Path(self.engines).glob("*.json"))) < cfg.ray.actors and time.monotonic() < deadline:
+                time.sleep(0.2)
+            return super().__call__(cfg, index_dir, **kw)
+        os.write(fd, mine.encode())
+        os.close(fd)
+        raise RuntimeError("the index pull was cut")
+
+
+def test_a_tensor_parallel_actor_whose_start_fails_frees_its_group_for_its_replacement(gpu_cluster, tmp_path):
+    """Two TP-2 replicas, the first engine actor's start fails (ray.replica_failures=1): Ray Data starts a new
+    actor (a new id), which is started in the failed one's group (GroupDealer) and claims it; two replicas in
+    two groups start, and each question is answered once."""
+    import json
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    tp = ["generation.engine_kwargs.tensor_parallel_size=2", "ray.actor_num_gpus=2", "ray.actors=2"]
+    job = [*tp, "ray.actor_num_cpus=1", "ray.replica_failures=1"]
+    reports = run_job(
+        gpu_cluster, tmp_path, 60, job, make_backends=FailingOnceBackends(scale=0.02, engines=str(engines))
+    )
+    failed = json.loads((engines / "failed").read_text())
+    started = [json.loads(p.read_text()) for p in engines.glob("*.json")]
+    assert len({e["group"] for e in started}) == 2 and failed["group"] in {e["group"] for e in started}
+    assert failed["pid"] not in {e["pid"] for e in started}  # a new actor, not a restart
+    assert {r["replica"]["group"] for r in reports} <= {e["group"] for e in started}
+    assert sum(r["rows"] for r in reports) == 60
+    assert_each_question_once(tmp_path / "out", 60)

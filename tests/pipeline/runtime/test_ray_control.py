@@ -107,17 +107,22 @@ def test_an_engine_actor_claims_a_free_group_keeps_it_across_restarts_and_never_
 
 
 def test_groups_are_dealt_to_starting_actors_claimed_where_placed_and_freed_by_a_failed_start():
-    """Ray Data asks for a new engine actor's options (`GroupDealer`): each start gets a group that no actor
-    holds and none was dealt; the actor claims the group Ray placed it in; a constructor that fails frees its
-    group for the replacement Ray Data starts (a new actor id), which a restart of a live actor never does."""
+    """Ray Data asks for a new engine actor's options (`GroupDealer`): starts before any claim get groups in
+    turn; an actor claims the group Ray placed it in, never one another holds; a constructor that fails frees its
+    group, which the actor Ray Data starts next (a new actor id) is dealt, whichever group an options query
+    without a start (Ray Data's memory detector) was dealt last."""
     control = RunControl(budget=3)
-    assert [control.deal_group(2), control.deal_group(2), control.deal_group(2)] == [0, 1, None]
-    assert control.claim_group("b", 2, placed=1) == 1 and control.claim_group("a", 2, placed=0) == 0
-    assert control.deal_group(2) is None and control.claim_group("c", 2) is None  # both held
-    control.register("a", "n1", 10)
-    control.start_failed("a", "n1", "the index pull was cut")
-    assert control.deal_group(2) == 0  # the replacement goes where the failed actor was
-    assert control.claim_group("a2", 2, placed=0) == 0 and control.claim_group("b", 2) == 1
+    assert [control.deal_group(3), control.deal_group(3), control.deal_group(3)] == [0, 1, 2]
+    assert control.claim_group("b", 3, placed=1) == 1 and control.claim_group("a", 3, placed=0) == 0
+    assert control.claim_group("c", 3, placed=2) == 2 and control.claim_group("d", 3) is None  # every group held
+    for phantom in range(4):  # options asked for without an actor: no group is held for them
+        control.deal_group(3)
+    for failed, group in (("b", 1), ("a", 0), ("c", 2)):
+        control.register(failed, "n1", 10)
+        control.start_failed(failed, "n1", "the index pull was cut")
+        assert control.claim_group("x", 3, placed=(group + 1) % 3) is None  # another's: never two in one group
+        assert control.deal_group(3) == group  # the replacement goes where the failed actor was
+        assert control.claim_group(f"{failed}2", 3, placed=group) == group
 
 
 def test_only_a_batch_that_died_alone_is_poison_and_a_lost_nodes_deaths_are_forgotten():
