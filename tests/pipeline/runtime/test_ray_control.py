@@ -115,7 +115,7 @@ def test_groups_are_dealt_to_starting_actors_claimed_where_placed_and_freed_by_a
     assert [control.deal_group(3), control.deal_group(3), control.deal_group(3)] == [0, 1, 2]
     assert control.claim_group("b", 3, placed=1) == 1 and control.claim_group("a", 3, placed=0) == 0
     assert control.claim_group("c", 3, placed=2) == 2 and control.claim_group("d", 3) is None  # every group held
-    for phantom in range(4):  # options asked for without an actor: no group is held for them
+    for _ in range(4):  # options asked for without an actor: no group is held for them
         control.deal_group(3)
     for failed, group in (("b", 1), ("a", 0), ("c", 2)):
         control.register(failed, "n1", 10)
