@@ -166,3 +166,37 @@ def test_a_generator_host_that_never_loads_its_model_ends_the_replicas_start_wit
         "(placement group 9f9f9f9f on node nodeA765, asking for [{'GPU': 1.0}, {'GPU': 1.0}])"
     )
     assert killed == [host]  # its GPUs go back at once
+
+
+def test_a_generator_hosts_call_that_never_returns_ends_at_twice_ray_stall_s_and_a_dead_host_is_engine_dead():
+    """The engine actor's call to its tensor-parallel generator host (HostedGenerator._call) waits at most
+    2 x ray.stall_s (the driver's watchdog names a stuck replica first; this is the limit where it cannot), then
+    ends with one line naming the call and its group; a host whose process died is the engine's death."""
+    import ray
+
+    from pipeline.errors import EngineDead
+    from pipeline.runtime.ray_host import HostedGenerator
+    from pipeline.runtime.waits import WaitExpired
+
+    hung = InProcessHandle(SimpleNamespace(generate=lambda *a: Ref([], ready=False)), "host")
+    hosted = HostedGenerator(hung, {"group": "9f9f9f9f0000", "streams": False}, stall_s=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(WaitExpired) as err:
+        hosted.generate(["p"], [None], [False])
+    assert 0.35 < time.monotonic() - t0 < 2
+    assert "waited 0.4 s for the generator host's call (placement group 9f9f9f9f) with no answer" in str(err.value)
+    assert str(err.value).endswith("(2 x ray.stall_s = 0.4); stopping")
+
+    class DiedRef(Ref):  # what ray.get raises for a call to an actor whose process died
+        @property
+        def value(self):
+            raise ray.exceptions.RayActorError()
+
+        @value.setter
+        def value(self, _):
+            pass
+
+    host = InProcessHandle(SimpleNamespace(generate=lambda *a: DiedRef()), "host")
+    dead = HostedGenerator(host, {"group": "9f9f"}, stall_s=0.2)
+    with pytest.raises(EngineDead, match="the generator host died"):
+        dead.generate(["p"], [None], [False])
