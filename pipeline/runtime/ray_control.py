@@ -44,7 +44,7 @@ class RunControl:
         self.committed_keys: set[str] = set()  # batch keys the driver has committed
         self.pools: dict[str, dict] = {}  # pool actor id -> kind, node, pid, starts, failures
         self.group_of: dict[str, int] = {}  # engine actor id -> the placement group it claimed (its index)
-        self.dealt: dict[int, int] = {}  # group -> when it was last dealt to a starting engine actor (a sequence)
+        self.dealt: dict[int, int] = {}  # group -> the number of the deal that last gave it to a starting engine actor
 
     # -- replicas ---------------------------------------------------------------------------------
     def register(self, actor: str, node: str, pid: int, handle: Any = None) -> int:
@@ -77,7 +77,7 @@ class RunControl:
         for g in self.group_of.values():
             held[g] += 1
         pick = min(range(groups), key=lambda i: (held[i], self.dealt.get(i, -1)))
-        self.dealt[pick] = len(self.dealt) and max(self.dealt.values()) + 1
+        self.dealt[pick] = max(self.dealt.values(), default=-1) + 1
         return pick
 
     def claim_group(self, actor: str, groups: int, placed: int | None = None) -> int | None:
