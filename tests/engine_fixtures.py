@@ -7,9 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
 from tiny_model import build_tiny_model
 
 from jobs.bench.rig.simulated import SimGenerator
+from pipeline.io.output import SCHEMA, part_files
+from pipeline.text.metrics import answer_metrics
 
 HOTPOT = "hotpotqa/dev_400.jsonl"
 PASSAGES = [
@@ -111,3 +116,39 @@ def supporting_titles_raw(data_dir: Path, n: int) -> list[set[str]]:
         rec = json.loads(line)
         out.append({c["title"] for c in rec["contexts"] if c["is_supporting"]})
     return out
+
+
+def check_rows(out, method: str, data_dir: Path, retrieves: bool, n: int = 15):
+    """The rows of an end-to-end run of `n` HotpotQA questions (HOTPOT) with `method`: one per question, each
+    scored as answer_metrics scores it, its calls, times and retrieved documents; gold-document recall against
+    the raw file's is_supporting flags. Returns them."""
+    files = part_files(str(out))
+    assert files
+    assert pq.read_schema(files[0]).equals(SCHEMA, check_metadata=False)
+    df = pl.read_parquet(f"{out}/parts/*.parquet")
+    assert df.height == n and df["question_id"].n_unique() == n
+    assert df["error"].null_count() == n
+    assert set(df["method"]) == {method}
+    gold_raw = supporting_titles_raw(data_dir, n)
+    for row in df.sort("question_id").iter_rows(named=True):
+        m = answer_metrics(row["prediction"], row["gold_answers"])
+        assert (row["em"], row["f1"], row["acc"]) == (m["em"], m["f1"], m["acc"])
+        assert row["llm_calls"] == 1 and row["completion_tokens"] > 0 and row["prompt_tokens"] > 0
+        assert row["time_generation_s"] > 0 and row["time_total_s"] >= row["time_generation_s"]
+        assert row["retrieval_triggered"] is retrieves
+        if retrieves:
+            assert row["retrieval_calls"] == 1 and row["time_retrieval_s"] > 0
+            assert len(row["retrieved"]) == 5 and row["docs_in_prompt"] == 5
+            assert all(d["kept"] and d["step"] == "retrieve" for d in row["retrieved"])
+        else:
+            assert row["retrieval_calls"] == 0 and row["retrieved"] == [] and row["support_recall"] is None
+    # gold-document recall against the raw file's is_supporting flags, in dataset order
+    rows = {r["question_id"]: r for r in df.iter_rows(named=True)}
+    order = [json.loads(line)["question_id"] for line in (data_dir / HOTPOT).read_text().splitlines()[:n]]
+    for qid, gold in zip(order, gold_raw):
+        r = rows[qid]
+        assert set(r["gold_supporting_titles"]) == gold
+        if retrieves:
+            titles = {d["title"] for d in r["retrieved"]}
+            assert r["support_recall"] == pytest.approx(len(gold & titles) / len(gold))
+    return df

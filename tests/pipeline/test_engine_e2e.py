@@ -1,22 +1,18 @@
 """End to end: index HotpotQA dev paragraphs, answer 15 questions with no-retrieval and sr-rag on a
-tiny random model and a real packaged model (both through vLLM), and through Ray Data."""
+tiny random model through vLLM (the session's engine; the real packaged model's run is test_real_model_e2e.py)."""
 
 from __future__ import annotations
 
-import json
-
 import fsspec
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
-from engine_fixtures import HOTPOT, build_hotpot_index, supporting_titles_raw
+from engine_fixtures import HOTPOT, build_hotpot_index, check_rows
 
 from pipeline.backends import Backends
 from pipeline.config import DynragConfig
 from pipeline.io.merge import merged_keys
-from pipeline.io.output import SCHEMA, part_files
+from pipeline.io.output import part_files
 from pipeline.runtime.answer import run_answer
-from pipeline.text.metrics import answer_metrics
 
 N = 15  # the HotpotQA dev questions of the fixture kit: the same run with or without the whole kit
 
@@ -24,39 +20,6 @@ N = 15  # the HotpotQA dev questions of the fixture kit: the same run with or wi
 @pytest.fixture(scope="module")
 def hotpot_index(data_dir, tmp_path_factory):
     return build_hotpot_index(data_dir, tmp_path_factory, N)
-
-
-def _check_rows(out, method, data_dir, retrieves: bool):
-    files = part_files(str(out))
-    assert files
-    assert pq.read_schema(files[0]).equals(SCHEMA, check_metadata=False)
-    df = pl.read_parquet(f"{out}/parts/*.parquet")
-    assert df.height == N and df["question_id"].n_unique() == N
-    assert df["error"].null_count() == N
-    assert set(df["method"]) == {method}
-    gold_raw = supporting_titles_raw(data_dir, N)
-    for row in df.sort("question_id").iter_rows(named=True):
-        m = answer_metrics(row["prediction"], row["gold_answers"])
-        assert (row["em"], row["f1"], row["acc"]) == (m["em"], m["f1"], m["acc"])
-        assert row["llm_calls"] == 1 and row["completion_tokens"] > 0 and row["prompt_tokens"] > 0
-        assert row["time_generation_s"] > 0 and row["time_total_s"] >= row["time_generation_s"]
-        assert row["retrieval_triggered"] is retrieves
-        if retrieves:
-            assert row["retrieval_calls"] == 1 and row["time_retrieval_s"] > 0
-            assert len(row["retrieved"]) == 5 and row["docs_in_prompt"] == 5
-            assert all(d["kept"] and d["step"] == "retrieve" for d in row["retrieved"])
-        else:
-            assert row["retrieval_calls"] == 0 and row["retrieved"] == [] and row["support_recall"] is None
-    # gold-document recall against the raw file's is_supporting flags, in dataset order
-    rows = {r["question_id"]: r for r in df.iter_rows(named=True)}
-    order = [json.loads(line)["question_id"] for line in (data_dir / HOTPOT).read_text().splitlines()[:N]]
-    for qid, gold in zip(order, gold_raw):
-        r = rows[qid]
-        assert set(r["gold_supporting_titles"]) == gold
-        if retrieves:
-            titles = {d["title"] for d in r["retrieved"]}
-            assert r["support_recall"] == pytest.approx(len(gold & titles) / len(gold))
-    return df
 
 
 def test_engine_kwargs_reach_vllms_engine_config(tiny_cfg):
@@ -107,7 +70,7 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
         )
         assert summary["rows"] == N and summary["errors"] == 0 and summary["new_rows"] == N
         assert summary["backend_batch_calls"]["generate"] == 1  # 15 questions, one batched generate
-        df = _check_rows(out, method, data_dir, retrieves)
+        df = check_rows(out, method, data_dir, retrieves)
         assert (out / "summary.json").exists() and (out / "config.resolved.yaml").exists()
         if retrieves:
             assert summary["backend_batch_calls"]["retrieve"] == 1
@@ -127,40 +90,6 @@ def test_tiny_model_both_methods(data_dir, hotpot_index, tiny_cfg, tiny_vllm, tm
             cached = df["cached_prompt_tokens"]
             assert cached.sum() > 0 and (cached <= df["prompt_tokens"]).all()
             assert summary["prefix_cache_hit_rate"] == round(cached.sum() / df["prompt_tokens"].sum(), 4)
-
-
-@pytest.mark.slow  # a second vLLM engine plus 30 real generations: about 2.5 min on 2 shared cores
-def test_real_packaged_model(data_dir, hotpot_index, cache_dir, tmp_path):
-    from pipeline.assets.models import is_prepared
-
-    if not is_prepared("smollm2-135m-instruct", cache_dir):
-        pytest.skip("smollm2-135m-instruct is not prepared (dynrag models prepare smollm2-135m-instruct)")
-    from pipeline.backends.vllm_gen import VllmGenerator
-
-    cfg = DynragConfig()
-    cfg.generation.kv_cache_gib = 1
-    cfg.answer.progress = False
-    gen = VllmGenerator(cfg)
-    try:
-        backends = Backends(cfg, str(hotpot_index), generator=gen)
-        results = {}
-        for method, retrieves in (("no-retrieval", False), ("sr-rag", True)):
-            out = tmp_path / method
-            results[method] = run_answer(
-                str(data_dir / HOTPOT),
-                str(out),
-                index=str(hotpot_index),
-                method=method,
-                limit=N,
-                cfg=cfg,
-                backends=backends,
-            )
-            _check_rows(out, method, data_dir, retrieves)
-    finally:
-        gen.close()
-    # a real model reads the retrieved paragraphs: it should not do worse with them than without
-    assert results["sr-rag"]["f1"] >= results["no-retrieval"]["f1"]
-    assert results["sr-rag"]["f1"] > 0
 
 
 def test_vllm_backend_templates_stops_and_logprobs(tiny_cfg, tiny_vllm):
