@@ -3,9 +3,10 @@
 
 The processes: the files that share one interpreter, split into `--jobs` processes of about equal seconds (the
 files that use the session's tiny vLLM engine in one of them: the engine, the models and the JVM start once per
-process, tests/conftest.py), and each file marked
-`own_process` (Ray in-process, or memory measured against the process's own start), unless all its tests are
-deselected. "Longest" is read from the per-file table in docs/operations.md ("Test seconds per file").
+process, tests/conftest.py), each file marked `own_process` (Ray in-process, or memory measured against the
+process's own start), unless all its tests are deselected, and one process of the files that mostly wait
+(sleeps and timeouts: `mostly_waits`), run beside the `--jobs` others on the CPU they leave idle. "Longest" and
+"mostly wait" are read from the per-file table in docs/operations.md ("Test seconds per file").
 
 A process's output is printed when it ends (its tail, with its slowest tests), so that processes running at once
 do not interleave. An own-process file that ends without pytest's summary (a native exit: Ray's core worker
@@ -32,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "docs" / "operations.md"
 UNKNOWN_TEST_S = 3.0  # a test of a file the table does not list yet
+WAITING_SHARE = 0.35  # CPU-seconds per second under which a file mostly waits (mostly_waits)
 SESSION_ENGINE = ("tiny_vllm", "tiny_cfg")  # tests/conftest.py's fixtures that start a vLLM engine per process
 SUMMARY = re.compile(r"^=* ?\d+ (passed|failed|skipped|deselected|error)")
 
@@ -43,6 +45,7 @@ class Unit:
     files: list[str]
     own: bool  # an own-process file: named test by test (-v)
     estimate_s: float
+    waits: bool = False  # files that mostly wait (mostly_waits): their own lane, beside the `--jobs` lanes
     wall_s: float = 0.0
     counts: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
@@ -53,11 +56,20 @@ class Unit:
         return self.files[0] if len(self.files) == 1 else f"{len(self.files)} files ({Path(self.files[0]).name}, ...)"
 
 
-def seconds_per_file() -> dict[str, tuple[float, int]]:
-    """docs/operations.md's table rows `| tests/.../test_x.py | seconds | tests | ...`: each file's (seconds, tests)."""
-    row = re.compile(r"^\|\s*`?(tests/(?:\w+/)*test_\w+\.py)`?\s*\|\s*([\d.]+)\s*\|\s*(\d+)")
+def seconds_per_file() -> dict[str, tuple[float, int, float]]:
+    """docs/operations.md's table rows `| tests/.../test_x.py | seconds | tests | cpu-seconds |`: each file's
+    (seconds, tests, CPU-seconds)."""
+    row = re.compile(r"^\|\s*`?(tests/(?:\w+/)*test_\w+\.py)`?\s*\|\s*([\d.]+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)")
     found = (row.match(line) for line in TABLE.read_text(encoding="utf-8").splitlines()) if TABLE.is_file() else ()
-    return {m[1]: (float(m[2]), int(m[3])) for m in found if m}
+    return {m[1]: (float(m[2]), int(m[3]), float(m[4])) for m in found if m}
+
+
+def mostly_waits(row: tuple[float, int, float] | None) -> bool:
+    """Whether a file's table row says it mostly waits (sleeps, timeouts, other processes' signals): its CPU-seconds
+    under WAITING_SHARE of its seconds. Such files run in a lane of their own beside the `--jobs` lanes, on CPU
+    the others leave idle. Only files that share a process are judged so: an own-process file's CPU-seconds miss
+    its Ray workers' (they are not its children)."""
+    return row is not None and row[0] >= 1.0 and row[2] < WAITING_SHARE * row[0]
 
 
 def selected_tests(py: str, files: list[str], extra: list[str]) -> dict[str, int]:
@@ -86,13 +98,14 @@ def plan(files: list[str], py: str, extra: list[str], jobs: int) -> list[Unit]:
     table, selected = seconds_per_file(), selected_tests(py, files, extra)
 
     def estimate(f: str) -> float:
-        seconds, tests = table.get(f, (UNKNOWN_TEST_S * selected[f], selected[f]))
+        seconds, tests, _ = table.get(f, (UNKNOWN_TEST_S * selected[f], selected[f], 0.0))
         return seconds * selected[f] / max(tests, 1)
 
     chosen = [f for f in files if f in selected]
     own = [f for f in chosen if "pytest.mark.own_process" in source_of(f)]
-    shared = [f for f in chosen if f not in own]
-    engine = [f for f in shared if any(name in source_of(f) for name in SESSION_ENGINE)]
+    engine = [f for f in chosen if f not in own and any(name in source_of(f) for name in SESSION_ENGINE)]
+    waiting = [f for f in chosen if f not in own and f not in engine and mostly_waits(table.get(f))]
+    shared = [f for f in chosen if f not in own and f not in waiting]
     items = ([engine] if engine else []) + [[f] for f in shared if f not in engine]
     lanes = max(1, min(jobs, len(items)))
     chunks: list[list[str]] = [[] for _ in range(lanes)]
@@ -107,6 +120,8 @@ def plan(files: list[str], py: str, extra: list[str], jobs: int) -> list[Unit]:
         loads[lane] += sum(map(estimate, item))
     units = [Unit(sorted(c), False, sum(map(estimate, c))) for c in chunks if c]
     units += [Unit([f], True, estimate(f)) for f in own]
+    if waiting:
+        units.append(Unit(sorted(waiting), False, sum(map(estimate, waiting)), waits=True))
     return sorted(units, key=lambda u: -u.estimate_s)
 
 
@@ -156,9 +171,10 @@ class Runner:
     def run_all(self, units: list[Unit]) -> None:
         todo: queue.Queue = queue.Queue()
         for u in units:
-            todo.put(u)
+            if not u.waits:
+                todo.put(u)
 
-        def lane() -> None:
+        def lane(todo: queue.Queue) -> None:
             while True:
                 try:
                     unit = todo.get_nowait()
@@ -166,7 +182,12 @@ class Runner:
                     return
                 self.run(unit)
 
-        lanes = [threading.Thread(target=lane) for _ in range(max(1, self.jobs))]
+        waiting: queue.Queue = queue.Queue()
+        for u in units:
+            if u.waits:
+                waiting.put(u)
+        lanes = [threading.Thread(target=lane, args=(todo,)) for _ in range(max(1, self.jobs))]
+        lanes += [threading.Thread(target=lane, args=(waiting,))] if waiting.qsize() else []
         for t in lanes:
             t.start()
         for t in lanes:
@@ -236,7 +257,8 @@ def main(argv: list[str]) -> int:
     times = Path(os.environ.setdefault("DYNRAG_TEST_TIMES", tempfile.mktemp(prefix="dynrag-test-times-")))
     t0 = time.monotonic()
     units = plan(files, py, extra, args.jobs)
-    print(f"{len(units)} pytest processes, {args.jobs} at once", flush=True)
+    waits = sum(u.waits for u in units)
+    print(f"{len(units)} pytest processes, {args.jobs} at once (and {waits} that mostly waits beside them)", flush=True)
     Runner(py, extra, args.jobs).run_all(units)
     return report(units, times, time.monotonic() - t0)
 
