@@ -151,6 +151,7 @@ def start_pool(
 
 POOL_LOOK_S = 1.0  # how often the driver looks at RunControl's line while a pool starts
 POOL_CALL_S = 10.0  # for one of those looks, and for the ready calls' results once all are ready
+POOL_CALL = (POOL_CALL_S, f"POOL_CALL_S = {POOL_CALL_S:g}")  # bounded_get's limit and its name
 
 
 def await_ready(kind: str, refs: list, ids: list[str], asked: dict, wait_s: float, control: Any = None) -> None:
@@ -165,6 +166,7 @@ def await_ready(kind: str, refs: list, ids: list[str], asked: dict, wait_s: floa
     import ray
 
     from pipeline.errors import DynragError
+    from pipeline.runtime.waits import bounded_get
 
     t0, pending = time.monotonic(), list(refs)
     while pending:
@@ -175,10 +177,10 @@ def await_ready(kind: str, refs: list, ids: list[str], asked: dict, wait_s: floa
             )
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(POOL_LOOK_S, left))
         if control is not None:
-            line = ray.get(control.fatal.remote(), timeout=POOL_CALL_S)
+            line = bounded_get(control.fatal.remote(), "RunControl.fatal (the driver's run control)", *POOL_CALL)
             if line:
                 raise DynragError(line)
-    ray.get(list(refs), timeout=POOL_CALL_S)  # all ready: a failed one's error
+    bounded_get(list(refs), f"the {kind} pool actors' ready calls, all done", *POOL_CALL)  # a failed one's error
 
 
 def _not_ready(kind: str, ids: list[str], n: int, asked: dict, wait_s: float, control: Any) -> str:

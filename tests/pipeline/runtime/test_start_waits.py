@@ -200,3 +200,23 @@ def test_a_generator_hosts_call_that_never_returns_ends_at_twice_ray_stall_s_and
     dead = HostedGenerator(host, {"group": "9f9f"}, stall_s=0.2)
     with pytest.raises(EngineDead, match="the generator host died"):
         dead.generate(["p"], [None], [False])
+
+
+def test_a_pool_start_whose_run_control_does_not_answer_ends_with_one_line_naming_it(monkeypatch):
+    """The pool's actors are ready, but the driver's RunControl never answers the start's look at the job's line:
+    the start ends after POOL_CALL_S with one line naming the call, not with Ray's own timeout error."""
+    import ray
+
+    from pipeline.runtime.waits import WaitExpired
+
+    class SilentControl(RunControl):
+        def fatal(self):
+            return Ref(None, ready=False)
+
+    monkeypatch.setattr(ray, "remote", lambda cls: FakeActorClass([_pool_actor("aaaa1111", True)] * 2))
+    monkeypatch.setattr(pools, "POOL_CALL", (0.2, "POOL_CALL_S = 0.2"))
+    with pytest.raises(WaitExpired) as err:
+        pools.start_pool(_cfg(60), "retrieval", "/index", None, InProcessHandle(SilentControl()))
+    assert "waited 0.2 s for RunControl.fatal (the driver's run control) with no answer (POOL_CALL_S = 0.2)" in str(
+        err.value
+    )
