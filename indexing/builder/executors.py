@@ -27,7 +27,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from indexing.errors import BuildStalled
 
@@ -177,9 +177,7 @@ class LocalExecutor:
         futures = list(futures)
         pending = {f for f in futures if not f.done()}
         for f in futures:
-            if f in pending:
-                continue
-            if each:
+            if each and f not in pending:
                 each(f)
         last, since = self._progress(), time.monotonic()
         while pending:
@@ -220,8 +218,9 @@ class LocalExecutor:
             errors: list[BaseException] = []
 
             def ended(f: Future) -> None:
-                if f.exception(timeout=0) is not None:
-                    errors.append(cast(BaseException, f.exception(timeout=0)))
+                error = f.exception(timeout=0)
+                if error is not None:
+                    errors.append(error)
                 if progress:
                     progress.done()
 

@@ -88,7 +88,10 @@ class RunControl:
         if actor in self.group_of:
             return self.group_of[actor]
         held = set(self.group_of.values())
-        free = [i for i in range(groups) if i not in held] if placed is None else [placed] * (placed not in held)
+        if placed is not None:  # the group Ray started it in: its own, unless another actor holds it
+            free = [] if placed in held else [placed]
+        else:
+            free = [i for i in range(groups) if i not in held]
         if not free:
             return None
         self.group_of[actor] = free[0]
